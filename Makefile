@@ -1,0 +1,63 @@
+# The backlog syphon: `make help` lists the targets. `make run` and `make test` each set up
+# what they need (virtualenv, pinned packages, Delta JARs) on a fresh clone.
+
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+JARS_STAMP := .cache/jars/.fetched
+EMULATOR_CONFIG ?= conf/emulator.yaml
+RUN_DIR := var/run
+export PYTHONPATH := $(CURDIR)/lib
+# Spark's Python workers must use the virtualenv's interpreter too.
+export PYSPARK_PYTHON := $(CURDIR)/$(PY)
+export PYSPARK_DRIVER_PYTHON := $(CURDIR)/$(PY)
+
+.DEFAULT_GOAL := help
+.PHONY: help setup test test-unit run emulator bench bench-emulator lint dist clean
+
+help: ## List the targets
+	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  %-16s %s\n", $$1, $$2}'
+
+$(STAMP): requirements.lock setup.cfg
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -r requirements.lock
+	$(PY) -m pip install --quiet --no-deps -e .
+	touch $@
+
+$(JARS_STAMP): $(STAMP)
+	$(PY) -m backlog_syphon.delta_jars
+	touch $@
+
+setup: $(STAMP) $(JARS_STAMP) ## Create the virtualenv, install pinned packages, fetch Delta's JARs
+
+test: setup ## Run the whole test suite (unit, emulator, Spark/Delta integration)
+	$(PY) -m pytest
+
+test-unit: setup ## Run only the fast unit tests
+	$(PY) -m pytest tests/unit
+
+run: setup ## Start the local emulator, write a backlog, run the syphon, check and print what moved
+	$(PY) -m backlog_syphon.local_run --emulator-config $(EMULATOR_CONFIG) --config conf/local.yaml
+
+emulator: setup ## Run the local Service Bus emulator in the foreground (Ctrl-C stops it)
+	$(PY) -m servicebus_emulator --config $(EMULATOR_CONFIG)
+
+bench: setup bench-emulator ## Benchmarks: emulator ceiling, then syphon against a plain SDK loop
+	$(PY) bench/bench_syphon.py
+
+bench-emulator: setup ## Benchmark the emulator alone with the SDK
+	$(PY) bench/bench_emulator.py
+
+lint: setup ## Byte-compile everything and look for obvious mistakes
+	$(PY) -m compileall -q lib jobs tests bench notebooks
+	$(PY) -m pyflakes lib jobs tests bench 2>/dev/null || echo "(pyflakes not installed: pip install pyflakes for more checks)"
+
+dist: setup ## Build the wheel (Databricks) and a zip of lib/ (spark-submit --py-files) into dist/
+	$(PY) -m pip wheel --quiet --no-deps --wheel-dir dist .
+	cd lib && $(CURDIR)/$(PY) -c "import shutil; shutil.make_archive('../dist/backlog_syphon_libs', 'zip', '.', None)"
+	@ls -1 dist
+
+clean: ## Remove the virtualenv, caches, build output and local run state
+	rm -rf $(VENV) .cache build dist var lib/*.egg-info .pytest_cache spark-warehouse metastore_db derby.log

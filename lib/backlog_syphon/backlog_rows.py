@@ -1,0 +1,115 @@
+"""The row shape the backlog source produces, one row per backlog message, and how to fill it.
+
+The source and the restore rules agree on these column names and types (``BACKLOG_ROW_SCHEMA``).
+The decoded columns (``destination`` .. ``decode_problem_reason``) come from
+:func:`legacy_fields_to_row_values`, so the rules see exactly what :mod:`legacy_properties` decided.
+
+Invariants:
+- A row exists for every backlog message, even one that cannot be decoded: it carries a decode
+  problem instead of values, so it is dead-lettered with a reason rather than dropped or retried forever.
+- Every column is nullable, so a source that cannot fill one yields a null, not a failed batch.
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+
+from pyspark.sql.types import (
+    BinaryType,
+    IntegerType,
+    LongType,
+    StringType,
+    StructField,
+    StructType,
+    TimestampType,
+)
+
+from backlog_syphon.amqp_message import decode_message
+from backlog_syphon.legacy_properties import LegacyFields, decode_legacy_properties, timedelta_to_ms
+
+# A raw message the AMQP codec cannot read: dead-lettered like a decode problem.
+UNDECODABLE_MESSAGE = "undecodable_message"
+
+BACKLOG_ROW_SCHEMA = StructType([
+    StructField("backlog_queue", StringType(), True),
+    StructField("sequence_number", LongType(), True),
+    StructField("enqueued_time", TimestampType(), True),  # enqueue time in the backlog queue
+    StructField("message_id", StringType(), True),
+    StructField("content_type", StringType(), True),
+    StructField("body_size", IntegerType(), True),
+    StructField("raw_message", BinaryType(), True),
+    StructField("destination", StringType(), True),  # decoded x-ms-path; null when missing or invalid
+    StructField("session_id", StringType(), True),
+    StructField("time_to_live_ms", LongType(), True),  # null: no TTL (the destination's default applies)
+    StructField("scheduled_enqueue_time", TimestampType(), True),
+    StructField("decode_problem_code", StringType(), True),  # the first problem's code
+    StructField("decode_problem_reason", StringType(), True),  # every problem's reason, joined with "; "
+])
+BACKLOG_ROW_COLUMNS = tuple(BACKLOG_ROW_SCHEMA.fieldNames())
+
+
+def legacy_fields_to_row_values(fields: LegacyFields) -> dict:
+    """The decoded columns of a backlog row; the TTL in ms is rounded up so a positive TTL stays positive.
+
+    Unlike the AMQP header, the column is not capped at the uint maximum: it is what the sender asked for.
+    """
+    return {
+        "destination": fields.destination,
+        "session_id": fields.session_id,
+        "time_to_live_ms": None if fields.time_to_live is None else timedelta_to_ms(fields.time_to_live),
+        "scheduled_enqueue_time": fields.scheduled_enqueue_time,
+        "decode_problem_code": fields.problems[0].code if fields.problems else None,
+        "decode_problem_reason": "; ".join(p.reason for p in fields.problems) if fields.problems else None,
+    }
+
+
+def backlog_row_values(
+    backlog_queue: str,
+    raw_message: bytes,
+    *,
+    sequence_number: int | None = None,
+    enqueued_time: datetime | None = None,
+) -> dict:
+    """Every column of ``BACKLOG_ROW_SCHEMA`` for one raw backlog message.
+
+    ``sequence_number`` and ``enqueued_time`` from the peek take precedence over the message's own
+    broker annotations (they are the same on a freshly peeked message).
+    """
+    row = {
+        "backlog_queue": backlog_queue,
+        "sequence_number": sequence_number,
+        "enqueued_time": enqueued_time,
+        "raw_message": bytes(raw_message),
+    }
+    try:
+        decoded = decode_message(raw_message)
+    except ValueError as error:
+        return {
+            **dict.fromkeys(BACKLOG_ROW_COLUMNS),
+            **row,
+            "body_size": len(raw_message),
+            "decode_problem_code": UNDECODABLE_MESSAGE,
+            "decode_problem_reason": str(error),
+        }
+    content_type = decoded.properties.content_type
+    row.update(
+        sequence_number=sequence_number if sequence_number is not None else decoded.sequence_number,
+        enqueued_time=enqueued_time if enqueued_time is not None else decoded.enqueued_time,
+        message_id=message_id_text(decoded.properties.message_id),
+        content_type=str(content_type) if content_type is not None else None,
+        body_size=decoded.body_size,
+        **legacy_fields_to_row_values(decode_legacy_properties(decoded.application_properties)),
+    )
+    return {column: row[column] for column in BACKLOG_ROW_COLUMNS}
+
+
+def message_id_text(message_id) -> str | None:
+    """A MessageId as text: strings as they are, uuids and numbers in their usual form, binary as hex."""
+    if message_id is None:
+        return None
+    if isinstance(message_id, (bytes, bytearray)):
+        return bytes(message_id).hex()
+    if isinstance(message_id, uuid.UUID):
+        return str(message_id)
+    return str(message_id) if isinstance(message_id, str) else str(int(message_id))

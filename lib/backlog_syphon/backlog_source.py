@@ -1,0 +1,208 @@
+"""The streaming source ``servicebus-backlog``: every backlog queue of the secondary namespace.
+
+``spark.readStream.format("servicebus-backlog").options(**backlog_source_options(config)).load()``
+
+- One partition per backlog queue with new messages; offsets are ``{queue: next sequence number}``.
+- Reads are peeks (non-destructive, addressable by sequence number), so a batch replayed after a
+  crash reads exactly the same messages; nothing here removes or locks a message (the sink
+  settles them only after delivery is recorded).
+- Rows carry the raw stored message (for verbatim forwarding) and its decoded legacy fields.
+- Batches are bounded by ``maxMessagesPerTrigger`` (read limits on Spark 4.2+, own capping
+  before); ``availableNow`` runs stop at the tail seen when the run started.
+- Idle queues are probed with exponential back-off (``offset_planning.IdleBackoff``).
+
+Driver-side methods run in one long-lived Python process per query run; ``read`` runs on a
+pickled copy in executors, so SDK clients are created lazily and never pickled.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+
+from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
+
+from backlog_syphon import offset_planning
+from backlog_syphon.backlog_rows import BACKLOG_ROW_SCHEMA
+from backlog_syphon.config import NamespaceConfig, Secret, SyphonConfig
+from backlog_syphon.legacy_properties import backlog_queue_name
+
+try:  # Spark 4.2+: read limits and Trigger.AvailableNow for Python sources (SPARK-55304)
+    from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows, SupportsTriggerAvailableNow
+except ImportError:  # Spark 4.0/4.1 (e.g. Databricks runtimes): own capping, no AvailableNow target
+    ReadAllAvailable = ReadMaxRows = None
+
+    class SupportsTriggerAvailableNow:  # type: ignore[no-redef]
+        pass
+
+logger = logging.getLogger(__name__)
+
+SOURCE_NAME = "servicebus-backlog"
+# Option names containing "secret" are redacted by Spark's default spark.redaction.regex, so the
+# connection string never shows in plans, the Spark UI or event logs.
+_SECRET_OPTION = "connection_string_secret"
+_DISCOVERY_INTERVAL_SECONDS = 600.0
+
+
+def backlog_source_options(config: SyphonConfig) -> dict[str, str]:
+    """The reader options for a syphon configuration (all strings, as Spark wants them)."""
+    options = {
+        "primaryNamespace": config.primary.namespace,
+        "queueCount": str(config.backlog.queue_count),
+        "discover": str(config.backlog.discover).lower(),
+        "maxMessagesPerTrigger": str(config.run.max_messages_per_trigger),
+        "idleProbeMaxSeconds": str(config.run.idle_probe_max_seconds),
+        "availableNow": str(config.run.trigger == "available_now").lower(),
+    }
+    if config.secondary.connection_string is not None:
+        options[_SECRET_OPTION] = config.secondary.connection_string.reveal()
+    if config.secondary.fully_qualified_namespace:
+        options["fullyQualifiedNamespace"] = config.secondary.fully_qualified_namespace
+    return options
+
+
+@dataclass(frozen=True)
+class BacklogWindow(InputPartition):
+    """Messages ``start <= sequence number < end`` of one backlog queue."""
+
+    queue: str
+    start: int
+    end: int
+
+
+class BacklogDataSource(DataSource):
+    @classmethod
+    def name(cls) -> str:
+        return SOURCE_NAME
+
+    def schema(self):
+        return BACKLOG_ROW_SCHEMA
+
+    def streamReader(self, schema):
+        return BacklogStreamReader(self.options)
+
+
+class BacklogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    def __init__(self, options):
+        secret = options.get(_SECRET_OPTION)
+        self.namespace = NamespaceConfig(
+            connection_string=Secret(secret, "source option") if secret else None,
+            fully_qualified_namespace=options.get("fullyQualifiedNamespace") or None)
+        self.primary_namespace = options["primaryNamespace"]
+        self.queue_count = int(options.get("queueCount", "10"))
+        self.discover = options.get("discover", "true") == "true"
+        self.max_messages = int(options.get("maxMessagesPerTrigger", "1000"))
+        self.available_now = options.get("availableNow", "false") == "true"
+        self.backoff = offset_planning.IdleBackoff(max_seconds=float(options.get("idleProbeMaxSeconds", "120")))
+        self._target: dict[str, int] | None = None  # available-now: stop here
+        self._queues: list[str] | None = None
+        self._discovered_at = 0.0
+        self._last_end: dict | None = None  # Spark 4.0/4.1 call latestOffset() without a start
+        self._client = None
+        self._receivers: dict = {}
+        self.probe_count = 0  # broker operations made by offset planning (for metrics)
+
+    # Clients and receivers are per process: never pickle them into executors.
+    def __getstate__(self):
+        state = dict(self.__dict__)
+        state["_client"] = None
+        state["_receivers"] = {}
+        return state
+
+    # --- driver: offsets ----------------------------------------------------------------------
+
+    def initialOffset(self) -> dict:
+        return offset_planning.normalise_offsets({queue: 0 for queue in self._backlog_queues()})
+
+    def getDefaultReadLimit(self):
+        return ReadMaxRows(self.max_messages) if ReadMaxRows is not None else None
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        self._target = {queue: offset_planning.tail_end(0, self._probe_fn(queue)) for queue in self._backlog_queues()}
+        logger.info("available-now target: %s", self._target)
+
+    def latestOffset(self, start: dict | None = None, limit=None) -> dict:
+        if start is None:
+            start = self._last_end or self.initialOffset()
+        budget = self.max_messages
+        if ReadMaxRows is not None and isinstance(limit, ReadMaxRows):
+            budget = limit.max_rows
+        elif ReadAllAvailable is not None and isinstance(limit, ReadAllAvailable) or (
+                ReadMaxRows is None and self.available_now):
+            budget = 1 << 40
+        now = time.monotonic()
+        offsets = {queue: int(start.get(queue, 0)) for queue in self._backlog_queues()}
+        offsets.update({queue: int(seq) for queue, seq in start.items()})
+        candidates = [queue for queue in offsets if self._target is not None or self.backoff.due(queue, now)]
+        if self._target is not None:
+            candidates = [queue for queue in candidates if offsets[queue] < self._target.get(queue, 0)]
+        shares = offset_planning.share_budget(budget, candidates)
+        end = dict(offsets)
+        for queue in candidates:
+            queue_end = offset_planning.window_end(offsets[queue], shares[queue], self._probe_fn(queue))
+            if self._target is not None:
+                queue_end = min(queue_end, self._target.get(queue, queue_end))
+            self.backoff.record(queue, queue_end > offsets[queue], now)
+            end[queue] = queue_end
+        self._last_end = offset_planning.normalise_offsets(end)
+        return self._last_end
+
+    def partitions(self, start: dict, end: dict):
+        return [BacklogWindow(queue, int(start.get(queue, 0)), int(stop))
+                for queue, stop in sorted(end.items()) if int(stop) > int(start.get(queue, 0))]
+
+    def commit(self, end: dict) -> None:
+        # Settlement happens in the sink after delivery is recorded; commit() comes too late and
+        # not at all for the last batch of a run (see the reference on commit timing).
+        pass
+
+    # --- executors: rows ----------------------------------------------------------------------
+
+    def read(self, partition: BacklogWindow):
+        from backlog_syphon.backlog_rows import BACKLOG_ROW_COLUMNS, backlog_row_values
+        from backlog_syphon.servicebus_io import PEEK_PAGE_SIZE, open_client, peek_raw
+
+        position = partition.start
+        with open_client(self.namespace, role="secondary") as client:
+            with client.get_queue_receiver(partition.queue) as receiver:
+                while position < partition.end:
+                    page = peek_raw(receiver, position, min(PEEK_PAGE_SIZE, partition.end - position))
+                    if not page:
+                        return
+                    for raw in page:
+                        row = backlog_row_values(partition.queue, raw)
+                        if row["sequence_number"] >= partition.end:
+                            return
+                        yield tuple(row[column] for column in BACKLOG_ROW_COLUMNS)
+                        position = row["sequence_number"] + 1
+
+    # --- helpers --------------------------------------------------------------------------------
+
+    def _backlog_queues(self) -> list[str]:
+        now = time.monotonic()
+        if self._queues is None or (self.discover and now - self._discovered_at > _DISCOVERY_INTERVAL_SECONDS):
+            from backlog_syphon.servicebus_io import list_backlog_queues
+
+            queues = {backlog_queue_name(self.primary_namespace, i) for i in range(self.queue_count)}
+            if self.discover:
+                found = list_backlog_queues(self.namespace, f"{self.primary_namespace}/x-servicebus-transfer/")
+                queues.update(found or [])
+            self._queues = sorted(queues)
+            self._discovered_at = now
+        return self._queues
+
+    def _probe_fn(self, queue: str):
+        from backlog_syphon.servicebus_io import first_sequence_number_from, open_client
+
+        if self._client is None:
+            self._client = open_client(self.namespace, role="secondary")
+        if queue not in self._receivers:
+            self._receivers[queue] = self._client.get_queue_receiver(queue)
+        receiver = self._receivers[queue]
+
+        def probe(sequence_number: int):
+            self.probe_count += 1
+            return first_sequence_number_from(receiver, sequence_number)
+
+        return probe

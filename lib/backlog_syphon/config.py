@@ -1,0 +1,342 @@
+"""Load and validate the syphon's configuration, once, into frozen objects.
+
+Sources, later ones winning: a YAML file (``conf/*.yaml``), environment variables
+``SYPHON__<SECTION>__<KEY>``, then ``--set section.key=value`` flags. Unknown keys and wrong types
+are errors that name the key and where it came from.
+
+Secrets: connection strings are given as ``{env: VAR}``, ``{secret: scope/key}`` (Databricks
+secret scope) or, for a one-off run, literally; either way they end up in a ``Secret`` whose repr
+and str are masked, and no error message ever includes a value that could be one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+import yaml
+
+ENV_PREFIX = "SYPHON__"
+TTL_POLICIES = ("remaining", "restart")
+_INTERVAL = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(second|seconds|minute|minutes|hour|hours)\s*$")
+
+
+class ConfigError(ValueError):
+    """A configuration problem, described so that the operator knows what to change."""
+
+
+class Secret:
+    """A secret value that never shows itself in repr, str, logs or tracebacks."""
+
+    __slots__ = ("_value", "source")
+
+    def __init__(self, value: str, source: str):
+        self._value = value
+        self.source = source  # where it came from, e.g. "env SYPHON_PRIMARY_CONNECTION_STRING"
+
+    def reveal(self) -> str:
+        return self._value
+
+    def __repr__(self) -> str:
+        return f"Secret(<masked>, from {self.source})"
+
+    __str__ = __repr__
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Secret) and other._value == self._value
+
+    def __hash__(self) -> int:
+        return hash(self._value)
+
+    def __reduce__(self):  # picklable for executors; still masked everywhere it is printed
+        return (Secret, (self._value, self.source))
+
+
+@dataclass(frozen=True)
+class NamespaceConfig:
+    """How to reach one namespace: a SAS connection string, or Azure AD with a host name."""
+
+    connection_string: Secret | None = None
+    fully_qualified_namespace: str | None = None  # e.g. contoso.servicebus.windows.net (Azure AD)
+
+
+@dataclass(frozen=True)
+class PrimaryConfig(NamespaceConfig):
+    namespace: str = ""  # primary namespace name, as used in backlog queue paths
+
+
+@dataclass(frozen=True)
+class BacklogConfig:
+    queue_count: int = 10  # legacy BacklogQueueCount: queues 0..count-1 are always read
+    discover: bool = True  # also list <ns>/x-servicebus-transfer/* when a management API is reachable
+
+
+@dataclass(frozen=True)
+class StorageConfig:
+    audit_table: str = ""  # Delta path (contains '/' or a scheme) or a catalog table name
+    checkpoint_table: str = ""
+    checkpoint_location: str = ""  # Spark streaming checkpoint folder
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    trigger: str = "available_now"  # or a processing-time interval such as "10 seconds"
+    max_messages_per_trigger: int = 1000
+    query_name: str = "backlog-syphon"
+    idle_probe_max_seconds: float = 120.0  # longest pause between probes of an empty backlog queue
+
+
+@dataclass(frozen=True)
+class RestoreConfig:
+    ttl_policy: str = "remaining"  # "restart" is the legacy syphon's behaviour
+
+
+@dataclass(frozen=True)
+class SinkConfig:
+    max_send_attempts: int = 5  # per batch of sends, for transient errors
+    retry_backoff_seconds: float = 1.0
+    max_retry_backoff_seconds: float = 30.0
+    outage_wait_seconds: float = 600.0  # how long a batch waits for an unreachable primary before failing the run
+    max_message_size_bytes: int = 256 * 1024  # Standard tier; 100 MB for Premium entities
+
+
+@dataclass(frozen=True)
+class SyphonConfig:
+    primary: PrimaryConfig
+    secondary: NamespaceConfig
+    backlog: BacklogConfig = field(default_factory=BacklogConfig)
+    storage: StorageConfig = field(default_factory=StorageConfig)
+    run: RunConfig = field(default_factory=RunConfig)
+    restore: RestoreConfig = field(default_factory=RestoreConfig)
+    sink: SinkConfig = field(default_factory=SinkConfig)
+
+    def with_overrides(self, overrides: Mapping[str, str], origin: str = "--set") -> "SyphonConfig":
+        """A copy with dotted ``section.key`` overrides applied and validated."""
+        raw = _to_raw(self)
+        for dotted, text in overrides.items():
+            _apply_override(raw, dotted, text, origin)
+        return _build(raw, origin, resolve_secret=lambda ref, where: ref)
+
+
+_SECTIONS: dict[str, type] = {
+    "primary": PrimaryConfig,
+    "secondary": NamespaceConfig,
+    "backlog": BacklogConfig,
+    "storage": StorageConfig,
+    "run": RunConfig,
+    "restore": RestoreConfig,
+    "sink": SinkConfig,
+}
+_REQUIRED = ("primary.namespace", "storage.audit_table", "storage.checkpoint_table",
+             "storage.checkpoint_location")
+
+
+def load_config(path: str | os.PathLike | None = None, *, overrides: Mapping[str, str] | None = None,
+                environ: Mapping[str, str] | None = None,
+                secret_reader: Callable[[str, str], str] | None = None) -> SyphonConfig:
+    """Load YAML (optional), then ``SYPHON__*`` variables, then ``overrides``; validate; resolve secrets."""
+    environ = os.environ if environ is None else environ
+    origin = str(path) if path else "configuration"
+    raw: dict[str, dict[str, Any]] = {name: {} for name in _SECTIONS}
+    if path is not None:
+        try:
+            text = Path(path).read_text()
+        except OSError as exc:
+            raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from None
+        try:
+            loaded = yaml.safe_load(text) or {}
+        except yaml.YAMLError as exc:
+            mark = getattr(exc, "problem_mark", None)
+            where = f" at line {mark.line + 1}" if mark else ""
+            raise ConfigError(f"{path}{where}: not valid YAML ({getattr(exc, 'problem', exc)})") from None
+        if not isinstance(loaded, dict):
+            raise ConfigError(f"{path}: the top level must be a mapping of sections {sorted(_SECTIONS)}")
+        for section, values in loaded.items():
+            if section not in _SECTIONS:
+                raise ConfigError(f"{path}: unknown section '{section}'; known sections: {', '.join(_SECTIONS)}")
+            if not isinstance(values, dict):
+                raise ConfigError(f"{path}: section '{section}' must be a mapping of keys")
+            raw[section].update(values)
+    for name, text in sorted(environ.items()):
+        if name.startswith(ENV_PREFIX):
+            parts = name[len(ENV_PREFIX):].lower().split("__")
+            if len(parts) != 2:
+                raise ConfigError(f"environment variable {name}: expected {ENV_PREFIX}<SECTION>__<KEY>")
+            _apply_override(raw, ".".join(parts), text, f"environment variable {name}")
+    for dotted, text in (overrides or {}).items():
+        _apply_override(raw, dotted, text, "--set")
+    resolver = _SecretResolver(environ, secret_reader)
+    return _build(raw, origin, resolver)
+
+
+def parse_overrides(pairs: list[str]) -> dict[str, str]:
+    """``["run.trigger=10 seconds", ...]`` -> ``{"run.trigger": "10 seconds"}``."""
+    result = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"--set expects section.key=value, got '{pair.split('=')[0]}...'")
+        result[key.strip()] = value
+    return result
+
+
+def trigger_options(trigger: str) -> dict[str, Any]:
+    """Keyword arguments for ``DataStreamWriter.trigger``."""
+    if trigger == "available_now":
+        return {"availableNow": True}
+    return {"processingTime": trigger}
+
+
+# --- internals ---------------------------------------------------------------------------------
+
+def _apply_override(raw: dict, dotted: str, text: str, origin: str) -> None:
+    section, _, key = dotted.partition(".")
+    if section not in _SECTIONS or not key:
+        raise ConfigError(f"{origin}: unknown key '{dotted}'; keys look like section.key with section one of "
+                          f"{', '.join(_SECTIONS)}")
+    # Values arrive as text: read them as YAML scalars so "20" is an int and "true" a bool, but
+    # keep secrets verbatim (a connection string is not YAML).
+    value: Any = text
+    if "connection_string" not in key:
+        try:
+            value = yaml.safe_load(text) if text.strip() else text
+        except yaml.YAMLError:
+            value = text
+    raw[section][key] = value
+
+
+def _to_raw(config: SyphonConfig) -> dict:
+    return {name: {f.name: getattr(getattr(config, name), f.name)
+                   for f in dataclasses.fields(getattr(config, name))} for name in _SECTIONS}
+
+
+class _SecretResolver:
+    def __init__(self, environ: Mapping[str, str], secret_reader: Callable[[str, str], str] | None):
+        self.environ = environ
+        self.secret_reader = secret_reader
+
+    def __call__(self, ref: Any, where: str) -> Secret:
+        if isinstance(ref, Secret):
+            return ref
+        if isinstance(ref, str):
+            return Secret(ref, f"literal value of {where}")
+        if isinstance(ref, dict) and set(ref) == {"env"} and isinstance(ref["env"], str):
+            name = ref["env"]
+            if not self.environ.get(name):
+                raise ConfigError(f"{where}: environment variable {name} is not set (or empty); export it "
+                                  f"with the connection string, or point {where} at another source")
+            return Secret(self.environ[name], f"env {name}")
+        if isinstance(ref, dict) and set(ref) == {"secret"} and isinstance(ref["secret"], str):
+            scope, sep, key = ref["secret"].partition("/")
+            if not sep or not scope or not key:
+                raise ConfigError(f"{where}: secret references look like {{secret: <scope>/<key>}}")
+            reader = self.secret_reader or _databricks_secret_reader()
+            try:
+                return Secret(reader(scope, key), f"secret {scope}/{key}")
+            except Exception as exc:  # noqa: BLE001 - the reader's own errors may carry anything
+                raise ConfigError(f"{where}: cannot read secret {scope}/{key} ({type(exc).__name__})") from None
+        raise ConfigError(f"{where}: expected a connection string reference {{env: VAR}} or "
+                          f"{{secret: scope/key}}, got a {type(ref).__name__}")
+
+
+def _databricks_secret_reader() -> Callable[[str, str], str]:
+    try:
+        from pyspark.dbutils import DBUtils  # only exists on Databricks
+        from pyspark.sql import SparkSession
+    except ImportError:
+        raise ConfigError("{secret: scope/key} references need Databricks (dbutils.secrets); use "
+                          "{env: VAR} elsewhere") from None
+    dbutils = DBUtils(SparkSession.getActiveSession())
+    return lambda scope, key: dbutils.secrets.get(scope=scope, key=key)
+
+
+def _build(raw: dict, origin: str, resolve_secret: Callable[[Any, str], Any]) -> SyphonConfig:
+    sections = {}
+    for name, cls in _SECTIONS.items():
+        known = {f.name: f for f in dataclasses.fields(cls)}
+        values = {}
+        for key, value in raw[name].items():
+            where = f"{name}.{key} in {origin}"
+            if key not in known:
+                raise ConfigError(f"{origin}: unknown key '{name}.{key}'; known keys in '{name}': "
+                                  f"{', '.join(known)}")
+            if key == "connection_string":
+                values[key] = None if value is None else resolve_secret(value, f"{name}.{key}")
+            else:
+                values[key] = _check_type(value, known[key].type, where)
+        sections[name] = cls(**values)
+    config = SyphonConfig(**sections)
+    _validate(config, origin)
+    return config
+
+
+def _check_type(value: Any, annotation: str, where: str) -> Any:
+    if value is None and "None" in annotation:
+        return None
+    if annotation.startswith("str"):
+        if isinstance(value, str):
+            return value
+        expected = "text"
+    elif annotation == "bool":
+        if isinstance(value, bool):
+            return value
+        expected = "true or false"
+    elif annotation == "int":
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        expected = "a whole number"
+    elif annotation == "float":
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        expected = "a number"
+    else:  # pragma: no cover - every field type is handled above
+        raise AssertionError(annotation)
+    shown = type(value).__name__
+    raise ConfigError(f"{where}: expected {expected}, got {shown}")
+
+
+def _validate(config: SyphonConfig, origin: str) -> None:
+    for dotted in _REQUIRED:
+        section, key = dotted.split(".")
+        if not getattr(getattr(config, section), key):
+            raise ConfigError(f"{origin}: '{dotted}' is required")
+    for name in ("primary", "secondary"):
+        ns = getattr(config, name)
+        if ns.connection_string is None and not ns.fully_qualified_namespace:
+            raise ConfigError(f"{origin}: '{name}' needs connection_string ({{env: VAR}} or {{secret: scope/key}}) "
+                              f"or fully_qualified_namespace (Azure AD)")
+        if ns.connection_string is not None:
+            _check_connection_string(ns.connection_string, f"{name}.connection_string")
+    if config.backlog.queue_count < 1:
+        raise ConfigError(f"{origin}: backlog.queue_count must be at least 1")
+    if config.run.max_messages_per_trigger < 1:
+        raise ConfigError(f"{origin}: run.max_messages_per_trigger must be at least 1")
+    if config.run.trigger != "available_now" and not _INTERVAL.match(config.run.trigger):
+        raise ConfigError(f"{origin}: run.trigger must be 'available_now' or an interval such as '10 seconds', "
+                          f"got '{config.run.trigger}'")
+    if config.restore.ttl_policy not in TTL_POLICIES:
+        raise ConfigError(f"{origin}: restore.ttl_policy must be one of {', '.join(TTL_POLICIES)}, "
+                          f"got '{config.restore.ttl_policy}'")
+    if config.sink.max_send_attempts < 1:
+        raise ConfigError(f"{origin}: sink.max_send_attempts must be at least 1")
+
+
+def _check_connection_string(secret: Secret, where: str) -> None:
+    """Shape check only: names the missing part, never echoes the value."""
+    parts = {}
+    for piece in secret.reveal().strip().strip(";").split(";"):
+        key, sep, value = piece.partition("=")
+        if not sep:
+            raise ConfigError(f"{where} (from {secret.source}) is not a Service Bus connection string: "
+                              f"expected key=value pairs separated by ';'")
+        parts[key.strip().lower()] = value
+    if not parts.get("endpoint", "").startswith("sb://"):
+        raise ConfigError(f"{where} (from {secret.source}) has no 'Endpoint=sb://<host>' part")
+    has_key = parts.get("sharedaccesskeyname") and parts.get("sharedaccesskey")
+    if not has_key and not parts.get("sharedaccesssignature"):
+        raise ConfigError(f"{where} (from {secret.source}) needs SharedAccessKeyName and SharedAccessKey "
+                          f"(or SharedAccessSignature)")

@@ -1,0 +1,260 @@
+"""The foreachBatch sink: deliver a micro-batch of backlog messages, record it, then purge it.
+
+Steps per batch (see the design's data flow):
+1. drop rows whose outcome is already recorded (a replayed batch sends them no more);
+2. restore and classify (pure transforms in ``restore_rules``);
+3. send on executors: one task per backlog queue, in sequence-number order, consecutive messages
+   for one destination batched, one client per task; transient errors retried with back-off, an
+   unreachable primary waited for; final errors turn into dead-letter outcomes;
+4. append the audit rows (idempotent on the batch id);
+5. MERGE the checkpoint table (delivered-through per queue);
+6. purge: complete what was delivered or skipped, dead-letter what was rejected, leave the rest.
+
+Invariant: a backlog message is settled only in step 6, after its outcome was recorded in 4-5.
+The duplicate window is a crash between a send (3) and the audit append (4): those messages are
+sent again on replay, with the same MessageId.
+
+``SYPHON_FAULT_PAUSE_AT=<step>`` makes the process stop at that step (writing the file named by
+``SYPHON_FAULT_MARKER``) so crash tests can SIGKILL it there; steps: before_send, mid_send,
+after_send, after_audit, after_checkpoint.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import os
+import time
+from typing import Callable, Iterable, Iterator
+
+from pyspark.sql import DataFrame, SparkSession
+
+from backlog_syphon import delivery_plan, delta_tables, restore_rules
+from backlog_syphon.config import SyphonConfig
+from backlog_syphon.delivery_plan import DEAD_LETTERED, DELIVERED, SKIPPED_PING
+
+logger = logging.getLogger(__name__)
+
+
+def fault_point(step: str) -> None:
+    """Test hook: park the process at ``step`` so a test can kill it there (no-op unless configured)."""
+    if os.environ.get("SYPHON_FAULT_PAUSE_AT") != step:
+        return
+    marker = os.environ.get("SYPHON_FAULT_MARKER")
+    if marker:
+        with open(marker, "a") as handle:
+            handle.write(f"{step} {os.getpid()}\n")
+    while True:
+        time.sleep(3600)
+
+
+class DeliverySink:
+    """Callable for ``foreachBatch``; holds only picklable settings."""
+
+    def __init__(self, config: SyphonConfig, *, run_id: str, app_id: str,
+                 clock: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.timezone.utc)):
+        self.config = config
+        self.run_id = run_id
+        self.app_id = app_id  # Delta transaction app id: one per streaming checkpoint
+        self.clock = clock
+        self.totals: list[dict] = []  # every outcome of this run (driver side), for the summary
+
+    def __call__(self, batch: DataFrame, batch_id: int) -> None:
+        spark = batch.sparkSession
+        storage = self.config.storage
+        batch = batch.persist()  # the window is peeked once, whatever the steps below do
+        try:
+            queues = sorted(row[0] for row in batch.select("backlog_queue").distinct().collect())
+            if not queues:
+                return
+            checkpoint = delta_tables.read_checkpoint(spark, storage.checkpoint_table)
+            purged_through = {q: int(checkpoint[q]["purged_through"]) if q in checkpoint else 0 for q in queues}
+            recorded = delta_tables.recorded_outcomes(spark, storage.audit_table, purged_through)
+            now = self.clock()
+
+            pending = _drop_recorded(spark, batch, purged_through, delivery_plan.recorded_keys(recorded))  # 1
+            classified = restore_rules.classify_messages(                                                # 2
+                pending, now=now, ttl_policy=self.config.restore.ttl_policy,
+                max_message_size_bytes=self.config.sink.max_message_size_bytes)
+            fault_point("before_send")
+            new_outcomes = self._send(classified, batch_id)                                              # 3
+            fault_point("after_send")
+            delta_tables.append_audit(spark, storage.audit_table,                                        # 4
+                                      [_audit_tuple(row) for row in new_outcomes], self.app_id, batch_id)
+            fault_point("after_audit")
+            outcomes = recorded + new_outcomes
+            delta_tables.merge_checkpoint(spark, storage.checkpoint_table,                               # 5
+                                          delivery_plan.checkpoint_updates(outcomes, batch_id=batch_id,
+                                                                           run_id=self.run_id, now=now),
+                                          self.app_id, batch_id)
+            fault_point("after_checkpoint")
+            purged = self._purge(spark, delivery_plan.purge_plans(outcomes))                              # 6
+            delta_tables.advance_purged_through(spark, storage.checkpoint_table, purged)
+            self.totals.extend(new_outcomes)
+            counts = {o: sum(1 for r in new_outcomes if r["outcome"] == o) for o in delivery_plan.OUTCOMES}
+            logger.info("batch_id=%s queues=%d delivered=%d dead_lettered=%d skipped=%d replayed=%d",
+                        batch_id, len(queues), counts[DELIVERED], counts[DEAD_LETTERED], counts[SKIPPED_PING],
+                        len(recorded))
+        finally:
+            batch.unpersist()
+
+    def _send(self, classified: DataFrame, batch_id: int) -> list[dict]:
+        primary = self.config.primary
+        sink = self.config.sink
+        run_id = self.run_id
+        clock = self.clock
+
+        def deliver(rows: Iterable) -> Iterator[dict]:
+            yield from deliver_partition(rows, primary=primary, sink=sink, run_id=run_id, batch_id=batch_id,
+                                         clock=clock)
+
+        return classified.rdd.mapPartitions(deliver).collect()
+
+    def _purge(self, spark: SparkSession, plans: dict) -> dict[str, int]:
+        if not plans:
+            return {}
+        secondary = self.config.secondary
+
+        def purge(items: Iterable) -> Iterator[tuple[str, int | None]]:
+            from backlog_syphon.servicebus_io import purge_backlog
+
+            for queue, plan in items:
+                result = purge_backlog(secondary, queue, plan)
+                yield queue, result.settled_through
+
+        items = sorted(plans.items())
+        settled = spark.sparkContext.parallelize(items, len(items)).mapPartitions(purge).collect()
+        return {queue: through for queue, through in settled if through is not None}
+
+
+def _drop_recorded(spark: SparkSession, batch: DataFrame, purged_through: dict[str, int],
+                   recorded: set[tuple[str, int]]) -> DataFrame:
+    """Step 1: rows already purged or with a recorded outcome are not sent again."""
+    from pyspark.sql import functions as F
+
+    condition = F.lit(True)
+    for queue, through in purged_through.items():
+        condition = condition & ~((F.col("backlog_queue") == queue) & (F.col("sequence_number") <= through))
+    if recorded:
+        keys = spark.createDataFrame(sorted(recorded), "backlog_queue string, sequence_number long")
+        return batch.where(condition).join(F.broadcast(keys), ["backlog_queue", "sequence_number"], "left_anti")
+    return batch.where(condition)
+
+
+def _audit_tuple(row: dict) -> tuple:
+    return tuple(row[field.name] for field in delta_tables.AUDIT_ROW_SCHEMA.fields)
+
+
+# --- executor side ------------------------------------------------------------------------------
+
+def deliver_partition(rows: Iterable, *, primary, sink, run_id: str, batch_id: int,
+                      clock: Callable[[], dt.datetime]) -> Iterator[dict]:
+    """Deliver one task's rows in (queue, sequence number) order; yield one outcome per row."""
+    from backlog_syphon.servicebus_io import DestinationSenders
+
+    ordered = sorted((row.asDict() for row in rows), key=lambda r: (r["backlog_queue"], r["sequence_number"]))
+    if not ordered:
+        return
+    senders = None
+    try:
+        for group in _consecutive_groups(ordered):
+            first = group[0]
+            if first["action"] != restore_rules.Action.DELIVER:
+                outcome = SKIPPED_PING if first["action"] == restore_rules.Action.SKIP else DEAD_LETTERED
+                for row in group:
+                    yield _outcome(row, outcome, row["reason_code"], row["reason"], 0, run_id, batch_id, clock)
+                continue
+            if senders is None:
+                senders = DestinationSenders(primary)
+            yield from _deliver_group(senders, group, primary=primary, sink=sink, run_id=run_id,
+                                      batch_id=batch_id, clock=clock)
+    finally:
+        if senders is not None:
+            senders.close()
+
+
+def _consecutive_groups(rows: list[dict]) -> Iterator[list[dict]]:
+    """Runs of rows that can share one batch send: same queue, action, destination and session."""
+    def key(row):
+        deliver = row["action"] == restore_rules.Action.DELIVER
+        return (row["backlog_queue"], row["action"], row["destination"] if deliver else None,
+                row["session_id"] if deliver else row["sequence_number"])
+
+    group: list[dict] = []
+    for row in rows:
+        if group and key(row) != key(group[0]):
+            yield group
+            group = []
+        group.append(row)
+    if group:
+        yield group
+
+
+def _deliver_group(senders, group: list[dict], *, primary, sink, run_id, batch_id, clock) -> Iterator[dict]:
+    from backlog_syphon.servicebus_io import PartialSendError, classify_send_error, wait_until_reachable
+
+    destination = group[0]["destination"]
+    pending = [(row, _restored_sdk_message(row)) for row in group]
+    attempts = 0
+    mid_send_reached = False
+    while pending:
+        attempts += 1
+        try:
+            sent = senders.send(destination, [message for _, message in pending])
+        except PartialSendError as error:
+            sent, cause = error.sent, error.cause
+        else:
+            cause = None
+        for row, _ in pending[:sent]:
+            yield _outcome(row, DELIVERED, None, None, attempts, run_id, batch_id, clock)
+        pending = pending[sent:]
+        if sent and not mid_send_reached:
+            mid_send_reached = True
+            fault_point("mid_send")
+        if cause is None:
+            return
+        failure = classify_send_error(cause, destination)
+        senders.reset(destination)
+        if not failure.transient:
+            # Too large: only the first pending message is at fault; the rest may still go.
+            rejected = pending[:1] if failure.reason_code == "message_too_large" else pending
+            for row, _ in rejected:
+                yield _outcome(row, DEAD_LETTERED, failure.reason_code, failure.reason, attempts, run_id,
+                               batch_id, clock)
+            pending = pending[len(rejected):]
+            continue
+        logger.warning("destination=%s backlog=%s sequence_number=%s transient send failure (%s), attempt %d",
+                       destination, pending[0][0]["backlog_queue"], pending[0][0]["sequence_number"],
+                       failure.reason, attempts)
+        if attempts % sink.max_send_attempts == 0:
+            # Persistently failing: wait for the primary instead of draining into failure.
+            if not wait_until_reachable(primary, destination, max_wait_seconds=sink.outage_wait_seconds):
+                raise RuntimeError(f"primary namespace unreachable for {sink.outage_wait_seconds:.0f} s while "
+                                   f"sending to '{destination}' ({failure.reason}); nothing was lost, "
+                                   f"restart the job when it is back")
+        else:
+            time.sleep(min(sink.max_retry_backoff_seconds, sink.retry_backoff_seconds * 2 ** (attempts - 1)))
+
+
+def _restored_sdk_message(row: dict):
+    """The outgoing SDK message for a deliverable row, with the TTL its classification chose."""
+    from backlog_syphon.amqp_message import decode_message, restored_message
+    from backlog_syphon.legacy_properties import decode_legacy_properties
+    from backlog_syphon.servicebus_io import to_sdk_message
+
+    decoded = decode_message(row["raw_message"])
+    fields = decode_legacy_properties(decoded.application_properties)
+    ttl_ms = row["restored_time_to_live_ms"]
+    return to_sdk_message(restored_message(decoded, fields, None if ttl_ms is None else dt.timedelta(milliseconds=ttl_ms)))
+
+
+def _outcome(row: dict, outcome: str, reason_code, reason, attempts: int, run_id: str, batch_id: int,
+             clock) -> dict:
+    return {
+        "run_id": run_id, "batch_id": batch_id, "backlog_queue": row["backlog_queue"],
+        "sequence_number": row["sequence_number"], "message_id": row["message_id"],
+        "destination": row["destination"], "session_id": row["session_id"], "outcome": outcome,
+        "reason_code": reason_code, "reason": reason, "body_size": row["body_size"],
+        "enqueued_time": row["enqueued_time"], "scheduled_enqueue_time": row["scheduled_enqueue_time"],
+        "time_to_live_ms": row["restored_time_to_live_ms"], "outcome_time": clock(), "attempts": attempts,
+    }

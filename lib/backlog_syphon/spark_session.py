@@ -1,0 +1,59 @@
+"""Build (or, on Databricks, reuse) the SparkSession every run mode uses: Delta on, UTC, quiet."""
+
+from __future__ import annotations
+
+import logging
+import os
+
+from pyspark.sql import SparkSession
+
+from backlog_syphon import delta_jars
+
+logger = logging.getLogger(__name__)
+
+_DELTA_CONFS = {
+    "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
+    "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
+}
+
+
+def on_databricks() -> bool:
+    return "DATABRICKS_RUNTIME_VERSION" in os.environ
+
+
+def build_spark_session(app_name: str = "backlog-syphon", master: str | None = None,
+                        extra_conf: dict[str, str] | None = None) -> SparkSession:
+    """Return a SparkSession with Delta Lake, UTC time zone and WARN logging.
+
+    An active session (Databricks, a notebook, spark-submit with its own --packages/--jars) is
+    reused as it is: its Delta set-up belongs to whoever started it. Otherwise a local session is
+    built with the JARs fetched by ``delta_jars`` or, when none are cached, with
+    ``spark.jars.packages`` so Spark resolves Delta from Maven Central by itself.
+    """
+    active = SparkSession.getActiveSession()
+    if active is not None:
+        active.conf.set("spark.sql.session.timeZone", "UTC")
+        return active
+
+    builder = SparkSession.builder.appName(app_name)
+    if master or not os.environ.get("SPARK_MASTER"):
+        builder = builder.master(master or os.environ.get("SYPHON_SPARK_MASTER", "local[2]"))
+    confs = {
+        **_DELTA_CONFS,
+        "spark.sql.session.timeZone": "UTC",
+        "spark.ui.showConsoleProgress": "false",
+        "spark.sql.shuffle.partitions": "4",
+    }
+    jars = delta_jars.fetched_jars()
+    if jars:
+        confs["spark.jars"] = ",".join(jars)
+    else:
+        artifact, version = delta_jars.delta_coordinates()
+        logger.info("no pre-fetched Delta JARs; Spark will resolve io.delta:%s:%s", artifact, version)
+        confs["spark.jars.packages"] = f"io.delta:{artifact}:{version}"
+    confs.update(extra_conf or {})
+    for key, value in confs.items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel(os.environ.get("SYPHON_SPARK_LOG_LEVEL", "WARN"))
+    return spark

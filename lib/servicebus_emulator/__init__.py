@@ -1,0 +1,12 @@
+"""A local Azure Service Bus emulator (AMQP 1.0 on python-qpid-proton) for the azure-servicebus SDK.
+
+    from servicebus_emulator import Emulator, load_config
+    with Emulator(load_config("conf/emulator.yaml"), ports={"contoso": 0}) as emu:
+        conn_str = emu.connection_string("contoso")
+
+See docs/emulator.md for configuration, behaviour and limits.
+"""
+from .config import ConfigError, EmulatorConfig, load_config
+from .emulator import Emulator
+
+__all__ = ["ConfigError", "Emulator", "EmulatorConfig", "load_config"]

@@ -1,0 +1,527 @@
+"""Broker state: entities, messages, locks, sessions. No I/O; the server drives it from one thread.
+
+Invariants:
+- sequence numbers are assigned once per queue/topic, increase monotonically and are never reused;
+  a dead-lettered message keeps its sequence number in the dead-letter sub-queue;
+- a message is in exactly one state (active, locked, deferred, scheduled) while it exists;
+- every per-operation lookup is O(log n) or amortised O(1): ``order`` is a sorted list of sequence
+  numbers with lazy deletion (peek is a bisect), availability is a heap, locks are a dict.
+"""
+from __future__ import annotations
+
+import heapq
+import time
+import uuid
+from bisect import bisect_left, insort
+from collections import Counter, OrderedDict
+from typing import Any, Dict, List, Optional
+
+from . import codec
+from .codec import (APPLICATION_PROPERTIES, BODY_CODES, FOOTER, HEADER, MESSAGE_ANNOTATIONS, PROPERTIES,
+                    DELIVERY_ANNOTATIONS)
+
+ACTIVE, DEFERRED, SCHEDULED, LOCKED = 0, 1, 2, 3
+PING_CONTENT_TYPE = "application/vnd.ms-servicebus-ping"
+BROKER_ANNOTATIONS = frozenset({
+    "x-opt-sequence-number", "x-opt-enqueued-time", "x-opt-locked-until", "x-opt-message-state",
+    "x-opt-enqueue-sequence-number", "x-opt-deadletter-source", "x-opt-lock-token",
+})
+DEAD_LETTER_PROPERTIES = ("DeadLetterReason", "DeadLetterErrorDescription")
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+class BrokerError(Exception):
+    """An operation failed with an AMQP condition (mapped to an SDK exception by the client)."""
+
+    def __init__(self, condition: str, description: str, status: int = 400):
+        super().__init__(description)
+        self.condition, self.description, self.status = condition, description, status
+
+
+def lock_lost(token) -> BrokerError:
+    return BrokerError("com.microsoft:message-lock-lost",
+                       f"The lock supplied ({token}) is invalid: it expired, or the message was already "
+                       f"settled or removed.", 410)
+
+
+class Content:
+    """The immutable part of a message as the sender encoded it (shared by topic fan-out copies)."""
+    __slots__ = ("durable", "priority", "ttl", "ann_entries", "props_raw", "app_raw", "body_raw", "size",
+                 "message_id", "session_id", "props", "scheduled_ms", "_app_props")
+
+    # indices into the AMQP properties list
+    FIELDS = {"message_id": 0, "to": 2, "subject": 3, "label": 3, "reply_to": 4, "correlation_id": 5,
+              "content_type": 6, "session_id": 10, "reply_to_session_id": 12}
+
+    @classmethod
+    def parse(cls, raw) -> "Content":
+        c = cls()
+        c.size = len(raw)
+        c.durable, c.priority, c.ttl = False, None, None
+        c.ann_entries, c.props_raw, c.app_raw, c.scheduled_ms, c.props = [], b"", b"", None, []
+        body, saw_body = [], False
+        for code, sec in codec.split_sections(raw):
+            if code == HEADER:
+                h = list(codec.section_value(sec)) + [None] * 5
+                c.durable, c.priority, c.ttl = bool(h[0]), h[1], h[2]
+            elif code == MESSAGE_ANNOTATIONS:
+                for k, v in codec.section_map_entries(sec):
+                    name = codec.key_name(k)
+                    if name in BROKER_ANNOTATIONS:
+                        continue
+                    if name == "x-opt-scheduled-enqueue-time":
+                        c.scheduled_ms = int(codec.decode_value(v) or 0) or None
+                    c.ann_entries.append((k, v))
+            elif code == PROPERTIES:
+                c.props_raw = sec
+                c.props = list(codec.section_value(sec))
+            elif code == APPLICATION_PROPERTIES:
+                c.app_raw = sec
+            elif code in BODY_CODES or code == FOOTER:
+                saw_body = saw_body or code in BODY_CODES
+                body.append(sec)
+            # delivery-annotations are hop-by-hop: dropped
+        if not saw_body:
+            raise codec.DecodeError("message has no body section")
+        c.body_raw = b"".join(body)
+        c.message_id = c.prop("message_id")
+        c.session_id = codec.as_text(c.prop("session_id"))
+        c._app_props = None
+        return c
+
+    def prop(self, field: str):
+        i = self.FIELDS[field]
+        return self.props[i] if i < len(self.props) else None
+
+    @property
+    def content_type(self) -> Optional[str]:
+        return codec.as_text(self.prop("content_type"))
+
+    @property
+    def app_props(self) -> Dict[str, Any]:
+        if self._app_props is None:
+            self._app_props = ({str(k): v for k, v in codec.section_value(self.app_raw).items()}
+                               if self.app_raw else {})
+        return self._app_props
+
+    def partition_key(self) -> Optional[bytes]:
+        for k, v in self.ann_entries:
+            if codec.key_name(k) == "x-opt-partition-key":
+                return v
+        return None
+
+
+def is_batch_envelope(raw) -> Optional[List[bytes]]:
+    """The inner messages if ``raw`` has the shape of a 0x80013700 batch envelope, else None.
+
+    python-qpid-proton does not expose the transfer's message-format, so the envelope is recognised by
+    shape: all body sections are Data, and each one decodes as a complete AMQP message with a body.
+    (A single message whose Data body is itself an encoded AMQP message would be split by mistake.)
+    """
+    try:
+        inner = []
+        for code, sec in codec.split_sections(raw):
+            if code in (codec.AMQP_VALUE, codec.AMQP_SEQUENCE):
+                return None
+            if code == codec.DATA:
+                payload = sec[5:] if sec[3] == 0xA0 else sec[8:]
+                if not payload or payload[0] != 0x00:
+                    return None
+                if not any(c in BODY_CODES for c, _ in codec.split_sections(payload)):
+                    return None
+                inner.append(payload)
+        return inner or None
+    except (codec.DecodeError, IndexError, ValueError):
+        return None
+
+
+class Msg:
+    """A message in one entity, with its broker-side state."""
+    __slots__ = ("content", "seq", "enqueued_ms", "expires_ms", "delivery_count", "state", "lock_token",
+                 "locked_until", "lock_owner", "app_raw", "was_deferred", "dead_letter_source", "session")
+
+    def __init__(self, content: Content, seq: int, enqueued_ms: int):
+        self.content, self.seq, self.enqueued_ms = content, seq, enqueued_ms
+        self.expires_ms: Optional[int] = None
+        self.delivery_count = 0
+        self.state = ACTIVE
+        self.lock_token: Optional[uuid.UUID] = None
+        self.locked_until = 0
+        self.lock_owner = None
+        self.app_raw = content.app_raw
+        self.was_deferred = False
+        self.session = content.session_id
+        self.dead_letter_source: Optional[str] = None
+
+    def encode(self, *, lock_token: Optional[uuid.UUID] = None, with_state: bool = False,
+               locked_until: Optional[int] = None) -> bytes:
+        c = self.content
+        parts = [codec.enc_header(c.durable, c.priority, c.ttl, self.delivery_count)]
+        if lock_token is not None:
+            parts.append(codec.enc_section(DELIVERY_ANNOTATIONS, codec.enc_map(
+                [(codec.enc_sym("x-opt-lock-token"), codec.enc_uuid(lock_token))])))
+        ann = list(c.ann_entries)
+        ann.append((codec.enc_sym("x-opt-sequence-number"), codec.enc_long(self.seq)))
+        ann.append((codec.enc_sym("x-opt-enqueued-time"), codec.enc_timestamp(self.enqueued_ms)))
+        ann.append((codec.enc_sym("x-opt-enqueue-sequence-number"), codec.enc_long(self.seq)))
+        if locked_until is not None:
+            ann.append((codec.enc_sym("x-opt-locked-until"), codec.enc_timestamp(locked_until)))
+        if with_state or self.state in (DEFERRED, SCHEDULED) or self.was_deferred:
+            state = DEFERRED if self.was_deferred else (self.state if self.state != LOCKED else ACTIVE)
+            ann.append((codec.enc_sym("x-opt-message-state"), codec.enc_int(state)))
+        if self.dead_letter_source:
+            ann.append((codec.enc_sym("x-opt-deadletter-source"), codec.enc_str(self.dead_letter_source)))
+        parts.append(codec.enc_section(MESSAGE_ANNOTATIONS, codec.enc_map(ann)))
+        parts += [c.props_raw, self.app_raw, c.body_raw]
+        return b"".join(parts)
+
+
+class Session:
+    __slots__ = ("id", "state", "owner", "locked_until", "avail", "count", "updated_ms")
+
+    def __init__(self, sid: str):
+        self.id, self.state, self.owner, self.locked_until = sid, None, None, 0
+        self.avail: List[int] = []
+        self.count = 0
+        self.updated_ms = now_ms()
+
+
+class Entity:
+    """A queue, a subscription or a dead-letter sub-queue: something messages are received from."""
+
+    def __init__(self, path: str, settings, *, sequencer=None, is_dlq: bool = False):
+        self.path = path                     # display path, e.g. "events/Subscriptions/eu"
+        self.settings = settings
+        self.is_dlq = is_dlq
+        self.requires_session = settings.requires_session and not is_dlq
+        self.sequencer = sequencer if sequencer is not None else Sequencer()
+        self.msgs: Dict[int, Msg] = {}
+        self.order: List[int] = []           # sorted sequence numbers, lazily pruned
+        self._order_dead = 0
+        self.avail: List[int] = []           # heap of active sequence numbers (non-session entities)
+        self.sessions: Dict[str, Session] = OrderedDict()
+        self.locks: Dict[uuid.UUID, Msg] = {}
+        self.lock_heap: List = []
+        self.sched_heap: List = []
+        self.expiry_heap: List = []
+        self.consumers: List = []            # server-side sender links (set by the server)
+        self.session_waiters: List = []      # pending next-available session attaches
+        self.counters: Counter = Counter()
+        self.ops: Counter = Counter()
+        self.dlq: Optional[Entity] = None
+        if not is_dlq:
+            self.dlq = Entity(path + "/$DeadLetterQueue", settings, is_dlq=True)
+        self.dedupe = Deduper(getattr(settings, "duplicate_detection_window_seconds", 0))
+
+    # ---- storage --------------------------------------------------------------------------------
+    def _store(self, m: Msg):
+        self.msgs[m.seq] = m
+        if not self.order or m.seq > self.order[-1]:
+            self.order.append(m.seq)
+        else:
+            insort(self.order, m.seq)
+        if m.session is not None and self.requires_session:
+            self.session(m.session).count += 1
+
+    def _remove(self, m: Msg):
+        del self.msgs[m.seq]
+        if m.lock_token is not None:
+            self.locks.pop(m.lock_token, None)
+            m.lock_token = None
+        if m.session is not None and self.requires_session:
+            s = self.sessions.get(m.session)
+            if s is not None:
+                s.count -= 1
+        self._order_dead += 1
+        if self._order_dead > 1024 and self._order_dead * 2 > len(self.order):
+            self.order = [s for s in self.order if s in self.msgs]
+            self._order_dead = 0
+
+    def session(self, sid: str) -> Session:
+        s = self.sessions.get(sid)
+        if s is None:
+            s = self.sessions[sid] = Session(sid)
+        return s
+
+    def enqueue(self, content: Content, seq: int, now: int, default_ttl_ms: int = 0) -> Msg:
+        m = Msg(content, seq, now)
+        self.counters["in"] += 1
+        self._store(m)
+        if content.scheduled_ms and content.scheduled_ms > now:
+            m.state = SCHEDULED
+            heapq.heappush(self.sched_heap, (content.scheduled_ms, seq))
+        else:
+            self._start_ttl(m, now)
+            self._make_available(m)
+        return m
+
+    def _start_ttl(self, m: Msg, now: int):
+        ttl = m.content.ttl or 0
+        default = int(getattr(self.settings, "default_message_ttl_seconds", 0) * 1000)
+        if default and (not ttl or default < ttl):
+            ttl = default
+        if ttl and not self.is_dlq:
+            m.expires_ms = now + ttl
+            heapq.heappush(self.expiry_heap, (m.expires_ms, m.seq))
+
+    def _make_available(self, m: Msg):
+        m.state = ACTIVE
+        m.lock_owner = None
+        if m.lock_token is not None:
+            self.locks.pop(m.lock_token, None)
+            m.lock_token = None
+        if m.was_deferred:
+            m.state = DEFERRED
+            return
+        if self.requires_session and m.session is not None:
+            heapq.heappush(self.session(m.session).avail, m.seq)
+        else:
+            heapq.heappush(self.avail, m.seq)
+
+    # ---- receiving ------------------------------------------------------------------------------
+    def next_available(self, session: Optional[Session] = None) -> Optional[Msg]:
+        heap = session.avail if session is not None else self.avail
+        now = None
+        while heap:
+            m = self.msgs.get(heapq.heappop(heap))
+            if m is None or m.state != ACTIVE:
+                continue
+            if m.expires_ms is not None:
+                now = now or now_ms()
+                if m.expires_ms <= now:
+                    self.expire(m)
+                    continue
+            return m
+        return None
+
+    def has_available(self, session: Optional[Session] = None) -> bool:
+        heap = session.avail if session is not None else self.avail
+        while heap:
+            m = self.msgs.get(heap[0])
+            if m is not None and m.state == ACTIVE:
+                return True
+            heapq.heappop(heap)
+        return False
+
+    def lock(self, m: Msg, owner, now: int, session: Optional[Session] = None) -> uuid.UUID:
+        m.state = LOCKED
+        m.lock_owner = owner
+        m.lock_token = uuid.uuid4()
+        self.locks[m.lock_token] = m
+        if session is not None:
+            m.locked_until = session.locked_until
+        else:
+            m.locked_until = now + int(self.settings.lock_duration_seconds * 1000)
+            heapq.heappush(self.lock_heap, (m.locked_until, m.seq, m.lock_token))
+        self.counters["out"] += 1
+        return m.lock_token
+
+    def take(self, m: Msg):
+        """Receive-and-delete."""
+        self.counters["out"] += 1
+        self._remove(m)
+
+    def locked(self, token: uuid.UUID, owner=None) -> Msg:
+        m = self.locks.get(token)
+        if m is None or (owner is not None and m.lock_owner is not owner):
+            raise lock_lost(token)
+        return m
+
+    def complete(self, m: Msg):
+        self.counters["completed"] += 1
+        self._remove(m)
+
+    def abandon(self, m: Msg, *, count: bool = True):
+        """Abandon (count=True) or release (count=False) a locked message."""
+        if count:
+            m.delivery_count += 1
+            if m.delivery_count >= self.settings.max_delivery_count and not self.is_dlq:
+                self.dead_letter(m, "MaxDeliveryCountExceeded",
+                                 f"Message could not be consumed after {self.settings.max_delivery_count} "
+                                 f"delivery attempts.")
+                return
+        if m.expires_ms is not None and m.expires_ms <= now_ms():
+            self.expire(m)
+            return
+        self._make_available(m)
+
+    def defer(self, m: Msg):
+        self.counters["deferred"] += 1
+        self.locks.pop(m.lock_token, None)
+        m.lock_token, m.lock_owner, m.state, m.was_deferred = None, None, DEFERRED, True
+
+    def dead_letter(self, m: Msg, reason: Optional[str], description: Optional[str]):
+        if self.dlq is None:
+            raise BrokerError("amqp:not-allowed", "Messages in a dead-letter queue cannot be dead-lettered.")
+        self.counters["dead_lettered"] += 1
+        self._remove(m)
+        d = Msg(m.content, m.seq, m.enqueued_ms)
+        d.delivery_count = m.delivery_count
+        d.session = None
+        entries = [(k, v) for k, v in codec.section_map_entries(m.app_raw)
+                   if codec.key_name(k) not in DEAD_LETTER_PROPERTIES] if m.app_raw else []
+        for name, value in zip(DEAD_LETTER_PROPERTIES, (reason, description)):
+            if value is not None:
+                entries.append((codec.enc_str(name), codec.enc_app_value(value)))
+        d.app_raw = codec.enc_section(APPLICATION_PROPERTIES, codec.enc_map(entries)) if entries else b""
+        self.dlq.counters["in"] += 1
+        self.dlq._store(d)
+        self.dlq._make_available(d)
+        return d
+
+    def expire(self, m: Msg):
+        self.counters["expired"] += 1
+        if getattr(self.settings, "dead_lettering_on_message_expiration", False) and self.dlq is not None:
+            self.dead_letter(m, "TTLExpiredException", "The message expired and was dead lettered.")
+        else:
+            self._remove(m)
+
+    def renew(self, m: Msg, now: int) -> int:
+        m.locked_until = now + int(self.settings.lock_duration_seconds * 1000)
+        heapq.heappush(self.lock_heap, (m.locked_until, m.seq, m.lock_token))
+        return m.locked_until
+
+    # ---- management -----------------------------------------------------------------------------
+    def peek(self, from_seq: int, count: int, session_id: Optional[str] = None) -> List[Msg]:
+        out = []
+        i = bisect_left(self.order, from_seq)
+        order, msgs = self.order, self.msgs
+        while i < len(order) and len(out) < count:
+            m = msgs.get(order[i])
+            i += 1
+            if m is None or (session_id is not None and m.session != session_id):
+                continue
+            out.append(m)
+        self.counters["peeked"] += len(out)
+        return out
+
+    def schedule(self, content: Content, seq: int, now: int) -> Msg:
+        return self.enqueue(content, seq, now)
+
+    def cancel_scheduled(self, seq: int):
+        m = self.msgs.get(seq)
+        if m is None or m.state != SCHEDULED:
+            raise BrokerError("com.microsoft:message-not-found",
+                              f"No scheduled message with sequence number {seq}.", 404)
+        self._remove(m)
+
+    def deferred(self, seq: int) -> Msg:
+        m = self.msgs.get(seq)
+        if m is None or m.state != DEFERRED:
+            raise BrokerError("com.microsoft:message-not-found",
+                              f"No deferred message with sequence number {seq}.", 404)
+        return m
+
+    # ---- time -----------------------------------------------------------------------------------
+    def tick(self, now: int) -> bool:
+        """Expire locks and TTLs, activate scheduled messages. True when availability changed."""
+        changed = False
+        while self.lock_heap and self.lock_heap[0][0] <= now:
+            until, seq, token = heapq.heappop(self.lock_heap)
+            m = self.locks.get(token)
+            if m is not None and m.locked_until <= now:
+                self.abandon(m)
+                changed = True
+        while self.sched_heap and self.sched_heap[0][0] <= now:
+            _, seq = heapq.heappop(self.sched_heap)
+            m = self.msgs.get(seq)
+            if m is not None and m.state == SCHEDULED:
+                m.enqueued_ms = now
+                self._start_ttl(m, now)
+                self._make_available(m)
+                changed = True
+        while self.expiry_heap and self.expiry_heap[0][0] <= now:
+            _, seq = heapq.heappop(self.expiry_heap)
+            m = self.msgs.get(seq)
+            if m is not None and m.state in (ACTIVE, DEFERRED) and m.expires_ms is not None \
+                    and m.expires_ms <= now:
+                self.expire(m)
+                changed = True
+        for s in self.sessions.values():
+            if s.owner is not None and s.locked_until <= now:
+                changed = True   # the server detaches the owner with session-lock-lost
+        return changed
+
+    def next_deadline(self) -> Optional[int]:
+        heads = [h[0][0] for h in (self.lock_heap, self.sched_heap, self.expiry_heap) if h]
+        return min(heads) if heads else None
+
+    def stats(self) -> Dict[str, Any]:
+        states = Counter(m.state for m in self.msgs.values())
+        out = {k: self.counters.get(k, 0) for k in
+               ("in", "out", "peeked", "completed", "dead_lettered", "deferred", "expired")}
+        out.update(active=states[ACTIVE], locked=states[LOCKED], deferred_count=states[DEFERRED],
+                   scheduled=states[SCHEDULED], total=len(self.msgs), ops=dict(self.ops))
+        if self.dlq is not None:
+            out["dead_letter_count"] = len(self.dlq.msgs)
+        return out
+
+
+class Sequencer:
+    def __init__(self):
+        self.last = 0
+
+    def next(self) -> int:
+        self.last += 1
+        return self.last
+
+
+class Deduper:
+    """MessageId duplicate detection within a time window (0 = off)."""
+
+    def __init__(self, window_seconds: float):
+        self.window_ms = int(window_seconds * 1000)
+        self.seen: "OrderedDict[Any, int]" = OrderedDict()
+
+    def is_duplicate(self, message_id, now: int) -> bool:
+        if not self.window_ms or message_id is None:
+            return False
+        while self.seen:
+            key, t = next(iter(self.seen.items()))
+            if t > now - self.window_ms:
+                break
+            self.seen.popitem(last=False)
+        key = (type(message_id).__name__, message_id)
+        if key in self.seen:
+            return True
+        self.seen[key] = now
+        return False
+
+
+class Topic:
+    def __init__(self, cfg, subscriptions: List[Entity], filters: Dict[str, Any]):
+        self.path = cfg.name
+        self.settings = cfg
+        self.sequencer = Sequencer()
+        self.subscriptions = subscriptions
+        self.filters = filters            # subscription path -> correlation filter dict or None
+        self.counters: Counter = Counter()
+        self.ops: Counter = Counter()
+        self.dedupe = Deduper(cfg.duplicate_detection_window_seconds)
+
+    def stats(self) -> Dict[str, Any]:
+        return {"in": self.counters.get("in", 0), "ops": dict(self.ops)}
+
+
+def correlation_matches(flt: Optional[Dict[str, Any]], content: Content) -> bool:
+    if not flt:
+        return True
+    for key, expected in flt.items():
+        if key == "properties":
+            props = content.app_props
+            for name, value in expected.items():
+                actual = props.get(name)
+                if isinstance(actual, (bytes, bytearray)) and isinstance(value, str):
+                    actual = actual.decode("utf-8", "replace")
+                if actual != value:
+                    return False
+        else:
+            actual = content.prop(key)
+            if isinstance(actual, (bytes, bytearray)):
+                actual = actual.decode("utf-8", "replace")
+            if actual is None or str(actual) != str(expected):
+                return False
+    return True

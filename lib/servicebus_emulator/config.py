@@ -1,0 +1,235 @@
+"""Emulator configuration: YAML (or dict) -> validated, frozen objects.
+
+Every validation error is a ``ConfigError`` whose message names the offending key (as a dotted path)
+and, when loaded from a file, the file.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any, Dict, Mapping, Optional, Tuple
+
+import yaml
+
+MAX_INT32 = 2147483647
+
+# correlation-filter keys (snake_case, as in the SDK's CorrelationRuleFilter) -> system field name
+CORRELATION_FIELDS = (
+    "correlation_id", "message_id", "to", "reply_to", "subject", "label",
+    "session_id", "reply_to_session_id", "content_type",
+)
+
+
+class ConfigError(ValueError):
+    """A bad emulator configuration. The message names the key (and the file when known)."""
+
+
+@dataclass(frozen=True)
+class EntitySettings:
+    """Settings shared by queues and subscriptions."""
+    name: str
+    requires_session: bool = False
+    lock_duration_seconds: float = 60.0
+    max_delivery_count: int = 10
+    max_message_size_kb: int = 256
+    duplicate_detection_window_seconds: float = 0.0
+    default_message_ttl_seconds: float = 0.0          # 0 = never expires
+    dead_lettering_on_message_expiration: bool = False
+
+
+@dataclass(frozen=True)
+class QueueConfig(EntitySettings):
+    pass
+
+
+@dataclass(frozen=True)
+class SubscriptionConfig(EntitySettings):
+    # {"properties": {name: value}, "correlation_id": ..., "subject": ...}; None = match everything
+    correlation_filter: Optional[Mapping[str, Any]] = None
+
+
+@dataclass(frozen=True)
+class TopicConfig:
+    name: str
+    max_message_size_kb: int = 256
+    duplicate_detection_window_seconds: float = 0.0
+    subscriptions: Tuple[SubscriptionConfig, ...] = ()
+
+
+@dataclass(frozen=True)
+class NamespaceConfig:
+    name: str
+    host: str = "127.0.0.1"
+    port: int = 5672
+    sas_keys: Mapping[str, str] = field(default_factory=dict)
+    queues: Tuple[QueueConfig, ...] = ()
+    topics: Tuple[TopicConfig, ...] = ()
+
+
+_ENTITY_KEYS = {
+    "requires_session": bool,
+    "lock_duration_seconds": (int, float),
+    "max_delivery_count": int,
+    "max_message_size_kb": int,
+    "duplicate_detection_window_seconds": (int, float),
+    "default_message_ttl_seconds": (int, float),
+    "dead_lettering_on_message_expiration": bool,
+}
+
+
+def _check_type(value, types, where):
+    if isinstance(value, bool) and types in ((int, float), int):
+        raise ConfigError(f"{where}: expected a number, got {value!r}")
+    if not isinstance(value, types):
+        names = "/".join(t.__name__ for t in (types if isinstance(types, tuple) else (types,)))
+        raise ConfigError(f"{where}: expected {names}, got {type(value).__name__} {value!r}")
+    return value
+
+
+def _mapping(value, where) -> Mapping[str, Any]:
+    if not isinstance(value, Mapping):
+        raise ConfigError(f"{where}: expected a mapping, got {type(value).__name__}")
+    return value
+
+
+def _list(value, where) -> list:
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise ConfigError(f"{where}: expected a list, got {type(value).__name__}")
+    return value
+
+
+def _unknown(d: Mapping, allowed, where):
+    for key in d:
+        if key not in allowed:
+            raise ConfigError(f"{where}.{key}: unknown key (allowed: {', '.join(sorted(allowed))})")
+
+
+def _name(d: Mapping, where) -> str:
+    name = d.get("name")
+    if not isinstance(name, str) or not name.strip():
+        raise ConfigError(f"{where}.name: required, a non-empty string")
+    return name
+
+
+def _entity_kwargs(d: Mapping, where) -> Dict[str, Any]:
+    out = {}
+    for key, types in _ENTITY_KEYS.items():
+        if key in d:
+            out[key] = _check_type(d[key], types, f"{where}.{key}")
+    if out.get("lock_duration_seconds", 1) <= 0:
+        raise ConfigError(f"{where}.lock_duration_seconds: must be > 0")
+    if not 1 <= out.get("max_delivery_count", 1) <= MAX_INT32:
+        raise ConfigError(f"{where}.max_delivery_count: must be in 1..{MAX_INT32}")
+    if out.get("max_message_size_kb", 1) <= 0:
+        raise ConfigError(f"{where}.max_message_size_kb: must be > 0")
+    for key in ("duplicate_detection_window_seconds", "default_message_ttl_seconds"):
+        if out.get(key, 0) < 0:
+            raise ConfigError(f"{where}.{key}: must be >= 0")
+    return out
+
+
+def _correlation_filter(value, where) -> Optional[Mapping[str, Any]]:
+    if value is None:
+        return None
+    d = _mapping(value, where)
+    _unknown(d, set(CORRELATION_FIELDS) | {"properties"}, where)
+    if "properties" in d:
+        _mapping(d["properties"], f"{where}.properties")
+    return dict(d)
+
+
+def queue_from_dict(d, where) -> QueueConfig:
+    d = _mapping(d, where)
+    _unknown(d, {"name"} | set(_ENTITY_KEYS), where)
+    return QueueConfig(name=_name(d, where), **_entity_kwargs(d, where))
+
+
+def subscription_from_dict(d, where) -> SubscriptionConfig:
+    d = _mapping(d, where)
+    _unknown(d, {"name", "correlation_filter"} | set(_ENTITY_KEYS), where)
+    return SubscriptionConfig(
+        name=_name(d, where),
+        correlation_filter=_correlation_filter(d.get("correlation_filter"), f"{where}.correlation_filter"),
+        **_entity_kwargs(d, where),
+    )
+
+
+def _topic_from_dict(d, where) -> TopicConfig:
+    d = _mapping(d, where)
+    _unknown(d, {"name", "max_message_size_kb", "duplicate_detection_window_seconds", "subscriptions"}, where)
+    kwargs = _entity_kwargs({k: d[k] for k in ("max_message_size_kb", "duplicate_detection_window_seconds")
+                             if k in d}, where)
+    subs = tuple(subscription_from_dict(s, f"{where}.subscriptions[{i}]")
+                 for i, s in enumerate(_list(d.get("subscriptions"), f"{where}.subscriptions")))
+    _no_duplicates([s.name for s in subs], f"{where}.subscriptions")
+    return TopicConfig(name=_name(d, where), subscriptions=subs, **kwargs)
+
+
+def _no_duplicates(names, where):
+    seen = set()
+    for n in names:
+        if n.lower() in seen:
+            raise ConfigError(f"{where}: duplicate name {n!r}")
+        seen.add(n.lower())
+
+
+def _namespace_from_dict(d, where) -> NamespaceConfig:
+    d = _mapping(d, where)
+    _unknown(d, {"name", "host", "port", "sas_keys", "queues", "topics"}, where)
+    host = _check_type(d.get("host", "127.0.0.1"), str, f"{where}.host")
+    port = _check_type(d.get("port", 5672), int, f"{where}.port")
+    if not 0 <= port <= 65535:
+        raise ConfigError(f"{where}.port: must be in 0..65535")
+    keys = _mapping(d.get("sas_keys") or {}, f"{where}.sas_keys")
+    for k, v in keys.items():
+        if not isinstance(k, str) or not isinstance(v, str) or not v:
+            raise ConfigError(f"{where}.sas_keys.{k}: key name and key must be non-empty strings")
+    queues = tuple(queue_from_dict(q, f"{where}.queues[{i}]")
+                   for i, q in enumerate(_list(d.get("queues"), f"{where}.queues")))
+    topics = tuple(_topic_from_dict(t, f"{where}.topics[{i}]")
+                   for i, t in enumerate(_list(d.get("topics"), f"{where}.topics")))
+    _no_duplicates([e.name for e in queues + topics], f"{where}.queues/topics")
+    return NamespaceConfig(name=_name(d, where), host=host, port=port, sas_keys=dict(keys),
+                           queues=queues, topics=topics)
+
+
+@dataclass(frozen=True)
+class EmulatorConfig:
+    namespaces: Tuple[NamespaceConfig, ...]
+    source: Optional[str] = None        # file it was loaded from, for messages
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any], source: Optional[str] = None) -> "EmulatorConfig":
+        try:
+            d = _mapping(d, "<root>")
+            _unknown(d, {"namespaces"}, "<root>")
+            items = _list(d.get("namespaces"), "namespaces")
+            if not items:
+                raise ConfigError("namespaces: at least one namespace is required")
+            nss = tuple(_namespace_from_dict(n, f"namespaces[{i}]") for i, n in enumerate(items))
+            _no_duplicates([n.name for n in nss], "namespaces")
+        except ConfigError as exc:
+            if source:
+                raise ConfigError(f"{source}: {exc}") from None
+            raise
+        return cls(namespaces=nss, source=source)
+
+    def namespace(self, name: str) -> NamespaceConfig:
+        for ns in self.namespaces:
+            if ns.name == name:
+                return ns
+        raise KeyError(f"unknown namespace {name!r}")
+
+
+def load_config(path: str) -> EmulatorConfig:
+    """Load and validate a YAML config file; raises ``ConfigError`` on any problem."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            raw = yaml.safe_load(fh)
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read config: {exc.strerror}") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: invalid YAML: {str(exc).splitlines()[0]}") from None
+    return EmulatorConfig.from_dict(raw if raw is not None else {}, source=os.fspath(path))

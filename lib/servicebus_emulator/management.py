@@ -1,0 +1,180 @@
+"""``$management`` request handlers: ``handle(...) -> (status code, response body)``.
+
+Failures raise ``BrokerError``; the server turns it into ``statusCode`` + ``errorCondition``, which is
+what the SDK maps to its exceptions. Unknown operations answer 501 ``amqp:not-implemented``.
+"""
+from __future__ import annotations
+
+import uuid
+from typing import Any, Dict, List
+
+from proton import timestamp
+
+from . import codec
+from .broker import BrokerError, Content, Entity, Topic, lock_lost, now_ms
+
+_SETTLE_OPS = {"completed": "complete", "abandoned": "abandon", "defered": "defer", "deferred": "defer",
+               "suspended": "dead_letter"}
+
+
+def handle(server, ctx, target, op: str, body: Dict[str, Any], props: Dict[str, Any]):
+    name = op.split(":", 1)[-1] if op.startswith("com.microsoft:") else op
+    fn = _HANDLERS.get(name)
+    if fn is None:
+        raise BrokerError("amqp:not-implemented",
+                          f"The emulator does not support the management operation '{op}'.", 501)
+    if name not in ("schedule-message", "cancel-scheduled-message") and not isinstance(target, Entity):
+        raise BrokerError("amqp:not-allowed", f"'{op}' is not supported on topic '{target.path}'.", 400)
+    target.ops["peek" if name == "peek-message" else name.replace("-", "_")] += 1
+    return fn(server, ctx, target, body)
+
+
+def _tokens(body) -> List[uuid.UUID]:
+    return [t if isinstance(t, uuid.UUID) else uuid.UUID(bytes=bytes(t)) for t in body.get("lock-tokens") or []]
+
+
+def _session_id(body):
+    return codec.as_text(body.get("session-id"))
+
+
+def _peek(server, ctx, e: Entity, body):
+    start = int(body.get("from-sequence-number") or 0)
+    count = max(1, int(body.get("message-count") or 1))
+    msgs = e.peek(start, count, _session_id(body))
+    if not msgs:
+        return 204, None
+    return 200, {"messages": [{"message": m.encode(with_state=True,
+                                                   locked_until=m.locked_until if m.lock_token else None)}
+                              for m in msgs]}
+
+
+def _renew_lock(server, ctx, e: Entity, body):
+    now = now_ms()
+    if e.requires_session:
+        raise BrokerError("amqp:not-allowed", "Renew the session lock instead on a session entity.", 400)
+    out = []
+    for token in _tokens(body):
+        out.append(timestamp(e.renew(e.locked(token), now)))
+    return 200, {"expirations": out}
+
+
+def _update_disposition(server, ctx, e: Entity, body):
+    status = codec.as_text(body.get("disposition-status"))
+    action = _SETTLE_OPS.get(status or "")
+    if action is None:
+        raise BrokerError("amqp:invalid-field", f"Unknown disposition-status {status!r}.", 400)
+    sid = _session_id(body)
+    if e.requires_session and sid is not None:
+        _owned_session(e, sid)
+    for token in _tokens(body):
+        m = e.locks.get(token)
+        if m is None:
+            raise lock_lost(token)
+        if m.lock_owner is not None:
+            m.lock_owner.tokens.discard(token)
+        if action == "dead_letter":
+            e.dead_letter(m, codec.as_text(body.get("deadletter-reason")),
+                          codec.as_text(body.get("deadletter-description")))
+        else:
+            getattr(e, action)(m)
+        e.ops[action] += 1
+    server._pump(e)
+    return 200, {}
+
+
+def _schedule(server, ctx, target, body):
+    contents = []
+    for item in body.get("messages") or []:
+        try:
+            contents.append(Content.parse(bytes(item["message"])))
+        except (KeyError, TypeError, codec.DecodeError) as exc:
+            raise BrokerError("amqp:decode-error", f"Cannot decode the scheduled message: {exc}", 400) from None
+    seqs = server.enqueue(ctx.conn.ns, target, contents)
+    return 200, {"sequence-numbers": [int(s) for s in seqs]}
+
+
+def _cancel_scheduled(server, ctx, target, body):
+    entities = target.subscriptions if isinstance(target, Topic) else [target]
+    for seq in body.get("sequence-numbers") or []:
+        found = False
+        for e in entities:
+            try:
+                e.cancel_scheduled(int(seq))
+                found = True
+            except BrokerError:
+                pass
+        if not found:
+            raise BrokerError("com.microsoft:message-not-found",
+                              f"No scheduled message with sequence number {seq}.", 404)
+    return 200, {}
+
+
+def _receive_by_sequence_number(server, ctx, e: Entity, body):
+    peek_lock = int(body.get("receiver-settle-mode", 1) or 0) == 1
+    sid = _session_id(body)
+    now = now_ms()
+    msgs = [e.deferred(int(seq)) for seq in body.get("sequence-numbers") or []]
+    out = []
+    for m in msgs:
+        if sid is not None and m.session != sid:
+            raise BrokerError("com.microsoft:message-not-found",
+                              f"Deferred message {m.seq} is not in session '{sid}'.", 404)
+        if peek_lock:
+            token = e.lock(m, None, now)
+            out.append({"lock-token": token, "message": m.encode(lock_token=token, locked_until=m.locked_until)})
+        else:
+            payload = m.encode()
+            e.take(m)
+            out.append({"message": payload})
+    return 200, {"messages": out}
+
+
+def _owned_session(e: Entity, sid: str):
+    s = e.sessions.get(sid)
+    if s is None or s.owner is None or s.locked_until <= now_ms():
+        raise BrokerError("com.microsoft:session-lock-lost",
+                          f"The session lock for '{sid}' is not held or has expired.", 410)
+    return s
+
+
+def _get_session_state(server, ctx, e: Entity, body):
+    s = _owned_session(e, _session_id(body))
+    return 200, {"session-state": s.state}
+
+
+def _set_session_state(server, ctx, e: Entity, body):
+    s = _owned_session(e, _session_id(body))
+    state = body.get("session-state")
+    s.state = bytes(state) if state is not None else None
+    s.updated_ms = now_ms()
+    return 200, {}
+
+
+def _renew_session_lock(server, ctx, e: Entity, body):
+    s = _owned_session(e, _session_id(body))
+    s.locked_until = now_ms() + int(e.settings.lock_duration_seconds * 1000)
+    return 200, {"expiration": timestamp(s.locked_until)}
+
+
+def _get_message_sessions(server, ctx, e: Entity, body):
+    skip = int(body.get("skip") or 0)
+    top = int(body.get("top") or 100)
+    ids = [s.id for s in e.sessions.values() if s.count > 0 or s.state is not None]
+    page = ids[skip:skip + top]
+    if not page:
+        return 204, None
+    return 200, {"skip": skip + len(page), "sessions-ids": page}
+
+
+_HANDLERS = {
+    "peek-message": _peek,
+    "renew-lock": _renew_lock,
+    "update-disposition": _update_disposition,
+    "schedule-message": _schedule,
+    "cancel-scheduled-message": _cancel_scheduled,
+    "receive-by-sequence-number": _receive_by_sequence_number,
+    "get-session-state": _get_session_state,
+    "set-session-state": _set_session_state,
+    "renew-session-lock": _renew_session_lock,
+    "get-message-sessions": _get_message_sessions,
+}

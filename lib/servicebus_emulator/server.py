@@ -1,0 +1,885 @@
+"""AMQP 1.0 front end: one selector loop on one thread drives proton's protocol engine for every
+namespace listener and connection, and the broker state behind them.
+
+Only the loop thread touches proton objects or broker state; other threads go through ``Server.call``.
+Wire behaviour follows what azure-servicebus 7.15.0 expects (see docs/emulator.md and the project's
+reference on the Service Bus AMQP surface): SASL ANONYMOUS, ``$cbs`` put-token, null terminus plus
+closing detach for refused attaches, settlement echo of the outcome the client sent, error conditions
+always carrying an ``info`` map.
+"""
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import logging
+import queue
+import selectors
+import socket
+import threading
+import time
+import uuid
+from concurrent.futures import Future
+from typing import Any, Dict, List, Optional
+from urllib.parse import parse_qs, quote_plus, unquote
+
+from proton import (Collector, Condition, Connection, Data, Delivery, Disposition, Event, Link, Message,
+                    SASL, Transport, symbol, timestamp)
+
+from . import codec
+from .broker import (ACTIVE, PING_CONTENT_TYPE, BrokerError, Content, Entity, Topic, correlation_matches,
+                     is_batch_envelope, lock_lost, now_ms)
+
+log = logging.getLogger(__name__)
+
+SESSION_FILTER = symbol("com.microsoft:session-filter")
+LOCKED_UNTIL_UTC = symbol("com.microsoft:locked-until-utc")
+OPERATION_TIMEOUT = symbol("com.microsoft:timeout")
+DOTNET_EPOCH_TICKS = 621355968000000000
+DEFAULT_SESSION_WAIT_MS = 60000
+INCOMING_CREDIT = 500
+
+
+def _info(**extra) -> Dict:
+    # the SDK indexes error[2] (info) unconditionally: never leave it null
+    info = {symbol("com.microsoft:tracking-id"): str(uuid.uuid4())}
+    info.update({symbol(k): v for k, v in extra.items()})
+    return info
+
+
+def _condition(name: str, description: str) -> Condition:
+    return Condition(symbol(name), description, _info())
+
+
+def entity_path(address: Optional[str]) -> str:
+    """``amqps://host:port/a/b`` -> ``a/b``; bare node paths are returned as they are."""
+    addr = address or ""
+    if "://" in addr:
+        addr = addr.split("://", 1)[1]
+        addr = addr.split("/", 1)[1] if "/" in addr else ""
+    return addr.strip("/")
+
+
+class Namespace:
+    def __init__(self, cfg, port: int):
+        self.cfg = cfg
+        self.name = cfg.name
+        self.host = cfg.host
+        self.port = port
+        self.entities: Dict[str, Entity] = {}     # receivable entities by lower-case path
+        self.senders: Dict[str, Any] = {}         # send targets (queues, topics) by lower-case path
+        self.listener: Optional[socket.socket] = None
+        self.conns: set = set()
+        self.busy_all = False
+        self.refusing = False
+        self.busy_entities: set = set()
+        for q in cfg.queues:
+            self.add_queue(q)
+        for t in cfg.topics:
+            self.add_topic(t)
+
+    def add_queue(self, qcfg) -> Entity:
+        e = Entity(qcfg.name, qcfg)
+        self._register(e)
+        self.senders[qcfg.name.lower()] = e
+        return e
+
+    def add_topic(self, tcfg) -> Topic:
+        subs, filters = [], {}
+        for s in tcfg.subscriptions:
+            e = Entity(f"{tcfg.name}/Subscriptions/{s.name}", s)
+            subs.append(e)
+            filters[e.path] = s.correlation_filter
+            self._register(e)
+        t = Topic(tcfg, subs, filters)
+        self.senders[tcfg.name.lower()] = t
+        return t
+
+    def _register(self, e: Entity):
+        key = e.path.lower()
+        self.entities[key] = e
+        self.entities[key + "/$deadletterqueue"] = e.dlq
+        self.entities[key + "/$transfer/$deadletterqueue"] = e.dlq
+
+    def is_busy(self, path: str) -> bool:
+        if self.busy_all:
+            return True
+        if not self.busy_entities:
+            return False
+        p = path.lower()
+        return any(p == b or p.startswith(b + "/") for b in self.busy_entities)
+
+    def all_entities(self):
+        seen = set()
+        for e in self.entities.values():
+            if id(e) not in seen:
+                seen.add(id(e))
+                yield e
+
+
+class LinkCtx:
+    """What a link is for. kind: cbs-in/cbs-out/mgmt-in/mgmt-out/send/recv."""
+
+    def __init__(self, kind: str, conn: "Conn", link: Link, path: str, target=None):
+        self.kind, self.conn, self.link, self.path, self.target = kind, conn, link, path, target
+        self.buf: List[bytes] = []
+        self.rad = False
+        self.session = None          # broker Session for session receivers
+        self.tokens: set = set()     # lock tokens delivered on this link and not settled
+        self.closed = False
+        self.deadline = 0            # next-available session wait
+
+
+class Conn:
+    def __init__(self, server: "Server", ns: Namespace, sock: socket.socket):
+        self.server, self.ns, self.sock = server, ns, sock
+        self.transport = Transport(Transport.SERVER)
+        self.transport.max_frame_size = 1 << 20
+        sasl = self.transport.sasl()
+        sasl.allowed_mechs("ANONYMOUS")
+        self.connection = Connection()
+        self.connection.container = f"servicebus-emulator-{ns.name}"
+        self.collector = Collector()
+        self.connection.collect(self.collector)
+        self.transport.bind(self.connection)
+        self.links: List[LinkCtx] = []
+        self.reply_links: Dict[str, Link] = {}
+        self.want_write = False
+        self.dead = False
+
+
+class Server:
+    def __init__(self, config, ports: Optional[Dict[str, int]] = None):
+        self.config = config
+        ports = ports or {}
+        self.namespaces: Dict[str, Namespace] = {
+            ns.name: Namespace(ns, ports.get(ns.name, ns.port)) for ns in config.namespaces}
+        self.sel = selectors.DefaultSelector()
+        self._calls: "queue.Queue" = queue.Queue()
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._wake_r.setblocking(False)
+        self._thread: Optional[threading.Thread] = None
+        self._running = False
+        self._last_tick = 0.0
+        self._tag = 0
+
+    # ---- lifecycle / cross-thread -----------------------------------------------------------------
+    def start(self):
+        for ns in self.namespaces.values():
+            self._listen(ns)
+        self.sel.register(self._wake_r, selectors.EVENT_READ, ("wake", None))
+        self._running = True
+        self._thread = threading.Thread(target=self._run, name="servicebus-emulator", daemon=True)
+        self._thread.start()
+
+    def stop(self):
+        if not self._running:
+            return
+        self.call(self._shutdown)
+        self._thread.join(10)
+        self.sel.close()
+        self._wake_r.close()
+        self._wake_w.close()
+
+    def call(self, fn, *args, **kwargs):
+        """Run ``fn`` on the loop thread and return its result (or raise its exception)."""
+        if threading.current_thread() is self._thread or not self._running:
+            return fn(*args, **kwargs)
+        fut: Future = Future()
+        self._calls.put((fut, fn, args, kwargs))
+        try:
+            self._wake_w.send(b"x")
+        except OSError:
+            pass
+        return fut.result(timeout=30)
+
+    def _listen(self, ns: Namespace):
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((ns.host, ns.port))
+        sock.listen(128)
+        sock.setblocking(False)
+        ns.port = sock.getsockname()[1]
+        ns.listener = sock
+        self.sel.register(sock, selectors.EVENT_READ, ("listen", ns))
+
+    def _unlisten(self, ns: Namespace):
+        if ns.listener is not None:
+            self.sel.unregister(ns.listener)
+            ns.listener.close()
+            ns.listener = None
+
+    def _shutdown(self):
+        for ns in self.namespaces.values():
+            self._unlisten(ns)
+            for c in list(ns.conns):
+                self._drop(c)
+        self._running = False
+
+    # ---- loop -------------------------------------------------------------------------------------
+    def _run(self):
+        while self._running:
+            try:
+                events = self.sel.select(self._timeout())
+                for key, mask in events:
+                    kind, obj = key.data
+                    if kind == "listen":
+                        self._accept(obj)
+                    elif kind == "wake":
+                        self._run_calls()
+                    elif not obj.dead:
+                        if mask & selectors.EVENT_READ:
+                            self._read(obj)
+                        if mask & selectors.EVENT_WRITE and not obj.dead:
+                            self._write(obj)
+                if not self._running:
+                    break
+                self._tick()
+                self._process_all()
+            except Exception:  # keep serving; one bad event must not kill the broker
+                log.exception("emulator loop error")
+
+    def _timeout(self) -> float:
+        return 0.02
+
+    def _run_calls(self):
+        try:
+            while self._wake_r.recv(4096):
+                pass
+        except (BlockingIOError, OSError):
+            pass
+        while True:
+            try:
+                fut, fn, args, kwargs = self._calls.get_nowait()
+            except queue.Empty:
+                return
+            try:
+                fut.set_result(fn(*args, **kwargs))
+            except BaseException as exc:  # noqa: BLE001 - handed to the caller
+                fut.set_exception(exc)
+
+    def _accept(self, ns: Namespace):
+        try:
+            sock, _ = ns.listener.accept()
+        except (BlockingIOError, OSError):
+            return
+        if ns.refusing:
+            sock.close()
+            return
+        sock.setblocking(False)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        c = Conn(self, ns, sock)
+        ns.conns.add(c)
+        self.sel.register(sock, selectors.EVENT_READ, ("conn", c))
+
+    def _read(self, c: Conn):
+        t = c.transport
+        while True:
+            cap = t.capacity()
+            if cap < 0:
+                break
+            if cap == 0:
+                self._process(c)   # let the engine consume what it has
+                if t.capacity() <= 0:
+                    break
+                continue
+            try:
+                data = c.sock.recv(min(cap, 1 << 20))
+            except BlockingIOError:
+                break
+            except OSError:
+                data = b""
+            if not data:
+                t.close_tail()
+                break
+            t.push(data)
+            if len(data) < cap:
+                break
+        self._process(c)
+
+    def _write(self, c: Conn):
+        t = c.transport
+        while True:
+            pending = t.pending()
+            if pending < 0:
+                self._drop(c)
+                return
+            if pending == 0:
+                break
+            try:
+                n = c.sock.send(t.peek(pending))
+            except BlockingIOError:
+                break
+            except OSError:
+                t.close_head()
+                self._drop(c)
+                return
+            t.pop(n)
+            if n < pending:
+                break
+        want = t.pending() > 0
+        if want != c.want_write:
+            c.want_write = want
+            self.sel.modify(c.sock, selectors.EVENT_READ | (selectors.EVENT_WRITE if want else 0), ("conn", c))
+        if t.closed:
+            self._drop(c)
+
+    def _process_all(self):
+        for ns in self.namespaces.values():
+            for c in list(ns.conns):
+                if not c.dead:
+                    self._process(c)
+
+    def _process(self, c: Conn):
+        coll = c.collector
+        while True:
+            ev = coll.peek()
+            if ev is None:
+                break
+            try:
+                self._dispatch(c, ev)
+            except Exception:
+                log.exception("error handling %s", ev.type)
+            coll.pop()
+        if not c.dead:
+            self._write(c)
+
+    def _drop(self, c: Conn):
+        """Close a connection's socket abruptly and release everything its links held."""
+        if c.dead:
+            return
+        c.dead = True
+        for ctx in list(c.links):
+            self._link_gone(ctx)
+        try:
+            self.sel.unregister(c.sock)
+        except (KeyError, ValueError):
+            pass
+        try:
+            c.sock.close()
+        except OSError:
+            pass
+        c.ns.conns.discard(c)
+        c.transport.unbind()
+
+    # ---- proton events ---------------------------------------------------------------------------
+    def _dispatch(self, c: Conn, ev):
+        t = ev.type
+        if t == Event.DELIVERY:
+            d = ev.delivery
+            ctx = getattr(d.link, "ctx", None)
+            if ctx is None:
+                return
+            if d.link.is_receiver:
+                self._on_incoming(ctx, d)
+            elif d.updated:
+                self._on_settlement(ctx, d)
+        elif t == Event.LINK_FLOW:
+            ctx = getattr(ev.link, "ctx", None)
+            if ctx is not None and ctx.kind == "recv":
+                self._pump_link(ctx)
+        elif t == Event.LINK_REMOTE_OPEN:
+            self._on_link_open(c, ev.link)
+        elif t in (Event.LINK_REMOTE_CLOSE, Event.LINK_REMOTE_DETACH):
+            link = ev.link
+            ctx = getattr(link, "ctx", None)
+            if ctx is not None:
+                self._link_gone(ctx)
+            if link.state & Link.LOCAL_ACTIVE:
+                link.close()
+        elif t == Event.SESSION_REMOTE_OPEN:
+            ev.session.incoming_capacity = 1 << 24
+            ev.session.open()
+        elif t == Event.SESSION_REMOTE_CLOSE:
+            if ev.session.state & Link.LOCAL_ACTIVE:
+                ev.session.close()
+        elif t == Event.CONNECTION_REMOTE_OPEN:
+            ev.connection.open()
+        elif t == Event.CONNECTION_REMOTE_CLOSE:
+            if ev.connection.state & Link.LOCAL_ACTIVE:
+                ev.connection.close()
+        elif t == Event.TRANSPORT_CLOSED:
+            self._write(c)
+            self._drop(c)
+
+    def _next_tag(self) -> bytes:
+        self._tag += 1
+        return self._tag.to_bytes(8, "big")
+
+    # ---- attach ----------------------------------------------------------------------------------
+    def _reject(self, link: Link, condition: str, description: str):
+        """Answer an attach with a null terminus and a closing detach (the SDK maps the condition)."""
+        link.open()
+        link.condition = _condition(condition, description)
+        link.close()
+
+    def _open(self, ctx: LinkCtx):
+        link = ctx.link
+        link.source.copy(link.remote_source)
+        link.target.copy(link.remote_target)
+        link.snd_settle_mode = link.remote_snd_settle_mode
+        link.rcv_settle_mode = link.remote_rcv_settle_mode
+        link.ctx = ctx
+        ctx.conn.links.append(ctx)
+        link.open()
+        if link.is_receiver:
+            link.flow(INCOMING_CREDIT)
+
+    def _on_link_open(self, c: Conn, link: Link):
+        ns = c.ns
+        address = (link.remote_source if link.is_sender else link.remote_target).address
+        path = entity_path(address)
+        lower = path.lower()
+        if lower == "$cbs":
+            ctx = LinkCtx("cbs-out" if link.is_sender else "cbs-in", c, link, path)
+            self._open(ctx)
+            if link.is_sender:
+                c.reply_links["$cbs"] = link
+            return
+        if lower.endswith("/$management"):
+            node = lower[: -len("/$management")]
+            target = ns.entities.get(node) or ns.senders.get(node)
+            if target is None:
+                return self._reject(link, "amqp:not-found", f"The messaging entity '{ns.name}/{node}' could "
+                                                            f"not be found.")
+            if ns.is_busy(node):
+                return self._reject(link, "com.microsoft:server-busy", "The entity is unavailable (server busy).")
+            ctx = LinkCtx("mgmt-out" if link.is_sender else "mgmt-in", c, link, path, target)
+            self._open(ctx)
+            if link.is_sender:
+                c.reply_links[lower] = link
+            return
+        if lower.startswith("$") or not lower:
+            return self._reject(link, "amqp:not-implemented",
+                                f"The emulator does not support the node '{path}'.")
+        if link.is_receiver:   # the client sends to us
+            target = ns.senders.get(lower)
+            if target is None:
+                if lower in ns.entities:
+                    return self._reject(link, "amqp:not-allowed",
+                                        f"Cannot send to '{path}': not a queue or topic.")
+                return self._reject(link, "amqp:not-found",
+                                    f"The messaging entity '{ns.name}/{path}' could not be found.")
+            if ns.is_busy(lower):
+                return self._reject(link, "com.microsoft:server-busy", "The entity is unavailable (server busy).")
+            size = target.settings.max_message_size_kb * 1024
+            link.max_message_size = size
+            link.properties = {symbol("com.microsoft:max-message-batch-size"): size}
+            target.ops["attach"] += 1
+            self._open(LinkCtx("send", c, link, path, target))
+            return
+        entity = ns.entities.get(lower)
+        if entity is None:
+            return self._reject(link, "amqp:not-found",
+                                f"The messaging entity '{ns.name}/{path}' could not be found.")
+        if ns.is_busy(lower):
+            return self._reject(link, "com.microsoft:server-busy", "The entity is unavailable (server busy).")
+        ctx = LinkCtx("recv", c, link, path, entity)
+        ctx.rad = link.remote_snd_settle_mode == Link.SND_SETTLED
+        entity.ops["attach"] += 1
+        filters = self._filters(link.remote_source)
+        wants_session = SESSION_FILTER in filters
+        if wants_session != entity.requires_session:
+            return self._reject(link, "amqp:not-allowed",
+                                f"'{path}' {'requires' if entity.requires_session else 'does not support'} "
+                                f"session receivers.")
+        if not wants_session:
+            self._open(ctx)
+            entity.consumers.append(ctx)
+            return
+        sid = filters.get(SESSION_FILTER)
+        link.ctx = ctx
+        if sid is not None:
+            sid = codec.as_text(sid)
+            s = entity.session(sid)
+            if s.owner is not None and s.locked_until > now_ms():
+                link.ctx = None
+                return self._reject(link, "com.microsoft:session-cannot-be-locked",
+                                    f"The requested session '{sid}' cannot be accepted. It may be locked by "
+                                    f"another receiver.")
+            self._open_session(ctx, s)
+        else:
+            timeout = (link.remote_properties or {}).get(OPERATION_TIMEOUT)
+            ctx.deadline = now_ms() + int(timeout if timeout is not None else DEFAULT_SESSION_WAIT_MS)
+            if not self._try_next_session(entity, ctx):
+                entity.session_waiters.append(ctx)
+
+    @staticmethod
+    def _filters(source) -> Dict:
+        data = source.filter
+        data.rewind()
+        if not data.next():
+            return {}
+        obj = codec.owned(data.get_object())
+        return {symbol(str(k)): v for k, v in obj.items()} if isinstance(obj, dict) else {}
+
+    def _try_next_session(self, entity: Entity, ctx: LinkCtx) -> bool:
+        now = now_ms()
+        for s in entity.sessions.values():
+            if (s.owner is None or s.locked_until <= now) and entity.has_available(s):
+                if s.owner is not None:
+                    self._session_lost(entity, s)
+                self._open_session(ctx, s)
+                return True
+        return False
+
+    def _open_session(self, ctx: LinkCtx, s):
+        entity, link = ctx.target, ctx.link
+        s.owner = ctx
+        s.locked_until = now_ms() + int(entity.settings.lock_duration_seconds * 1000)
+        ctx.session = s
+        link.properties = {LOCKED_UNTIL_UTC: s.locked_until * 10000 + DOTNET_EPOCH_TICKS}
+        self._open(ctx)
+        f = link.source.filter
+        f.clear()
+        f.put_object({SESSION_FILTER: s.id})
+        entity.consumers.append(ctx)
+
+    def _link_gone(self, ctx: LinkCtx):
+        if ctx.closed:
+            return
+        ctx.closed = True
+        if ctx in ctx.conn.links:
+            ctx.conn.links.remove(ctx)
+        if ctx.kind in ("cbs-out", "mgmt-out"):
+            for k, v in list(ctx.conn.reply_links.items()):
+                if v == ctx.link:
+                    del ctx.conn.reply_links[k]
+        if ctx.kind != "recv":
+            return
+        entity = ctx.target
+        if ctx in entity.consumers:
+            entity.consumers.remove(ctx)
+        if ctx in entity.session_waiters:
+            entity.session_waiters.remove(ctx)
+        # locks held through this link end with it: the messages become available again (count + 1)
+        for token in list(ctx.tokens):
+            m = entity.locks.get(token)
+            if m is not None and m.lock_owner is ctx:
+                entity.abandon(m)
+        ctx.tokens.clear()
+        if ctx.session is not None and ctx.session.owner is ctx:
+            ctx.session.owner = None
+            ctx.session.locked_until = 0
+        self._pump(entity)
+
+    # ---- incoming transfers ----------------------------------------------------------------------
+    def _on_incoming(self, ctx: LinkCtx, d: Delivery):
+        link = ctx.link
+        if d.aborted:
+            ctx.buf.clear()
+            d.settle()
+            return
+        if not d.readable:
+            return
+        data = link.recv(d.pending)
+        if data:
+            ctx.buf.append(data)
+        if d.partial:
+            return
+        raw = b"".join(ctx.buf)
+        ctx.buf.clear()
+        link.advance()
+        if link.credit < INCOMING_CREDIT // 2:
+            link.flow(INCOMING_CREDIT - link.credit)
+        if ctx.kind == "send":
+            error = None
+            try:
+                self._send(ctx.conn.ns, ctx.target, raw)
+            except BrokerError as exc:
+                error = exc
+            if not d.settled:
+                if error is None:
+                    d.update(Disposition.ACCEPTED)
+                else:
+                    d.local.condition = _condition(error.condition, error.description)
+                    d.update(Disposition.REJECTED)
+            d.settle()
+        elif ctx.kind in ("cbs-in", "mgmt-in"):
+            if not d.settled:
+                d.update(Disposition.ACCEPTED)
+            d.settle()
+            self._on_request(ctx, raw)
+        else:
+            d.settle()
+
+    def _send(self, ns: Namespace, target, raw: bytes):
+        target.ops["send"] += 1
+        if ns.is_busy(target.path):
+            raise BrokerError("com.microsoft:server-busy", "The entity is unavailable (server busy).")
+        limit = target.settings.max_message_size_kb * 1024
+        if len(raw) > limit:
+            raise BrokerError("amqp:link:message-size-exceeded",
+                              f"The received message (size {len(raw)} bytes) exceeds the limit "
+                              f"({limit} bytes) of '{target.path}'.")
+        inner = is_batch_envelope(raw)
+        if inner is not None:
+            target.ops["send_batch"] += 1
+        try:
+            contents = [Content.parse(r) for r in (inner or [raw])]
+        except codec.DecodeError as exc:
+            raise BrokerError("amqp:decode-error", f"Cannot decode the message: {exc}") from None
+        self.enqueue(ns, target, contents)
+
+    def enqueue(self, ns: Namespace, target, contents: List[Content]) -> List[int]:
+        """Store messages in a queue or topic; returns their sequence numbers (-1 = not stored)."""
+        now = now_ms()
+        if isinstance(target, Entity) and target.requires_session:
+            for c in contents:
+                if c.session_id is None:
+                    raise BrokerError("amqp:not-allowed",
+                                      f"'{target.path}' requires sessions: the message has no SessionId.")
+        seqs, touched = [], set()
+        for content in contents:
+            if content.content_type == PING_CONTENT_TYPE:
+                target.counters["pings"] += 1
+                seqs.append(-1)
+                continue
+            if target.dedupe.is_duplicate(content.message_id, now):
+                target.counters["duplicates"] += 1
+                seqs.append(-1)
+                continue
+            seq = target.sequencer.next()
+            seqs.append(seq)
+            if isinstance(target, Topic):
+                target.counters["in"] += 1
+                for sub in target.subscriptions:
+                    if correlation_matches(target.filters[sub.path], content):
+                        if sub.requires_session and content.session_id is None:
+                            continue
+                        sub.enqueue(content, seq, now)
+                        touched.add(sub)
+            else:
+                target.enqueue(content, seq, now)
+                touched.add(target)
+        for e in touched:
+            self._pump(e)
+        return seqs
+
+    # ---- outgoing deliveries ---------------------------------------------------------------------
+    def _pump(self, entity: Entity):
+        for ctx in list(entity.consumers):
+            self._pump_link(ctx)
+        if entity.session_waiters:
+            for w in list(entity.session_waiters):
+                if self._try_next_session(entity, w):
+                    entity.session_waiters.remove(w)
+
+    def _pump_link(self, ctx: LinkCtx):
+        link, entity = ctx.link, ctx.target
+        if ctx.closed or ctx.conn.dead:
+            return
+        ns = ctx.conn.ns
+        if not ns.is_busy(entity.path):
+            while link.credit > 0:
+                m = entity.next_available(ctx.session)
+                if m is None:
+                    break
+                self._deliver(ctx, m)
+        if link.drain_mode and link.credit > 0:
+            link.drained()
+
+    def _deliver(self, ctx: LinkCtx, m):
+        link, entity = ctx.link, ctx.target
+        entity.ops["receive"] += 1
+        if ctx.rad:
+            payload = m.encode()
+            entity.take(m)
+            d = link.delivery(uuid.uuid4().bytes_le)
+            link.send(payload)
+            link.advance()
+            d.settle()
+            return
+        token = entity.lock(m, ctx, now_ms(), ctx.session)
+        ctx.tokens.add(token)
+        d = link.delivery(token.bytes_le)
+        d.ctx = token
+        link.send(m.encode(lock_token=token, locked_until=m.locked_until))
+        link.advance()
+
+    def _on_settlement(self, ctx: LinkCtx, d: Delivery):
+        token = getattr(d, "ctx", None)
+        entity = ctx.target
+        state = d.remote_state
+        if token is None:
+            d.settle()
+            return
+        ctx.tokens.discard(token)
+        try:
+            if ctx.session is not None and (ctx.session.owner is not ctx or ctx.session.locked_until <= now_ms()):
+                raise BrokerError("com.microsoft:session-lock-lost", "The session lock was lost.", 410)
+            if state == Disposition.RELEASED:
+                m = entity.locks.get(token)
+                if m is not None:
+                    entity.ops["release"] += 1
+                    entity.abandon(m, count=False)
+            else:
+                m = entity.locked(token)
+                self._settle(entity, m, state, d.remote)
+            if not d.settled:
+                if state == Disposition.MODIFIED:
+                    d.local.failed = d.remote.failed
+                    d.local.undeliverable = d.remote.undeliverable
+                d.update(state)
+        except BrokerError as exc:
+            if not d.settled:
+                d.local.condition = _condition(exc.condition, exc.description)
+                d.update(Disposition.REJECTED)
+        d.settle()
+        self._pump(entity)
+
+    def _settle(self, entity: Entity, m, state, remote):
+        if state == Disposition.ACCEPTED:
+            entity.ops["complete"] += 1
+            entity.complete(m)
+        elif state == Disposition.MODIFIED:
+            if remote.undeliverable:
+                entity.ops["defer"] += 1
+                entity.defer(m)
+            else:
+                entity.ops["abandon"] += 1
+                entity.abandon(m)
+        elif state == Disposition.REJECTED:
+            cond = remote.condition
+            info = {str(k): codec.as_text(v) for k, v in ((cond.info if cond else None) or {}).items()}
+            entity.ops["dead_letter"] += 1
+            entity.dead_letter(m, info.get("DeadLetterReason"), info.get("DeadLetterErrorDescription"))
+        else:
+            raise BrokerError("amqp:not-implemented", f"Unsupported delivery outcome {state}.", 501)
+
+    # ---- time ------------------------------------------------------------------------------------
+    def _tick(self):
+        t = time.monotonic()
+        if t - self._last_tick < 0.02:
+            return
+        self._last_tick = t
+        now = now_ms()
+        for ns in self.namespaces.values():
+            for e in ns.all_entities():
+                changed = False
+                deadline = e.next_deadline()
+                if deadline is not None and deadline <= now:
+                    changed = e.tick(now)
+                for s in list(e.sessions.values()):
+                    if s.owner is not None and s.locked_until <= now:
+                        self._session_lost(e, s)
+                        changed = True
+                for w in list(e.session_waiters):
+                    if w.deadline <= now:
+                        e.session_waiters.remove(w)
+                        w.link.ctx = None
+                        self._reject(w.link, "com.microsoft:timeout",
+                                     "No session available to accept within the timeout.")
+                if changed:
+                    self._pump(e)
+
+    def _session_lost(self, entity: Entity, s):
+        owner = s.owner
+        s.owner, s.locked_until = None, 0
+        if owner is not None and not owner.closed:
+            link = owner.link
+            self._link_gone(owner)
+            if link.state & Link.LOCAL_ACTIVE:
+                link.condition = _condition("com.microsoft:session-lock-lost", "The session lock expired.")
+                link.close()
+
+    # ---- $cbs and $management --------------------------------------------------------------------
+    def _on_request(self, ctx: LinkCtx, raw: bytes):
+        req = Message()
+        req.decode(raw)
+        props = codec.owned(req.properties) or {}
+        body = codec.owned(req.body)
+        msg_id = codec.owned(req.id)
+        reply_to = (req.reply_to or "").lower()
+        if ctx.kind == "cbs-in":
+            code, desc = self._put_token(ctx.conn.ns, props, body)
+            resp = Message(correlation_id=msg_id, properties={"status-code": code, "status-description": desc})
+            link = ctx.conn.reply_links.get("$cbs")
+        else:
+            op = codec.as_text(props.get("operation")) or ""
+            try:
+                code, result = self._management(ctx, op, body if isinstance(body, dict) else {}, props)
+                resp = Message(correlation_id=msg_id, body=result,
+                               properties={"statusCode": code, "statusDescription": "OK" if code < 300 else ""})
+            except BrokerError as exc:
+                resp = Message(correlation_id=msg_id, body=None,
+                               properties={"statusCode": exc.status, "statusDescription": exc.description,
+                                           "errorCondition": symbol(exc.condition)})
+            link = ctx.conn.reply_links.get(reply_to) or ctx.conn.reply_links.get(ctx.path.lower())
+        if link is None:
+            log.warning("no reply link for request on %s", ctx.path)
+            return
+        d = link.delivery(self._next_tag())
+        link.send(resp.encode())
+        link.advance()
+        d.settle()
+
+    def _put_token(self, ns: Namespace, props: Dict, token) -> tuple:
+        if codec.as_text(props.get("operation")) != "put-token":
+            return 501, "amqp:not-implemented: only put-token is supported"
+        if not ns.cfg.sas_keys:
+            return 200, "OK"
+        token = codec.as_text(token) or ""
+        if not token.startswith("SharedAccessSignature "):
+            return 401, "Unauthorized: not a SharedAccessSignature token"
+        fields = {k: v[0] for k, v in parse_qs(token[len("SharedAccessSignature "):]).items()}
+        name = unquote(fields.get("skn", ""))
+        key = ns.cfg.sas_keys.get(name)
+        if key is None:
+            return 401, f"Unauthorized: unknown SharedAccessKeyName '{name}'"
+        sr, se, sig = fields.get("sr", ""), fields.get("se", "0"), fields.get("sig", "")
+        expected = base64.b64encode(hmac.new(key.encode(), f"{quote_plus(sr)}\n{se}".encode(),
+                                             hashlib.sha256).digest()).decode()
+        if not hmac.compare_digest(expected, sig):
+            return 401, "Unauthorized: the SAS signature does not match the configured key"
+        try:
+            if int(se) < time.time():
+                return 401, "Unauthorized: the SAS token has expired"
+        except ValueError:
+            return 401, "Unauthorized: malformed expiry"
+        return 200, "OK"
+
+    def _management(self, ctx: LinkCtx, op: str, body: Dict, props: Dict):
+        from .management import handle   # local import keeps the modules acyclic at import time
+        ns = ctx.conn.ns
+        target = ctx.target
+        if ns.is_busy(target.path):
+            raise BrokerError("com.microsoft:server-busy", "The entity is unavailable (server busy).", 503)
+        return handle(self, ctx, target, op, body, props)
+
+    # ---- faults ----------------------------------------------------------------------------------
+    def set_unavailable(self, ns_name: str, entity: Optional[str], mode: str):
+        ns = self.namespaces[ns_name]
+        if mode not in ("server-busy", "refuse"):
+            raise ValueError("mode must be 'server-busy' or 'refuse'")
+        if entity is not None:
+            if mode != "server-busy":
+                raise ValueError("mode 'refuse' applies to a whole namespace (entity=None)")
+            ns.busy_entities.add(entity.lower())
+        elif mode == "server-busy":
+            ns.busy_all = True
+        else:
+            ns.refusing = True
+            self._unlisten(ns)
+            for c in list(ns.conns):
+                self._drop(c)
+
+    def set_available(self, ns_name: str, entity: Optional[str]):
+        ns = self.namespaces[ns_name]
+        if entity is not None:
+            ns.busy_entities.discard(entity.lower())
+        else:
+            ns.busy_all = False
+            ns.busy_entities.clear()
+            if ns.refusing:
+                ns.refusing = False
+                self._listen(ns)
+        for e in ns.all_entities():
+            self._pump(e)
+
+    def drop_connections(self, ns_name: str) -> int:
+        ns = self.namespaces[ns_name]
+        conns = list(ns.conns)
+        for c in conns:
+            self._drop(c)
+        return len(conns)
