@@ -1,18 +1,18 @@
-"""Shared pytest fixtures (minimal placeholder; the lead replaces it)."""
+"""Shared fixtures: one Spark session (with Delta) for the whole run."""
+
+import os
+import sys
 
 import pytest
+
+os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
 
 
 @pytest.fixture(scope="session")
 def spark():
-    from pyspark.sql import SparkSession
+    from backlog_syphon.spark_session import build_spark_session
 
-    session = (
-        SparkSession.builder.master("local[2]")
-        .config("spark.sql.session.timeZone", "UTC")
-        .config("spark.ui.enabled", "false")
-        .config("spark.sql.shuffle.partitions", "2")
-        .getOrCreate()
-    )
+    session = build_spark_session("backlog-syphon-tests")
     yield session
     session.stop()

@@ -222,7 +222,7 @@ def decode_message(raw: bytes) -> DecodedMessage:
         elif code in sections:
             raise ValueError(f"not an AMQP message: section {code:#x} appears twice")
         else:
-            sections[code] = section.value
+            sections[code] = _checked_section_value(code, section.value)
     return DecodedMessage(
         header=MessageHeader(*_fields(sections.get(HEADER), len(_HEADER_FIELDS))),
         delivery_annotations=dict(sections.get(DELIVERY_ANNOTATIONS) or {}),
@@ -355,6 +355,13 @@ def _section_code(section: Any, offset: int) -> int:
     if isinstance(descriptor, symbol) and descriptor in _SECTION_CODES_BY_NAME:
         return _SECTION_CODES_BY_NAME[descriptor]
     raise ValueError(f"not an AMQP message: unknown section descriptor {descriptor!r} at byte {offset}")
+
+
+def _checked_section_value(code: int, value: Any) -> Any:
+    expected = list if code in (HEADER, PROPERTIES) else dict
+    if value is not None and not isinstance(value, expected):
+        raise ValueError(f"not an AMQP message: section {code:#x} must be a {expected.__name__}")
+    return value
 
 
 def _fields(values: list | None, count: int) -> list:

@@ -32,7 +32,7 @@ logger = logging.getLogger(__name__)
 class OriginalMessage:
     """What an application meant to send to the primary namespace."""
 
-    destination: str
+    destination: str | None  # None: no x-ms-path at all (a poison message)
     body: bytes
     message_id: str = field(default_factory=lambda: uuid.uuid4().hex)
     session_id: str | None = None
@@ -46,6 +46,7 @@ class OriginalMessage:
     to: str | None = None
     partition_key: str | None = None
     application_properties: dict[str, Any] = field(default_factory=dict)  # typed: see servicebus_io.typed_value
+    legacy_overrides: dict[str, Any] = field(default_factory=dict)  # raw x-ms-* values, to forge poison messages
 
 
 def write_backlog(secondary, primary_namespace: str, messages: Iterable[OriginalMessage], *, queue_count: int = 10,
@@ -94,6 +95,26 @@ def realistic_backlog(count: int, *, seed: int = 0, body_size: int = 512,
         else:
             result.append(OriginalMessage("orders", scheduled_enqueue_time=now + dt.timedelta(seconds=2), **common))
     return result
+
+
+def poison_backlog(*, seed: int = 0) -> list[tuple[OriginalMessage, str]]:
+    """Messages the syphon must dead-letter, each with the reason code it must give.
+
+    (Pings are not among them: Service Bus, and the emulator, never let a ping reach a queue.)
+    """
+    def body(tag: str) -> bytes:
+        return f"poison {tag} {seed}".encode()
+
+    return [
+        (OriginalMessage(None, body("no-path"), message_id=f"poison-{seed}-missing-path"), "missing_path"),
+        (OriginalMessage("orders", body("typed"), message_id=f"poison-{seed}-session-type",
+                         legacy_overrides={"x-ms-sessionid": 42}), "invalid_legacy_property"),
+        (OriginalMessage("orders", body("ttl"), message_id=f"poison-{seed}-ttl-type",
+                         legacy_overrides={"x-ms-timetolive": "soon"}), "invalid_legacy_property"),
+        (OriginalMessage("no-such-queue", body("unknown"), message_id=f"poison-{seed}-unknown"),
+         "destination_not_found"),
+        (OriginalMessage("small", b"L" * (96 * 1024), message_id=f"poison-{seed}-too-large"), "message_too_large"),
+    ]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -63,6 +63,15 @@ class DeliverySink:
         spark = batch.sparkSession
         storage = self.config.storage
         batch = batch.persist()  # the window is peeked once, whatever the steps below do
+        timings: dict[str, float] = {}
+        mark = time.monotonic()
+
+        def step_done(name: str) -> None:
+            nonlocal mark
+            now_mark = time.monotonic()
+            timings[name] = round(now_mark - mark, 2)
+            mark = now_mark
+
         try:
             queues = sorted(row[0] for row in batch.select("backlog_queue").distinct().collect())
             if not queues:
@@ -71,6 +80,7 @@ class DeliverySink:
             purged_through = {q: int(checkpoint[q]["purged_through"]) if q in checkpoint else 0 for q in queues}
             recorded = delta_tables.recorded_outcomes(spark, storage.audit_table, purged_through)
             now = self.clock()
+            step_done("read")
 
             pending = _drop_recorded(spark, batch, purged_through, delivery_plan.recorded_keys(recorded))  # 1
             classified = restore_rules.classify_messages(                                                # 2
@@ -78,23 +88,27 @@ class DeliverySink:
                 max_message_size_bytes=self.config.sink.max_message_size_bytes)
             fault_point("before_send")
             new_outcomes = self._send(classified, batch_id)                                              # 3
+            step_done("send")
             fault_point("after_send")
             delta_tables.append_audit(spark, storage.audit_table,                                        # 4
                                       [_audit_tuple(row) for row in new_outcomes], self.app_id, batch_id)
+            step_done("audit")
             fault_point("after_audit")
             outcomes = recorded + new_outcomes
             delta_tables.merge_checkpoint(spark, storage.checkpoint_table,                               # 5
                                           delivery_plan.checkpoint_updates(outcomes, batch_id=batch_id,
                                                                            run_id=self.run_id, now=now),
                                           self.app_id, batch_id)
+            step_done("checkpoint")
             fault_point("after_checkpoint")
             purged = self._purge(spark, delivery_plan.purge_plans(outcomes))                              # 6
             delta_tables.advance_purged_through(spark, storage.checkpoint_table, purged)
+            step_done("purge")
             self.totals.extend(new_outcomes)
             counts = {o: sum(1 for r in new_outcomes if r["outcome"] == o) for o in delivery_plan.OUTCOMES}
-            logger.info("batch_id=%s queues=%d delivered=%d dead_lettered=%d skipped=%d replayed=%d",
+            logger.info("batch_id=%s queues=%d delivered=%d dead_lettered=%d skipped=%d replayed=%d seconds=%s",
                         batch_id, len(queues), counts[DELIVERED], counts[DEAD_LETTERED], counts[SKIPPED_PING],
-                        len(recorded))
+                        len(recorded), timings)
         finally:
             batch.unpersist()
 

@@ -158,10 +158,14 @@ def is_backlog_queue_name(name: str, primary_namespace: str | None = None) -> bo
 def decode_legacy_properties(application_properties: Mapping) -> LegacyFields:
     """Decode the legacy properties of one backlog message; problems are collected, never raised."""
     problems: list[Problem] = []
-    values = _legacy_values(application_properties, problems)
+    values, ambiguous = _legacy_values(application_properties)
+    for name in sorted(ambiguous):
+        problems.append(Problem(INVALID_LEGACY_PROPERTY, f"{name} appears more than once (under different key types)"))
 
     destination = None
-    if PATH_PROPERTY not in values:
+    if PATH_PROPERTY in ambiguous:
+        pass  # already reported; "missing" would be misleading
+    elif PATH_PROPERTY not in values:
         problems.append(Problem(MISSING_PATH, f"{PATH_PROPERTY} is missing, so the destination is unknown"))
     else:
         destination = _collect(_decode_destination, values[PATH_PROPERTY], problems)
@@ -206,8 +210,8 @@ def _collect(decode, value, problems: list[Problem]):
         return None
 
 
-def _legacy_values(application_properties: Mapping, problems: list[Problem]) -> dict:
-    """The legacy entries keyed by their text name; a name present under two key types is ambiguous."""
+def _legacy_values(application_properties: Mapping) -> tuple[dict, set[str]]:
+    """The legacy entries keyed by their text name, and the names present under two key types (ambiguous)."""
     found: dict = {}
     ambiguous: set[str] = set()
     for key, value in application_properties.items():
@@ -217,10 +221,9 @@ def _legacy_values(application_properties: Mapping, problems: list[Problem]) -> 
         if name in found:
             ambiguous.add(name)
         found[name] = value
-    for name in sorted(ambiguous):
-        problems.append(Problem(INVALID_LEGACY_PROPERTY, f"{name} appears more than once (under different key types)"))
+    for name in ambiguous:
         del found[name]
-    return found
+    return found, ambiguous
 
 
 def _key_text(key) -> str | None:

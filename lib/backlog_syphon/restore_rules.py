@@ -126,14 +126,13 @@ def classify_messages(
     action = _first_match([(condition, F.lit(act)) for condition, act, _, _ in rules], F.lit(Action.DELIVER))
     reason_code = _first_match([(condition, code) for condition, _, code, _ in rules], F.lit(None))
     reason = _first_match([(condition, text) for condition, _, _, text in rules], F.lit(None))
-    delivered = _first_match([(condition, F.lit(False)) for condition, *_ in rules], F.lit(True))
 
     return df.select(
         "*",
         action.alias("action"),
         reason_code.cast("string").alias("reason_code"),
         reason.cast("string").alias("reason"),
-        F.when(delivered, restored_ttl_ms).cast("long").alias("restored_time_to_live_ms"),
+        F.when(action == Action.DELIVER, restored_ttl_ms).cast("long").alias("restored_time_to_live_ms"),
     )
 
 

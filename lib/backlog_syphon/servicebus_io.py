@@ -104,7 +104,7 @@ def peek_raw(receiver, from_sequence_number: int, max_count: int, timeout: float
         MGMT_REQUEST_MAX_MESSAGE_COUNT: int(max_count),
     }
 
-    def keep_raw(status_code, message, description):
+    def keep_raw(status_code, message, description, **_):
         if status_code == 200:
             return [bytes(m[b"message"]) for m in (message.value or {}).get(b"messages", [])]
         if status_code in (202, 204):
@@ -422,7 +422,8 @@ def legacy_backlog_message(original) -> AmqpAnnotatedMessage:
     """
     properties = {key: (value if isinstance(value, (dict, tuple)) else typed_value(value))
                   for key, value in original.application_properties.items()}
-    properties["x-ms-path"] = original.destination
+    if original.destination is not None:
+        properties["x-ms-path"] = original.destination
     if original.session_id is not None:
         properties["x-ms-sessionid"] = original.session_id
     if original.time_to_live is not None:
@@ -432,6 +433,7 @@ def legacy_backlog_message(original) -> AmqpAnnotatedMessage:
     if original.scheduled_enqueue_time is not None:
         properties["x-ms-scheduledenqueuetimeutc"] = {TYPE: AMQPTypes.timestamp,
                                                       VALUE: original.scheduled_enqueue_time}
+    properties.update(original.legacy_overrides)
     annotations = {"x-opt-partition-key": original.partition_key} if original.partition_key else None
     return AmqpAnnotatedMessage(
         data_body=original.body,

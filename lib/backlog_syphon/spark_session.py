@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 
 from pyspark.sql import SparkSession
 
@@ -35,6 +36,8 @@ def build_spark_session(app_name: str = "backlog-syphon", master: str | None = N
         active.conf.set("spark.sql.session.timeZone", "UTC")
         return active
 
+    # Python workers must run the interpreter that has the library and its pinned packages.
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     builder = SparkSession.builder.appName(app_name)
     if master or not os.environ.get("SPARK_MASTER"):
         builder = builder.master(master or os.environ.get("SYPHON_SPARK_MASTER", "local[2]"))

@@ -17,8 +17,8 @@ from collections import Counter, OrderedDict
 from typing import Any, Dict, List, Optional
 
 from . import codec
-from .codec import (APPLICATION_PROPERTIES, BODY_CODES, FOOTER, HEADER, MESSAGE_ANNOTATIONS, PROPERTIES,
-                    DELIVERY_ANNOTATIONS)
+from .codec import (APPLICATION_PROPERTIES, BODY_CODES, DELIVERY_ANNOTATIONS, FOOTER, HEADER,
+                    MESSAGE_ANNOTATIONS, PROPERTIES)
 
 ACTIVE, DEFERRED, SCHEDULED, LOCKED = 0, 1, 2, 3
 PING_CONTENT_TYPE = "application/vnd.ms-servicebus-ping"
@@ -106,12 +106,6 @@ class Content:
             self._app_props = ({str(k): v for k, v in codec.section_value(self.app_raw).items()}
                                if self.app_raw else {})
         return self._app_props
-
-    def partition_key(self) -> Optional[bytes]:
-        for k, v in self.ann_entries:
-            if codec.key_name(k) == "x-opt-partition-key":
-                return v
-        return None
 
 
 def is_batch_envelope(raw) -> Optional[List[bytes]]:
@@ -246,7 +240,7 @@ class Entity:
             s = self.sessions[sid] = Session(sid)
         return s
 
-    def enqueue(self, content: Content, seq: int, now: int, default_ttl_ms: int = 0) -> Msg:
+    def enqueue(self, content: Content, seq: int, now: int) -> Msg:
         m = Msg(content, seq, now)
         self.counters["in"] += 1
         self._store(m)
@@ -398,9 +392,6 @@ class Entity:
         self.counters["peeked"] += len(out)
         return out
 
-    def schedule(self, content: Content, seq: int, now: int) -> Msg:
-        return self.enqueue(content, seq, now)
-
     def cancel_scheduled(self, seq: int):
         m = self.msgs.get(seq)
         if m is None or m.state != SCHEDULED:
@@ -417,10 +408,11 @@ class Entity:
 
     # ---- time -----------------------------------------------------------------------------------
     def tick(self, now: int) -> bool:
-        """Expire locks and TTLs, activate scheduled messages. True when availability changed."""
+        """Expire locks and TTLs, activate scheduled messages. True when availability changed.
+        (Session lock expiry needs the link, so the server handles it.)"""
         changed = False
         while self.lock_heap and self.lock_heap[0][0] <= now:
-            until, seq, token = heapq.heappop(self.lock_heap)
+            _, _, token = heapq.heappop(self.lock_heap)
             m = self.locks.get(token)
             if m is not None and m.locked_until <= now:
                 self.abandon(m)
@@ -440,9 +432,6 @@ class Entity:
                     and m.expires_ms <= now:
                 self.expire(m)
                 changed = True
-        for s in self.sessions.values():
-            if s.owner is not None and s.locked_until <= now:
-                changed = True   # the server detaches the owner with session-lock-lost
         return changed
 
     def next_deadline(self) -> Optional[int]:

@@ -23,12 +23,12 @@ from concurrent.futures import Future
 from typing import Any, Dict, List, Optional
 from urllib.parse import parse_qs, quote_plus, unquote
 
-from proton import (Collector, Condition, Connection, Data, Delivery, Disposition, Event, Link, Message,
-                    SASL, Transport, symbol, timestamp)
+from proton import (Collector, Condition, Connection, Delivery, Disposition, Event, Link, Message,
+                    Terminus, Transport, symbol)
 
-from . import codec
-from .broker import (ACTIVE, PING_CONTENT_TYPE, BrokerError, Content, Entity, Topic, correlation_matches,
-                     is_batch_envelope, lock_lost, now_ms)
+from . import codec, management
+from .broker import (PING_CONTENT_TYPE, BrokerError, Content, Entity, Topic, correlation_matches,
+                     is_batch_envelope, now_ms)
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +38,7 @@ OPERATION_TIMEOUT = symbol("com.microsoft:timeout")
 DOTNET_EPOCH_TICKS = 621355968000000000
 DEFAULT_SESSION_WAIT_MS = 60000
 INCOMING_CREDIT = 500
+TICK_SECONDS = 0.02                  # timer resolution: lock expiry, schedules, TTL, session waits
 
 
 def _info(**extra) -> Dict:
@@ -220,7 +221,7 @@ class Server:
     def _run(self):
         while self._running:
             try:
-                events = self.sel.select(self._timeout())
+                events = self.sel.select(TICK_SECONDS)
                 for key, mask in events:
                     kind, obj = key.data
                     if kind == "listen":
@@ -238,9 +239,6 @@ class Server:
                 self._process_all()
             except Exception:  # keep serving; one bad event must not kill the broker
                 log.exception("emulator loop error")
-
-    def _timeout(self) -> float:
-        return 0.02
 
     def _run_calls(self):
         try:
@@ -388,7 +386,6 @@ class Server:
             if link.state & Link.LOCAL_ACTIVE:
                 link.close()
         elif t == Event.SESSION_REMOTE_OPEN:
-            ev.session.incoming_capacity = 1 << 24
             ev.session.open()
         elif t == Event.SESSION_REMOTE_CLOSE:
             if ev.session.state & Link.LOCAL_ACTIVE:
@@ -408,7 +405,10 @@ class Server:
 
     # ---- attach ----------------------------------------------------------------------------------
     def _reject(self, link: Link, condition: str, description: str):
-        """Answer an attach with a null terminus and a closing detach (the SDK maps the condition)."""
+        """Answer an attach with null termini and a closing detach; with a terminus present the SDK would
+        report a retried connection error instead of the condition."""
+        link.source.type = Terminus.UNSPECIFIED
+        link.target.type = Terminus.UNSPECIFIED
         link.open()
         link.condition = _condition(condition, description)
         link.close()
@@ -442,8 +442,7 @@ class Server:
             if target is None:
                 return self._reject(link, "amqp:not-found", f"The messaging entity '{ns.name}/{node}' could "
                                                             f"not be found.")
-            if ns.is_busy(node):
-                return self._reject(link, "com.microsoft:server-busy", "The entity is unavailable (server busy).")
+            # server-busy is answered per request (503), not on attach
             ctx = LinkCtx("mgmt-out" if link.is_sender else "mgmt-in", c, link, path, target)
             self._open(ctx)
             if link.is_sender:
@@ -750,7 +749,7 @@ class Server:
     # ---- time ------------------------------------------------------------------------------------
     def _tick(self):
         t = time.monotonic()
-        if t - self._last_tick < 0.02:
+        if t - self._last_tick < TICK_SECONDS:
             return
         self._last_tick = t
         now = now_ms()
@@ -840,12 +839,11 @@ class Server:
         return 200, "OK"
 
     def _management(self, ctx: LinkCtx, op: str, body: Dict, props: Dict):
-        from .management import handle   # local import keeps the modules acyclic at import time
         ns = ctx.conn.ns
         target = ctx.target
         if ns.is_busy(target.path):
             raise BrokerError("com.microsoft:server-busy", "The entity is unavailable (server busy).", 503)
-        return handle(self, ctx, target, op, body, props)
+        return management.handle(self, ctx, target, op, body, props)
 
     # ---- faults ----------------------------------------------------------------------------------
     def set_unavailable(self, ns_name: str, entity: Optional[str], mode: str):

@@ -256,6 +256,9 @@ def test_decoded_message_pickles_with_types():
     (b"\x00\x53", "cannot decode"),
     (b"\xa1\x03abc", "not a described section"),
     (b"\x00\x53\x79\x45", "unknown section descriptor"),  # described ulong 0x79: not a section
+    (b"\x00\x53\x74\xa1\x01x", "section 0x74 must be a dict"),  # application properties as a string
+    (b"\x00\x53\x70\xa1\x01x", "section 0x70 must be a list"),  # header as a string
+    (b"\x00\x53\x75\xa1\x01x", "data body must be a tuple of bytes"),  # Data section holding a string
 ])
 def test_garbage_is_a_value_error(raw, message):
     with pytest.raises(ValueError, match=message):

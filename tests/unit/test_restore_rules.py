@@ -253,8 +253,14 @@ def test_backlog_row_values_from_a_raw_legacy_message(spark):
     }
     assert list(row) == list(BACKLOG_ROW_COLUMNS)
     # The values fit the schema.
-    collected = spark.createDataFrame([tuple(row.values())], BACKLOG_ROW_SCHEMA).collect()[0]
-    assert collected.asDict() == {**row, "raw_message": bytearray(raw)}
+    # The values fit the schema; timestamps compared as instants (collect() returns local naive times).
+    df = spark.createDataFrame([tuple(row.values())], BACKLOG_ROW_SCHEMA)
+    collected = df.selectExpr("*", "unix_millis(enqueued_time) AS enq_ms",
+                              "unix_millis(scheduled_enqueue_time) AS sched_ms").collect()[0].asDict()
+    assert (collected.pop("enq_ms"), collected.pop("sched_ms")) == (1714560000000, 1714566600000)
+    timestamps = ("enqueued_time", "scheduled_enqueue_time")
+    assert {k: v for k, v in collected.items() if k not in timestamps} == {
+        **{k: v for k, v in row.items() if k not in timestamps}, "raw_message": bytearray(raw)}
 
 
 def test_backlog_row_values_prefer_the_peeked_sequence_number_and_time():

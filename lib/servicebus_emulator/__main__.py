@@ -1,0 +1,104 @@
+"""Command line: ``python -m servicebus_emulator --config conf/emulator.yaml``.
+
+Prints one ready line per namespace (secrets masked unless --show-secrets), optionally writes
+``--ready-file`` (JSON {namespace: connection string}) once every listener accepts, and runs until
+SIGTERM/SIGINT, then exits 0. A bad config prints one line naming the key and exits 2.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import signal
+import sys
+import threading
+from typing import Dict, Optional
+
+from .config import ConfigError, load_config
+from .emulator import Emulator
+
+
+def env_port_var(namespace: str) -> str:
+    """SB_EMULATOR_PORT_<NAMESPACE>, upper case, non-alphanumerics as underscores."""
+    return "SB_EMULATOR_PORT_" + re.sub(r"[^A-Za-z0-9]", "_", namespace).upper()
+
+
+def resolve_ports(cfg, port_offset: int, environ=os.environ) -> Dict[str, int]:
+    """Per-namespace port: SB_EMULATOR_PORT_<NS> wins, else configured port + offset (0 stays 0)."""
+    ports = {}
+    for ns in cfg.namespaces:
+        raw = environ.get(env_port_var(ns.name))
+        if raw is not None:
+            try:
+                ports[ns.name] = int(raw)
+            except ValueError:
+                raise ConfigError(f"{env_port_var(ns.name)}: expected a port number, got {raw!r}") from None
+        else:
+            ports[ns.name] = ns.port + port_offset if ns.port else 0
+    return ports
+
+
+def _write_json(path: str, data) -> None:
+    tmp = f"{path}.tmp{os.getpid()}"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as fh:
+        json.dump(data, fh, indent=2, sort_keys=True)
+    os.replace(tmp, path)
+
+
+def main(argv: Optional[list] = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m servicebus_emulator", description=__doc__.splitlines()[0])
+    p.add_argument("--config", required=True, help="YAML config file (see docs/emulator.md)")
+    p.add_argument("--port-offset", type=int, default=int(os.environ.get("SB_EMULATOR_PORT_OFFSET", "0")),
+                   help="added to every configured non-zero port (env SB_EMULATOR_PORT_OFFSET); "
+                        "SB_EMULATOR_PORT_<NAMESPACE> overrides one namespace")
+    p.add_argument("--ready-file", help="write JSON {namespace: connection string} here once listening")
+    p.add_argument("--stats-file", help="write per-entity counters (JSON) here every --stats-interval s")
+    p.add_argument("--stats-interval", type=float, default=1.0)
+    p.add_argument("--show-secrets", action="store_true", help="print keys in the ready lines")
+    args = p.parse_args(argv)
+
+    try:
+        cfg = load_config(args.config)
+        ports = resolve_ports(cfg, args.port_offset)
+    except ConfigError as exc:
+        print(f"servicebus-emulator: config error: {exc}", file=sys.stderr)
+        return 2
+
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    emu = Emulator(cfg, ports=ports)
+    try:
+        emu.start()
+    except OSError as exc:
+        print(f"servicebus-emulator: cannot listen: {exc}", file=sys.stderr)
+        return 1
+
+    def write_stats():
+        if args.stats_file:
+            _write_json(args.stats_file, {ns.name: emu.stats(ns.name) for ns in cfg.namespaces})
+
+    try:
+        for ns in cfg.namespaces:
+            print(f"servicebus-emulator: namespace {ns.name} ready on {ns.host}:{emu.port(ns.name)} "
+                  f"{emu.connection_string(ns.name, mask=not args.show_secrets)}", flush=True)
+        if args.ready_file:
+            _write_json(args.ready_file, emu.connection_strings())
+        while not stop.wait(args.stats_interval if args.stats_file else 3600):
+            write_stats()
+        write_stats()
+    finally:
+        emu.stop()
+        if args.ready_file:
+            try:
+                os.unlink(args.ready_file)
+            except OSError:
+                pass
+    print("servicebus-emulator: stopped", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

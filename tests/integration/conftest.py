@@ -1,0 +1,34 @@
+"""Fixtures for end-to-end tests: a fresh emulator (both namespaces) and a syphon config per test."""
+
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+PRIMARY, SECONDARY = "contoso", "contoso-secondary"
+
+
+@pytest.fixture
+def emulator():
+    from servicebus_emulator import Emulator, load_config
+
+    with Emulator(load_config(ROOT / "conf/emulator.yaml"), ports={PRIMARY: 0, SECONDARY: 0}) as emu:
+        yield emu
+
+
+def make_config(emulator, tmp_path, **overrides):
+    from backlog_syphon.config import load_config
+
+    environ = {"SYPHON_PRIMARY_CONNECTION_STRING": emulator.connection_string(PRIMARY),
+               "SYPHON_SECONDARY_CONNECTION_STRING": emulator.connection_string(SECONDARY)}
+    settings = {"storage.audit_table": str(tmp_path / "audit"),
+                "storage.checkpoint_table": str(tmp_path / "checkpoint"),
+                "storage.checkpoint_location": str(tmp_path / "checkpoint-stream"),
+                "run.max_messages_per_trigger": "500"}
+    settings.update({key: str(value) for key, value in overrides.items()})
+    return load_config(ROOT / "conf/local.yaml", environ=environ, overrides=settings)
+
+
+@pytest.fixture
+def syphon_config(emulator, tmp_path):
+    return make_config(emulator, tmp_path)
