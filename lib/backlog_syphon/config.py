@@ -198,6 +198,9 @@ def _apply_override(raw: dict, dotted: str, text: str, origin: str) -> None:
     if section not in _SECTIONS or not key:
         raise ConfigError(f"{origin}: unknown key '{dotted}'; keys look like section.key with section one of "
                           f"{', '.join(_SECTIONS)}")
+    known = [f.name for f in dataclasses.fields(_SECTIONS[section])]
+    if key not in known:
+        raise ConfigError(f"{origin}: unknown key '{dotted}'; known keys in '{section}': {', '.join(known)}")
     # Values arrive as text: read them as YAML scalars so "20" is an int and "true" a bool, but
     # keep secrets verbatim (a connection string is not YAML).
     value: Any = text
@@ -265,7 +268,7 @@ def _build(raw: dict, origin: str, resolve_secret: Callable[[Any, str], Any]) ->
                 raise ConfigError(f"{origin}: unknown key '{name}.{key}'; known keys in '{name}': "
                                   f"{', '.join(known)}")
             if key == "connection_string":
-                values[key] = None if value is None else resolve_secret(value, f"{name}.{key}")
+                values[key] = None if value is None else resolve_secret(value, where)
             else:
                 values[key] = _check_type(value, known[key].type, where)
         sections[name] = cls(**values)

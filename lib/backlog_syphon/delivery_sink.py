@@ -58,6 +58,10 @@ class DeliverySink:
         self.app_id = app_id  # Delta transaction app id: one per streaming checkpoint
         self.clock = clock
         self.totals: list[dict] = []  # every outcome of this run (driver side), for the summary
+        # The sink is the only writer of both tables, so after the first batch of a run it keeps
+        # what it needs of them in memory instead of reading Delta every batch.
+        self._purged_through: dict[str, int] | None = None
+        self._unpurged: list[dict] = []  # outcomes recorded whose backlog message may still be there
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
         spark = batch.sparkSession
@@ -76,11 +80,17 @@ class DeliverySink:
             queues = sorted(row[0] for row in batch.select("backlog_queue").distinct().collect())
             if not queues:
                 return
-            checkpoint = delta_tables.read_checkpoint(spark, storage.checkpoint_table)
-            purged_through = {q: int(checkpoint[q]["purged_through"]) if q in checkpoint else 0 for q in queues}
-            recorded = delta_tables.recorded_outcomes(spark, storage.audit_table, purged_through)
+            step_done("peek")
+            if self._purged_through is None:  # first batch of this run: maybe a replay after a crash
+                checkpoint = delta_tables.read_checkpoint(spark, storage.checkpoint_table)
+                self._purged_through = {q: int(row["purged_through"]) for q, row in checkpoint.items()}
+                self._unpurged = delta_tables.recorded_outcomes(
+                    spark, storage.audit_table, {q: self._purged_through.get(q, 0)
+                                                 for q in set(queues) | set(self._purged_through)})
+                step_done("read_tables")
+            purged_through = {q: self._purged_through.get(q, 0) for q in queues}
+            recorded = list(self._unpurged)  # also settles leftovers of queues absent from this batch
             now = self.clock()
-            step_done("read")
 
             pending = _drop_recorded(spark, batch, purged_through, delivery_plan.recorded_keys(recorded))  # 1
             classified = restore_rules.classify_messages(                                                # 2
@@ -101,8 +111,11 @@ class DeliverySink:
                                           self.app_id, batch_id)
             step_done("checkpoint")
             fault_point("after_checkpoint")
-            purged = self._purge(spark, delivery_plan.purge_plans(outcomes))                              # 6
+            purged = self._purge(delivery_plan.purge_plans(outcomes))                                     # 6
             delta_tables.advance_purged_through(spark, storage.checkpoint_table, purged)
+            self._purged_through.update(purged)
+            self._unpurged = [row for row in self._unpurged + new_outcomes
+                              if int(row["sequence_number"]) > self._purged_through.get(row["backlog_queue"], 0)]
             step_done("purge")
             self.totals.extend(new_outcomes)
             counts = {o: sum(1 for r in new_outcomes if r["outcome"] == o) for o in delivery_plan.OUTCOMES}
@@ -124,21 +137,27 @@ class DeliverySink:
 
         return classified.rdd.mapPartitions(deliver).collect()
 
-    def _purge(self, spark: SparkSession, plans: dict) -> dict[str, int]:
+    def _purge(self, plans: dict) -> dict[str, int]:
+        """Settle each queue's planned messages, queues in parallel threads on the driver.
+
+        Settling is a few small broker calls per queue; a Spark job would cost more than it does.
+        """
+        from concurrent.futures import ThreadPoolExecutor
+
+        from backlog_syphon.servicebus_io import purge_backlog
+
         if not plans:
             return {}
-        secondary = self.config.secondary
-
-        def purge(items: Iterable) -> Iterator[tuple[str, int | None]]:
-            from backlog_syphon.servicebus_io import purge_backlog
-
-            for queue, plan in items:
-                result = purge_backlog(secondary, queue, plan)
-                yield queue, result.settled_through
-
-        items = sorted(plans.items())
-        settled = spark.sparkContext.parallelize(items, len(items)).mapPartitions(purge).collect()
-        return {queue: through for queue, through in settled if through is not None}
+        with ThreadPoolExecutor(max_workers=min(8, len(plans)), thread_name_prefix="purge") as pool:
+            results = dict(zip(plans, pool.map(lambda queue: purge_backlog(self.config.secondary, queue, plans[queue]),
+                                               plans)))
+        for queue, result in results.items():
+            if result.settled_through is None or result.settled_through < max(plans[queue]):
+                logger.warning("backlog=%s purge incomplete: settled through %s of %s (completed=%d "
+                               "dead_lettered=%d released=%d); retried with the next batch", queue,
+                               result.settled_through, max(plans[queue]), result.completed,
+                               result.dead_lettered, result.released)
+        return {queue: r.settled_through for queue, r in results.items() if r.settled_through is not None}
 
 
 def _drop_recorded(spark: SparkSession, batch: DataFrame, purged_through: dict[str, int],

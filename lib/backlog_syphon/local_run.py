@@ -73,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--emulator-config", default="conf/emulator.yaml")
     parser.add_argument("--config", default="conf/local.yaml")
-    parser.add_argument("--count", type=int, default=3000)
+    parser.add_argument("--count", type=int, default=2000)
     parser.add_argument("--state-dir", default="var/local")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")

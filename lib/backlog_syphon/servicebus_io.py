@@ -357,7 +357,9 @@ def purge_backlog(namespace: NamespaceConfig, queue: str, plan: dict[int, tuple[
         with client.get_queue_receiver(queue, receive_mode=ServiceBusReceiveMode.PEEK_LOCK,
                                        prefetch_count=0) as receiver:
             while remaining:
-                batch = receiver.receive_messages(max_message_count=min(len(remaining), 100) + 1,
+                # Exactly as many as still planned: the queue's head is this plan (FIFO), so asking
+                # for more would only lock, and then release, messages of a later batch.
+                batch = receiver.receive_messages(max_message_count=min(len(remaining), 100),
                                                   max_wait_time=max_wait_seconds)
                 if not batch:
                     break

@@ -1,0 +1,152 @@
+"""A primary-namespace outage and continuous (processing-time trigger) runs, in-process.
+
+- Outage: with the primary answering server-busy from the start, the syphon neither delivers nor
+  dead-letters nor removes anything; it waits (health probe) and, once the primary is back,
+  delivers every message exactly once.
+- Continuous: with a "3 seconds" trigger on an empty backlog, messages written later arrive within
+  two trigger intervals plus the measured duration of the batch that carried them.
+"""
+
+from __future__ import annotations
+
+import collections
+import time
+
+from backlog_syphon.backlog_writer import OriginalMessage, write_backlog
+
+from .conftest import PRIMARY, SECONDARY, make_config
+from .test_crash_replay import drain_destinations
+
+DESTINATIONS = ("orders", "payments")
+
+
+def _originals(tag: str, count: int) -> list[OriginalMessage]:
+    return [OriginalMessage(DESTINATIONS[index % 2], f"{tag} body {index}".encode(),
+                            message_id=f"{tag}-{index:04d}", application_properties={"index": index})
+            for index in range(count)]
+
+
+def _arrived(emulator) -> int:
+    stats = emulator.stats(PRIMARY)
+    return sum(stats[destination]["in"] for destination in DESTINATIONS)
+
+
+def _backlog_totals(emulator) -> tuple[int, int, int]:
+    """(messages in the backlog queues, in their dead-letter queues, messages peeked so far)."""
+    stats = emulator.stats(SECONDARY)
+    queues = [path for path in stats if "x-servicebus-transfer/" in path and "$deadletterqueue" not in path.lower()]
+    return (sum(stats[q]["total"] for q in queues), sum(stats[q].get("dead_letter_count", 0) for q in queues),
+            sum(stats[q]["peeked"] for q in queues))
+
+
+def _wait_for(condition, timeout: float, interval: float = 0.25) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(interval)
+    return condition()
+
+
+def _stop(query) -> None:
+    if query.isActive:
+        query.stop()
+    query.awaitTermination(60)
+
+
+def _assert_exactly_once(emulator, originals) -> None:
+    received = drain_destinations(emulator)
+    expected = {message.message_id: message for message in originals}
+    counts = collections.Counter()
+    for destination, messages in received.items():
+        for message in messages:
+            original = expected[message.message_id]
+            assert destination == original.destination
+            assert b"".join(message.body) == original.body
+            counts[message.message_id] += 1
+    assert set(counts) == set(expected), f"missing: {sorted(set(expected) - set(counts))[:10]}"
+    assert set(counts.values()) == {1}, f"duplicates: {[m for m, c in counts.items() if c > 1][:10]}"
+    stats = emulator.stats(PRIMARY)
+    for destination in DESTINATIONS:
+        assert stats[destination].get("dead_letter_count", 0) == 0
+
+
+def test_primary_outage_waits_then_delivers_exactly_once(spark, emulator, tmp_path):
+    from backlog_syphon.syphon import start_syphon
+
+    config = make_config(emulator, tmp_path, **{"run.trigger": "2 seconds", "sink.retry_backoff_seconds": 0.2,
+                                                "sink.max_send_attempts": 2, "sink.outage_wait_seconds": 120})
+    originals = _originals("outage", 60)
+    write_backlog(config.secondary, PRIMARY, originals, queue_count=10)
+    assert _backlog_totals(emulator)[:2] == (60, 0)
+
+    emulator.set_unavailable(PRIMARY, mode="server-busy")
+    started = time.monotonic()
+    query, _ = start_syphon(spark, config)
+    try:
+        # The batch has read its window once every message was peeked; give its sends 10 s to fail.
+        assert _wait_for(lambda: _backlog_totals(emulator)[2] >= 60 or not query.isActive, 180), \
+            "the syphon never read the backlog"
+        read_at = time.monotonic()
+        time.sleep(10)
+        assert query.isActive, f"query died during the outage: {query.exception()}"
+        assert _arrived(emulator) == 0
+        total, dead, _ = _backlog_totals(emulator)
+        assert (total, dead) == (60, 0), "the outage made the syphon drop or dead-letter backlog messages"
+
+        emulator.set_available(PRIMARY)
+        back_at = time.monotonic()
+        assert _wait_for(lambda: _arrived(emulator) >= 60 or not query.isActive, 240), \
+            f"only {_arrived(emulator)} of 60 arrived after the primary came back ({query.exception()})"
+        arrived_at = time.monotonic()
+        # ... and the backlog is purged afterwards (next steps of the same batch).
+        assert _wait_for(lambda: _backlog_totals(emulator)[0] == 0 or not query.isActive, 120), \
+            f"backlog not purged: {_backlog_totals(emulator)}"
+        assert query.isActive, f"query failed: {query.exception()}"
+    finally:
+        emulator.set_available(PRIMARY)
+        _stop(query)
+    assert _backlog_totals(emulator)[:2] == (0, 0)
+    _assert_exactly_once(emulator, originals)
+    audit = spark.read.format("delta").load(str(tmp_path / "audit"))
+    outcomes = collections.Counter((row["message_id"], row["outcome"]) for row in audit.collect())
+    assert outcomes == {(message.message_id, "delivered"): 1 for message in originals}
+    print(f"\n[outage] read after {read_at - started:.1f}s; arrived {arrived_at - back_at:.1f}s after the "
+          f"primary came back")
+
+
+def test_continuous_trigger_delivers_new_messages_promptly(spark, emulator, tmp_path):
+    from backlog_syphon.syphon import start_syphon
+
+    interval = 3.0
+    # idle_probe_max_seconds=1: every trigger probes every queue; with the default (120 s) an idle
+    # queue is probed ever more rarely (by design, to save operations) and the latency grows with it.
+    config = make_config(emulator, tmp_path, **{"run.trigger": "3 seconds", "run.idle_probe_max_seconds": 1})
+    query, _ = start_syphon(spark, config)
+    try:
+        # Let the query start and run a few idle triggers on the empty backlog.
+        assert _wait_for(lambda: len(query.recentProgress) >= 2 or not query.isActive, 180), "query never triggered"
+        assert query.isActive, f"query failed: {query.exception()}"
+        assert _arrived(emulator) == 0
+
+        originals = _originals("continuous", 20)
+        written_at = time.monotonic()
+        write_backlog(config.secondary, PRIMARY, originals, queue_count=10)
+        assert _wait_for(lambda: _arrived(emulator) >= 20 or not query.isActive, 300, interval=0.1), \
+            f"only {_arrived(emulator)} of 20 arrived ({query.exception()})"
+        latency = time.monotonic() - written_at
+        assert _wait_for(lambda: _backlog_totals(emulator)[0] == 0 or not query.isActive, 120), \
+            "backlog not purged"
+        # The batch that carried them: its whole trigger execution, as Spark measured it.
+        assert _wait_for(lambda: any(p["numInputRows"] > 0 for p in query.recentProgress), 60)
+        batches = [p for p in query.recentProgress if p["numInputRows"] > 0]
+        batch_seconds = sum(p["durationMs"]["triggerExecution"] for p in batches) / 1000
+        assert query.isActive, f"query failed: {query.exception()}"
+    finally:
+        _stop(query)
+    _assert_exactly_once(emulator, originals)
+    bound = 2 * interval + batch_seconds
+    print(f"\n[continuous] latency={latency:.1f}s batches_with_data={len(batches)} "
+          f"batch_duration={batch_seconds:.1f}s bound={bound:.1f}s")
+    assert sum(p["numInputRows"] for p in batches) == 20
+    assert latency <= bound, f"latency {latency:.1f}s > 2 x {interval}s + batch {batch_seconds:.1f}s"

@@ -1,0 +1,219 @@
+"""The syphon against the emulator with real Delta: fidelity, order, poison messages, tables."""
+
+import datetime as dt
+import uuid
+from collections import defaultdict
+
+import proton
+import pytest
+from azure.servicebus import NEXT_AVAILABLE_SESSION, ServiceBusClient, ServiceBusReceiveMode
+from azure.servicebus._pyamqp.types import TYPE, VALUE, AMQPTypes
+from azure.servicebus.exceptions import OperationTimeoutError
+
+from backlog_syphon import backlog_writer
+from backlog_syphon.amqp_message import decode_message
+from backlog_syphon.backlog_writer import OriginalMessage
+from backlog_syphon.legacy_properties import LEGACY_PROPERTIES, backlog_queue_name
+from backlog_syphon.servicebus_io import backlog_dead_letters, peek_raw
+from backlog_syphon.syphon import run_syphon
+
+from .conftest import PRIMARY
+
+RECEIVE_AND_DELETE = ServiceBusReceiveMode.RECEIVE_AND_DELETE
+TYPED_PROPERTIES = {
+    "long": {TYPE: AMQPTypes.long, VALUE: 2**40},
+    "small_long": {TYPE: AMQPTypes.long, VALUE: 5},
+    "int": {TYPE: AMQPTypes.int, VALUE: -7},
+    "ulong": {TYPE: AMQPTypes.ulong, VALUE: 2**63},
+    "text": "héllo",
+    "flag": True,
+    "ratio": 1.25,
+    "id": uuid.UUID("12345678-1234-5678-1234-567812345678"),
+    "when": {TYPE: AMQPTypes.timestamp, VALUE: 1_700_000_000_000},
+    "sym": {TYPE: AMQPTypes.symbol, VALUE: b"a-symbol"},
+    "blob": {TYPE: AMQPTypes.binary, VALUE: b"\x00\x01\xff"},
+}
+EXPECTED_TYPES = {"long": int, "small_long": int, "int": proton.int32, "ulong": proton.ulong, "text": str,
+                  "flag": bool, "ratio": float, "id": uuid.UUID, "when": proton.timestamp, "sym": proton.symbol,
+                  "blob": bytes}
+
+
+def drain_queue(client, queue, *, session=False, max_wait=1):
+    """Receive-and-delete everything; returns messages in arrival order (grouped per session)."""
+    received = []
+    if session:
+        while True:
+            try:
+                with client.get_queue_receiver(queue, session_id=NEXT_AVAILABLE_SESSION, max_wait_time=1,
+                                               receive_mode=RECEIVE_AND_DELETE) as receiver:
+                    while batch := receiver.receive_messages(max_message_count=200, max_wait_time=max_wait):
+                        received.extend(batch)
+            except OperationTimeoutError:
+                return received
+    with client.get_queue_receiver(queue, receive_mode=RECEIVE_AND_DELETE) as receiver:
+        while batch := receiver.receive_messages(max_message_count=200, max_wait_time=max_wait):
+            received.extend(batch)
+    return received
+
+
+def test_fidelity_of_every_field_and_property(emulator, syphon_config, spark):
+    config = syphon_config.with_overrides({"restore.ttl_policy": "restart"})
+    body = bytes(range(256)) * 4
+    full = OriginalMessage(
+        "orders", body, message_id="full-1", correlation_id="corr-1", subject="order-created",
+        content_type="application/x-custom", reply_to="replies", reply_to_session_id="reply-session",
+        to="someone", time_to_live=dt.timedelta(hours=3), application_properties=dict(TYPED_PROPERTIES))
+    session = OriginalMessage("sessions-orders", b"in a session", message_id="session-1", session_id="customer-42")
+    eu = OriginalMessage("events", b"eu event", message_id="event-eu", application_properties={"region": "eu"})
+    us = OriginalMessage("events", b"us event", message_id="event-us", application_properties={"region": "us"})
+    backlog_writer.write_backlog(config.secondary, PRIMARY, [full, session, eu, us], queue_count=10)
+
+    summary = run_syphon(spark, config)
+    assert summary.drained
+    assert summary.per_destination["orders"]["delivered"] == 1
+    assert summary.per_destination["events"]["delivered"] == 2
+
+    with ServiceBusClient.from_connection_string(emulator.connection_string(PRIMARY)) as client:
+        with client.get_queue_receiver("orders") as receiver:
+            [raw] = peek_raw(receiver, 1, 10)
+        stored = decode_message(raw)
+        assert stored.body == (body,)
+        props = stored.properties
+        assert (props.message_id, props.correlation_id, props.subject, props.content_type, props.reply_to,
+                props.reply_to_group_id, props.to) == ("full-1", "corr-1", "order-created",
+                                                       "application/x-custom", "replies", "reply-session",
+                                                       "someone")
+        assert props.group_id is None
+        assert stored.header.ttl_ms == 3 * 3600 * 1000  # restart policy: the original TTL again
+        assert not LEGACY_PROPERTIES & set(map(str, stored.application_properties))
+        for name, expected_type in EXPECTED_TYPES.items():
+            value = stored.application_properties[name]
+            assert type(value) is expected_type, (name, type(value))
+        assert stored.application_properties["long"] == 2**40
+        assert stored.application_properties["int"] == -7
+        assert stored.application_properties["blob"] == b"\x00\x01\xff"
+        assert stored.application_properties["when"] == 1_700_000_000_000
+
+        [session_copy] = drain_queue(client, "sessions-orders", session=True)
+        assert session_copy.session_id == "customer-42" and b"".join(session_copy.body) == b"in a session"
+        with client.get_subscription_receiver("events", "all", receive_mode=RECEIVE_AND_DELETE) as receiver:
+            assert sorted(m.message_id for m in receiver.receive_messages(10, max_wait_time=2)) == ["event-eu",
+                                                                                                    "event-us"]
+        with client.get_subscription_receiver("events", "eu", receive_mode=RECEIVE_AND_DELETE) as receiver:
+            assert [m.message_id for m in receiver.receive_messages(10, max_wait_time=2)] == ["event-eu"]
+
+    audit = spark.read.format("delta").load(config.storage.audit_table)
+    assert audit.count() == 4
+    assert {r.outcome for r in audit.collect()} == {"delivered"}
+    row = audit.where("message_id = 'session-1'").first()
+    assert row.destination == "sessions-orders" and row.session_id == "customer-42" and row.attempts == 1
+
+
+def test_remaining_ttl_and_schedule(emulator, syphon_config, spark):
+    later_on = (dt.datetime.now(dt.timezone.utc) + dt.timedelta(minutes=10)).replace(microsecond=0)
+    ttl = OriginalMessage("payments", b"ttl", message_id="ttl-1", time_to_live=dt.timedelta(hours=1))
+    scheduled = OriginalMessage("payments", b"later", message_id="scheduled-1", scheduled_enqueue_time=later_on)
+    expired = OriginalMessage("payments", b"too late", message_id="expired-1",
+                              time_to_live=dt.timedelta(milliseconds=1))
+    written_at = dt.datetime.now(dt.timezone.utc)
+    backlog_writer.write_backlog(syphon_config.secondary, PRIMARY, [ttl, scheduled, expired], queue_count=10)
+    summary = run_syphon(spark, syphon_config)
+    waited = dt.datetime.now(dt.timezone.utc) - written_at
+    assert summary.per_destination["payments"] == {"delivered": 2, "dead_lettered": 1, "skipped_ping": 0}
+
+    with ServiceBusClient.from_connection_string(emulator.connection_string(PRIMARY)) as client:
+        with client.get_queue_receiver("payments", receive_mode=RECEIVE_AND_DELETE) as receiver:
+            first = receiver.receive_messages(10, max_wait_time=1)
+            assert [m.message_id for m in first] == ["ttl-1"]  # the scheduled one is not visible yet
+            remaining_ttl = first[0].time_to_live
+            # remaining policy: the time spent in the backlog is taken off the original hour
+            assert dt.timedelta(hours=1) - waited <= remaining_ttl < dt.timedelta(hours=1) - dt.timedelta(seconds=1)
+            [raw] = peek_raw(receiver, 1, 10)  # peek also shows scheduled messages
+            scheduled_copy = decode_message(raw)
+            assert scheduled_copy.properties.message_id == "scheduled-1"
+            assert scheduled_copy.scheduled_enqueue_time == later_on
+    dead = [m for q in range(10) for m in backlog_dead_letters(syphon_config.secondary, backlog_queue_name(PRIMARY, q))]
+    assert [(m.message_id, m.dead_letter_reason) for m in dead] == [("expired-1", "expired_in_backlog")]
+
+
+def test_order_per_backlog_queue_and_per_session(emulator, syphon_config, spark):
+    originals = backlog_writer.realistic_backlog(400, seed=3, body_size=64)
+    originals = [m for m in originals if m.scheduled_enqueue_time is None]
+    written = backlog_writer.write_backlog(syphon_config.secondary, PRIMARY, originals, queue_count=10, seed=3)
+    backlog_order = {}
+    with ServiceBusClient.from_connection_string(emulator.connection_string("contoso-secondary")) as client:
+        for queue in written:
+            with client.get_queue_receiver(queue) as receiver:
+                backlog_order[queue] = [decode_message(raw).properties.message_id
+                                        for raw in peek_raw(receiver, 1, 1000)]
+    queue_of = {mid: queue for queue, ids in backlog_order.items() for mid in ids}
+
+    config = syphon_config.with_overrides({"run.max_messages_per_trigger": "120"})  # several batches
+    summary = run_syphon(spark, config)
+    assert summary.drained
+
+    arrived = defaultdict(list)  # destination -> message ids in arrival order
+    sessions = defaultdict(list)
+    with ServiceBusClient.from_connection_string(emulator.connection_string(PRIMARY)) as client:
+        for destination in ("orders", "payments"):
+            arrived[destination] = [m.message_id for m in drain_queue(client, destination)]
+        for message in drain_queue(client, "sessions-orders", session=True):
+            sessions[message.session_id].append(message.message_id)
+            arrived["sessions-orders"].append(message.message_id)
+    for destination, ids in arrived.items():
+        if destination == "sessions-orders":
+            continue  # drained session by session: checked per session below
+        for queue, order in backlog_order.items():
+            sent_from_queue = [mid for mid in ids if queue_of[mid] == queue]
+            assert sent_from_queue == [mid for mid in order if mid in set(sent_from_queue)], (destination, queue)
+    expected_sessions = defaultdict(list)
+    for message in originals:
+        if message.session_id:
+            expected_sessions[message.session_id].append(message.message_id)
+    assert dict(sessions) == dict(expected_sessions)  # a session's messages share one backlog queue
+    assert sum(len(v) for v in arrived.values()) == sum(1 for m in originals if m.destination != "events")
+
+
+def test_poison_messages_are_dead_lettered_with_reasons_and_audited(emulator, syphon_config, spark):
+    good = [OriginalMessage("orders", f"good {i}".encode(), message_id=f"good-{i}") for i in range(5)]
+    poison = backlog_writer.poison_backlog(seed=1)
+    messages = good[:2] + [m for m, _ in poison] + good[2:]  # poison in the middle of good ones
+    backlog_writer.write_backlog(syphon_config.secondary, PRIMARY, messages, queue_count=10, senders=1)
+
+    summary = run_syphon(spark, syphon_config)
+    assert summary.drained
+    with ServiceBusClient.from_connection_string(emulator.connection_string(PRIMARY)) as client:
+        assert [m.message_id for m in drain_queue(client, "orders")] == [f"good-{i}" for i in range(5)]
+        assert drain_queue(client, "small") == []
+
+    expected = {message.message_id: reason for message, reason in poison}
+    dead = [m for q in range(10) for m in backlog_dead_letters(syphon_config.secondary, backlog_queue_name(PRIMARY, q))]
+    assert {m.message_id: m.dead_letter_reason for m in dead} == expected
+    assert all(m.dead_letter_error_description for m in dead)
+    assert all("x-ms-path" in {k.decode() if isinstance(k, bytes) else k for k in m.application_properties}
+               for m in dead if m.message_id != "poison-1-missing-path")  # dead-lettered as they were
+
+    audit = {r.message_id: r for r in spark.read.format("delta").load(syphon_config.storage.audit_table).collect()}
+    for message_id, reason in expected.items():
+        assert audit[message_id].outcome == "dead_lettered"
+        assert audit[message_id].reason_code == reason and audit[message_id].reason
+    assert all(audit[f"good-{i}"].outcome == "delivered" for i in range(5))
+    checkpoint = spark.read.format("delta").load(syphon_config.storage.checkpoint_table).collect()
+    assert sum(r.delivered_count for r in checkpoint) == 5
+    assert sum(r.dead_lettered_count for r in checkpoint) == len(poison)
+    assert all(r.purged_through == r.delivered_through for r in checkpoint)
+
+
+@pytest.mark.parametrize("secret_leak_probe", ["SharedAccessKey"])
+def test_secrets_stay_out_of_plans_and_tables(emulator, syphon_config, spark, secret_leak_probe):
+    backlog_writer.write_backlog(syphon_config.secondary, PRIMARY,
+                                 [OriginalMessage(None, b"no path", message_id="leak-check")], queue_count=10)
+    from backlog_syphon.backlog_source import BacklogDataSource, SOURCE_NAME, backlog_source_options
+
+    spark.dataSource.register(BacklogDataSource)
+    frame = spark.readStream.format(SOURCE_NAME).options(**backlog_source_options(syphon_config)).load()
+    key = syphon_config.secondary.connection_string.reveal().split("SharedAccessKey=")[1].split(";")[0]
+    assert key not in frame._jdf.queryExecution().toString()
+    run_syphon(spark, syphon_config)
+    rows = spark.read.format("delta").load(syphon_config.storage.audit_table).collect()
+    assert rows and all(key not in str(r) and secret_leak_probe not in str(r) for r in rows)

@@ -1,0 +1,168 @@
+"""Config loading, overrides, validation and secret masking."""
+
+import pickle
+import textwrap
+
+import pytest
+
+from backlog_syphon.config import ConfigError, Secret, load_config, parse_overrides, trigger_options
+
+SECRET = "Endpoint=sb://127.0.0.1:5672;SharedAccessKeyName=Root;SharedAccessKey=TopSecretKey123=;UseDevelopmentEmulator=true"
+ENV = {"PRIMARY_CS": SECRET, "SECONDARY_CS": SECRET.replace("5672", "5673")}
+BASE = """
+primary:
+  namespace: contoso
+  connection_string: {env: PRIMARY_CS}
+secondary:
+  connection_string: {env: SECONDARY_CS}
+storage:
+  audit_table: /tmp/t/audit
+  checkpoint_table: /tmp/t/checkpoint
+  checkpoint_location: /tmp/t/cp
+"""
+
+
+def write(tmp_path, text, name="syphon.yaml"):
+    path = tmp_path / name
+    path.write_text(textwrap.dedent(text))
+    return path
+
+
+def test_loads_yaml_with_defaults(tmp_path):
+    config = load_config(write(tmp_path, BASE), environ=ENV)
+    assert config.primary.namespace == "contoso"
+    assert config.primary.connection_string.reveal() == SECRET
+    assert config.primary.connection_string.source == "env PRIMARY_CS"
+    assert config.backlog.queue_count == 10
+    assert config.run.trigger == "available_now"
+    assert config.run.max_messages_per_trigger == 1000
+    assert config.restore.ttl_policy == "remaining"
+
+
+def test_environment_then_cli_override_yaml(tmp_path):
+    environ = {**ENV, "SYPHON__BACKLOG__QUEUE_COUNT": "12", "SYPHON__RUN__TRIGGER": "30 seconds"}
+    config = load_config(write(tmp_path, BASE), environ=environ,
+                         overrides=parse_overrides(["run.trigger=10 seconds", "backlog.discover=false"]))
+    assert config.backlog.queue_count == 12  # env wins over YAML default
+    assert config.run.trigger == "10 seconds"  # CLI wins over env
+    assert config.backlog.discover is False
+    assert trigger_options(config.run.trigger) == {"processingTime": "10 seconds"}
+    assert trigger_options("available_now") == {"availableNow": True}
+
+
+def test_with_overrides_keeps_secrets(tmp_path):
+    config = load_config(write(tmp_path, BASE), environ=ENV)
+    changed = config.with_overrides({"run.max_messages_per_trigger": "50"})
+    assert changed.run.max_messages_per_trigger == 50
+    assert changed.secondary.connection_string == config.secondary.connection_string
+
+
+@pytest.mark.parametrize("extra, message", [
+    ("backlog:\n  queue_cuont: 3\n", "unknown key 'backlog.queue_cuont'"),
+    ("backlogs:\n  queue_count: 3\n", "unknown section 'backlogs'"),
+    ("backlog:\n  queue_count: ten\n", "backlog.queue_count in"),
+    ("backlog:\n  queue_count: 0\n", "backlog.queue_count must be at least 1"),
+    ("run:\n  trigger: sometimes\n", "run.trigger must be 'available_now' or an interval"),
+    ("restore:\n  ttl_policy: forever\n", "restore.ttl_policy must be one of remaining, restart"),
+    ("backlog:\n  discover: 3\n", "expected true or false"),
+])
+def test_bad_values_name_the_key_and_file(tmp_path, extra, message):
+    path = write(tmp_path, BASE + extra)
+    with pytest.raises(ConfigError) as error:
+        load_config(path, environ=ENV)
+    assert message in str(error.value)
+    assert str(path) in str(error.value)
+
+
+def test_missing_required_key(tmp_path):
+    with pytest.raises(ConfigError, match="'primary.namespace' is required"):
+        load_config(write(tmp_path, BASE.replace("namespace: contoso", "namespace: ''")), environ=ENV)
+
+
+def test_bad_env_override_names_the_variable(tmp_path):
+    with pytest.raises(ConfigError, match="environment variable SYPHON__RUN__NOPE: unknown key 'run.nope'"):
+        load_config(write(tmp_path, BASE), environ={**ENV, "SYPHON__RUN__NOPE": "1"})
+
+
+def test_invalid_yaml_reports_line(tmp_path):
+    with pytest.raises(ConfigError, match="at line"):
+        load_config(write(tmp_path, "primary:\n  namespace: [oops\n"), environ=ENV)
+
+
+def test_missing_file(tmp_path):
+    with pytest.raises(ConfigError, match="cannot read config file"):
+        load_config(tmp_path / "nope.yaml", environ=ENV)
+
+
+def test_unset_environment_variable(tmp_path):
+    with pytest.raises(ConfigError, match="environment variable SECONDARY_CS is not set"):
+        load_config(write(tmp_path, BASE), environ={"PRIMARY_CS": SECRET})
+
+
+def test_secret_scope_reference_uses_reader(tmp_path):
+    text = BASE.replace("{env: PRIMARY_CS}", "{secret: syphon/primary}")
+    config = load_config(write(tmp_path, text), environ=ENV,
+                         secret_reader=lambda scope, key: SECRET if (scope, key) == ("syphon", "primary") else "")
+    assert config.primary.connection_string.reveal() == SECRET
+    assert config.primary.connection_string.source == "secret syphon/primary"
+
+
+def test_secret_scope_without_databricks_is_a_clear_error(tmp_path):
+    text = BASE.replace("{env: PRIMARY_CS}", "{secret: syphon/primary}")
+    with pytest.raises(ConfigError, match="need Databricks"):
+        load_config(write(tmp_path, text), environ=ENV)
+
+
+def test_azure_ad_alternative(tmp_path):
+    text = BASE.replace("connection_string: {env: PRIMARY_CS}", "fully_qualified_namespace: contoso.servicebus.windows.net")
+    config = load_config(write(tmp_path, text), environ=ENV)
+    assert config.primary.connection_string is None
+    assert config.primary.fully_qualified_namespace == "contoso.servicebus.windows.net"
+
+
+@pytest.mark.parametrize("bad", [
+    "not a connection string " + "SharedAccessKey=TopSecretKey123=",
+    "Endpoint=http://x;SharedAccessKeyName=a;SharedAccessKey=TopSecretKey123=",
+    "Endpoint=sb://x;SharedAccessKey=TopSecretKey123=",
+])
+def test_bad_connection_string_is_described_never_echoed(tmp_path, bad):
+    with pytest.raises(ConfigError) as error:
+        load_config(write(tmp_path, BASE), environ={**ENV, "PRIMARY_CS": bad})
+    text = str(error.value) + repr(error.value)
+    assert "primary.connection_string" in text and "env PRIMARY_CS" in text
+    assert "TopSecretKey123" not in text
+
+
+def test_secrets_never_appear_in_reprs_or_errors(tmp_path):
+    config = load_config(write(tmp_path, BASE), environ=ENV)
+    assert "TopSecretKey123" not in repr(config)
+    assert "TopSecretKey123" not in str(config.primary)
+    assert "masked" in repr(config.primary.connection_string)
+    with pytest.raises(ConfigError) as error:
+        config.with_overrides({"run.trigger": "whenever"})
+    assert "TopSecretKey123" not in str(error.value)
+    copy = pickle.loads(pickle.dumps(config))  # shipped to executors intact
+    assert copy.primary.connection_string.reveal() == SECRET
+
+
+def test_literal_connection_string_is_masked_too(tmp_path):
+    config = load_config(write(tmp_path, BASE), environ=ENV,
+                         overrides={"primary.connection_string": SECRET})
+    assert isinstance(config.primary.connection_string, Secret)
+    assert "TopSecretKey123" not in repr(config)
+
+
+def test_parse_overrides_rejects_missing_equals():
+    with pytest.raises(ConfigError, match="section.key=value"):
+        parse_overrides(["run.trigger"])
+
+
+def test_shipped_configs_load(tmp_path):
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    local = load_config(root / "conf/local.yaml", environ={"SYPHON_PRIMARY_CONNECTION_STRING": SECRET,
+                                                           "SYPHON_SECONDARY_CONNECTION_STRING": SECRET})
+    assert local.primary.namespace == "contoso"
+    azure = load_config(root / "conf/example-azure.yaml", environ={}, secret_reader=lambda scope, key: SECRET)
+    assert azure.storage.audit_table == "main.syphon.audit"
