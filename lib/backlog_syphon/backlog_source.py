@@ -161,21 +161,20 @@ class BacklogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def read(self, partition: BacklogWindow):
         from backlog_syphon.backlog_rows import BACKLOG_ROW_COLUMNS, backlog_row_values
-        from backlog_syphon.servicebus_io import PEEK_PAGE_SIZE, open_client, peek_raw
+        from backlog_syphon.servicebus_io import PEEK_PAGE_SIZE, peek_raw, pooled_receiver
 
         position = partition.start
-        with open_client(self.namespace, role="secondary") as client:
-            with client.get_queue_receiver(partition.queue) as receiver:
-                while position < partition.end:
-                    page = peek_raw(receiver, position, min(PEEK_PAGE_SIZE, partition.end - position))
-                    if not page:
+        with pooled_receiver(self.namespace, partition.queue) as receiver:
+            while position < partition.end:
+                page = peek_raw(receiver, position, min(PEEK_PAGE_SIZE, partition.end - position))
+                if not page:
+                    return
+                for raw in page:
+                    row = backlog_row_values(partition.queue, raw)
+                    if row["sequence_number"] >= partition.end:
                         return
-                    for raw in page:
-                        row = backlog_row_values(partition.queue, raw)
-                        if row["sequence_number"] >= partition.end:
-                            return
-                        yield tuple(row[column] for column in BACKLOG_ROW_COLUMNS)
-                        position = row["sequence_number"] + 1
+                    yield tuple(row[column] for column in BACKLOG_ROW_COLUMNS)
+                    position = row["sequence_number"] + 1
 
     # --- helpers --------------------------------------------------------------------------------
 

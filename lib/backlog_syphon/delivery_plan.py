@@ -23,21 +23,37 @@ def recorded_keys(recorded: Iterable[dict]) -> set[tuple[str, int]]:
     return {(row["backlog_queue"], int(row["sequence_number"])) for row in recorded}
 
 
-def checkpoint_updates(outcomes: list[dict], *, batch_id: int, run_id: str, now: dt.datetime) -> list[dict]:
-    """Per-queue checkpoint rows for a batch's outcomes (counts are this batch's own)."""
-    per_queue: dict[str, dict] = {}
+def advance_checkpoint(state: dict[str, dict], outcomes: list[dict], *, batch_id: int, run_id: str,
+                       now: dt.datetime) -> dict[str, dict]:
+    """The checkpoint rows after a batch: marks move forward, counts add this batch's own outcomes.
+
+    A replayed batch whose checkpoint was already written (the row's ``last_batch_id`` is this
+    batch) adds no counts twice.
+    """
+    new_state = {queue: dict(row) for queue, row in state.items()}
+    counted = {queue for queue, row in state.items() if int(row["last_batch_id"]) >= batch_id}
     for row in outcomes:
         queue = row["backlog_queue"]
-        entry = per_queue.setdefault(queue, {
-            "backlog_queue": queue, "delivered_through": -1, "purged_through": 0, "last_batch_id": batch_id,
+        entry = new_state.setdefault(queue, {
+            "backlog_queue": queue, "delivered_through": 0, "purged_through": 0, "last_batch_id": batch_id,
             "last_run_id": run_id, "updated_at": now, "delivered_count": 0, "dead_lettered_count": 0,
             "skipped_count": 0})
-        entry["delivered_through"] = max(entry["delivered_through"], int(row["sequence_number"]))
-        if int(row["batch_id"]) == batch_id:  # rows recorded by an earlier batch were counted then
+        entry.update(last_batch_id=batch_id, last_run_id=run_id, updated_at=now)
+        entry["delivered_through"] = max(int(entry["delivered_through"]), int(row["sequence_number"]))
+        if int(row["batch_id"]) == batch_id and queue not in counted:  # earlier batches counted their own
             key = {DELIVERED: "delivered_count", DEAD_LETTERED: "dead_lettered_count"}.get(row["outcome"],
                                                                                        "skipped_count")
             entry[key] += 1
-    return [per_queue[queue] for queue in sorted(per_queue)]
+    return new_state
+
+
+def mark_purged(state: dict[str, dict], purged: dict[str, int], *, now: dt.datetime) -> dict[str, dict]:
+    """The checkpoint rows after a purge settled each queue through the given sequence numbers."""
+    new_state = {queue: dict(row) for queue, row in state.items()}
+    for queue, through in purged.items():
+        if queue in new_state and through > int(new_state[queue]["purged_through"]):
+            new_state[queue].update(purged_through=through, updated_at=now)
+    return new_state
 
 
 def purge_plans(outcomes: list[dict]) -> dict[str, dict[int, tuple[str, str] | None]]:

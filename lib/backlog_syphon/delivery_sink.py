@@ -3,11 +3,12 @@
 Steps per batch (see the design's data flow):
 1. drop rows whose outcome is already recorded (a replayed batch sends them no more);
 2. restore and classify (pure transforms in ``restore_rules``);
-3. send on executors: one task per backlog queue, in sequence-number order, consecutive messages
-   for one destination batched, one client per task; transient errors retried with back-off, an
+3. send on executors: one task per backlog queue, in sequence-number order per destination and
+   session, a destination's messages batched, one client per task; transient errors retried with back-off, an
    unreachable primary waited for; final errors turn into dead-letter outcomes;
 4. append the audit rows (idempotent on the batch id);
-5. MERGE the checkpoint table (delivered-through per queue);
+5. write the checkpoint table (delivered-through per queue, and the purge marks of the batches
+   before; idempotent on the batch id);
 6. purge: complete what was delivered or skipped, dead-letter what was rejected, leave the rest.
 
 Invariant: a backlog message is settled only in step 6, after its outcome was recorded in 4-5.
@@ -60,8 +61,9 @@ class DeliverySink:
         self.totals: list[dict] = []  # every outcome of this run (driver side), for the summary
         # The sink is the only writer of both tables, so after the first batch of a run it keeps
         # what it needs of them in memory instead of reading Delta every batch.
-        self._purged_through: dict[str, int] | None = None
+        self._checkpoint: dict[str, dict] | None = None  # queue -> checkpoint row
         self._unpurged: list[dict] = []  # outcomes recorded whose backlog message may still be there
+        self._purges_unrecorded = False
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
         spark = batch.sparkSession
@@ -81,14 +83,12 @@ class DeliverySink:
             if not queues:
                 return
             step_done("peek")
-            if self._purged_through is None:  # first batch of this run: maybe a replay after a crash
-                checkpoint = delta_tables.read_checkpoint(spark, storage.checkpoint_table)
-                self._purged_through = {q: int(row["purged_through"]) for q, row in checkpoint.items()}
+            if self._checkpoint is None:  # first batch of this run: maybe a replay after a crash
+                self._checkpoint = delta_tables.read_checkpoint(spark, storage.checkpoint_table)
                 self._unpurged = delta_tables.recorded_outcomes(
-                    spark, storage.audit_table, {q: self._purged_through.get(q, 0)
-                                                 for q in set(queues) | set(self._purged_through)})
+                    spark, storage.audit_table, {q: self._purged_through(q) for q in set(queues) | set(self._checkpoint)})
                 step_done("read_tables")
-            purged_through = {q: self._purged_through.get(q, 0) for q in queues}
+            purged_through = {q: self._purged_through(q) for q in queues}
             recorded = list(self._unpurged)  # also settles leftovers of queues absent from this batch
             now = self.clock()
 
@@ -105,17 +105,21 @@ class DeliverySink:
             step_done("audit")
             fault_point("after_audit")
             outcomes = recorded + new_outcomes
-            delta_tables.merge_checkpoint(spark, storage.checkpoint_table,                               # 5
-                                          delivery_plan.checkpoint_updates(outcomes, batch_id=batch_id,
-                                                                           run_id=self.run_id, now=now),
-                                          self.app_id, batch_id)
+            self._checkpoint = delivery_plan.advance_checkpoint(self._checkpoint, outcomes, batch_id=batch_id,
+                                                                run_id=self.run_id, now=now)
+            delta_tables.write_checkpoint(spark, storage.checkpoint_table, list(self._checkpoint.values()),  # 5
+                                          app_id=self.app_id, batch_id=batch_id)
+            self._purges_unrecorded = False
             step_done("checkpoint")
             fault_point("after_checkpoint")
             purged = self._purge(delivery_plan.purge_plans(outcomes))                                     # 6
-            delta_tables.advance_purged_through(spark, storage.checkpoint_table, purged)
-            self._purged_through.update(purged)
+            # Recorded with the next batch's checkpoint (or by flush() at the end of a run): one
+            # Delta commit less per batch. A crash before then only makes a restart re-check
+            # messages that are already gone (see servicebus_io.purge_backlog).
+            self._checkpoint = delivery_plan.mark_purged(self._checkpoint, purged, now=self.clock())
+            self._purges_unrecorded = bool(purged)
             self._unpurged = [row for row in self._unpurged + new_outcomes
-                              if int(row["sequence_number"]) > self._purged_through.get(row["backlog_queue"], 0)]
+                              if int(row["sequence_number"]) > self._purged_through(row["backlog_queue"])]
             step_done("purge")
             self.totals.extend(new_outcomes)
             counts = {o: sum(1 for r in new_outcomes if r["outcome"] == o) for o in delivery_plan.OUTCOMES}
@@ -124,6 +128,15 @@ class DeliverySink:
                         len(recorded), timings)
         finally:
             batch.unpersist()
+
+    def flush(self, spark: SparkSession) -> None:
+        """Record the last batch's purge marks in the checkpoint table (call when the query ends)."""
+        if self._purges_unrecorded and self._checkpoint:
+            delta_tables.write_checkpoint(spark, self.config.storage.checkpoint_table, list(self._checkpoint.values()))
+            self._purges_unrecorded = False
+
+    def _purged_through(self, queue: str) -> int:
+        return int(self._checkpoint[queue]["purged_through"]) if queue in self._checkpoint else 0
 
     def _send(self, classified: DataFrame, batch_id: int) -> list[dict]:
         primary = self.config.primary
@@ -186,41 +199,33 @@ def deliver_partition(rows: Iterable, *, primary, sink, run_id: str, batch_id: i
     from backlog_syphon.servicebus_io import DestinationSenders
 
     ordered = sorted((row.asDict() for row in rows), key=lambda r: (r["backlog_queue"], r["sequence_number"]))
-    if not ordered:
-        return
-    senders = None
-    try:
-        for group in _consecutive_groups(ordered):
-            first = group[0]
-            if first["action"] != restore_rules.Action.DELIVER:
-                outcome = SKIPPED_PING if first["action"] == restore_rules.Action.SKIP else DEAD_LETTERED
-                for row in group:
-                    yield _outcome(row, outcome, row["reason_code"], row["reason"], 0, run_id, batch_id, clock)
-                continue
-            if senders is None:
-                senders = DestinationSenders(primary)
-            yield from _deliver_group(senders, group, primary=primary, sink=sink, run_id=run_id,
-                                      batch_id=batch_id, clock=clock)
-    finally:
-        if senders is not None:
-            senders.close()
+    senders = DestinationSenders(primary)
+    for group in _send_groups(ordered):
+        first = group[0]
+        if first["action"] != restore_rules.Action.DELIVER:
+            outcome = SKIPPED_PING if first["action"] == restore_rules.Action.SKIP else DEAD_LETTERED
+            for row in group:
+                yield _outcome(row, outcome, row["reason_code"], row["reason"], 0, run_id, batch_id, clock)
+            continue
+        yield from _deliver_group(senders, group, primary=primary, sink=sink, run_id=run_id,
+                                  batch_id=batch_id, clock=clock)
 
 
-def _consecutive_groups(rows: list[dict]) -> Iterator[list[dict]]:
-    """Runs of rows that can share one batch send: same queue, action, destination and session."""
-    def key(row):
-        deliver = row["action"] == restore_rules.Action.DELIVER
-        return (row["backlog_queue"], row["action"], row["destination"] if deliver else None,
-                row["session_id"] if deliver else row["sequence_number"])
+def _send_groups(rows: list[dict]) -> list[list[dict]]:
+    """Rows that share one batched send: same backlog queue, destination and session, in order.
 
-    group: list[dict] = []
+    Only the order within a destination (and so within a session) can be observed by anyone, so a
+    backlog queue's messages are batched per destination instead of per run of neighbours: with
+    destinations interleaved in a backlog queue that is many times fewer sends.
+    """
+    groups: dict[tuple, list[dict]] = {}
     for row in rows:
-        if group and key(row) != key(group[0]):
-            yield group
-            group = []
-        group.append(row)
-    if group:
-        yield group
+        if row["action"] == restore_rules.Action.DELIVER:
+            key = (row["backlog_queue"], "deliver", row["destination"], row["session_id"])
+        else:
+            key = (row["backlog_queue"], "reject", row["sequence_number"], None)
+        groups.setdefault(key, []).append(row)
+    return list(groups.values())
 
 
 def _deliver_group(senders, group: list[dict], *, primary, sink, run_id, batch_id, clock) -> Iterator[dict]:

@@ -3,7 +3,8 @@
 - ``audit``: one row per backlog message and outcome, appended once per micro-batch with
   ``txnAppId``/``txnVersion`` so a replayed batch never appends twice. Partitioned by outcome date.
 - ``checkpoint``: one row per backlog queue: delivered-through and purged-through sequence
-  numbers, last batch, counts. Updated by MERGE under the same transaction identifiers.
+  numbers, last batch, counts. Rewritten whole after each batch (it is tiny and the sink is its
+  only writer), under the same transaction identifiers.
 Both are created on first use with fixed schemas, and readable by any Delta reader.
 
 A table setting is a path (it contains '/' or a scheme) or a catalog table name.
@@ -11,8 +12,7 @@ A table setting is a path (it contains '/' or a scheme) or a catalog table name.
 
 from __future__ import annotations
 
-from contextlib import contextmanager
-from typing import Iterable, Iterator
+from typing import Iterable
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -53,15 +53,12 @@ CHECKPOINT_SCHEMA = StructType([
 ])
 
 
-def table_ref(table: str) -> str:
-    """SQL reference for a path or a catalog table name."""
-    if "/" in table or ":" in table:
-        return "delta.`" + table.replace("`", "``") + "`"
-    return table
+def _is_path(table: str) -> bool:
+    return "/" in table or ":" in table
 
 
 def read_table(spark: SparkSession, table: str) -> DataFrame:
-    return spark.read.format("delta").load(table) if "/" in table or ":" in table else spark.read.table(table)
+    return spark.read.format("delta").load(table) if _is_path(table) else spark.read.table(table)
 
 
 def ensure_tables(spark: SparkSession, audit_table: str, checkpoint_table: str) -> None:
@@ -74,7 +71,7 @@ def _ensure(spark: SparkSession, table: str, schema: StructType, partition_by: l
     from delta.tables import DeltaTable
 
     builder = DeltaTable.createIfNotExists(spark)
-    builder = builder.location(table) if "/" in table or ":" in table else builder.tableName(table)
+    builder = builder.location(table) if _is_path(table) else builder.tableName(table)
     builder.addColumns(schema).partitionedBy(*partition_by).execute()
 
 
@@ -97,61 +94,28 @@ def recorded_outcomes(spark: SparkSession, audit_table: str, purged_through: dic
     return [row.asDict() for row in read_table(spark, audit_table).where(condition).collect()]
 
 
-@contextmanager
-def _delta_txn(spark: SparkSession, app_id: str, version: int) -> Iterator[None]:
-    """MERGE has no write options: Delta reads the transaction identifiers from the session."""
-    spark.conf.set("spark.databricks.delta.write.txnAppId", app_id)
-    spark.conf.set("spark.databricks.delta.write.txnVersion", str(version))
-    try:
-        yield
-    finally:
-        spark.conf.unset("spark.databricks.delta.write.txnAppId")
-        spark.conf.unset("spark.databricks.delta.write.txnVersion")
-
-
 def append_audit(spark: SparkSession, audit_table: str, rows: Iterable[tuple], app_id: str, batch_id: int) -> None:
     """Append one batch's audit rows; a replay of the same batch id appends nothing."""
     frame = spark.createDataFrame(list(rows), AUDIT_ROW_SCHEMA).withColumn("outcome_date", F.to_date("outcome_time"))
     writer = frame.write.format("delta").mode("append").option("txnAppId", app_id).option("txnVersion", batch_id)
-    if "/" in audit_table or ":" in audit_table:
+    if _is_path(audit_table):
         writer.save(audit_table)
     else:
         writer.saveAsTable(audit_table)
 
 
-def merge_checkpoint(spark: SparkSession, checkpoint_table: str, updates: list[dict], app_id: str,
-                     batch_id: int) -> None:
-    """Advance per-queue marks and add counts; skipped by Delta when this batch was merged already."""
-    if not updates:
-        return
-    source = spark.createDataFrame(updates, CHECKPOINT_SCHEMA)
-    view = f"syphon_checkpoint_updates_{batch_id}"
-    source.createOrReplaceTempView(view)
-    try:
-        with _delta_txn(spark, app_id, batch_id):
-            spark.sql(f"""
-                MERGE INTO {table_ref(checkpoint_table)} t USING {view} s ON t.backlog_queue = s.backlog_queue
-                WHEN MATCHED THEN UPDATE SET
-                  delivered_through = greatest(t.delivered_through, s.delivered_through),
-                  purged_through = greatest(t.purged_through, s.purged_through),
-                  last_batch_id = s.last_batch_id, last_run_id = s.last_run_id, updated_at = s.updated_at,
-                  delivered_count = t.delivered_count + s.delivered_count,
-                  dead_lettered_count = t.dead_lettered_count + s.dead_lettered_count,
-                  skipped_count = t.skipped_count + s.skipped_count
-                WHEN NOT MATCHED THEN INSERT *
-            """)
-    finally:
-        spark.catalog.dropTempView(view)
+def write_checkpoint(spark: SparkSession, checkpoint_table: str, rows: list[dict], *, app_id: str | None = None,
+                     batch_id: int | None = None) -> None:
+    """Replace the checkpoint table's rows (one per queue) with the sink's current state.
 
-
-def advance_purged_through(spark: SparkSession, checkpoint_table: str, purged: dict[str, int]) -> None:
-    """Record how far each queue has been purged; idempotent (marks only move forward)."""
-    if not purged:
-        return
-    rows = ", ".join(f"('{q.replace(chr(39), chr(39) * 2)}', {int(s)})" for q, s in purged.items())
-    spark.sql(f"""
-        MERGE INTO {table_ref(checkpoint_table)} t
-        USING (SELECT * FROM VALUES {rows} AS v(backlog_queue, purged_through)) s
-        ON t.backlog_queue = s.backlog_queue
-        WHEN MATCHED AND s.purged_through > t.purged_through THEN UPDATE SET purged_through = s.purged_through
-    """)
+    The table is tiny and the sink is its only writer, so an overwrite is both simpler and several
+    times faster than a MERGE. With ``app_id``/``batch_id`` a replayed batch writes nothing.
+    """
+    frame = spark.createDataFrame(sorted(rows, key=lambda row: row["backlog_queue"]), CHECKPOINT_SCHEMA)
+    writer = frame.write.format("delta").mode("overwrite")
+    if app_id is not None:
+        writer = writer.option("txnAppId", app_id).option("txnVersion", batch_id)
+    if _is_path(checkpoint_table):
+        writer.save(checkpoint_table)
+    else:
+        writer.saveAsTable(checkpoint_table)

@@ -16,9 +16,12 @@ form ``{TYPE: AMQPTypes.x, VALUE: v}`` of its AMQP encoder.
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
 import logging
+import threading
 import time
 import uuid
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Sequence
 
@@ -89,6 +92,62 @@ def describe_access_error(exc: BaseException, role: str, entity: str | None = No
     if isinstance(exc, MessagingEntityNotFoundError):
         return f"{where} does not exist: create it, or fix the name in the configuration"
     return None
+
+
+class _HandlerPool:
+    """Senders and receivers kept open per process (executor Python worker or driver) and reused.
+
+    Each SDK sender or receiver opens its own AMQP connection; opening and closing one costs about
+    a second, which dominated small batches. Like Spark's Kafka connector, the syphon pools them:
+    a handler that fails is discarded and reopened on next use.
+    """
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._clients: dict[tuple, ServiceBusClient] = {}
+        self._handlers: dict[tuple, Any] = {}
+
+    @staticmethod
+    def _namespace_key(namespace: NamespaceConfig, role: str) -> tuple:
+        secret = namespace.connection_string.reveal() if namespace.connection_string else ""
+        return role, namespace.fully_qualified_namespace, hashlib.sha256(secret.encode()).hexdigest()
+
+    def get(self, namespace: NamespaceConfig, role: str, key: tuple, make: Callable[[ServiceBusClient], Any]):
+        client_key = self._namespace_key(namespace, role)
+        with self._lock:
+            handler = self._handlers.get((client_key, key))
+            if handler is None:
+                client = self._clients.get(client_key)
+                if client is None:
+                    client = self._clients[client_key] = open_client(
+                        namespace, role=role, retry_total=2 if role == "primary" else 3)
+                handler = self._handlers[(client_key, key)] = make(client)
+            return handler
+
+    def discard(self, namespace: NamespaceConfig, role: str, key: tuple) -> None:
+        with self._lock:
+            handler = self._handlers.pop((self._namespace_key(namespace, role), key), None)
+        if handler is not None:
+            try:
+                handler.close()
+            except Exception:  # noqa: BLE001 - closing a broken link may fail; nothing to keep
+                pass
+
+
+_POOL = _HandlerPool()
+
+
+@contextmanager
+def pooled_receiver(namespace: NamespaceConfig, queue: str, *, purpose: str = "peek"):
+    """A receiver on ``queue`` from the process pool (peek: default mode; settle: PEEK_LOCK, no prefetch)."""
+    key = ("receiver", purpose, queue)
+    receiver = _POOL.get(namespace, "secondary", key, lambda client: client.get_queue_receiver(
+        queue, receive_mode=ServiceBusReceiveMode.PEEK_LOCK, prefetch_count=0))
+    try:
+        yield receiver
+    except BaseException:
+        _POOL.discard(namespace, "secondary", key)
+        raise
 
 
 # --- peeking backlog queues -------------------------------------------------------------------
@@ -250,11 +309,10 @@ class PartialSendError(Exception):
 
 
 class DestinationSenders:
-    """One SDK client per task and one sender per destination, opened lazily, closed together."""
+    """Senders per destination for one task, taken from the process pool (kept open between tasks)."""
 
     def __init__(self, namespace: NamespaceConfig):
-        self._client = open_client(namespace, retry_total=2, role="primary")
-        self._senders: dict[str, Any] = {}
+        self._namespace = namespace
 
     def send(self, destination: str, messages: Sequence[AmqpAnnotatedMessage]) -> int:
         """Send consecutive messages to one destination in as few batches as fit, in order.
@@ -264,7 +322,8 @@ class DestinationSenders:
         """
         sent = 0
         try:
-            sender = self._sender(destination)
+            sender = _POOL.get(self._namespace, "primary", ("sender", destination),
+                               lambda client: client.get_queue_sender(destination))
             batch = sender.create_message_batch()
             for message in messages:
                 try:
@@ -285,28 +344,7 @@ class DestinationSenders:
 
     def reset(self, destination: str) -> None:
         """Drop a sender after an error so the next attempt opens a fresh link."""
-        sender = self._senders.pop(destination, None)
-        if sender is not None:
-            try:
-                sender.close()
-            except Exception:  # noqa: BLE001 - closing a broken link may fail; nothing to keep
-                pass
-
-    def _sender(self, destination: str):
-        if destination not in self._senders:
-            self._senders[destination] = self._client.get_queue_sender(destination)
-        return self._senders[destination]
-
-    def close(self) -> None:
-        for destination in list(self._senders):
-            self.reset(destination)
-        self._client.close()
-
-    def __enter__(self) -> "DestinationSenders":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
+        _POOL.discard(self._namespace, "primary", ("sender", destination))
 
 
 def wait_until_reachable(namespace: NamespaceConfig, destination: str, *, max_wait_seconds: float,
@@ -327,7 +365,7 @@ def wait_until_reachable(namespace: NamespaceConfig, destination: str, *, max_wa
                 return False
             logger.info("primary unreachable (%s); probing again in %.0f s", type(exc).__name__, interval)
             sleep(interval)
-            interval = min(interval * 2, 30.0)
+            interval = min(interval * 2, 5.0)  # resume soon after the primary is back
 
 
 # --- settling backlog messages ----------------------------------------------------------------
@@ -346,43 +384,93 @@ def purge_backlog(namespace: NamespaceConfig, queue: str, plan: dict[int, tuple[
 
     ``plan`` maps sequence number -> None (delivered or skipped: complete it) or
     (reason_code, reason, _) (dead-letter it with that reason). Messages not in the plan are
-    abandoned untouched. Stops once every planned message was seen or the queue runs dry.
+    released untouched (abandoned). Stops once every planned message was seen, a message past the
+    plan shows up, or the queue runs dry.
     """
     if not plan:
         return PurgeResult(0, 0, 0, None)
     remaining = set(plan)
     highest = max(plan)
-    completed = dead_lettered = released = 0
-    with open_client(namespace, role="secondary") as client:
-        with client.get_queue_receiver(queue, receive_mode=ServiceBusReceiveMode.PEEK_LOCK,
-                                       prefetch_count=0) as receiver:
-            while remaining:
-                # Exactly as many as still planned: the queue's head is this plan (FIFO), so asking
-                # for more would only lock, and then release, messages of a later batch.
-                batch = receiver.receive_messages(max_message_count=min(len(remaining), 100),
-                                                  max_wait_time=max_wait_seconds)
-                if not batch:
-                    break
-                past_plan = False
-                for message in batch:
-                    seq = message.sequence_number
-                    if seq in remaining:
-                        action = plan[seq]
-                        if action is None:
-                            receiver.complete_message(message)
-                            completed += 1
-                        else:
-                            receiver.dead_letter_message(message, reason=action[0], error_description=action[1][:1024])
-                            dead_lettered += 1
-                        remaining.discard(seq)
+    completed = dead_lettered = 0
+    unsettled: set[int] = set()  # seen but could not be settled (lock lost): found again by a later purge
+    held: list = []
+    with pooled_receiver(namespace, queue, purpose="settle") as receiver:
+        while remaining:
+            # Exactly as many as still planned: the queue's head is this plan (FIFO), so asking
+            # for more would only lock, and then release, messages of a later batch.
+            batch = receiver.receive_messages(max_message_count=min(len(remaining), 100),
+                                              max_wait_time=max_wait_seconds)
+            if not batch:
+                break
+            past_plan = False
+            to_complete = []
+            for message in batch:
+                seq = message.sequence_number
+                if seq in remaining:
+                    action = plan[seq]
+                    if action is None:
+                        to_complete.append(message)
                     else:
-                        receiver.abandon_message(message)
-                        released += 1
-                        past_plan = past_plan or seq > highest
-                if past_plan:
-                    break
-    settled_through = (min(remaining) - 1) if remaining else highest
+                        receiver.dead_letter_message(message, reason=action[0], error_description=action[1][:1024])
+                        dead_lettered += 1
+                    remaining.discard(seq)
+                else:
+                    # Not ours to settle. Keep it locked until the end, so the next receive
+                    # moves past it instead of getting it straight back.
+                    held.append(message)
+                    past_plan = past_plan or seq > highest
+            failed = complete_all(receiver, to_complete)
+            completed += len(to_complete) - len(failed)
+            unsettled.update(failed)
+            if past_plan:
+                break
+        for message in held:
+            receiver.abandon_message(message)
+        released = len(held)
+        # Planned messages that never showed up may be gone already (settled by a run that
+        # crashed before recording it, or expired): a peek tells, so they do not block the mark.
+        if remaining:
+            remaining &= present_sequence_numbers(receiver, min(remaining), max(remaining))
+    left = remaining | unsettled
+    settled_through = (min(left) - 1) if left else highest
     return PurgeResult(completed, dead_lettered, released, settled_through)
+
+
+def present_sequence_numbers(receiver, first: int, last: int) -> set[int]:
+    """Sequence numbers in ``[first, last]`` still in the entity (peeked, so nothing is locked)."""
+    present: set[int] = set()
+    position = first
+    while position <= last:
+        page = receiver.peek_messages(max_message_count=PEEK_PAGE_SIZE, sequence_number=position)
+        if not page:
+            break
+        present.update(m.sequence_number for m in page if m.sequence_number <= last)
+        position = page[-1].sequence_number + 1
+    return present
+
+
+def complete_all(receiver, messages: list) -> set[int]:
+    """Complete received messages with one management request instead of one round trip each.
+
+    ``update-disposition`` with a list of lock tokens is the management form of settlement (the
+    SDK itself falls back to it); if it fails, each message is completed on its own. Returns the
+    sequence numbers that could not be completed (their locks were lost).
+    """
+    if not messages:
+        return set()
+    try:
+        receiver._settle_message_via_mgmt_link("completed", [m.lock_token for m in messages])  # noqa: SLF001
+        return set()
+    except ServiceBusError as exc:
+        logger.info("bulk completion failed (%s); completing one by one", type(exc).__name__)
+    failed = set()
+    for message in messages:
+        try:
+            receiver.complete_message(message)
+        except ServiceBusError as exc:
+            logger.warning("sequence_number=%s not completed (%s)", message.sequence_number, type(exc).__name__)
+            failed.add(message.sequence_number)
+    return failed
 
 
 def backlog_dead_letters(namespace: NamespaceConfig, queue: str, max_count: int = 1000) -> list:

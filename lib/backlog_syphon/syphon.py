@@ -76,6 +76,7 @@ def run_syphon(spark: SparkSession, config: SyphonConfig, *, run_id: str | None 
     finally:
         if query.isActive:
             query.stop()
+        sink.flush(spark)
     if query.exception() is not None:
         raise query.exception()
     return summarise_run(config, sink)

@@ -441,7 +441,7 @@ class Entity:
     def stats(self) -> Dict[str, Any]:
         states = Counter(m.state for m in self.msgs.values())
         out = {k: self.counters.get(k, 0) for k in
-               ("in", "out", "peeked", "completed", "dead_lettered", "deferred", "expired")}
+               ("in", "out", "peeked", "completed", "dead_lettered", "deferred", "expired", "duplicates")}
         out.update(active=states[ACTIVE], locked=states[LOCKED], deferred_count=states[DEFERRED],
                    scheduled=states[SCHEDULED], total=len(self.msgs), ops=dict(self.ops))
         if self.dlq is not None:
@@ -492,7 +492,8 @@ class Topic:
         self.dedupe = Deduper(cfg.duplicate_detection_window_seconds)
 
     def stats(self) -> Dict[str, Any]:
-        return {"in": self.counters.get("in", 0), "ops": dict(self.ops)}
+        return {"in": self.counters.get("in", 0), "duplicates": self.counters.get("duplicates", 0),
+                "ops": dict(self.ops)}
 
 
 def correlation_matches(flt: Optional[Dict[str, Any]], content: Content) -> bool:
