@@ -50,9 +50,9 @@ bench: setup bench-emulator ## Benchmarks: emulator ceiling, then syphon against
 bench-emulator: setup ## Benchmark the emulator alone with the SDK
 	$(PY) bench/bench_emulator.py
 
-lint: setup ## Byte-compile everything and look for obvious mistakes
-	$(PY) -m compileall -q lib jobs tests bench notebooks
-	$(PY) -m pyflakes lib jobs tests bench 2>/dev/null || echo "(pyflakes not installed: pip install pyflakes for more checks)"
+lint: setup ## Byte-compile everything and look for unused names and other obvious mistakes
+	$(PY) -m compileall -q lib jobs tests bench
+	$(PY) -m pyflakes lib jobs tests bench
 
 dist: setup ## Build the wheel (Databricks) and a zip of lib/ (spark-submit --py-files) into dist/
 	$(PY) -m pip wheel --quiet --no-deps --wheel-dir dist .

@@ -136,20 +136,10 @@ def _prop(props: dict, key: str):
 
 
 def _send_all(sender, messages) -> None:
-    from azure.servicebus.exceptions import MessageSizeExceededError
+    from backlog_syphon.servicebus_io import send_in_batches
 
-    batch = sender.create_message_batch()
-    for message in messages:
-        try:
-            batch.add_message(message)
-        except MessageSizeExceededError:
-            if not len(batch):
-                raise
-            sender.send_messages(batch)
-            batch = sender.create_message_batch()
-            batch.add_message(message)
-    if len(batch):
-        sender.send_messages(batch)
+    for _ in send_in_batches(sender, messages):
+        pass
 
 
 def run_baseline_phase(config, written: dict[str, int], receive_batch: int, timeout: float) -> None:

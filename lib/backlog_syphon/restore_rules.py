@@ -19,11 +19,7 @@ from enum import Enum
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
-from backlog_syphon.backlog_rows import (  # noqa: F401  (re-exported: the source builds rows with them)
-    BACKLOG_ROW_SCHEMA,
-    UNDECODABLE_MESSAGE,
-    legacy_fields_to_row_values,
-)
+from backlog_syphon.backlog_rows import UNDECODABLE_MESSAGE
 from backlog_syphon.legacy_properties import (
     INVALID_DESTINATION,
     INVALID_LEGACY_PROPERTY,

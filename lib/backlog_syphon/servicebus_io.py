@@ -23,7 +23,7 @@ import time
 import uuid
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import proton
 from azure.servicebus import ServiceBusClient, ServiceBusReceiveMode, ServiceBusSubQueue
@@ -301,6 +301,24 @@ def classify_send_error(exc: BaseException, destination: str) -> SendFailure:
     return SendFailure(True, "transient", f"{name} while sending to '{destination}'")
 
 
+def send_in_batches(sender, messages: Iterable) -> Iterator[int]:
+    """Send messages in order, as few ``ServiceBusMessageBatch`` sends as fit; yield each one's size once sent."""
+    batch = sender.create_message_batch()
+    for message in messages:
+        try:
+            batch.add_message(message)
+        except MessageSizeExceededError:
+            if not len(batch):
+                raise  # too large on its own
+            sender.send_messages(batch)  # batch full: ship it and start the next one
+            yield len(batch)
+            batch = sender.create_message_batch()
+            batch.add_message(message)
+    if len(batch):
+        sender.send_messages(batch)
+        yield len(batch)
+
+
 class PartialSendError(Exception):
     def __init__(self, sent: int, cause: BaseException):
         super().__init__(f"{sent} sent before {type(cause).__name__}")
@@ -324,20 +342,8 @@ class DestinationSenders:
         try:
             sender = _POOL.get(self._namespace, "primary", ("sender", destination),
                                lambda client: client.get_queue_sender(destination))
-            batch = sender.create_message_batch()
-            for message in messages:
-                try:
-                    batch.add_message(message)
-                except MessageSizeExceededError:
-                    if not len(batch):
-                        raise  # too large on its own
-                    sender.send_messages(batch)  # batch full: ship it and start the next one
-                    sent += len(batch)
-                    batch = sender.create_message_batch()
-                    batch.add_message(message)
-            if len(batch):
-                sender.send_messages(batch)
-                sent += len(batch)
+            for count in send_in_batches(sender, messages):
+                sent += count
         except Exception as exc:  # noqa: BLE001 - classified by the caller
             raise PartialSendError(sent, exc) from exc
         return sent
@@ -541,16 +547,5 @@ def send_legacy_backlog(secondary: NamespaceConfig, per_queue: dict[str, list]) 
     with open_client(secondary, role="secondary") as client:
         for queue, originals in per_queue.items():
             with client.get_queue_sender(queue) as sender:
-                batch = sender.create_message_batch()
-                for original in originals:
-                    message = legacy_backlog_message(original)
-                    try:
-                        batch.add_message(message)
-                    except MessageSizeExceededError:
-                        if not len(batch):
-                            raise
-                        sender.send_messages(batch)
-                        batch = sender.create_message_batch()
-                        batch.add_message(message)
-                if len(batch):
-                    sender.send_messages(batch)
+                for _ in send_in_batches(sender, (legacy_backlog_message(o) for o in originals)):
+                    pass

@@ -137,7 +137,7 @@ def test_remaining_ttl_and_schedule(emulator, syphon_config, spark):
 
 
 def test_order_per_backlog_queue_and_per_session(emulator, syphon_config, spark):
-    originals = backlog_writer.realistic_backlog(400, seed=3, body_size=64)
+    originals = backlog_writer.realistic_backlog(240, seed=3, body_size=64)
     originals = [m for m in originals if m.scheduled_enqueue_time is None]
     written = backlog_writer.write_backlog(syphon_config.secondary, PRIMARY, originals, queue_count=10, seed=3)
     backlog_order = {}
@@ -148,7 +148,7 @@ def test_order_per_backlog_queue_and_per_session(emulator, syphon_config, spark)
                                         for raw in peek_raw(receiver, 1, 1000)]
     queue_of = {mid: queue for queue, ids in backlog_order.items() for mid in ids}
 
-    config = syphon_config.with_overrides({"run.max_messages_per_trigger": "120"})  # several batches
+    config = syphon_config.with_overrides({"run.max_messages_per_trigger": "150"})  # two batches
     summary = run_syphon(spark, config)
     assert summary.drained
 

@@ -12,13 +12,12 @@ from pyspark.sql.types import LongType, StringType, StructField, StructType
 from backlog_syphon.amqp_message import DecodedMessage, MessageProperties
 from backlog_syphon.backlog_rows import BACKLOG_ROW_COLUMNS, backlog_row_values, message_id_text
 from backlog_syphon.legacy_properties import LegacyFields, Problem
+from backlog_syphon.backlog_rows import BACKLOG_ROW_SCHEMA, legacy_fields_to_row_values
 from backlog_syphon.restore_rules import (
-    BACKLOG_ROW_SCHEMA,
     CLASSIFICATION_COLUMNS,
     PING_CONTENT_TYPE,
     TtlPolicy,
     classify_messages,
-    legacy_fields_to_row_values,
 )
 
 UTC = timezone.utc
