@@ -82,18 +82,6 @@ def open_client(namespace: NamespaceConfig, *, retry_total: int = 3, role: str =
                             retry_total=retry_total)
 
 
-def describe_access_error(exc: BaseException, role: str, entity: str | None = None) -> str | None:
-    """An operator-facing sentence for errors that retrying will not fix, else None."""
-    where = f"{role} entity '{entity}'" if entity else f"the {role} namespace"
-    if isinstance(exc, ServiceBusAuthenticationError):
-        return f"authentication to {where} failed: check the SharedAccessKeyName/SharedAccessKey of its connection string"
-    if isinstance(exc, ServiceBusAuthorizationError):
-        return f"not authorized for {where}: the key or identity needs Send/Listen rights"
-    if isinstance(exc, MessagingEntityNotFoundError):
-        return f"{where} does not exist: create it, or fix the name in the configuration"
-    return None
-
-
 class _HandlerPool:
     """Senders and receivers kept open per process (executor Python worker or driver) and reused.
 

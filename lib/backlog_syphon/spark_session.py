@@ -18,10 +18,6 @@ _DELTA_CONFS = {
 }
 
 
-def on_databricks() -> bool:
-    return "DATABRICKS_RUNTIME_VERSION" in os.environ
-
-
 def build_spark_session(app_name: str = "backlog-syphon", master: str | None = None,
                         extra_conf: dict[str, str] | None = None) -> SparkSession:
     """Return a SparkSession with Delta Lake, UTC time zone and WARN logging.
