@@ -56,7 +56,9 @@ lint: setup ## Byte-compile everything and look for unused names and other obvio
 
 dist: setup ## Build the wheel (Databricks) and a zip of lib/ (spark-submit --py-files) into dist/
 	$(PY) -m pip wheel --quiet --no-deps --wheel-dir dist .
-	cd lib && $(CURDIR)/$(PY) -c "import shutil; shutil.make_archive('../dist/backlog_syphon_libs', 'zip', '.', None)"
+	cd lib && $(CURDIR)/$(PY) -c "import pathlib, zipfile; \
+	  z = zipfile.ZipFile('../dist/backlog_syphon_libs.zip', 'w', zipfile.ZIP_DEFLATED); \
+	  [z.write(p) for p in sorted(pathlib.Path('backlog_syphon').rglob('*.py'))]; z.close()"
 	@ls -1 dist
 
 clean: ## Remove the virtualenv, caches, build output and local run state

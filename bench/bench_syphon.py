@@ -1,7 +1,7 @@
 """Throughput of the syphon against a plain single-process SDK loop, same backlog, same emulator config.
 
     cd /work/main && PYTHONPATH=lib PYSPARK_PYTHON=$PWD/.venv/bin/python \
-        .venv/bin/python bench/bench_syphon.py [--count 5000] [--body-size 1024] [--max-per-trigger 5000]
+        .venv/bin/python bench/bench_syphon.py [--count 20000] [--body-size 1024] [--max-per-trigger 5000]
 
 Each phase gets a fresh in-process emulator (conf/emulator.yaml, ephemeral ports on 127.0.0.1)
 and the same legacy backlog (``backlog_writer.realistic_backlog`` over the 10 backlog queues):
@@ -247,8 +247,8 @@ def report(name: str, count: int, figures: dict) -> float:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--count", type=int, default=5000,
-                   help="backlog messages (default 5000: 20000 takes far over 10 minutes on a 2-core box)")
+    p.add_argument("--count", type=int, default=20000,
+                   help="backlog messages (default 20000: about 4 minutes for both phases on a 2-core box)")
     p.add_argument("--body-size", type=int, default=1024, help="body bytes per message (default 1024)")
     p.add_argument("--max-per-trigger", type=int, default=5000, help="syphon run.max_messages_per_trigger")
     p.add_argument("--receive-batch", type=int, default=100, help="baseline receive page size")

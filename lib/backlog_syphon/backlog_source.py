@@ -10,6 +10,10 @@
 - Batches are bounded by ``maxMessagesPerTrigger`` (read limits on Spark 4.2+, own capping
   before); ``availableNow`` runs stop at the tail seen when the run started.
 - Idle queues are probed with exponential back-off (``offset_planning.IdleBackoff``).
+- ``reportLatestOffset`` gives each queue's tail as last seen, so ``lastProgress`` shows the
+  backlog still behind each queue's offset (like Kafka's ``*OffsetsBehindLatest``).
+- ``spark.read.format("servicebus-backlog")`` (batch) is a snapshot of every message in the
+  backlog queues, for the dry run: the same rows, nothing settled.
 
 Driver-side methods run in one long-lived Python process per query run; ``read`` runs on a
 pickled copy in executors, so SDK clients are created lazily and never pickled.
@@ -21,7 +25,7 @@ import logging
 import time
 from dataclasses import dataclass
 
-from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
+from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceStreamReader, InputPartition
 
 from backlog_syphon import offset_planning
 from backlog_syphon.backlog_rows import BACKLOG_ROW_SCHEMA
@@ -43,6 +47,7 @@ SOURCE_NAME = "servicebus-backlog"
 # connection string never shows in plans, the Spark UI or event logs.
 _SECRET_OPTION = "connection_string_secret"
 _DISCOVERY_INTERVAL_SECONDS = 600.0
+_END_OF_QUEUE = (1 << 63) - 1  # a window end past any sequence number: read to the tail
 
 
 def backlog_source_options(config: SyphonConfig) -> dict[str, str]:
@@ -82,15 +87,64 @@ class BacklogDataSource(DataSource):
     def streamReader(self, schema):
         return BacklogStreamReader(self.options)
 
+    def reader(self, schema):
+        return BacklogSnapshotReader(self.options)
+
+
+def _namespace_from_options(options) -> NamespaceConfig:
+    secret = options.get(_SECRET_OPTION)
+    return NamespaceConfig(connection_string=Secret(secret, "source option") if secret else None,
+                           fully_qualified_namespace=options.get("fullyQualifiedNamespace") or None)
+
+
+def _configured_queues(options) -> list[str]:
+    return [backlog_queue_name(options["primaryNamespace"], i) for i in range(int(options.get("queueCount", "10")))]
+
+
+def read_window(namespace: NamespaceConfig, window: BacklogWindow):
+    """Yield the rows of one window, peeked page by page in sequence-number order (executor side)."""
+    from backlog_syphon.backlog_rows import BACKLOG_ROW_COLUMNS, backlog_row_values
+    from backlog_syphon.servicebus_io import PEEK_PAGE_SIZE, peek_raw, pooled_receiver
+
+    position = window.start
+    with pooled_receiver(namespace, window.queue) as receiver:
+        while position < window.end:
+            page = peek_raw(receiver, position, min(PEEK_PAGE_SIZE, window.end - position))
+            if not page:
+                return
+            for raw in page:
+                row = backlog_row_values(window.queue, raw)
+                if row["sequence_number"] >= window.end:
+                    return
+                yield tuple(row[column] for column in BACKLOG_ROW_COLUMNS)
+                position = row["sequence_number"] + 1
+
+
+class BacklogSnapshotReader(DataSourceReader):
+    """Batch read: everything in the configured backlog queues now, one partition per queue."""
+
+    def __init__(self, options):
+        self.namespace = _namespace_from_options(options)
+        self.options = options
+
+    def partitions(self):
+        queues = set(_configured_queues(self.options))
+        if self.options.get("discover", "true") == "true":
+            from backlog_syphon.servicebus_io import list_backlog_queues
+
+            queues.update(list_backlog_queues(
+                self.namespace, f"{self.options['primaryNamespace']}/x-servicebus-transfer/") or [])
+        return [BacklogWindow(queue, 0, _END_OF_QUEUE) for queue in sorted(queues)]
+
+    def read(self, partition: BacklogWindow):
+        yield from read_window(self.namespace, partition)
+
 
 class BacklogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def __init__(self, options):
-        secret = options.get(_SECRET_OPTION)
-        self.namespace = NamespaceConfig(
-            connection_string=Secret(secret, "source option") if secret else None,
-            fully_qualified_namespace=options.get("fullyQualifiedNamespace") or None)
+        self.namespace = _namespace_from_options(options)
         self.primary_namespace = options["primaryNamespace"]
-        self.queue_count = int(options.get("queueCount", "10"))
+        self.configured_queues = _configured_queues(options)
         self.discover = options.get("discover", "true") == "true"
         self.max_messages = int(options.get("maxMessagesPerTrigger", "1000"))
         self.available_now = options.get("availableNow", "false") == "true"
@@ -99,6 +153,7 @@ class BacklogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._queues: list[str] | None = None
         self._discovered_at = 0.0
         self._last_end: dict | None = None  # Spark 4.0/4.1 call latestOffset() without a start
+        self._tails: dict[str, int] = {}  # queue -> end of what was in it when last probed
         self._client = None
         self._receivers: dict = {}
         self.probe_count = 0  # broker operations made by offset planning (for metrics)
@@ -145,8 +200,21 @@ class BacklogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 queue_end = min(queue_end, self._target.get(queue, queue_end))
             self.backoff.record(queue, queue_end > offsets[queue], now)
             end[queue] = queue_end
+            # A window that stopped short of its share reached the tail; a full one costs one
+            # probe more when the tail is right there, about log2(backlog) when it is not.
+            tail = queue_end if queue_end - offsets[queue] < shares[queue] else offset_planning.tail_end(
+                queue_end, self._probe_fn(queue))
+            self._tails[queue] = max(tail, self._tails.get(queue, 0))
         self._last_end = offset_planning.normalise_offsets(end)
         return self._last_end
+
+    def reportLatestOffset(self) -> dict | None:
+        """Each queue's tail as last probed (Spark 4.2+ shows it as the source's ``latestOffset``)."""
+        if not self._tails:
+            return None
+        ends = self._last_end or {}
+        return offset_planning.normalise_offsets({queue: max(tail, int(ends.get(queue, 0)))
+                                                  for queue, tail in self._tails.items()})
 
     def partitions(self, start: dict, end: dict):
         return [BacklogWindow(queue, int(start.get(queue, 0)), int(stop))
@@ -160,21 +228,7 @@ class BacklogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     # --- executors: rows ----------------------------------------------------------------------
 
     def read(self, partition: BacklogWindow):
-        from backlog_syphon.backlog_rows import BACKLOG_ROW_COLUMNS, backlog_row_values
-        from backlog_syphon.servicebus_io import PEEK_PAGE_SIZE, peek_raw, pooled_receiver
-
-        position = partition.start
-        with pooled_receiver(self.namespace, partition.queue) as receiver:
-            while position < partition.end:
-                page = peek_raw(receiver, position, min(PEEK_PAGE_SIZE, partition.end - position))
-                if not page:
-                    return
-                for raw in page:
-                    row = backlog_row_values(partition.queue, raw)
-                    if row["sequence_number"] >= partition.end:
-                        return
-                    yield tuple(row[column] for column in BACKLOG_ROW_COLUMNS)
-                    position = row["sequence_number"] + 1
+        yield from read_window(self.namespace, partition)
 
     # --- helpers --------------------------------------------------------------------------------
 
@@ -183,7 +237,7 @@ class BacklogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if self._queues is None or (self.discover and now - self._discovered_at > _DISCOVERY_INTERVAL_SECONDS):
             from backlog_syphon.servicebus_io import list_backlog_queues
 
-            queues = {backlog_queue_name(self.primary_namespace, i) for i in range(self.queue_count)}
+            queues = set(self.configured_queues)
             if self.discover:
                 found = list_backlog_queues(self.namespace, f"{self.primary_namespace}/x-servicebus-transfer/")
                 queues.update(found or [])

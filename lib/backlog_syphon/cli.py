@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 
+import backlog_syphon
 from backlog_syphon.config import ConfigError, load_config, parse_overrides
 
 EXIT_CONFIG = 2  # the configuration is wrong: fix it and run again
@@ -19,7 +21,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--config", required=True, help="YAML file, e.g. conf/local.yaml")
     parser.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
                         help="override a config key (repeatable), e.g. --set run.trigger='10 seconds'")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="peek the backlog and report what a replay would do; change nothing")
     parser.add_argument("--timeout", type=float, default=None, help="stop a continuous run after this many seconds")
+    parser.add_argument("--quiet", action="store_true", help="no progress line per micro-batch")
     parser.add_argument("--log-level", default="INFO")
     return parser
 
@@ -37,11 +42,16 @@ def main(argv: list[str] | None = None) -> int:
 
     from backlog_syphon.servicebus_io import ServiceBusAccessError
     from backlog_syphon.spark_session import build_spark_session
-    from backlog_syphon.syphon import run_syphon
+    from backlog_syphon.syphon import dry_run, run_syphon
 
+    logging.getLogger(__name__).info("backlog-syphon library from %s", os.path.dirname(backlog_syphon.__file__))
     spark = build_spark_session()
     try:
-        summary = run_syphon(spark, config, timeout_seconds=args.timeout)
+        if args.dry_run:
+            print("\n".join(dry_run(spark, config).lines()))
+            return 0
+        progress = None if args.quiet else (lambda line: print(line, file=sys.stderr, flush=True))
+        summary = run_syphon(spark, config, timeout_seconds=args.timeout, on_progress=progress)
     except ServiceBusAccessError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_ACCESS
@@ -50,3 +60,12 @@ def main(argv: list[str] | None = None) -> int:
         print("warning: messages remain in the backlog (see 'remaining' above)", file=sys.stderr)
         return EXIT_NOT_DRAINED
     return 0
+
+
+def run() -> None:
+    """Console-script and Databricks wheel-task entry point: the exit code must reach the runner.
+
+    Databricks' wheel task runner ignores an entry point's return value, so a failed run would
+    show as succeeded unless the process exits with the code.
+    """
+    sys.exit(main())

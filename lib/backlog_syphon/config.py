@@ -202,9 +202,14 @@ def _apply_override(raw: dict, dotted: str, text: str, origin: str) -> None:
     if key not in known:
         raise ConfigError(f"{origin}: unknown key '{dotted}'; known keys in '{section}': {', '.join(known)}")
     # Values arrive as text: read them as YAML scalars so "20" is an int and "true" a bool, but
-    # keep secrets verbatim (a connection string is not YAML).
+    # keep secrets verbatim (a connection string is not YAML). "env:VAR" and "secret:scope/key"
+    # are references (a connection string starts with "Endpoint=", so they cannot be one).
     value: Any = text
-    if "connection_string" not in key:
+    if "connection_string" in key:
+        kind, sep, name = text.strip().partition(":")
+        if sep and kind in ("env", "secret") and name and "=" not in name:
+            value = {kind: name}
+    else:
         try:
             value = yaml.safe_load(text) if text.strip() else text
         except yaml.YAMLError:

@@ -33,6 +33,7 @@ from pyspark.sql import DataFrame, SparkSession
 from backlog_syphon import delivery_plan, delta_tables, restore_rules
 from backlog_syphon.config import SyphonConfig
 from backlog_syphon.delivery_plan import DEAD_LETTERED, DELIVERED, SKIPPED_PING
+from backlog_syphon.progress import BatchStats
 
 logger = logging.getLogger(__name__)
 
@@ -64,6 +65,7 @@ class DeliverySink:
         self._checkpoint: dict[str, dict] | None = None  # queue -> checkpoint row
         self._unpurged: list[dict] = []  # outcomes recorded whose backlog message may still be there
         self._purges_unrecorded = False
+        self.batch_stats: dict[int, BatchStats] = {}  # read (and emptied) by the progress listener
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
         spark = batch.sparkSession
@@ -123,6 +125,9 @@ class DeliverySink:
             step_done("purge")
             self.totals.extend(new_outcomes)
             counts = {o: sum(1 for r in new_outcomes if r["outcome"] == o) for o in delivery_plan.OUTCOMES}
+            self.batch_stats[batch_id] = BatchStats(
+                counts[DELIVERED], counts[DEAD_LETTERED], counts[SKIPPED_PING], len(recorded), timings["send"],
+                _oldest(row["enqueued_time"] for row in new_outcomes))
             logger.info("batch_id=%s queues=%d delivered=%d dead_lettered=%d skipped=%d replayed=%d seconds=%s",
                         batch_id, len(queues), counts[DELIVERED], counts[DEAD_LETTERED], counts[SKIPPED_PING],
                         len(recorded), timings)
@@ -185,6 +190,11 @@ def _drop_recorded(spark: SparkSession, batch: DataFrame, purged_through: dict[s
         keys = spark.createDataFrame(sorted(recorded), "backlog_queue string, sequence_number long")
         return batch.where(condition).join(F.broadcast(keys), ["backlog_queue", "sequence_number"], "left_anti")
     return batch.where(condition)
+
+
+def _oldest(times: Iterable[dt.datetime | None]) -> dt.datetime | None:
+    # Spark hands timestamps to Python as naive local times; astimezone reads them as such.
+    return min((t.astimezone(dt.timezone.utc) for t in times if t is not None), default=None)
 
 
 def _audit_tuple(row: dict) -> tuple:

@@ -8,7 +8,8 @@ kept in ``.cache/jars/<delta version>-spark<major.minor>/``; the session builder
 ``spark.jars``. Maven is used when it is installed; otherwise the session builder falls back
 to ``spark.jars.packages`` (see ``spark_session.py``), which works for users without Maven.
 
-Usage: ``python -m backlog_syphon.delta_jars [--dest DIR]`` prints the folder it filled.
+Usage: ``python -m backlog_syphon.delta_jars [--dest DIR] [--jars]`` prints the folder it filled
+(or, with ``--jars``, its JARs as a ``spark-submit --jars`` list).
 """
 
 from __future__ import annotations
@@ -111,9 +112,12 @@ def fetch(cache: Path = DEFAULT_CACHE) -> Path:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dest", type=Path, default=Path(os.environ.get("SYPHON_JAR_CACHE", DEFAULT_CACHE)))
+    parser.add_argument("--jars", action="store_true",
+                        help="print the JARs comma-separated, as spark-submit --jars wants them")
     args = parser.parse_args(argv)
     try:
-        print(fetch(args.dest))
+        folder = fetch(args.dest)
+        print(",".join(sorted(str(p) for p in folder.glob("*.jar"))) if args.jars else folder)
     except RuntimeError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1

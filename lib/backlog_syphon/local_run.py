@@ -85,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from backlog_syphon.servicebus_io import backlog_dead_letters
     from backlog_syphon.spark_session import build_spark_session
-    from backlog_syphon.syphon import run_syphon
+    from backlog_syphon.syphon import dry_run, run_syphon
 
     emulator_config = load_emulator_config(args.emulator_config)
     # Free ports, so a `make emulator` running elsewhere does not collide with this run.
@@ -108,8 +108,9 @@ def main(argv: list[str] | None = None) -> int:
               f"backlog queues")
 
         spark = build_spark_session("backlog-syphon-local")
+        print("\n".join(dry_run(spark, config).lines()))
         started = time.monotonic()
-        summary = run_syphon(spark, config)
+        summary = run_syphon(spark, config, on_progress=print)
         elapsed = time.monotonic() - started
         print("\n".join(summary.lines()))
         moved = sum(sum(c.values()) for c in summary.per_destination.values())

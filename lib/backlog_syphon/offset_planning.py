@@ -8,7 +8,6 @@ probes ("first sequence number at or after x") instead of downloading the messag
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Callable, Mapping
 
@@ -49,11 +48,15 @@ def tail_end(start: int, probe: Probe, chunk: int = 1 << 20) -> int:
 
 
 def share_budget(total: int, queues: list[str]) -> dict[str, int]:
-    """Split a batch's message budget evenly over the queues that have data (at least 1 each)."""
+    """Split a batch's message budget evenly over the queues that have data.
+
+    The shares add up to ``total`` (the first queues get the remainder), except that every queue
+    gets at least 1 so none starves when there are more queues than budget.
+    """
     if not queues:
         return {}
-    each = max(1, math.ceil(total / len(queues)))
-    return {queue: each for queue in queues}
+    each, extra = divmod(total, len(queues))
+    return {queue: max(1, each + (1 if index < extra else 0)) for index, queue in enumerate(queues)}
 
 
 @dataclass

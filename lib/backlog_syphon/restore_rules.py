@@ -96,7 +96,7 @@ def classify_messages(
         expired = F.lit(False)
     else:
         restored_ttl_ms = ttl_ms - waited_ms
-        expired = F.coalesce(restored_ttl_ms <= 0, F.lit(False))
+        expired = expired_by(now)
 
     is_ping = F.coalesce(F.col("content_type") == PING_CONTENT_TYPE, F.lit(False))
     # A null destination without a problem code is a source bug; dead-letter it rather than guess.
@@ -130,6 +130,11 @@ def classify_messages(
         reason.cast("string").alias("reason"),
         F.when(action == Action.DELIVER, restored_ttl_ms).cast("long").alias("restored_time_to_live_ms"),
     )
+
+
+def expired_by(now: datetime) -> Column:
+    """True where the message's time to live ran out by ``now`` (whatever the TTL policy does about it)."""
+    return F.coalesce(F.col("time_to_live_ms") - _waited_ms(datetime_to_ms(now)) <= 0, F.lit(False))
 
 
 def _waited_ms(now_ms: int) -> Column:

@@ -341,6 +341,29 @@ class DestinationSenders:
         _POOL.discard(self._namespace, "primary", ("sender", destination))
 
 
+@dataclass(frozen=True)
+class DestinationCheck:
+    max_message_size: int | None  # what the destination's link accepts; None when it cannot be used
+    failure: SendFailure | None
+
+
+def check_destinations(namespace: NamespaceConfig, destinations: Iterable[str]) -> dict[str, DestinationCheck]:
+    """Attach a sender to each destination without sending anything (for the dry run).
+
+    Attaching is what fails for a missing entity or a missing Send right, and the attached link
+    tells the largest message the destination takes.
+    """
+    checks = {}
+    with open_client(namespace, role="primary", retry_total=0) as client:
+        for destination in sorted(set(destinations)):
+            try:
+                with client.get_queue_sender(destination) as sender:
+                    checks[destination] = DestinationCheck(sender.create_message_batch().max_size_in_bytes, None)
+            except Exception as exc:  # noqa: BLE001 - reported, not raised: the dry run changes nothing
+                checks[destination] = DestinationCheck(None, classify_send_error(exc, destination))
+    return checks
+
+
 def wait_until_reachable(namespace: NamespaceConfig, destination: str, *, max_wait_seconds: float,
                          sleep: Callable[[float], None] = time.sleep, interval: float = 2.0) -> bool:
     """Health probe: open a sender link to ``destination`` until it works or the wait is over."""

@@ -28,6 +28,13 @@ def build_spark_session(app_name: str = "backlog-syphon", master: str | None = N
     ``spark.jars.packages`` so Spark resolves Delta from Maven Central by itself.
     """
     active = SparkSession.getActiveSession()
+    if active is None and (os.environ.get("DATABRICKS_RUNTIME_VERSION") or os.environ.get("PYSPARK_GATEWAY_PORT")):
+        # Databricks, or spark-submit (which starts the JVM before Python, with its own --master,
+        # --jars or --packages): the session's set-up belongs to them, only the app name is ours.
+        active = SparkSession.builder.appName(app_name).getOrCreate()
+        if not os.environ.get("DATABRICKS_RUNTIME_VERSION"):
+            # spark-submit logs at INFO by default: thousands of lines around the progress lines.
+            active.sparkContext.setLogLevel(os.environ.get("SYPHON_SPARK_LOG_LEVEL", "WARN"))
     if active is not None:
         active.conf.set("spark.sql.session.timeZone", "UTC")
         return active
@@ -42,6 +49,9 @@ def build_spark_session(app_name: str = "backlog-syphon", master: str | None = N
         "spark.sql.session.timeZone": "UTC",
         "spark.ui.showConsoleProgress": "false",
         "spark.sql.shuffle.partitions": "4",
+        # Delta rebuilds a table's snapshot with 50 tasks by default; the syphon's tables are
+        # small, and on a 2-core machine that alone doubled the cost of every commit.
+        "spark.databricks.delta.snapshotPartitions": "2",
     }
     jars = delta_jars.fetched_jars()
     if jars:

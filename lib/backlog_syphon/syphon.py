@@ -7,15 +7,18 @@ import hashlib
 import logging
 import uuid
 from dataclasses import dataclass
+from typing import Callable
 
 from pyspark.sql import SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
-from backlog_syphon import delivery_plan, delta_tables
+from backlog_syphon import delivery_plan, delta_tables, dry_run_plan
 from backlog_syphon.backlog_source import SOURCE_NAME, BacklogDataSource, backlog_source_options
 from backlog_syphon.config import SyphonConfig, trigger_options
 from backlog_syphon.delivery_sink import DeliverySink
 from backlog_syphon.legacy_properties import backlog_queue_name
+from backlog_syphon.progress import ProgressPoint, SyphonProgressListener, follow_progress
+from backlog_syphon.restore_rules import classify_messages
 
 logger = logging.getLogger(__name__)
 
@@ -25,6 +28,7 @@ class RunSummary:
     run_id: str
     per_destination: dict[str, dict[str, int]]  # destination -> outcome -> count
     remaining: dict[str, int]  # backlog queue -> messages still there
+    progress: tuple[ProgressPoint, ...] = ()  # one point per micro-batch, as the listener saw it
 
     @property
     def drained(self) -> bool:
@@ -50,41 +54,148 @@ def checkpoint_app_id(config: SyphonConfig) -> str:
     return f"backlog-syphon-{digest}"
 
 
-def start_syphon(spark: SparkSession, config: SyphonConfig, *, run_id: str | None = None
-                 ) -> tuple[StreamingQuery, DeliverySink]:
-    """Start the streaming query; the caller waits on it (``run_syphon`` does)."""
+@dataclass
+class SyphonRun:
+    """A started syphon query with its sink (what moved) and progress listener (how it went)."""
+
+    query: StreamingQuery
+    sink: DeliverySink
+    listener: SyphonProgressListener
+
+    def finish(self, spark: SparkSession) -> None:
+        """Stop the query if it still runs, record the last purges, detach the listener."""
+        try:
+            if self.query.isActive:
+                self.query.stop()
+            self.sink.flush(spark)
+        finally:
+            spark.streams.removeListener(self.listener)
+
+
+def start_syphon(spark: SparkSession, config: SyphonConfig, *, run_id: str | None = None,
+                 log_progress: bool = True) -> SyphonRun:
+    """Start the streaming query; the caller waits on it and calls ``finish`` (``run_syphon`` does).
+
+    ``log_progress``: log one line per micro-batch (off when the caller shows them itself).
+    """
     spark.dataSource.register(BacklogDataSource)
     delta_tables.ensure_tables(spark, config.storage.audit_table, config.storage.checkpoint_table)
     run_id = run_id or f"{dt.datetime.now(dt.timezone.utc):%Y%m%dT%H%M%SZ}-{uuid.uuid4().hex[:8]}"
     sink = DeliverySink(config, run_id=run_id, app_id=checkpoint_app_id(config))
+    listener = SyphonProgressListener(sink.batch_stats, query_name=config.run.query_name, log_lines=log_progress)
+    spark.streams.addListener(listener)
     stream = spark.readStream.format(SOURCE_NAME).options(**backlog_source_options(config)).load()
-    query = (stream.writeStream.foreachBatch(sink)
-             .option("checkpointLocation", config.storage.checkpoint_location)
-             .queryName(config.run.query_name)
-             .trigger(**trigger_options(config.run.trigger))
-             .start())
+    try:
+        query = (stream.writeStream.foreachBatch(sink)
+                 .option("checkpointLocation", config.storage.checkpoint_location)
+                 .queryName(config.run.query_name)
+                 .trigger(**trigger_options(config.run.trigger))
+                 .start())
+    except BaseException:
+        spark.streams.removeListener(listener)
+        raise
     logger.info("started run_id=%s query=%s trigger=%s", run_id, config.run.query_name, config.run.trigger)
-    return query, sink
+    return SyphonRun(query, sink, listener)
 
 
 def run_syphon(spark: SparkSession, config: SyphonConfig, *, run_id: str | None = None,
-               timeout_seconds: float | None = None) -> RunSummary:
-    """Run until an available-now run has drained what was there (or the query stops); summarise."""
-    query, sink = start_syphon(spark, config, run_id=run_id)
+               timeout_seconds: float | None = None, on_progress: Callable[[str], None] | None = None
+               ) -> RunSummary:
+    """Run until an available-now run has drained what was there (or the query stops); summarise.
+
+    ``on_progress`` receives one line per micro-batch, from this thread, while the run goes on.
+    """
+    run = start_syphon(spark, config, run_id=run_id, log_progress=on_progress is None)
     try:
-        query.awaitTermination(timeout_seconds)
+        if on_progress is None:
+            run.query.awaitTermination(timeout_seconds)
+        else:
+            follow_progress(run.query, run.listener, on_progress, timeout_seconds=timeout_seconds)
     finally:
-        if query.isActive:
-            query.stop()
-        sink.flush(spark)
-    if query.exception() is not None:
-        raise query.exception()
-    return summarise_run(config, sink)
+        run.finish(spark)
+    if run.query.exception() is not None:
+        raise run.query.exception()
+    return summarise_run(config, run.sink, run.listener.points)
 
 
-def summarise_run(config: SyphonConfig, sink: DeliverySink) -> RunSummary:
+def summarise_run(config: SyphonConfig, sink: DeliverySink, progress=()) -> RunSummary:
     from backlog_syphon.servicebus_io import peek_counts
 
-    queues = [backlog_queue_name(config.primary.namespace, i) for i in range(config.backlog.queue_count)]
     return RunSummary(run_id=sink.run_id, per_destination=delivery_plan.summarise(sink.totals),
-                      remaining=peek_counts(config.secondary, queues))
+                      remaining=peek_counts(config.secondary, _configured_queue_names(config)),
+                      progress=tuple(progress))
+
+
+# --- dry run --------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class DryRunReport:
+    per_destination: list[dict]  # dry_run_plan.destination_summary rows
+    per_queue: dict[str, int]  # backlog queue -> messages in it
+    dead_letters: list[dict]  # the first ``dead_letter_limit`` messages that would be dead-lettered
+    dead_letter_total: int
+    unchecked: dict[str, str]  # destination -> why it could not be checked (e.g. the primary is down)
+
+    def lines(self) -> list[str]:
+        out = ["dry run: nothing was sent, settled or written"]
+        out.append(f"  {'destination':<28} {'messages':>8} {'bytes':>10} {'sessions':>8} {'scheduled':>9} "
+                   f"{'expired':>7} {'deliver':>7} {'dead-letter':>11} {'skip':>5}  oldest .. newest enqueued")
+        for row in self.per_destination:
+            oldest = f"{row['oldest_enqueued']:%Y-%m-%d %H:%M:%S}" if row["oldest_enqueued"] else "-"
+            newest = f"{row['newest_enqueued']:%Y-%m-%d %H:%M:%S}" if row["newest_enqueued"] else "-"
+            out.append(f"  {row['destination']:<28} {row['messages']:>8} {row['body_bytes']:>10} "
+                       f"{row['sessions']:>8} {row['scheduled']:>9} {row['expired']:>7} {row['to_deliver']:>7} "
+                       f"{row['to_dead_letter']:>11} {row['to_skip']:>5}  {oldest} .. {newest}")
+        if not self.per_destination:
+            out.append("  (the backlog queues are empty)")
+        out.append(f"  backlog queues: {sum(self.per_queue.values())} messages in "
+                   f"{sum(1 for n in self.per_queue.values() if n)} of {len(self.per_queue)} queues")
+        if self.dead_letter_total:
+            out.append(f"  would dead-letter {self.dead_letter_total} messages:")
+            for row in self.dead_letters:
+                out.append(f"    {row['backlog_queue']}#{row['sequence_number']} message_id={row['message_id']} "
+                           f"destination={row['destination']} {row['reason_code']}: {row['reason']}")
+            if self.dead_letter_total > len(self.dead_letters):
+                out.append(f"    ... and {self.dead_letter_total - len(self.dead_letters)} more")
+        for destination, reason in self.unchecked.items():
+            out.append(f"  warning: could not check destination '{destination}' ({reason}); a replay "
+                       f"would wait for it rather than dead-letter")
+        return out
+
+
+def dry_run(spark: SparkSession, config: SyphonConfig, *, now: dt.datetime | None = None,
+            dead_letter_limit: int = 100) -> DryRunReport:
+    """Peek every backlog queue and report what a replay would do, changing nothing anywhere.
+
+    Uses the same source rows and restore rules as the syphon, and attaches (without sending) a
+    sender to each destination to find those the primary namespace would refuse.
+    """
+    from backlog_syphon.servicebus_io import check_destinations
+
+    now = now or dt.datetime.now(dt.timezone.utc)
+    spark.dataSource.register(BacklogDataSource)
+    snapshot = spark.read.format(SOURCE_NAME).options(**backlog_source_options(config)).load()
+    classified = classify_messages(snapshot, now=now, ttl_policy=config.restore.ttl_policy,
+                                   max_message_size_bytes=config.sink.max_message_size_bytes).persist()
+    try:
+        per_queue = {row["backlog_queue"]: row["count"] for row in classified.groupBy("backlog_queue").count().collect()}
+        destinations = [row[0] for row in classified.where("action = 'deliver'").select("destination").distinct().collect()]
+        checks = check_destinations(config.primary, destinations) if destinations else {}
+        planned = dry_run_plan.apply_destination_checks(
+            classified,
+            problems={d: dry_run_plan.DestinationProblem(c.failure.reason_code, c.failure.reason)
+                      for d, c in checks.items() if c.failure is not None and not c.failure.transient},
+            max_sizes={d: c.max_message_size for d, c in checks.items() if c.max_message_size})
+        dead_letters = dry_run_plan.dead_letter_plan(planned)
+        return DryRunReport(
+            per_destination=[row.asDict() for row in dry_run_plan.destination_summary(planned, now=now).collect()],
+            per_queue={queue: per_queue.get(queue, 0) for queue in _configured_queue_names(config)} | per_queue,
+            dead_letters=[row.asDict() for row in dead_letters.limit(dead_letter_limit).collect()],
+            dead_letter_total=dead_letters.count(),
+            unchecked={d: c.failure.reason for d, c in checks.items() if c.failure is not None and c.failure.transient})
+    finally:
+        classified.unpersist()
+
+
+def _configured_queue_names(config: SyphonConfig) -> list[str]:
+    return [backlog_queue_name(config.primary.namespace, i) for i in range(config.backlog.queue_count)]

@@ -1,19 +1,41 @@
-"""Crash and replay: SIGKILL the syphon at each fault point of the sink, restart it, lose nothing.
+"""Crash and replay: SIGKILL the syphon at every fault point of the sink in turn, restart it, lose nothing.
 
-Each case runs ``jobs/syphon.py`` as a subprocess (its own session, so the whole process tree,
-JVM included, can be killed at once) with ``SYPHON_FAULT_PAUSE_AT=<step>``; once the job reports
-that it parked at the step, it is killed with SIGKILL and run again, without the fault, on the
-same streaming checkpoint and Delta tables. The second run must drain the backlog (exit 0).
+One backlog (150 messages; ``run.max_messages_per_trigger`` 100 makes two micro-batches) and one
+streaming checkpoint go through a chain of runs of ``jobs/syphon.py``. Each run is a subprocess in
+its own session (so its whole process tree, JVM included, can be killed at once), started with
+``SYPHON_FAULT_PAUSE_AT=<step>``; once it reports that it parked at the step it is killed with
+SIGKILL, and the next run starts on the same checkpoint and Delta tables:
 
-Checked afterwards (design invariants 1 and 2):
+    run 1: before_send       -> SIGKILL    run 4: after_audit       -> SIGKILL
+    run 2: mid_send          -> SIGKILL    run 5: after_checkpoint  -> SIGKILL
+    run 3: after_send        -> SIGKILL    run 6: no fault: must drain the backlog (exit 0)
+
+Every kill lands in micro-batch 0 (checked on the query's offset and commit logs), since a
+restart first replays the batch that was planned but not committed, with the same offsets:
+- runs 1 to 4 find nothing recorded for it (the audit append is step 4), so each sends the batch
+  anew: run 1 parks before sending, run 2 once a task has sent something, runs 3 and 4 after all
+  of it was sent (run 4 then appends its audit rows);
+- run 5 finds the batch's outcomes in the audit table: it sends nothing, writes the checkpoint
+  table and parks; run 6 sends nothing of batch 0 either, purges it and delivers batch 1.
+The order matters: ``mid_send`` is only reached by a send, and nothing of batch 0 is sent any more
+once a run got past ``after_audit``; a later ``mid_send`` would have to wait for batch 1.
+
+A re-send is blamed on the kill before the run that made it: after every run the destination
+queues are drained, and a MessageId arriving again, or dropped by the broker's duplicate detection
+(``orders`` has it on, ``payments`` not), counts as a re-send by that run.
+
+Checked (design invariants 1 and 2):
 - every original MessageId reached its destination at least once, nothing was dead-lettered, the
   backlog queues are empty;
-- re-sent messages: none when the crash came before the send or after the audit append; at most
-  the killed batch's messages when it came between a send and its audit record, each with the
-  MessageId of its original (the ``orders`` queue has duplicate detection on, so the broker drops
-  its re-sends; ``payments`` has not, so its re-sends arrive and are counted);
+- re-sends, per kill: none after before_send, after_audit and after_checkpoint; at least one and
+  at most the killed batch after mid_send; the whole killed batch after after_send (every task
+  had sent); each re-send with the MessageId (and body) of its original;
 - the audit table holds exactly one ``delivered`` row per message, the checkpoint table's
-  delivered-through of each queue is the queue's highest sequence number.
+  delivered-through (and purged-through) of each queue is the queue's highest sequence number.
+The per-kill counts are printed (``-s`` shows them).
+
+Six Spark jobs in all, where a test per step used to cost two each; the jobs get JVM and Delta
+settings for short local runs (``JOB_SUBMIT_ARGS``), which change how fast, not what, they run.
 """
 
 from __future__ import annotations
@@ -24,6 +46,7 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 
 import pytest
 
@@ -32,37 +55,29 @@ from .conftest import PRIMARY, ROOT, SECONDARY
 MESSAGES = 150
 BATCH_LIMIT = 100  # run.max_messages_per_trigger: 150 messages make two micro-batches
 DESTINATIONS = ("orders", "payments")
-KILL_WAIT_SECONDS = 300  # bound for reaching the fault point (a busy 2-core machine needs ~3 min)
-RESTART_WAIT_SECONDS = 420  # bound for the restarted run to drain the backlog
+KILL_WAIT_SECONDS = 300  # bound for a run to reach its fault point (a busy 2-core machine: about 1 min)
+RESTART_WAIT_SECONDS = 420  # bound for the last run to drain the backlog
+SETTLE_SECONDS = 10  # bound for the broker's counters to stop moving after a kill
+# For the jobs this test starts (unless PYSPARK_SUBMIT_ARGS is set already): speed only, the same
+# code runs. Each job lives about a minute on 2 shared cores, where C2 compiler and parallel GC
+# threads cost more than they return; no Spark UI.
+JOB_SUBMIT_ARGS = ("--conf spark.ui.enabled=false "
+                   "--driver-java-options '-XX:TieredStopAtLevel=1 -XX:+UseSerialGC' pyspark-shell")
 
+# The chain, in an order where every step is reached in micro-batch 0 (see the module docstring).
+CHAIN = ["before_send", "mid_send", "after_send", "after_audit", "after_checkpoint"]
+KILLED_BATCH_ID = 0
 # Steps where a crash cannot re-send anything (the send has not happened, or it is recorded).
 NO_DUPLICATE_STEPS = {"before_send", "after_audit", "after_checkpoint"}
-ALL_STEPS = ["before_send", "mid_send", "after_send", "after_audit", "after_checkpoint"]
-# Each case costs two Spark job runs (about 3.5 min on a 2-core machine): every step of
-# foreachBatch is covered by default; SYPHON_CRASH_STEPS=<step>,<step> narrows it while developing.
-
-
-def _selected_steps() -> list[str]:
-    wanted = os.environ.get("SYPHON_CRASH_STEPS", "").strip()
-    if not wanted or wanted == "all":
-        return ALL_STEPS
-    steps = [step.strip() for step in wanted.split(",") if step.strip()]
-    unknown = sorted(set(steps) - set(ALL_STEPS))
-    if unknown:
-        raise ValueError(f"SYPHON_CRASH_STEPS: unknown steps {unknown}; known: {ALL_STEPS}")
-    return steps
-
-
-STEPS = _selected_steps()
 
 
 # --- helpers --------------------------------------------------------------------------------------
 
-def _backlog_messages(step: str):
+def _backlog_messages():
     from backlog_syphon.backlog_writer import OriginalMessage
 
-    return [OriginalMessage(DESTINATIONS[index % 2], f"crash {step} body {index}".encode() * 4,
-                            message_id=f"crash-{step}-{index:04d}", subject="crash-test",
+    return [OriginalMessage(DESTINATIONS[index % 2], f"crash body {index}".encode() * 4,
+                            message_id=f"crash-{index:04d}", subject="crash-test",
                             application_properties={"index": index})
             for index in range(MESSAGES)]
 
@@ -91,6 +106,7 @@ def _job_env(emulator, fault: dict[str, str] | None = None) -> dict[str, str]:
         "PYSPARK_PYTHON": sys.executable,
         "PYSPARK_DRIVER_PYTHON": sys.executable,
     })
+    env.setdefault("PYSPARK_SUBMIT_ARGS", JOB_SUBMIT_ARGS)
     env.update(fault or {})
     return env
 
@@ -178,56 +194,138 @@ def drain_destinations(emulator, destinations=DESTINATIONS) -> dict[str, list]:
     return received
 
 
-def _broker_dropped_duplicates(emulator, entity: str) -> int:
-    """Re-sends the emulator's duplicate detection dropped."""
-    return emulator.stats(PRIMARY)[entity]["duplicates"]
+def _send_counters(emulator) -> dict[str, tuple[int, int]]:
+    """Per destination: (messages stored, re-sends dropped by the broker's duplicate detection)."""
+    stats = emulator.stats(PRIMARY)
+    return {d: (stats[d]["in"], stats[d]["duplicates"]) for d in DESTINATIONS}
+
+
+def _settled_send_counters(emulator) -> dict[str, tuple[int, int]]:
+    """The send counters once they stop moving (a killed sender's last frames may still be read)."""
+    deadline = time.monotonic() + SETTLE_SECONDS
+    last = _send_counters(emulator)
+    while time.monotonic() < deadline:
+        time.sleep(0.5)
+        now = _send_counters(emulator)
+        if now == last:
+            return now
+        last = now
+    return last
+
+
+def _stream_log(location) -> tuple[set[int], set[int]]:
+    """Batch ids in the streaming checkpoint's offset log (planned) and commit log (finished)."""
+    def ids(kind: str) -> set[int]:
+        folder = location / kind
+        return {int(name) for name in os.listdir(folder) if name.isdigit()} if folder.is_dir() else set()
+
+    return ids("offsets"), ids("commits")
+
+
+@dataclass
+class Run:
+    """One run of the chain and what reached the destinations while it ran."""
+
+    fault: str | None
+    seconds: float
+    sent: int = 0  # sends the broker took: stored, or dropped as a duplicate
+    resent: int = 0  # of which re-sends of a MessageId sent before (arrived again or dropped)
+    arrived_again: int = 0
+    dropped: int = 0
+    killed_batch_id: int | None = None
+
+
+class Destinations:
+    """Drains the destinations after each run; checks every arrival against its original."""
+
+    def __init__(self, emulator, originals):
+        self.emulator = emulator
+        self.expected = {message.message_id: message for message in originals}
+        self.arrived: collections.Counter = collections.Counter()
+        self.counters = _send_counters(emulator)
+
+    def account(self, run: Run) -> None:
+        counters = _settled_send_counters(self.emulator)
+        received = drain_destinations(self.emulator)
+        stored = sum(counters[d][0] - self.counters[d][0] for d in DESTINATIONS)
+        run.dropped = sum(counters[d][1] - self.counters[d][1] for d in DESTINATIONS)
+        self.counters = counters
+        for destination, messages in received.items():
+            for message in messages:
+                assert message.message_id in self.expected, f"unexpected message {message.message_id} at {destination}"
+                original = self.expected[message.message_id]
+                assert destination == original.destination
+                assert b"".join(message.body) == original.body  # a re-send is the same message, not a new one
+                assert message.application_properties[b"index"] == original.application_properties["index"]
+                run.arrived_again += self.arrived[message.message_id] > 0
+                self.arrived[message.message_id] += 1
+        assert sum(len(messages) for messages in received.values()) == stored, "drained other than stored"
+        run.sent = stored + run.dropped
+        run.resent = run.arrived_again + run.dropped
+        where = f"fault={run.fault}, killed in batch {run.killed_batch_id}" if run.fault else "no fault, drained"
+        print(f"\n[crash-chain] run ({where}): sent={run.sent} re-sent={run.resent} "
+              f"(arrived again={run.arrived_again}, dropped by duplicate detection={run.dropped}) "
+              f"{run.seconds:.1f}s", flush=True)
 
 
 # --- the test -------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("step", STEPS)
-def test_crash_at_step_then_replay_loses_nothing(step, emulator, tmp_path, request):
+# Every wait below is bounded; this only keeps pytest's default per-test timeout out of their way.
+@pytest.mark.timeout(len(CHAIN) * (KILL_WAIT_SECONDS + 60) + RESTART_WAIT_SECONDS + 300)
+def test_crash_at_every_step_in_one_chain_loses_nothing(emulator, tmp_path, request):
     from backlog_syphon.backlog_writer import write_backlog
     from backlog_syphon.config import load_config
 
     started = time.monotonic()
     config = load_config(ROOT / "conf/local.yaml", environ=_job_env(emulator), overrides={})
-    originals = _backlog_messages(step)
+    originals = _backlog_messages()
     written = write_backlog(config.secondary, PRIMARY, originals, queue_count=10)
     assert sum(written.values()) == MESSAGES
     highest = _highest_sequence_numbers(emulator)
     assert set(highest) == set(written)
-
-    # Run 1: park at the fault point, then SIGKILL the whole job.
-    marker = tmp_path / "fault-marker"
+    destinations = Destinations(emulator, originals)
     command = _job_command(tmp_path)
-    log1 = tmp_path / "run1.log"
-    with open(log1, "wb") as out:
-        proc = subprocess.Popen(command, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-                                env=_job_env(emulator, {"SYPHON_FAULT_PAUSE_AT": step,
-                                                        "SYPHON_FAULT_MARKER": str(marker)}))
-    parked_pids: list[int] = []
-    try:
-        deadline = time.monotonic() + KILL_WAIT_SECONDS
-        while time.monotonic() < deadline and proc.poll() is None:
-            if marker.exists() and marker.read_text().strip():
-                break
-            time.sleep(0.2)
-        assert proc.poll() is None, f"job ended (rc={proc.returncode}) before reaching {step}:\n{_tail(log1)}"
-        assert marker.exists(), f"job did not reach {step} within {KILL_WAIT_SECONDS} s:\n{_tail(log1)}"
-        time.sleep(0.5)  # let other tasks of a mid_send batch get as far as they get
-        lines = marker.read_text().split()
-        assert lines[0] == step
-        parked_pids = [int(pid) for pid in lines[1::2]]
-    finally:
-        _kill_tree(proc, parked_pids)
-    crashed_at = time.monotonic()
-    sent_before_restart = {d: emulator.stats(PRIMARY)[d]["in"] + _broker_dropped_duplicates(emulator, d)
-                           for d in DESTINATIONS}
+    stream = tmp_path / "checkpoint-stream"
+    runs: list[Run] = []
 
-    # Run 2: no fault, same checkpoint and tables; an available-now run that must drain.
-    log2 = tmp_path / "run2.log"
-    with open(log2, "wb") as out:
+    # Runs 1-5: park at the chain's next fault point, SIGKILL the whole job, restart with the next.
+    for number, step in enumerate(CHAIN, start=1):
+        run_started = time.monotonic()
+        marker = tmp_path / f"fault-marker-{number}"
+        log = tmp_path / f"run{number}-{step}.log"
+        with open(log, "wb") as out:
+            proc = subprocess.Popen(command, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                                    env=_job_env(emulator, {"SYPHON_FAULT_PAUSE_AT": step,
+                                                            "SYPHON_FAULT_MARKER": str(marker)}))
+        parked_pids: list[int] = []
+        try:
+            deadline = time.monotonic() + KILL_WAIT_SECONDS
+            while time.monotonic() < deadline and proc.poll() is None:
+                if marker.exists() and marker.read_text().strip():
+                    break
+                time.sleep(0.2)
+            assert proc.poll() is None, \
+                f"run {number} ended (rc={proc.returncode}) before reaching {step}:\n{_tail(log)}"
+            assert marker.exists(), f"run {number} did not reach {step} within {KILL_WAIT_SECONDS} s:\n{_tail(log)}"
+            time.sleep(0.5)  # let other tasks of a mid_send batch get as far as they get
+            lines = marker.read_text().split()
+            assert lines[0] == step
+            parked_pids = [int(pid) for pid in lines[1::2]]
+        finally:
+            _kill_tree(proc, parked_pids)
+        run = Run(step, time.monotonic() - run_started)
+        planned, committed = _stream_log(stream)
+        uncommitted = planned - committed
+        assert len(uncommitted) == 1, f"run {number} ({step}): planned {planned}, committed {committed}"
+        run.killed_batch_id = uncommitted.pop()
+        assert run.killed_batch_id == KILLED_BATCH_ID, f"{step} was reached in batch {run.killed_batch_id}"
+        destinations.account(run)
+        runs.append(run)
+
+    # Run 6: no fault, same checkpoint and tables; an available-now run that must drain.
+    run_started = time.monotonic()
+    log = tmp_path / f"run{len(CHAIN) + 1}-drain.log"
+    with open(log, "wb") as out:
         proc = subprocess.Popen(command, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
                                 env=_job_env(emulator))
     try:
@@ -237,65 +335,62 @@ def test_crash_at_step_then_replay_loses_nothing(step, emulator, tmp_path, reque
     finally:
         if proc.poll() is None:
             _kill_tree(proc)
-    assert rc == 0, f"restarted run did not drain (rc={rc}):\n{_tail(log2)}"
-    restarted_for = time.monotonic() - crashed_at
+    assert rc == 0, f"last run did not drain (rc={rc}):\n{_tail(log)}"
+    final = Run(None, time.monotonic() - run_started)
+    destinations.account(final)
+    runs.append(final)
+    planned, committed = _stream_log(stream)
+    assert planned == committed == {0, 1}, f"planned {planned}, committed {committed}"
 
-    # Destinations: every message at least once; re-sends only where the step allows, same id.
-    stats = emulator.stats(PRIMARY)
-    dropped = {d: _broker_dropped_duplicates(emulator, d) for d in DESTINATIONS}
-    received = drain_destinations(emulator)
-    expected = {m.message_id: m for m in originals}
-    arrived = collections.Counter()
-    for destination, messages in received.items():
-        for message in messages:
-            assert message.message_id in expected, f"unexpected message {message.message_id} at {destination}"
-            original = expected[message.message_id]
-            assert destination == original.destination
-            assert b"".join(message.body) == original.body  # a re-send is the same message, not a new one
-            assert message.application_properties[b"index"] == original.application_properties["index"]
-            arrived[message.message_id] += 1
-    missing = sorted(set(expected) - set(arrived))
-    assert not missing, f"lost after a crash at {step}: {missing[:10]} ({len(missing)} in all)"
-    arrived_duplicates = sum(count - 1 for count in arrived.values())
-    broker_dropped = sum(dropped.values())
-    resent = arrived_duplicates + broker_dropped
-    total_sends = sum(stats[d]["in"] for d in DESTINATIONS) + broker_dropped
-    assert total_sends == MESSAGES + resent
+    # Re-sends per kill: those of the run after it.
+    resent_after = {step: runs[index + 1].resent for index, step in enumerate(CHAIN)}
+    print(f"\n[crash-chain] re-sends per kill: {resent_after}; total {time.monotonic() - started:.1f}s", flush=True)
+
+    # Destinations: every message at least once.
+    missing = sorted(set(destinations.expected) - set(destinations.arrived))
+    assert not missing, f"lost after the crash chain: {missing[:10]} ({len(missing)} in all)"
+    assert sum(run.sent for run in runs) == MESSAGES + sum(run.resent for run in runs)
 
     # Backlog: empty, nothing dead-lettered.
     backlog = emulator.stats(SECONDARY)
     for queue in highest:
         assert backlog[queue]["total"] == 0, f"{queue} still holds {backlog[queue]['total']} messages"
     assert sum(entry.get("dead_letter_count", 0) for entry in backlog.values()) == 0
+    stats = emulator.stats(PRIMARY)
     for destination in DESTINATIONS:
         assert stats[destination].get("dead_letter_count", 0) == 0
 
     # Tables: one delivered row per message; delivered-through = highest sequence number.
     spark = request.getfixturevalue("spark")
     audit = [row.asDict() for row in spark.read.format("delta").load(str(tmp_path / "audit")).collect()]
-    assert collections.Counter(row["outcome"] for row in audit) == {"delivered": MESSAGES}
-    per_id = collections.Counter(row["message_id"] for row in audit)
-    assert set(per_id) == set(expected) and set(per_id.values()) == {1}, "duplicate or missing audit rows"
-    assert len({(row["backlog_queue"], row["sequence_number"]) for row in audit}) == MESSAGES
     checkpoint = {row["backlog_queue"]: row.asDict()
                   for row in spark.read.format("delta").load(str(tmp_path / "checkpoint")).collect()}
+    assert collections.Counter(row["outcome"] for row in audit) == {"delivered": MESSAGES}
+    per_id = collections.Counter(row["message_id"] for row in audit)
+    assert set(per_id) == set(destinations.expected) and set(per_id.values()) == {1}, "duplicate or missing audit rows"
+    assert len({(row["backlog_queue"], row["sequence_number"]) for row in audit}) == MESSAGES
     assert {queue: row["delivered_through"] for queue, row in checkpoint.items()} == highest
     assert {queue: row["purged_through"] for queue, row in checkpoint.items()} == highest
     assert {queue: row["delivered_count"] for queue, row in checkpoint.items()} == written
 
-    # The killed batch: batch 0, replayed with the same id and offsets after the restart.
-    killed_batch = sum(1 for row in audit if row["batch_id"] == 0)
-    assert 0 < killed_batch <= MESSAGES
-    if step in NO_DUPLICATE_STEPS:
-        assert resent == 0, f"{resent} messages re-sent after a crash at {step}"
-    else:
-        assert resent <= killed_batch, f"{resent} re-sent, more than the killed batch ({killed_batch})"
-        # A crash at after_send comes after every task of the batch has sent: all of it is re-sent.
-        if step == "after_send":
-            assert resent == killed_batch
+    # Re-sends per kill. The killed batch is batch 0 every time.
+    killed_batch = sum(1 for row in audit if row["batch_id"] == KILLED_BATCH_ID)
+    print(f"[crash-chain] killed batch {KILLED_BATCH_ID}: {killed_batch} messages, "
+          f"batch 1: {MESSAGES - killed_batch}", flush=True)
+    assert 0 < killed_batch < MESSAGES
+    assert runs[0].resent == 0  # nothing was sent before the first run
+
+    for step, resent in resent_after.items():
+        if step in NO_DUPLICATE_STEPS:
+            assert resent == 0, f"{resent} messages re-sent after a crash at {step}"
         else:
-            assert resent >= 1
-    print(f"\n[crash-replay] step={step} killed_batch={killed_batch} resent={resent} "
-          f"(arrived twice={arrived_duplicates}, dropped by duplicate detection={broker_dropped}) "
-          f"sent_before_kill={sum(sent_before_restart.values())} until_kill={crashed_at - started:.1f}s "
-          f"restart={restarted_for:.1f}s total={time.monotonic() - started:.1f}s")
+            assert 1 <= resent <= killed_batch, f"{resent} re-sent after {step}; killed batch: {killed_batch}"
+    # A crash at after_send comes after every task of the batch has sent: all of it is re-sent.
+    assert resent_after["after_send"] == killed_batch
+
+    # Where each run got to (see the module docstring): what it sent says so.
+    sent = {run.fault or "drain": run.sent for run in runs}
+    assert sent["before_send"] == 0
+    assert sent["after_send"] == sent["after_audit"] == killed_batch  # nothing recorded: all sent again
+    assert sent["after_checkpoint"] == 0  # batch 0 recorded by the run before: nothing sent
+    assert sent["drain"] == MESSAGES - killed_batch  # batch 1 only

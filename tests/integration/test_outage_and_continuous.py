@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import collections
+import json
 import time
 
 from backlog_syphon.backlog_writer import OriginalMessage, write_backlog
@@ -48,10 +49,9 @@ def _wait_for(condition, timeout: float, interval: float = 0.25) -> bool:
     return condition()
 
 
-def _stop(query) -> None:
-    if query.isActive:
-        query.stop()
-    query.awaitTermination(60)
+def _stop(run, spark) -> None:
+    run.finish(spark)
+    assert not run.query.isActive
 
 
 def _assert_exactly_once(emulator, originals) -> None:
@@ -82,7 +82,8 @@ def test_primary_outage_waits_then_delivers_exactly_once(spark, emulator, tmp_pa
 
     emulator.set_unavailable(PRIMARY, mode="server-busy")
     started = time.monotonic()
-    query, _ = start_syphon(spark, config)
+    run = start_syphon(spark, config)
+    query = run.query
     try:
         # The batch has read its window once every message was peeked; give its sends 10 s to fail.
         assert _wait_for(lambda: _backlog_totals(emulator)[2] >= 60 or not query.isActive, 180), \
@@ -105,7 +106,7 @@ def test_primary_outage_waits_then_delivers_exactly_once(spark, emulator, tmp_pa
         assert query.isActive, f"query failed: {query.exception()}"
     finally:
         emulator.set_available(PRIMARY)
-        _stop(query)
+        _stop(run, spark)
     assert _backlog_totals(emulator)[:2] == (0, 0)
     _assert_exactly_once(emulator, originals)
     audit = spark.read.format("delta").load(str(tmp_path / "audit"))
@@ -122,7 +123,8 @@ def test_continuous_trigger_delivers_new_messages_promptly(spark, emulator, tmp_
     # idle_probe_max_seconds=1: every trigger probes every queue; with the default (120 s) an idle
     # queue is probed ever more rarely (by design, to save operations) and the latency grows with it.
     config = make_config(emulator, tmp_path, **{"run.trigger": "3 seconds", "run.idle_probe_max_seconds": 1})
-    query, _ = start_syphon(spark, config)
+    run = start_syphon(spark, config)
+    query = run.query
     try:
         # Let the query start and run a few idle triggers on the empty backlog.
         assert _wait_for(lambda: len(query.recentProgress) >= 2 or not query.isActive, 180), "query never triggered"
@@ -142,9 +144,18 @@ def test_continuous_trigger_delivers_new_messages_promptly(spark, emulator, tmp_
         batches = [p for p in query.recentProgress if p["numInputRows"] > 0]
         batch_seconds = sum(p["durationMs"]["triggerExecution"] for p in batches) / 1000
         assert query.isActive, f"query failed: {query.exception()}"
+        # The source reports each queue's tail as its latest offset: nothing is left behind it.
+        last_source = query.lastProgress["sources"][0]
+        assert set(json.loads(last_source["latestOffset"])) == set(json.loads(last_source["endOffset"]))
     finally:
-        _stop(query)
+        _stop(run, spark)
     _assert_exactly_once(emulator, originals)
+    # The progress listener saw the same batches: one point each, with the sink's counts.
+    points = [p for p in run.listener.points if p.stats is not None]
+    assert sum(p.stats.delivered for p in points) == 20
+    assert all(p.stats.dead_lettered == 0 and p.stats.skipped == 0 for p in points)
+    assert run.listener.points[-1].remaining_total == 0
+    assert all(p.stats.oldest_enqueued is not None for p in points)
     bound = 2 * interval + batch_seconds
     print(f"\n[continuous] latency={latency:.1f}s batches_with_data={len(batches)} "
           f"batch_duration={batch_seconds:.1f}s bound={bound:.1f}s")

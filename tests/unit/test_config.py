@@ -166,3 +166,16 @@ def test_shipped_configs_load(tmp_path):
     assert local.primary.namespace == "contoso"
     azure = load_config(root / "conf/example-azure.yaml", environ={}, secret_reader=lambda scope, key: SECRET)
     assert azure.storage.audit_table == "main.syphon.audit"
+
+
+def test_connection_string_overrides_can_be_references(tmp_path):
+    environ = {**ENV, "OTHER_CS": SECRET.replace("5672", "6000")}
+    config = load_config(write(tmp_path, BASE), environ=environ,
+                         overrides={"primary.connection_string": "env:OTHER_CS",
+                                    "secondary.connection_string": "secret:syphon/secondary"},
+                         secret_reader=lambda scope, key: SECRET if (scope, key) == ("syphon", "secondary") else "")
+    assert config.primary.connection_string.reveal() == environ["OTHER_CS"]
+    assert config.primary.connection_string.source == "env OTHER_CS"
+    assert config.secondary.connection_string.source == "secret syphon/secondary"
+    literal = load_config(write(tmp_path, BASE), environ=ENV, overrides={"primary.connection_string": SECRET})
+    assert literal.primary.connection_string.reveal() == SECRET  # a real connection string stays a literal

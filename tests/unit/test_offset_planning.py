@@ -50,7 +50,8 @@ def test_tail_end_covers_everything(messages):
 
 
 def test_share_budget_gives_every_active_queue_a_share():
-    assert share_budget(1000, ["a", "b", "c"]) == {"a": 334, "b": 334, "c": 334}
+    assert share_budget(1000, ["a", "b", "c"]) == {"a": 334, "b": 333, "c": 333}  # never more than the budget
+    assert share_budget(100, ["a", "b", "c"]) == {"a": 34, "b": 33, "c": 33}
     assert share_budget(2, ["a", "b", "c"]) == {"a": 1, "b": 1, "c": 1}
     assert share_budget(10, []) == {}
 

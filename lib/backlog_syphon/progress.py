@@ -1,0 +1,138 @@
+"""Watching a run: one progress line per micro-batch, and the history behind the notebook's chart.
+
+``SyphonProgressListener`` is a ``StreamingQueryListener``: for each batch of the syphon's query
+it joins Spark's progress (the source's end and latest offsets, so the backlog still behind each
+queue, like Kafka's ``*OffsetsBehindLatest``) with what the sink counted (``DeliverySink.batch_stats``)
+and logs one line. ``follow_progress`` replays those lines from the caller's thread until the
+query ends, which is how finite command-line runs and notebooks show them.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import logging
+import threading
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+from pyspark.sql.streaming import StreamingQueryListener
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class BatchStats:
+    """What the sink did with one micro-batch (filled on the driver by ``DeliverySink``)."""
+
+    delivered: int
+    dead_lettered: int
+    skipped: int
+    replayed: int  # outcomes recorded by an earlier, interrupted attempt of this batch
+    send_seconds: float
+    oldest_enqueued: dt.datetime | None  # oldest backlog enqueue time among the batch's messages
+
+
+@dataclass(frozen=True)
+class ProgressPoint:
+    batch_id: int
+    at: dt.datetime
+    stats: BatchStats | None  # None: the batch had no messages
+    remaining: dict[str, int]  # backlog queue -> sequence numbers behind its tail
+
+    @property
+    def remaining_total(self) -> int:
+        return sum(self.remaining.values())
+
+
+def behind_latest(end_offset: str | None, latest_offset: str | None) -> dict[str, int]:
+    """Per queue, how many sequence numbers lie between the batch's end and the queue's tail.
+
+    An upper bound on the messages left (sequence numbers of removed messages count too); zero
+    when the source has not reported a tail (Spark before 4.2).
+    """
+    end, latest = _offsets(end_offset), _offsets(latest_offset)
+    return {queue: max(0, int(latest.get(queue, position)) - int(position)) for queue, position in sorted(end.items())}
+
+
+def _offsets(text: str | None) -> dict:
+    """A source offset as Spark reports it: JSON of {queue: sequence number}, or null/absent."""
+    try:
+        parsed = json.loads(text) if text else None
+    except ValueError:
+        return {}
+    return parsed if isinstance(parsed, dict) else {}
+
+
+def progress_line(point: ProgressPoint) -> str:
+    remaining = ", ".join(f"{queue.rsplit('/', 1)[-1]}:{count}" for queue, count in point.remaining.items() if count)
+    stats = point.stats
+    if stats is None:
+        return f"batch {point.batch_id}: idle; remaining {point.remaining_total}"
+    age = "-" if stats.oldest_enqueued is None else f"{(point.at - stats.oldest_enqueued).total_seconds():.0f}s"
+    rate = stats.delivered / stats.send_seconds if stats.send_seconds > 0 else 0.0
+    return (f"batch {point.batch_id}: delivered {stats.delivered}, dead-lettered {stats.dead_lettered}, "
+            f"skipped {stats.skipped}, replayed {stats.replayed}; oldest message age {age}; "
+            f"send rate {rate:.0f} msg/s; remaining {point.remaining_total}"
+            + (f" ({remaining})" if remaining else ""))
+
+
+class SyphonProgressListener(StreamingQueryListener):
+    """Logs one line per batch of one query and keeps the history (``points``)."""
+
+    def __init__(self, batch_stats: dict[int, BatchStats], *, query_name: str, log_lines: bool = True,
+                 clock: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.timezone.utc)):
+        self.batch_stats = batch_stats  # the sink's dict, shared: both live in the driver process
+        self.query_name = query_name
+        self.log_lines = log_lines  # off when follow_progress shows the lines instead
+        self.clock = clock
+        self.points: list[ProgressPoint] = []
+        self.terminated = threading.Event()
+        self._lock = threading.Lock()
+
+    def onQueryStarted(self, event) -> None:
+        pass
+
+    def onQueryProgress(self, event) -> None:
+        progress = event.progress
+        if progress.name != self.query_name or not progress.sources:
+            return
+        try:
+            source = progress.sources[0]
+            point = ProgressPoint(progress.batchId, self.clock(), self.batch_stats.pop(progress.batchId, None),
+                                  behind_latest(source.endOffset, source.latestOffset))
+        except Exception:  # noqa: BLE001 - watching a run must never disturb it
+            logger.warning("progress of batch %s not reported", progress.batchId, exc_info=True)
+            return
+        with self._lock:
+            self.points.append(point)
+        if self.log_lines:
+            logger.info("%s", progress_line(point))
+
+    def onQueryIdle(self, event) -> None:
+        pass
+
+    def onQueryTerminated(self, event) -> None:
+        self.terminated.set()
+
+    def points_since(self, index: int) -> list[ProgressPoint]:
+        with self._lock:
+            return self.points[index:]
+
+
+def follow_progress(query, listener: SyphonProgressListener, emit: Callable[[str], None] = print,
+                    poll_seconds: float = 1.0, timeout_seconds: float | None = None) -> None:
+    """Emit each batch's line from this thread until the query ends (or the timeout passes)."""
+    shown = 0
+    deadline = None if timeout_seconds is None else time.monotonic() + timeout_seconds
+    while True:
+        finished = not query.isActive or (deadline is not None and time.monotonic() >= deadline)
+        if finished:
+            time.sleep(min(poll_seconds, 1.0))  # the last batch's progress event may still be on its way
+        for point in listener.points_since(shown):
+            emit(progress_line(point))
+            shown += 1
+        if finished:
+            return
+        query.awaitTermination(poll_seconds)

@@ -1,0 +1,124 @@
+# Databricks notebook source
+# MAGIC %md
+# MAGIC # Replay a paired-namespace backlog
+# MAGIC
+# MAGIC Drains the `<primary>/x-servicebus-transfer/<N>` backlog queues of the secondary namespace back to
+# MAGIC their destinations in the primary namespace, once (`available_now`), with the syphon library.
+# MAGIC
+# MAGIC 1. Set the widgets: the config file, and optionally the namespace pair (connection strings as
+# MAGIC    `secret:<scope>/<key>` or `env:<VAR>` references, never pasted).
+# MAGIC 2. Run all: the **dry run** shows what would move and what would be dead-lettered. Nothing moves
+# MAGIC    while `replay` is `no`.
+# MAGIC 3. Set `replay` to `yes` and run all again: progress shows one line per micro-batch, then a summary,
+# MAGIC    the audit report and charts.
+# MAGIC
+# MAGIC Outside Databricks the widgets take their defaults (or `SYPHON_WIDGET_<NAME>` variables):
+# MAGIC `python notebooks/replay_backlog.py` from the repository root.
+
+# COMMAND ----------
+
+# The library: installed as the wheel on a cluster, or taken from this repository's lib/ folder.
+import importlib.util
+import os
+import sys
+
+if importlib.util.find_spec("backlog_syphon") is None:
+    for candidate in ("lib", os.path.join("..", "lib")):
+        if os.path.isdir(os.path.join(candidate, "backlog_syphon")):
+            sys.path.insert(0, os.path.abspath(candidate))
+            break
+
+from backlog_syphon import audit_reports, delta_tables
+from backlog_syphon.config import load_config
+from backlog_syphon.notebook_support import Widget, find_repo_file, show, stop_here, widget_values
+from backlog_syphon.spark_session import build_spark_session
+from backlog_syphon.syphon import dry_run, run_syphon
+
+try:
+    notebook_display = display  # noqa: F821 - provided by Databricks notebooks
+except NameError:
+    notebook_display = None
+
+# COMMAND ----------
+
+params = widget_values([
+    Widget("config", "conf/local.yaml", "Config file (repository path)"),
+    Widget("primary_namespace", "", "Primary namespace name (blank: from config)"),
+    Widget("primary_connection", "", "Primary connection (secret:scope/key or env:VAR; blank: config)"),
+    Widget("secondary_connection", "", "Secondary connection (secret:scope/key or env:VAR; blank: config)"),
+    Widget("max_messages_per_trigger", "", "Messages per micro-batch (blank: config)"),
+    Widget("ttl_policy", "config", "TTL policy", ("config", "remaining", "restart")),
+    Widget("replay", "no", "Replay after the dry run", ("no", "yes")),
+])
+overrides = {"run.trigger": "available_now"}
+for widget, key in [("primary_namespace", "primary.namespace"), ("primary_connection", "primary.connection_string"),
+                    ("secondary_connection", "secondary.connection_string"),
+                    ("max_messages_per_trigger", "run.max_messages_per_trigger")]:
+    if params[widget].strip():
+        overrides[key] = params[widget].strip()
+if params["ttl_policy"] != "config":
+    overrides["restore.ttl_policy"] = params["ttl_policy"]
+config = load_config(find_repo_file(params["config"]), overrides=overrides)
+spark = build_spark_session("backlog-syphon-replay")
+print(f"primary namespace {config.primary.namespace}; {config.backlog.queue_count} backlog queues; "
+      f"audit table {config.storage.audit_table}")
+
+# COMMAND ----------
+
+# MAGIC %md
+# MAGIC ## Dry run: what would move
+# MAGIC Peeks every backlog queue and attaches (without sending) to every destination. Nothing changes.
+
+# COMMAND ----------
+
+plan = dry_run(spark, config)
+print("\n".join(plan.lines()))
+if plan.per_destination:
+    show(spark.createDataFrame(plan.per_destination), notebook_display)
+
+# COMMAND ----------
+
+if params["replay"] != "yes":
+    stop_here("dry run only: set the 'replay' widget to 'yes' and run again to move these messages")
+
+# COMMAND ----------
+
+# MAGIC %md
+# MAGIC ## Replay
+# MAGIC One progress line per micro-batch: delivered, dead-lettered, skipped, the oldest message's age,
+# MAGIC the send rate and what remains behind each backlog queue.
+
+# COMMAND ----------
+
+summary = run_syphon(spark, config, on_progress=print)
+print("\n".join(summary.lines()))
+
+# COMMAND ----------
+
+# MAGIC %md
+# MAGIC ## What moved (from the audit table)
+
+# COMMAND ----------
+
+audit = delta_tables.read_table(spark, config.storage.audit_table)
+show(audit_reports.audit_summary(audit, run_id=summary.run_id), notebook_display)
+show(audit_reports.dead_letter_reasons(audit, run_id=summary.run_id), notebook_display)
+
+# COMMAND ----------
+
+# MAGIC %md
+# MAGIC ## Messages moved over time, and backlog remaining after each micro-batch
+
+# COMMAND ----------
+
+moved = audit_reports.moved_over_time(audit, run_id=summary.run_id, bucket="10 seconds")
+remaining = [(f"batch {point.batch_id}", point.remaining_total) for point in summary.progress]
+if notebook_display is not None:
+    notebook_display(moved)  # choose the line chart in the cell's visualisations
+    notebook_display(spark.createDataFrame(remaining or [("none", 0)], "batch string, remaining long"))
+else:
+    print("messages moved per 10 seconds")
+    print("\n".join(audit_reports.text_chart([(f"{row['bucket_start']:%H:%M:%S}", row["moved"])
+                                               for row in moved.collect()])))
+    print("backlog remaining after each micro-batch")
+    print("\n".join(audit_reports.text_chart(remaining)))
