@@ -7,6 +7,7 @@ import os
 import re
 import runpy
 import subprocess
+import time
 
 import pytest
 from azure.servicebus import ServiceBusClient
@@ -145,3 +146,36 @@ def test_wheel_entry_point_exits_with_the_cli_code(tmp_path):
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 2
     assert "unknown key 'run.tigger'" in result.stderr and "known keys in 'run'" in result.stderr
+
+
+def test_readme_walkthrough_from_setup_to_dry_run_and_replay(tmp_path):
+    """A new user's path, exactly as the README gives it: emulator, backlog, dry run, replay."""
+    shell_env = {k: v for k, v in os.environ.items()
+                 if k not in ("PYTHONPATH", "PYSPARK_PYTHON", "PYSPARK_DRIVER_PYTHON", "SPARK_HOME")}
+    shell_env.update({
+        "SB_EMULATOR_PORT_OFFSET": str(20000 + os.getpid() % 10000),  # clear of a `make emulator` on 5672
+        "JDK_JAVA_OPTIONS": "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC",  # speed only, as above
+        "SYPHON__STORAGE__AUDIT_TABLE": str(tmp_path / "audit"),  # keep the repository's var/ as it is
+        "SYPHON__STORAGE__CHECKPOINT_TABLE": str(tmp_path / "checkpoint"),
+        "SYPHON__STORAGE__CHECKPOINT_LOCATION": str(tmp_path / "checkpoint-stream"),
+    })
+    result = subprocess.run(["bash", "-euo", "pipefail", "-c", readme_block("walkthrough")], cwd=ROOT,
+                            env=shell_env, capture_output=True, text=True, timeout=900)
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, f"exit {result.returncode}\n{output[-6000:]}"
+
+    assert re.search(r"^total: 300$", result.stdout, re.M), "the backlog writer did not write 300 messages"
+    start = result.stdout.index("dry run: nothing was sent")
+    plan = result.stdout[start:result.stdout.index("  backlog queues:", start)]
+    assert "  backlog queues: 300 messages" in result.stdout[start:]
+    rows = [line.split() for line in plan.splitlines()[2:] if re.match(r"  [\w-]+ +\d+ ", line)]
+    assert sum(int(row[6]) for row in rows) == 300, plan  # the "deliver" column
+    progress = [line for line in output.splitlines() if re.match(r"batch \d+: delivered \d+", line)]
+    assert sum(int(re.search(r"delivered (\d+)", line).group(1)) for line in progress) == 300
+    assert "remaining 0" in progress[-1]
+    remaining = re.findall(r"^  contoso/x-servicebus-transfer/\d+ +(\d+)$", result.stdout, re.M)
+    assert len(remaining) == 10 and set(remaining) == {"0"}
+    deadline = time.monotonic() + 15
+    while (ROOT / "var/emulator.json").exists() and time.monotonic() < deadline:
+        time.sleep(0.2)  # the trap's SIGTERM has been sent; the emulator removes its file on exit
+    assert not (ROOT / "var/emulator.json").exists(), "the emulator did not stop (its ready file remains)"
