@@ -12,6 +12,9 @@
 # MAGIC 3. Set `replay` to `yes` and run all again: progress shows one line per micro-batch, then a summary,
 # MAGIC    the audit report and charts.
 # MAGIC
+# MAGIC With `conf/databricks.yaml` the notebook uses the same tables and streaming checkpoint as the bundle's
+# MAGIC jobs: pause their schedule (or let the running one finish) before replaying from here.
+# MAGIC
 # MAGIC Outside Databricks the widgets take their defaults (or `SYPHON_WIDGET_<NAME>` variables):
 # MAGIC `python notebooks/replay_backlog.py` from the repository root.
 
@@ -30,7 +33,8 @@ if importlib.util.find_spec("backlog_syphon") is None:
 
 from backlog_syphon import audit_reports, delta_tables
 from backlog_syphon.config import load_config
-from backlog_syphon.notebook_support import Widget, find_repo_file, show, stop_here, widget_values
+from backlog_syphon.notebook_support import (Widget, default_config_path, find_repo_file, show, stop_here,
+                                             widget_values)
 from backlog_syphon.spark_session import build_spark_session
 from backlog_syphon.syphon import dry_run, run_syphon
 
@@ -42,7 +46,7 @@ except NameError:
 # COMMAND ----------
 
 params = widget_values([
-    Widget("config", "conf/local.yaml", "Config file (repository path)"),
+    Widget("config", default_config_path(), "Config file (repository path)"),
     Widget("primary_namespace", "", "Primary namespace name (blank: from config)"),
     Widget("primary_connection", "", "Primary connection (secret:scope/key or env:VAR; blank: config)"),
     Widget("secondary_connection", "", "Secondary connection (secret:scope/key or env:VAR; blank: config)"),

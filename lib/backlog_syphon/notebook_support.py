@@ -8,6 +8,7 @@ the library.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import sys
 from dataclasses import dataclass
@@ -29,6 +30,12 @@ def _dbutils():
     except ImportError:
         return None
     return DBUtils(SparkSession.getActiveSession())
+
+
+def default_config_path() -> str:
+    """The configuration a notebook starts from: secret-scope references on Databricks, else the emulator's."""
+    on_databricks = importlib.util.find_spec("pyspark.dbutils") is not None
+    return "conf/databricks.yaml" if on_databricks else "conf/local.yaml"
 
 
 def widget_values(widgets: list[Widget]) -> dict[str, str]:
