@@ -83,9 +83,9 @@ def received_by_destinations(emu) -> int:
 
 
 def backlog_queues(config) -> list[str]:
-    from backlog_syphon.legacy_properties import backlog_queue_name
+    from backlog_syphon.legacy_properties import backlog_queue_names
 
-    return [backlog_queue_name(config.primary.namespace, i) for i in range(config.backlog.queue_count)]
+    return backlog_queue_names(config.primary.namespace, config.backlog.queue_count)
 
 
 def backlog_left(emu, config) -> dict[str, tuple[int, int]]:

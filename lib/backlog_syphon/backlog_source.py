@@ -30,7 +30,7 @@ from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceStrea
 from backlog_syphon import offset_planning
 from backlog_syphon.backlog_rows import BACKLOG_ROW_SCHEMA
 from backlog_syphon.config import NamespaceConfig, Secret, SyphonConfig
-from backlog_syphon.legacy_properties import backlog_queue_name
+from backlog_syphon.legacy_properties import backlog_queue_names
 
 try:  # Spark 4.2+: read limits and Trigger.AvailableNow for Python sources (SPARK-55304)
     from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows, SupportsTriggerAvailableNow
@@ -98,7 +98,7 @@ def _namespace_from_options(options) -> NamespaceConfig:
 
 
 def _configured_queues(options) -> list[str]:
-    return [backlog_queue_name(options["primaryNamespace"], i) for i in range(int(options.get("queueCount", "10")))]
+    return backlog_queue_names(options["primaryNamespace"], int(options.get("queueCount", "10")))
 
 
 def read_window(namespace: NamespaceConfig, window: BacklogWindow):
@@ -156,7 +156,6 @@ class BacklogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._tails: dict[str, int] = {}  # queue -> end of what was in it when last probed
         self._client = None
         self._receivers: dict = {}
-        self.probe_count = 0  # broker operations made by offset planning (for metrics)
 
     # Clients and receivers are per process: never pickle them into executors.
     def __getstate__(self):
@@ -254,8 +253,4 @@ class BacklogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             self._receivers[queue] = self._client.get_queue_receiver(queue)
         receiver = self._receivers[queue]
 
-        def probe(sequence_number: int):
-            self.probe_count += 1
-            return first_sequence_number_from(receiver, sequence_number)
-
-        return probe
+        return lambda sequence_number: first_sequence_number_from(receiver, sequence_number)

@@ -136,6 +136,11 @@ def backlog_queue_name(primary_namespace: str, index: int) -> str:
     return f"{primary_namespace}/{BACKLOG_QUEUE_SEGMENT}/{index}"
 
 
+def backlog_queue_names(primary_namespace: str, queue_count: int) -> list[str]:
+    """The backlog queues ``0..queue_count-1`` of a primary namespace (the senders' BacklogQueueCount)."""
+    return [backlog_queue_name(primary_namespace, index) for index in range(queue_count)]
+
+
 def backlog_queue_index(name: str) -> int | None:
     """The index of a backlog queue name, or None if ``name`` is not one (leading zeros are not)."""
     match = _BACKLOG_QUEUE_NAME.fullmatch(name)

@@ -10,15 +10,16 @@ from dataclasses import dataclass
 from typing import Callable
 
 from pyspark.sql import SparkSession
+from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 
 from backlog_syphon import delivery_plan, delta_tables, dry_run_plan
 from backlog_syphon.backlog_source import SOURCE_NAME, BacklogDataSource, backlog_source_options
 from backlog_syphon.config import SyphonConfig, trigger_options
 from backlog_syphon.delivery_sink import DeliverySink
-from backlog_syphon.legacy_properties import backlog_queue_name
+from backlog_syphon.legacy_properties import backlog_queue_names
 from backlog_syphon.progress import ProgressPoint, SyphonProgressListener, follow_progress
-from backlog_syphon.restore_rules import classify_messages
+from backlog_syphon.restore_rules import Action, classify_messages
 
 logger = logging.getLogger(__name__)
 
@@ -122,7 +123,8 @@ def summarise_run(config: SyphonConfig, sink: DeliverySink, progress=()) -> RunS
     from backlog_syphon.servicebus_io import peek_counts
 
     return RunSummary(run_id=sink.run_id, per_destination=delivery_plan.summarise(sink.totals),
-                      remaining=peek_counts(config.secondary, _configured_queue_names(config)),
+                      remaining=peek_counts(config.secondary, backlog_queue_names(config.primary.namespace,
+                                                                                    config.backlog.queue_count)),
                       progress=tuple(progress))
 
 
@@ -179,7 +181,8 @@ def dry_run(spark: SparkSession, config: SyphonConfig, *, now: dt.datetime | Non
                                    max_message_size_bytes=config.sink.max_message_size_bytes).persist()
     try:
         per_queue = {row["backlog_queue"]: row["count"] for row in classified.groupBy("backlog_queue").count().collect()}
-        destinations = [row[0] for row in classified.where("action = 'deliver'").select("destination").distinct().collect()]
+        deliverable = classified.where(F.col("action") == Action.DELIVER)
+        destinations = [row[0] for row in deliverable.select("destination").distinct().collect()]
         checks = check_destinations(config.primary, destinations) if destinations else {}
         planned = dry_run_plan.apply_destination_checks(
             classified,
@@ -189,13 +192,10 @@ def dry_run(spark: SparkSession, config: SyphonConfig, *, now: dt.datetime | Non
         dead_letters = dry_run_plan.dead_letter_plan(planned)
         return DryRunReport(
             per_destination=[row.asDict() for row in dry_run_plan.destination_summary(planned, now=now).collect()],
-            per_queue={queue: per_queue.get(queue, 0) for queue in _configured_queue_names(config)} | per_queue,
+            per_queue=dict.fromkeys(backlog_queue_names(config.primary.namespace, config.backlog.queue_count), 0)
+            | per_queue,
             dead_letters=[row.asDict() for row in dead_letters.limit(dead_letter_limit).collect()],
             dead_letter_total=dead_letters.count(),
             unchecked={d: c.failure.reason for d, c in checks.items() if c.failure is not None and c.failure.transient})
     finally:
         classified.unpersist()
-
-
-def _configured_queue_names(config: SyphonConfig) -> list[str]:
-    return [backlog_queue_name(config.primary.namespace, i) for i in range(config.backlog.queue_count)]

@@ -17,6 +17,7 @@ from backlog_syphon.legacy_properties import (
     Problem,
     backlog_queue_index,
     backlog_queue_name,
+    backlog_queue_names,
     datetime_to_ms,
     decode_legacy_properties,
     is_backlog_queue_name,
@@ -377,6 +378,7 @@ def test_legacy_properties_constant():
 
 def test_backlog_queue_name_and_index():
     assert backlog_queue_name("contoso", 0) == "contoso/x-servicebus-transfer/0"
+    assert backlog_queue_names("contoso", 2) == ["contoso/x-servicebus-transfer/0", "contoso/x-servicebus-transfer/1"]
     assert backlog_queue_index("contoso/x-servicebus-transfer/12") == 12
     assert backlog_queue_index("contoso/X-SERVICEBUS-TRANSFER/3") == 3
     for name in ["contoso/x-servicebus-transfer/", "contoso/x-servicebus-transfer/01",
