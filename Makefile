@@ -19,11 +19,13 @@ export PYSPARK_DRIVER_PYTHON := $(CURDIR)/$(PY)
 help: ## List the targets
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  %-16s %s\n", $$1, $$2}'
 
-$(STAMP): requirements.lock setup.cfg
+# The emulator (emulator/) is its own distribution, installed editable as a dev dependency.
+$(STAMP): requirements.lock setup.cfg emulator/pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -r requirements.lock
 	$(PY) -m pip install --quiet --no-deps -e .
+	$(PY) -m pip install --quiet --no-deps -e emulator
 	touch $@
 
 $(JARS_STAMP): $(STAMP)
@@ -32,7 +34,7 @@ $(JARS_STAMP): $(STAMP)
 
 setup: $(STAMP) $(JARS_STAMP) ## Create the virtualenv, install pinned packages, fetch Delta's JARs
 
-test: setup ## Run the whole test suite (unit, emulator, Spark/Delta integration)
+test: setup ## Run the whole test suite (unit, emulator/tests, Spark/Delta integration)
 	$(PY) -m pytest
 
 test-unit: setup ## Run only the fast unit tests
@@ -51,8 +53,8 @@ bench-emulator: setup ## Benchmark the emulator alone with the SDK
 	$(PY) bench/bench_emulator.py
 
 lint: setup ## Byte-compile everything and look for unused names and other obvious mistakes
-	$(PY) -m compileall -q lib jobs tests bench
-	$(PY) -m pyflakes lib jobs tests bench
+	$(PY) -m compileall -q lib jobs tests bench emulator/src emulator/tests
+	$(PY) -m pyflakes lib jobs tests bench emulator/src emulator/tests
 
 dist: setup ## Build the wheel (Databricks) and a zip of lib/ (spark-submit --py-files) into dist/
 	$(PY) -m pip wheel --quiet --no-deps --wheel-dir dist .
@@ -62,4 +64,4 @@ dist: setup ## Build the wheel (Databricks) and a zip of lib/ (spark-submit --py
 	@ls -1 dist
 
 clean: ## Remove the virtualenv, caches, build output and local run state
-	rm -rf $(VENV) .cache build dist var lib/*.egg-info .pytest_cache spark-warehouse metastore_db derby.log
+	rm -rf $(VENV) .cache build dist var lib/*.egg-info emulator/src/*.egg-info emulator/build .pytest_cache spark-warehouse metastore_db derby.log

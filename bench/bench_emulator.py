@@ -1,6 +1,6 @@
 """Throughput ceiling of the local emulator with the real SDK (in-process emulator, ephemeral port).
 
-    PYTHONPATH=lib .venv/bin/python bench/bench_emulator.py [--messages 5000] [--size 1024]
+    .venv/bin/python bench/bench_emulator.py [--messages 5000] [--size 1024]
 
 Prints batch-send, peek and receive+complete rates in messages per second.
 """
@@ -9,7 +9,7 @@ import os
 import sys
 import time
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "lib"))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "emulator", "src"))
 
 from azure.servicebus import ServiceBusClient, ServiceBusMessage  # noqa: E402
 

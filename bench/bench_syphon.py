@@ -33,6 +33,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "lib"))
+sys.path.insert(0, str(ROOT / "emulator" / "src"))    # the emulator is its own distribution (emulator/)
 
 PRIMARY, SECONDARY = "contoso", "contoso-secondary"
 

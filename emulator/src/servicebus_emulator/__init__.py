@@ -4,7 +4,8 @@
     with Emulator(load_config("conf/emulator.yaml"), ports={"contoso": 0}) as emu:
         conn_str = emu.connection_string("contoso")
 
-See docs/emulator.md for configuration, behaviour and limits.
+The distribution's README.md (``emulator/README.md`` in the backlog syphon's repository) describes
+configuration, behaviour and limits.
 """
 from .config import ConfigError, EmulatorConfig, load_config
 from .emulator import Emulator

@@ -49,7 +49,7 @@ def _write_json(path: str, data) -> None:
 
 def main(argv: Optional[list] = None) -> int:
     p = argparse.ArgumentParser(prog="python -m servicebus_emulator", description=__doc__.splitlines()[0])
-    p.add_argument("--config", required=True, help="YAML config file (see docs/emulator.md)")
+    p.add_argument("--config", required=True, help="YAML config file (see README.md)")
     p.add_argument("--port-offset", type=int, default=int(os.environ.get("SB_EMULATOR_PORT_OFFSET", "0")),
                    help="added to every configured non-zero port (env SB_EMULATOR_PORT_OFFSET); "
                         "SB_EMULATOR_PORT_<NAMESPACE> overrides one namespace")

@@ -2,10 +2,9 @@
 namespace listener and connection, and the broker state behind them.
 
 Only the loop thread touches proton objects or broker state; other threads go through ``Server.call``.
-Wire behaviour follows what azure-servicebus 7.15.0 expects (see docs/emulator.md and the project's
-reference on the Service Bus AMQP surface): SASL ANONYMOUS, ``$cbs`` put-token, null terminus plus
-closing detach for refused attaches, settlement echo of the outcome the client sent, error conditions
-always carrying an ``info`` map.
+Wire behaviour follows what azure-servicebus 7.15.0 expects (see README.md): SASL ANONYMOUS, ``$cbs``
+put-token, null terminus plus closing detach for refused attaches, settlement echo of the outcome the
+client sent, error conditions always carrying an ``info`` map.
 """
 from __future__ import annotations
 

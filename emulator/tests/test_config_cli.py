@@ -16,23 +16,6 @@ from servicebus_emulator.__main__ import resolve_ports
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
-def test_project_config_has_both_namespaces():
-    cfg = load_config(str(ROOT / "conf" / "emulator.yaml"))
-    primary, secondary = cfg.namespace("contoso"), cfg.namespace("contoso-secondary")
-    assert (primary.port, secondary.port) == (5672, 5673)
-    assert {q.name for q in primary.queues} >= {"orders", "payments", "sessions-orders", "small"}
-    assert next(q for q in primary.queues if q.name == "sessions-orders").requires_session
-    assert next(q for q in primary.queues if q.name == "small").max_message_size_kb == 64
-    (events,) = primary.topics
-    assert {s.name: s.correlation_filter for s in events.subscriptions} == {
-        "all": None, "eu": {"properties": {"region": "eu"}}}
-    backlog = [q for q in secondary.queues if q.name.startswith("contoso/x-servicebus-transfer/")]
-    assert [q.name for q in backlog] == [f"contoso/x-servicebus-transfer/{i}" for i in range(10)]
-    for q in backlog:
-        assert (q.lock_duration_seconds, q.max_delivery_count, q.dead_lettering_on_message_expiration,
-                q.requires_session) == (60, 2147483647, True, False)
-
-
 @pytest.mark.parametrize("bad, key", [
     ({"namespaces": [{"name": "a", "queues": [{"name": "q", "lock_duration_seconds": "x"}]}]},
      "namespaces[0].queues[0].lock_duration_seconds"),
@@ -55,7 +38,7 @@ def test_port_overrides():
 
 
 def _cli(*args, env_extra=None):
-    env = dict(os.environ, PYTHONPATH=str(ROOT / "lib"), **(env_extra or {}))
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "emulator" / "src"), **(env_extra or {}))
     return subprocess.Popen([sys.executable, "-m", "servicebus_emulator", *args], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 

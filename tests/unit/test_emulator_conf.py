@@ -1,0 +1,23 @@
+"""The project's emulator configuration (conf/emulator.yaml): the two namespaces the syphon runs against."""
+from pathlib import Path
+
+from servicebus_emulator import load_config
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_project_config_has_both_namespaces():
+    cfg = load_config(ROOT / "conf" / "emulator.yaml")
+    primary, secondary = cfg.namespace("contoso"), cfg.namespace("contoso-secondary")
+    assert (primary.port, secondary.port) == (5672, 5673)
+    assert {q.name for q in primary.queues} >= {"orders", "payments", "sessions-orders", "small"}
+    assert next(q for q in primary.queues if q.name == "sessions-orders").requires_session
+    assert next(q for q in primary.queues if q.name == "small").max_message_size_kb == 64
+    (events,) = primary.topics
+    assert {s.name: s.correlation_filter for s in events.subscriptions} == {
+        "all": None, "eu": {"properties": {"region": "eu"}}}
+    backlog = [q for q in secondary.queues if q.name.startswith("contoso/x-servicebus-transfer/")]
+    assert [q.name for q in backlog] == [f"contoso/x-servicebus-transfer/{i}" for i in range(10)]
+    for q in backlog:
+        assert (q.lock_duration_seconds, q.max_delivery_count, q.dead_lettering_on_message_expiration,
+                q.requires_session) == (60, 2147483647, True, False)
