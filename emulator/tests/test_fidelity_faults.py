@@ -7,8 +7,11 @@ from azure.servicebus import ServiceBusClient, ServiceBusMessage
 from azure.servicebus._pyamqp.types import TYPE, VALUE, AMQPTypes
 from azure.servicebus.aio import ServiceBusClient as AsyncServiceBusClient
 from azure.servicebus.exceptions import ServiceBusError, ServiceBusServerBusyError
-from proton import Described, Message, int32, symbol, timestamp, ulong
+from proton import (UNDESCRIBED, Array, Data, Described, Message, char, decimal32, decimal64, decimal128, int32,
+                    symbol, timestamp, ulong)
 from proton.utils import BlockingConnection, LinkDetached
+
+from servicebus_emulator import codec
 
 TIMESPAN_TICKS = 36_000_000_000            # one hour in .NET ticks
 UID = uuid.UUID("12345678-1234-5678-1234-567812345678")
@@ -219,3 +222,104 @@ def test_async_sdk_send_receive_settle_and_sessions(conn_str, new_queue):
                 await r.complete_message(m)
 
     asyncio.run(run())
+
+
+# ---- every AMQP type byte for byte, symbolic descriptors -----------------------------------------
+
+class RawTransfer:
+    """Bytes to send as one transfer as they are (a ``BlockingSender.send`` argument)."""
+
+    def __init__(self, payload: bytes):
+        self.payload = payload
+
+    def send(self, sender, tag=None):
+        delivery = sender.delivery(tag or sender.delivery_tag())
+        sender.stream(self.payload)
+        sender.advance()
+        return delivery
+
+
+def _send_raw(emulator, queue, payload: bytes, namespace="contoso"):
+    conn = BlockingConnection(f"amqp://127.0.0.1:{emulator.port(namespace)}", allowed_mechs="ANONYMOUS",
+                              timeout=10)
+    try:
+        conn.create_sender(queue).send(RawTransfer(payload))      # raises unless accepted
+    finally:
+        conn.close()
+
+
+def _peek_raw(emulator, queue, count):
+    props, body = _mgmt(emulator, queue, "com.microsoft:peek-message",
+                        {"from-sequence-number": 1, "message-count": int32(count)})
+    assert props["statusCode"] == 200
+    return [item["message"] for item in body["messages"]]
+
+
+def _user_sections(raw: bytes):
+    """The sections the sender owns: everything but the header and the annotations."""
+    return [(code, sec) for code, sec in codec.split_sections(raw)
+            if code not in (codec.HEADER, codec.DELIVERY_ANNOTATIONS, codec.MESSAGE_ANNOTATIONS)]
+
+
+def _exotic_message(n: int) -> Message:
+    exotic = {
+        "char": char("\u00e9"),
+        "decimal32": decimal32(0x3040_0001),
+        "decimal64": decimal64(0x3180_0000_0000_0007),
+        "decimal128": decimal128(bytes(range(16))),
+        "ints": Array(UNDESCRIBED, Data.INT, 1, -2, 3),
+        "symbols": Array(UNDESCRIBED, Data.SYMBOL, symbol("a"), symbol("b")),
+        "described-array": Array(symbol("com.example:point"), Data.LONG, 7, 8),
+        "described": Described(symbol("com.example:money"), [decimal64(12345), "EUR"]),
+    }
+    return Message(id=f"exotic-{n}", subject="types", properties=exotic,
+                   annotations={symbol("x-opt-custom"): Described(ulong(7), char("x"))},
+                   body=[exotic["char"], exotic["decimal128"], exotic["ints"], exotic["described"], n])
+
+
+def test_every_amqp_type_is_kept_byte_for_byte(queue, emulator):
+    single = _exotic_message(0).encode()
+    batch = [_exotic_message(1).encode(), _exotic_message(2).encode()]
+    # a batch envelope as the SDK builds one: Data sections that each hold a whole encoded message
+    envelope = b"".join(codec.enc_section(codec.DATA, b"\xb0" + len(m).to_bytes(4, "big") + m) for m in batch)
+    _send_raw(emulator, queue, single)
+    _send_raw(emulator, queue, envelope)
+    peeked = _peek_raw(emulator, queue, 5)
+    assert len(peeked) == 3
+    for sent, got in zip([single] + batch, peeked):
+        assert [code for code, _ in _user_sections(got)] == [codec.PROPERTIES, codec.APPLICATION_PROPERTIES,
+                                                             codec.AMQP_VALUE]
+        assert _user_sections(got) == _user_sections(sent)
+        (custom,) = [entry for code, sec in codec.split_sections(sent) if code == codec.MESSAGE_ANNOTATIONS
+                     for entry in codec.section_map_entries(sec)]
+        got_annotations = [entry for code, sec in codec.split_sections(got) if code == codec.MESSAGE_ANNOTATIONS
+                           for entry in codec.section_map_entries(sec)]
+        assert custom in got_annotations
+    decoded = Message()
+    decoded.decode(peeked[0])
+    assert isinstance(decoded.properties["char"], char) and decoded.properties["char"] == "\u00e9"
+    assert isinstance(decoded.properties["decimal128"], decimal128)
+    assert decoded.body[-1] == 0 and decoded.annotations[symbol("x-opt-sequence-number")] == 1
+
+
+def _symbolic(name: str, value: bytes) -> bytes:
+    return b"\x00" + codec.enc_sym(name) + value
+
+
+def test_symbolic_section_descriptors_use_the_spec_names(queue, emulator):
+    properties = _symbolic("amqp:properties:list", codec.encode_any(["sym-1"]))
+    app = _symbolic("amqp:application-properties:map", codec.enc_map([(codec.enc_str("k"), codec.enc_str("v"))]))
+    value = _symbolic("amqp:amqp-value:*", codec.encode_any("hello"))
+    raw = properties + app + value
+    assert [code for code, _ in codec.split_sections(raw)] == [codec.PROPERTIES, codec.APPLICATION_PROPERTIES,
+                                                               codec.AMQP_VALUE]
+    with pytest.raises(codec.DecodeError, match="unknown section descriptor"):
+        codec.split_sections(properties + _symbolic("amqp:value:*", codec.encode_any("hello")))
+    # alone, and twice in a batch envelope whose Data sections are symbolic too
+    envelope = b"".join(_symbolic("amqp:data:binary", b"\xb0" + len(raw).to_bytes(4, "big") + raw) for _ in "ab")
+    _send_raw(emulator, queue, raw)
+    _send_raw(emulator, queue, envelope)
+    peeked = _peek_raw(emulator, queue, 5)
+    assert len(peeked) == 3
+    for got in peeked:
+        assert [sec for _, sec in _user_sections(got)] == [properties, app, value]

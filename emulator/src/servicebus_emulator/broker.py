@@ -121,7 +121,7 @@ def is_batch_envelope(raw) -> Optional[List[bytes]]:
             if code in (codec.AMQP_VALUE, codec.AMQP_SEQUENCE):
                 return None
             if code == codec.DATA:
-                payload = sec[5:] if sec[3] == 0xA0 else sec[8:]
+                payload = codec.section_binary(sec)
                 if not payload or payload[0] != 0x00:
                     return None
                 if not any(c in BODY_CODES for c, _ in codec.split_sections(payload)):

@@ -20,11 +20,12 @@ from proton import Data, Described
 HEADER, DELIVERY_ANNOTATIONS, MESSAGE_ANNOTATIONS, PROPERTIES, APPLICATION_PROPERTIES = 0x70, 0x71, 0x72, 0x73, 0x74
 DATA, AMQP_SEQUENCE, AMQP_VALUE, FOOTER = 0x75, 0x76, 0x77, 0x78
 BODY_CODES = (DATA, AMQP_SEQUENCE, AMQP_VALUE)
+# the spec's symbolic section descriptors (a sender may use them instead of the numeric codes)
 _SYMBOLIC = {
-    b"amqp:header:list": HEADER, b"amqp:delivery-annotations:map": DELIVERY_ANNOTATIONS,
-    b"amqp:message-annotations:map": MESSAGE_ANNOTATIONS, b"amqp:properties:list": PROPERTIES,
-    b"amqp:application-properties:map": APPLICATION_PROPERTIES, b"amqp:data:binary": DATA,
-    b"amqp:amqp-sequence:list": AMQP_SEQUENCE, b"amqp:value:*": AMQP_VALUE, b"amqp:footer:map": FOOTER,
+    "amqp:header:list": HEADER, "amqp:delivery-annotations:map": DELIVERY_ANNOTATIONS,
+    "amqp:message-annotations:map": MESSAGE_ANNOTATIONS, "amqp:properties:list": PROPERTIES,
+    "amqp:application-properties:map": APPLICATION_PROPERTIES, "amqp:data:binary": DATA,
+    "amqp:amqp-sequence:list": AMQP_SEQUENCE, "amqp:amqp-value:*": AMQP_VALUE, "amqp:footer:map": FOOTER,
 }
 
 # constructor byte -> width of its fixed-size payload
@@ -82,7 +83,7 @@ def _split_sections(buf) -> List[Tuple[int, bytes]]:
         elif buf[pos + 1] == 0x80:
             code = struct.unpack_from(">Q", buf, pos + 2)[0]
         else:
-            code = _SYMBOLIC.get(bytes(decode_value(buf[pos + 1:value_end(buf, pos + 1)])), -1)
+            code = _SYMBOLIC.get(key_name(bytes(buf[pos + 1:value_end(buf, pos + 1)])), -1)
         if not HEADER <= code <= FOOTER:
             raise DecodeError(f"unknown section descriptor at {pos}")
         end = value_end(buf, pos)
@@ -141,6 +142,16 @@ def map_entries(buf, pos: int) -> List[Tuple[bytes, bytes]]:
 
 def section_map_entries(raw: bytes) -> List[Tuple[bytes, bytes]]:
     return map_entries(raw, value_end(raw, 1))
+
+
+def section_binary(raw: bytes) -> bytes:
+    """The payload of a Data section."""
+    pos = value_end(raw, 1)
+    if raw[pos] == 0xA0:
+        return raw[pos + 2:]
+    if raw[pos] == 0xB0:
+        return raw[pos + 5:]
+    raise DecodeError(f"expected a binary at {pos}")
 
 
 def key_name(raw_key: bytes) -> Optional[str]:
