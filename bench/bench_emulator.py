@@ -1,8 +1,9 @@
 """Throughput ceiling of the local emulator with the real SDK (in-process emulator, ephemeral port).
 
-    .venv/bin/python bench/bench_emulator.py [--messages 5000] [--size 1024]
+    .venv/bin/python bench/bench_emulator.py [--messages 5000] [--size 1024] [--latency-ms 0]
 
-Prints batch-send, peek and receive+complete rates in messages per second.
+Prints batch-send, peek and receive+complete rates in messages per second. ``--latency-ms`` delays
+every frame the emulator sends (see emulator/README.md), e.g. 5 for an in-region namespace.
 """
 import argparse
 import os
@@ -22,11 +23,13 @@ def main():
     p.add_argument("--size", type=int, default=1024, help="body bytes per message")
     p.add_argument("--peek-page", type=int, default=250)
     p.add_argument("--receive-batch", type=int, default=100)
+    p.add_argument("--latency-ms", type=float, default=0.0, help="delay on every frame the emulator sends")
     args = p.parse_args()
     n, body = args.messages, b"x" * args.size
     cfg = EmulatorConfig.from_dict({"namespaces": [{"name": "bench", "port": 0,
                                                     "queues": [{"name": "q", "lock_duration_seconds": 60}]}]})
-    with Emulator(cfg) as emu, ServiceBusClient.from_connection_string(emu.connection_string("bench")) as client:
+    with Emulator(cfg, latency_ms=args.latency_ms) as emu, \
+            ServiceBusClient.from_connection_string(emu.connection_string("bench")) as client:
         with client.get_queue_sender("q") as sender:
             sender.send_messages(ServiceBusMessage(body))          # warm the link up
             start = time.perf_counter()
@@ -64,7 +67,8 @@ def main():
             recv_s = time.perf_counter() - start
         stats = emu.stats("bench")["q"]
 
-    print(f"emulator benchmark: {n} messages of {args.size} bytes, azure-servicebus sync client")
+    print(f"emulator benchmark: {n} messages of {args.size} bytes, azure-servicebus sync client, "
+          f"latency {args.latency_ms:g} ms")
     print(f"batch send        : {n / send_s:10.0f} msgs/s  ({send_s:.2f} s)")
     print(f"peek              : {seen / peek_s:10.0f} msgs/s  ({peek_s:.2f} s, pages of {args.peek_page})")
     print(f"receive + complete: {done / recv_s:10.0f} msgs/s  ({recv_s:.2f} s, batches of {args.receive_batch})")

@@ -10,12 +10,13 @@ def test_project_config_has_both_namespaces():
     cfg = load_config(ROOT / "conf" / "emulator.yaml")
     primary, secondary = cfg.namespace("contoso"), cfg.namespace("contoso-secondary")
     assert (primary.port, secondary.port) == (5672, 5673)
+    assert (primary.latency_ms, secondary.latency_ms) == (0, 0)
     assert {q.name for q in primary.queues} >= {"orders", "payments", "sessions-orders", "small"}
     assert next(q for q in primary.queues if q.name == "sessions-orders").requires_session
     assert next(q for q in primary.queues if q.name == "small").max_message_size_kb == 64
     (events,) = primary.topics
-    assert {s.name: s.correlation_filter for s in events.subscriptions} == {
-        "all": None, "eu": {"properties": {"region": "eu"}}}
+    assert {s.name: [r.correlation_filter for r in s.rules] for s in events.subscriptions} == {
+        "all": [None], "eu": [{"properties": {"region": "eu"}}]}
     backlog = [q for q in secondary.queues if q.name.startswith("contoso/x-servicebus-transfer/")]
     assert [q.name for q in backlog] == [f"contoso/x-servicebus-transfer/{i}" for i in range(10)]
     for q in backlog:

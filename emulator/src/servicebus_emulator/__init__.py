@@ -1,11 +1,11 @@
 """A local Azure Service Bus emulator (AMQP 1.0 on python-qpid-proton) for the azure-servicebus SDK.
 
     from servicebus_emulator import Emulator, load_config
-    with Emulator(load_config("conf/emulator.yaml"), ports={"contoso": 0}) as emu:
+    with Emulator(load_config("emulator.yaml"), ports={"contoso": 0}, latency_ms=5) as emu:
         conn_str = emu.connection_string("contoso")
 
-The distribution's README.md (``emulator/README.md`` in the backlog syphon's repository) describes
-configuration, behaviour and limits.
+``load_config`` also reads the official emulator's ``Config.json``. The distribution's README.md
+(``emulator/README.md`` in the backlog syphon's repository) describes configuration, behaviour and limits.
 """
 from .config import ConfigError, EmulatorConfig, load_config
 from .emulator import Emulator

@@ -1,4 +1,4 @@
-"""Command line: ``python -m servicebus_emulator --config conf/emulator.yaml``.
+"""Command line: ``python -m servicebus_emulator --config emulator.yaml`` (or the official emulator's Config.json).
 
 Prints one ready line per namespace (secrets masked unless --show-secrets), optionally writes
 ``--ready-file`` (JSON {namespace: connection string}) once every listener accepts, and runs until
@@ -15,7 +15,7 @@ import sys
 import threading
 from typing import Dict, Optional
 
-from .config import ConfigError, load_config
+from .config import ConfigError, check_latency_ms, load_config
 from .emulator import Emulator
 
 
@@ -49,7 +49,8 @@ def _write_json(path: str, data) -> None:
 
 def main(argv: Optional[list] = None) -> int:
     p = argparse.ArgumentParser(prog="python -m servicebus_emulator", description=__doc__.splitlines()[0])
-    p.add_argument("--config", required=True, help="YAML config file (see README.md)")
+    p.add_argument("--config", required=True,
+                   help="YAML config file, or the official emulator's Config.json (see README.md)")
     p.add_argument("--port-offset", type=int, default=int(os.environ.get("SB_EMULATOR_PORT_OFFSET", "0")),
                    help="added to every configured non-zero port (env SB_EMULATOR_PORT_OFFSET); "
                         "SB_EMULATOR_PORT_<NAMESPACE> overrides one namespace")
@@ -57,11 +58,17 @@ def main(argv: Optional[list] = None) -> int:
     p.add_argument("--stats-file", help="write per-entity counters (JSON) here every --stats-interval s")
     p.add_argument("--stats-interval", type=float, default=1.0)
     p.add_argument("--show-secrets", action="store_true", help="print keys in the ready lines")
+    p.add_argument("--latency-ms", type=float,
+                   help="delay every frame the emulator sends by this many milliseconds, on every namespace "
+                        "(overrides latency_ms in the config). Only what the emulator sends is delayed, so each "
+                        "client round trip gets it once: 5 stands in for an in-region namespace (2.5 ms each way)")
     args = p.parse_args(argv)
 
     try:
         cfg = load_config(args.config)
         ports = resolve_ports(cfg, args.port_offset)
+        if args.latency_ms is not None:
+            check_latency_ms(args.latency_ms, "--latency-ms")
     except ConfigError as exc:
         print(f"servicebus-emulator: config error: {exc}", file=sys.stderr)
         return 2
@@ -69,7 +76,7 @@ def main(argv: Optional[list] = None) -> int:
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
-    emu = Emulator(cfg, ports=ports)
+    emu = Emulator(cfg, ports=ports, latency_ms=args.latency_ms)
     try:
         emu.start()
     except OSError as exc:
@@ -82,8 +89,10 @@ def main(argv: Optional[list] = None) -> int:
 
     try:
         for ns in cfg.namespaces:
+            latency = emu.latency_ms(ns.name)
             print(f"servicebus-emulator: namespace {ns.name} ready on {ns.host}:{emu.port(ns.name)} "
-                  f"{emu.connection_string(ns.name, mask=not args.show_secrets)}", flush=True)
+                  f"{emu.connection_string(ns.name, mask=not args.show_secrets)}"
+                  f"{f' (latency {latency:g} ms per frame sent)' if latency else ''}", flush=True)
         if args.ready_file:
             _write_json(args.ready_file, emu.connection_strings())
         while not stop.wait(args.stats_interval if args.stats_file else 3600):

@@ -486,7 +486,7 @@ class Topic:
         self.settings = cfg
         self.sequencer = Sequencer()
         self.subscriptions = subscriptions
-        self.filters = filters            # subscription path -> correlation filter dict or None
+        self.filters = filters            # subscription path -> its rules' correlation filters
         self.counters: Counter = Counter()
         self.ops: Counter = Counter()
         self.dedupe = Deduper(cfg.duplicate_detection_window_seconds)
@@ -496,7 +496,13 @@ class Topic:
                 "ops": dict(self.ops)}
 
 
+def any_rule_matches(filters, content: Content) -> bool:
+    """A subscription takes a message when any of its rules' filters matches it."""
+    return any(correlation_matches(flt, content) for flt in filters)
+
+
 def correlation_matches(flt: Optional[Dict[str, Any]], content: Content) -> bool:
+    """Every field and property the filter names must be equal; no filter (a true filter) matches all."""
     if not flt:
         return True
     for key, expected in flt.items():

@@ -1,10 +1,12 @@
-"""Emulator configuration: YAML (or dict) -> validated, frozen objects.
+"""Emulator configuration: YAML, the official emulator's ``Config.json`` (or a dict of either) ->
+validated, frozen objects.
 
-Every validation error is a ``ConfigError`` whose message names the offending key (as a dotted path)
-and, when loaded from a file, the file.
+Every validation error is a ``ConfigError`` whose message names the offending key (as a dotted path
+in the file's own vocabulary) and, when loaded from a file, the file.
 """
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass, field
 from typing import Any, Dict, Mapping, Optional, Tuple
@@ -43,9 +45,20 @@ class QueueConfig(EntitySettings):
 
 
 @dataclass(frozen=True)
-class SubscriptionConfig(EntitySettings):
-    # {"properties": {name: value}, "correlation_id": ..., "subject": ...}; None = match everything
+class SubscriptionRule:
+    """One rule of a subscription. ``correlation_filter`` is {"properties": {name: value},
+    "correlation_id": ..., "subject": ...} (every key given must match); None matches everything."""
+    name: str
     correlation_filter: Optional[Mapping[str, Any]] = None
+
+
+DEFAULT_RULE = SubscriptionRule("$Default")
+
+
+@dataclass(frozen=True)
+class SubscriptionConfig(EntitySettings):
+    # a message is copied to the subscription when any rule matches (as in Service Bus)
+    rules: Tuple[SubscriptionRule, ...] = (DEFAULT_RULE,)
 
 
 @dataclass(frozen=True)
@@ -64,6 +77,7 @@ class NamespaceConfig:
     sas_keys: Mapping[str, str] = field(default_factory=dict)
     queues: Tuple[QueueConfig, ...] = ()
     topics: Tuple[TopicConfig, ...] = ()
+    latency_ms: float = 0.0             # added to every frame the emulator sends on this namespace
 
 
 _ENTITY_KEYS = {
@@ -146,14 +160,29 @@ def queue_from_dict(d, where) -> QueueConfig:
     return QueueConfig(name=_name(d, where), **_entity_kwargs(d, where))
 
 
+def _rule_from_dict(d, where) -> SubscriptionRule:
+    d = _mapping(d, where)
+    _unknown(d, {"name", "correlation_filter"}, where)
+    return SubscriptionRule(_name(d, where),
+                            _correlation_filter(d.get("correlation_filter"), f"{where}.correlation_filter"))
+
+
 def subscription_from_dict(d, where) -> SubscriptionConfig:
     d = _mapping(d, where)
-    _unknown(d, {"name", "correlation_filter"} | set(_ENTITY_KEYS), where)
-    return SubscriptionConfig(
-        name=_name(d, where),
-        correlation_filter=_correlation_filter(d.get("correlation_filter"), f"{where}.correlation_filter"),
-        **_entity_kwargs(d, where),
-    )
+    _unknown(d, {"name", "correlation_filter", "rules"} | set(_ENTITY_KEYS), where)
+    if "rules" in d:
+        if "correlation_filter" in d:
+            raise ConfigError(f"{where}: give either correlation_filter or rules, not both")
+        rules = tuple(_rule_from_dict(r, f"{where}.rules[{i}]")
+                      for i, r in enumerate(_list(d["rules"], f"{where}.rules")))
+        if not rules:
+            raise ConfigError(f"{where}.rules: at least one rule is required (leave rules out to match "
+                              f"every message)")
+        _no_duplicates([r.name for r in rules], f"{where}.rules")
+    else:
+        flt = _correlation_filter(d.get("correlation_filter"), f"{where}.correlation_filter")
+        rules = (SubscriptionRule(DEFAULT_RULE.name, flt),)
+    return SubscriptionConfig(name=_name(d, where), rules=rules, **_entity_kwargs(d, where))
 
 
 def _topic_from_dict(d, where) -> TopicConfig:
@@ -177,11 +206,12 @@ def _no_duplicates(names, where):
 
 def _namespace_from_dict(d, where) -> NamespaceConfig:
     d = _mapping(d, where)
-    _unknown(d, {"name", "host", "port", "sas_keys", "queues", "topics"}, where)
+    _unknown(d, {"name", "host", "port", "sas_keys", "queues", "topics", "latency_ms"}, where)
     host = _check_type(d.get("host", "127.0.0.1"), str, f"{where}.host")
     port = _check_type(d.get("port", 5672), int, f"{where}.port")
     if not 0 <= port <= 65535:
         raise ConfigError(f"{where}.port: must be in 0..65535")
+    latency_ms = check_latency_ms(d.get("latency_ms", 0), f"{where}.latency_ms")
     keys = _mapping(d.get("sas_keys") or {}, f"{where}.sas_keys")
     for k, v in keys.items():
         if not isinstance(k, str) or not isinstance(v, str) or not v:
@@ -192,7 +222,15 @@ def _namespace_from_dict(d, where) -> NamespaceConfig:
                    for i, t in enumerate(_list(d.get("topics"), f"{where}.topics")))
     _no_duplicates([e.name for e in queues + topics], f"{where}.queues/topics")
     return NamespaceConfig(name=_name(d, where), host=host, port=port, sas_keys=dict(keys),
-                           queues=queues, topics=topics)
+                           queues=queues, topics=topics, latency_ms=float(latency_ms))
+
+
+def check_latency_ms(value, where) -> float:
+    """A latency in milliseconds: a number >= 0."""
+    _check_type(value, (int, float), where)
+    if not 0 <= value < float("inf"):
+        raise ConfigError(f"{where}: must be a number of milliseconds >= 0, got {value!r}")
+    return float(value)
 
 
 @dataclass(frozen=True)
@@ -204,6 +242,9 @@ class EmulatorConfig:
     def from_dict(cls, d: Mapping[str, Any], source: Optional[str] = None) -> "EmulatorConfig":
         try:
             d = _mapping(d, "<root>")
+            if "UserConfig" in d:       # the official emulator's Config.json
+                from .official_config import native_from_official   # (it imports this module)
+                d = native_from_official(d)
             _unknown(d, {"namespaces"}, "<root>")
             items = _list(d.get("namespaces"), "namespaces")
             if not items:
@@ -223,13 +264,22 @@ class EmulatorConfig:
         raise KeyError(f"unknown namespace {name!r}")
 
 
-def load_config(path: str) -> EmulatorConfig:
-    """Load and validate a YAML config file; raises ``ConfigError`` on any problem."""
+def load_config(path) -> EmulatorConfig:
+    """Load and validate a config file: the emulator's YAML, or the official emulator's ``Config.json``
+    (JSON is recognised by a ``.json`` name or a leading ``{``). Raises ``ConfigError`` on any problem."""
     try:
-        with open(path, encoding="utf-8") as fh:
-            raw = yaml.safe_load(fh)
+        with open(path, encoding="utf-8-sig") as fh:      # -sig: Config.json files saved with a BOM
+            text = fh.read()
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read config: {exc.strerror}") from None
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: invalid YAML: {str(exc).splitlines()[0]}") from None
+    if os.fspath(path).lower().endswith(".json") or text.lstrip().startswith("{"):
+        try:
+            raw = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ConfigError(f"{path}: invalid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from None
+    else:
+        try:
+            raw = yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"{path}: invalid YAML: {str(exc).splitlines()[0]}") from None
     return EmulatorConfig.from_dict(raw if raw is not None else {}, source=os.fspath(path))

@@ -1,9 +1,9 @@
 """Public API: ``Emulator(config).start()`` runs the broker on a background thread."""
 from __future__ import annotations
 
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Mapping, Optional, Union
 
-from .config import EmulatorConfig, QueueConfig, queue_from_dict
+from .config import EmulatorConfig, QueueConfig, check_latency_ms, queue_from_dict
 from .server import Server
 
 DEVELOPMENT_SUFFIX = "UseDevelopmentEmulator=true"
@@ -12,13 +12,16 @@ DEVELOPMENT_SUFFIX = "UseDevelopmentEmulator=true"
 class Emulator:
     """A local Service Bus emulator: one AMQP listener per configured namespace.
 
-    ``ports`` overrides configured ports per namespace (0 = ephemeral). Thread-safe: every method may be
-    called from any thread while the emulator runs.
+    ``ports`` overrides configured ports per namespace (0 = ephemeral). ``latency_ms`` overrides the
+    configured ``latency_ms`` (delay added to every frame the emulator sends): one number for every
+    namespace, or ``{namespace: ms}`` for some. Thread-safe: every method may be called from any thread
+    while the emulator runs.
     """
 
-    def __init__(self, config: EmulatorConfig, ports: Optional[Dict[str, int]] = None):
+    def __init__(self, config: EmulatorConfig, ports: Optional[Dict[str, int]] = None,
+                 latency_ms: Union[None, float, Mapping[str, float]] = None):
         self.config = config
-        self._server = Server(config, ports)
+        self._server = Server(config, ports, resolve_latency(config, latency_ms))
         self._started = False
 
     # ---- lifecycle ------------------------------------------------------------------------------
@@ -43,6 +46,10 @@ class Emulator:
     # ---- addressing -----------------------------------------------------------------------------
     def port(self, namespace: str) -> int:
         return self._ns(namespace).port
+
+    def latency_ms(self, namespace: str) -> float:
+        """The delay added to every frame the emulator sends on ``namespace``'s connections."""
+        return self._ns(namespace).latency_ms
 
     def connection_string(self, namespace: str, key_name: Optional[str] = None, key: Optional[str] = None,
                           *, mask: bool = False) -> str:
@@ -104,3 +111,18 @@ class Emulator:
             return self._server.namespaces[namespace]
         except KeyError:
             raise KeyError(f"unknown namespace {namespace!r}") from None
+
+
+def resolve_latency(config: EmulatorConfig, override: Union[None, float, Mapping[str, float]]) -> Dict[str, float]:
+    """Latency per namespace: the override (a number for all, or a mapping for some) over the config."""
+    latency = {ns.name: ns.latency_ms for ns in config.namespaces}
+    if override is None:
+        return latency
+    if isinstance(override, Mapping):
+        for name, ms in override.items():
+            if name not in latency:
+                raise KeyError(f"latency_ms: unknown namespace {name!r} (configured: {', '.join(latency)})")
+            latency[name] = check_latency_ms(ms, f"latency_ms[{name!r}]")
+        return latency
+    ms = check_latency_ms(override, "latency_ms")
+    return {name: ms for name in latency}

@@ -5,6 +5,10 @@ Only the loop thread touches proton objects or broker state; other threads go th
 Wire behaviour follows what azure-servicebus 7.15.0 expects (see README.md): SASL ANONYMOUS, ``$cbs``
 put-token, null terminus plus closing detach for refused attaches, settlement echo of the outcome the
 client sent, error conditions always carrying an ``info`` map.
+
+Simulated latency: on a namespace with ``latency`` > 0, what the engine produces for a connection is
+queued with a due time (produced + latency) and sent once due, in order; the loop's select timeout
+never passes the earliest due time, so nothing blocks. With latency 0 output goes straight out.
 """
 from __future__ import annotations
 
@@ -18,15 +22,16 @@ import socket
 import threading
 import time
 import uuid
+from collections import deque
 from concurrent.futures import Future
-from typing import Any, Dict, List, Optional
+from typing import Any, Deque, Dict, List, Optional, Tuple
 from urllib.parse import parse_qs, quote_plus, unquote
 
 from proton import (Collector, Condition, Connection, Delivery, Disposition, Event, Link, Message,
                     Terminus, Transport, symbol)
 
 from . import codec, management
-from .broker import (PING_CONTENT_TYPE, BrokerError, Content, Entity, Topic, correlation_matches,
+from .broker import (PING_CONTENT_TYPE, BrokerError, Content, Entity, Topic, any_rule_matches,
                      is_batch_envelope, now_ms)
 
 log = logging.getLogger(__name__)
@@ -61,11 +66,12 @@ def entity_path(address: Optional[str]) -> str:
 
 
 class Namespace:
-    def __init__(self, cfg, port: int):
+    def __init__(self, cfg, port: int, latency_ms: float):
         self.cfg = cfg
         self.name = cfg.name
         self.host = cfg.host
         self.port = port
+        self.latency_ms = latency_ms
         self.entities: Dict[str, Entity] = {}     # receivable entities by lower-case path
         self.senders: Dict[str, Any] = {}         # send targets (queues, topics) by lower-case path
         self.listener: Optional[socket.socket] = None
@@ -89,7 +95,7 @@ class Namespace:
         for s in tcfg.subscriptions:
             e = Entity(f"{tcfg.name}/Subscriptions/{s.name}", s)
             subs.append(e)
-            filters[e.path] = s.correlation_filter
+            filters[e.path] = tuple(r.correlation_filter for r in s.rules)
             self._register(e)
         t = Topic(tcfg, subs, filters)
         self.senders[tcfg.name.lower()] = t
@@ -146,14 +152,19 @@ class Conn:
         self.reply_links: Dict[str, Link] = {}
         self.want_write = False
         self.dead = False
+        self.latency = ns.latency_ms / 1000.0              # seconds; 0 = write output at once
+        self.outq: Deque[Tuple[float, bytes]] = deque()     # (due time, bytes) when latency > 0
+        self.closing = False                                # drop once outq is sent
 
 
 class Server:
-    def __init__(self, config, ports: Optional[Dict[str, int]] = None):
+    def __init__(self, config, ports: Optional[Dict[str, int]] = None,
+                 latency_ms: Optional[Dict[str, float]] = None):
         self.config = config
-        ports = ports or {}
+        ports, latency_ms = ports or {}, latency_ms or {}
         self.namespaces: Dict[str, Namespace] = {
-            ns.name: Namespace(ns, ports.get(ns.name, ns.port)) for ns in config.namespaces}
+            ns.name: Namespace(ns, ports.get(ns.name, ns.port), latency_ms.get(ns.name, ns.latency_ms))
+            for ns in config.namespaces}
         self.sel = selectors.DefaultSelector()
         self._calls: "queue.Queue" = queue.Queue()
         self._wake_r, self._wake_w = socket.socketpair()
@@ -162,6 +173,7 @@ class Server:
         self._running = False
         self._last_tick = 0.0
         self._tag = 0
+        self._delayed: set = set()      # connections with output waiting for its due time
 
     # ---- lifecycle / cross-thread -----------------------------------------------------------------
     def start(self):
@@ -220,7 +232,7 @@ class Server:
     def _run(self):
         while self._running:
             try:
-                events = self.sel.select(TICK_SECONDS)
+                events = self.sel.select(self._select_timeout() if self._delayed else TICK_SECONDS)
                 for key, mask in events:
                     kind, obj = key.data
                     if kind == "listen":
@@ -235,9 +247,16 @@ class Server:
                 if not self._running:
                     break
                 self._tick()
-                self._process_all()
+                self._process_all()         # also sends delayed output that has come due
             except Exception:  # keep serving; one bad event must not kill the broker
                 log.exception("emulator loop error")
+
+    def _select_timeout(self) -> float:
+        """Wake no later than the earliest due output (connections waiting for a writable socket excepted)."""
+        due = min((c.outq[0][0] for c in self._delayed if not c.want_write), default=None)
+        if due is None:
+            return TICK_SECONDS
+        return min(TICK_SECONDS, max(0.0, due - time.monotonic()))
 
     def _run_calls(self):
         try:
@@ -295,6 +314,9 @@ class Server:
         self._process(c)
 
     def _write(self, c: Conn):
+        if c.latency:
+            self._write_later(c)
+            return
         t = c.transport
         while True:
             pending = t.pending()
@@ -314,12 +336,52 @@ class Server:
             t.pop(n)
             if n < pending:
                 break
-        want = t.pending() > 0
+        self._want_write(c, t.pending() > 0)
+        if t.closed:
+            self._drop(c)
+
+    def _want_write(self, c: Conn, want: bool):
         if want != c.want_write:
             c.want_write = want
             self.sel.modify(c.sock, selectors.EVENT_READ | (selectors.EVENT_WRITE if want else 0), ("conn", c))
-        if t.closed:
-            self._drop(c)
+
+    def _write_later(self, c: Conn):
+        """Latency > 0: take what the engine produced, due ``latency`` from now, then send what is due."""
+        t = c.transport
+        chunks = []
+        pending = t.pending()
+        while pending > 0:
+            chunks.append(t.peek(pending))
+            t.pop(pending)
+            pending = t.pending()
+        if chunks:
+            c.outq.append((time.monotonic() + c.latency, b"".join(chunks)))
+            self._delayed.add(c)
+        if pending < 0 or t.closed:
+            c.closing = True
+        self._send_due(c)
+
+    def _send_due(self, c: Conn):
+        q, now, blocked = c.outq, time.monotonic(), False
+        while q and q[0][0] <= now:
+            due, data = q[0]
+            try:
+                n = c.sock.send(data)
+            except BlockingIOError:
+                n = 0
+            except OSError:
+                self._drop(c)
+                return
+            if n < len(data):
+                q[0] = (due, data[n:])
+                blocked = True
+                break
+            q.popleft()
+        self._want_write(c, blocked)
+        if not q:
+            self._delayed.discard(c)
+            if c.closing:
+                self._drop(c)
 
     def _process_all(self):
         for ns in self.namespaces.values():
@@ -346,6 +408,8 @@ class Server:
         if c.dead:
             return
         c.dead = True
+        c.outq.clear()
+        self._delayed.discard(c)
         for ctx in list(c.links):
             self._link_gone(ctx)
         try:
@@ -396,7 +460,10 @@ class Server:
                 ev.connection.close()
         elif t == Event.TRANSPORT_CLOSED:
             self._write(c)
-            self._drop(c)
+            if c.outq:
+                c.closing = True       # latency: the last frames (close, errors) still go out when due
+            else:
+                self._drop(c)
 
     def _next_tag(self) -> bytes:
         self._tag += 1
@@ -642,7 +709,7 @@ class Server:
             if isinstance(target, Topic):
                 target.counters["in"] += 1
                 for sub in target.subscriptions:
-                    if correlation_matches(target.filters[sub.path], content):
+                    if any_rule_matches(target.filters[sub.path], content):
                         if sub.requires_session and content.session_id is None:
                             continue
                         sub.enqueue(content, seq, now)
