@@ -12,6 +12,9 @@
 - Idle queues are probed with exponential back-off (``offset_planning.IdleBackoff``).
 - ``reportLatestOffset`` gives each queue's tail as last seen, so ``lastProgress`` shows the
   backlog still behind each queue's offset (like Kafka's ``*OffsetsBehindLatest``).
+- A polite stop: once the file named by the ``stopFile`` option exists, no new batch is planned
+  (``latestOffset`` returns its start), so the batch in flight is the last one; an available-now run
+  then ends by itself.
 - ``spark.read.format("servicebus-backlog")`` (batch) is a snapshot of every message in the
   backlog queues, for the dry run: the same rows, nothing settled.
 
@@ -22,6 +25,7 @@ pickled copy in executors, so SDK clients are created lazily and never pickled.
 from __future__ import annotations
 
 import logging
+import os
 import time
 from dataclasses import dataclass
 
@@ -50,7 +54,7 @@ _DISCOVERY_INTERVAL_SECONDS = 600.0
 _END_OF_QUEUE = (1 << 63) - 1  # a window end past any sequence number: read to the tail
 
 
-def backlog_source_options(config: SyphonConfig) -> dict[str, str]:
+def backlog_source_options(config: SyphonConfig, *, stop_file: str | None = None) -> dict[str, str]:
     """The reader options for a syphon configuration (all strings, as Spark wants them)."""
     options = {
         "primaryNamespace": config.primary.namespace,
@@ -64,6 +68,8 @@ def backlog_source_options(config: SyphonConfig) -> dict[str, str]:
         options[_SECRET_OPTION] = config.secondary.connection_string.reveal()
     if config.secondary.fully_qualified_namespace:
         options["fullyQualifiedNamespace"] = config.secondary.fully_qualified_namespace
+    if stop_file:
+        options["stopFile"] = stop_file
     return options
 
 
@@ -149,6 +155,7 @@ class BacklogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.max_messages = int(options.get("maxMessagesPerTrigger", "1000"))
         self.available_now = options.get("availableNow", "false") == "true"
         self.backoff = offset_planning.IdleBackoff(max_seconds=float(options.get("idleProbeMaxSeconds", "120")))
+        self.stop_file = options.get("stopFile")
         self._target: dict[str, int] | None = None  # available-now: stop here
         self._queues: list[str] | None = None
         self._discovered_at = 0.0
@@ -179,6 +186,8 @@ class BacklogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def latestOffset(self, start: dict | None = None, limit=None) -> dict:
         if start is None:
             start = self._last_end or self.initialOffset()
+        if self.stop_file and os.path.exists(self.stop_file):
+            return offset_planning.normalise_offsets({queue: int(seq) for queue, seq in start.items()})
         budget = self.max_messages
         if ReadMaxRows is not None and isinstance(limit, ReadMaxRows):
             budget = limit.max_rows

@@ -1,18 +1,37 @@
-"""Command line of the syphon (``jobs/syphon.py``, the ``backlog-syphon`` entry point, wheel tasks)."""
+"""Command line of the syphon (``jobs/syphon.py``, the ``backlog-syphon`` entry point, wheel tasks).
+
+Operators get plain answers: every way a run can end prints one closing line and exits with a code
+that says what to do. Tracebacks go to the log file (named in the closing line), or also to the
+console with ``--verbose``.
+
+Exit codes: 0 done (or stopped on request), 1 a batch failed (nothing lost: the next run resumes
+from the tables), 2 a setting is wrong (configuration, credentials, endpoint, rights), 3 another run
+holds the backlog, 4 an available-now run ended with messages left in the backlog.
+
+Signals: the first SIGTERM or SIGINT (a cancelled job, YARN or Kubernetes stopping the driver,
+Ctrl-C) stops the run at the next batch boundary: the batch in flight is recorded and purged, and
+the run exits 0. A second one stops the process at once.
+"""
 
 from __future__ import annotations
 
 import argparse
 import logging
 import os
+import signal
 import sys
+import tempfile
 
 import backlog_syphon
 from backlog_syphon.config import ConfigError, load_config, parse_overrides
 
-EXIT_CONFIG = 2  # the configuration is wrong: fix it and run again
-EXIT_ACCESS = 3  # a namespace or entity cannot be used as configured
+EXIT_OK = 0
+EXIT_BATCH_FAILED = 1  # a micro-batch failed; the next run resumes safely from the tables
+EXIT_SETTINGS = 2  # a setting is wrong: configuration, credentials, endpoint or rights
+EXIT_LEASE_HELD = 3  # another run is delivering from this backlog
 EXIT_NOT_DRAINED = 4  # the run ended with messages still in the backlog
+
+logger = logging.getLogger("backlog_syphon")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -25,41 +44,134 @@ def build_parser() -> argparse.ArgumentParser:
                         help="peek the backlog and report what a replay would do; change nothing")
     parser.add_argument("--timeout", type=float, default=None, help="stop a continuous run after this many seconds")
     parser.add_argument("--quiet", action="store_true", help="no progress line per micro-batch")
+    parser.add_argument("--verbose", action="store_true", help="show tracebacks and Spark's warnings on the console")
+    parser.add_argument("--log-file", default=os.environ.get("SYPHON_LOG_FILE"),
+                        help="where the full log goes, tracebacks included (default: a file in the temp folder)")
     parser.add_argument("--log-level", default="INFO")
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+class _NoTraceback(logging.Formatter):
+    """Console lines without tracebacks: those go to the log file."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        saved = record.exc_info, record.exc_text, record.stack_info
+        record.exc_info = record.exc_text = record.stack_info = None
+        try:
+            return super().format(record)
+        finally:
+            record.exc_info, record.exc_text, record.stack_info = saved
+
+
+def configure_logging(level: str, log_file: str, verbose: bool) -> None:
+    fmt = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+    console = logging.StreamHandler(sys.stderr)
+    console.setFormatter(logging.Formatter(fmt) if verbose else _NoTraceback(fmt))
+    console.setLevel(level.upper())
+    to_file = logging.FileHandler(log_file, encoding="utf-8")
+    to_file.setFormatter(logging.Formatter(fmt))
+    to_file.setLevel(logging.DEBUG)
+    root = logging.getLogger()
+    root.setLevel(logging.DEBUG)
+    root.handlers[:] = [console, to_file]
     for noisy in ("azure", "py4j", "uamqp"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+class StopOnSignal:
+    """First SIGTERM/SIGINT: stop at the next batch boundary. Second: stop at once."""
+
+    def __init__(self):
+        self.run = None
+        self.requested = False
+
+    def install(self) -> None:
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(signum, self._handle)
+
+    def attach(self, run) -> None:
+        self.run = run
+        if self.requested:
+            run.request_stop()
+
+    def _handle(self, signum, _frame) -> None:
+        name = signal.Signals(signum).name
+        if self.requested:
+            print(f"{name} again: stopping now; the next run resumes from the tables", file=sys.stderr, flush=True)
+            os._exit(128 + signum)
+        self.requested = True
+        print(f"{name}: stopping after the batch in flight (send it again to stop at once)", file=sys.stderr,
+              flush=True)
+        if self.run is not None:
+            self.run.request_stop()
+
+
+def fail(message: str, log_file: str, code: int) -> int:
+    print(f"error: {message}", file=sys.stderr)
+    print(f"(details in {log_file})", file=sys.stderr)
+    return code
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    log_file = args.log_file or os.path.join(tempfile.gettempdir(), f"backlog-syphon-{os.getpid()}.log")
+    configure_logging(args.log_level, log_file, args.verbose)
     try:
         config = load_config(args.config, overrides=parse_overrides(args.set))
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
-        return EXIT_CONFIG
+        return EXIT_SETTINGS
 
-    from backlog_syphon.servicebus_io import ServiceBusAccessError
+    from backlog_syphon.lease import LeaseHeldError
+    from backlog_syphon.servicebus_io import PreflightError, ServiceBusAccessError, preflight
+
+    stopper = StopOnSignal()
+    stopper.install()
+    try:
+        preflight(config)
+    except (PreflightError, ServiceBusAccessError) as exc:
+        return fail(str(exc), log_file, EXIT_SETTINGS)
+
     from backlog_syphon.spark_session import build_spark_session
     from backlog_syphon.syphon import dry_run, run_syphon
 
-    logging.getLogger(__name__).info("backlog-syphon library from %s", os.path.dirname(backlog_syphon.__file__))
-    spark = build_spark_session()
+    logger.info("backlog-syphon library from %s; log file %s", os.path.dirname(backlog_syphon.__file__), log_file)
+    spark = build_spark_session(verbose=args.verbose)
     try:
         if args.dry_run:
             print("\n".join(dry_run(spark, config).lines()))
-            return 0
+            return EXIT_OK
         progress = None if args.quiet else (lambda line: print(line, file=sys.stderr, flush=True))
-        summary = run_syphon(spark, config, timeout_seconds=args.timeout, on_progress=progress)
-    except ServiceBusAccessError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return EXIT_ACCESS
+        summary = run_syphon(spark, config, timeout_seconds=args.timeout, on_progress=progress, check_access=False,
+                             on_start=stopper.attach)
+    except LeaseHeldError as exc:
+        return fail(str(exc), log_file, EXIT_LEASE_HELD)
+    except (PreflightError, ServiceBusAccessError) as exc:
+        return fail(str(exc), log_file, EXIT_SETTINGS)
+    except Exception as exc:  # noqa: BLE001 - a failed batch surfaces as Spark's streaming exception
+        logger.debug("the run failed", exc_info=True)
+        return fail(f"{batch_failure(exc)}. Nothing was lost: the next run resumes safely from the audit and "
+                    f"checkpoint tables", log_file, EXIT_BATCH_FAILED)
     print("\n".join(summary.lines()))
+    if stopper.requested:
+        print("stopped on request at a batch boundary; the next run resumes from the tables", file=sys.stderr)
+        return EXIT_OK
     if config.run.trigger == "available_now" and not summary.drained:
         print("warning: messages remain in the backlog (see 'remaining' above)", file=sys.stderr)
         return EXIT_NOT_DRAINED
-    return 0
+    return EXIT_OK
+
+
+def batch_failure(exc: BaseException) -> str:
+    """The one line that matters in Spark's streaming exception: the sink's ``batch N, step S: cause``."""
+    from backlog_syphon.delivery_sink import BATCH_FAILED_MARK
+
+    text = str(exc)
+    at = text.rfind(BATCH_FAILED_MARK)
+    if at >= 0:
+        return text[at + len(BATCH_FAILED_MARK):].strip().splitlines()[0]
+    first = (text.strip().splitlines() or [""])[0][:300]
+    return f"the run failed: {type(exc).__name__}" + (f": {first}" if first else "")
 
 
 def run() -> None:

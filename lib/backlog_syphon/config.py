@@ -63,6 +63,17 @@ class NamespaceConfig:
     connection_string: Secret | None = None
     fully_qualified_namespace: str | None = None  # e.g. contoso.servicebus.windows.net (Azure AD)
 
+    @property
+    def endpoint(self) -> str:
+        """``host[:port]`` of the namespace (not a secret: it names where, not how to get in)."""
+        if self.connection_string is None:
+            return self.fully_qualified_namespace or ""
+        for piece in self.connection_string.reveal().split(";"):
+            key, _, value = piece.partition("=")
+            if key.strip().lower() == "endpoint":
+                return value.strip().split("://", 1)[-1].strip("/")
+        return ""
+
 
 @dataclass(frozen=True)
 class PrimaryConfig(NamespaceConfig):
@@ -80,6 +91,11 @@ class StorageConfig:
     audit_table: str = ""  # Delta path (contains '/' or a scheme) or a catalog table name
     checkpoint_table: str = ""
     checkpoint_location: str = ""  # Spark streaming checkpoint folder
+    lease_table: str = ""  # which run may deliver; default: the checkpoint table's name + "_lease"
+
+    @property
+    def resolved_lease_table(self) -> str:
+        return self.lease_table or self.checkpoint_table.rstrip("/") + "_lease"
 
 
 @dataclass(frozen=True)
@@ -88,6 +104,8 @@ class RunConfig:
     max_messages_per_trigger: int = 1000
     query_name: str = "backlog-syphon"
     idle_probe_max_seconds: float = 120.0  # longest pause between probes of an empty backlog queue
+    wait_for_lease: bool = False  # another run holds the backlog: wait for it (true) or exit at once
+    lease_seconds: float = 120.0  # how long a crashed run's lease blocks the next run
 
 
 @dataclass(frozen=True)
@@ -119,7 +137,7 @@ class SyphonConfig:
         raw = _to_raw(self)
         for dotted, text in overrides.items():
             _apply_override(raw, dotted, text, origin)
-        return _build(raw, origin, resolve_secret=lambda ref, where: ref)
+        return _build(raw, origin, resolve_secret=_SecretResolver(os.environ, None))
 
 
 _SECTIONS: dict[str, type] = {
@@ -321,6 +339,8 @@ def _validate(config: SyphonConfig, origin: str) -> None:
             _check_connection_string(ns.connection_string, f"{name}.connection_string")
     if config.backlog.queue_count < 1:
         raise ConfigError(f"{origin}: backlog.queue_count must be at least 1")
+    if config.run.lease_seconds < 1:
+        raise ConfigError(f"{origin}: run.lease_seconds must be at least 1")
     if config.run.max_messages_per_trigger < 1:
         raise ConfigError(f"{origin}: run.max_messages_per_trigger must be at least 1")
     if config.run.trigger != "available_now" and not _INTERVAL.match(config.run.trigger):

@@ -13,6 +13,8 @@ import datetime as dt
 from collections import defaultdict
 from typing import Iterable
 
+from backlog_syphon.purge_plan import PurgePlan
+
 DELIVERED = "delivered"
 DEAD_LETTERED = "dead_lettered"
 SKIPPED_PING = "skipped_ping"
@@ -56,15 +58,23 @@ def mark_purged(state: dict[str, dict], purged: dict[str, int], *, now: dt.datet
     return new_state
 
 
-def purge_plans(outcomes: list[dict]) -> dict[str, dict[int, tuple[str, str] | None]]:
-    """Per queue: sequence number -> None (complete) or (reason code, reason) (dead-letter)."""
-    plans: dict[str, dict[int, tuple[str, str] | None]] = defaultdict(dict)
+def purge_plans(outcomes: list[dict], purged_through: dict[str, int], *, verify: bool = False
+                ) -> dict[str, PurgePlan]:
+    """Per queue, what its purge settles: every recorded outcome above the queue's purged-through mark."""
+    by_queue: dict[str, list[dict]] = defaultdict(list)
     for row in outcomes:
-        action = None
-        if row["outcome"] == DEAD_LETTERED:
-            action = (row["reason_code"] or "undeliverable", row["reason"] or "")
-        plans[row["backlog_queue"]][int(row["sequence_number"])] = action
-    return dict(plans)
+        if int(row["sequence_number"]) > purged_through.get(row["backlog_queue"], 0):
+            by_queue[row["backlog_queue"]].append(row)
+    return {
+        queue: PurgePlan(
+            queue=queue, first=purged_through.get(queue, 0) + 1,
+            through=max(int(row["sequence_number"]) for row in rows),
+            expected=len({int(row["sequence_number"]) for row in rows}),
+            dead_letters={int(row["sequence_number"]): (row["reason_code"] or "undeliverable", row["reason"] or "")
+                          for row in rows if row["outcome"] == DEAD_LETTERED},
+            verify=verify)
+        for queue, rows in sorted(by_queue.items())
+    }
 
 
 def summarise(outcomes: list[dict]) -> dict[str, dict[str, int]]:

@@ -15,9 +15,15 @@ Invariant: a backlog message is settled only in step 6, after its outcome was re
 The duplicate window is a crash between a send (3) and the audit append (4): those messages are
 sent again on replay, with the same MessageId.
 
+Before sending, the sink checks that this run still holds the backlog's lease (``fence``): a run
+whose lease was lost fails the batch before sending anything.
+
+A batch that fails raises ``BatchFailedError``: one line naming the batch, the step and the cause,
+which the command line shows instead of Spark's trace.
+
 ``SYPHON_FAULT_PAUSE_AT=<step>`` makes the process stop at that step (writing the file named by
-``SYPHON_FAULT_MARKER``) so crash tests can SIGKILL it there; steps: before_send, mid_send,
-after_send, after_audit, after_checkpoint.
+``SYPHON_FAULT_MARKER``) so crash tests can SIGKILL it there; with ``SYPHON_FAULT_PAUSE_SECONDS`` it
+goes on after that long instead. Steps: before_send, mid_send, after_send, after_audit, after_checkpoint.
 """
 
 from __future__ import annotations
@@ -30,34 +36,66 @@ from typing import Callable, Iterable, Iterator
 
 from pyspark.sql import DataFrame, SparkSession
 
-from backlog_syphon import delivery_plan, delta_tables, restore_rules
+from backlog_syphon import delivery, delivery_plan, delta_tables, restore_rules
 from backlog_syphon.config import SyphonConfig
 from backlog_syphon.delivery_plan import DEAD_LETTERED, DELIVERED, SKIPPED_PING
+from backlog_syphon.lease import LeaseLostError
 from backlog_syphon.progress import BatchStats
 
 logger = logging.getLogger(__name__)
 
 
+_paused_at: set[str] = set()
+
+
 def fault_point(step: str) -> None:
-    """Test hook: park the process at ``step`` so a test can kill it there (no-op unless configured)."""
-    if os.environ.get("SYPHON_FAULT_PAUSE_AT") != step:
+    """Test hook: park the process at ``step`` so a test can kill it there (no-op unless configured).
+
+    With ``SYPHON_FAULT_PAUSE_SECONDS`` the process pauses that long, once, and goes on.
+    """
+    if os.environ.get("SYPHON_FAULT_PAUSE_AT") != step or step in _paused_at:
         return
     marker = os.environ.get("SYPHON_FAULT_MARKER")
     if marker:
         with open(marker, "a") as handle:
             handle.write(f"{step} {os.getpid()}\n")
+    pause = os.environ.get("SYPHON_FAULT_PAUSE_SECONDS")
+    if pause:
+        _paused_at.add(step)
+        time.sleep(float(pause))
+        return
     while True:
         time.sleep(3600)
+
+
+BATCH_FAILED_MARK = "syphon batch failed:"
+
+
+class BatchFailedError(RuntimeError):
+    """A micro-batch failed. Its message is one line: ``syphon batch failed: batch N, step S: cause``."""
+
+    def __init__(self, batch_id: int, step: str, cause: BaseException):
+        self.batch_id, self.step = batch_id, step
+        super().__init__(f"{BATCH_FAILED_MARK} batch {batch_id}, step {step}: {describe_failure(cause)}")
+
+
+def describe_failure(exc: BaseException) -> str:
+    """The cause of a failure in one line: our own errors say it all, others by type and first line."""
+    if isinstance(exc, (LeaseLostError, BatchFailedError)):
+        return str(exc)
+    first_line = (str(exc).strip().splitlines() or [""])[0][:300]
+    return f"{type(exc).__name__}: {first_line}" if first_line else type(exc).__name__
 
 
 class DeliverySink:
     """Callable for ``foreachBatch``; holds only picklable settings."""
 
-    def __init__(self, config: SyphonConfig, *, run_id: str, app_id: str,
+    def __init__(self, config: SyphonConfig, *, run_id: str, app_id: str, lease_keeper=None,
                  clock: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.timezone.utc)):
         self.config = config
         self.run_id = run_id
         self.app_id = app_id  # Delta transaction app id: one per streaming checkpoint
+        self.lease_keeper = lease_keeper  # fence.LeaseKeeper; None only in tests of the sink alone
         self.clock = clock
         self.totals: list[dict] = []  # every outcome of this run (driver side), for the summary
         # The sink is the only writer of both tables, so after the first batch of a run it keeps
@@ -73,23 +111,25 @@ class DeliverySink:
         batch = batch.persist()  # the window is peeked once, whatever the steps below do
         timings: dict[str, float] = {}
         mark = time.monotonic()
+        step = "peek"
 
-        def step_done(name: str) -> None:
-            nonlocal mark
+        def step_done(name: str, next_step: str) -> None:
+            nonlocal mark, step
             now_mark = time.monotonic()
             timings[name] = round(now_mark - mark, 2)
-            mark = now_mark
+            mark, step = now_mark, next_step
 
         try:
             queues = sorted(row[0] for row in batch.select("backlog_queue").distinct().collect())
             if not queues:
                 return
-            step_done("peek")
-            if self._checkpoint is None:  # first batch of this run: maybe a replay after a crash
+            step_done("peek", "read_tables")
+            first_batch = self._checkpoint is None
+            if first_batch:  # first batch of this run: maybe a replay after a crash
                 self._checkpoint = delta_tables.read_checkpoint(spark, storage.checkpoint_table)
                 self._unpurged = delta_tables.recorded_outcomes(
                     spark, storage.audit_table, {q: self._purged_through(q) for q in set(queues) | set(self._checkpoint)})
-                step_done("read_tables")
+                step_done("read_tables", "restore")
             purged_through = {q: self._purged_through(q) for q in queues}
             recorded = list(self._unpurged)  # also settles leftovers of queues absent from this batch
             now = self.clock()
@@ -98,13 +138,16 @@ class DeliverySink:
             classified = restore_rules.classify_messages(                                                # 2
                 pending, now=now, ttl_policy=self.config.restore.ttl_policy,
                 max_message_size_bytes=self.config.sink.max_message_size_bytes)
+            step = "send"
+            if self.lease_keeper is not None:
+                self.lease_keeper.check_before_send(spark)
             fault_point("before_send")
             new_outcomes = self._send(classified, batch_id)                                              # 3
-            step_done("send")
+            step_done("send", "audit")
             fault_point("after_send")
             delta_tables.append_audit(spark, storage.audit_table,                                        # 4
                                       [_audit_tuple(row) for row in new_outcomes], self.app_id, batch_id)
-            step_done("audit")
+            step_done("audit", "checkpoint")
             fault_point("after_audit")
             outcomes = recorded + new_outcomes
             self._checkpoint = delivery_plan.advance_checkpoint(self._checkpoint, outcomes, batch_id=batch_id,
@@ -112,9 +155,10 @@ class DeliverySink:
             delta_tables.write_checkpoint(spark, storage.checkpoint_table, list(self._checkpoint.values()),  # 5
                                           app_id=self.app_id, batch_id=batch_id)
             self._purges_unrecorded = False
-            step_done("checkpoint")
+            step_done("checkpoint", "purge")
             fault_point("after_checkpoint")
-            purged = self._purge(delivery_plan.purge_plans(outcomes))                                     # 6
+            purged = self._purge(delivery_plan.purge_plans(                                                # 6
+                outcomes, {queue: self._purged_through(queue) for queue in self._checkpoint}, verify=first_batch))
             # Recorded with the next batch's checkpoint (or by flush() at the end of a run): one
             # Delta commit less per batch. A crash before then only makes a restart re-check
             # messages that are already gone (see servicebus_io.purge_backlog).
@@ -122,7 +166,7 @@ class DeliverySink:
             self._purges_unrecorded = bool(purged)
             self._unpurged = [row for row in self._unpurged + new_outcomes
                               if int(row["sequence_number"]) > self._purged_through(row["backlog_queue"])]
-            step_done("purge")
+            step_done("purge", "report")
             self.totals.extend(new_outcomes)
             counts = {o: sum(1 for r in new_outcomes if r["outcome"] == o) for o in delivery_plan.OUTCOMES}
             self.batch_stats[batch_id] = BatchStats(
@@ -131,6 +175,9 @@ class DeliverySink:
             logger.info("batch_id=%s queues=%d delivered=%d dead_lettered=%d skipped=%d replayed=%d seconds=%s",
                         batch_id, len(queues), counts[DELIVERED], counts[DEAD_LETTERED], counts[SKIPPED_PING],
                         len(recorded), timings)
+        except Exception as exc:
+            logger.error("batch_id=%s failed in step %s", batch_id, step, exc_info=True)
+            raise BatchFailedError(batch_id, step, exc) from exc
         finally:
             batch.unpersist()
 
@@ -167,15 +214,15 @@ class DeliverySink:
         if not plans:
             return {}
         with ThreadPoolExecutor(max_workers=min(8, len(plans)), thread_name_prefix="purge") as pool:
-            results = dict(zip(plans, pool.map(lambda queue: purge_backlog(self.config.secondary, queue, plans[queue]),
+            results = dict(zip(plans, pool.map(lambda queue: purge_backlog(self.config.secondary, plans[queue]),
                                                plans)))
         for queue, result in results.items():
-            if result.settled_through is None or result.settled_through < max(plans[queue]):
+            if result.settled_through < plans[queue].through:
                 logger.warning("backlog=%s purge incomplete: settled through %s of %s (completed=%d "
                                "dead_lettered=%d released=%d); retried with the next batch", queue,
-                               result.settled_through, max(plans[queue]), result.completed,
+                               result.settled_through, plans[queue].through, result.completed,
                                result.dead_lettered, result.released)
-        return {queue: r.settled_through for queue, r in results.items() if r.settled_through is not None}
+        return {queue: result.settled_through for queue, result in results.items()}
 
 
 def _drop_recorded(spark: SparkSession, batch: DataFrame, purged_through: dict[str, int],
@@ -206,103 +253,38 @@ def _audit_tuple(row: dict) -> tuple:
 def deliver_partition(rows: Iterable, *, primary, sink, run_id: str, batch_id: int,
                       clock: Callable[[], dt.datetime]) -> Iterator[dict]:
     """Deliver one task's rows in (queue, sequence number) order; yield one outcome per row."""
-    from backlog_syphon.servicebus_io import DestinationSenders
+    from backlog_syphon.servicebus_io import DestinationSenders, classify_send_error
 
-    ordered = sorted((row.asDict() for row in rows), key=lambda r: (r["backlog_queue"], r["sequence_number"]))
-    senders = DestinationSenders(primary)
-    for group in _send_groups(ordered):
-        first = group[0]
-        if first["action"] != restore_rules.Action.DELIVER:
-            outcome = SKIPPED_PING if first["action"] == restore_rules.Action.SKIP else DEAD_LETTERED
-            for row in group:
-                yield _outcome(row, outcome, row["reason_code"], row["reason"], 0, run_id, batch_id, clock)
-            continue
-        yield from _deliver_group(senders, group, primary=primary, sink=sink, run_id=run_id,
-                                  batch_id=batch_id, clock=clock)
+    mid_send = []
 
-
-def _send_groups(rows: list[dict]) -> list[list[dict]]:
-    """Rows that share one batched send: same backlog queue, destination and session, in order.
-
-    Only the order within a destination (and so within a session) can be observed by anyone, so a
-    backlog queue's messages are batched per destination instead of per run of neighbours: with
-    destinations interleaved in a backlog queue that is many times fewer sends.
-    """
-    groups: dict[tuple, list[dict]] = {}
-    for row in rows:
-        if row["action"] == restore_rules.Action.DELIVER:
-            key = (row["backlog_queue"], "deliver", row["destination"], row["session_id"])
-        else:
-            key = (row["backlog_queue"], "reject", row["sequence_number"], None)
-        groups.setdefault(key, []).append(row)
-    return list(groups.values())
-
-
-def _deliver_group(senders, group: list[dict], *, primary, sink, run_id, batch_id, clock) -> Iterator[dict]:
-    from backlog_syphon.servicebus_io import PartialSendError, classify_send_error, wait_until_reachable
-
-    destination = group[0]["destination"]
-    pending = [(row, _restored_sdk_message(row)) for row in group]
-    attempts = 0
-    mid_send_reached = False
-    while pending:
-        attempts += 1
-        try:
-            sent = senders.send(destination, [message for _, message in pending])
-        except PartialSendError as error:
-            sent, cause = error.sent, error.cause
-        else:
-            cause = None
-        for row, _ in pending[:sent]:
-            yield _outcome(row, DELIVERED, None, None, attempts, run_id, batch_id, clock)
-        pending = pending[sent:]
-        if sent and not mid_send_reached:
-            mid_send_reached = True
+    def first_send() -> None:
+        if not mid_send:
+            mid_send.append(True)
             fault_point("mid_send")
-        if cause is None:
-            return
-        failure = classify_send_error(cause, destination)
-        senders.reset(destination)
-        if not failure.transient:
-            # Too large: only the first pending message is at fault; the rest may still go.
-            rejected = pending[:1] if failure.reason_code == "message_too_large" else pending
-            for row, _ in rejected:
-                yield _outcome(row, DEAD_LETTERED, failure.reason_code, failure.reason, attempts, run_id,
-                               batch_id, clock)
-            pending = pending[len(rejected):]
-            continue
-        logger.warning("destination=%s backlog=%s sequence_number=%s transient send failure (%s), attempt %d",
-                       destination, pending[0][0]["backlog_queue"], pending[0][0]["sequence_number"],
-                       failure.reason, attempts)
-        if attempts % sink.max_send_attempts == 0:
-            # Persistently failing: wait for the primary instead of draining into failure.
-            if not wait_until_reachable(primary, destination, max_wait_seconds=sink.outage_wait_seconds):
-                raise RuntimeError(f"primary namespace unreachable for {sink.outage_wait_seconds:.0f} s while "
-                                   f"sending to '{destination}' ({failure.reason}); nothing was lost, "
-                                   f"restart the job when it is back")
-        else:
-            time.sleep(min(sink.max_retry_backoff_seconds, sink.retry_backoff_seconds * 2 ** (attempts - 1)))
+
+    for result in delivery.deliver_rows((row.asDict() for row in rows), build=build_outgoing,
+                                        sender=DestinationSenders(primary), classify=classify_send_error, sink=sink,
+                                        on_sent=first_send):
+        yield _outcome(result, run_id, batch_id, clock)
 
 
-def _restored_sdk_message(row: dict):
-    """The outgoing SDK message for a deliverable row, with the TTL its classification chose."""
-    from backlog_syphon.amqp_message import decode_message, restored_message
-    from backlog_syphon.legacy_properties import decode_legacy_properties
-    from backlog_syphon.servicebus_io import to_sdk_message
+def build_outgoing(row) -> delivery.Outgoing:
+    """The restored message of a deliverable row, as the bytes to send, with the TTL its classification chose."""
+    from backlog_syphon.amqp_message import restore_message_bytes
 
-    decoded = decode_message(row["raw_message"])
-    fields = decode_legacy_properties(decoded.application_properties)
-    ttl_ms = row["restored_time_to_live_ms"]
-    return to_sdk_message(restored_message(decoded, fields, None if ttl_ms is None else dt.timedelta(milliseconds=ttl_ms)))
+    partition_key = None
+    return delivery.Outgoing(restore_message_bytes(row["raw_message"], row["restored_time_to_live_ms"]),
+                             row["message_id"], row["session_id"], partition_key)
 
 
-def _outcome(row: dict, outcome: str, reason_code, reason, attempts: int, run_id: str, batch_id: int,
-             clock) -> dict:
+def _outcome(result: delivery.Delivery, run_id: str, batch_id: int, clock) -> dict:
+    row = result.row
     return {
         "run_id": run_id, "batch_id": batch_id, "backlog_queue": row["backlog_queue"],
         "sequence_number": row["sequence_number"], "message_id": row["message_id"],
-        "destination": row["destination"], "session_id": row["session_id"], "outcome": outcome,
-        "reason_code": reason_code, "reason": reason, "body_size": row["body_size"],
-        "enqueued_time": row["enqueued_time"], "scheduled_enqueue_time": row["scheduled_enqueue_time"],
-        "time_to_live_ms": row["restored_time_to_live_ms"], "outcome_time": clock(), "attempts": attempts,
+        "destination": row["destination"], "session_id": row["session_id"], "outcome": str(result.outcome),
+        "reason_code": None if result.reason_code is None else str(result.reason_code), "reason": result.reason,
+        "body_size": row["body_size"], "enqueued_time": row["enqueued_time"],
+        "scheduled_enqueue_time": row["scheduled_enqueue_time"], "time_to_live_ms": row["restored_time_to_live_ms"],
+        "outcome_time": clock(), "attempts": result.attempts,
     }

@@ -5,19 +5,26 @@
 - ``checkpoint``: one row per backlog queue: delivered-through and purged-through sequence
   numbers, last batch, counts. Rewritten whole after each batch (it is tiny and the sink is its
   only writer), under the same transaction identifiers.
-Both are created on first use with fixed schemas, and readable by any Delta reader.
+- ``lease``: one row per backlog: which run may deliver from it, until when (see ``lease``). Taken and
+  extended with MERGE, an optimistic-concurrency commit, so of two runs racing for it one wins.
+All are created on first use with fixed schemas, and readable by any Delta reader. Lease statements
+are plain SQL, which works the same through a classic session and Spark Connect.
 
 A table setting is a path (it contains '/' or a scheme) or a catalog table name.
 """
 
 from __future__ import annotations
 
+import datetime as dt
+import uuid
 from typing import Iterable
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import (DateType, IntegerType, LongType, StringType, StructField, StructType,
                                TimestampType)
+
+from backlog_syphon.lease import Lease
 
 # What the sink produces per message; the table adds the partition column ``outcome_date``.
 AUDIT_ROW_SCHEMA = StructType([
@@ -53,18 +60,35 @@ CHECKPOINT_SCHEMA = StructType([
 ])
 
 
+LEASE_SCHEMA = StructType([
+    StructField("lease_key", StringType(), False),  # the backlog: "<secondary host>/<primary namespace>"
+    StructField("run_id", StringType(), False),  # the holding run
+    StructField("host", StringType(), False),  # where the holder runs
+    StructField("pid", LongType(), False),  # and its process (a dead one on this host is taken over)
+    StructField("acquired_at", TimestampType(), False),
+    StructField("renewed_at", TimestampType(), False),
+    StructField("expires_at", TimestampType(), False),
+])
+
+
 def _is_path(table: str) -> bool:
     return "/" in table or ":" in table
+
+
+def _sql_name(table: str) -> str:
+    return "delta.`" + table.replace("`", "``") + "`" if _is_path(table) else table
 
 
 def read_table(spark: SparkSession, table: str) -> DataFrame:
     return spark.read.format("delta").load(table) if _is_path(table) else spark.read.table(table)
 
 
-def ensure_tables(spark: SparkSession, audit_table: str, checkpoint_table: str) -> None:
-    """Create both tables when missing (idempotent; safe when two runs race on first use)."""
+def ensure_tables(spark: SparkSession, audit_table: str, checkpoint_table: str, lease_table: str | None = None) -> None:
+    """Create the tables when missing (idempotent; safe when two runs race on first use)."""
     _ensure(spark, audit_table, AUDIT_SCHEMA, partition_by=["outcome_date"])
     _ensure(spark, checkpoint_table, CHECKPOINT_SCHEMA, partition_by=[])
+    if lease_table is not None:
+        _ensure(spark, lease_table, LEASE_SCHEMA, partition_by=[])
 
 
 def _ensure(spark: SparkSession, table: str, schema: StructType, partition_by: list[str]) -> None:
@@ -119,3 +143,53 @@ def write_checkpoint(spark: SparkSession, checkpoint_table: str, rows: list[dict
         writer.save(checkpoint_table)
     else:
         writer.saveAsTable(checkpoint_table)
+
+
+# --- the lease ----------------------------------------------------------------------------------
+
+def read_lease(spark: SparkSession, lease_table: str, lease_key: str) -> Lease | None:
+    rows = read_table(spark, lease_table).where(F.col("lease_key") == lease_key).collect()
+    if not rows:
+        return None
+    row = rows[0]
+    return Lease(row["lease_key"], row["run_id"], row["host"], int(row["pid"]), _utc(row["acquired_at"]),
+                 _utc(row["renewed_at"]), _utc(row["expires_at"]))
+
+
+def write_lease_if_free(spark: SparkSession, lease_table: str, lease: Lease, *,
+                        takeover_from: str | None = None) -> bool:
+    """Write ``lease`` if its row is free for ``lease.run_id``; True if written.
+
+    Free: no row, the row is this run's, it expired, or it is still held by ``takeover_from`` (a run
+    known to be gone). One MERGE: the check and the write are one optimistic-concurrency commit, so
+    when two runs race, one commit wins and the other finds the row taken or fails with a conflict.
+    """
+    view = f"syphon_lease_{uuid.uuid4().hex}"  # the statement's source row; unique per call and thread
+    columns = LEASE_SCHEMA.fieldNames()
+    source = spark.createDataFrame([tuple(getattr(lease, name) for name in columns)], LEASE_SCHEMA)
+    source.withColumn("takeover_from", F.lit(takeover_from).cast("string")).createOrReplaceTempView(view)
+    try:
+        metrics = spark.sql(f"""
+            MERGE INTO {_sql_name(lease_table)} AS t USING {view} AS s
+            ON t.lease_key = s.lease_key
+            WHEN MATCHED AND (t.run_id = s.run_id OR t.expires_at <= s.renewed_at OR t.run_id <=> s.takeover_from)
+                THEN UPDATE SET {", ".join(f"{name} = s.{name}" for name in columns)}
+            WHEN NOT MATCHED THEN INSERT ({", ".join(columns)}) VALUES ({", ".join(f"s.{name}" for name in columns)})
+            """).collect()
+    except commit_conflicts():
+        return False
+    finally:
+        spark.catalog.dropTempView(view)
+    return bool(metrics) and int(metrics[0]["num_affected_rows"]) == 1
+
+
+def commit_conflicts() -> tuple[type[BaseException], ...]:
+    """Delta's commit-conflict exceptions (siblings, not one family: each is listed)."""
+    from delta import exceptions
+
+    return tuple(getattr(exceptions, name) for name in exceptions.__all__)
+
+
+def _utc(value: dt.datetime) -> dt.datetime:
+    # Spark hands timestamps to Python as naive local times; astimezone reads them as such.
+    return value.astimezone(dt.timezone.utc)

@@ -121,18 +121,34 @@ class SyphonProgressListener(StreamingQueryListener):
             return self.points[index:]
 
 
-def follow_progress(query, listener: SyphonProgressListener, emit: Callable[[str], None] = print,
-                    poll_seconds: float = 1.0, timeout_seconds: float | None = None) -> None:
-    """Emit each batch's line from this thread until the query ends (or the timeout passes)."""
+def follow_progress(query, listener: SyphonProgressListener, emit: Callable[[str], None] | None = print, *,
+                    poll_seconds: float = 1.0, timeout_seconds: float | None = None,
+                    stop_requested: Callable[[], bool] = lambda: False) -> None:
+    """Wait until the query ends, the timeout passes, or a requested stop reaches a batch boundary,
+    emitting each batch's line (unless ``emit`` is None) from this thread."""
     shown = 0
     deadline = None if timeout_seconds is None else time.monotonic() + timeout_seconds
+    idle_polls = 0  # consecutive polls without a running trigger since a stop was requested
     while True:
-        finished = not query.isActive or (deadline is not None and time.monotonic() >= deadline)
+        if stop_requested():
+            idle_polls = idle_polls + 1 if not trigger_active(query) else 0
+        finished = (not query.isActive or (deadline is not None and time.monotonic() >= deadline)
+                    or idle_polls >= 2)
         if finished:
             time.sleep(min(poll_seconds, 1.0))  # the last batch's progress event may still be on its way
         for point in listener.points_since(shown):
-            emit(progress_line(point))
+            if emit is not None:
+                emit(progress_line(point))
             shown += 1
         if finished:
             return
-        query.awaitTermination(poll_seconds)
+        query.awaitTermination(poll_seconds if not stop_requested() else min(poll_seconds, 0.5))
+
+
+def trigger_active(query) -> bool:
+    """Whether a trigger (planning or running a batch) is under way. After a stop was requested no new
+    batch is planned, so a query without an active trigger can be stopped between batches."""
+    try:
+        return bool(query.status.get("isTriggerActive", False))
+    except Exception:  # noqa: BLE001 - a query that just ended has no status
+        return False

@@ -15,9 +15,11 @@ form ``{TYPE: AMQPTypes.x, VALUE: v}`` of its AMQP encoder.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import hashlib
 import logging
+import queue as queue_module
 import threading
 import time
 import uuid
@@ -26,28 +28,28 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import proton
-from azure.servicebus import ServiceBusClient, ServiceBusReceiveMode, ServiceBusSubQueue
+from azure.servicebus import ServiceBusClient, ServiceBusMessageBatch, ServiceBusReceiveMode, ServiceBusSubQueue
 from azure.servicebus._common.constants import (
+    _BATCH_MESSAGE_OVERHEAD_COST,
     MGMT_REQUEST_FROM_SEQUENCE_NUMBER,
     MGMT_REQUEST_MAX_MESSAGE_COUNT,
     REQUEST_RESPONSE_PEEK_OPERATION,
 )
 from azure.servicebus._pyamqp.types import TYPE, VALUE, AMQPTypes
-from azure.servicebus.amqp import AmqpAnnotatedMessage, AmqpMessageHeader, AmqpMessageProperties
+from azure.servicebus.amqp import AmqpAnnotatedMessage, AmqpMessageProperties
 from azure.servicebus.exceptions import (
     MessageSizeExceededError,
     MessagingEntityDisabledError,
     MessagingEntityNotFoundError,
-    OperationTimeoutError,
     ServiceBusAuthenticationError,
     ServiceBusAuthorizationError,
-    ServiceBusConnectionError,
     ServiceBusError,
-    ServiceBusQuotaExceededError,
-    ServiceBusServerBusyError,
 )
 
 from backlog_syphon.config import NamespaceConfig
+from backlog_syphon.delivery import Outgoing, PartialSendError, SendFailure
+from backlog_syphon.model import ReasonCode
+from backlog_syphon.purge_plan import PurgePlan, PurgeProgress, PurgeResult
 
 logger = logging.getLogger(__name__)
 
@@ -227,100 +229,76 @@ def typed_value(value: Any) -> Any:
     return {TYPE: amqp_type, VALUE: convert(value)}
 
 
-def _plain(value: Any) -> Any:
-    """Message ids and the like: the SDK wants plain str/bytes/uuid/int there."""
-    if value is None or isinstance(value, (str, bytes, uuid.UUID)):
-        return str(value) if isinstance(value, proton.symbol) else value
-    return int(value) if isinstance(value, int) else value
-
-
-def to_sdk_message(message) -> AmqpAnnotatedMessage:
-    """An outgoing SDK message from a restored ``amqp_message.DecodedMessage``, types preserved."""
-    body_kwargs: dict[str, Any]
-    if message.body_kind == "data":
-        body_kwargs = {"data_body": list(message.body)}
-    elif message.body_kind == "sequence":
-        body_kwargs = {"sequence_body": [typed_value(section) for section in message.body]}
-    else:
-        body_kwargs = {"value_body": typed_value(message.body)}
-    header = message.header
-    props = message.properties
-    return AmqpAnnotatedMessage(
-        header=AmqpMessageHeader(durable=header.durable, priority=header.priority,
-                                 time_to_live=header.ttl_ms, first_acquirer=header.first_acquirer),
-        properties=AmqpMessageProperties(
-            message_id=_plain(props.message_id), user_id=props.user_id, to=props.to, subject=props.subject,
-            reply_to=props.reply_to, correlation_id=_plain(props.correlation_id), content_type=props.content_type,
-            content_encoding=props.content_encoding, group_id=props.group_id, group_sequence=props.group_sequence,
-            reply_to_group_id=props.reply_to_group_id,
-            absolute_expiry_time=None, creation_time=props.creation_time),
-        application_properties={k: typed_value(v) for k, v in message.application_properties.items()},
-        annotations={k: typed_value(v) for k, v in message.message_annotations.items()},
-        **body_kwargs,
-    )
-
-
-@dataclass(frozen=True)
-class SendFailure:
-    transient: bool
-    reason_code: str
-    reason: str
-
-
 def classify_send_error(exc: BaseException, destination: str) -> SendFailure:
     """Transient (retry, then wait for the primary) or final for these messages (dead-letter)."""
     name = type(exc).__name__
     if isinstance(exc, MessagingEntityNotFoundError):
-        return SendFailure(False, "destination_not_found", f"destination '{destination}' does not exist in the primary namespace ({name})")
+        return SendFailure(False, ReasonCode.DESTINATION_NOT_FOUND,
+                           f"destination '{destination}' does not exist in the primary namespace ({name})")
     if isinstance(exc, MessageSizeExceededError):
-        return SendFailure(False, "message_too_large", f"the restored message is larger than '{destination}' accepts ({name})")
+        return SendFailure(False, ReasonCode.MESSAGE_TOO_LARGE,
+                           f"the restored message is larger than '{destination}' accepts ({name})")
     if isinstance(exc, ServiceBusAuthorizationError):
-        return SendFailure(False, "unauthorized", f"not authorized to send to '{destination}' ({name})")
+        return SendFailure(False, ReasonCode.UNAUTHORIZED, f"not authorized to send to '{destination}' ({name})")
     if isinstance(exc, MessagingEntityDisabledError):
         # A disabled entity is an operator's temporary choice: wait rather than dead-letter.
-        return SendFailure(True, "destination_disabled", f"destination '{destination}' is disabled ({name})")
-    if isinstance(exc, (ServiceBusServerBusyError, ServiceBusQuotaExceededError, OperationTimeoutError,
-                        ServiceBusConnectionError)):
-        return SendFailure(True, "transient", f"{name} while sending to '{destination}'")
+        return SendFailure(True, ReasonCode.DESTINATION_DISABLED, f"destination '{destination}' is disabled ({name})")
     if isinstance(exc, ServiceBusAuthenticationError):
-        return SendFailure(True, "authentication_failed", f"authentication failed for the primary namespace ({name})")
-    if isinstance(exc, ServiceBusError):
-        return SendFailure(True, "transient", f"{name} while sending to '{destination}'")
-    return SendFailure(True, "transient", f"{name} while sending to '{destination}'")
+        # The pre-flight checked the credentials: now it is a rotated key or an expired token.
+        return SendFailure(True, ReasonCode.AUTHENTICATION_FAILED,
+                           f"authentication failed for the primary namespace ({name})")
+    return SendFailure(True, ReasonCode.TRANSIENT, f"{name} while sending to '{destination}'")
 
 
-def send_in_batches(sender, messages: Iterable) -> Iterator[int]:
-    """Send messages in order, as few ``ServiceBusMessageBatch`` sends as fit; yield each one's size once sent."""
+def add_encoded(batch: ServiceBusMessageBatch, message: Outgoing) -> bool:
+    """Add an encoded AMQP message to a batch exactly as it is; False when it does not fit.
+
+    The SDK re-encodes what it is given from its own message model, which cannot express every
+    AMQP body (a typed value or sequence body comes out as a map, or nested one level deeper). The
+    batch envelope carries each message as one Data section of its encoded bytes, so the restored
+    bytes go in unchanged: the same bookkeeping as ``ServiceBusMessageBatch.add_message`` (pinned
+    by azure-servicebus==7.15.0 and covered by the fidelity tests), without the re-encoding.
+    """
+    size = len(message.encoded)
+    size_after = batch._size + size + _BATCH_MESSAGE_OVERHEAD_COST[0 if size < 256 else 1]  # noqa: SLF001
+    if size_after > batch.max_size_in_bytes:
+        return False
+    batch._message[5].append(message.encoded)  # noqa: SLF001 - the envelope's Data sections
+    batch._size = size_after  # noqa: SLF001
+    batch._count += 1  # noqa: SLF001
+    if batch._count == 1:  # noqa: SLF001 - the envelope names its first message, as add_message does
+        batch._amqp_transport.set_batch_envelope_properties(  # noqa: SLF001
+            batch._message, message.message_id, message.session_id, message.partition_key)  # noqa: SLF001
+    return True
+
+
+def send_encoded(sender, messages: Iterable[Outgoing]) -> Iterator[int]:
+    """Send encoded messages in order, as few batched sends as fit; yield each send's count once sent."""
     batch = sender.create_message_batch()
     for message in messages:
-        try:
-            batch.add_message(message)
-        except MessageSizeExceededError:
-            if not len(batch):
-                raise  # too large on its own
-            sender.send_messages(batch)  # batch full: ship it and start the next one
-            yield len(batch)
-            batch = sender.create_message_batch()
-            batch.add_message(message)
+        if add_encoded(batch, message):
+            continue
+        if not len(batch):
+            raise MessageSizeExceededError(message=f"a message of {len(message.encoded)} bytes is larger than the "
+                                                   f"{batch.max_size_in_bytes} bytes the destination accepts")
+        sender.send_messages(batch)  # batch full: ship it and start the next one
+        yield len(batch)
+        batch = sender.create_message_batch()
+        if not add_encoded(batch, message):
+            raise MessageSizeExceededError(message=f"a message of {len(message.encoded)} bytes is larger than the "
+                                                   f"{batch.max_size_in_bytes} bytes the destination accepts")
     if len(batch):
         sender.send_messages(batch)
         yield len(batch)
 
 
-class PartialSendError(Exception):
-    def __init__(self, sent: int, cause: BaseException):
-        super().__init__(f"{sent} sent before {type(cause).__name__}")
-        self.sent = sent
-        self.cause = cause
-
-
 class DestinationSenders:
-    """Senders per destination for one task, taken from the process pool (kept open between tasks)."""
+    """``delivery.Sender`` on the primary namespace: senders per destination from the process pool."""
 
     def __init__(self, namespace: NamespaceConfig):
         self._namespace = namespace
 
-    def send(self, destination: str, messages: Sequence[AmqpAnnotatedMessage]) -> int:
+    def send(self, destination: str, messages: Sequence[Outgoing]) -> int:
         """Send consecutive messages to one destination in as few batches as fit, in order.
 
         Returns how many were sent (all of them); raises ``PartialSendError`` saying how many went
@@ -330,7 +308,7 @@ class DestinationSenders:
         try:
             sender = _POOL.get(self._namespace, "primary", ("sender", destination),
                                lambda client: client.get_queue_sender(destination))
-            for count in send_in_batches(sender, messages):
+            for count in send_encoded(sender, messages):
                 sent += count
         except Exception as exc:  # noqa: BLE001 - classified by the caller
             raise PartialSendError(sent, exc) from exc
@@ -339,6 +317,9 @@ class DestinationSenders:
     def reset(self, destination: str) -> None:
         """Drop a sender after an error so the next attempt opens a fresh link."""
         _POOL.discard(self._namespace, "primary", ("sender", destination))
+
+    def wait_until_reachable(self, destination: str, max_wait_seconds: float) -> bool:
+        return wait_until_reachable(self._namespace, destination, max_wait_seconds=max_wait_seconds)
 
 
 @dataclass(frozen=True)
@@ -385,72 +366,179 @@ def wait_until_reachable(namespace: NamespaceConfig, destination: str, *, max_wa
             interval = min(interval * 2, 5.0)  # resume soon after the primary is back
 
 
+# --- pre-flight -------------------------------------------------------------------------------
+
+PREFLIGHT_TIMEOUT_SECONDS = 20.0
+PREFLIGHT_PROBE_ENTITY = "backlog-syphon-preflight"  # a sender attach to it proves auth even when absent
+
+
+class PreflightError(RuntimeError):
+    """A namespace cannot be used as configured; the message is one line naming the setting to fix."""
+
+
+def preflight(config, *, timeout_seconds: float = PREFLIGHT_TIMEOUT_SECONDS) -> None:
+    """Check both namespaces before the stream starts; raise ``PreflightError`` with what to fix.
+
+    Authenticates to the secondary namespace and peeks one message of a backlog queue (a peek locks
+    nothing), then authenticates to the primary namespace and attaches a sender link to a destination
+    (the first backlog message's, when there is one), without sending. Nothing is sent, locked or
+    settled. Bounded in time: a namespace that does not answer is reported, not waited for.
+    """
+    from concurrent.futures import ThreadPoolExecutor
+    from concurrent.futures import TimeoutError as FutureTimeout
+
+    from backlog_syphon.legacy_properties import backlog_queue_name
+
+    queue_name = backlog_queue_name(config.primary.namespace, 0)
+    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="preflight")
+    stage = ["secondary"]
+
+    def check() -> None:
+        destination = _preflight_secondary(config.secondary, queue_name)
+        stage[0] = "primary"
+        _preflight_primary(config.primary, destination or PREFLIGHT_PROBE_ENTITY)
+
+    try:
+        pool.submit(check).result(timeout=timeout_seconds)
+    except FutureTimeout:
+        namespace = getattr(config, stage[0])
+        raise PreflightError(
+            f"the {stage[0]} namespace ({namespace.endpoint}) did not answer within {timeout_seconds:.0f} s: check the "
+            f"Endpoint in {_setting(namespace, stage[0])} and that this machine can reach it (AMQP, TCP port "
+            f"5671)") from None
+    finally:
+        pool.shutdown(wait=False)
+
+
+def _setting(namespace: NamespaceConfig, role: str) -> str:
+    return f"{role}.connection_string" if namespace.connection_string is not None else \
+        f"{role}.fully_qualified_namespace"
+
+
+def _preflight_failure(exc: BaseException, namespace: NamespaceConfig, role: str, entity: str, right: str
+                       ) -> PreflightError:
+    setting = _setting(namespace, role)
+    where = f"the {role} namespace ({namespace.endpoint})"
+    name = type(exc).__name__
+    if isinstance(exc, ServiceBusAuthenticationError):
+        return PreflightError(f"{where} refused the credentials ({name}): check SharedAccessKeyName and "
+                              f"SharedAccessKey in {setting}")
+    if isinstance(exc, ServiceBusAuthorizationError):
+        return PreflightError(f"{where} does not allow '{right}' on '{entity}' ({name}): give the key in "
+                              f"{setting} the {right} right")
+    if isinstance(exc, MessagingEntityNotFoundError):
+        return PreflightError(f"{where} has no queue '{entity}' ({name}): check primary.namespace (the backlog "
+                              f"queues are <primary.namespace>/x-servicebus-transfer/<N>) and {setting}")
+    if isinstance(exc, ServiceBusAccessError):
+        return PreflightError(str(exc))
+    return PreflightError(f"cannot reach {where} ({name}): check the Endpoint in {setting} and that this "
+                          f"machine can reach it")
+
+
+def _preflight_secondary(namespace: NamespaceConfig, queue_name: str) -> str | None:
+    """Authenticate and peek one message; return its destination (x-ms-path) if it has a readable one."""
+    from backlog_syphon.amqp_message import decode_message
+    from backlog_syphon.legacy_properties import decode_legacy_properties
+
+    try:
+        with open_client(namespace, role="secondary", retry_total=0) as client:
+            with client.get_queue_receiver(queue_name) as receiver:
+                page = peek_raw(receiver, 1, 1)
+    except Exception as exc:  # noqa: BLE001 - every failure becomes one plain line
+        logger.debug("pre-flight of the secondary namespace failed", exc_info=True)
+        raise _preflight_failure(exc, namespace, "secondary", queue_name, "Listen") from None
+    if not page:
+        return None
+    try:
+        return decode_legacy_properties(decode_message(page[0]).application_properties).destination
+    except ValueError:
+        return None  # a message the run will dead-letter; it says nothing about access
+
+
+def _preflight_primary(namespace: NamespaceConfig, destination: str) -> None:
+    try:
+        with open_client(namespace, role="primary", retry_total=0) as client:
+            with client.get_queue_sender(destination) as sender:
+                sender._open()  # noqa: SLF001 - attaching the link is the check; nothing is sent
+    except MessagingEntityNotFoundError:
+        return  # authenticated; a missing destination is that destination's messages' problem
+    except Exception as exc:  # noqa: BLE001 - every failure becomes one plain line
+        logger.debug("pre-flight of the primary namespace failed", exc_info=True)
+        raise _preflight_failure(exc, namespace, "primary", destination, "Send") from None
+
+
 # --- settling backlog messages ----------------------------------------------------------------
 
-@dataclass(frozen=True)
-class PurgeResult:
-    completed: int
-    dead_lettered: int
-    released: int
-    settled_through: int | None  # every planned message up to this sequence number is settled
+def purge_backlog(namespace: NamespaceConfig, plan: PurgePlan, *, max_wait_seconds: float = 5.0) -> PurgeResult:
+    """Settle what ``plan`` says in one backlog queue: complete or dead-letter recorded messages only.
 
-
-def purge_backlog(namespace: NamespaceConfig, queue: str, plan: dict[int, tuple[str, str, str] | None],
-                  *, max_wait_seconds: float = 5.0) -> PurgeResult:
-    """Settle the planned messages of one backlog queue: complete (plan value None) or dead-letter.
-
-    ``plan`` maps sequence number -> None (delivered or skipped: complete it) or
-    (reason_code, reason, _) (dead-letter it with that reason). Messages not in the plan are
-    released untouched (abandoned). Stops once every planned message was seen, a message past the
-    plan shows up, or the queue runs dry.
+    The decisions are ``purge_plan.PurgeProgress``'s; this receives (PeekLock, exactly as many as are
+    planned), settles, and makes sure no receive credit stays open, so nothing that is not recorded is
+    locked between calls (see ``revoke_credit``). Anything received outside the plan is released,
+    which does not raise its delivery count.
     """
-    if not plan:
-        return PurgeResult(0, 0, 0, None)
-    remaining = set(plan)
-    highest = max(plan)
-    completed = dead_lettered = 0
-    unsettled: set[int] = set()  # seen but could not be settled (lock lost): found again by a later purge
-    held: list = []
-    with pooled_receiver(namespace, queue, purpose="settle") as receiver:
-        while remaining:
-            # Exactly as many as still planned: the queue's head is this plan (FIFO), so asking
-            # for more would only lock, and then release, messages of a later batch.
-            batch = receiver.receive_messages(max_message_count=min(len(remaining), 100),
-                                              max_wait_time=max_wait_seconds)
-            if not batch:
-                break
-            past_plan = False
-            to_complete = []
-            for message in batch:
-                seq = message.sequence_number
-                if seq in remaining:
-                    action = plan[seq]
-                    if action is None:
-                        to_complete.append(message)
-                    else:
-                        receiver.dead_letter_message(message, reason=action[0], error_description=action[1][:1024])
-                        dead_lettered += 1
-                    remaining.discard(seq)
-                else:
-                    # Not ours to settle. Keep it locked until the end, so the next receive
-                    # moves past it instead of getting it straight back.
-                    held.append(message)
-                    past_plan = past_plan or seq > highest
-            failed = complete_all(receiver, to_complete)
-            completed += len(to_complete) - len(failed)
-            unsettled.update(failed)
-            if past_plan:
-                break
-        for message in held:
-            receiver.abandon_message(message)
-        released = len(held)
-        # Planned messages that never showed up may be gone already (settled by a run that
-        # crashed before recording it, or expired): a peek tells, so they do not block the mark.
-        if remaining:
-            remaining &= present_sequence_numbers(receiver, min(remaining), max(remaining))
-    left = remaining | unsettled
-    settled_through = (min(left) - 1) if left else highest
-    return PurgeResult(completed, dead_lettered, released, settled_through)
+    with pooled_receiver(namespace, plan.queue, purpose="settle") as receiver:
+        if plan.verify and plan.expected:
+            present = len(present_sequence_numbers(receiver, plan.first, plan.through))
+            plan = dataclasses.replace(plan, expected=min(plan.expected, present))
+        progress = PurgeProgress(plan)
+        revoke_credit(receiver)  # the link's attach gave the broker one credit of its own
+        while credit := progress.credit():
+            page = receiver.receive_messages(max_message_count=credit, max_wait_time=max_wait_seconds)
+            revoke_credit(receiver)  # a call that returns early leaves the rest of its credit open
+            by_seq = {message.sequence_number: message for message in page}
+            actions = progress.on_page(sorted(by_seq))
+            for seq in actions.release:
+                release_message(receiver, by_seq[seq])
+            for seq, reason_code, reason in actions.dead_letter:
+                receiver.dead_letter_message(by_seq[seq], reason=reason_code, error_description=reason[:1024])
+            failed = complete_all(receiver, [by_seq[seq] for seq in actions.complete])
+            progress.on_settled(len(actions.complete) - len(failed), len(actions.dead_letter))
+            if actions.release:
+                logger.warning("backlog=%s purge received sequence numbers %s outside its plan [%d, %d]; released "
+                               "them untouched", plan.queue, list(actions.release), plan.first, plan.through)
+        # Whatever could not be settled (lock lost, not there yet) is still there: look, don't count.
+        # The peek is also the barrier behind any transfer still on its way (see revoke_credit).
+        first_still_there = first_sequence_number_from(receiver, plan.first)
+        release_buffered(receiver)
+        return progress.result(first_still_there)
+
+
+def revoke_credit(receiver) -> None:
+    """Take back the receive credit the SDK leaves open, and release what it brought in.
+
+    azure-servicebus 7.15.0 leaves the unused credit of a receive call that returns early open, and
+    grants one credit more whenever a call uses up its credit before its batch is full; messages
+    that arrive on such credit are locked. This sets the credit to 0 (a drain) and releases what is
+    buffered (no delivery count). Transfers the broker sent before it saw the drain can still be on
+    their way: a later call on the same connection reads them first (the next receive call counts
+    them against its credit; the purge's closing peek is answered only after them, and the SDK
+    releases what arrives outside a receive call).
+    """
+    handler = getattr(receiver, "_handler", None)
+    link = getattr(handler, "_link", None)
+    if link is None or getattr(link, "_is_closed", True):
+        return
+    if link.current_link_credit > 0:
+        link.flow(link_credit=0, drain=True)
+    release_buffered(receiver)
+
+
+def release_buffered(receiver) -> None:
+    """Release every message the SDK holds in its buffer (received outside, or beyond, a receive call)."""
+    handler = receiver._handler  # noqa: SLF001
+    while True:
+        try:
+            frame, _ = handler._received_messages.get_nowait()  # noqa: SLF001
+        except queue_module.Empty:
+            return
+        handler.settle_messages(frame[1], frame[2], "released")
+        handler._received_messages.task_done()  # noqa: SLF001
+
+
+def release_message(receiver, message) -> None:
+    """Give a received message back without settling it: unlike abandon, its delivery count stays."""
+    receiver._handler.settle_messages(message._delivery_id, message._delivery_tag, "released")  # noqa: SLF001
 
 
 def present_sequence_numbers(receiver, first: int, last: int) -> set[int]:
@@ -558,5 +646,14 @@ def send_legacy_backlog(secondary: NamespaceConfig, per_queue: dict[str, list]) 
     with open_client(secondary, role="secondary") as client:
         for queue, originals in per_queue.items():
             with client.get_queue_sender(queue) as sender:
-                for _ in send_in_batches(sender, (legacy_backlog_message(o) for o in originals)):
-                    pass
+                batch = sender.create_message_batch()
+                for original in originals:
+                    message = legacy_backlog_message(original)
+                    try:
+                        batch.add_message(message)
+                    except MessageSizeExceededError:
+                        sender.send_messages(batch)
+                        batch = sender.create_message_batch()
+                        batch.add_message(message)
+                if len(batch):
+                    sender.send_messages(batch)

@@ -19,14 +19,18 @@ _DELTA_CONFS = {
 
 
 def build_spark_session(app_name: str = "backlog-syphon", master: str | None = None,
-                        extra_conf: dict[str, str] | None = None) -> SparkSession:
+                        extra_conf: dict[str, str] | None = None, verbose: bool = False) -> SparkSession:
     """Return a SparkSession with Delta Lake, UTC time zone and WARN logging.
 
     An active session (Databricks, a notebook, spark-submit with its own --packages/--jars) is
     reused as it is: its Delta set-up belongs to whoever started it. Otherwise a local session is
     built with the JARs fetched by ``delta_jars`` or, when none are cached, with
     ``spark.jars.packages`` so Spark resolves Delta from Maven Central by itself.
+
+    Spark's own console logging is kept to errors (warnings with ``verbose``, or whatever
+    ``SYPHON_SPARK_LOG_LEVEL`` says), so the syphon's lines are readable.
     """
+    log_level = os.environ.get("SYPHON_SPARK_LOG_LEVEL", "WARN" if verbose else "ERROR")
     active = SparkSession.getActiveSession()
     if active is None and (os.environ.get("DATABRICKS_RUNTIME_VERSION") or os.environ.get("PYSPARK_GATEWAY_PORT")):
         # Databricks, or spark-submit (which starts the JVM before Python, with its own --master,
@@ -34,7 +38,7 @@ def build_spark_session(app_name: str = "backlog-syphon", master: str | None = N
         active = SparkSession.builder.appName(app_name).getOrCreate()
         if not os.environ.get("DATABRICKS_RUNTIME_VERSION"):
             # spark-submit logs at INFO by default: thousands of lines around the progress lines.
-            active.sparkContext.setLogLevel(os.environ.get("SYPHON_SPARK_LOG_LEVEL", "WARN"))
+            active.sparkContext.setLogLevel(log_level)
     if active is not None:
         active.conf.set("spark.sql.session.timeZone", "UTC")
         return active
@@ -64,5 +68,5 @@ def build_spark_session(app_name: str = "backlog-syphon", master: str | None = N
     for key, value in confs.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
-    spark.sparkContext.setLogLevel(os.environ.get("SYPHON_SPARK_LOG_LEVEL", "WARN"))
+    spark.sparkContext.setLogLevel(log_level)
     return spark

@@ -5,6 +5,8 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import logging
+import os
+import tempfile
 import uuid
 from dataclasses import dataclass
 from typing import Callable
@@ -17,6 +19,7 @@ from backlog_syphon import delivery_plan, delta_tables, dry_run_plan
 from backlog_syphon.backlog_source import SOURCE_NAME, BacklogDataSource, backlog_source_options
 from backlog_syphon.config import SyphonConfig, trigger_options
 from backlog_syphon.delivery_sink import DeliverySink
+from backlog_syphon.fence import LeaseKeeper
 from backlog_syphon.legacy_properties import backlog_queue_names
 from backlog_syphon.progress import ProgressPoint, SyphonProgressListener, follow_progress
 from backlog_syphon.restore_rules import Action, classify_messages
@@ -55,63 +58,100 @@ def checkpoint_app_id(config: SyphonConfig) -> str:
     return f"backlog-syphon-{digest}"
 
 
+def lease_key(config: SyphonConfig) -> str:
+    """Which backlog a lease fences: the secondary namespace's endpoint and the primary namespace's name."""
+    return f"{config.secondary.endpoint}/{config.primary.namespace}"
+
+
 @dataclass
 class SyphonRun:
-    """A started syphon query with its sink (what moved) and progress listener (how it went)."""
+    """A started syphon query with its sink (what moved), progress listener (how it went) and lease."""
 
     query: StreamingQuery
     sink: DeliverySink
     listener: SyphonProgressListener
+    lease_keeper: LeaseKeeper
+    stop_file: str
+
+    def request_stop(self) -> None:
+        """Stop after the batch in flight: no new batch is planned from now on (see the source)."""
+        with open(self.stop_file, "a"):
+            pass
+
+    @property
+    def stop_requested(self) -> bool:
+        return os.path.exists(self.stop_file)
 
     def finish(self, spark: SparkSession) -> None:
-        """Stop the query if it still runs, record the last purges, detach the listener."""
+        """Stop the query if it still runs, record the last purges, give the lease back."""
         try:
             if self.query.isActive:
                 self.query.stop()
             self.sink.flush(spark)
         finally:
             spark.streams.removeListener(self.listener)
+            self.lease_keeper.release(spark)
+            try:
+                os.unlink(self.stop_file)
+            except OSError:
+                pass
 
 
 def start_syphon(spark: SparkSession, config: SyphonConfig, *, run_id: str | None = None,
-                 log_progress: bool = True) -> SyphonRun:
-    """Start the streaming query; the caller waits on it and calls ``finish`` (``run_syphon`` does).
+                 log_progress: bool = True, on_wait: Callable[[str], None] | None = None) -> SyphonRun:
+    """Take the backlog's lease and start the streaming query; the caller waits and calls ``finish``.
 
     ``log_progress``: log one line per micro-batch (off when the caller shows them itself).
+    Raises ``lease.LeaseHeldError`` when another run holds the backlog (unless ``run.wait_for_lease``,
+    then it waits, telling ``on_wait`` once).
     """
     spark.dataSource.register(BacklogDataSource)
-    delta_tables.ensure_tables(spark, config.storage.audit_table, config.storage.checkpoint_table)
+    storage = config.storage
+    delta_tables.ensure_tables(spark, storage.audit_table, storage.checkpoint_table, storage.resolved_lease_table)
     run_id = run_id or f"{dt.datetime.now(dt.timezone.utc):%Y%m%dT%H%M%SZ}-{uuid.uuid4().hex[:8]}"
-    sink = DeliverySink(config, run_id=run_id, app_id=checkpoint_app_id(config))
+    keeper = LeaseKeeper(lease_table=storage.resolved_lease_table, lease_key=lease_key(config), run_id=run_id,
+                         lease_seconds=config.run.lease_seconds)
+    keeper.acquire(spark, wait=config.run.wait_for_lease, on_wait=on_wait)
+    keeper.start_heartbeat(spark)
+    stop_file = os.path.join(tempfile.gettempdir(), f"backlog-syphon-stop-{run_id}")
+    sink = DeliverySink(config, run_id=run_id, app_id=checkpoint_app_id(config), lease_keeper=keeper)
     listener = SyphonProgressListener(sink.batch_stats, query_name=config.run.query_name, log_lines=log_progress)
     spark.streams.addListener(listener)
-    stream = spark.readStream.format(SOURCE_NAME).options(**backlog_source_options(config)).load()
+    stream = (spark.readStream.format(SOURCE_NAME)
+              .options(**backlog_source_options(config, stop_file=stop_file)).load())
     try:
         query = (stream.writeStream.foreachBatch(sink)
-                 .option("checkpointLocation", config.storage.checkpoint_location)
+                 .option("checkpointLocation", storage.checkpoint_location)
                  .queryName(config.run.query_name)
                  .trigger(**trigger_options(config.run.trigger))
                  .start())
     except BaseException:
         spark.streams.removeListener(listener)
+        keeper.release(spark)
         raise
     logger.info("started run_id=%s query=%s trigger=%s", run_id, config.run.query_name, config.run.trigger)
-    return SyphonRun(query, sink, listener)
+    return SyphonRun(query, sink, listener, keeper, stop_file)
 
 
 def run_syphon(spark: SparkSession, config: SyphonConfig, *, run_id: str | None = None,
-               timeout_seconds: float | None = None, on_progress: Callable[[str], None] | None = None
-               ) -> RunSummary:
+               timeout_seconds: float | None = None, on_progress: Callable[[str], None] | None = None,
+               check_access: bool = True, on_start: Callable[[SyphonRun], None] | None = None) -> RunSummary:
     """Run until an available-now run has drained what was there (or the query stops); summarise.
 
-    ``on_progress`` receives one line per micro-batch, from this thread, while the run goes on.
+    ``check_access``: run the pre-flight first (``servicebus_io.preflight``; the command line runs it
+    before Spark starts and passes False). ``on_progress`` receives one line per micro-batch, from
+    this thread, while the run goes on; ``on_start`` gets the started run (to ask it to stop).
     """
-    run = start_syphon(spark, config, run_id=run_id, log_progress=on_progress is None)
+    if check_access:
+        from backlog_syphon.servicebus_io import preflight
+
+        preflight(config)
+    run = start_syphon(spark, config, run_id=run_id, log_progress=on_progress is None, on_wait=on_progress)
     try:
-        if on_progress is None:
-            run.query.awaitTermination(timeout_seconds)
-        else:
-            follow_progress(run.query, run.listener, on_progress, timeout_seconds=timeout_seconds)
+        if on_start is not None:
+            on_start(run)
+        follow_progress(run.query, run.listener, on_progress, timeout_seconds=timeout_seconds,
+                        stop_requested=lambda: run.stop_requested)
     finally:
         run.finish(spark)
     if run.query.exception() is not None:

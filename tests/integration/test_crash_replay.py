@@ -35,22 +35,22 @@ Checked (design invariants 1 and 2):
 The per-kill counts are printed (``-s`` shows them).
 
 Six Spark jobs in all, where a test per step used to cost two each; the jobs get JVM and Delta
-settings for short local runs (``JOB_SUBMIT_ARGS``), which change how fast, not what, they run.
+settings for short local runs (``helpers.JOB_SUBMIT_ARGS``), which change how fast, not what, they run.
+Each restart takes over the lease of the run it follows at once: that run's process is gone.
 """
 
 from __future__ import annotations
 
 import collections
 import os
-import signal
 import subprocess
-import sys
 import time
 from dataclasses import dataclass
 
 import pytest
 
 from .conftest import PRIMARY, ROOT, SECONDARY
+from .helpers import drain_destinations, job_command, job_env, kill_tree, tail
 
 MESSAGES = 150
 BATCH_LIMIT = 100  # run.max_messages_per_trigger: 150 messages make two micro-batches
@@ -58,12 +58,6 @@ DESTINATIONS = ("orders", "payments")
 KILL_WAIT_SECONDS = 300  # bound for a run to reach its fault point (a busy 2-core machine: about 1 min)
 RESTART_WAIT_SECONDS = 420  # bound for the last run to drain the backlog
 SETTLE_SECONDS = 10  # bound for the broker's counters to stop moving after a kill
-# For the jobs this test starts (unless PYSPARK_SUBMIT_ARGS is set already): speed only, the same
-# code runs. Each job lives about a minute on 2 shared cores, where C2 compiler and parallel GC
-# threads cost more than they return; no Spark UI.
-JOB_SUBMIT_ARGS = ("--conf spark.ui.enabled=false "
-                   "--driver-java-options '-XX:TieredStopAtLevel=1 -XX:+UseSerialGC' pyspark-shell")
-
 # The chain, in an order where every step is reached in micro-batch 0 (see the module docstring).
 CHAIN = ["before_send", "mid_send", "after_send", "after_audit", "after_checkpoint"]
 KILLED_BATCH_ID = 0
@@ -83,76 +77,7 @@ def _backlog_messages():
 
 
 def _job_command(tmp_path) -> list[str]:
-    settings = {
-        "storage.audit_table": tmp_path / "audit",
-        "storage.checkpoint_table": tmp_path / "checkpoint",
-        "storage.checkpoint_location": tmp_path / "checkpoint-stream",
-        "run.max_messages_per_trigger": BATCH_LIMIT,
-        "run.trigger": "available_now",
-    }
-    command = [sys.executable, "jobs/syphon.py", "--config", "conf/local.yaml"]
-    for key, value in settings.items():
-        command += ["--set", f"{key}={value}"]
-    return command
-
-
-def _job_env(emulator, fault: dict[str, str] | None = None) -> dict[str, str]:
-    env = {key: value for key, value in os.environ.items()
-           if key not in ("SYPHON_FAULT_PAUSE_AT", "SYPHON_FAULT_MARKER")}
-    env.update({
-        "SYPHON_PRIMARY_CONNECTION_STRING": emulator.connection_string(PRIMARY),
-        "SYPHON_SECONDARY_CONNECTION_STRING": emulator.connection_string(SECONDARY),
-        "PYTHONPATH": str(ROOT / "lib"),
-        "PYSPARK_PYTHON": sys.executable,
-        "PYSPARK_DRIVER_PYTHON": sys.executable,
-    })
-    env.setdefault("PYSPARK_SUBMIT_ARGS", JOB_SUBMIT_ARGS)
-    env.update(fault or {})
-    return env
-
-
-def _descendants(pid: int) -> set[int]:
-    """Every live descendant of ``pid`` (PySpark's daemon moves its workers to their own group)."""
-    children: dict[int, list[int]] = collections.defaultdict(list)
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as handle:
-                stat = handle.read()
-        except OSError:
-            continue
-        ppid = int(stat.rsplit(")", 1)[1].split()[1])
-        children[ppid].append(int(entry))
-    found, todo = set(), [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            if child not in found:
-                found.add(child)
-                todo.append(child)
-    return found
-
-
-def _kill_tree(proc: subprocess.Popen, extra_pids=()) -> None:
-    """SIGKILL the job's process group and every process it started, then reap it."""
-    tree = _descendants(proc.pid) | {int(pid) for pid in extra_pids}
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    for pid in tree:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    proc.wait(timeout=30)
-
-
-def _tail(path, limit: int = 4000) -> str:
-    try:
-        return path.read_text(errors="replace")[-limit:]
-    except OSError:
-        return "(no output)"
+    return job_command(tmp_path, run__max_messages_per_trigger=BATCH_LIMIT)
 
 
 def _highest_sequence_numbers(emulator) -> dict[str, int]:
@@ -174,24 +99,6 @@ def _highest_sequence_numbers(emulator) -> dict[str, int]:
                 if last is not None:
                     highest[queue] = last
     return highest
-
-
-def drain_destinations(emulator, destinations=DESTINATIONS) -> dict[str, list]:
-    """Receive and delete everything in the destination queues: destination -> received messages."""
-    from azure.servicebus import ServiceBusClient, ServiceBusReceiveMode
-
-    received: dict[str, list] = {}
-    with ServiceBusClient.from_connection_string(emulator.connection_string(PRIMARY), retry_total=1) as client:
-        for destination in destinations:
-            received[destination] = []
-            with client.get_queue_receiver(destination, receive_mode=ServiceBusReceiveMode.RECEIVE_AND_DELETE,
-                                           prefetch_count=0) as receiver:
-                for _ in range(1000):  # bounded: far more rounds than messages / 100
-                    batch = receiver.receive_messages(max_message_count=100, max_wait_time=1)
-                    if not batch:
-                        break
-                    received[destination].extend(batch)
-    return received
 
 
 def _send_counters(emulator) -> dict[str, tuple[int, int]]:
@@ -246,7 +153,7 @@ class Destinations:
 
     def account(self, run: Run) -> None:
         counters = _settled_send_counters(self.emulator)
-        received = drain_destinations(self.emulator)
+        received = drain_destinations(self.emulator, DESTINATIONS)
         stored = sum(counters[d][0] - self.counters[d][0] for d in DESTINATIONS)
         run.dropped = sum(counters[d][1] - self.counters[d][1] for d in DESTINATIONS)
         self.counters = counters
@@ -277,7 +184,7 @@ def test_crash_at_every_step_in_one_chain_loses_nothing(emulator, tmp_path, requ
     from backlog_syphon.config import load_config
 
     started = time.monotonic()
-    config = load_config(ROOT / "conf/local.yaml", environ=_job_env(emulator), overrides={})
+    config = load_config(ROOT / "conf/local.yaml", environ=job_env(emulator), overrides={})
     originals = _backlog_messages()
     written = write_backlog(config.secondary, PRIMARY, originals, queue_count=10)
     assert sum(written.values()) == MESSAGES
@@ -295,7 +202,7 @@ def test_crash_at_every_step_in_one_chain_loses_nothing(emulator, tmp_path, requ
         log = tmp_path / f"run{number}-{step}.log"
         with open(log, "wb") as out:
             proc = subprocess.Popen(command, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-                                    env=_job_env(emulator, {"SYPHON_FAULT_PAUSE_AT": step,
+                                    env=job_env(emulator, {"SYPHON_FAULT_PAUSE_AT": step,
                                                             "SYPHON_FAULT_MARKER": str(marker)}))
         parked_pids: list[int] = []
         try:
@@ -305,14 +212,14 @@ def test_crash_at_every_step_in_one_chain_loses_nothing(emulator, tmp_path, requ
                     break
                 time.sleep(0.2)
             assert proc.poll() is None, \
-                f"run {number} ended (rc={proc.returncode}) before reaching {step}:\n{_tail(log)}"
-            assert marker.exists(), f"run {number} did not reach {step} within {KILL_WAIT_SECONDS} s:\n{_tail(log)}"
+                f"run {number} ended (rc={proc.returncode}) before reaching {step}:\n{tail(log)}"
+            assert marker.exists(), f"run {number} did not reach {step} within {KILL_WAIT_SECONDS} s:\n{tail(log)}"
             time.sleep(0.5)  # let other tasks of a mid_send batch get as far as they get
             lines = marker.read_text().split()
             assert lines[0] == step
             parked_pids = [int(pid) for pid in lines[1::2]]
         finally:
-            _kill_tree(proc, parked_pids)
+            kill_tree(proc, parked_pids)
         run = Run(step, time.monotonic() - run_started)
         planned, committed = _stream_log(stream)
         uncommitted = planned - committed
@@ -327,15 +234,15 @@ def test_crash_at_every_step_in_one_chain_loses_nothing(emulator, tmp_path, requ
     log = tmp_path / f"run{len(CHAIN) + 1}-drain.log"
     with open(log, "wb") as out:
         proc = subprocess.Popen(command, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-                                env=_job_env(emulator))
+                                env=job_env(emulator))
     try:
         rc = proc.wait(timeout=RESTART_WAIT_SECONDS)
     except subprocess.TimeoutExpired:
         rc = None
     finally:
         if proc.poll() is None:
-            _kill_tree(proc)
-    assert rc == 0, f"last run did not drain (rc={rc}):\n{_tail(log)}"
+            kill_tree(proc)
+    assert rc == 0, f"last run did not drain (rc={rc}):\n{tail(log)}"
     final = Run(None, time.monotonic() - run_started)
     destinations.account(final)
     runs.append(final)

@@ -16,7 +16,7 @@ import time
 from backlog_syphon.backlog_writer import OriginalMessage, write_backlog
 
 from .conftest import PRIMARY, SECONDARY, make_config
-from .test_crash_replay import drain_destinations
+from .helpers import drain_destinations, wait_for
 
 DESTINATIONS = ("orders", "payments")
 
@@ -40,22 +40,13 @@ def _backlog_totals(emulator) -> tuple[int, int, int]:
             sum(stats[q]["peeked"] for q in queues))
 
 
-def _wait_for(condition, timeout: float, interval: float = 0.25) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(interval)
-    return condition()
-
-
 def _stop(run, spark) -> None:
     run.finish(spark)
     assert not run.query.isActive
 
 
 def _assert_exactly_once(emulator, originals) -> None:
-    received = drain_destinations(emulator)
+    received = drain_destinations(emulator, DESTINATIONS)
     expected = {message.message_id: message for message in originals}
     counts = collections.Counter()
     for destination, messages in received.items():
@@ -86,7 +77,7 @@ def test_primary_outage_waits_then_delivers_exactly_once(spark, emulator, tmp_pa
     query = run.query
     try:
         # The batch has read its window once every message was peeked; give its sends 10 s to fail.
-        assert _wait_for(lambda: _backlog_totals(emulator)[2] >= 60 or not query.isActive, 180), \
+        assert wait_for(lambda: _backlog_totals(emulator)[2] >= 60 or not query.isActive, 180), \
             "the syphon never read the backlog"
         read_at = time.monotonic()
         time.sleep(10)
@@ -97,11 +88,11 @@ def test_primary_outage_waits_then_delivers_exactly_once(spark, emulator, tmp_pa
 
         emulator.set_available(PRIMARY)
         back_at = time.monotonic()
-        assert _wait_for(lambda: _arrived(emulator) >= 60 or not query.isActive, 240), \
+        assert wait_for(lambda: _arrived(emulator) >= 60 or not query.isActive, 240), \
             f"only {_arrived(emulator)} of 60 arrived after the primary came back ({query.exception()})"
         arrived_at = time.monotonic()
         # ... and the backlog is purged afterwards (next steps of the same batch).
-        assert _wait_for(lambda: _backlog_totals(emulator)[0] == 0 or not query.isActive, 120), \
+        assert wait_for(lambda: _backlog_totals(emulator)[0] == 0 or not query.isActive, 120), \
             f"backlog not purged: {_backlog_totals(emulator)}"
         assert query.isActive, f"query failed: {query.exception()}"
     finally:
@@ -127,20 +118,20 @@ def test_continuous_trigger_delivers_new_messages_promptly(spark, emulator, tmp_
     query = run.query
     try:
         # Let the query start and run a few idle triggers on the empty backlog.
-        assert _wait_for(lambda: len(query.recentProgress) >= 2 or not query.isActive, 180), "query never triggered"
+        assert wait_for(lambda: len(query.recentProgress) >= 2 or not query.isActive, 180), "query never triggered"
         assert query.isActive, f"query failed: {query.exception()}"
         assert _arrived(emulator) == 0
 
         originals = _originals("continuous", 20)
         written_at = time.monotonic()
         write_backlog(config.secondary, PRIMARY, originals, queue_count=10)
-        assert _wait_for(lambda: _arrived(emulator) >= 20 or not query.isActive, 300, interval=0.1), \
+        assert wait_for(lambda: _arrived(emulator) >= 20 or not query.isActive, 300, interval=0.1), \
             f"only {_arrived(emulator)} of 20 arrived ({query.exception()})"
         latency = time.monotonic() - written_at
-        assert _wait_for(lambda: _backlog_totals(emulator)[0] == 0 or not query.isActive, 120), \
+        assert wait_for(lambda: _backlog_totals(emulator)[0] == 0 or not query.isActive, 120), \
             "backlog not purged"
         # The batch that carried them: its whole trigger execution, as Spark measured it.
-        assert _wait_for(lambda: any(p["numInputRows"] > 0 for p in query.recentProgress), 60)
+        assert wait_for(lambda: any(p["numInputRows"] > 0 for p in query.recentProgress), 60)
         batches = [p for p in query.recentProgress if p["numInputRows"] > 0]
         batch_seconds = sum(p["durationMs"]["triggerExecution"] for p in batches) / 1000
         assert query.isActive, f"query failed: {query.exception()}"

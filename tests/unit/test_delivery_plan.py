@@ -3,6 +3,7 @@
 import datetime as dt
 
 from backlog_syphon.delivery_plan import advance_checkpoint, mark_purged, purge_plans, recorded_keys, summarise
+from backlog_syphon.purge_plan import PurgePlan
 
 NOW = dt.datetime(2026, 11, 25, tzinfo=dt.timezone.utc)
 
@@ -42,9 +43,15 @@ def test_mark_purged_only_moves_forward():
 def test_purge_plan_completes_delivered_and_skipped_and_dead_letters_the_rest():
     plans = purge_plans([outcome("q0", 1), outcome("q0", 2, "skipped_ping"),
                          outcome("q0", 3, "dead_lettered", reason_code="missing_path", reason="no x-ms-path"),
-                         outcome("q1", 9, "dead_lettered")])
-    assert plans == {"q0": {1: None, 2: None, 3: ("missing_path", "no x-ms-path")},
-                     "q1": {9: ("undeliverable", "")}}
+                         outcome("q0", 3, "dead_lettered", reason_code="missing_path", reason="no x-ms-path"),
+                         outcome("q1", 9, "dead_lettered"), outcome("q1", 4)],  # q1 is purged through 4
+                        {"q0": 0, "q1": 4}, verify=True)
+    assert plans == {
+        "q0": PurgePlan("q0", first=1, through=3, expected=3,
+                        dead_letters={3: ("missing_path", "no x-ms-path")}, verify=True),
+        "q1": PurgePlan("q1", first=5, through=9, expected=1, dead_letters={9: ("undeliverable", "")},
+                        verify=True),
+    }
 
 
 def test_recorded_keys_and_summary():

@@ -1,0 +1,90 @@
+"""The fence between runs: who may deliver from a backlog, decided on plain values (no I/O).
+
+At most one run at a time delivers from a backlog (the secondary namespace's backlog queues of one
+primary namespace) with given state tables. The run that holds the *lease* is the only one allowed to
+send; it holds it until ``expires_at`` and extends it while it runs. A lease is a row of the lease
+table (see ``delta_tables``): taking and extending it are optimistic-concurrency commits, so of two
+runs racing for it exactly one wins.
+
+Invariants:
+- A lease is taken only when it is free: no row, released, expired, or already this run's.
+- A holder sends only while its lease is good for at least a safety margin more, so a lease that is
+  about to expire is extended (or found lost) before anything else is sent. Nobody else can take a
+  lease before it expires, so a holder that checks this never sends at the same time as another run.
+- The lease of a crashed holder simply expires; nothing has to clean it up. A holder that is known
+  to be gone (it ran on this host and its process no longer exists) is taken over at once, so a job
+  restarted after a crash does not wait for its own old lease.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+from dataclasses import dataclass
+
+# A holder extends its lease once a third of it is used, and stops sending when less than a quarter
+# is left and it could not extend it: a few missed extensions are survived, a lost lease is noticed.
+RENEW_AFTER_FRACTION = 1 / 3
+SAFETY_MARGIN_FRACTION = 1 / 4
+
+
+@dataclass(frozen=True)
+class Lease:
+    """The lease row of one backlog, as read or as written."""
+
+    lease_key: str  # which backlog: "<secondary host>/<primary namespace>"
+    run_id: str  # the holding run
+    host: str  # where the holder runs, and its process: to tell people, and to see a crashed holder
+    pid: int
+    acquired_at: dt.datetime
+    renewed_at: dt.datetime
+    expires_at: dt.datetime
+
+    @property
+    def holder(self) -> str:
+        return f"run {self.run_id} on {self.host} (pid {self.pid})"
+
+    def is_free_for(self, run_id: str, now: dt.datetime, *, holder_gone: bool = False) -> bool:
+        """Whether ``run_id`` may take (or keep) this lease at ``now``; ``holder_gone``: its process is known dead."""
+        return self.run_id == run_id or self.expires_at <= now or holder_gone
+
+
+def renewal_due(lease: Lease, now: dt.datetime, lease_seconds: float) -> bool:
+    """Time to extend a lease this run holds."""
+    return now >= lease.renewed_at + dt.timedelta(seconds=lease_seconds * RENEW_AFTER_FRACTION)
+
+
+def may_send(lease: Lease | None, now: dt.datetime, lease_seconds: float) -> bool:
+    """Whether a holder may still send under ``lease`` (good for more than the safety margin)."""
+    if lease is None:
+        return False
+    return now < lease.expires_at - dt.timedelta(seconds=lease_seconds * SAFETY_MARGIN_FRACTION)
+
+
+def new_lease(lease_key: str, run_id: str, host: str, pid: int, now: dt.datetime, lease_seconds: float,
+              previous: Lease | None = None) -> Lease:
+    """The row a run writes to take a lease, or to extend one it holds (keeping when it took it)."""
+    acquired_at = previous.acquired_at if previous is not None and previous.run_id == run_id else now
+    return Lease(lease_key, run_id, host, pid, acquired_at, now, now + dt.timedelta(seconds=lease_seconds))
+
+
+def released(lease: Lease, now: dt.datetime) -> Lease:
+    """The row a run writes when it stops: expired at once, so the next run need not wait."""
+    return dataclasses.replace(lease, renewed_at=now, expires_at=now)
+
+
+class LeaseHeldError(RuntimeError):
+    """Another run holds the lease: this run must not send (it exits, or waits if so configured)."""
+
+    def __init__(self, lease: Lease, now: dt.datetime, *, lease_table: str):
+        self.lease = lease
+        remaining = max(0, int((lease.expires_at - now).total_seconds()))
+        super().__init__(
+            f"another run is delivering from this backlog: {lease.holder} holds the lease in {lease_table} "
+            f"until {lease.expires_at:%Y-%m-%d %H:%M:%S} UTC ({remaining} s from now, extended while it runs). "
+            f"Wait for it to finish, or set run.wait_for_lease=true to wait for it; if that run crashed, its "
+            f"lease expires by itself at that time")
+
+
+class LeaseLostError(RuntimeError):
+    """This run's lease expired or was taken over while it ran: it must stop sending at once."""

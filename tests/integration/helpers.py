@@ -1,0 +1,140 @@
+"""What the integration tests share: running ``jobs/syphon.py`` as a real job, killing it, and
+draining destinations."""
+
+from __future__ import annotations
+
+import collections
+import os
+import signal
+import subprocess
+import sys
+import time
+
+from .conftest import PRIMARY, ROOT, SECONDARY
+
+# For the jobs the tests start (unless PYSPARK_SUBMIT_ARGS is set already): speed only, the same
+# code runs. Each job lives about a minute on 2 shared cores, where C2 compiler and parallel GC
+# threads cost more than they return; no Spark UI.
+JOB_SUBMIT_ARGS = ("--conf spark.ui.enabled=false "
+                   "--driver-java-options '-XX:TieredStopAtLevel=1 -XX:+UseSerialGC' pyspark-shell")
+
+
+def job_command(tmp_path, **settings) -> list[str]:
+    """``jobs/syphon.py`` on conf/local.yaml with state in ``tmp_path``; ``settings`` are ``--set`` keys
+    with ``__`` for the dot (``run__trigger="10 seconds"``)."""
+    values = {
+        "storage.audit_table": tmp_path / "audit",
+        "storage.checkpoint_table": tmp_path / "checkpoint",
+        "storage.checkpoint_location": tmp_path / "checkpoint-stream",
+        "run.trigger": "available_now",
+    }
+    values.update({key.replace("__", "."): value for key, value in settings.items()})
+    command = [sys.executable, "jobs/syphon.py", "--config", "conf/local.yaml"]
+    for key, value in values.items():
+        command += ["--set", f"{key}={value}"]
+    return command
+
+
+def job_env(emulator, extra: dict[str, str] | None = None, *, primary: str | None = None,
+            secondary: str | None = None) -> dict[str, str]:
+    """The job's environment: the emulator's connection strings (or the given ones) and the venv."""
+    env = {key: value for key, value in os.environ.items() if not key.startswith("SYPHON_FAULT_")}
+    env.update({
+        "SYPHON_PRIMARY_CONNECTION_STRING": primary or emulator.connection_string(PRIMARY),
+        "SYPHON_SECONDARY_CONNECTION_STRING": secondary or emulator.connection_string(SECONDARY),
+        "PYTHONPATH": str(ROOT / "lib"),
+        "PYSPARK_PYTHON": sys.executable,
+        "PYSPARK_DRIVER_PYTHON": sys.executable,
+    })
+    env.setdefault("PYSPARK_SUBMIT_ARGS", JOB_SUBMIT_ARGS)
+    env.update(extra or {})
+    return env
+
+
+def start_job(command: list[str], env: dict[str, str], log) -> subprocess.Popen:
+    """Start a job in its own session (so its whole tree, JVM included, can be killed), output to ``log``."""
+    with open(log, "wb") as out:
+        return subprocess.Popen(command, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                                env=env)
+
+
+def descendants(pid: int) -> set[int]:
+    """Every live descendant of ``pid`` (PySpark's daemon moves its workers to their own group)."""
+    children: dict[int, list[int]] = collections.defaultdict(list)
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as handle:
+                stat = handle.read()
+        except OSError:
+            continue
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        children[ppid].append(int(entry))
+    found, todo = set(), [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            if child not in found:
+                found.add(child)
+                todo.append(child)
+    return found
+
+
+def kill_tree(proc: subprocess.Popen, extra_pids=()) -> None:
+    """SIGKILL the job's process group and every process it started, then reap it."""
+    tree = descendants(proc.pid) | {int(pid) for pid in extra_pids}
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    for pid in tree:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    proc.wait(timeout=30)
+
+
+def finish_job(proc: subprocess.Popen, timeout: float) -> int | None:
+    """The job's exit code once it ends within ``timeout``; None (and the job killed) otherwise."""
+    try:
+        return proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return None
+    finally:
+        if proc.poll() is None:
+            kill_tree(proc)
+
+
+def tail(path, limit: int = 4000) -> str:
+    try:
+        return path.read_text(errors="replace")[-limit:]
+    except OSError:
+        return "(no output)"
+
+
+def wait_for(condition, timeout: float, interval: float = 0.25) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(interval)
+    return condition()
+
+
+def drain_destinations(emulator, destinations) -> dict[str, list]:
+    """Receive and delete everything in the destination queues: destination -> received messages."""
+    from azure.servicebus import ServiceBusClient, ServiceBusReceiveMode
+
+    received: dict[str, list] = {}
+    with ServiceBusClient.from_connection_string(emulator.connection_string(PRIMARY), retry_total=1) as client:
+        for destination in destinations:
+            received[destination] = []
+            with client.get_queue_receiver(destination, receive_mode=ServiceBusReceiveMode.RECEIVE_AND_DELETE,
+                                           prefetch_count=0) as receiver:
+                for _ in range(1000):  # bounded: far more rounds than messages / 100
+                    batch = receiver.receive_messages(max_message_count=100, max_wait_time=1)
+                    if not batch:
+                        break
+                    received[destination].extend(batch)
+    return received
