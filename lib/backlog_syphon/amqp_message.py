@@ -101,6 +101,7 @@ _PROPERTY_FIELDS = (
 _TTL_FIELD, _DELIVERY_COUNT_FIELD = _HEADER_FIELDS.index("ttl_ms"), _HEADER_FIELDS.index("delivery_count")
 _GROUP_ID_FIELD = _PROPERTY_FIELDS.index("group_id")
 _NULL = b"\x40"
+_SCHEDULED_KEY = encode_value(Symbol(SCHEDULED_ENQUEUE_TIME_ANNOTATION))
 
 
 class LegacyPropertiesError(ValueError):
@@ -379,8 +380,7 @@ def restore_message_bytes(raw: bytes, restored_time_to_live_ms: int | None) -> b
     annotations = [raw[entry.start:entry.end] for entry in annotation_entries
                    if not _is_replaced_annotation(entry.key, scheduled is not None)]
     if scheduled is not None:
-        annotations.append(encode_value(Symbol(SCHEDULED_ENQUEUE_TIME_ANNOTATION))
-                           + encode_value(Timestamp.from_datetime(scheduled)))
+        annotations.append(_SCHEDULED_KEY + encode_value(Timestamp.from_datetime(scheduled)))
     if annotations:
         out.append(encode_section(MESSAGE_ANNOTATIONS, encode_map_raw(annotations)))
 
