@@ -138,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer iterations (about a second in all)")
     args = parser.parse_args(argv)
-    count = 500 if args.quick else 4000
+    count = 200 if args.quick else 1000
 
     payload = bytes(range(256)) * 4  # 1 KB
     data_raw = backlog_message("data", (payload,))

@@ -566,3 +566,15 @@ def test_restore_message_bytes_refuses_what_decode_message_refuses():
         assert str(from_restore.value) == str(from_decode.value)
     with pytest.raises(ValueError, match="positive"):
         restore_message_bytes(valid, 0)
+
+
+def test_every_truncation_of_a_message_is_refused_except_at_section_boundaries():
+    raw = _proton_backlog_message()
+    boundaries = {section.start for section in split_sections(raw)}
+    for cut in range(len(raw)):
+        if cut in boundaries:
+            decode_message(raw[:cut])  # a shorter message, but a message
+            continue
+        for read in (decode_message, decode_envelope, lambda b: restore_message_bytes(b, None)):
+            with pytest.raises(AmqpDecodeError, match=r"at byte \d+$"):
+                read(raw[:cut])
