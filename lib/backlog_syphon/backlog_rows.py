@@ -7,12 +7,14 @@ The decoded columns (``destination`` .. ``decode_problem_reason``) come from
 Invariants:
 - A row exists for every backlog message, even one that cannot be decoded: it carries a decode
   problem instead of values, so it is dead-lettered with a reason rather than dropped or retried forever.
+  A message is decodable only if the codec reads all of it (body included), so a message that could
+  only be forwarded half right is dead-lettered instead.
+- A data body is measured from its framing, never copied.
 - Every column is nullable, so a source that cannot fill one yields a null, not a failed batch.
 """
 
 from __future__ import annotations
 
-import uuid
 from datetime import datetime
 
 from pyspark.sql.types import (
@@ -25,7 +27,7 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from backlog_syphon.amqp_message import decode_message
+from backlog_syphon.amqp_message import decode_envelope
 from backlog_syphon.legacy_properties import LegacyFields, decode_legacy_properties, timedelta_to_ms
 
 # A raw message the AMQP codec cannot read: dead-lettered like a decode problem.
@@ -83,8 +85,16 @@ def backlog_row_values(
         "raw_message": bytes(raw_message),
     }
     try:
-        decoded = decode_message(raw_message)
-    except ValueError as error:
+        envelope = decode_envelope(row["raw_message"])
+        content_type = envelope.properties.content_type
+        row.update(
+            sequence_number=sequence_number if sequence_number is not None else envelope.sequence_number,
+            enqueued_time=enqueued_time if enqueued_time is not None else envelope.enqueued_time,
+            message_id=message_id_text(envelope.properties.message_id),
+            content_type=str(content_type) if content_type is not None else None,
+            body_size=envelope.body_size,
+        )
+    except ValueError as error:  # AmqpDecodeError, or a broker annotation of the wrong type or range
         return {
             **dict.fromkeys(BACKLOG_ROW_COLUMNS),
             **row,
@@ -92,15 +102,7 @@ def backlog_row_values(
             "decode_problem_code": UNDECODABLE_MESSAGE,
             "decode_problem_reason": str(error),
         }
-    content_type = decoded.properties.content_type
-    row.update(
-        sequence_number=sequence_number if sequence_number is not None else decoded.sequence_number,
-        enqueued_time=enqueued_time if enqueued_time is not None else decoded.enqueued_time,
-        message_id=message_id_text(decoded.properties.message_id),
-        content_type=str(content_type) if content_type is not None else None,
-        body_size=decoded.body_size,
-        **legacy_fields_to_row_values(decode_legacy_properties(decoded.application_properties)),
-    )
+    row.update(legacy_fields_to_row_values(decode_legacy_properties(envelope.application_properties)))
     return {column: row[column] for column in BACKLOG_ROW_COLUMNS}
 
 
@@ -110,6 +112,6 @@ def message_id_text(message_id) -> str | None:
         return None
     if isinstance(message_id, (bytes, bytearray)):
         return bytes(message_id).hex()
-    if isinstance(message_id, uuid.UUID):
-        return str(message_id)
-    return str(message_id) if isinstance(message_id, str) else str(int(message_id))
+    if isinstance(message_id, int) and not isinstance(message_id, bool):
+        return str(int(message_id))
+    return str(message_id)  # str, Symbol, uuid.UUID

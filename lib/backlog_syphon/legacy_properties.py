@@ -2,14 +2,17 @@
 
 The legacy .NET client (``MessagingFactory.PairNamespaceAsync``) moves a message's SessionId,
 TimeToLive and ScheduledEnqueueTimeUtc into application properties before sending it to a backlog
-queue, and adds the destination path (see ``/work/shared/reference/legacy-backlog-format.md``).
+queue, and adds the destination path relative to the primary namespace. On the wire these are a
+string, a string, a ``com.microsoft:timespan`` described long of .NET ticks and an AMQP timestamp.
 This module turns those properties back into typed values, with no I/O.
 
 Invariants:
-- The legacy encodings are accepted exactly: ``x-ms-path`` and ``x-ms-sessionid`` strings, the
-  ``com.microsoft:timespan`` described long of .NET ticks, and an AMQP timestamp. The same values as
-  the azure-servicebus SDK hands them over (bytes strings, bare int ticks, int milliseconds) are
-  accepted too. Other encodings are accepted only where their meaning is unambiguous.
+- Values are those of :mod:`backlog_syphon.amqp_codec` (``Symbol``, ``Char``, ``Timestamp``,
+  ``Described``...). The legacy encodings are accepted exactly: ``x-ms-path`` and
+  ``x-ms-sessionid`` strings, the ``com.microsoft:timespan`` described long of .NET ticks, and an
+  AMQP timestamp. The same values as the azure-servicebus SDK hands them over (bytes strings, bare
+  int ticks, int milliseconds) are accepted too. Other encodings are accepted only where their
+  meaning is unambiguous.
 - Anything else is rejected with a :class:`Problem` whose reason names the property and what was
   wrong. Reasons quote a value only when it is short and made of harmless characters, so a stray
   connection string in a property never reaches a log or an audit row.
@@ -26,7 +29,25 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 
-import proton
+from backlog_syphon.amqp_codec import (
+    Array,
+    Byte,
+    Char,
+    Decimal32,
+    Decimal64,
+    Decimal128,
+    Described,
+    Float,
+    Int,
+    MapPairs,
+    Short,
+    Symbol,
+    Timestamp,
+    UByte,
+    UInt,
+    ULong,
+    UShort,
+)
 
 PATH_PROPERTY = "x-ms-path"
 SESSION_ID_PROPERTY = "x-ms-sessionid"
@@ -192,11 +213,12 @@ def decode_legacy_properties(application_properties: Mapping) -> LegacyFields:
 
 def strip_legacy_properties(application_properties: Mapping) -> dict:
     """The same properties without the four legacy keys (in any key type); other entries are the same objects."""
-    return {
-        key: value
-        for key, value in application_properties.items()
-        if _key_text(key) not in LEGACY_PROPERTIES
-    }
+    return {key: value for key, value in application_properties.items() if not is_legacy_key(key)}
+
+
+def is_legacy_key(key) -> bool:
+    """Whether an application-property key is one of the four legacy names (as string, symbol or UTF-8 binary)."""
+    return _key_text(key) in LEGACY_PROPERTIES
 
 
 class _Rejected(Exception):
@@ -232,7 +254,7 @@ def _legacy_values(application_properties: Mapping) -> tuple[dict, set[str]]:
 
 
 def _key_text(key) -> str | None:
-    if isinstance(key, str):  # also proton.symbol
+    if isinstance(key, str):  # also Symbol
         return str(key)
     if isinstance(key, (bytes, bytearray, memoryview)):
         try:
@@ -248,11 +270,11 @@ def _invalid(reason: str) -> _Rejected:
 
 def _text(name: str, value) -> str:
     """A string property as str: str or symbol, and utf-8 bytes where the SDK hands strings over as bytes."""
-    if isinstance(value, proton.char):  # a single AMQP char is not a string
+    if isinstance(value, Char):  # a single AMQP char is not a string
         raise _invalid(f"{name} must be a string, got {amqp_type_name(value)}")
     if isinstance(value, str):
         return str(value)
-    if isinstance(value, (bytes, bytearray)) and not isinstance(value, proton.decimal128):
+    if isinstance(value, (bytes, bytearray)) and not isinstance(value, Decimal128):
         try:
             return bytes(value).decode("utf-8")
         except UnicodeDecodeError:
@@ -305,8 +327,8 @@ def _decode_session_id(value) -> str:
 def _decode_time_to_live(value) -> timedelta | None:
     """Ticks (described or bare), timedelta, float seconds, ISO-8601 or .NET TimeSpan string."""
     name = TIME_TO_LIVE_PROPERTY
-    if isinstance(value, proton.Described):
-        if not (isinstance(value.descriptor, proton.symbol) and value.descriptor == TIMESPAN_DESCRIPTOR):
+    if isinstance(value, Described):
+        if not (isinstance(value.descriptor, Symbol) and value.descriptor == TIMESPAN_DESCRIPTOR):
             raise _invalid(f"{name} must be a {TIMESPAN_DESCRIPTOR} value, got {amqp_type_name(value)}")
         if not _is_plain_integer(value.value):
             raise _invalid(f"{name} must describe a long of ticks, got {amqp_type_name(value.value)}")
@@ -322,7 +344,7 @@ def _decode_time_to_live(value) -> timedelta | None:
             return _positive_time_to_live(timedelta(seconds=value))
         except OverflowError:
             raise _invalid(f"{name} of {value} seconds is out of range") from None
-    if isinstance(value, str) and not isinstance(value, proton.char):
+    if isinstance(value, str) and not isinstance(value, Char):
         return _parse_time_to_live_text(str(value))
     raise _invalid(f"{name} must be a timespan, got {amqp_type_name(value)}")
 
@@ -330,7 +352,7 @@ def _decode_time_to_live(value) -> timedelta | None:
 def _is_plain_integer(value) -> bool:
     """An AMQP integer; bool and timestamp are int subclasses but mean something else."""
     return isinstance(value, int) and not isinstance(
-        value, (bool, proton.timestamp, proton.decimal32, proton.decimal64)
+        value, (bool, Timestamp, Decimal32, Decimal64)
     )
 
 
@@ -374,7 +396,7 @@ def _parse_time_to_live_text(text: str) -> timedelta | None:
 def _decode_scheduled_enqueue_time(value) -> datetime | None:
     """Timestamp or int ms since the epoch, datetime, or ISO-8601 string; naive values are UTC."""
     name = SCHEDULED_ENQUEUE_TIME_PROPERTY
-    if isinstance(value, int) and not isinstance(value, (bool, proton.decimal32, proton.decimal64)):
+    if isinstance(value, int) and not isinstance(value, (bool, Decimal32, Decimal64)):
         if value <= DOTNET_DATETIME_MIN_MS:
             return None  # DateTime.MinValue: not scheduled
         if value > DOTNET_DATETIME_MAX_MS:
@@ -382,7 +404,7 @@ def _decode_scheduled_enqueue_time(value) -> datetime | None:
         return ms_to_datetime(value)
     if isinstance(value, datetime):
         return _utc_scheduled_time(value)
-    if isinstance(value, str) and not isinstance(value, proton.char):
+    if isinstance(value, str) and not isinstance(value, Char):
         try:
             parsed = datetime.fromisoformat(str(value))
         except ValueError:
@@ -420,29 +442,35 @@ _AMQP_TYPE_NAMES = {
     uuid.UUID: "uuid",
     datetime: "datetime",
     timedelta: "timedelta",
-    proton.ubyte: "ubyte",
-    proton.ushort: "ushort",
-    proton.uint: "uint",
-    proton.ulong: "ulong",
-    proton.byte: "byte",
-    proton.short: "short",
-    proton.int32: "int",
-    proton.float32: "float",
-    proton.timestamp: "timestamp",
-    proton.symbol: "symbol",
-    proton.char: "char",
-    proton.decimal32: "decimal32",
-    proton.decimal64: "decimal64",
-    proton.decimal128: "decimal128",
-    proton.Array: "array",
+    MapPairs: "map",
+    UByte: "ubyte",
+    UShort: "ushort",
+    UInt: "uint",
+    ULong: "ulong",
+    Byte: "byte",
+    Short: "short",
+    Int: "int",
+    Float: "float",
+    Timestamp: "timestamp",
+    Symbol: "symbol",
+    Char: "char",
+    Decimal32: "decimal32",
+    Decimal64: "decimal64",
+    Decimal128: "decimal128",
+    Array: "array",
 }
 
 
 def amqp_type_name(value) -> str:
     """The AMQP type name of a decoded value, for reasons ("got long"); a plain int is what a long decodes to."""
-    if isinstance(value, proton.Described):
+    if isinstance(value, Described):
         descriptor = value.descriptor
-        shown = quote(str(descriptor)) if isinstance(descriptor, str) else f"{int(descriptor):#x}"
+        if isinstance(descriptor, str):
+            shown = quote(str(descriptor))
+        elif isinstance(descriptor, int) and not isinstance(descriptor, bool):
+            shown = f"{int(descriptor):#x}"
+        else:
+            shown = f"a {amqp_type_name(descriptor)} descriptor"
         return f"described value ({shown})"
     return _AMQP_TYPE_NAMES.get(type(value), type(value).__name__)
 

@@ -4,13 +4,13 @@ import datetime as dt
 import uuid
 from collections import defaultdict
 
-import proton
 import pytest
 from azure.servicebus import NEXT_AVAILABLE_SESSION, ServiceBusClient, ServiceBusReceiveMode
 from azure.servicebus._pyamqp.types import TYPE, VALUE, AMQPTypes
 from azure.servicebus.exceptions import OperationTimeoutError
 
 from backlog_syphon import backlog_writer
+from backlog_syphon.amqp_codec import Int, Symbol, Timestamp, ULong
 from backlog_syphon.amqp_message import decode_message
 from backlog_syphon.backlog_writer import OriginalMessage
 from backlog_syphon.legacy_properties import LEGACY_PROPERTIES, backlog_queue_name
@@ -33,8 +33,8 @@ TYPED_PROPERTIES = {
     "sym": {TYPE: AMQPTypes.symbol, VALUE: b"a-symbol"},
     "blob": {TYPE: AMQPTypes.binary, VALUE: b"\x00\x01\xff"},
 }
-EXPECTED_TYPES = {"long": int, "small_long": int, "int": proton.int32, "ulong": proton.ulong, "text": str,
-                  "flag": bool, "ratio": float, "id": uuid.UUID, "when": proton.timestamp, "sym": proton.symbol,
+EXPECTED_TYPES = {"long": int, "small_long": int, "int": Int, "ulong": ULong, "text": str,
+                  "flag": bool, "ratio": float, "id": uuid.UUID, "when": Timestamp, "sym": Symbol,
                   "blob": bytes}
 
 

@@ -4,72 +4,93 @@ import dataclasses
 import pickle
 import uuid
 from datetime import datetime, timedelta, timezone
+from decimal import Decimal
 
 import proton
 import pytest
-from proton import Data, Described, Message, symbol
+from proton import Message
 
+from backlog_syphon.amqp_codec import (
+    BODY_SECTIONS,
+    AmqpDecodeError,
+    Array,
+    Char,
+    Decimal128,
+    Described,
+    Float,
+    Int,
+    Short,
+    Symbol,
+    Timestamp,
+    UByte,
+    UInt,
+    ULong,
+    SectionCode,
+    encode_section,
+    encode_value,
+    map_entries,
+    split_sections,
+)
 from backlog_syphon.amqp_message import (
     BROKER_OWNED_ANNOTATIONS,
     UINT_MAX,
     DecodedMessage,
+    LegacyPropertiesError,
     MessageHeader,
     MessageProperties,
+    decode_envelope,
     decode_message,
     header_ttl_ms,
     restore_message_bytes,
     restored_message,
 )
 from backlog_syphon.legacy_properties import LegacyFields, decode_legacy_properties
+from tests.unit.amqp_values import proton_encode, tagged, to_proton
 
 UTC = timezone.utc
-TIMESPAN = symbol("com.microsoft:timespan")
+TIMESPAN = Symbol("com.microsoft:timespan")
 ENQUEUED_MS = 1714560000000
 SCHEDULED = datetime(2024, 5, 1, 12, 30, tzinfo=UTC)
 
 TYPED_PROPERTIES = {
     "long": 2**40,
     "small-long": 5,
-    "int": proton.int32(-7),
-    "ulong": proton.ulong(2**64 - 1),
-    "uint": proton.uint(9),
-    "short": proton.short(-3),
-    "ubyte": proton.ubyte(255),
-    "symbol": symbol("sym"),
+    "int": Int(-7),
+    "ulong": ULong(2**64 - 1),
+    "uint": UInt(9),
+    "short": Short(-3),
+    "ubyte": UByte(255),
+    "symbol": Symbol("sym"),
     "string": "text",
-    "timestamp": proton.timestamp(ENQUEUED_MS),
+    "timestamp": Timestamp(ENQUEUED_MS),
     "described": Described(TIMESPAN, 600_000_000),
     "uuid": uuid.UUID("12345678-1234-5678-1234-567812345678"),
     "binary": b"\x00\xff\x10",
     "double": 1.25,
-    "float": proton.float32(0.5),
+    "float": Float(0.5),
     "bool": True,
-    "char": proton.char("z"),
+    "char": Char("z"),
     "null": None,
-    "list": [proton.int32(1), "two", b"3"],
-    "map": {symbol("k"): proton.ulong(1)},
+    "list": [Int(1), "two", b"3"],
+    "map": {Symbol("k"): ULong(1)},
+    "decimal": Decimal128.from_decimal(Decimal("-79228162514264337593543950335")),
+    "array": Array("int", [Int(1), Int(2)]),
 }
 
 
 def typed(value):
     """A value with every nested type spelled out, so equality also compares AMQP types."""
-    if isinstance(value, Described):
-        return ("described", typed(value.descriptor), typed(value.value))
-    if isinstance(value, dict):
-        return ("map", tuple((typed(k), typed(v)) for k, v in value.items()))
-    if isinstance(value, (list, tuple)):
-        return (type(value).__name__, tuple(typed(item) for item in value))
-    if isinstance(value, proton.Array):
-        return ("array", typed(value.descriptor), value.type, tuple(typed(e) for e in value.elements))
-    return (type(value), value)
+    if isinstance(value, tuple) and type(value) is tuple:  # header/properties fields, body parts
+        return ("tuple", tuple(typed(item) for item in value))
+    return tagged(value)
 
 
 def typed_message(message: DecodedMessage):
     return {
-        "header": typed(list(dataclasses.astuple(message.header))),
+        "header": typed(tuple(getattr(message.header, f.name) for f in dataclasses.fields(MessageHeader))),
         "delivery_annotations": typed(message.delivery_annotations),
         "message_annotations": typed(message.message_annotations),
-        "properties": typed(list(dataclasses.astuple(message.properties))),
+        "properties": typed(tuple(getattr(message.properties, f.name) for f in dataclasses.fields(MessageProperties))),
         "application_properties": typed(message.application_properties),
         "body_kind": message.body_kind,
         "body": typed(message.body),
@@ -80,28 +101,28 @@ def typed_message(message: DecodedMessage):
 def legacy_backlog_message(**application_properties) -> DecodedMessage:
     """A backlog copy as the legacy client and the broker leave it."""
     return DecodedMessage(
-        header=MessageHeader(durable=True, delivery_count=proton.uint(3)),
-        delivery_annotations={symbol("x-opt-lock-token"): uuid.UUID(int=5)},
+        header=MessageHeader(durable=True, delivery_count=UInt(3)),
+        delivery_annotations={Symbol("x-opt-lock-token"): uuid.UUID(int=5)},
         message_annotations={
-            symbol("x-opt-sequence-number"): 42,
-            symbol("x-opt-enqueued-time"): proton.timestamp(ENQUEUED_MS),
-            symbol("x-opt-locked-until"): proton.timestamp(ENQUEUED_MS + 60_000),
-            symbol("x-opt-enqueue-sequence-number"): 7,
-            symbol("x-opt-message-state"): proton.int32(0),
-            symbol("x-opt-deadletter-source"): "elsewhere",
-            symbol("x-opt-partition-key"): "pk-1",
-            symbol("x-opt-via-partition-key"): "via-1",
-            symbol("x-custom"): proton.int32(1),
+            Symbol("x-opt-sequence-number"): 42,
+            Symbol("x-opt-enqueued-time"): Timestamp(ENQUEUED_MS),
+            Symbol("x-opt-locked-until"): Timestamp(ENQUEUED_MS + 60_000),
+            Symbol("x-opt-enqueue-sequence-number"): 7,
+            Symbol("x-opt-message-state"): Int(0),
+            Symbol("x-opt-deadletter-source"): "elsewhere",
+            Symbol("x-opt-partition-key"): "pk-1",
+            Symbol("x-opt-via-partition-key"): "via-1",
+            Symbol("x-custom"): Int(1),
         },
         properties=MessageProperties(
             message_id="msg-1", to="orders", subject="label", reply_to="replies", correlation_id=uuid.UUID(int=9),
-            content_type=symbol("application/json"), reply_to_group_id="reply-session",
+            content_type=Symbol("application/json"), reply_to_group_id="reply-session",
         ),
         application_properties={
             "x-ms-path": "orders",
             "x-ms-sessionid": "session-1",
             "x-ms-timetolive": Described(TIMESPAN, 15 * 60 * 10_000_000),
-            "x-ms-scheduledenqueuetimeutc": proton.timestamp(int(SCHEDULED.timestamp() * 1000)),
+            "x-ms-scheduledenqueuetimeutc": Timestamp.from_datetime(SCHEDULED),
             **TYPED_PROPERTIES,
         },
         body=(b'{"order": 1}',),
@@ -111,7 +132,7 @@ def legacy_backlog_message(**application_properties) -> DecodedMessage:
 # --- decode of bytes written by proton's own Message encoder ------------------------------------
 
 def test_decode_message_written_by_proton_message():
-    message = Message(body=b"hello", properties=dict(TYPED_PROPERTIES), inferred=True)
+    message = Message(body=b"hello", properties=to_proton(TYPED_PROPERTIES), inferred=True)
     message.id = proton.ulong(77)
     message.correlation_id = "corr"
     message.subject = "label"
@@ -121,8 +142,8 @@ def test_decode_message_written_by_proton_message():
     message.ttl = 90.0
     message.durable = True
     message.annotations = {
-        symbol("x-opt-sequence-number"): 12,
-        symbol("x-opt-enqueued-time"): proton.timestamp(ENQUEUED_MS),
+        proton.symbol("x-opt-sequence-number"): 12,
+        proton.symbol("x-opt-enqueued-time"): proton.timestamp(ENQUEUED_MS),
     }
 
     decoded = decode_message(bytes(message.encode()))
@@ -130,9 +151,9 @@ def test_decode_message_written_by_proton_message():
     assert decoded.body_kind == "data"
     assert decoded.body == (b"hello",)
     assert typed(decoded.application_properties) == typed(TYPED_PROPERTIES)
-    assert (decoded.header.durable, decoded.header.ttl_ms) == (True, 90_000)
-    assert typed(decoded.properties.message_id) == typed(proton.ulong(77))
-    assert typed(decoded.properties.content_type) == typed(symbol("text/plain"))
+    assert typed((decoded.header.durable, decoded.header.ttl_ms)) == typed((True, UInt(90_000)))
+    assert typed(decoded.properties.message_id) == typed(ULong(77))
+    assert typed(decoded.properties.content_type) == typed(Symbol("text/plain"))
     assert decoded.properties.group_id == "session-1"
     assert decoded.properties.reply_to_group_id == "reply-session"
     assert decoded.sequence_number == 12
@@ -147,8 +168,8 @@ def test_our_encoding_is_read_back_by_proton_message():
     assert bytes(message.body) == b'{"order": 1}'
     assert message.id == "msg-1"
     assert message.durable is True
-    assert typed(message.properties["long"]) == typed(2**40)
-    assert typed(message.properties["described"]) == typed(Described(TIMESPAN, 600_000_000))
+    assert typed(dict(message.properties)) == typed(decoded.application_properties)
+    assert typed(dict(message.annotations)) == typed(decoded.message_annotations)
 
 
 # --- round trips --------------------------------------------------------------------------------
@@ -166,11 +187,16 @@ def test_round_trip_keeps_every_type():
     ("data", (b"",)),
     ("data", (b"part-1", b"part-2", b"\x00" * 70_000)),
     ("value", "a string value"),
-    ("value", {symbol("k"): [proton.int32(1), 2**40]}),
+    ("value", {Symbol("k"): [Int(1), 2**40]}),
     ("value", None),
     ("value", b"binary in an amqp-value"),
+    ("value", Char("\u00e9")),
+    ("value", Decimal128.from_decimal(Decimal("12.50"))),
+    ("value", Array("symbol", ["a", "b"])),
+    ("value", Described(Symbol("com.microsoft:uri"), "https://example.com/a")),
+    ("value", Described(Symbol("com.microsoft:datetime-offset"), 638500000000000000)),
     ("sequence", ([1, "two"],)),
-    ("sequence", ([1], [proton.ulong(2)])),
+    ("sequence", ([1], [ULong(2)])),
 ])
 def test_round_trip_of_each_body_kind(body_kind, body):
     original = DecodedMessage(properties=MessageProperties(message_id="m"), body_kind=body_kind, body=body)
@@ -197,27 +223,32 @@ def test_binary_values_are_real_bytes_that_outlive_the_decoder():
 
 
 def test_arrays_and_nested_described_values_round_trip():
-    array = proton.Array(proton.UNDESCRIBED, Data.INT, proton.int32(1), proton.int32(2))
-    described_array = proton.Array(symbol("d"), Data.STRING, "a", "b")
-    nested = Described(symbol("outer"), Described(proton.ulong(1), [b"x", {"k": proton.timestamp(1)}]))
+    array = Array("int", [Int(1), Int(2)])
+    described_array = Array("string", ["a", "b"], descriptor=Symbol("d"))
+    nested = Described(Symbol("outer"), Described(ULong(1), [b"x", {"k": Timestamp(1)}]))
     original = DecodedMessage(application_properties={"array": array, "darray": described_array, "nested": nested})
     decoded = decode_message(original.encode())
     assert typed_message(decoded) == typed_message(original)
 
 
 def test_symbolic_section_descriptors_are_understood():
-    data = Data()
-    for name, value in (("amqp:properties:list", ["id-1"]), ("amqp:data:binary", b"body")):
-        data.put_object(Described(symbol(name), value))
-    decoded = decode_message(bytes(data.encode()))
-    assert (decoded.properties.message_id, decoded.body) == ("id-1", (b"body",))
+    raw = b"".join(encode_value(Described(Symbol(name), value)) for name, value in (
+        ("amqp:properties:list", ["id-1"]), ("amqp:application-properties:map", {"k": 1}),
+        ("amqp:amqp-value:*", "text"), ("amqp:footer:map", {Symbol("f"): 1})))
+    decoded = decode_message(raw)
+    assert (decoded.properties.message_id, decoded.application_properties, decoded.body_kind, decoded.body,
+            decoded.footer) == ("id-1", {"k": 1}, "value", "text", {"f": 1})
+    data = encode_value(Described(Symbol("amqp:data:binary"), b"body"))
+    assert decode_message(data).body == (b"body",)
+    # The 8-byte ulong form of a section code, too.
+    assert decode_message(b"\x00\x80" + (0x75).to_bytes(8, "big") + b"\xa0\x01x").body == (b"x",)
 
 
 def test_binary_application_property_keys_become_str():
-    data = Data()
-    data.put_object(Described(proton.ulong(0x74), {b"x-ms-path": "orders", "k": proton.int32(1)}))
-    decoded = decode_message(bytes(data.encode()))
-    assert typed(decoded.application_properties) == typed({"x-ms-path": "orders", "k": proton.int32(1)})
+    raw = proton_encode(proton.Described(proton.ulong(0x74), {b"x-ms-path": "orders", "k": proton.int32(1),
+                                                              b"\xff": 2}))
+    decoded = decode_message(raw)
+    assert typed(decoded.application_properties) == typed({"x-ms-path": "orders", "k": Int(1), b"\xff": 2})
 
 
 def test_plain_python_values_are_encoded_with_their_spec_types():
@@ -230,14 +261,13 @@ def test_plain_python_values_are_encoded_with_their_spec_types():
         application_properties={"when": SCHEDULED},
     )
     decoded = decode_message(message.encode())
-    assert typed(list(dataclasses.astuple(decoded.header))) == typed(
-        [True, proton.ubyte(4), proton.uint(1000), None, proton.uint(0)])
-    assert typed(decoded.properties.message_id) == typed(proton.ulong(5))
-    assert typed(decoded.properties.content_type) == typed(symbol("text/plain"))
-    scheduled_ms = proton.timestamp(int(SCHEDULED.timestamp() * 1000))
+    assert typed_message(decoded)["header"] == typed((True, UByte(4), UInt(1000), None, UInt(0)))
+    assert typed(decoded.properties.message_id) == typed(ULong(5))
+    assert typed(decoded.properties.content_type) == typed(Symbol("text/plain"))
+    scheduled_ms = Timestamp(int(SCHEDULED.timestamp() * 1000))
     assert typed(decoded.properties.creation_time) == typed(scheduled_ms)
-    assert typed(decoded.properties.group_sequence) == typed(proton.uint(2))
-    assert typed(decoded.message_annotations) == typed({symbol("x-opt-scheduled-enqueue-time"): scheduled_ms})
+    assert typed(decoded.properties.group_sequence) == typed(UInt(2))
+    assert typed(decoded.message_annotations) == typed({Symbol("x-opt-scheduled-enqueue-time"): scheduled_ms})
     assert typed(decoded.application_properties) == typed({"when": scheduled_ms})
     assert decoded.scheduled_enqueue_time == SCHEDULED
 
@@ -253,26 +283,38 @@ def test_decoded_message_pickles_with_types():
 
 
 @pytest.mark.parametrize("raw, message", [
-    (b"\x00\x53", "cannot decode"),
-    (b"\xa1\x03abc", "not a described section"),
-    (b"\x00\x53\x79\x45", "unknown section descriptor"),  # described ulong 0x79: not a section
-    (b"\x00\x53\x74\xa1\x01x", "section 0x74 must be a dict"),  # application properties as a string
-    (b"\x00\x53\x70\xa1\x01x", "section 0x70 must be a list"),  # header as a string
-    (b"\x00\x53\x75\xa1\x01x", "data body must be a tuple of bytes"),  # Data section holding a string
+    (b"\x00\x53", "truncated.* at byte 1"),
+    (b"\xa1\x03abc", "not a described section at byte 0"),
+    (b"\x00\x53\x79\x45", "unknown section descriptor at byte 1"),  # described ulong 0x79: not a section
+    (b"\x00\xa3\x03abc\x45", "unknown section descriptor at byte 1"),
+    (b"\x00\x53\x74\xa1\x01x", r"section 0x74 \(amqp:application-properties:map\) must hold a map or null"),
+    (b"\x00\x53\x70\xa1\x01x", r"section 0x70 \(amqp:header:list\) must hold a list or null"),
+    (b"\x00\x53\x75\xa1\x01x", r"section 0x75 \(amqp:data:binary\) must hold a binary at byte 3"),
+    (b"\x00\x53\x77\xa1\x02\xc3\x28", "a string is not valid UTF-8 at byte 3"),
+    (b"\x00\x53\x74\xc1\x05\x04\xa1\x01k\x41" + b"\x00\x53\x75\xa0\x00", "a map element is missing at byte 10"),
+    (b"\x00\x53\x74\xc1\x04\x03\x41\x41\x41", r"the map has an odd number of elements \(3\) at byte 3"),
+    (b"\x00\x53\x74\xc1\x09\x04\xa1\x01k\x41\xa3\x01k\x42",  # string "k" and symbol "k"
+     "application property 'k' appears more than once"),
+    (b"\x00\x53\x74\xc1\x04\x02\x55\x01\x41", "application property key is a long, not a string at byte 3"),
+    (b"\x00\x53\x72\xc1\x09\x04\xa3\x01k\x41\xa1\x01k\x42", "section 0x72 has a key twice"),
 ])
-def test_garbage_is_a_value_error(raw, message):
-    with pytest.raises(ValueError, match=message):
+def test_garbage_is_an_amqp_decode_error_with_its_offset(raw, message):
+    with pytest.raises(AmqpDecodeError, match=message):
         decode_message(raw)
+    with pytest.raises(AmqpDecodeError, match=message):
+        decode_envelope(raw)
 
 
 def test_repeated_or_mixed_sections_are_rejected():
     header = DecodedMessage(header=MessageHeader(durable=True)).encode()
-    with pytest.raises(ValueError, match="appears twice"):
+    with pytest.raises(AmqpDecodeError, match="appears twice at byte 7"):
         decode_message(header + header)
     data_body = DecodedMessage(body=(b"x",)).encode()
     value_body = DecodedMessage(body_kind="value", body="x").encode()
-    with pytest.raises(ValueError, match="different kinds"):
+    with pytest.raises(AmqpDecodeError, match="different kinds"):
         decode_message(data_body + value_body)
+    with pytest.raises(AmqpDecodeError, match="more than one amqp-value"):
+        decode_message(value_body + value_body)
 
 
 @pytest.mark.parametrize("kwargs", [
@@ -300,13 +342,13 @@ def test_restored_message_restores_fields_and_keeps_everything_else():
     assert typed(restored.application_properties) == typed(TYPED_PROPERTIES)
     assert restored.properties == dataclasses.replace(backlog.properties, group_id="session-1")
     assert typed(restored.properties.correlation_id) == typed(uuid.UUID(int=9))
-    assert restored.header == MessageHeader(durable=True, ttl_ms=600_000)
+    assert typed_message(restored)["header"] == typed((True, None, UInt(600_000), None, None))
     assert restored.delivery_annotations == {}
     assert typed(restored.message_annotations) == typed({
-        symbol("x-opt-partition-key"): "pk-1",
-        symbol("x-opt-via-partition-key"): "via-1",
-        symbol("x-custom"): proton.int32(1),
-        symbol("x-opt-scheduled-enqueue-time"): proton.timestamp(int(SCHEDULED.timestamp() * 1000)),
+        Symbol("x-opt-partition-key"): "pk-1",
+        Symbol("x-opt-via-partition-key"): "via-1",
+        Symbol("x-custom"): Int(1),
+        Symbol("x-opt-scheduled-enqueue-time"): Timestamp(int(SCHEDULED.timestamp() * 1000)),
     })
     assert restored.scheduled_enqueue_time == SCHEDULED
     assert restored.partition_key == "pk-1"
@@ -317,23 +359,24 @@ def test_restored_message_without_session_ttl_or_schedule():
     backlog = legacy_backlog_message()
     backlog = dataclasses.replace(
         backlog,
-        header=MessageHeader(ttl_ms=proton.uint(UINT_MAX)),
+        header=MessageHeader(ttl_ms=UInt(UINT_MAX)),
         properties=dataclasses.replace(backlog.properties, group_id=None),
-        application_properties={"x-ms-path": "orders", "keep": proton.int32(1)},
+        application_properties={"x-ms-path": "orders", "keep": Int(1)},
     )
     fields = decode_legacy_properties(backlog.application_properties)
     restored = restored_message(backlog, fields, None)
     assert restored.header == MessageHeader()
     assert restored.properties.group_id is None
-    assert typed(restored.application_properties) == typed({"keep": proton.int32(1)})
+    assert typed(restored.application_properties) == typed({"keep": Int(1)})
     assert not BROKER_OWNED_ANNOTATIONS & {str(key) for key in restored.message_annotations}
     assert "x-opt-scheduled-enqueue-time" not in restored.message_annotations
 
 
 def test_restored_message_replaces_an_existing_schedule_annotation_once():
-    backlog = DecodedMessage(message_annotations={symbol("x-opt-scheduled-enqueue-time"): proton.timestamp(1)})
+    backlog = DecodedMessage(message_annotations={Symbol("x-opt-scheduled-enqueue-time"): Timestamp(1)})
     restored = restored_message(backlog, LegacyFields("orders", scheduled_enqueue_time=SCHEDULED), None)
-    assert list(restored.message_annotations.values()) == [proton.timestamp(int(SCHEDULED.timestamp() * 1000))]
+    assert typed(restored.message_annotations) == typed(
+        {Symbol("x-opt-scheduled-enqueue-time"): Timestamp(int(SCHEDULED.timestamp() * 1000))})
 
 
 def test_restored_message_does_not_modify_its_input():
@@ -366,5 +409,172 @@ def test_restore_message_bytes_uses_the_chosen_ttl():
 
 def test_restore_message_bytes_refuses_messages_with_legacy_problems():
     raw = DecodedMessage(application_properties={"x-ms-sessionid": 5}).encode()
-    with pytest.raises(ValueError, match="x-ms-path is missing.*x-ms-sessionid must be a string"):
+    with pytest.raises(LegacyPropertiesError, match="x-ms-path is missing.*x-ms-sessionid must be a string") as error:
         restore_message_bytes(raw, None)
+    assert [problem.code for problem in error.value.problems] == ["missing_path", "invalid_legacy_property"]
+
+
+# --- multi-section bodies ----------------------------------------------------------------------
+
+def test_hand_built_multi_section_bodies_decode_to_one_part_per_section():
+    properties = encode_section(SectionCode.PROPERTIES, encode_value(["id-1"]))
+    data = b"".join(encode_section(SectionCode.DATA, encode_value(part)) for part in (b"one", b"", b"t" * 300))
+    footer = encode_section(SectionCode.FOOTER, encode_value({Symbol("f"): Int(1)}))
+    decoded = decode_message(properties + data + footer)
+    assert typed_message(decoded) == typed_message(DecodedMessage(
+        properties=MessageProperties(message_id="id-1"), body=(b"one", b"", b"t" * 300),
+        footer={Symbol("f"): Int(1)}))
+    assert decoded.body_size == decode_envelope(properties + data + footer).body_size == 303
+
+    sequences = b"".join(encode_section(SectionCode.AMQP_SEQUENCE, encode_value(part))
+                         for part in ([Int(1), "two"], [], [Array("symbol", ["s"])]))
+    decoded = decode_message(sequences)
+    assert typed_message(decoded) == typed_message(DecodedMessage(
+        body_kind="sequence", body=([Int(1), "two"], [], [Array("symbol", ["s"])])))
+    assert decode_envelope(sequences).body_size == len(sequences) == decoded.body_size
+
+
+def test_decode_envelope_reads_everything_but_the_body_and_measures_it():
+    raw = legacy_backlog_message().encode()
+    envelope = decode_envelope(raw)
+    decoded = decode_message(raw)
+    assert (envelope.body_kind, envelope.body_size) == ("data", 12)
+    envelope_parts = typed_message(dataclasses.replace(decoded, **{
+        name: getattr(envelope, name) for name in ("header", "delivery_annotations", "message_annotations",
+                                                   "properties", "application_properties", "footer")}))
+    assert envelope_parts == typed_message(decoded)
+    assert (envelope.sequence_number, envelope.enqueued_time) == (42, datetime(2024, 5, 1, 10, 40, tzinfo=UTC))
+
+
+# --- restore_message_bytes splices ---------------------------------------------------------------
+
+LEGACY = {
+    "x-ms-path": "orders",
+    "x-ms-sessionid": "session-1",
+    "x-ms-timetolive": Described(TIMESPAN, 15 * 60 * 10_000_000),
+    "x-ms-scheduledenqueuetimeutc": Timestamp.from_datetime(SCHEDULED),
+}
+
+
+def _proton_backlog_message(**kwargs) -> bytes:
+    """A backlog copy encoded by proton (wide list and map forms, a value body)."""
+    message = Message(body=kwargs.pop("body", {proton.symbol("k"): [proton.char("c")]}), inferred=False,
+                      properties=to_proton({**LEGACY, "array": Array("long", [1, 2]), "keep": Int(7)}))
+    message.annotations = {proton.symbol("x-opt-sequence-number"): 12,
+                           proton.symbol("x-opt-partition-key"): "pk"}
+    message.id = proton.ulong(77)
+    message.group_id = "stale"
+    message.ttl = 90.0
+    message.durable = True
+    message.delivery_count = 4
+    message.priority = 7
+    return bytes(message.encode())
+
+
+def _varied_backlog_messages() -> dict[str, bytes]:
+    full = legacy_backlog_message()
+    with_footer = dataclasses.replace(full, footer={Symbol("x-footer"): "f"}, body=(b"part-1", b"part-2"))
+    binary_keys = DecodedMessage(application_properties={
+        b"x-ms-path": b"orders", b"x-ms-sessionid": "s-2", b"other": Symbol("kept"), "x": 1})
+    symbol_keys = DecodedMessage(application_properties={
+        Symbol("x-ms-path"): "a/b/topic", Symbol("x-ms-timetolive"): 5_000_000_000, Symbol("sym"): Char("c")})
+    value_body = DecodedMessage(
+        header=MessageHeader(priority=UByte(4), first_acquirer=True),
+        message_annotations={Symbol("x-opt-scheduled-enqueue-time"): Timestamp(1),
+                             Symbol("x-opt-enqueued-time"): Timestamp(5)},
+        properties=MessageProperties(message_id=uuid.UUID(int=3), group_id="original-session"),
+        application_properties={"x-ms-path": "orders",
+                                "x-ms-scheduledenqueuetimeutc": Timestamp.from_datetime(SCHEDULED)},
+        body_kind="value",
+        body={"decimal": Decimal128.from_decimal(Decimal("1.50")), "char": Char("x"), "list": [Int(1), "two"],
+              "array": Array("int", [1, 2]), "uri": Described(Symbol("com.microsoft:uri"), "https://example.com/"),
+              "offset": Described(Symbol("com.microsoft:datetime-offset"), 638500000000000000),
+              "span": Described(TIMESPAN, 10_000_000)},
+        footer={Symbol("f"): Array("symbol", ["a"])})
+    sequences = DecodedMessage(application_properties={"x-ms-path": "orders", "x-ms-sessionid": ""},
+                               body_kind="sequence", body=([1], [ULong(2), None]))
+    only_path = DecodedMessage(application_properties={"x-ms-path": "orders"})
+    future_header = [True, None, UInt(5), None, UInt(2), "a field of a later protocol revision"]
+    extra_header_field = encode_section(SectionCode.HEADER, encode_value(future_header)) + only_path.encode()
+    null_sections = (encode_section(SectionCode.HEADER, b"\x40") + encode_section(SectionCode.PROPERTIES, b"\x40")
+                     + encode_section(SectionCode.MESSAGE_ANNOTATIONS, b"\x40")
+                     + DecodedMessage(application_properties=LEGACY).encode())
+    symbolic_out_of_order = b"".join(encode_value(Described(Symbol(name), value)) for name, value in (
+        ("amqp:data:binary", b"body"), ("amqp:application-properties:map", LEGACY),
+        ("amqp:properties:list", ["id", None, "to"]), ("amqp:header:list", [False]),
+        ("amqp:footer:map", {Symbol("f"): 1})))
+    return {
+        "full": full.encode(), "footer-two-data": with_footer.encode(), "binary-keys": binary_keys.encode(),
+        "symbol-keys": symbol_keys.encode(), "value-body": value_body.encode(), "sequences": sequences.encode(),
+        "only-path": only_path.encode(), "extra-header-field": extra_header_field, "null-sections": null_sections,
+        "symbolic-out-of-order": symbolic_out_of_order, "proton": _proton_backlog_message(),
+        "proton-data": _proton_backlog_message(body=b"payload"),
+    }
+
+
+VARIED = _varied_backlog_messages()
+
+
+@pytest.mark.parametrize("ttl_ms", [None, 1234, UINT_MAX + 1])
+@pytest.mark.parametrize("name", VARIED)
+def test_spliced_bytes_decode_to_the_restored_message(name, ttl_ms):
+    raw = VARIED[name]
+    decoded = decode_message(raw)
+    fields = decode_legacy_properties(decoded.application_properties)
+    expected = restored_message(decoded, fields, None if ttl_ms is None else timedelta(milliseconds=ttl_ms))
+
+    spliced = restore_message_bytes(raw, ttl_ms)
+
+    assert typed_message(decode_message(spliced)) == typed_message(expected)
+    # Body sections and the footer are the same bytes, in the same order.
+    kept = [raw[s.start:s.end] for s in split_sections(raw) if s.code in BODY_SECTIONS or s.code == SectionCode.FOOTER]
+    assert [spliced[s.start:s.end] for s in split_sections(spliced)
+            if s.code in BODY_SECTIONS or s.code == SectionCode.FOOTER] == kept
+
+
+def test_splice_keeps_untouched_entries_byte_for_byte():
+    raw = _proton_backlog_message()
+    spliced = restore_message_bytes(raw, 1000)
+    raw_entries = {str(e.key): raw[e.start:e.end] for s in split_sections(raw)
+                   if s.code == SectionCode.APPLICATION_PROPERTIES for e in map_entries(raw, s.value_start)}
+    spliced_entries = {str(e.key): spliced[e.start:e.end] for s in split_sections(spliced)
+                       if s.code == SectionCode.APPLICATION_PROPERTIES for e in map_entries(spliced, s.value_start)}
+    assert set(spliced_entries) == {"array", "keep"}
+    assert spliced_entries == {key: raw_entries[key] for key in ("array", "keep")}
+    # proton wrote the array in its wide form; re-encoding would have made it compact
+    assert encode_value(decode_message(raw).application_properties["array"]) not in spliced_entries["array"]
+    annotations = [spliced[e.start:e.end] for s in split_sections(spliced)
+                   if s.code == SectionCode.MESSAGE_ANNOTATIONS for e in map_entries(spliced, s.value_start)]
+    assert annotations[0] == encode_value(Symbol("x-opt-partition-key")) + encode_value("pk")
+    assert len(annotations) == 2  # the partition key, and the schedule
+
+
+def test_splice_copies_the_properties_section_when_the_session_is_not_restored():
+    raw = dataclasses.replace(legacy_backlog_message(), application_properties={"x-ms-path": "orders"}).encode()
+    properties = next(raw[s.start:s.end] for s in split_sections(raw) if s.code == SectionCode.PROPERTIES)
+    assert properties in restore_message_bytes(raw, None)
+
+
+def test_restore_message_bytes_refuses_what_decode_message_refuses():
+    valid = DecodedMessage(application_properties={"x-ms-path": "orders"}).encode()
+    for broken in (valid + b"\x00\x53\x77\xa1\x01\xff", valid + b"\x00\x53\x76\x45\x00",
+                   encode_section(SectionCode.DELIVERY_ANNOTATIONS, b"\xc1\x02\x01\x40") + valid):
+        with pytest.raises(AmqpDecodeError) as from_decode:
+            decode_message(broken)
+        with pytest.raises(AmqpDecodeError) as from_restore:
+            restore_message_bytes(broken, None)
+        assert str(from_restore.value) == str(from_decode.value)
+    with pytest.raises(ValueError, match="positive"):
+        restore_message_bytes(valid, 0)
+
+
+def test_every_truncation_of_a_message_is_refused_except_at_section_boundaries():
+    raw = _proton_backlog_message()
+    boundaries = {section.start for section in split_sections(raw)}
+    for cut in range(len(raw)):
+        if cut in boundaries:
+            decode_message(raw[:cut])  # a shorter message, but a message
+            continue
+        for read in (decode_message, decode_envelope, lambda b: restore_message_bytes(b, None)):
+            with pytest.raises(AmqpDecodeError, match=r"at byte \d+$"):
+                read(raw[:cut])

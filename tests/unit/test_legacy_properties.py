@@ -3,9 +3,21 @@
 import uuid
 from datetime import datetime, timedelta, timezone
 
-import proton
 import pytest
-from proton import Described, symbol
+
+from backlog_syphon.amqp_codec import (
+    Array,
+    Char,
+    Decimal32,
+    Decimal128,
+    Described,
+    Float,
+    Int,
+    MapPairs,
+    Symbol,
+    Timestamp,
+    ULong,
+)
 
 from backlog_syphon.legacy_properties import (
     DOTNET_TIMESPAN_MAX_TICKS,
@@ -21,6 +33,7 @@ from backlog_syphon.legacy_properties import (
     datetime_to_ms,
     decode_legacy_properties,
     is_backlog_queue_name,
+    is_legacy_key,
     ms_to_datetime,
     strip_legacy_properties,
     ticks_to_timedelta,
@@ -29,7 +42,7 @@ from backlog_syphon.legacy_properties import (
 )
 
 UTC = timezone.utc
-TIMESPAN = symbol("com.microsoft:timespan")
+TIMESPAN = Symbol("com.microsoft:timespan")
 FIFTEEN_MINUTES_TICKS = 15 * 60 * 10_000_000
 SCHEDULED = datetime(2024, 5, 1, 12, 30, 15, 250000, tzinfo=UTC)
 SCHEDULED_MS = 1714566615250
@@ -46,13 +59,13 @@ def codes(fields):
 
 # --- the full legacy message --------------------------------------------------------------------
 
-def test_legacy_message_as_proton_decodes_it():
+def test_legacy_message_as_the_codec_decodes_it():
     fields = decode_legacy_properties({
-        symbol("x-ms-path"): "a/b/topic",
+        Symbol("x-ms-path"): "a/b/topic",
         "x-ms-sessionid": "session-1",
         "x-ms-timetolive": Described(TIMESPAN, FIFTEEN_MINUTES_TICKS),
-        "x-ms-scheduledenqueuetimeutc": proton.timestamp(SCHEDULED_MS),
-        "customer": proton.int32(7),
+        "x-ms-scheduledenqueuetimeutc": Timestamp(SCHEDULED_MS),
+        "customer": Int(7),
     })
     assert fields == LegacyFields("a/b/topic", "session-1", timedelta(minutes=15), SCHEDULED, ())
 
@@ -107,7 +120,7 @@ def test_key_names_are_case_sensitive():
 
 # --- x-ms-path ----------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("value", ["orders", symbol("orders"), b"orders", bytearray(b"orders")])
+@pytest.mark.parametrize("value", ["orders", Symbol("orders"), b"orders", bytearray(b"orders")])
 def test_path_string_types(value):
     assert decode_legacy_properties({"x-ms-path": value}) == LegacyFields("orders")
 
@@ -157,8 +170,13 @@ def test_short_harmless_invalid_path_is_quoted():
 
 
 @pytest.mark.parametrize("value, type_name", [
-    (5, "long"), (proton.int32(5), "int"), (proton.ulong(5), "ulong"), (True, "bool"), (1.5, "double"),
-    (uuid.UUID(int=1), "uuid"), (proton.char("a"), "char"), (None, "null"), (["orders"], "list"),
+    (5, "long"), (Int(5), "int"), (ULong(5), "ulong"), (True, "bool"), (1.5, "double"),
+    (uuid.UUID(int=1), "uuid"), (Char("a"), "char"), (None, "null"), (["orders"], "list"),
+    (Decimal128(bytes(16)), "decimal128"), (Array("string", ["orders"]), "array"), ({"a": 1}, "map"),
+    (MapPairs([([1], 2)]), "map"),
+    (Described(Symbol("com.microsoft:uri"), "orders"), "described value ('com.microsoft:uri')"),
+    (Described(ULong(0x137_00000003), "orders"), "described value (0x13700000003)"),
+    (Described(b"d", "orders"), "described value (a binary descriptor)"),
 ])
 def test_path_of_wrong_type_is_an_invalid_legacy_property(value, type_name):
     fields = decode_legacy_properties({"x-ms-path": value})
@@ -173,7 +191,7 @@ def test_path_of_invalid_utf8_bytes():
 
 # --- x-ms-sessionid -----------------------------------------------------------------------------
 
-@pytest.mark.parametrize("value", ["s-1", symbol("s-1"), b"s-1"])
+@pytest.mark.parametrize("value", ["s-1", Symbol("s-1"), b"s-1"])
 def test_session_id_string_types(value):
     fields = decode_one("x-ms-sessionid", value)
     assert (fields.session_id, fields.problems) == ("s-1", ())
@@ -192,7 +210,7 @@ def test_empty_session_id_is_kept_as_empty():
 
 
 @pytest.mark.parametrize("value, type_name", [
-    (42, "long"), (uuid.UUID(int=3), "uuid"), (proton.timestamp(1), "timestamp"), (False, "bool"),
+    (42, "long"), (uuid.UUID(int=3), "uuid"), (Timestamp(1), "timestamp"), (False, "bool"),
 ])
 def test_session_id_of_wrong_type(value, type_name):
     fields = decode_one("x-ms-sessionid", value)
@@ -205,20 +223,20 @@ def test_session_id_of_wrong_type(value, type_name):
 
 @pytest.mark.parametrize("value, expected", [
     (Described(TIMESPAN, FIFTEEN_MINUTES_TICKS), timedelta(minutes=15)),
-    (Described(TIMESPAN, proton.ulong(10_000_000)), timedelta(seconds=1)),
+    (Described(TIMESPAN, ULong(10_000_000)), timedelta(seconds=1)),
     (FIFTEEN_MINUTES_TICKS, timedelta(minutes=15)),
-    (proton.ulong(FIFTEEN_MINUTES_TICKS), timedelta(minutes=15)),
-    (proton.int32(10_000_000), timedelta(seconds=1)),
+    (ULong(FIFTEEN_MINUTES_TICKS), timedelta(minutes=15)),
+    (Int(10_000_000), timedelta(seconds=1)),
     (5, timedelta(microseconds=1)),  # 500 ns rounds up: a positive TTL stays positive
     (timedelta(hours=2), timedelta(hours=2)),
     (90.5, timedelta(seconds=90.5)),
-    (proton.float32(0.5), timedelta(milliseconds=500)),
+    (Float(0.5), timedelta(milliseconds=500)),
     ("PT15M", timedelta(minutes=15)),
     ("P1DT2H", timedelta(days=1, hours=2)),
     ("PT0.5S", timedelta(milliseconds=500)),
     ("P2W", timedelta(weeks=2)),
     ("P1D", timedelta(days=1)),
-    (symbol("PT1H30M"), timedelta(hours=1, minutes=30)),
+    (Symbol("PT1H30M"), timedelta(hours=1, minutes=30)),
     ("00:15:00", timedelta(minutes=15)),
     ("1.02:03:04", timedelta(days=1, hours=2, minutes=3, seconds=4)),
     ("00:00:01.5", timedelta(seconds=1.5)),
@@ -249,10 +267,12 @@ def test_time_to_live_max_value_means_no_ttl(value):
     (False, "must be a timespan, got bool"),
     (b"PT15M", "must be a timespan, got binary"),
     (uuid.UUID(int=1), "must be a timespan, got uuid"),
-    (proton.timestamp(1000), "must be a timespan, got timestamp"),
+    (Timestamp(1000), "must be a timespan, got timestamp"),
+    (Decimal32(5), "must be a timespan, got decimal32"),
+    (Char("5"), "must be a timespan, got char"),
     (None, "must be a timespan, got null"),
-    (Described(symbol("com.microsoft:datetime-offset"), 5), "must be a com.microsoft:timespan value"),
-    (Described(proton.ulong(0x137_00000003), 5), "must be a com.microsoft:timespan value"),
+    (Described(Symbol("com.microsoft:datetime-offset"), 5), "must be a com.microsoft:timespan value"),
+    (Described(ULong(0x137_00000003), 5), "must be a com.microsoft:timespan value"),
     (Described(TIMESPAN, "PT1M"), "must describe a long of ticks, got string"),
     (Described(TIMESPAN, True), "must describe a long of ticks, got bool"),
     (0.0, "must be positive"),
@@ -284,9 +304,9 @@ def test_time_to_live_rejections(value, reason_part):
 # --- x-ms-scheduledenqueuetimeutc ---------------------------------------------------------------
 
 @pytest.mark.parametrize("value", [
-    proton.timestamp(SCHEDULED_MS),
+    Timestamp(SCHEDULED_MS),
     SCHEDULED_MS,
-    proton.ulong(SCHEDULED_MS),
+    ULong(SCHEDULED_MS),
     SCHEDULED,
     SCHEDULED.replace(tzinfo=None),  # naive: the property is UTC by definition
     SCHEDULED.astimezone(timezone(timedelta(hours=2))),
@@ -294,7 +314,7 @@ def test_time_to_live_rejections(value, reason_part):
     "2024-05-01T14:30:15.25+02:00",
     "2024-05-01T12:30:15.2500000Z",  # .NET round-trip format, 7 fraction digits
     "2024-05-01T12:30:15.25",
-    symbol("2024-05-01T12:30:15.25Z"),
+    Symbol("2024-05-01T12:30:15.25Z"),
 ])
 def test_scheduled_enqueue_time_accepted_encodings(value):
     fields = decode_one("x-ms-scheduledenqueuetimeutc", value)
@@ -304,12 +324,12 @@ def test_scheduled_enqueue_time_accepted_encodings(value):
 
 
 def test_scheduled_enqueue_time_before_the_epoch():
-    fields = decode_one("x-ms-scheduledenqueuetimeutc", proton.timestamp(-1000))
+    fields = decode_one("x-ms-scheduledenqueuetimeutc", Timestamp(-1000))
     assert fields.scheduled_enqueue_time == datetime(1969, 12, 31, 23, 59, 59, tzinfo=UTC)
 
 
 @pytest.mark.parametrize("value", [
-    proton.timestamp(-62135596800000),
+    Timestamp(-62135596800000),
     -62135596800001,
     datetime.min,
     "0001-01-01T00:00:00Z",
@@ -322,11 +342,11 @@ def test_scheduled_enqueue_time_min_value_means_not_scheduled(value):
     (253402300800000, "out of range"),
     (True, "got bool"),
     (1714566615.25, "got double"),
-    (proton.float32(1.0), "got float"),
+    (Float(1.0), "got float"),
     (b"2024-05-01T12:30:15Z", "got binary"),
     (uuid.UUID(int=1), "got uuid"),
     (timedelta(minutes=1), "got timedelta"),
-    (Described(symbol("com.microsoft:datetime-offset"), 5), "got described value"),
+    (Described(Symbol("com.microsoft:datetime-offset"), 5), "got described value"),
     ("tomorrow", "is not an ISO-8601 date and time"),
     ("2024-13-01T00:00:00Z", "is not an ISO-8601 date and time"),
     (datetime(1, 1, 1, 0, 30, tzinfo=timezone(timedelta(hours=1))), "out of range"),
@@ -342,16 +362,16 @@ def test_scheduled_enqueue_time_rejections(value, reason_part):
 # --- strip --------------------------------------------------------------------------------------
 
 def test_strip_removes_legacy_keys_of_every_key_type_and_keeps_the_rest_identical():
-    big = proton.ulong(2**40)
-    described = Described(symbol("x"), 1)
+    big = ULong(2**40)
+    described = Described(Symbol("x"), 1)
     payload = b"\x00\x01"
     properties = {
-        symbol("x-ms-path"): "orders",
+        Symbol("x-ms-path"): "orders",
         b"x-ms-sessionid": b"s",
         "x-ms-timetolive": 5,
         "x-ms-scheduledenqueuetimeutc": 5,
         "big": big,
-        symbol("described"): described,
+        Symbol("described"): described,
         b"payload": payload,
         "x-ms-other": "kept",
     }
@@ -360,14 +380,23 @@ def test_strip_removes_legacy_keys_of_every_key_type_and_keeps_the_rest_identica
     assert stripped["big"] is big
     assert stripped["described"] is described
     assert stripped[b"payload"] is payload
-    assert type(list(stripped)[1]) is symbol  # keys are untouched too
+    assert type(list(stripped)[1]) is Symbol  # keys are untouched too
     assert len(properties) == 8  # the input is not modified
 
 
 def test_strip_of_nothing_legacy_is_an_equal_copy():
-    properties = {"a": proton.int32(1)}
+    properties = {"a": Int(1)}
     stripped = strip_legacy_properties(properties)
     assert stripped == properties and stripped is not properties
+
+
+@pytest.mark.parametrize("key, legacy", [
+    ("x-ms-path", True), (Symbol("x-ms-sessionid"), True), (b"x-ms-timetolive", True),
+    ("x-ms-scheduledenqueuetimeutc", True), ("X-MS-PATH", False), (b"\xff", False), (ULong(1), False),
+    ("x-ms-other", False),
+])
+def test_is_legacy_key(key, legacy):
+    assert is_legacy_key(key) is legacy
 
 
 def test_legacy_properties_constant():

@@ -3,12 +3,11 @@
 import uuid
 from datetime import datetime, timedelta, timezone
 
-import proton
 import pytest
 from chispa import assert_df_equality
-from proton import Described, symbol
 from pyspark.sql.types import LongType, StringType, StructField, StructType
 
+from backlog_syphon.amqp_codec import Described, Symbol, Timestamp, ULong
 from backlog_syphon.amqp_message import DecodedMessage, MessageProperties
 from backlog_syphon.backlog_rows import BACKLOG_ROW_COLUMNS, backlog_row_values, message_id_text
 from backlog_syphon.legacy_properties import LegacyFields, Problem
@@ -223,14 +222,14 @@ def test_legacy_fields_to_row_values():
 
 def test_backlog_row_values_from_a_raw_legacy_message(spark):
     raw = DecodedMessage(
-        message_annotations={symbol("x-opt-sequence-number"): 41,
-                             symbol("x-opt-enqueued-time"): proton.timestamp(1714560000000)},
-        properties=MessageProperties(message_id="m-41", content_type=symbol("application/json")),
+        message_annotations={Symbol("x-opt-sequence-number"): 41,
+                             Symbol("x-opt-enqueued-time"): Timestamp(1714560000000)},
+        properties=MessageProperties(message_id="m-41", content_type=Symbol("application/json")),
         application_properties={
             "x-ms-path": "a/b/topic",
             "x-ms-sessionid": "s-1",
-            "x-ms-timetolive": Described(symbol("com.microsoft:timespan"), 15 * 60 * 10_000_000),
-            "x-ms-scheduledenqueuetimeutc": proton.timestamp(1714566600000),
+            "x-ms-timetolive": Described(Symbol("com.microsoft:timespan"), 15 * 60 * 10_000_000),
+            "x-ms-scheduledenqueuetimeutc": Timestamp(1714566600000),
         },
         body=(b"12345", b"678"),
     ).encode()
@@ -263,7 +262,7 @@ def test_backlog_row_values_from_a_raw_legacy_message(spark):
 
 
 def test_backlog_row_values_prefer_the_peeked_sequence_number_and_time():
-    raw = DecodedMessage(message_annotations={symbol("x-opt-sequence-number"): 1},
+    raw = DecodedMessage(message_annotations={Symbol("x-opt-sequence-number"): 1},
                          application_properties={"x-ms-path": "orders"}).encode()
     row = backlog_row_values("q", raw, sequence_number=99, enqueued_time=NOW)
     assert (row["sequence_number"], row["enqueued_time"], row["destination"]) == (99, NOW, "orders")
@@ -272,14 +271,42 @@ def test_backlog_row_values_prefer_the_peeked_sequence_number_and_time():
 def test_backlog_row_values_of_an_undecodable_message_carry_a_problem():
     row = backlog_row_values("q", b"\x00\x53", sequence_number=7, enqueued_time=NOW)
     assert row["decode_problem_code"] == "undecodable_message"
-    assert row["decode_problem_reason"].startswith("not an AMQP message")
+    assert row["decode_problem_reason"] == "truncated: the ulong runs past the end (1 bytes missing) at byte 1"
     assert (row["sequence_number"], row["body_size"], row["destination"]) == (7, 2, None)
     assert row["raw_message"] == b"\x00\x53"
     assert list(row) == list(BACKLOG_ROW_COLUMNS)
 
 
+ROUTED = DecodedMessage(application_properties={"x-ms-path": "orders"}).encode()
+
+
+@pytest.mark.parametrize("raw, reason", [
+    # A value body holding an invalid UTF-8 string: the message cannot be forwarded right, so it is not.
+    (ROUTED + b"\x00\x53\x77\xa1\x01\xff", f"a string is not valid UTF-8 at byte {len(ROUTED) + 3}"),
+    # A data section that claims more bytes than there are.
+    (ROUTED + b"\x00\x53\x75\xa0\x09abc",
+     f"truncated: the binary runs past the end (6 bytes missing) at byte {len(ROUTED) + 3}"),
+    # The broker's enqueued time out of datetime's range.
+    (DecodedMessage(message_annotations={"x-opt-enqueued-time": Timestamp(2**62)},
+                    application_properties={"x-ms-path": "orders"}).encode(), "out of range"),
+])
+def test_backlog_row_values_of_a_partly_readable_message_carry_a_problem(raw, reason):
+    row = backlog_row_values("q", raw)
+    assert row["decode_problem_code"] == "undecodable_message"
+    assert reason in row["decode_problem_reason"]
+    assert (row["destination"], row["body_size"]) == (None, len(raw))
+
+
+def test_backlog_row_body_size_of_value_and_sequence_bodies():
+    value = DecodedMessage(application_properties={"x-ms-path": "orders"}, body_kind="value", body="abc")
+    sequence = DecodedMessage(application_properties={"x-ms-path": "orders"}, body_kind="sequence",
+                              body=([1], [2, 3]))
+    assert backlog_row_values("q", value.encode())["body_size"] == value.body_size == 8
+    assert backlog_row_values("q", sequence.encode())["body_size"] == sequence.body_size == 8 + 10
+
+
 @pytest.mark.parametrize("message_id, text", [
-    (None, None), ("abc", "abc"), (symbol("abc"), "abc"), (proton.ulong(5), "5"),
+    (None, None), ("abc", "abc"), (Symbol("abc"), "abc"), (ULong(5), "5"), (2**40, "1099511627776"),
     (b"\x01\xff", "01ff"), (uuid.UUID(int=1), "00000000-0000-0000-0000-000000000001"),
 ])
 def test_message_id_text(message_id, text):
