@@ -9,7 +9,7 @@ from __future__ import annotations
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from backlog_syphon.delivery_plan import DELIVERED, OUTCOMES
+from backlog_syphon.model import Outcome
 
 
 def audit_summary(audit: DataFrame, run_id: str | None = None) -> DataFrame:
@@ -17,11 +17,11 @@ def audit_summary(audit: DataFrame, run_id: str | None = None) -> DataFrame:
     if run_id is not None:
         audit = audit.where(F.col("run_id") == run_id)
     counts = [F.sum(F.when(F.col("outcome") == outcome, 1).otherwise(0)).cast("long").alias(outcome)
-              for outcome in OUTCOMES]
+              for outcome in Outcome]
     return (audit.withColumn("destination", F.coalesce("destination", F.lit("(no destination)")))
             .groupBy("run_id", "destination")
             .agg(*counts,
-                 F.sum(F.when(F.col("outcome") == DELIVERED, F.col("body_size")).otherwise(0))
+                 F.sum(F.when(F.col("outcome") == Outcome.DELIVERED, F.col("body_size")).otherwise(0))
                  .cast("long").alias("delivered_bytes"),
                  F.min("outcome_time").alias("first_outcome"),
                  F.max("outcome_time").alias("last_outcome"))
@@ -32,7 +32,7 @@ def dead_letter_reasons(audit: DataFrame, run_id: str | None = None) -> DataFram
     """How many messages each reason code dead-lettered (or skipped), per destination."""
     if run_id is not None:
         audit = audit.where(F.col("run_id") == run_id)
-    return (audit.where(F.col("outcome") != DELIVERED)
+    return (audit.where(F.col("outcome") != Outcome.DELIVERED)
             .groupBy("destination", "outcome", "reason_code").count()
             .orderBy(F.desc("count"), "destination", "reason_code"))
 
@@ -43,7 +43,7 @@ def moved_over_time(audit: DataFrame, run_id: str | None = None, bucket: str = "
         audit = audit.where(F.col("run_id") == run_id)
     return (audit.groupBy(F.window("outcome_time", bucket).start.alias("bucket_start"))
             .agg(F.count(F.lit(1)).alias("moved"),
-                 F.sum(F.when(F.col("outcome") == DELIVERED, 1).otherwise(0)).cast("long").alias("delivered"))
+                 F.sum(F.when(F.col("outcome") == Outcome.DELIVERED, 1).otherwise(0)).cast("long").alias("delivered"))
             .orderBy("bucket_start"))
 
 

@@ -29,9 +29,8 @@ from pyspark.sql.types import (
 
 from backlog_syphon.amqp_message import decode_envelope
 from backlog_syphon.legacy_properties import LegacyFields, decode_legacy_properties, timedelta_to_ms
+from backlog_syphon.model import ReasonCode
 
-# A raw message the AMQP codec cannot read: dead-lettered like a decode problem.
-UNDECODABLE_MESSAGE = "undecodable_message"
 
 BACKLOG_ROW_SCHEMA = StructType([
     StructField("backlog_queue", StringType(), True),
@@ -43,6 +42,7 @@ BACKLOG_ROW_SCHEMA = StructType([
     StructField("raw_message", BinaryType(), True),
     StructField("destination", StringType(), True),  # decoded x-ms-path; null when missing or invalid
     StructField("session_id", StringType(), True),
+    StructField("partition_key", StringType(), True),  # x-opt-partition-key, kept on the restored message
     StructField("time_to_live_ms", LongType(), True),  # null: no TTL (the destination's default applies)
     StructField("scheduled_enqueue_time", TimestampType(), True),
     StructField("decode_problem_code", StringType(), True),  # the first problem's code
@@ -93,16 +93,20 @@ def backlog_row_values(
             message_id=message_id_text(envelope.properties.message_id),
             content_type=str(content_type) if content_type is not None else None,
             body_size=envelope.body_size,
+            partition_key=envelope.partition_key,
         )
-    except ValueError as error:  # AmqpDecodeError, or a broker annotation of the wrong type or range
+        row.update(legacy_fields_to_row_values(decode_legacy_properties(envelope.application_properties)))
+    except Exception as error:  # noqa: BLE001 - one message's problem is that message's outcome
+        # AmqpDecodeError, a broker annotation of the wrong type or range, or anything else this
+        # message makes the decoding trip over: it is dead-lettered with the reason, never the batch.
+        reason = str(error) if isinstance(error, ValueError) else f"{type(error).__name__}: {error}"
         return {
             **dict.fromkeys(BACKLOG_ROW_COLUMNS),
             **row,
             "body_size": len(raw_message),
-            "decode_problem_code": UNDECODABLE_MESSAGE,
-            "decode_problem_reason": str(error),
+            "decode_problem_code": ReasonCode.UNDECODABLE_MESSAGE,
+            "decode_problem_reason": reason[:1024],
         }
-    row.update(legacy_fields_to_row_values(decode_legacy_properties(envelope.application_properties)))
     return {column: row[column] for column in BACKLOG_ROW_COLUMNS}
 
 

@@ -119,11 +119,29 @@ def read_window(namespace: NamespaceConfig, window: BacklogWindow):
             if not page:
                 return
             for raw in page:
-                row = backlog_row_values(window.queue, raw)
-                if row["sequence_number"] >= window.end:
+                seq = broker_sequence_number(window.queue, raw, position)
+                if seq >= window.end:
                     return
+                row = backlog_row_values(window.queue, raw, sequence_number=seq)
                 yield tuple(row[column] for column in BACKLOG_ROW_COLUMNS)
-                position = row["sequence_number"] + 1
+                position = seq + 1
+
+
+def broker_sequence_number(queue: str, raw: bytes, position: int) -> int:
+    """The sequence number the broker gave a peeked message (read even when the rest is unreadable)."""
+    from backlog_syphon.amqp_codec import AmqpDecodeError, sequence_number
+
+    try:
+        seq = sequence_number(raw)
+    except AmqpDecodeError as error:
+        seq, why = None, str(error)
+    else:
+        why = "it has no x-opt-sequence-number annotation"
+    if seq is None:
+        # The broker writes this annotation itself: without it nothing can tell where the window is.
+        raise RuntimeError(f"backlog queue {queue}: the message after sequence number {position - 1} cannot be "
+                           f"placed ({why}); the broker's own annotations are unreadable")
+    return seq
 
 
 class BacklogSnapshotReader(DataSourceReader):

@@ -23,6 +23,9 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
+from backlog_syphon.amqp_codec import Described, Symbol, Timestamp
+from backlog_syphon.amqp_message import DecodedMessage, MessageProperties
+from backlog_syphon.delivery import Outgoing
 from backlog_syphon.legacy_properties import backlog_queue_name
 
 logger = logging.getLogger(__name__)
@@ -45,8 +48,53 @@ class OriginalMessage:
     reply_to_session_id: str | None = None
     to: str | None = None
     partition_key: str | None = None
-    application_properties: dict[str, Any] = field(default_factory=dict)  # typed: see servicebus_io.typed_value
+    application_properties: dict[str, Any] = field(default_factory=dict)  # values typed as in amqp_codec
     legacy_overrides: dict[str, Any] = field(default_factory=dict)  # raw x-ms-* values, to forge poison messages
+
+
+TIMESPAN_DESCRIPTOR = Symbol("com.microsoft:timespan")
+_TICKS_PER_MS = 10_000
+
+
+def legacy_backlog_bytes(original: OriginalMessage) -> bytes:
+    """The backlog copy the legacy .NET client made of ``original``, as AMQP bytes.
+
+    Session id, TTL and schedule move into ``x-ms-*`` properties with the .NET wire encodings
+    (string, ``com.microsoft:timespan``-described long of ticks, timestamp); the destination goes
+    into ``x-ms-path``; the originals are cleared so the copy is visible at once and never expires.
+    """
+    properties = dict(original.application_properties)
+    if original.destination is not None:
+        properties["x-ms-path"] = original.destination
+    if original.session_id is not None:
+        properties["x-ms-sessionid"] = original.session_id
+    if original.time_to_live is not None:
+        ticks = int(original.time_to_live / dt.timedelta(milliseconds=1)) * _TICKS_PER_MS
+        properties["x-ms-timetolive"] = Described(TIMESPAN_DESCRIPTOR, ticks)
+    if original.scheduled_enqueue_time is not None:
+        properties["x-ms-scheduledenqueuetimeutc"] = Timestamp.from_datetime(original.scheduled_enqueue_time)
+    properties.update(original.legacy_overrides)
+    return DecodedMessage(
+        properties=MessageProperties(
+            message_id=original.message_id, correlation_id=original.correlation_id, subject=original.subject,
+            content_type=original.content_type, reply_to=original.reply_to,
+            reply_to_group_id=original.reply_to_session_id, to=original.to),
+        application_properties=properties,
+        message_annotations={"x-opt-partition-key": original.partition_key} if original.partition_key else {},
+        body=(original.body,),
+    ).encode()
+
+
+def send_legacy_backlog(secondary, per_queue: dict[str, list[OriginalMessage]]) -> None:
+    """Send each queue's originals, in order, as legacy backlog copies (batched)."""
+    from backlog_syphon.servicebus_io import open_client, send_encoded
+
+    with open_client(secondary, role="secondary") as client:
+        for queue, originals in per_queue.items():
+            with client.get_queue_sender(queue) as sender:
+                for _ in send_encoded(sender, (Outgoing(legacy_backlog_bytes(o), o.message_id, None, o.partition_key)
+                                               for o in originals)):
+                    pass
 
 
 def write_backlog(secondary, primary_namespace: str, messages: Iterable[OriginalMessage], *, queue_count: int = 10,
@@ -56,8 +104,6 @@ def write_backlog(secondary, primary_namespace: str, messages: Iterable[Original
     A message's sender is chosen by its destination and session (so a session stays in one queue)
     or, without a session, by its position in chunks; each sender sticks to one random queue.
     """
-    from backlog_syphon.servicebus_io import send_legacy_backlog
-
     rng = random.Random(seed)
     sender_queue = [backlog_queue_name(primary_namespace, rng.randrange(queue_count)) for _ in range(senders)]
     per_queue: dict[str, list[OriginalMessage]] = defaultdict(list)
@@ -128,6 +174,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    logging.getLogger("azure").setLevel(logging.WARNING)
     try:
         config = load_config(args.config, overrides=parse_overrides(args.set))
     except ConfigError as exc:

@@ -85,19 +85,20 @@ class Delivery:
 
 
 def send_groups(rows: Iterable[Row]) -> list[list[Row]]:
-    """Rows that share one batched send: same backlog queue, destination and session, in order.
+    """Rows that share one batched send: same backlog queue, destination, session and partition key, in order.
 
     Only the order within a destination (and so within a session) can be observed by anyone, so a
     backlog queue's messages are batched per destination instead of per run of neighbours: with
-    destinations interleaved in a backlog queue that is many times fewer sends. Rows not to deliver
+    destinations interleaved in a backlog queue that is many times fewer sends. A partitioned entity
+    takes a batch only of one partition key (a session's messages share one). Rows not to deliver
     form groups of one.
     """
     groups: dict[tuple, list[Row]] = {}
     for row in sorted(rows, key=lambda r: (r["backlog_queue"], r["sequence_number"])):
         if row["action"] == Action.DELIVER:
-            key = (row["backlog_queue"], "deliver", row["destination"], row["session_id"])
+            key = (row["backlog_queue"], "deliver", row["destination"], row["session_id"], row.get("partition_key"))
         else:
-            key = (row["backlog_queue"], "reject", row["sequence_number"], None)
+            key = (row["backlog_queue"], "reject", row["sequence_number"], None, None)
         groups.setdefault(key, []).append(row)
     return list(groups.values())
 

@@ -13,12 +13,9 @@ import datetime as dt
 from collections import defaultdict
 from typing import Iterable
 
+from backlog_syphon.model import Outcome
 from backlog_syphon.purge_plan import PurgePlan
 
-DELIVERED = "delivered"
-DEAD_LETTERED = "dead_lettered"
-SKIPPED_PING = "skipped_ping"
-OUTCOMES = (DELIVERED, DEAD_LETTERED, SKIPPED_PING)
 
 
 def recorded_keys(recorded: Iterable[dict]) -> set[tuple[str, int]]:
@@ -43,7 +40,7 @@ def advance_checkpoint(state: dict[str, dict], outcomes: list[dict], *, batch_id
         entry.update(last_batch_id=batch_id, last_run_id=run_id, updated_at=now)
         entry["delivered_through"] = max(int(entry["delivered_through"]), int(row["sequence_number"]))
         if int(row["batch_id"]) == batch_id and queue not in counted:  # earlier batches counted their own
-            key = {DELIVERED: "delivered_count", DEAD_LETTERED: "dead_lettered_count"}.get(row["outcome"],
+            key = {Outcome.DELIVERED: "delivered_count", Outcome.DEAD_LETTERED: "dead_lettered_count"}.get(row["outcome"],
                                                                                        "skipped_count")
             entry[key] += 1
     return new_state
@@ -71,7 +68,7 @@ def purge_plans(outcomes: list[dict], purged_through: dict[str, int], *, verify:
             through=max(int(row["sequence_number"]) for row in rows),
             expected=len({int(row["sequence_number"]) for row in rows}),
             dead_letters={int(row["sequence_number"]): (row["reason_code"] or "undeliverable", row["reason"] or "")
-                          for row in rows if row["outcome"] == DEAD_LETTERED},
+                          for row in rows if row["outcome"] == Outcome.DEAD_LETTERED},
             verify=verify)
         for queue, rows in sorted(by_queue.items())
     }
@@ -79,7 +76,7 @@ def purge_plans(outcomes: list[dict], purged_through: dict[str, int], *, verify:
 
 def summarise(outcomes: list[dict]) -> dict[str, dict[str, int]]:
     """Per destination: how many messages ended in each outcome."""
-    summary: dict[str, dict[str, int]] = defaultdict(lambda: {outcome: 0 for outcome in OUTCOMES})
+    summary: dict[str, dict[str, int]] = defaultdict(lambda: {outcome: 0 for outcome in Outcome})
     for row in outcomes:
         summary[row["destination"] or "(none)"][row["outcome"]] += 1
     return {destination: dict(counts) for destination, counts in sorted(summary.items())}

@@ -38,7 +38,7 @@ from pyspark.sql import DataFrame, SparkSession
 
 from backlog_syphon import delivery, delivery_plan, delta_tables, restore_rules
 from backlog_syphon.config import SyphonConfig
-from backlog_syphon.delivery_plan import DEAD_LETTERED, DELIVERED, SKIPPED_PING
+from backlog_syphon.model import Outcome
 from backlog_syphon.lease import LeaseLostError
 from backlog_syphon.progress import BatchStats
 
@@ -168,12 +168,13 @@ class DeliverySink:
                               if int(row["sequence_number"]) > self._purged_through(row["backlog_queue"])]
             step_done("purge", "report")
             self.totals.extend(new_outcomes)
-            counts = {o: sum(1 for r in new_outcomes if r["outcome"] == o) for o in delivery_plan.OUTCOMES}
+            counts = {o: sum(1 for r in new_outcomes if r["outcome"] == o) for o in Outcome}
             self.batch_stats[batch_id] = BatchStats(
-                counts[DELIVERED], counts[DEAD_LETTERED], counts[SKIPPED_PING], len(recorded), timings["send"],
+                counts[Outcome.DELIVERED], counts[Outcome.DEAD_LETTERED], counts[Outcome.SKIPPED_PING], len(recorded),
+                timings["send"],
                 _oldest(row["enqueued_time"] for row in new_outcomes))
             logger.info("batch_id=%s queues=%d delivered=%d dead_lettered=%d skipped=%d replayed=%d seconds=%s",
-                        batch_id, len(queues), counts[DELIVERED], counts[DEAD_LETTERED], counts[SKIPPED_PING],
+                        batch_id, len(queues), counts[Outcome.DELIVERED], counts[Outcome.DEAD_LETTERED], counts[Outcome.SKIPPED_PING],
                         len(recorded), timings)
         except Exception as exc:
             logger.error("batch_id=%s failed in step %s", batch_id, step, exc_info=True)
@@ -272,9 +273,8 @@ def build_outgoing(row) -> delivery.Outgoing:
     """The restored message of a deliverable row, as the bytes to send, with the TTL its classification chose."""
     from backlog_syphon.amqp_message import restore_message_bytes
 
-    partition_key = None
     return delivery.Outgoing(restore_message_bytes(row["raw_message"], row["restored_time_to_live_ms"]),
-                             row["message_id"], row["session_id"], partition_key)
+                             row["message_id"], row["session_id"], row["partition_key"])
 
 
 def _outcome(result: delivery.Delivery, run_id: str, batch_id: int, clock) -> dict:

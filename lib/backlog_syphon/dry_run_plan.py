@@ -13,7 +13,8 @@ from datetime import datetime
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from backlog_syphon.restore_rules import Action, ReasonCode, expired_by
+from backlog_syphon.model import Action, ReasonCode
+from backlog_syphon.restore_rules import expired_by
 
 NO_DESTINATION = "(no destination)"
 DEAD_LETTER_COLUMNS = ("backlog_queue", "sequence_number", "message_id", "destination", "reason_code", "reason")

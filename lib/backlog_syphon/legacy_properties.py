@@ -48,6 +48,7 @@ from backlog_syphon.amqp_codec import (
     ULong,
     UShort,
 )
+from backlog_syphon.model import ReasonCode
 
 PATH_PROPERTY = "x-ms-path"
 SESSION_ID_PROPERTY = "x-ms-sessionid"
@@ -75,9 +76,9 @@ MAX_ENTITY_PATH_LENGTH = 260
 MAX_SESSION_ID_LENGTH = 128
 
 # Problem codes; the classification turns them into dead-letter reason codes unchanged.
-MISSING_PATH = "missing_path"
-INVALID_DESTINATION = "invalid_destination"
-INVALID_LEGACY_PROPERTY = "invalid_legacy_property"
+MISSING_PATH = ReasonCode.MISSING_PATH
+INVALID_DESTINATION = ReasonCode.INVALID_DESTINATION
+INVALID_LEGACY_PROPERTY = ReasonCode.INVALID_LEGACY_PROPERTY
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 _ENTITY_SEGMENT = re.compile(r"[A-Za-z0-9._-]+")

@@ -19,14 +19,11 @@ from enum import Enum
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
-from backlog_syphon.backlog_rows import UNDECODABLE_MESSAGE
 from backlog_syphon.legacy_properties import (
-    INVALID_DESTINATION,
-    INVALID_LEGACY_PROPERTY,
-    MISSING_PATH,
     PING_CONTENT_TYPE,
     datetime_to_ms,
 )
+from backlog_syphon.model import Action, ReasonCode
 
 
 class TtlPolicy(str, Enum):
@@ -45,22 +42,6 @@ class TtlPolicy(str, Enum):
 
 
 DEFAULT_TTL_POLICY = TtlPolicy.REMAINING
-
-
-class Action:
-    DELIVER = "deliver"
-    DEAD_LETTER = "dead_letter"
-    SKIP = "skip"
-
-
-class ReasonCode:
-    PING = "ping"
-    MISSING_PATH = MISSING_PATH
-    INVALID_LEGACY_PROPERTY = INVALID_LEGACY_PROPERTY
-    INVALID_DESTINATION = INVALID_DESTINATION
-    UNDECODABLE_MESSAGE = UNDECODABLE_MESSAGE
-    EXPIRED_IN_BACKLOG = "expired_in_backlog"
-    MESSAGE_TOO_LARGE = "message_too_large"
 
 
 CLASSIFICATION_COLUMNS = ("action", "reason_code", "reason", "restored_time_to_live_ms")

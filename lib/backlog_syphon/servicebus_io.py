@@ -4,30 +4,32 @@ Everything that touches the ``azure-servicebus`` SDK lives here, so the rest of 
 pure logic or Delta I/O. Invariants kept by the callers of this module, and made possible here:
 - send before settle: nothing in this module completes a backlog message it has not been told
   was delivered (``purge_backlog``);
-- raw bytes in, typed values out: backlog messages are peeked as the raw AMQP bytes the broker
-  stored (the SDK's decoded messages lose AMQP types), and re-sent with explicit AMQP types;
+- raw bytes in, raw bytes out: backlog messages are peeked as the bytes the broker stored (the
+  SDK's decoded messages lose AMQP types) and restored messages are sent as bytes, so every AMQP
+  type and every body kind arrives as it was sent; nothing here decodes a backlog message with the
+  SDK's decoder except the purge's receive, which only needs sequence numbers and lock tokens;
 - connection strings never appear in an exception or log line raised from here.
 
-Two private SDK details are used, both pinned by azure-servicebus==7.15.0 and covered by tests:
-the management request behind ``peek_messages`` (to get the stored bytes), and the typed-value
-form ``{TYPE: AMQPTypes.x, VALUE: v}`` of its AMQP encoder.
+Private SDK details used, all pinned by azure-servicebus==7.15.0 and covered by tests: the
+management request behind ``peek_messages`` (to get the stored bytes), the batch envelope
+(``add_encoded``: restored messages are sent as the bytes the codec built, since the SDK's own
+encoder cannot express every AMQP body), the receive link's credit and buffer (``revoke_credit``),
+and the decoder's constructor table (``sdk_decoder_patch``: the purge receives through the SDK,
+which otherwise cannot decode a message holding an AMQP char or decimal32/64).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import datetime as dt
 import hashlib
 import logging
 import queue as queue_module
 import threading
 import time
-import uuid
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
-import proton
 from azure.servicebus import ServiceBusClient, ServiceBusMessageBatch, ServiceBusReceiveMode, ServiceBusSubQueue
 from azure.servicebus._common.constants import (
     _BATCH_MESSAGE_OVERHEAD_COST,
@@ -36,7 +38,6 @@ from azure.servicebus._common.constants import (
     REQUEST_RESPONSE_PEEK_OPERATION,
 )
 from azure.servicebus._pyamqp.types import TYPE, VALUE, AMQPTypes
-from azure.servicebus.amqp import AmqpAnnotatedMessage, AmqpMessageProperties
 from azure.servicebus.exceptions import (
     MessageSizeExceededError,
     MessagingEntityDisabledError,
@@ -46,6 +47,8 @@ from azure.servicebus.exceptions import (
     ServiceBusError,
 )
 
+from backlog_syphon import sdk_decoder_patch
+from backlog_syphon.amqp_codec import sequence_number
 from backlog_syphon.config import NamespaceConfig
 from backlog_syphon.delivery import Outgoing, PartialSendError, SendFailure
 from backlog_syphon.model import ReasonCode
@@ -53,7 +56,10 @@ from backlog_syphon.purge_plan import PurgePlan, PurgeProgress, PurgeResult
 
 logger = logging.getLogger(__name__)
 
+sdk_decoder_patch.install()
+
 PEEK_PAGE_SIZE = 250  # messages per management peek; the service caps a response's size anyway
+LAST_SEQUENCE_NUMBER = (1 << 63) - 1
 
 
 class ServiceBusAccessError(RuntimeError):
@@ -168,10 +174,23 @@ def peek_raw(receiver, from_sequence_number: int, max_count: int, timeout: float
         REQUEST_RESPONSE_PEEK_OPERATION, request, keep_raw, timeout=timeout)
 
 
-def first_sequence_number_from(receiver, sequence_number: int) -> int | None:
-    """Sequence number of the first message at or after ``sequence_number``, or None (one cheap peek)."""
-    peeked = receiver.peek_messages(max_message_count=1, sequence_number=max(1, sequence_number))
-    return peeked[0].sequence_number if peeked else None
+def first_sequence_number_from(receiver, from_sequence_number: int) -> int | None:
+    """Sequence number of the first message at or after ``from_sequence_number``, or None (one cheap peek)."""
+    page = peek_raw(receiver, max(1, from_sequence_number), 1)
+    return sequence_number(page[0]) if page else None
+
+
+def peek_sequence_numbers(receiver, first: int, last: int) -> list[int]:
+    """Sequence numbers in ``[first, last]`` still in the entity, in order (peeked: nothing is locked)."""
+    present: list[int] = []
+    position = first
+    while position <= last:
+        page = [sequence_number(raw) for raw in peek_raw(receiver, position, min(PEEK_PAGE_SIZE, last - position + 1))]
+        if not page:
+            break
+        present += [seq for seq in page if seq <= last]
+        position = page[-1] + 1
+    return present
 
 
 def list_backlog_queues(namespace: NamespaceConfig, prefix: str) -> list[str] | None:
@@ -197,37 +216,6 @@ def list_backlog_queues(namespace: NamespaceConfig, prefix: str) -> list[str] | 
 
 
 # --- sending restored messages ----------------------------------------------------------------
-
-# proton's decoded AMQP types -> (the SDK encoder's type name, how to turn the value into what it wants).
-# AMQP char and decimal have no SDK encoder; they do not occur in Service Bus properties.
-_PROTON_TYPES: dict[type, tuple[str, Callable[[Any], Any]]] = {
-    proton.int32: (AMQPTypes.int, int), proton.short: (AMQPTypes.short, int), proton.byte: (AMQPTypes.byte, int),
-    proton.ulong: (AMQPTypes.ulong, int), proton.uint: (AMQPTypes.uint, int), proton.ushort: (AMQPTypes.ushort, int),
-    proton.ubyte: (AMQPTypes.ubyte, int), proton.float32: (AMQPTypes.float, float),
-    proton.symbol: (AMQPTypes.symbol, lambda v: str(v).encode()), proton.timestamp: (AMQPTypes.timestamp, int),
-    bool: (AMQPTypes.boolean, bool), int: (AMQPTypes.long, int),  # proton decodes AMQP long as plain int
-    float: (AMQPTypes.double, float), str: (AMQPTypes.string, str), bytes: (AMQPTypes.binary, bytes),
-    uuid.UUID: (AMQPTypes.uuid, lambda v: v),
-}
-
-
-def typed_value(value: Any) -> Any:
-    """A proton-decoded AMQP value in the SDK encoder's explicit form, so its AMQP type is kept."""
-    if value is None:
-        return None
-    if isinstance(value, proton.Described):
-        return (typed_value(value.descriptor), typed_value(value.value))
-    if isinstance(value, list):
-        return {TYPE: AMQPTypes.list, VALUE: [typed_value(v) for v in value]}
-    if isinstance(value, dict):
-        return {TYPE: AMQPTypes.map, VALUE: {typed_value(k): typed_value(v) for k, v in value.items()}}
-    if isinstance(value, dt.datetime):
-        return {TYPE: AMQPTypes.timestamp, VALUE: value}
-    amqp_type, convert = _PROTON_TYPES.get(type(value), (None, None))
-    if amqp_type is None:
-        raise TypeError(f"cannot forward an AMQP value of type {type(value).__name__}")
-    return {TYPE: amqp_type, VALUE: convert(value)}
-
 
 def classify_send_error(exc: BaseException, destination: str) -> SendFailure:
     """Transient (retry, then wait for the primary) or final for these messages (dead-letter)."""
@@ -479,7 +467,7 @@ def purge_backlog(namespace: NamespaceConfig, plan: PurgePlan, *, max_wait_secon
     """
     with pooled_receiver(namespace, plan.queue, purpose="settle") as receiver:
         if plan.verify and plan.expected:
-            present = len(present_sequence_numbers(receiver, plan.first, plan.through))
+            present = len(peek_sequence_numbers(receiver, plan.first, plan.through))
             plan = dataclasses.replace(plan, expected=min(plan.expected, present))
         progress = PurgeProgress(plan)
         revoke_credit(receiver)  # the link's attach gave the broker one credit of its own
@@ -541,19 +529,6 @@ def release_message(receiver, message) -> None:
     receiver._handler.settle_messages(message._delivery_id, message._delivery_tag, "released")  # noqa: SLF001
 
 
-def present_sequence_numbers(receiver, first: int, last: int) -> set[int]:
-    """Sequence numbers in ``[first, last]`` still in the entity (peeked, so nothing is locked)."""
-    present: set[int] = set()
-    position = first
-    while position <= last:
-        page = receiver.peek_messages(max_message_count=PEEK_PAGE_SIZE, sequence_number=position)
-        if not page:
-            break
-        present.update(m.sequence_number for m in page if m.sequence_number <= last)
-        position = page[-1].sequence_number + 1
-    return present
-
-
 def complete_all(receiver, messages: list) -> set[int]:
     """Complete received messages with one management request instead of one round trip each.
 
@@ -585,75 +560,11 @@ def backlog_dead_letters(namespace: NamespaceConfig, queue: str, max_count: int 
             return list(receiver.peek_messages(max_message_count=max_count))
 
 
-def peek_counts(namespace: NamespaceConfig, queues: Iterable[str], max_count: int = 100_000) -> dict[str, int]:
+def peek_counts(namespace: NamespaceConfig, queues: Iterable[str]) -> dict[str, int]:
     """Messages still in each queue, by peeking (cheap enough for summaries of local runs)."""
     counts = {}
     with open_client(namespace, role="secondary") as client:
         for queue in queues:
             with client.get_queue_receiver(queue) as receiver:
-                total, seq = 0, 1
-                while total < max_count:
-                    page = receiver.peek_messages(max_message_count=250, sequence_number=seq)
-                    if not page:
-                        break
-                    total += len(page)
-                    seq = page[-1].sequence_number + 1
-                counts[queue] = total
+                counts[queue] = len(peek_sequence_numbers(receiver, 1, LAST_SEQUENCE_NUMBER))
     return counts
-
-
-# --- writing legacy backlogs (rehearsals, tests, benchmarks) ------------------------------------
-
-TIMESPAN_DESCRIPTOR = b"com.microsoft:timespan"
-_TICKS_PER_MS = 10_000
-
-
-def legacy_backlog_message(original) -> AmqpAnnotatedMessage:
-    """The backlog copy the legacy .NET client made of ``backlog_writer.OriginalMessage``.
-
-    Session id, TTL and schedule move into ``x-ms-*`` properties with the .NET wire encodings
-    (string, ``com.microsoft:timespan``-described ticks, AMQP timestamp); the destination goes
-    into ``x-ms-path``; the originals are cleared so the copy is visible at once and never expires.
-    """
-    properties = {key: (value if isinstance(value, (dict, tuple)) else typed_value(value))
-                  for key, value in original.application_properties.items()}
-    if original.destination is not None:
-        properties["x-ms-path"] = original.destination
-    if original.session_id is not None:
-        properties["x-ms-sessionid"] = original.session_id
-    if original.time_to_live is not None:
-        ticks = int(original.time_to_live / dt.timedelta(milliseconds=1)) * _TICKS_PER_MS
-        properties["x-ms-timetolive"] = ({TYPE: AMQPTypes.symbol, VALUE: TIMESPAN_DESCRIPTOR},
-                                         {TYPE: AMQPTypes.long, VALUE: ticks})
-    if original.scheduled_enqueue_time is not None:
-        properties["x-ms-scheduledenqueuetimeutc"] = {TYPE: AMQPTypes.timestamp,
-                                                      VALUE: original.scheduled_enqueue_time}
-    properties.update(original.legacy_overrides)
-    annotations = {"x-opt-partition-key": original.partition_key} if original.partition_key else None
-    return AmqpAnnotatedMessage(
-        data_body=original.body,
-        properties=AmqpMessageProperties(
-            message_id=original.message_id, correlation_id=original.correlation_id, subject=original.subject,
-            content_type=original.content_type, reply_to=original.reply_to,
-            reply_to_group_id=original.reply_to_session_id, to=original.to),
-        application_properties=properties,
-        annotations=annotations,
-    )
-
-
-def send_legacy_backlog(secondary: NamespaceConfig, per_queue: dict[str, list]) -> None:
-    """Send each queue's originals, in order, as legacy backlog copies (batched)."""
-    with open_client(secondary, role="secondary") as client:
-        for queue, originals in per_queue.items():
-            with client.get_queue_sender(queue) as sender:
-                batch = sender.create_message_batch()
-                for original in originals:
-                    message = legacy_backlog_message(original)
-                    try:
-                        batch.add_message(message)
-                    except MessageSizeExceededError:
-                        sender.send_messages(batch)
-                        batch = sender.create_message_batch()
-                        batch.add_message(message)
-                if len(batch):
-                    sender.send_messages(batch)

@@ -22,7 +22,8 @@ from backlog_syphon.delivery_sink import DeliverySink
 from backlog_syphon.fence import LeaseKeeper
 from backlog_syphon.legacy_properties import backlog_queue_names
 from backlog_syphon.progress import ProgressPoint, SyphonProgressListener, follow_progress
-from backlog_syphon.restore_rules import Action, classify_messages
+from backlog_syphon.model import Action
+from backlog_syphon.restore_rules import classify_messages
 
 logger = logging.getLogger(__name__)
 
@@ -177,6 +178,8 @@ class DryRunReport:
     dead_letters: list[dict]  # the first ``dead_letter_limit`` messages that would be dead-lettered
     dead_letter_total: int
     unchecked: dict[str, str]  # destination -> why it could not be checked (e.g. the primary is down)
+    state_tables: str = ""  # the lease table that fences runs of this backlog
+    lease_holder: str | None = None  # who delivers from this backlog now, if anyone
 
     def lines(self) -> list[str]:
         out = ["dry run: nothing was sent, settled or written"]
@@ -202,6 +205,12 @@ class DryRunReport:
         for destination, reason in self.unchecked.items():
             out.append(f"  warning: could not check destination '{destination}' ({reason}); a replay "
                        f"would wait for it rather than dead-letter")
+        if self.lease_holder:
+            out.append(f"  note: {self.lease_holder} is delivering from this backlog now; a replay would wait for it "
+                       f"or exit")
+        out.append(f"  WARNING: only runs that use the same state tables ({self.state_tables}) are kept from "
+                   f"delivering at the same time; a run of this backlog with other state tables would send the "
+                   f"same messages again")
         return out
 
 
@@ -236,6 +245,18 @@ def dry_run(spark: SparkSession, config: SyphonConfig, *, now: dt.datetime | Non
             | per_queue,
             dead_letters=[row.asDict() for row in dead_letters.limit(dead_letter_limit).collect()],
             dead_letter_total=dead_letters.count(),
-            unchecked={d: c.failure.reason for d, c in checks.items() if c.failure is not None and c.failure.transient})
+            unchecked={d: c.failure.reason for d, c in checks.items() if c.failure is not None and c.failure.transient},
+            state_tables=config.storage.resolved_lease_table, lease_holder=_current_holder(spark, config, now))
     finally:
         classified.unpersist()
+
+
+def _current_holder(spark: SparkSession, config: SyphonConfig, now: dt.datetime) -> str | None:
+    """Who holds the backlog's lease now (the dry run only reads: a missing lease table means nobody)."""
+    try:
+        lease = delta_tables.read_lease(spark, config.storage.resolved_lease_table, lease_key(config))
+    except Exception:  # noqa: BLE001 - no lease table yet: no run has taken the lease
+        return None
+    if lease is None or lease.expires_at <= now:
+        return None
+    return f"{lease.holder} (lease until {lease.expires_at:%Y-%m-%d %H:%M:%S} UTC)"

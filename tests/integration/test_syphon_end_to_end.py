@@ -6,7 +6,6 @@ from collections import defaultdict
 
 import pytest
 from azure.servicebus import NEXT_AVAILABLE_SESSION, ServiceBusClient, ServiceBusReceiveMode
-from azure.servicebus._pyamqp.types import TYPE, VALUE, AMQPTypes
 from azure.servicebus.exceptions import OperationTimeoutError
 
 from backlog_syphon import backlog_writer
@@ -21,17 +20,17 @@ from .conftest import PRIMARY
 
 RECEIVE_AND_DELETE = ServiceBusReceiveMode.RECEIVE_AND_DELETE
 TYPED_PROPERTIES = {
-    "long": {TYPE: AMQPTypes.long, VALUE: 2**40},
-    "small_long": {TYPE: AMQPTypes.long, VALUE: 5},
-    "int": {TYPE: AMQPTypes.int, VALUE: -7},
-    "ulong": {TYPE: AMQPTypes.ulong, VALUE: 2**63},
+    "long": 2**40,
+    "small_long": 5,  # a long whose value fits in an int stays a long
+    "int": Int(-7),
+    "ulong": ULong(2**63),
     "text": "héllo",
     "flag": True,
     "ratio": 1.25,
     "id": uuid.UUID("12345678-1234-5678-1234-567812345678"),
-    "when": {TYPE: AMQPTypes.timestamp, VALUE: 1_700_000_000_000},
-    "sym": {TYPE: AMQPTypes.symbol, VALUE: b"a-symbol"},
-    "blob": {TYPE: AMQPTypes.binary, VALUE: b"\x00\x01\xff"},
+    "when": Timestamp(1_700_000_000_000),
+    "sym": Symbol("a-symbol"),
+    "blob": b"\x00\x01\xff",
 }
 EXPECTED_TYPES = {"long": int, "small_long": int, "int": Int, "ulong": ULong, "text": str,
                   "flag": bool, "ratio": float, "id": uuid.UUID, "when": Timestamp, "sym": Symbol,

@@ -43,6 +43,7 @@ def backlog_row(sequence_number, **overrides):
         "raw_message": b"\x00",
         "destination": "orders",
         "session_id": None,
+        "partition_key": None,
         "time_to_live_ms": None,
         "scheduled_enqueue_time": None,
         "decode_problem_code": None,
@@ -223,7 +224,8 @@ def test_legacy_fields_to_row_values():
 def test_backlog_row_values_from_a_raw_legacy_message(spark):
     raw = DecodedMessage(
         message_annotations={Symbol("x-opt-sequence-number"): 41,
-                             Symbol("x-opt-enqueued-time"): Timestamp(1714560000000)},
+                             Symbol("x-opt-enqueued-time"): Timestamp(1714560000000),
+                             Symbol("x-opt-partition-key"): "s-1"},
         properties=MessageProperties(message_id="m-41", content_type=Symbol("application/json")),
         application_properties={
             "x-ms-path": "a/b/topic",
@@ -244,6 +246,7 @@ def test_backlog_row_values_from_a_raw_legacy_message(spark):
         "raw_message": raw,
         "destination": "a/b/topic",
         "session_id": "s-1",
+        "partition_key": "s-1",
         "time_to_live_ms": 15 * MINUTE_MS,
         "scheduled_enqueue_time": datetime(2024, 5, 1, 12, 30, tzinfo=UTC),
         "decode_problem_code": None,
