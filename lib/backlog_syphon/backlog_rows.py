@@ -1,6 +1,8 @@
-"""The row shape the backlog source produces, one row per backlog message, and how to fill it.
+"""The row shapes of the data path, and how to fill them: backlog rows (what the source produces, one
+per backlog message) and outcome rows (what the sink's delivery produces, one per message: the audit
+table's rows). Rows travel as Arrow record batches, built column by column.
 
-The source and the restore rules agree on these column names and types (``BACKLOG_ROW_SCHEMA``).
+The source and the restore rules agree on the backlog columns (``BACKLOG_ROW_SCHEMA``).
 The decoded columns (``destination`` .. ``decode_problem_reason``) come from
 :func:`legacy_fields_to_row_values`, so the rules see exactly what :mod:`legacy_properties` decided.
 
@@ -16,7 +18,9 @@ Invariants:
 from __future__ import annotations
 
 from datetime import datetime
+from typing import Iterable, Mapping
 
+import pyarrow as pa
 from pyspark.sql.types import (
     BinaryType,
     IntegerType,
@@ -49,6 +53,46 @@ BACKLOG_ROW_SCHEMA = StructType([
     StructField("decode_problem_reason", StringType(), True),  # every problem's reason, joined with "; "
 ])
 BACKLOG_ROW_COLUMNS = tuple(BACKLOG_ROW_SCHEMA.fieldNames())
+
+# One per backlog message and outcome: what the delivery step yields and the audit table stores
+# (which adds the partition column ``outcome_date``).
+OUTCOME_ROW_SCHEMA = StructType([
+    StructField("run_id", StringType(), False),
+    StructField("batch_id", LongType(), False),
+    StructField("backlog_queue", StringType(), False),
+    StructField("sequence_number", LongType(), False),
+    StructField("message_id", StringType(), True),
+    StructField("destination", StringType(), True),
+    StructField("session_id", StringType(), True),
+    StructField("outcome", StringType(), False),  # model.Outcome
+    StructField("reason_code", StringType(), True),  # model.ReasonCode
+    StructField("reason", StringType(), True),
+    StructField("body_size", IntegerType(), True),
+    StructField("enqueued_time", TimestampType(), True),  # when it entered the backlog
+    StructField("scheduled_enqueue_time", TimestampType(), True),
+    StructField("time_to_live_ms", LongType(), True),  # TTL given to the re-sent message
+    StructField("outcome_time", TimestampType(), False),  # delivered (or dead-letter decided) at
+    StructField("attempts", IntegerType(), False),
+])
+
+_ARROW_TYPES = {StringType: pa.string(), LongType: pa.int64(), IntegerType: pa.int32(), BinaryType: pa.binary(),
+                TimestampType: pa.timestamp("us", tz="UTC")}
+
+
+def arrow_schema(schema: StructType) -> pa.Schema:
+    """The Arrow schema Spark expects for rows of ``schema`` (timestamps in UTC microseconds)."""
+    return pa.schema([pa.field(f.name, _ARROW_TYPES[type(f.dataType)], nullable=f.nullable) for f in schema])
+
+
+BACKLOG_ROW_ARROW_SCHEMA = arrow_schema(BACKLOG_ROW_SCHEMA)
+OUTCOME_ROW_ARROW_SCHEMA = arrow_schema(OUTCOME_ROW_SCHEMA)
+
+
+def record_batch(rows: Iterable[Mapping], schema: pa.Schema) -> pa.RecordBatch:
+    """Rows (mappings with the schema's names) as one Arrow record batch, built column by column."""
+    rows = list(rows)
+    return pa.RecordBatch.from_arrays([pa.array([row[f.name] for row in rows], type=f.type) for f in schema],
+                                      schema=schema)
 
 
 def legacy_fields_to_row_values(fields: LegacyFields) -> dict:

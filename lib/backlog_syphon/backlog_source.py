@@ -6,7 +6,8 @@
 - Reads are peeks (non-destructive, addressable by sequence number), so a batch replayed after a
   crash reads exactly the same messages; nothing here removes or locks a message (the sink
   settles them only after delivery is recorded).
-- Rows carry the raw stored message (for verbatim forwarding) and its decoded legacy fields.
+- Rows carry the raw stored message (for verbatim forwarding) and its decoded legacy fields, and
+  travel as Arrow record batches (one per peeked page), not as Python tuples.
 - Batches are bounded by ``maxMessagesPerTrigger`` (read limits on Spark 4.2+, own capping
   before); ``availableNow`` runs stop at the tail seen when the run started.
 - Idle queues are probed with exponential back-off (``offset_planning.IdleBackoff``).
@@ -50,7 +51,7 @@ SOURCE_NAME = "servicebus-backlog"
 # Option names containing "secret" are redacted by Spark's default spark.redaction.regex, so the
 # connection string never shows in plans, the Spark UI or event logs.
 _SECRET_OPTION = "connection_string_secret"
-_DISCOVERY_INTERVAL_SECONDS = 600.0
+_DISCOVERY_INTERVAL_SECONDS = 3600.0  # one administration call per namespace an hour
 _END_OF_QUEUE = (1 << 63) - 1  # a window end past any sequence number: read to the tail
 
 
@@ -108,23 +109,25 @@ def _configured_queues(options) -> list[str]:
 
 
 def read_window(namespace: NamespaceConfig, window: BacklogWindow):
-    """Yield the rows of one window, peeked page by page in sequence-number order (executor side)."""
-    from backlog_syphon.backlog_rows import BACKLOG_ROW_COLUMNS, backlog_row_values
+    """Yield the rows of one window as Arrow record batches, one per peeked page (executor side)."""
+    from backlog_syphon.backlog_rows import BACKLOG_ROW_ARROW_SCHEMA, backlog_row_values, record_batch
     from backlog_syphon.servicebus_io import PEEK_PAGE_SIZE, peek_raw, pooled_receiver
 
     position = window.start
     with pooled_receiver(namespace, window.queue) as receiver:
         while position < window.end:
             page = peek_raw(receiver, position, min(PEEK_PAGE_SIZE, window.end - position))
-            if not page:
-                return
+            rows = []
             for raw in page:
                 seq = broker_sequence_number(window.queue, raw, position)
                 if seq >= window.end:
-                    return
-                row = backlog_row_values(window.queue, raw, sequence_number=seq)
-                yield tuple(row[column] for column in BACKLOG_ROW_COLUMNS)
+                    break
+                rows.append(backlog_row_values(window.queue, raw, sequence_number=seq))
                 position = seq + 1
+            if rows:
+                yield record_batch(rows, BACKLOG_ROW_ARROW_SCHEMA)
+            if len(rows) < len(page) or not page:
+                return
 
 
 def broker_sequence_number(queue: str, raw: bytes, position: int) -> int:
@@ -172,23 +175,13 @@ class BacklogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.discover = options.get("discover", "true") == "true"
         self.max_messages = int(options.get("maxMessagesPerTrigger", "1000"))
         self.available_now = options.get("availableNow", "false") == "true"
-        self.backoff = offset_planning.IdleBackoff(max_seconds=float(options.get("idleProbeMaxSeconds", "120")))
+        self.backoff = offset_planning.IdleBackoff(max_seconds=float(options.get("idleProbeMaxSeconds", "900")))
         self.stop_file = options.get("stopFile")
         self._target: dict[str, int] | None = None  # available-now: stop here
         self._queues: list[str] | None = None
         self._discovered_at = 0.0
         self._last_end: dict | None = None  # Spark 4.0/4.1 call latestOffset() without a start
         self._tails: dict[str, int] = {}  # queue -> end of what was in it when last probed
-        self._client = None
-        self._receivers: dict = {}
-
-    # Clients and receivers are per process: never pickle them into executors.
-    def __getstate__(self):
-        state = dict(self.__dict__)
-        state["_client"] = None
-        state["_receivers"] = {}
-        return state
-
     # --- driver: offsets ----------------------------------------------------------------------
 
     def initialOffset(self) -> dict:
@@ -212,26 +205,11 @@ class BacklogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         elif ReadAllAvailable is not None and isinstance(limit, ReadAllAvailable) or (
                 ReadMaxRows is None and self.available_now):
             budget = 1 << 40
-        now = time.monotonic()
-        offsets = {queue: int(start.get(queue, 0)) for queue in self._backlog_queues()}
-        offsets.update({queue: int(seq) for queue, seq in start.items()})
-        candidates = [queue for queue in offsets if self._target is not None or self.backoff.due(queue, now)]
-        if self._target is not None:
-            candidates = [queue for queue in candidates if offsets[queue] < self._target.get(queue, 0)]
-        shares = offset_planning.share_budget(budget, candidates)
-        end = dict(offsets)
-        for queue in candidates:
-            queue_end = offset_planning.window_end(offsets[queue], shares[queue], self._probe_fn(queue))
-            if self._target is not None:
-                queue_end = min(queue_end, self._target.get(queue, queue_end))
-            self.backoff.record(queue, queue_end > offsets[queue], now)
-            end[queue] = queue_end
-            # A window that stopped short of its share reached the tail; a full one costs one
-            # probe more when the tail is right there, about log2(backlog) when it is not.
-            tail = queue_end if queue_end - offsets[queue] < shares[queue] else offset_planning.tail_end(
-                queue_end, self._probe_fn(queue))
+        plan = offset_planning.plan_windows(start, self._backlog_queues(), budget, self._probe_fn,
+                                            backoff=self.backoff, now=time.monotonic(), target=self._target)
+        for queue, tail in plan.tails.items():
             self._tails[queue] = max(tail, self._tails.get(queue, 0))
-        self._last_end = offset_planning.normalise_offsets(end)
+        self._last_end = plan.end
         return self._last_end
 
     def reportLatestOffset(self) -> dict | None:
@@ -269,15 +247,16 @@ class BacklogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 queues.update(found or [])
             self._queues = sorted(queues)
             self._discovered_at = now
+            from backlog_syphon.servicebus_io import open_peek_receivers
+
+            open_peek_receivers(self.namespace, self._queues)
         return self._queues
 
     def _probe_fn(self, queue: str):
-        from backlog_syphon.servicebus_io import first_sequence_number_from, open_client
+        from backlog_syphon.servicebus_io import first_sequence_number_from, pooled_receiver
 
-        if self._client is None:
-            self._client = open_client(self.namespace, role="secondary")
-        if queue not in self._receivers:
-            self._receivers[queue] = self._client.get_queue_receiver(queue)
-        receiver = self._receivers[queue]
+        def probe(sequence_number: int) -> int | None:
+            with pooled_receiver(self.namespace, queue) as receiver:
+                return first_sequence_number_from(receiver, sequence_number)
 
-        return lambda sequence_number: first_sequence_number_from(receiver, sequence_number)
+        return probe

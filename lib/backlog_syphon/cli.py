@@ -21,6 +21,7 @@ import os
 import signal
 import sys
 import tempfile
+import threading
 
 import backlog_syphon
 from backlog_syphon.config import ConfigError, load_config, parse_overrides
@@ -127,16 +128,26 @@ def main(argv: list[str] | None = None) -> int:
 
     stopper = StopOnSignal()
     stopper.install()
-    try:
-        preflight(config)
-    except (PreflightError, ServiceBusAccessError) as exc:
-        return fail(str(exc), log_file, EXIT_SETTINGS)
+
+    def check_access() -> None:
+        try:
+            preflight(config)
+        except (PreflightError, ServiceBusAccessError) as exc:
+            # Say it at once, even while Spark is still starting: the JVM ends with this process.
+            code = fail(str(exc), log_file, EXIT_SETTINGS)
+            logging.shutdown()
+            os._exit(code)
+
+    # The pre-flight (a few round trips to each namespace) runs while Spark starts.
+    checking = threading.Thread(target=check_access, name="preflight", daemon=True)
+    checking.start()
 
     from backlog_syphon.spark_session import build_spark_session
     from backlog_syphon.syphon import dry_run, run_syphon
 
     logger.info("backlog-syphon library from %s; log file %s", os.path.dirname(backlog_syphon.__file__), log_file)
     spark = build_spark_session(verbose=args.verbose)
+    checking.join()
     try:
         if args.dry_run:
             print("\n".join(dry_run(spark, config).lines()))

@@ -103,7 +103,10 @@ class RunConfig:
     trigger: str = "available_now"  # or a processing-time interval such as "10 seconds"
     max_messages_per_trigger: int = 1000
     query_name: str = "backlog-syphon"
-    idle_probe_max_seconds: float = 120.0  # longest pause between probes of an empty backlog queue
+    # Longest pause between probes (one peek each) of an empty backlog queue: 900 s costs 4 operations
+    # per idle queue per hour, like the legacy syphon's 15-minute long poll; a message written into a
+    # long-idle queue is seen within that long.
+    idle_probe_max_seconds: float = 900.0
     wait_for_lease: bool = False  # another run holds the backlog: wait for it (true) or exit at once
     lease_seconds: float = 120.0  # how long a crashed run's lease blocks the next run
 

@@ -1,15 +1,22 @@
 """The foreachBatch sink: deliver a micro-batch of backlog messages, record it, then purge it.
 
-Steps per batch (see the design's data flow):
-1. drop rows whose outcome is already recorded (a replayed batch sends them no more);
-2. restore and classify (pure transforms in ``restore_rules``);
-3. send on executors: one task per backlog queue, in sequence-number order per destination and
-   session, a destination's messages batched, one client per task; transient errors retried with back-off, an
-   unreachable primary waited for; final errors turn into dead-letter outcomes;
-4. append the audit rows (idempotent on the batch id);
-5. write the checkpoint table (delivered-through per queue, and the purge marks of the batches
-   before; idempotent on the batch id);
-6. purge: complete what was delivered or skipped, dead-letter what was rejected, leave the rest.
+Steps per batch:
+1. on a run's first batch, drop rows whose outcome is already recorded (a batch replayed after a
+   crash sends them no more): an anti-join with the audit table's keys, done by Spark;
+2. restore and classify (pure column transforms in ``restore_rules``);
+3. send on executors (``mapInArrow``): one task per backlog queue, in sequence-number order per
+   destination and session, a destination's messages batched, links pooled per process; transient
+   errors retried with back-off, an unreachable primary waited for; final errors and messages that
+   cannot be built become dead-letter outcomes (``delivery``). The outcomes are checkpointed on the
+   executors once, so no later step can recompute (and so re-send) them;
+4. the executors append the outcomes to the audit table (idempotent on the batch id);
+5. the driver collects one aggregate per queue (and the rare dead-letters) and writes the checkpoint
+   table (delivered-through per queue, the purge marks of earlier batches; idempotent on the batch id);
+6. purge: complete what was delivered or skipped, dead-letter what was rejected, touch nothing else.
+   It runs in the background, overlapping the next batch (see ``PurgeRunner``).
+
+The driver handles per-queue aggregates only: no message passes through it, so its memory does not
+grow with the batch size.
 
 Invariant: a backlog message is settled only in step 6, after its outcome was recorded in 4-5.
 The duplicate window is a crash between a send (3) and the audit append (4): those messages are
@@ -31,15 +38,19 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import os
+import threading
 import time
-from typing import Callable, Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Callable, Iterator
 
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
 
 from backlog_syphon import delivery, delivery_plan, delta_tables, restore_rules
+from backlog_syphon.backlog_rows import OUTCOME_ROW_ARROW_SCHEMA, OUTCOME_ROW_SCHEMA, record_batch
 from backlog_syphon.config import SyphonConfig
-from backlog_syphon.model import Outcome
 from backlog_syphon.lease import LeaseLostError
+from backlog_syphon.model import Action, CheckpointRow, Outcome, QueueOutcomes
 from backlog_syphon.progress import BatchStats
 
 logger = logging.getLogger(__name__)
@@ -88,7 +99,8 @@ def describe_failure(exc: BaseException) -> str:
 
 
 class DeliverySink:
-    """Callable for ``foreachBatch``; holds only picklable settings."""
+    """Callable for ``foreachBatch``. Holds picklable settings and, in the process that runs it, the
+    run's bookkeeping: per-queue checkpoint rows, what is recorded but not purged, per-destination counts."""
 
     def __init__(self, config: SyphonConfig, *, run_id: str, app_id: str, lease_keeper=None,
                  clock: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.timezone.utc)):
@@ -97,126 +109,211 @@ class DeliverySink:
         self.app_id = app_id  # Delta transaction app id: one per streaming checkpoint
         self.lease_keeper = lease_keeper  # fence.LeaseKeeper; None only in tests of the sink alone
         self.clock = clock
-        self.totals: list[dict] = []  # every outcome of this run (driver side), for the summary
         # The sink is the only writer of both tables, so after the first batch of a run it keeps
         # what it needs of them in memory instead of reading Delta every batch.
-        self._checkpoint: dict[str, dict] | None = None  # queue -> checkpoint row
-        self._unpurged: list[dict] = []  # outcomes recorded whose backlog message may still be there
-        self._purges_unrecorded = False
+        self._checkpoint: dict[str, CheckpointRow] | None = None
+        self._unpurged: dict[str, delivery_plan.Unpurged] = {}
+        self._marks_unrecorded = False  # purge marks newer than the checkpoint table
+        self._purges = PurgeRunner(config.secondary)
+        self.per_destination: dict[str, dict[str, int]] = {}  # this run's outcomes, for the summary
         self.batch_stats: dict[int, BatchStats] = {}  # read (and emptied) by the progress listener
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
         spark = batch.sparkSession
         storage = self.config.storage
-        batch = batch.persist()  # the window is peeked once, whatever the steps below do
         timings: dict[str, float] = {}
         mark = time.monotonic()
-        step = "peek"
+        step = "read_tables"
 
-        def step_done(name: str, next_step: str) -> None:
+        def step_done(next_step: str) -> None:
             nonlocal mark, step
             now_mark = time.monotonic()
-            timings[name] = round(now_mark - mark, 2)
+            timings[step] = round(now_mark - mark, 2)
             mark, step = now_mark, next_step
 
         try:
-            queues = sorted(row[0] for row in batch.select("backlog_queue").distinct().collect())
-            if not queues:
-                return
-            step_done("peek", "read_tables")
-            first_batch = self._checkpoint is None
-            if first_batch:  # first batch of this run: maybe a replay after a crash
-                self._checkpoint = delta_tables.read_checkpoint(spark, storage.checkpoint_table)
-                self._unpurged = delta_tables.recorded_outcomes(
-                    spark, storage.audit_table, {q: self._purged_through(q) for q in set(queues) | set(self._checkpoint)})
-                step_done("read_tables", "restore")
-            purged_through = {q: self._purged_through(q) for q in queues}
-            recorded = list(self._unpurged)  # also settles leftovers of queues absent from this batch
+            replayed: list[QueueOutcomes] = []
+            pending = batch
+            if self._checkpoint is None:  # first batch of this run: maybe a replay after a crash
+                replayed, pending = self._recover(spark, batch, batch_id)
+            step_done("send")
             now = self.clock()
-
-            pending = _drop_recorded(spark, batch, purged_through, delivery_plan.recorded_keys(recorded))  # 1
             classified = restore_rules.classify_messages(                                                # 2
                 pending, now=now, ttl_policy=self.config.restore.ttl_policy,
                 max_message_size_bytes=self.config.sink.max_message_size_bytes)
-            step = "send"
             if self.lease_keeper is not None:
                 self.lease_keeper.check_before_send(spark)
             fault_point("before_send")
-            new_outcomes = self._send(classified, batch_id)                                              # 3
-            step_done("send", "audit")
+            outcomes = self._send(classified, batch_id)                                                  # 3
+            counts = outcomes.groupBy("backlog_queue", "destination", "outcome").agg(
+                F.min("sequence_number").alias("first"), F.max("sequence_number").alias("through"),
+                F.count(F.lit(1)).alias("n"), F.min("enqueued_time").alias("oldest")).collect()
+            new = list(queue_outcomes(counts).values())
+            if not new and not replayed:
+                return  # an empty batch (a fresh query's first one): nothing to record
+            step_done("audit")
             fault_point("after_send")
-            delta_tables.append_audit(spark, storage.audit_table,                                        # 4
-                                      [_audit_tuple(row) for row in new_outcomes], self.app_id, batch_id)
-            step_done("audit", "checkpoint")
+            delta_tables.append_audit(storage.audit_table, outcomes, self.app_id, batch_id)               # 4
+            step_done("checkpoint")
             fault_point("after_audit")
-            outcomes = recorded + new_outcomes
-            self._checkpoint = delivery_plan.advance_checkpoint(self._checkpoint, outcomes, batch_id=batch_id,
-                                                                run_id=self.run_id, now=now)
-            delta_tables.write_checkpoint(spark, storage.checkpoint_table, list(self._checkpoint.values()),  # 5
+            dead_letters = []
+            if any(item.dead_lettered for item in new):
+                dead_letters = [tuple(row) for row in outcomes.where(F.col("outcome") == Outcome.DEAD_LETTERED)
+                                .select("backlog_queue", "sequence_number", "reason_code", "reason").collect()]
+            self._record_marks(self._purges.finished())
+            self._checkpoint = delivery_plan.advance_checkpoint(                                           # 5
+                self._checkpoint, delivery_plan.merge_outcomes(new, replayed).values(), batch_id=batch_id,
+                run_id=self.run_id, now=now)
+            delta_tables.write_checkpoint(spark, storage.checkpoint_table, list(self._checkpoint.values()),
                                           app_id=self.app_id, batch_id=batch_id)
-            self._purges_unrecorded = False
-            step_done("checkpoint", "purge")
+            self._marks_unrecorded = False
+            self._unpurged = delivery_plan.add_recorded(self._unpurged, new, dead_letters)
+            step_done("purge")
             fault_point("after_checkpoint")
-            purged = self._purge(delivery_plan.purge_plans(                                                # 6
-                outcomes, {queue: self._purged_through(queue) for queue in self._checkpoint}, verify=first_batch))
-            # Recorded with the next batch's checkpoint (or by flush() at the end of a run): one
-            # Delta commit less per batch. A crash before then only makes a restart re-check
-            # messages that are already gone (see servicebus_io.purge_backlog).
-            self._checkpoint = delivery_plan.mark_purged(self._checkpoint, purged, now=self.clock())
-            self._purges_unrecorded = bool(purged)
-            self._unpurged = [row for row in self._unpurged + new_outcomes
-                              if int(row["sequence_number"]) > self._purged_through(row["backlog_queue"])]
-            step_done("purge", "report")
-            self.totals.extend(new_outcomes)
-            counts = {o: sum(1 for r in new_outcomes if r["outcome"] == o) for o in Outcome}
+            self._purges.submit(delivery_plan.purge_plans(self._unpurged, self._checkpoint))                # 6
+            step_done("report")
+            for row in counts:
+                per = self.per_destination.setdefault(row["destination"] or "(none)", {o.value: 0 for o in Outcome})
+                per[row["outcome"]] += row["n"]
+            totals = {o: sum(item_count(item, o) for item in new) for o in Outcome}
             self.batch_stats[batch_id] = BatchStats(
-                counts[Outcome.DELIVERED], counts[Outcome.DEAD_LETTERED], counts[Outcome.SKIPPED_PING], len(recorded),
-                timings["send"],
-                _oldest(row["enqueued_time"] for row in new_outcomes))
+                totals[Outcome.DELIVERED], totals[Outcome.DEAD_LETTERED], totals[Outcome.SKIPPED_PING],
+                sum(item.count for item in replayed), timings["send"],
+                min((item.oldest_enqueued for item in new if item.oldest_enqueued), default=None))
             logger.info("batch_id=%s queues=%d delivered=%d dead_lettered=%d skipped=%d replayed=%d seconds=%s",
-                        batch_id, len(queues), counts[Outcome.DELIVERED], counts[Outcome.DEAD_LETTERED], counts[Outcome.SKIPPED_PING],
-                        len(recorded), timings)
+                        batch_id, len(new), totals[Outcome.DELIVERED], totals[Outcome.DEAD_LETTERED],
+                        totals[Outcome.SKIPPED_PING], sum(item.count for item in replayed), timings)
         except Exception as exc:
             logger.error("batch_id=%s failed in step %s", batch_id, step, exc_info=True)
             raise BatchFailedError(batch_id, step, exc) from exc
-        finally:
-            batch.unpersist()
 
     def flush(self, spark: SparkSession) -> None:
-        """Record the last batch's purge marks in the checkpoint table (call when the query ends)."""
-        if self._purges_unrecorded and self._checkpoint:
+        """Wait for the last purges and record their marks in the checkpoint table (when the query ends)."""
+        self._record_marks(self._purges.wait())
+        if self._marks_unrecorded and self._checkpoint:
             delta_tables.write_checkpoint(spark, self.config.storage.checkpoint_table, list(self._checkpoint.values()))
-            self._purges_unrecorded = False
+            self._marks_unrecorded = False
 
-    def _purged_through(self, queue: str) -> int:
-        return int(self._checkpoint[queue]["purged_through"]) if queue in self._checkpoint else 0
+    def _recover(self, spark: SparkSession, batch: DataFrame, batch_id: int
+                 ) -> tuple[list[QueueOutcomes], DataFrame]:
+        """Read the tables once per run: the checkpoint, and what is recorded above each purge mark.
 
-    def _send(self, classified: DataFrame, batch_id: int) -> list[dict]:
-        primary = self.config.primary
-        sink = self.config.sink
-        run_id = self.run_id
-        clock = self.clock
+        Returns this batch's outcomes recorded by an interrupted earlier attempt, and the batch
+        without the rows they cover (step 1).
+        """
+        storage = self.config.storage
+        self._checkpoint = delta_tables.read_checkpoint(spark, storage.checkpoint_table)
+        purged = {queue: row.purged_through for queue, row in self._checkpoint.items()}
+        recorded = delta_tables.recorded_above(spark, storage.audit_table, purged)
+        if recorded is None:  # no audit table yet: nothing was ever recorded
+            self._unpurged = {}
+            return [], batch
+        rows = recorded.groupBy("backlog_queue", "destination", "outcome", (F.col("batch_id") == batch_id)
+                                .alias("this_batch")).agg(
+            F.min("sequence_number").alias("first"), F.max("sequence_number").alias("through"),
+            F.count(F.lit(1)).alias("n"), F.min("enqueued_time").alias("oldest")).collect()
+        leftovers = queue_outcomes(rows)
+        replayed = list(queue_outcomes([row for row in rows if row["this_batch"]]).values())
+        dead_letters = []
+        if any(item.dead_lettered for item in leftovers.values()):
+            dead_letters = [tuple(row) for row in recorded.where(F.col("outcome") == Outcome.DEAD_LETTERED)
+                            .select("backlog_queue", "sequence_number", "reason_code", "reason").collect()]
+        # Some leftovers may be settled already (by a run that crashed before it recorded its purge).
+        self._unpurged = delivery_plan.add_recorded({}, leftovers.values(), dead_letters, verify=True)
+        pending = batch
+        for queue, through in purged.items():
+            pending = pending.where(~((F.col("backlog_queue") == queue) & (F.col("sequence_number") <= through)))
+        if leftovers:
+            keys = recorded.select("backlog_queue", "sequence_number")
+            pending = pending.join(F.broadcast(keys), ["backlog_queue", "sequence_number"], "left_anti")
+        return replayed, pending
 
-        def deliver(rows: Iterable) -> Iterator[dict]:
-            yield from deliver_partition(rows, primary=primary, sink=sink, run_id=run_id, batch_id=batch_id,
+    def _record_marks(self, settled: dict[str, int]) -> None:
+        # Recorded with the next checkpoint write (or by flush() at the end of a run): a crash before
+        # then only makes a restart check again, by peeking, messages that are already gone.
+        if settled:
+            self._checkpoint = delivery_plan.mark_purged(self._checkpoint, settled, now=self.clock())
+            self._unpurged = delivery_plan.after_purge(self._unpurged, settled)
+            self._marks_unrecorded = True
+
+    def _send(self, classified: DataFrame, batch_id: int) -> DataFrame:
+        """Deliver on executors, one task per backlog queue; the outcomes checkpointed once."""
+        primary, sink, run_id, clock = self.config.primary, self.config.sink, self.run_id, self.clock
+
+        def deliver(batches):
+            yield from deliver_partition(batches, primary=primary, sink=sink, run_id=run_id, batch_id=batch_id,
                                          clock=clock)
 
-        return classified.rdd.mapPartitions(deliver).collect()
+        # localCheckpoint, not cache: a lost partition fails the batch (replayed safely) instead of
+        # being computed, and so sent, a second time.
+        return classified.mapInArrow(deliver, OUTCOME_ROW_SCHEMA).localCheckpoint(eager=True)
 
-    def _purge(self, plans: dict) -> dict[str, int]:
-        """Settle each queue's planned messages, queues in parallel threads on the driver.
 
-        Settling is a few small broker calls per queue; a Spark job would cost more than it does.
-        """
-        from concurrent.futures import ThreadPoolExecutor
+def queue_outcomes(rows) -> dict[str, QueueOutcomes]:
+    """Per queue: the outcomes of (queue, destination, outcome) aggregate rows added up."""
+    items = []
+    for row in rows:
+        n = row["n"]
+        items.append(QueueOutcomes(
+            row["backlog_queue"], row["first"], row["through"],
+            n if row["outcome"] == Outcome.DELIVERED else 0, n if row["outcome"] == Outcome.DEAD_LETTERED else 0,
+            n if row["outcome"] == Outcome.SKIPPED_PING else 0,
+            # Spark hands timestamps to Python as naive local times; astimezone reads them as such.
+            row["oldest"].astimezone(dt.timezone.utc) if row["oldest"] else None))
+    return delivery_plan.merge_outcomes(items)
 
+
+def item_count(item: QueueOutcomes, outcome: Outcome) -> int:
+    return {Outcome.DELIVERED: item.delivered, Outcome.DEAD_LETTERED: item.dead_lettered,
+            Outcome.SKIPPED_PING: item.skipped}[outcome]
+
+
+class PurgeRunner:
+    """Runs purges in the background, one round at a time, each round's queues in parallel threads.
+
+    Settling what is already recorded can overlap the next batch: the next batch reads later
+    windows by sequence number and sends other messages, so the two never touch the same message,
+    and a round only starts after the one before it, so each round finds its messages at the head
+    of its queues. What a round settled reaches the checkpoint table with the next batch's write
+    (or ``flush``); a crash before that only makes the next run check again.
+    """
+
+    def __init__(self, secondary):
+        self._secondary = secondary
+        self._rounds: ThreadPoolExecutor | None = None  # started with the first round, in the process that runs them
+        self._pending: list[Future] = []
+        self._lock = threading.Lock()
+
+    def __getstate__(self):
+        return {"_secondary": self._secondary}
+
+    def __setstate__(self, state):
+        self.__init__(state["_secondary"])
+
+    def submit(self, plans: dict) -> None:
+        if plans:
+            with self._lock:
+                if self._rounds is None:
+                    self._rounds = ThreadPoolExecutor(max_workers=1, thread_name_prefix="purge-round")
+                self._pending.append(self._rounds.submit(self._run, plans))
+
+    def finished(self) -> dict[str, int]:
+        """Marks of the rounds done so far (without waiting); a failed round's error is raised here."""
+        with self._lock:
+            done = [future for future in self._pending if future.done()]
+            self._pending = [future for future in self._pending if not future.done()]
+        return _merged_marks(future.result() for future in done)
+
+    def wait(self) -> dict[str, int]:
+        with self._lock:
+            pending, self._pending = self._pending, []
+        return _merged_marks(future.result() for future in pending)
+
+    def _run(self, plans: dict) -> dict[str, int]:
         from backlog_syphon.servicebus_io import purge_backlog
 
-        if not plans:
-            return {}
         with ThreadPoolExecutor(max_workers=min(8, len(plans)), thread_name_prefix="purge") as pool:
-            results = dict(zip(plans, pool.map(lambda queue: purge_backlog(self.config.secondary, plans[queue]),
-                                               plans)))
+            results = dict(zip(plans, pool.map(lambda queue: purge_backlog(self._secondary, plans[queue]), plans)))
         for queue, result in results.items():
             if result.settled_through < plans[queue].through:
                 logger.warning("backlog=%s purge incomplete: settled through %s of %s (completed=%d "
@@ -226,34 +323,19 @@ class DeliverySink:
         return {queue: result.settled_through for queue, result in results.items()}
 
 
-def _drop_recorded(spark: SparkSession, batch: DataFrame, purged_through: dict[str, int],
-                   recorded: set[tuple[str, int]]) -> DataFrame:
-    """Step 1: rows already purged or with a recorded outcome are not sent again."""
-    from pyspark.sql import functions as F
-
-    condition = F.lit(True)
-    for queue, through in purged_through.items():
-        condition = condition & ~((F.col("backlog_queue") == queue) & (F.col("sequence_number") <= through))
-    if recorded:
-        keys = spark.createDataFrame(sorted(recorded), "backlog_queue string, sequence_number long")
-        return batch.where(condition).join(F.broadcast(keys), ["backlog_queue", "sequence_number"], "left_anti")
-    return batch.where(condition)
-
-
-def _oldest(times: Iterable[dt.datetime | None]) -> dt.datetime | None:
-    # Spark hands timestamps to Python as naive local times; astimezone reads them as such.
-    return min((t.astimezone(dt.timezone.utc) for t in times if t is not None), default=None)
-
-
-def _audit_tuple(row: dict) -> tuple:
-    return tuple(row[field.name] for field in delta_tables.AUDIT_ROW_SCHEMA.fields)
+def _merged_marks(rounds) -> dict[str, int]:
+    marks: dict[str, int] = {}
+    for settled in rounds:
+        for queue, through in settled.items():
+            marks[queue] = max(through, marks.get(queue, 0))
+    return marks
 
 
 # --- executor side ------------------------------------------------------------------------------
 
-def deliver_partition(rows: Iterable, *, primary, sink, run_id: str, batch_id: int,
-                      clock: Callable[[], dt.datetime]) -> Iterator[dict]:
-    """Deliver one task's rows in (queue, sequence number) order; yield one outcome per row."""
+def deliver_partition(batches, *, primary, sink, run_id: str, batch_id: int,
+                      clock: Callable[[], dt.datetime]) -> Iterator:
+    """Deliver one task's rows (Arrow record batches) and yield the outcomes as Arrow record batches."""
     from backlog_syphon.servicebus_io import DestinationSenders, classify_send_error
 
     mid_send = []
@@ -263,10 +345,14 @@ def deliver_partition(rows: Iterable, *, primary, sink, run_id: str, batch_id: i
             mid_send.append(True)
             fault_point("mid_send")
 
-    for result in delivery.deliver_rows((row.asDict() for row in rows), build=build_outgoing,
-                                        sender=DestinationSenders(primary), classify=classify_send_error, sink=sink,
-                                        on_sent=first_send):
-        yield _outcome(result, run_id, batch_id, clock)
+    rows = [row for batch in batches for row in batch.to_pylist()]
+    senders = DestinationSenders(primary)
+    senders.open({row["destination"] for row in rows if row["action"] == Action.DELIVER})
+    results = delivery.deliver_rows(rows, build=build_outgoing, sender=senders, classify=classify_send_error,
+                                    sink=sink, on_sent=first_send)
+    outcomes = [outcome_row(result, run_id, batch_id, clock()) for result in results]
+    for start in range(0, len(outcomes), 5000):
+        yield record_batch(outcomes[start:start + 5000], OUTCOME_ROW_ARROW_SCHEMA)
 
 
 def build_outgoing(row) -> delivery.Outgoing:
@@ -277,14 +363,15 @@ def build_outgoing(row) -> delivery.Outgoing:
                              row["message_id"], row["session_id"], row["partition_key"])
 
 
-def _outcome(result: delivery.Delivery, run_id: str, batch_id: int, clock) -> dict:
+def outcome_row(result: delivery.Delivery, run_id: str, batch_id: int, now: dt.datetime) -> dict:
+    """One audit row (``OUTCOME_ROW_SCHEMA``) for a delivery result."""
     row = result.row
     return {
         "run_id": run_id, "batch_id": batch_id, "backlog_queue": row["backlog_queue"],
         "sequence_number": row["sequence_number"], "message_id": row["message_id"],
-        "destination": row["destination"], "session_id": row["session_id"], "outcome": str(result.outcome),
+        "destination": row["destination"], "session_id": row["session_id"], "outcome": result.outcome.value,
         "reason_code": None if result.reason_code is None else str(result.reason_code), "reason": result.reason,
         "body_size": row["body_size"], "enqueued_time": row["enqueued_time"],
         "scheduled_enqueue_time": row["scheduled_enqueue_time"], "time_to_live_ms": row["restored_time_to_live_ms"],
-        "outcome_time": clock(), "attempts": result.attempts,
+        "outcome_time": now, "attempts": result.attempts,
     }

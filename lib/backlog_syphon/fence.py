@@ -82,8 +82,7 @@ class LeaseKeeper:
                                       current)
                 if gone:
                     logger.warning("%s crashed (its process is gone): taking its lease over", current.holder)
-                if delta_tables.write_lease_if_free(spark, self.lease_table, candidate,
-                                                    takeover_from=current.run_id if gone else None):
+                if delta_tables.write_lease(spark, self.lease_table, candidate):
                     with self._lock:
                         self.lease = candidate
                     logger.info("took the lease on %s until %s", self.lease_key, candidate.expires_at)
@@ -112,7 +111,9 @@ class LeaseKeeper:
         if lease is None:
             return
         try:
-            delta_tables.write_lease_if_free(spark, self.lease_table, released(lease, self.clock()))
+            current = delta_tables.read_lease(spark, self.lease_table, self.lease_key)
+            if current is not None and current.run_id == self.run_id:
+                delta_tables.write_lease(spark, self.lease_table, released(current, self.clock()))
         except Exception as exc:  # noqa: BLE001 - the lease expires by itself
             logger.warning("could not release the lease (%s); it expires at %s", type(exc).__name__,
                            lease.expires_at)
@@ -124,19 +125,17 @@ class LeaseKeeper:
         with self._lock:
             if self.lease is None:
                 raise LeaseLostError("this run does not hold the lease (it was released)")
-            now = self.clock()
-            candidate = new_lease(self.lease_key, self.run_id, self.host, self.pid, now, self.lease_seconds,
-                                  self.lease)
-            if delta_tables.write_lease_if_free(spark, self.lease_table, candidate):
-                self.lease = candidate
-                return
-            # Not written: a conflicting commit (our lease is then still ours until it expires), or
-            # another run took it after it expired.
+            # Over the row as it is now: another copy of this keeper (the sink's, under Spark
+            # Connect) may have extended it since.
             current = delta_tables.read_lease(spark, self.lease_table, self.lease_key)
-            if current is not None and current.run_id != self.run_id:
+            if current is None or current.run_id != self.run_id:
                 self.lease = None
-                raise LeaseLostError(f"the lease was taken over by {current.holder} (until "
-                                     f"{current.expires_at:%Y-%m-%d %H:%M:%S} UTC); this run stops sending")
+                holder = "nobody" if current is None else f"{current.holder} (until {current.expires_at:%Y-%m-%d %H:%M:%S} UTC)"
+                raise LeaseLostError(f"the lease was taken over by {holder}; this run stops sending")
+            candidate = new_lease(self.lease_key, self.run_id, self.host, self.pid, self.clock(), self.lease_seconds,
+                                  current)
+            # Not written means another copy of this run wrote the same epoch first: still ours.
+            self.lease = candidate if delta_tables.write_lease(spark, self.lease_table, candidate) else current
 
     def check_before_send(self, spark: SparkSession) -> None:
         """Raise ``LeaseLostError`` unless this run may send now (extending the lease when due)."""

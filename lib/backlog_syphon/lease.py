@@ -3,8 +3,9 @@
 At most one run at a time delivers from a backlog (the secondary namespace's backlog queues of one
 primary namespace) with given state tables. The run that holds the *lease* is the only one allowed to
 send; it holds it until ``expires_at`` and extends it while it runs. A lease is a row of the lease
-table (see ``delta_tables``): taking and extending it are optimistic-concurrency commits, so of two
-runs racing for it exactly one wins.
+table (see ``delta_tables``) with an ``epoch`` that every write increases by one: a write of epoch
+n + 1 is a compare-and-set on epoch n (one Delta transaction version per epoch), so of two runs racing
+for it exactly one wins, and a run that read a stale row cannot overwrite a newer one.
 
 Invariants:
 - A lease is taken only when it is free: no row, released, expired, or already this run's.
@@ -33,6 +34,7 @@ class Lease:
     """The lease row of one backlog, as read or as written."""
 
     lease_key: str  # which backlog: "<secondary host>/<primary namespace>"
+    epoch: int  # 1 for the first write, one more for every write after it
     run_id: str  # the holding run
     host: str  # where the holder runs, and its process: to tell people, and to see a crashed holder
     pid: int
@@ -63,14 +65,16 @@ def may_send(lease: Lease | None, now: dt.datetime, lease_seconds: float) -> boo
 
 def new_lease(lease_key: str, run_id: str, host: str, pid: int, now: dt.datetime, lease_seconds: float,
               previous: Lease | None = None) -> Lease:
-    """The row a run writes to take a lease, or to extend one it holds (keeping when it took it)."""
+    """The row a run writes over ``previous`` (the row it read, if any) to take a lease or extend one it
+    holds (keeping when it took it)."""
     acquired_at = previous.acquired_at if previous is not None and previous.run_id == run_id else now
-    return Lease(lease_key, run_id, host, pid, acquired_at, now, now + dt.timedelta(seconds=lease_seconds))
+    epoch = previous.epoch + 1 if previous is not None else 1
+    return Lease(lease_key, epoch, run_id, host, pid, acquired_at, now, now + dt.timedelta(seconds=lease_seconds))
 
 
 def released(lease: Lease, now: dt.datetime) -> Lease:
-    """The row a run writes when it stops: expired at once, so the next run need not wait."""
-    return dataclasses.replace(lease, renewed_at=now, expires_at=now)
+    """The row a run writes over ``lease`` when it stops: expired at once, so the next run need not wait."""
+    return dataclasses.replace(lease, epoch=lease.epoch + 1, renewed_at=now, expires_at=now)
 
 
 class LeaseHeldError(RuntimeError):

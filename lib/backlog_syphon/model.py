@@ -1,4 +1,5 @@
-"""The syphon's vocabulary: what can happen to a backlog message, and why.
+"""The syphon's vocabulary: what can happen to a backlog message and why, and the records the driver
+keeps per backlog queue.
 
 Every module speaks these enums rather than string literals. They are ``StrEnum``s, so they are
 written to Delta, Arrow and logs as their plain values (``"delivered"``, ``"missing_path"``), and
@@ -7,6 +8,8 @@ the values are part of the audit table's contract.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from datetime import datetime
 from enum import StrEnum
 
 
@@ -45,3 +48,35 @@ class ReasonCode(StrEnum):
     DESTINATION_DISABLED = "destination_disabled"
     AUTHENTICATION_FAILED = "authentication_failed"
     TRANSIENT = "transient"
+
+
+@dataclass(frozen=True)
+class CheckpointRow:
+    """One backlog queue's progress: a row of the checkpoint table."""
+
+    backlog_queue: str
+    delivered_through: int  # every message up to here has a recorded outcome
+    purged_through: int  # ... and has been removed from the backlog
+    last_batch_id: int
+    last_run_id: str
+    updated_at: datetime
+    delivered_count: int
+    dead_lettered_count: int
+    skipped_count: int
+
+
+@dataclass(frozen=True)
+class QueueOutcomes:
+    """What one micro-batch recorded for one backlog queue: the aggregate the driver works from."""
+
+    backlog_queue: str
+    first: int  # lowest and highest sequence number with an outcome in the batch
+    through: int
+    delivered: int
+    dead_lettered: int
+    skipped: int
+    oldest_enqueued: datetime | None  # oldest backlog enqueue time among them
+
+    @property
+    def count(self) -> int:
+        return self.delivered + self.dead_lettered + self.skipped

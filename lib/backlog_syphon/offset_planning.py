@@ -9,7 +9,7 @@ probes ("first sequence number at or after x") instead of downloading the messag
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Mapping
+from typing import Callable, Mapping, Sequence
 
 Probe = Callable[[int], "int | None"]  # first sequence number >= x, or None when there is none
 
@@ -63,12 +63,12 @@ def share_budget(total: int, queues: list[str]) -> dict[str, int]:
 class IdleBackoff:
     """When to probe an empty queue again: doubling pauses up to ``max_seconds``, reset by data.
 
-    With the defaults an idle queue costs about 30 probes an hour, like the legacy syphon's
-    receive polling, instead of one per trigger.
+    With the defaults an idle queue costs 4 probes an hour once the pause reached its maximum (the
+    legacy syphon's 15-minute long poll cost the same), instead of one per trigger.
     """
 
     min_seconds: float = 1.0
-    max_seconds: float = 120.0
+    max_seconds: float = 900.0
     _next_probe: dict[str, float] = field(default_factory=dict)
     _pause: dict[str, float] = field(default_factory=dict)
 
@@ -88,3 +88,41 @@ class IdleBackoff:
 def normalise_offsets(offsets: Mapping[str, int]) -> dict[str, int]:
     """Offsets with a stable key order: Spark compares serialised offsets as strings."""
     return {queue: int(offsets[queue]) for queue in sorted(offsets)}
+
+
+@dataclass(frozen=True)
+class WindowPlan:
+    """The next micro-batch: each queue's window end, and each probed queue's tail as last seen."""
+
+    end: dict[str, int]
+    tails: dict[str, int]
+
+
+def plan_windows(start: Mapping[str, int], queues: Sequence[str], budget: int, probe_for: Callable[[str], Probe], *,
+                 backoff: IdleBackoff, now: float, target: Mapping[str, int] | None = None) -> WindowPlan:
+    """Plan the next batch's windows from ``start``: which queues to look at, how far each window goes.
+
+    - Continuous runs look only at queues whose idle back-off is due; an available-now run (with a
+      ``target``) at every queue still short of its target, and never past it.
+    - The budget is shared evenly over the queues looked at.
+    - A window that stopped short of its share reached the queue's tail; a full one costs one probe
+      more when the tail is right there, about log2(backlog) when it is not (for progress reports).
+    ``probe_for(queue)`` gives that queue's probe (``Probe``): the only I/O, injected.
+    """
+    offsets = {queue: int(start.get(queue, 0)) for queue in queues}
+    offsets.update({queue: int(seq) for queue, seq in start.items()})
+    if target is not None:
+        candidates = [queue for queue in offsets if offsets[queue] < target.get(queue, 0)]
+    else:
+        candidates = [queue for queue in offsets if backoff.due(queue, now)]
+    shares = share_budget(budget, candidates)
+    end, tails = dict(offsets), {}
+    for queue in candidates:
+        probe = probe_for(queue)
+        queue_end = window_end(offsets[queue], shares[queue], probe)
+        if target is not None:
+            queue_end = min(queue_end, target.get(queue, queue_end))
+        backoff.record(queue, queue_end > offsets[queue], now)
+        end[queue] = queue_end
+        tails[queue] = queue_end if queue_end - offsets[queue] < shares[queue] else tail_end(queue_end, probe)
+    return WindowPlan(normalise_offsets(end), tails)

@@ -135,15 +135,48 @@ _POOL = _HandlerPool()
 
 @contextmanager
 def pooled_receiver(namespace: NamespaceConfig, queue: str, *, purpose: str = "peek"):
-    """A receiver on ``queue`` from the process pool (peek: default mode; settle: PEEK_LOCK, no prefetch)."""
+    """A PEEK_LOCK receiver without prefetch on ``queue`` from the process pool, one per purpose.
+
+    ``peek`` receivers only peek (the management link; their receive link never gets credit, so
+    they lock nothing); ``settle`` receivers receive and settle for the purge.
+    """
     key = ("receiver", purpose, queue)
-    receiver = _POOL.get(namespace, "secondary", key, lambda client: client.get_queue_receiver(
-        queue, receive_mode=ServiceBusReceiveMode.PEEK_LOCK, prefetch_count=0))
+    receiver = _receiver(namespace, queue, purpose)
     try:
         yield receiver
     except BaseException:
         _POOL.discard(namespace, "secondary", key)
         raise
+
+
+def _receiver(namespace: NamespaceConfig, queue: str, purpose: str):
+    return _POOL.get(namespace, "secondary", ("receiver", purpose, queue), lambda client: client.get_queue_receiver(
+        queue, receive_mode=ServiceBusReceiveMode.PEEK_LOCK, prefetch_count=0))
+
+
+def open_peek_receivers(namespace: NamespaceConfig, queues: Iterable[str]) -> None:
+    """Open the pooled peek receivers of ``queues`` at once (see ``open_in_parallel``)."""
+    open_in_parallel(_receiver(namespace, queue, "peek") for queue in queues)
+
+
+def open_in_parallel(handlers: Iterable) -> None:
+    """Open SDK senders or receivers concurrently instead of one after the other.
+
+    Each opens its own connection: a few round trips plus the SDK's polling (50 ms a step), about
+    half a second each. A failure is left for the first real operation on the handler to report.
+    """
+    from concurrent.futures import ThreadPoolExecutor
+
+    def open_one(handler) -> None:
+        try:
+            handler._open_with_retry()  # noqa: SLF001 - opening is what the first operation would do
+        except Exception:  # noqa: BLE001 - reported by the operation that needs the handler
+            logger.debug("opening a Service Bus link in advance failed", exc_info=True)
+
+    handlers = list(handlers)
+    if len(handlers) > 1:
+        with ThreadPoolExecutor(max_workers=min(8, len(handlers)), thread_name_prefix="open-link") as pool:
+            list(pool.map(open_one, handlers))
 
 
 # --- peeking backlog queues -------------------------------------------------------------------
@@ -238,6 +271,12 @@ def classify_send_error(exc: BaseException, destination: str) -> SendFailure:
     return SendFailure(True, ReasonCode.TRANSIENT, f"{name} while sending to '{destination}'")
 
 
+# The envelope of a batch carries its first message's MessageId, SessionId and partition key, which
+# ServiceBusMessageBatch does not count against the size limit: a batch filled to the limit would be
+# refused as a whole. Room is kept for them.
+ENVELOPE_RESERVE_BYTES = 1024
+
+
 def add_encoded(batch: ServiceBusMessageBatch, message: Outgoing) -> bool:
     """Add an encoded AMQP message to a batch exactly as it is; False when it does not fit.
 
@@ -249,7 +288,7 @@ def add_encoded(batch: ServiceBusMessageBatch, message: Outgoing) -> bool:
     """
     size = len(message.encoded)
     size_after = batch._size + size + _BATCH_MESSAGE_OVERHEAD_COST[0 if size < 256 else 1]  # noqa: SLF001
-    if size_after > batch.max_size_in_bytes:
+    if size_after + ENVELOPE_RESERVE_BYTES > batch.max_size_in_bytes:
         return False
     batch._message[5].append(message.encoded)  # noqa: SLF001 - the envelope's Data sections
     batch._size = size_after  # noqa: SLF001
@@ -260,24 +299,20 @@ def add_encoded(batch: ServiceBusMessageBatch, message: Outgoing) -> bool:
     return True
 
 
-def send_encoded(sender, messages: Iterable[Outgoing]) -> Iterator[int]:
-    """Send encoded messages in order, as few batched sends as fit; yield each send's count once sent."""
-    batch = sender.create_message_batch()
-    for message in messages:
-        if add_encoded(batch, message):
-            continue
-        if not len(batch):
-            raise MessageSizeExceededError(message=f"a message of {len(message.encoded)} bytes is larger than the "
-                                                   f"{batch.max_size_in_bytes} bytes the destination accepts")
-        sender.send_messages(batch)  # batch full: ship it and start the next one
-        yield len(batch)
+def send_encoded(sender, messages: Sequence[Outgoing]) -> Iterator[int]:
+    """Send encoded messages in order, in as few batched sends as fit; yield each send's count once sent."""
+    pending = list(messages)
+    while pending:
         batch = sender.create_message_batch()
-        if not add_encoded(batch, message):
-            raise MessageSizeExceededError(message=f"a message of {len(message.encoded)} bytes is larger than the "
-                                                   f"{batch.max_size_in_bytes} bytes the destination accepts")
-    if len(batch):
+        count = 0
+        while count < len(pending) and add_encoded(batch, pending[count]):
+            count += 1
+        if not count:
+            raise MessageSizeExceededError(message=f"a message of {len(pending[0].encoded)} bytes is larger than "
+                                                   f"the {batch.max_size_in_bytes} bytes the destination accepts")
         sender.send_messages(batch)
-        yield len(batch)
+        yield count
+        pending = pending[count:]
 
 
 class DestinationSenders:
@@ -294,13 +329,20 @@ class DestinationSenders:
         """
         sent = 0
         try:
-            sender = _POOL.get(self._namespace, "primary", ("sender", destination),
-                               lambda client: client.get_queue_sender(destination))
+            sender = self._sender(destination)
             for count in send_encoded(sender, messages):
                 sent += count
         except Exception as exc:  # noqa: BLE001 - classified by the caller
             raise PartialSendError(sent, exc) from exc
         return sent
+
+    def open(self, destinations: Iterable[str]) -> None:
+        """Open the senders of ``destinations`` at once, before sending to them one after the other."""
+        open_in_parallel(self._sender(destination) for destination in destinations)
+
+    def _sender(self, destination: str):
+        return _POOL.get(self._namespace, "primary", ("sender", destination),
+                         lambda client: client.get_queue_sender(destination))
 
     def reset(self, destination: str) -> None:
         """Drop a sender after an error so the next attempt opens a fresh link."""
@@ -561,10 +603,14 @@ def backlog_dead_letters(namespace: NamespaceConfig, queue: str, max_count: int 
 
 
 def peek_counts(namespace: NamespaceConfig, queues: Iterable[str]) -> dict[str, int]:
-    """Messages still in each queue, by peeking (cheap enough for summaries of local runs)."""
-    counts = {}
-    with open_client(namespace, role="secondary") as client:
-        for queue in queues:
-            with client.get_queue_receiver(queue) as receiver:
-                counts[queue] = len(peek_sequence_numbers(receiver, 1, LAST_SEQUENCE_NUMBER))
-    return counts
+    """Messages still in each queue, by peeking the queues in parallel (for run summaries)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    queues = list(queues)
+
+    def count(queue: str) -> int:
+        with pooled_receiver(namespace, queue) as receiver:
+            return len(peek_sequence_numbers(receiver, 1, LAST_SEQUENCE_NUMBER))
+
+    with ThreadPoolExecutor(max_workers=max(1, min(8, len(queues))), thread_name_prefix="peek-count") as pool:
+        return dict(zip(queues, pool.map(count, queues)))

@@ -7,6 +7,7 @@ import hashlib
 import logging
 import os
 import tempfile
+import threading
 import uuid
 from dataclasses import dataclass
 from typing import Callable
@@ -15,7 +16,7 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 
-from backlog_syphon import delivery_plan, delta_tables, dry_run_plan
+from backlog_syphon import delta_tables, dry_run_plan
 from backlog_syphon.backlog_source import SOURCE_NAME, BacklogDataSource, backlog_source_options
 from backlog_syphon.config import SyphonConfig, trigger_options
 from backlog_syphon.delivery_sink import DeliverySink
@@ -83,15 +84,17 @@ class SyphonRun:
     def stop_requested(self) -> bool:
         return os.path.exists(self.stop_file)
 
-    def finish(self, spark: SparkSession) -> None:
-        """Stop the query if it still runs, record the last purges, give the lease back."""
+    def finish(self, spark: SparkSession, *, release: bool = True) -> None:
+        """Stop the query if it still runs, record the last purges, give the lease back (unless the
+        caller gives it back itself: ``release=False``)."""
         try:
             if self.query.isActive:
                 self.query.stop()
             self.sink.flush(spark)
         finally:
             spark.streams.removeListener(self.listener)
-            self.lease_keeper.release(spark)
+            if release:
+                self.lease_keeper.release(spark)
             try:
                 os.unlink(self.stop_file)
             except OSError:
@@ -108,7 +111,7 @@ def start_syphon(spark: SparkSession, config: SyphonConfig, *, run_id: str | Non
     """
     spark.dataSource.register(BacklogDataSource)
     storage = config.storage
-    delta_tables.ensure_tables(spark, storage.audit_table, storage.checkpoint_table, storage.resolved_lease_table)
+    delta_tables.ensure_lease_table(spark, storage.resolved_lease_table)
     run_id = run_id or f"{dt.datetime.now(dt.timezone.utc):%Y%m%dT%H%M%SZ}-{uuid.uuid4().hex[:8]}"
     keeper = LeaseKeeper(lease_table=storage.resolved_lease_table, lease_key=lease_key(config), run_id=run_id,
                          lease_seconds=config.run.lease_seconds)
@@ -154,16 +157,22 @@ def run_syphon(spark: SparkSession, config: SyphonConfig, *, run_id: str | None 
         follow_progress(run.query, run.listener, on_progress, timeout_seconds=timeout_seconds,
                         stop_requested=lambda: run.stop_requested)
     finally:
-        run.finish(spark)
-    if run.query.exception() is not None:
-        raise run.query.exception()
-    return summarise_run(config, run.sink, run.listener.points)
+        run.finish(spark, release=False)
+        # Giving the lease back (a Delta commit) and counting what is left (peeks) overlap.
+        releasing = threading.Thread(target=run.lease_keeper.release, args=(spark,), name="syphon-release")
+        releasing.start()
+    try:
+        if run.query.exception() is not None:
+            raise run.query.exception()
+        return summarise_run(config, run.sink, run.listener.points)
+    finally:
+        releasing.join()
 
 
 def summarise_run(config: SyphonConfig, sink: DeliverySink, progress=()) -> RunSummary:
     from backlog_syphon.servicebus_io import peek_counts
 
-    return RunSummary(run_id=sink.run_id, per_destination=delivery_plan.summarise(sink.totals),
+    return RunSummary(run_id=sink.run_id, per_destination=dict(sorted(sink.per_destination.items())),
                       remaining=peek_counts(config.secondary, backlog_queue_names(config.primary.namespace,
                                                                                     config.backlog.queue_count)),
                       progress=tuple(progress))

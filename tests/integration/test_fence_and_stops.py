@@ -127,10 +127,10 @@ def test_a_lease_held_elsewhere_stops_a_run_or_makes_it_wait_until_it_expires(em
     originals = _originals("held", 30)
     write_backlog(config.secondary, PRIMARY, originals, queue_count=10)
     storage = config.storage
-    delta_tables.ensure_tables(spark, storage.audit_table, storage.checkpoint_table, storage.resolved_lease_table)
+    delta_tables.ensure_lease_table(spark, storage.resolved_lease_table)
     now = dt.datetime.now(dt.timezone.utc)
     other = new_lease(lease_key(config), "other-run", "another-host", 4242, now, 25)
-    assert delta_tables.write_lease_if_free(spark, storage.resolved_lease_table, other)
+    assert delta_tables.write_lease(spark, storage.resolved_lease_table, other)
 
     with pytest.raises(LeaseHeldError) as held:
         run_syphon(spark, config)

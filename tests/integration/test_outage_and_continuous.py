@@ -146,7 +146,7 @@ def test_continuous_trigger_delivers_new_messages_promptly(spark, emulator, tmp_
     assert sum(p.stats.delivered for p in points) == 20
     assert all(p.stats.dead_lettered == 0 and p.stats.skipped == 0 for p in points)
     assert run.listener.points[-1].remaining_total == 0
-    assert all(p.stats.oldest_enqueued is not None for p in points)
+    assert all(p.stats.oldest_enqueued is not None for p in points), [p.stats for p in points]
     bound = 2 * interval + batch_seconds
     print(f"\n[continuous] latency={latency:.1f}s batches_with_data={len(batches)} "
           f"batch_duration={batch_seconds:.1f}s bound={bound:.1f}s")

@@ -1,65 +1,74 @@
-"""Bookkeeping between the sink's steps: checkpoints, purge plans, summaries."""
+"""Bookkeeping between the sink's steps, on per-queue aggregates: checkpoints, what is left to purge."""
 
 import datetime as dt
 
-from backlog_syphon.delivery_plan import advance_checkpoint, mark_purged, purge_plans, recorded_keys, summarise
+from backlog_syphon.delivery_plan import (
+    Unpurged,
+    add_recorded,
+    advance_checkpoint,
+    after_purge,
+    mark_purged,
+    merge_outcomes,
+    purge_plans,
+)
+from backlog_syphon.model import CheckpointRow, QueueOutcomes
 from backlog_syphon.purge_plan import PurgePlan
 
 NOW = dt.datetime(2026, 11, 25, tzinfo=dt.timezone.utc)
+EARLY = NOW - dt.timedelta(hours=1)
 
 
-def outcome(queue, seq, outcome="delivered", batch_id=3, destination="orders", reason_code=None, reason=None):
-    return {"backlog_queue": queue, "sequence_number": seq, "outcome": outcome, "batch_id": batch_id,
-            "destination": destination, "reason_code": reason_code, "reason": reason}
+def outcomes(queue, first, through, delivered=0, dead=0, skipped=0, oldest=None):
+    return QueueOutcomes(queue, first, through, delivered, dead, skipped, oldest)
 
 
-def test_checkpoint_moves_to_highest_outcome_and_counts_this_batch_only():
-    rows = [outcome("q0", 5), outcome("q0", 7, "dead_lettered"), outcome("q0", 6, "skipped_ping"),
-            outcome("q1", 2), outcome("q0", 3, batch_id=2)]  # recorded by an earlier batch
-    state = advance_checkpoint({}, rows, batch_id=3, run_id="r", now=NOW)
-    assert sorted(state) == ["q0", "q1"]
-    q0 = state["q0"]
-    assert (q0["delivered_through"], q0["delivered_count"], q0["dead_lettered_count"], q0["skipped_count"]) == (7, 1, 1, 1)
-    assert q0["last_batch_id"] == 3 and q0["last_run_id"] == "r" and q0["updated_at"] == NOW
-    assert q0["purged_through"] == 0 and state["q1"]["delivered_through"] == 2
+def test_aggregates_of_one_queue_add_up():
+    merged = merge_outcomes([outcomes("q0", 5, 9, delivered=4, oldest=NOW), outcomes("q1", 1, 1, dead=1)],
+                            [outcomes("q0", 2, 4, skipped=2, oldest=EARLY)])
+    assert merged == {"q0": outcomes("q0", 2, 9, delivered=4, skipped=2, oldest=EARLY),
+                      "q1": outcomes("q1", 1, 1, dead=1)}
+    assert merged["q0"].count == 6
 
 
-def test_checkpoint_never_moves_back_and_a_replay_counts_once():
-    state = advance_checkpoint({}, [outcome("q0", 9)], batch_id=3, run_id="r", now=NOW)
-    replayed = advance_checkpoint(state, [outcome("q0", 9), outcome("q0", 4)], batch_id=3, run_id="r2", now=NOW)
-    assert replayed["q0"]["delivered_through"] == 9 and replayed["q0"]["delivered_count"] == 1
-    later = advance_checkpoint(replayed, [outcome("q0", 12, batch_id=4)], batch_id=4, run_id="r2", now=NOW)
-    assert later["q0"]["delivered_count"] == 2 and later["q0"]["delivered_through"] == 12
-    assert state["q0"]["delivered_count"] == 1  # inputs are not modified
+def test_checkpoint_moves_forward_and_counts_this_batch_once():
+    state = advance_checkpoint({}, [outcomes("q0", 1, 7, delivered=5, dead=1, skipped=1)], batch_id=3,
+                               run_id="r", now=NOW)
+    assert state == {"q0": CheckpointRow("q0", 7, 0, 3, "r", NOW, 5, 1, 1)}
+    replayed = advance_checkpoint(state, [outcomes("q0", 1, 7, delivered=5, dead=1, skipped=1)], batch_id=3,
+                                  run_id="r2", now=NOW)
+    assert replayed["q0"].delivered_count == 5 and replayed["q0"].last_run_id == "r2"  # no double counts
+    later = advance_checkpoint(replayed, [outcomes("q0", 8, 9, delivered=2)], batch_id=4, run_id="r2", now=NOW)
+    assert (later["q0"].delivered_through, later["q0"].delivered_count) == (9, 7)
+    assert advance_checkpoint(later, [outcomes("q0", 2, 3, delivered=1)], batch_id=5, run_id="r2",
+                              now=NOW)["q0"].delivered_through == 9  # never moves back
 
 
-def test_mark_purged_only_moves_forward():
-    state = advance_checkpoint({}, [outcome("q0", 9)], batch_id=3, run_id="r", now=NOW)
+def test_purge_marks_only_move_forward():
+    state = {"q0": CheckpointRow("q0", 9, 0, 3, "r", EARLY, 9, 0, 0)}
     purged = mark_purged(state, {"q0": 9, "unknown": 4}, now=NOW)
-    assert purged["q0"]["purged_through"] == 9 and "unknown" not in purged
-    assert mark_purged(purged, {"q0": 5}, now=NOW)["q0"]["purged_through"] == 9
+    assert purged["q0"].purged_through == 9 and purged["q0"].updated_at == NOW and "unknown" not in purged
+    assert mark_purged(purged, {"q0": 5}, now=NOW)["q0"].purged_through == 9
 
 
-def test_purge_plan_completes_delivered_and_skipped_and_dead_letters_the_rest():
-    plans = purge_plans([outcome("q0", 1), outcome("q0", 2, "skipped_ping"),
-                         outcome("q0", 3, "dead_lettered", reason_code="missing_path", reason="no x-ms-path"),
-                         outcome("q0", 3, "dead_lettered", reason_code="missing_path", reason="no x-ms-path"),
-                         outcome("q1", 9, "dead_lettered"), outcome("q1", 4)],  # q1 is purged through 4
-                        {"q0": 0, "q1": 4}, verify=True)
-    assert plans == {
-        "q0": PurgePlan("q0", first=1, through=3, expected=3,
-                        dead_letters={3: ("missing_path", "no x-ms-path")}, verify=True),
-        "q1": PurgePlan("q1", first=5, through=9, expected=1, dead_letters={9: ("undeliverable", "")},
-                        verify=True),
+def test_what_is_recorded_is_planned_for_purging_and_forgotten_once_settled():
+    checkpoint = {"q0": CheckpointRow("q0", 10, 4, 3, "r", NOW, 0, 0, 0)}
+    unpurged = add_recorded({}, [outcomes("q0", 5, 10, delivered=5, dead=1), outcomes("q1", 1, 3, skipped=3)],
+                            [("q0", 7, "missing_path", "no x-ms-path"), ("q0", 9, None, None)])
+    assert purge_plans(unpurged, checkpoint) == {
+        "q0": PurgePlan("q0", first=5, through=10, expected=6,
+                        dead_letters={7: ("missing_path", "no x-ms-path"), 9: ("undeliverable", "")}),
+        "q1": PurgePlan("q1", first=1, through=3, expected=3),
     }
+    more = add_recorded(unpurged, [outcomes("q0", 11, 12, delivered=2)])
+    assert more["q0"] == Unpurged(8, 12, {7: ("missing_path", "no x-ms-path"), 9: ("undeliverable", "")})
+
+    settled = after_purge(more, {"q0": 12, "q1": 2})
+    assert settled["q0"] == Unpurged()  # all of it
+    assert settled["q1"] == Unpurged(3, 3, {}, verify=True)  # partly: count what is left next time
+    assert purge_plans(settled, {"q1": CheckpointRow("q1", 3, 2, 3, "r", NOW, 0, 0, 3)}) == {
+        "q1": PurgePlan("q1", first=3, through=3, expected=3, verify=True)}
 
 
-def test_recorded_keys_and_summary():
-    rows = [outcome("q0", 1), outcome("q0", 2, destination="payments"),
-            outcome("q1", 3, "dead_lettered", destination=None)]
-    assert recorded_keys(rows) == {("q0", 1), ("q0", 2), ("q1", 3)}
-    assert summarise(rows) == {
-        "(none)": {"delivered": 0, "dead_lettered": 1, "skipped_ping": 0},
-        "orders": {"delivered": 1, "dead_lettered": 0, "skipped_ping": 0},
-        "payments": {"delivered": 1, "dead_lettered": 0, "skipped_ping": 0},
-    }
+def test_leftovers_of_an_earlier_run_are_verified_before_they_are_received():
+    unpurged = add_recorded({}, [outcomes("q0", 3, 4, delivered=2)], verify=True)
+    assert purge_plans(unpurged, {})["q0"].verify

@@ -14,7 +14,7 @@ def at(seconds):
 
 def test_a_lease_is_free_for_its_holder_and_for_anyone_once_expired():
     lease = new_lease("sb-host/contoso", "run-a", "h", 1, T0, LEASE_SECONDS)
-    assert lease.expires_at == at(120) and lease.acquired_at == lease.renewed_at == T0
+    assert lease.expires_at == at(120) and lease.acquired_at == lease.renewed_at == T0 and lease.epoch == 1
     assert lease.is_free_for("run-a", at(10))
     assert not lease.is_free_for("run-b", at(119))
     assert lease.is_free_for("run-b", at(120))
@@ -27,6 +27,7 @@ def test_extending_keeps_when_it_was_taken_and_a_takeover_starts_afresh():
     extended = new_lease("k", "run-a", "h", 1, at(50), LEASE_SECONDS, previous=lease)
     assert (extended.acquired_at, extended.renewed_at, extended.expires_at) == (T0, at(50), at(170))
     taken = new_lease("k", "run-b", "h", 2, at(200), LEASE_SECONDS, previous=extended)
+    assert (extended.epoch, taken.epoch, released(taken, at(210)).epoch) == (2, 3, 4)  # every write: one more
     assert taken.acquired_at == at(200)
 
 
@@ -39,7 +40,7 @@ def test_renewal_after_a_third_and_no_sending_in_the_last_quarter():
 
 
 def test_the_held_message_names_the_holder_and_the_expiry_and_what_to_do():
-    lease = Lease("k", "run-a", "host-1", 42, T0, T0, at(75))
+    lease = Lease("k", 7, "run-a", "host-1", 42, T0, T0, at(75))
     text = str(LeaseHeldError(lease, at(15), lease_table="/state/checkpoint_lease"))
     assert "run run-a on host-1 (pid 42)" in text and "2026-11-26 08:01:15 UTC" in text
     assert "60 s from now" in text and "run.wait_for_lease=true" in text and "/state/checkpoint_lease" in text

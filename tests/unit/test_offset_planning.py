@@ -4,7 +4,14 @@ import bisect
 
 import pytest
 
-from backlog_syphon.offset_planning import IdleBackoff, normalise_offsets, share_budget, tail_end, window_end
+from backlog_syphon.offset_planning import (
+    IdleBackoff,
+    normalise_offsets,
+    plan_windows,
+    share_budget,
+    tail_end,
+    window_end,
+)
 
 
 def probe_over(sequence_numbers):
@@ -84,3 +91,25 @@ def test_idle_backoff_costs_about_thirty_probes_an_hour():
 
 def test_offsets_are_serialised_in_a_stable_order():
     assert list(normalise_offsets({"b": 2, "a": 1})) == ["a", "b"]
+
+
+
+def test_plan_windows_shares_the_budget_over_due_queues_and_backs_off_idle_ones():
+    probes = {"q0": probe_over(range(1, 101)), "q1": probe_over([5, 6, 7]), "q2": probe_over([])}
+    backoff = IdleBackoff(min_seconds=1, max_seconds=8)
+    plan = plan_windows({"q0": 1, "q1": 5}, ["q0", "q1", "q2"], 30, probes.__getitem__, backoff=backoff, now=0.0)
+    assert plan.end == {"q0": 11, "q1": 8, "q2": 0}  # 10 each; q1 holds only 3; q2 is empty
+    assert list(plan.end) == sorted(plan.end)  # stable key order: Spark compares offsets as text
+    assert plan.tails == {"q0": 101, "q1": 8, "q2": 0}
+    assert not backoff.due("q2", 0.5) and backoff.due("q0", 0.5)
+
+    again = plan_windows(plan.end, ["q0", "q1", "q2"], 30, probes.__getitem__, backoff=backoff, now=0.5)
+    assert again.end == {"q0": 26, "q1": 8, "q2": 0} and "q2" not in again.tails  # q2 not probed while backing off
+
+
+def test_plan_windows_of_an_available_now_run_stop_at_the_target():
+    probes = {"q0": probe_over(range(1, 101)), "q1": probe_over(range(1, 11))}
+    plan = plan_windows({"q0": 1, "q1": 11}, ["q0", "q1"], 1000, probes.__getitem__, backoff=IdleBackoff(),
+                        now=0.0, target={"q0": 51, "q1": 11})
+    assert plan.end == {"q0": 51, "q1": 11}
+    assert probes["q1"].calls == []  # already at its target: not looked at
