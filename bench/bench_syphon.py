@@ -52,7 +52,9 @@ The figures:
   then projected to ``RunConfig().idle_probe_max_seconds`` by the ratio of the two intervals.
 
 A syphon run that does not end drained with every message arrived at its destination (the
-emulator's counters), or a loop whose arrivals differ from what it reports, fails the bench (exit 1).
+emulator's counters) fails the bench: its figures are still shown, with what went wrong (the
+dead-letter reasons, peeked), and the bench exits 1 at the end. A loop whose arrivals differ from
+what it reports, a child that crashes or times out, stop the bench at once (exit 1).
 """
 from __future__ import annotations
 
@@ -351,11 +353,26 @@ def measure_syphon(one_way_ms: float, queues: int, messages: int, per_trigger: i
         result = child_result(start_child("syphon", spec, emu, Path(tmp)), "syphon", Path(tmp), timeout + 300)
         ops = broker_ops(emu) - ops_before
         arrived, (left, dead) = arrivals(emu) - arrived_before, backlog_left(emu)
+        reasons = dead_letter_reasons(emu) if dead else {}
+    failure = None
     if not result["drained"] or arrived != messages or left or dead:
-        raise BenchFailure(f"syphon: drained={result['drained']} (remaining {result['remaining']}), destinations "
-                           f"received {arrived} of {messages}, backlog holds {left} and {dead} dead-lettered")
+        failure = (f"drained={result['drained']}, destinations received {arrived} of {messages}, backlog queues "
+                   f"hold {left}, {dead} dead-lettered" + "".join(f"; {n} x {why}" for why, n in reasons.items()))
     return {**result, "e2e_rate": messages / result["seconds"], "steady_rate": steady_rate(result["batches"]),
-            "ops": dict(ops), "ops_per_msg": sum(ops.values()) / messages}
+            "ops": dict(ops), "ops_per_msg": sum(ops.values()) / messages, "failure": failure}
+
+
+def dead_letter_reasons(emu) -> collections.Counter:
+    """Why backlog messages were dead-lettered ("reason: description" -> count), peeked from each queue's DLQ."""
+    from azure.servicebus import ServiceBusClient, ServiceBusSubQueue
+
+    reasons: collections.Counter = collections.Counter()
+    with ServiceBusClient.from_connection_string(emu.connection_string(SECONDARY)) as client:
+        for queue in backlog_queue_names():
+            with client.get_queue_receiver(queue, sub_queue=ServiceBusSubQueue.DEAD_LETTER) as receiver:
+                reasons.update(f"{m.dead_letter_reason}: {m.dead_letter_error_description}"
+                               for m in receiver.peek_messages(max_message_count=250))
+    return reasons
 
 
 def steady_rate(batches: list[dict]) -> float | None:
@@ -447,6 +464,13 @@ def run_bench(args) -> int:
     def progress(text: str) -> None:
         print(f"[{time.monotonic() - began:6.0f} s] {text}", flush=True)
 
+    failures = []  # runs that did not deliver everything: their figures are shown, the bench fails
+
+    def check(run: str, result: dict) -> None:
+        if result["failure"]:
+            failures.append(f"{run}: {result['failure']}")
+            progress(f"VERIFICATION FAILED: {failures[-1]}")
+
     ceilings = {}
     for one_way in args.latencies:
         ceilings[one_way] = ceiling(2 * one_way, args.messages, args.body_size)
@@ -463,6 +487,7 @@ def run_bench(args) -> int:
             progress(f"syphon {one_way:g} ms, {queues} queues: {args.messages} msgs in {syphon['seconds']:.1f} s "
                      f"= {syphon['e2e_rate']:.0f} msg/s ({syphon['max_messages_per_trigger']} per trigger); "
                      f"{time_split(syphon)}")
+            check(f"syphon at {one_way:g} ms, {queues} queues", syphon)
             rows.append(Row(one_way, queues, args.messages, loop["rate"], loop["moved"], loop["time_bound"],
                             loop["ops_per_msg"], syphon["e2e_rate"], syphon["steady_rate"],
                             ceilings[one_way].combined, syphon["ops_per_msg"], syphon["python_peak_mb"],
@@ -474,6 +499,7 @@ def run_bench(args) -> int:
         result = measure_syphon(0, BACKLOG_QUEUES, count, MEMORY_PER_TRIGGER, args)
         progress(f"memory: syphon at {count} msgs: python {megabytes(result['python_peak_mb'])}, jvm "
                  f"{megabytes(result['jvm_peak_mb'])}; {result['e2e_rate']:.0f} msg/s e2e; {time_split(result)}")
+        check(f"syphon at {count:,} messages", result)
         memory.append((count, result))
     figures["memory"] = [{"messages": count, **result} for count, result in memory]
 
@@ -488,9 +514,12 @@ def run_bench(args) -> int:
     print("\n".join(report(rows, ceilings, memory, idle, args)))
     print(f"bench wall time {figures['seconds'] / 60:.1f} min; load average now "
           f"{', '.join(f'{l:.2f}' for l in figures['load_average'])} on {os.cpu_count()} cores")
+    figures["failures"] = failures
     if args.json:
         args.json.write_text(json.dumps(figures, indent=2, default=str))
-    return 0
+    for failure in failures:
+        print(f"FAILED: {failure}", file=sys.stderr, flush=True)
+    return 1 if failures else 0
 
 
 def megabytes(value: float | None) -> str:
