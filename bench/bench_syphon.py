@@ -40,10 +40,10 @@ The figures:
   before the mover's process starts to its exit, / messages moved. They count what the emulator
   did: a batched send counts ``send`` and ``send_batch``, a bulk completion ``update_disposition``
   once and ``complete`` per message, a receive one per message delivered, plus link attaches.
-- driver peak MB: python = peak resident set of the driver's Python process (``ru_maxrss``; it calls
-  ``run_syphon`` and runs ``foreachBatch``); jvm = ``VmHWM`` (peak resident set) of the driver JVM
-  from /proc just before the session stops (in local mode it hosts the executors too). The Python
-  workers Spark starts (executor reads, the source's driver-side methods) are in neither.
+- driver peak MB: the peak resident set (``VmHWM`` in /proc, read just before the session stops) of
+  the driver's Python process (it calls ``run_syphon`` and runs ``foreachBatch``) and of the driver
+  JVM (in local mode it hosts the executors too). The Python workers Spark starts (executor reads,
+  the source's driver-side methods) are in neither. Linux only ("-" elsewhere).
 - memory: the syphon at 20,000 and 100,000 messages (latency 0, 10 queues, 5,000 per trigger):
   both peaks and their ratio (flat means within 10%).
 - idle: a continuous run (trigger "1 second") on empty backlog queues with a short
@@ -63,7 +63,6 @@ import collections
 import json
 import logging
 import os
-import resource
 import signal
 import subprocess
 import sys
@@ -103,17 +102,16 @@ class Row:
     steady_rate: float | None
     ceiling_rate: float
     ops_per_msg: float
-    python_peak_mb: float
+    python_peak_mb: float | None
     jvm_peak_mb: float | None
 
     def cells(self) -> list[str]:
         steady = "-" if self.steady_rate is None else f"{self.steady_rate:.0f}"
         share = "-" if self.steady_rate is None else f"{self.steady_rate / self.ceiling_rate:.2f}"
-        jvm = "-" if self.jvm_peak_mb is None else f"{self.jvm_peak_mb:.0f}"
         return [f"{self.one_way_ms:g} ms", str(self.queues), str(self.messages),
                 f"{self.loop_rate:.0f}{'*' if self.loop_time_bound else ''}", f"{self.e2e_rate:.0f}", steady,
                 f"{self.e2e_rate / self.loop_rate:.2f}", share,
-                f"{self.ops_per_msg:.2f} / {self.loop_ops_per_msg:.2f}", f"{self.python_peak_mb:.0f} / {jvm}"]
+                f"{self.ops_per_msg:.2f} / {self.loop_ops_per_msg:.2f}", f"{megabytes(self.python_peak_mb, '')} / {megabytes(self.jvm_peak_mb, '')}"]
 
 
 COLUMNS = ["latency", "queues", "msgs", "loop msg/s", "syphon e2e msg/s", "steady msg/s", "e2e/loop",
@@ -298,19 +296,23 @@ def syphon_child(spec: dict) -> dict:
         run, query_started = started[0]
         batches = [{"batch_id": p.batchId, "rows": p.numInputRows, "ms": p.batchDuration,
                     "duration_ms": dict(p.durationMs)} for p in run.query.recentProgress]
-        jvm_peak = jvm_peak_mb(spark)
+        jvm_peak = peak_rss_mb(spark.sparkContext._jvm.java.lang.ProcessHandle.current().pid())  # noqa: SLF001
     finally:
         spark.stop()
     return {"seconds": end - start, "spark_start_seconds": session_ready - start,
             "max_messages_per_trigger": config.run.max_messages_per_trigger,
             "until_query_seconds": query_started - start, "drained": summary.drained,
             "remaining": dict(summary.remaining), "batches": batches, "jvm_peak_mb": jvm_peak,
-            "python_peak_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+            "python_peak_mb": peak_rss_mb("self")}
 
 
-def jvm_peak_mb(spark) -> float | None:
-    """Peak resident set of the driver JVM (Linux /proc), None elsewhere."""
-    pid = spark.sparkContext._jvm.java.lang.ProcessHandle.current().pid()  # noqa: SLF001
+def peak_rss_mb(pid: int | str) -> float | None:
+    """A live process's peak resident set (``VmHWM``, Linux /proc), None elsewhere.
+
+    Not ``getrusage(RUSAGE_SELF).ru_maxrss``: Linux carries that over ``exec``, so a child started
+    from this bench would report at least the bench's own size when it forked (the emulator's
+    backlog included), and it grew from run to run.
+    """
     try:
         status = Path(f"/proc/{pid}/status").read_text()
     except OSError:
@@ -522,8 +524,8 @@ def run_bench(args) -> int:
     return 1 if failures else 0
 
 
-def megabytes(value: float | None) -> str:
-    return "-" if value is None else f"{value:.0f} MB"
+def megabytes(value: float | None, unit: str = " MB") -> str:
+    return "-" if value is None else f"{value:.0f}{unit}"
 
 
 def report(rows: list[Row], ceilings: dict, memory: list, idle: dict | None, args) -> list[str]:
@@ -537,8 +539,8 @@ def report(rows: list[Row], ceilings: dict, memory: list, idle: dict | None, arg
         "Spark session is built to the return of run_syphon;",
         "steady = input rows / batch duration over the batches after the first non-empty one; ceiling = the "
         "combined rate below; ops/msg = the emulator's ops counters, both namespaces, / messages moved;",
-        "driver peak: python = peak RSS of the driver's Python process (ru_maxrss), jvm = peak RSS of the driver "
-        "JVM (VmHWM; it hosts the executors in local mode); Spark's Python workers are in neither."]
+        "driver peak: peak RSS (VmHWM) of the driver's Python process and of the driver JVM (which hosts the "
+        "executors in local mode); Spark's Python workers are in neither."]
     lines.append(f"emulator ceiling (no Spark; one SDK client process, {args.messages} msgs of {args.body_size} B), "
                  f"at each latency (one way):")
     lines += [f"  {one_way:g} ms: {c.line()}" for one_way, c in ceilings.items()]
@@ -547,7 +549,7 @@ def report(rows: list[Row], ceilings: dict, memory: list, idle: dict | None, arg
         lines.append(f"memory: driver peak at {count:,} messages (0 ms, {BACKLOG_QUEUES} queues, "
                      f"{MEMORY_PER_TRIGGER} per trigger): python {megabytes(result['python_peak_mb'])}, jvm "
                      f"{megabytes(result['jvm_peak_mb'])}; e2e {result['e2e_rate']:.0f} msg/s, steady {steady}")
-    if len(memory) == 2 and memory[0][1]["jvm_peak_mb"] and memory[1][1]["jvm_peak_mb"]:
+    if len(memory) == 2 and all(r[key] for _, r in memory for key in ("python_peak_mb", "jvm_peak_mb")):
         (small_count, small), (large_count, large) = memory
         lines.append(f"memory: ratio of the peaks at {large_count:,} / {small_count:,} messages: python "
                      f"{large['python_peak_mb'] / small['python_peak_mb']:.2f}, jvm "
