@@ -111,7 +111,8 @@ class Row:
         return [f"{self.one_way_ms:g} ms", str(self.queues), str(self.messages),
                 f"{self.loop_rate:.0f}{'*' if self.loop_time_bound else ''}", f"{self.e2e_rate:.0f}", steady,
                 f"{self.e2e_rate / self.loop_rate:.2f}", share,
-                f"{self.ops_per_msg:.2f} / {self.loop_ops_per_msg:.2f}", f"{megabytes(self.python_peak_mb, '')} / {megabytes(self.jvm_peak_mb, '')}"]
+                f"{self.ops_per_msg:.2f} / {self.loop_ops_per_msg:.2f}",
+                f"{megabytes(self.python_peak_mb, '')} / {megabytes(self.jvm_peak_mb, '')}"]
 
 
 COLUMNS = ["latency", "queues", "msgs", "loop msg/s", "syphon e2e msg/s", "steady msg/s", "e2e/loop",
@@ -150,7 +151,8 @@ def batch_headroom(headroom_bytes: int = 1024):
     azure-servicebus 7.15.0 counts a batch's size before it sets the envelope's own properties (the
     first message's MessageId and SessionId), and the backlog writer keeps the same count, so a batch
     filled to within a few bytes of the limit is refused (``MessageSizeExceededError``). Only the
-    backlog writing (never measured) runs here; the movers run in their own processes, untouched.
+    backlog writing (never measured) runs here; the movers run in their own processes, untouched
+    (the syphon's own batched sends are measured as they are).
     """
     from azure.servicebus import ServiceBusSender
 
@@ -201,8 +203,13 @@ def backlog_left(emu) -> tuple[int, int]:
 
 # --- child processes ------------------------------------------------------------------------------
 
-def start_child(role: str, spec: dict, emu, workdir: Path) -> subprocess.Popen:
-    """Start this script as ``role`` (loop or syphon) with ``spec``; its output goes to ``<role>.log``."""
+@contextmanager
+def child_process(role: str, spec: dict, emu, workdir: Path):
+    """This script as ``role`` (loop or syphon) with ``spec``; its output goes to ``<role>.log``.
+
+    The child runs in its own session (so that its JVM goes with it): on any error here, a timeout
+    or Ctrl-C included, the whole group is killed.
+    """
     env = {**os.environ, **connection_env(emu),
            "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT / "lib"), str(ROOT / "emulator" / "src"),
                                                        os.environ.get("PYTHONPATH")])),
@@ -210,17 +217,23 @@ def start_child(role: str, spec: dict, emu, workdir: Path) -> subprocess.Popen:
     command = [sys.executable, __file__, "--child", role, "--spec", json.dumps(spec),
                "--result", str(workdir / f"{role}.json")]
     with open(workdir / f"{role}.log", "w") as log:
-        return subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=workdir,
-                                start_new_session=True)  # its own group: a timeout ends the JVM with it
+        child = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=workdir,
+                                 start_new_session=True)
+    try:
+        yield child
+    except BaseException:
+        if child.poll() is None:
+            os.killpg(child.pid, signal.SIGKILL)
+            child.wait()
+        raise
 
 
 def child_result(child: subprocess.Popen, role: str, workdir: Path, timeout: float) -> dict:
     try:
         code = child.wait(timeout)
     except subprocess.TimeoutExpired:
-        os.killpg(child.pid, signal.SIGKILL)
-        child.wait()
-        raise BenchFailure(f"{role}: still running after {timeout:.0f} s; killed. Log:\n{log_tail(workdir, role)}")
+        raise BenchFailure(f"{role}: still running after {timeout:.0f} s; killed. Log:\n{log_tail(workdir, role)}") \
+            from None
     result = workdir / f"{role}.json"
     if code != 0 or not result.exists():
         raise BenchFailure(f"{role}: exit code {code}. Log:\n{log_tail(workdir, role)}")
@@ -333,8 +346,8 @@ def measure_loop(one_way_ms: float, queues: int, args) -> dict:
     with backlog_emulator(one_way_ms, args.messages, queues, args) as (emu, written), \
             tempfile.TemporaryDirectory(prefix="bench-loop-") as tmp:
         ops_before, arrived_before = broker_ops(emu), arrivals(emu)
-        child = start_child("loop", {"written": written, "max_seconds": args.loop_seconds}, emu, Path(tmp))
-        result = child_result(child, "loop", Path(tmp), args.loop_seconds + 300)
+        with child_process("loop", {"written": written, "max_seconds": args.loop_seconds}, emu, Path(tmp)) as child:
+            result = child_result(child, "loop", Path(tmp), args.loop_seconds + 300)
         ops = broker_ops(emu) - ops_before
         arrived, (left, dead) = arrivals(emu) - arrived_before, backlog_left(emu)
     moved = result["moved"]
@@ -352,7 +365,8 @@ def measure_syphon(one_way_ms: float, queues: int, messages: int, per_trigger: i
         timeout = 600 + messages / 10
         settings = {} if per_trigger is None else {"run.max_messages_per_trigger": per_trigger}
         spec = {"overrides": syphon_overrides(Path(tmp), **settings), "timeout_seconds": timeout}
-        result = child_result(start_child("syphon", spec, emu, Path(tmp)), "syphon", Path(tmp), timeout + 300)
+        with child_process("syphon", spec, emu, Path(tmp)) as child:
+            result = child_result(child, "syphon", Path(tmp), timeout + 300)
         ops = broker_ops(emu) - ops_before
         arrived, (left, dead) = arrivals(emu) - arrived_before, backlog_left(emu)
         reasons = dead_letter_reasons(emu) if dead else {}
@@ -408,18 +422,17 @@ def measure_idle(probe_max: float, args) -> dict:
         spec = {"overrides": syphon_overrides(workdir, **{"run.trigger": IDLE_TRIGGER,
                                                            "run.idle_probe_max_seconds": probe_max}),
                 "timeout_seconds": warm_up + window + 10}
-        child = start_child("syphon", spec, emu, workdir)
-        deadline = time.monotonic() + 600
-        while not (workdir / "started").exists():
-            if child.poll() is not None or time.monotonic() > deadline:
-                child_result(child, "syphon", workdir, 1)  # raises with the log
-                raise BenchFailure("idle: the syphon ended before its query started")
-            time.sleep(0.2)
-        time.sleep(warm_up)
-        before = broker_ops(emu)
-        time.sleep(window)
-        ops = broker_ops(emu) - before
-        child_result(child, "syphon", workdir, 300)
+        with child_process("syphon", spec, emu, workdir) as child:
+            deadline = time.monotonic() + 600
+            while not (workdir / "started").exists():
+                if child.poll() is not None or time.monotonic() > deadline:
+                    raise BenchFailure(f"idle: the syphon's query did not start. Log:\n{log_tail(workdir, 'syphon')}")
+                time.sleep(0.2)
+            time.sleep(warm_up)
+            before = broker_ops(emu)
+            time.sleep(window)
+            ops = broker_ops(emu) - before
+            child_result(child, "syphon", workdir, 300)
     from backlog_syphon.config import RunConfig
 
     per_queue_hour = sum(ops.values()) / BACKLOG_QUEUES / window * 3600
@@ -445,7 +458,6 @@ def main(argv: list[str] | None = None) -> int:
         result = (loop_child if args.child == "loop" else syphon_child)(json.loads(args.spec))
         Path(args.result).write_text(json.dumps(result))
         return 0
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     try:
         return run_bench(args)
     except BenchFailure as exc:
