@@ -46,11 +46,14 @@ run: setup ## Start the local emulator, write a backlog, run the syphon, check a
 emulator: setup ## Run the local Service Bus emulator in the foreground (Ctrl-C stops it)
 	$(PY) -m servicebus_emulator --config $(EMULATOR_CONFIG)
 
-bench: setup bench-emulator ## Benchmarks: emulator ceiling, then syphon against a plain SDK loop
-	$(PY) bench/bench_syphon.py
+# BENCH_ARGS=--quick: a smoke run of a few minutes; `$(PY) bench/bench_syphon.py --help` lists the rest.
+BENCH_ARGS ?=
+bench: setup ## Benchmarks: the AMQP codec, then the syphon against a plain SDK loop at 0, 2.5 and 10 ms (~30 min)
+	$(PY) bench/bench_codec.py
+	$(PY) bench/bench_syphon.py $(BENCH_ARGS)
 
-bench-emulator: setup ## Benchmark the emulator alone with the SDK
-	$(PY) bench/bench_emulator.py
+bench-emulator: setup ## The emulator's ceiling with the SDK alone, at 0, 5 and 20 ms per round trip
+	$(PY) bench/bench_emulator.py --latency-ms 0 5 20
 
 lint: setup ## Byte-compile everything and look for unused names and other obvious mistakes
 	$(PY) -m compileall -q lib jobs tests bench emulator/src emulator/tests

@@ -1,311 +1,623 @@
-"""Throughput of the syphon against a plain single-process SDK loop, same backlog, same emulator config.
+"""The syphon against a plain SDK loop at real network latency, with the emulator's ceiling, memory and idle cost.
 
-    cd /work/main && PYTHONPATH=lib PYSPARK_PYTHON=$PWD/.venv/bin/python \
-        .venv/bin/python bench/bench_syphon.py [--count 20000] [--body-size 1024] [--max-per-trigger 5000]
+    PYTHONPATH=lib:emulator/src PYSPARK_PYTHON=$PWD/.venv/bin/python \\
+        .venv/bin/python bench/bench_syphon.py [--quick] [--json PATH]
 
-Each phase gets a fresh in-process emulator (conf/emulator.yaml, ephemeral ports on 127.0.0.1)
-and the same legacy backlog (``backlog_writer.realistic_backlog`` over the 10 backlog queues):
+Every measurement gets a fresh emulator of conf/emulator.yaml, run in this process on ephemeral
+ports on 127.0.0.1 with the row's latency, and a legacy backlog written before any clock starts
+(``backlog_writer.realistic_backlog`` with 1 KB bodies, ``write_backlog`` over 10 backlog queues,
+or with 1 all into queue 0). The movers run in child processes, which get the two connection
+strings by environment (the variables conf/local.yaml reads):
 
-- syphon: ``run_syphon`` (available-now trigger) with Delta state in a temporary directory;
-- baseline: one process, one SDK client per namespace; per backlog queue, receive PEEK_LOCK
-  pages, send each page's bodies to their ``x-ms-path`` destinations (one batch per run of
-  messages with the same destination and session; the session id is kept because the session
-  queue refuses messages without one), then complete the page. It stops a queue after as many
-  messages as were written to it (what an operator reads from the queue's message count), so
-  it never idles on an empty queue.
+- plain loop: one process, one client per namespace; per backlog queue, PeekLock receives of 100,
+  then for each message one ``send_messages`` of its body to ``x-ms-path`` with the session id of
+  ``x-ms-sessionid``, then ``complete_message`` for each. It knows how many messages each queue
+  holds (what an operator reads from the queue) and never asks for more, so it never waits on an
+  empty or short queue. It is bounded by time (``--loop-seconds``): it stops after the page in
+  flight, and its rate is what it moved in the time it ran.
+- syphon: a fresh Python driver and JVM per run: ``build_spark_session``, then ``run_syphon``
+  (available-now) with conf/local.yaml as a new user has it (``--max-per-trigger`` overrides its
+  ``run.max_messages_per_trigger``) and Delta state in a temporary folder.
+- emulator ceiling: ``bench_emulator.ceiling`` at each latency: the same broker work (batched send,
+  peeks of 250, PeekLock receives of 100 with one bulk completion each) from one SDK client process.
 
-Measured: from just before the run to just after it (backlog writing and the Spark session start
-are excluded and printed separately). Broker operations are the emulator's per-entity ``ops``
-counters summed over both namespaces, counted from after the backlog was written to the end of
-the run, divided by the messages moved. Each phase is verified (destinations received ``count``
-messages; backlog queues and their dead-letter queues empty) and the script exits non-zero if not.
+The figures:
+
+- latency: one way; the emulator adds twice this to every client round trip (its ``latency_ms``).
+- loop msg/s: messages the loop moved / its wall time (clients opened included); ``*`` marks a
+  loop that stopped at its time bound.
+- syphon e2e msg/s: messages / time from just before the Spark session is built to the return of
+  ``run_syphon`` (JVM start, Delta tables, pre-flight, every batch and the closing count of what is
+  left in the backlog queues).
+- steady msg/s: input rows / ``batchDuration`` summed over the batches after the first non-empty
+  one (``query.recentProgress``); the first batch carries the JIT warm-up and first table reads.
+  "-" when the run had a single non-empty batch. With 6,000 messages and 5,000 per trigger that
+  is one batch of 1,000, so per-batch costs weigh more than in a long run; the memory runs' steady
+  rates (full batches of 5,000) show the long-run figure at 0 ms.
+- e2e/loop: syphon e2e / loop at the same latency and queue count.
+- steady/ceiling: steady / the emulator's combined ceiling at the same latency (see bench_emulator).
+- ops/msg: the emulator's ``ops`` counters summed over both namespaces and every entity, from just
+  before the mover's process starts to its exit, / messages moved. They count what the emulator
+  did: a batched send counts ``send`` and ``send_batch``, a bulk completion ``update_disposition``
+  once and ``complete`` per message, a receive one per message delivered, plus link attaches.
+- driver peak MB: the peak resident set (``VmHWM`` in /proc, read just before the session stops) of
+  the driver's Python process (it calls ``run_syphon`` and runs ``foreachBatch``) and of the driver
+  JVM (in local mode it hosts the executors too). The Python workers Spark starts (executor reads,
+  the source's driver-side methods) are in neither. Linux only ("-" elsewhere).
+- memory: the syphon at 20,000 and 100,000 messages (latency 0, 10 queues, 5,000 per trigger):
+  both peaks and their ratio (flat means within 10%).
+- idle: a continuous run (trigger "1 second") on empty backlog queues with a short
+  ``run.idle_probe_max_seconds``; after a warm-up of three probe intervals, the broker operations
+  over six intervals, per backlog queue per hour; checked against one peek per queue per interval,
+  then projected to ``RunConfig().idle_probe_max_seconds`` by the ratio of the two intervals.
+
+A syphon run that does not end drained with every message arrived at its destination (the
+emulator's counters) fails the bench: its figures are still shown, with what went wrong (the
+dead-letter reasons, peeked), and the bench exits 1 at the end. A loop whose arrivals differ from
+what it reports, a child that crashes or times out, stop the bench at once (exit 1).
 """
 from __future__ import annotations
 
 import argparse
 import collections
+import json
 import logging
 import os
+import signal
+import subprocess
 import sys
 import tempfile
 import time
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "lib"))
-sys.path.insert(0, str(ROOT / "emulator" / "src"))    # the emulator is its own distribution (emulator/)
+sys.path[:0] = [str(ROOT / "lib"), str(ROOT / "emulator" / "src")]  # bench_emulator sits next to this file
 
 PRIMARY, SECONDARY = "contoso", "contoso-secondary"
+CONNECTION_ENV = {PRIMARY: "SYPHON_PRIMARY_CONNECTION_STRING", SECONDARY: "SYPHON_SECONDARY_CONNECTION_STRING"}
+BACKLOG_QUEUES = 10  # conf/emulator.yaml's backlog queues, conf/local.yaml's backlog.queue_count
+RECEIVE_PAGE = 100
+IDLE_TRIGGER = "1 second"
+MEMORY_PER_TRIGGER = 5000
 
 
 class BenchFailure(RuntimeError):
-    pass
+    """A measurement that cannot be trusted: the bench stops with exit code 1."""
 
 
-# --- emulator helpers ---------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Row:
+    """One latency and queue count: the loop, the syphon and the ceiling measured in this run."""
 
-def fresh_emulator():
-    """A new emulator of conf/emulator.yaml on ephemeral ports (use as a context manager)."""
+    one_way_ms: float
+    queues: int
+    messages: int
+    loop_rate: float
+    loop_moved: int
+    loop_time_bound: bool
+    loop_ops_per_msg: float
+    e2e_rate: float
+    steady_rate: float | None
+    ceiling_rate: float
+    ops_per_msg: float
+    python_peak_mb: float | None
+    jvm_peak_mb: float | None
+
+    def cells(self) -> list[str]:
+        steady = "-" if self.steady_rate is None else f"{self.steady_rate:.0f}"
+        share = "-" if self.steady_rate is None else f"{self.steady_rate / self.ceiling_rate:.2f}"
+        return [f"{self.one_way_ms:g} ms", str(self.queues), str(self.messages),
+                f"{self.loop_rate:.0f}{'*' if self.loop_time_bound else ''}", f"{self.e2e_rate:.0f}", steady,
+                f"{self.e2e_rate / self.loop_rate:.2f}", share,
+                f"{self.ops_per_msg:.2f} / {self.loop_ops_per_msg:.2f}",
+                f"{megabytes(self.python_peak_mb, '')} / {megabytes(self.jvm_peak_mb, '')}"]
+
+
+COLUMNS = ["latency", "queues", "msgs", "loop msg/s", "syphon e2e msg/s", "steady msg/s", "e2e/loop",
+           "steady/ceiling", "ops/msg syphon / loop", "driver peak MB python / jvm"]
+
+
+# --- the emulator, the backlog and the counters (this process) -----------------------------------
+
+@contextmanager
+def backlog_emulator(one_way_ms: float, messages: int, queues: int, args):
+    """A fresh emulator whose backlog queues hold ``messages`` legacy messages over ``queues`` queues."""
+    from backlog_syphon.backlog_writer import realistic_backlog, write_backlog
+    from backlog_syphon.config import load_config as load_syphon_config
     from servicebus_emulator import Emulator, load_config
 
-    return Emulator(load_config(ROOT / "conf/emulator.yaml"), ports={PRIMARY: 0, SECONDARY: 0})
+    with Emulator(load_config(ROOT / "conf/emulator.yaml"), ports={PRIMARY: 0, SECONDARY: 0},
+                  latency_ms=2 * one_way_ms) as emu:
+        if messages:
+            config = load_syphon_config(ROOT / "conf/local.yaml", environ=connection_env(emu))
+            with batch_headroom():
+                written = write_backlog(config.secondary, config.primary.namespace,
+                                        realistic_backlog(messages, seed=args.seed, body_size=args.body_size),
+                                        queue_count=queues, seed=args.seed)
+            if backlog_left(emu) != (messages, 0):
+                raise BenchFailure(f"the backlog holds {backlog_left(emu)} (stored, dead-lettered) after "
+                                   f"writing {messages} messages")
+        else:
+            written = {}
+        yield emu, written
 
 
-def syphon_config(emu, state_dir: Path, max_per_trigger: int):
-    from backlog_syphon.config import load_config
+@contextmanager
+def batch_headroom(headroom_bytes: int = 1024):
+    """Batches created in this process stay ``headroom_bytes`` under the link's limit meanwhile.
 
-    environ = {"SYPHON_PRIMARY_CONNECTION_STRING": emu.connection_string(PRIMARY),
-               "SYPHON_SECONDARY_CONNECTION_STRING": emu.connection_string(SECONDARY)}
-    settings = {"storage.audit_table": str(state_dir / "audit"),
-                "storage.checkpoint_table": str(state_dir / "checkpoint"),
-                "storage.checkpoint_location": str(state_dir / "checkpoint-stream"),
-                "run.trigger": "available_now",
-                "run.max_messages_per_trigger": str(max_per_trigger)}
-    return load_config(ROOT / "conf/local.yaml", environ=environ, overrides=settings)
+    azure-servicebus 7.15.0 counts a batch's size before it sets the envelope's own properties (the
+    first message's MessageId and SessionId), and the backlog writer keeps the same count, so a batch
+    filled to within a few bytes of the limit is refused (``MessageSizeExceededError``). Only the
+    backlog writing (never measured) runs here; the movers run in their own processes, untouched
+    (the syphon's own batched sends are measured as they are).
+    """
+    from azure.servicebus import ServiceBusSender
+
+    create = ServiceBusSender.create_message_batch
+
+    def with_headroom(sender, *args, **kwargs):
+        batch = create(sender, *args, **kwargs)
+        batch._max_size_in_bytes -= headroom_bytes  # noqa: SLF001
+        return batch
+
+    ServiceBusSender.create_message_batch = with_headroom
+    try:
+        yield
+    finally:
+        ServiceBusSender.create_message_batch = create
 
 
-def ops_snapshot(emu) -> collections.Counter:
-    """Every entity's ``ops`` counters of both namespaces, summed per operation kind."""
+def connection_env(emu) -> dict[str, str]:
+    return {variable: emu.connection_string(namespace) for namespace, variable in CONNECTION_ENV.items()}
+
+
+def backlog_queue_names() -> list[str]:
+    return [f"{PRIMARY}/x-servicebus-transfer/{index}" for index in range(BACKLOG_QUEUES)]
+
+
+def broker_ops(emu) -> collections.Counter:
+    """Every entity's ``ops`` counters in both namespaces, summed per kind of operation."""
     total: collections.Counter = collections.Counter()
-    for ns in (PRIMARY, SECONDARY):
-        for entity in emu.stats(ns).values():
+    for namespace in CONNECTION_ENV:
+        for entity in emu.stats(namespace).values():
             total.update(entity.get("ops", {}))
     return total
 
 
-def destinations(emu) -> list[str]:
-    ns = next(n for n in emu.config.namespaces if n.name == PRIMARY)
-    return [q.name for q in ns.queues] + [t.name for t in ns.topics]
-
-
-def received_by_destinations(emu) -> int:
+def arrivals(emu) -> int:
+    """Messages the primary namespace's queues and topics have taken in so far."""
+    primary = next(ns for ns in emu.config.namespaces if ns.name == PRIMARY)
     stats = emu.stats(PRIMARY)
-    return sum(stats[name]["in"] for name in destinations(emu))
+    return sum(stats[entity.name]["in"] for entity in [*primary.queues, *primary.topics])
 
 
-def backlog_queues(config) -> list[str]:
-    from backlog_syphon.legacy_properties import backlog_queue_names
-
-    return backlog_queue_names(config.primary.namespace, config.backlog.queue_count)
-
-
-def backlog_left(emu, config) -> dict[str, tuple[int, int]]:
-    """Backlog queue -> (messages still stored, dead-lettered), only queues with anything left."""
+def backlog_left(emu) -> tuple[int, int]:
+    """(messages stored, messages dead-lettered) over the backlog queues."""
     stats = emu.stats(SECONDARY)
-    left = {q: (stats[q]["total"], stats[q].get("dead_letter_count", 0)) for q in backlog_queues(config)}
-    return {q: v for q, v in left.items() if any(v)}
+    queues = [stats[name] for name in backlog_queue_names()]
+    return sum(q["total"] for q in queues), sum(q.get("dead_letter_count", 0) for q in queues)
 
 
-def verify(name: str, emu, config, count: int, received_before: int) -> None:
-    received = received_by_destinations(emu) - received_before
-    left = backlog_left(emu, config)
-    problems = []
-    if received != count:
-        problems.append(f"destinations received {received} messages, expected {count}")
-    if left:
-        problems.append("backlog not empty (queue: stored, dead-lettered): "
-                        + ", ".join(f"{q}: {s}, {d}" for q, (s, d) in sorted(left.items())))
-    if problems:
-        raise BenchFailure(f"{name}: " + "; ".join(problems))
-    print(f"{name}: verified: destinations received {received}, backlog queues empty", flush=True)
+# --- child processes ------------------------------------------------------------------------------
+
+@contextmanager
+def child_process(role: str, spec: dict, emu, workdir: Path):
+    """This script as ``role`` (loop or syphon) with ``spec``; its output goes to ``<role>.log``.
+
+    The child runs in its own session (so that its JVM goes with it): on any error here, a timeout
+    or Ctrl-C included, the whole group is killed.
+    """
+    env = {**os.environ, **connection_env(emu),
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT / "lib"), str(ROOT / "emulator" / "src"),
+                                                       os.environ.get("PYTHONPATH")])),
+           "PYSPARK_PYTHON": os.environ.get("PYSPARK_PYTHON", sys.executable)}
+    command = [sys.executable, __file__, "--child", role, "--spec", json.dumps(spec),
+               "--result", str(workdir / f"{role}.json")]
+    with open(workdir / f"{role}.log", "w") as log:
+        child = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=workdir,
+                                 start_new_session=True)
+    try:
+        yield child
+    except BaseException:
+        if child.poll() is None:
+            os.killpg(child.pid, signal.SIGKILL)
+            child.wait()
+        raise
 
 
-# --- the two movers -----------------------------------------------------------------------------
-
-def run_syphon_phase(spark, config, emu, count: int, timeout: float) -> None:
-    from backlog_syphon.syphon import run_syphon
-
-    summary = run_syphon(spark, config, timeout_seconds=timeout)
-    delivered = sum(c.get("delivered", 0) for c in summary.per_destination.values())
-    other = {d: {k: v for k, v in c.items() if k != "delivered" and v} for d, c in summary.per_destination.items()}
-    other = {d: c for d, c in other.items() if c}
-    if delivered != count or other or not summary.drained:
-        raise BenchFailure(f"syphon: run summary says delivered={delivered} (expected {count}), "
-                           f"other outcomes={other}, remaining={summary.remaining}")
+def child_result(child: subprocess.Popen, role: str, workdir: Path, timeout: float) -> dict:
+    try:
+        code = child.wait(timeout)
+    except subprocess.TimeoutExpired:
+        raise BenchFailure(f"{role}: still running after {timeout:.0f} s; killed. Log:\n{log_tail(workdir, role)}") \
+            from None
+    result = workdir / f"{role}.json"
+    if code != 0 or not result.exists():
+        raise BenchFailure(f"{role}: exit code {code}. Log:\n{log_tail(workdir, role)}")
+    return json.loads(result.read_text())
 
 
-def _text(value) -> str | None:
-    if value is None:
-        return None
-    return value.decode() if isinstance(value, (bytes, bytearray)) else str(value)
+def log_tail(workdir: Path, role: str, lines: int = 40) -> str:
+    return "\n".join((workdir / f"{role}.log").read_text(errors="replace").splitlines()[-lines:])
 
 
-def _prop(props: dict, key: str):
-    if not props:
-        return None
-    return props.get(key.encode(), props.get(key))
-
-
-def _send_all(sender, messages) -> None:
-    from backlog_syphon.servicebus_io import send_in_batches
-
-    for _ in send_in_batches(sender, messages):
-        pass
-
-
-def run_baseline_phase(config, written: dict[str, int], receive_batch: int, timeout: float) -> None:
+def loop_child(spec: dict) -> dict:
+    """The plain SDK loop (child process): receive 100, send each restored message, complete each."""
     from azure.servicebus import ServiceBusClient, ServiceBusMessage, ServiceBusReceiveMode
 
-    deadline = time.monotonic() + timeout
-    primary_cs = config.primary.connection_string.reveal()
-    secondary_cs = config.secondary.connection_string.reveal()
-    with ServiceBusClient.from_connection_string(secondary_cs) as backlog, \
-            ServiceBusClient.from_connection_string(primary_cs) as primary:
-        senders: dict[str, object] = {}
+    start = time.perf_counter()
+    deadline = start + spec["max_seconds"]
+    moved = 0
+    with ServiceBusClient.from_connection_string(os.environ[CONNECTION_ENV[SECONDARY]]) as backlog, \
+            ServiceBusClient.from_connection_string(os.environ[CONNECTION_ENV[PRIMARY]]) as primary:
+        senders = {}
         try:
-            for queue in backlog_queues(config):
-                expected, moved = written.get(queue, 0), 0
-                if not expected:
-                    continue
-                with backlog.get_queue_receiver(queue, receive_mode=ServiceBusReceiveMode.PEEK_LOCK,
-                                                prefetch_count=receive_batch) as receiver:
-                    while moved < expected:
-                        if time.monotonic() > deadline:
-                            raise BenchFailure(f"baseline: timed out after {timeout:.0f} s")
-                        page = receiver.receive_messages(max_message_count=min(receive_batch, expected - moved),
-                                                         max_wait_time=5)
+            for queue, count in spec["written"].items():
+                if time.perf_counter() >= deadline:
+                    break
+                with backlog.get_queue_receiver(queue, receive_mode=ServiceBusReceiveMode.PEEK_LOCK) as receiver:
+                    left = count
+                    while left and time.perf_counter() < deadline:
+                        page = receiver.receive_messages(max_message_count=min(RECEIVE_PAGE, left), max_wait_time=5)
                         if not page:
-                            raise BenchFailure(f"baseline: {queue} ran dry after {moved} of {expected}")
-                        # runs of messages with the same destination and session go in one batch
-                        runs: list[tuple[tuple[str, str | None], list]] = []
+                            raise BenchFailure(f"loop: {queue} gave nothing with {left} messages left")
                         for message in page:
-                            props = message.application_properties
-                            key = (_text(_prop(props, "x-ms-path")), _text(_prop(props, "x-ms-sessionid")))
-                            out = ServiceBusMessage(b"".join(message.body), session_id=key[1])
-                            if runs and runs[-1][0] == key:
-                                runs[-1][1].append(out)
-                            else:
-                                runs.append((key, [out]))
-                        for (destination, _), messages in runs:
+                            properties = {_text(k): v for k, v in message.application_properties.items()}
+                            destination = _text(properties["x-ms-path"])
                             if destination not in senders:
                                 senders[destination] = primary.get_queue_sender(destination)
-                            _send_all(senders[destination], messages)
+                            senders[destination].send_messages(ServiceBusMessage(
+                                b"".join(message.body), session_id=_text(properties.get("x-ms-sessionid"))))
                         for message in page:
                             receiver.complete_message(message)
                         moved += len(page)
+                        left -= len(page)
         finally:
             for sender in senders.values():
                 sender.close()
+    return {"moved": moved, "seconds": time.perf_counter() - start}
 
 
-# --- step timings of the sink -------------------------------------------------------------------
-
-class BatchTimings(logging.Handler):
-    """Collects the sink's per-batch ``seconds={...}`` step timings (its log record's last argument)."""
-
-    def __init__(self):
-        super().__init__(logging.INFO)
-        self.batches: list[dict] = []
-
-    def emit(self, record):
-        if record.getMessage().startswith("batch_id=") and record.args and isinstance(record.args[-1], dict):
-            self.batches.append(dict(record.args[-1]))
-
-    def totals(self) -> dict[str, float]:
-        total: collections.Counter = collections.Counter()
-        for timings in self.batches:
-            total.update(timings)
-        return {k: round(v, 2) for k, v in total.items()}
+def _text(value) -> str | None:
+    return value.decode() if isinstance(value, bytes) else value
 
 
-# --- driver -------------------------------------------------------------------------------------
+def syphon_child(spec: dict) -> dict:
+    """One syphon run in a fresh driver (child process): timings, batches and peak memory."""
+    from backlog_syphon.config import load_config
+    from backlog_syphon.spark_session import build_spark_session
+    from backlog_syphon.syphon import run_syphon
 
-def phase(name: str, args, mover) -> dict:
-    """Fresh emulator, write the backlog, run ``mover``, verify; return the figures."""
-    from backlog_syphon.backlog_writer import realistic_backlog, write_backlog
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("backlog_syphon").setLevel(logging.INFO)  # per-batch lines in the child's log
+    config = load_config(ROOT / "conf/local.yaml", overrides=spec["overrides"])
+    started: list = []
 
-    with fresh_emulator() as emu, tempfile.TemporaryDirectory(prefix=f"bench-syphon-{name}-") as tmp:
-        config = syphon_config(emu, Path(tmp), args.max_per_trigger)
-        start = time.perf_counter()
-        messages = realistic_backlog(args.count, seed=args.seed, body_size=args.body_size)
-        written = write_backlog(config.secondary, config.primary.namespace, messages,
-                                queue_count=config.backlog.queue_count, seed=args.seed)
-        write_s = time.perf_counter() - start
-        stored = sum(emu.stats(SECONDARY)[q]["total"] for q in backlog_queues(config))
-        if stored != args.count:
-            raise BenchFailure(f"{name}: the backlog holds {stored} messages after writing {args.count}")
-        print(f"{name}: backlog written: {args.count} msgs of {args.body_size} B over "
-              f"{len(written)} queues in {write_s:.1f} s (not measured)", flush=True)
+    def on_start(run) -> None:
+        started.append((run, time.perf_counter()))
+        Path("started").touch()  # the idle measurement waits for it (the child runs in its own folder)
 
-        ops_before, received_before = ops_snapshot(emu), received_by_destinations(emu)
-        start = time.perf_counter()
-        mover(config, emu, written)
-        seconds = time.perf_counter() - start
-        ops = ops_snapshot(emu) - ops_before  # before verification, whose reads are not counted
-        verify(name, emu, config, args.count, received_before)
-    return {"seconds": seconds, "ops": ops, "write_seconds": write_s}
+    start = time.perf_counter()
+    spark = build_spark_session("bench-syphon", extra_conf={"spark.sql.streaming.numRecentProgressUpdates": "100000"})
+    try:
+        session_ready = time.perf_counter()
+        summary = run_syphon(spark, config, timeout_seconds=spec["timeout_seconds"], on_start=on_start)
+        end = time.perf_counter()
+        run, query_started = started[0]
+        batches = [{"batch_id": p.batchId, "rows": p.numInputRows, "ms": p.batchDuration,
+                    "duration_ms": dict(p.durationMs)} for p in run.query.recentProgress]
+        jvm_peak = peak_rss_mb(spark.sparkContext._jvm.java.lang.ProcessHandle.current().pid())  # noqa: SLF001
+    finally:
+        spark.stop()
+    return {"seconds": end - start, "spark_start_seconds": session_ready - start,
+            "max_messages_per_trigger": config.run.max_messages_per_trigger,
+            "until_query_seconds": query_started - start, "drained": summary.drained,
+            "remaining": dict(summary.remaining), "batches": batches, "jvm_peak_mb": jvm_peak,
+            "python_peak_mb": peak_rss_mb("self")}
 
 
-def report(name: str, count: int, figures: dict) -> float:
-    rate = count / figures["seconds"]
-    ops_total = sum(figures["ops"].values())
-    print(f"{name}: {count} msgs in {figures['seconds']:.1f} s = {rate:.0f} msg/s; "
-          f"{ops_total / count:.2f} broker ops/msg", flush=True)
-    breakdown = ", ".join(f"{k}={v / count:.3f}" for k, v in sorted(figures["ops"].items()) if v)
-    print(f"{name}: broker ops/msg by kind: {breakdown}", flush=True)
-    return rate
+def peak_rss_mb(pid: int | str) -> float | None:
+    """A live process's peak resident set (``VmHWM``, Linux /proc), None elsewhere.
+
+    Not ``getrusage(RUSAGE_SELF).ru_maxrss``: Linux carries that over ``exec``, so a child started
+    from this bench would report at least the bench's own size when it forked (the emulator's
+    backlog included), and it grew from run to run.
+    """
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return None
+    return next(int(line.split()[1]) / 1024 for line in status.splitlines() if line.startswith("VmHWM:"))
+
+
+# --- measurements (this process) ------------------------------------------------------------------
+
+def syphon_overrides(workdir: Path, **settings) -> dict[str, str]:
+    state = workdir / "state"
+    return {"storage.audit_table": str(state / "audit"), "storage.checkpoint_table": str(state / "checkpoint"),
+            "storage.checkpoint_location": str(state / "checkpoint-stream"), "run.trigger": "available_now",
+            **{key: str(value) for key, value in settings.items()}}
+
+
+def measure_loop(one_way_ms: float, queues: int, args) -> dict:
+    with backlog_emulator(one_way_ms, args.messages, queues, args) as (emu, written), \
+            tempfile.TemporaryDirectory(prefix="bench-loop-") as tmp:
+        ops_before, arrived_before = broker_ops(emu), arrivals(emu)
+        with child_process("loop", {"written": written, "max_seconds": args.loop_seconds}, emu, Path(tmp)) as child:
+            result = child_result(child, "loop", Path(tmp), args.loop_seconds + 300)
+        ops = broker_ops(emu) - ops_before
+        arrived, (left, dead) = arrivals(emu) - arrived_before, backlog_left(emu)
+    moved = result["moved"]
+    if arrived != moved or left != args.messages - moved or dead:
+        raise BenchFailure(f"loop: reports {moved} moved, destinations received {arrived}, backlog holds {left} "
+                           f"and {dead} dead-lettered (of {args.messages})")
+    return {"rate": moved / result["seconds"], "moved": moved, "seconds": result["seconds"],
+            "time_bound": moved < args.messages, "ops": dict(ops), "ops_per_msg": sum(ops.values()) / moved}
+
+
+def measure_syphon(one_way_ms: float, queues: int, messages: int, per_trigger: int | None, args) -> dict:
+    with backlog_emulator(one_way_ms, messages, queues, args) as (emu, _), \
+            tempfile.TemporaryDirectory(prefix="bench-syphon-") as tmp:
+        ops_before, arrived_before = broker_ops(emu), arrivals(emu)
+        timeout = 600 + messages / 10
+        settings = {} if per_trigger is None else {"run.max_messages_per_trigger": per_trigger}
+        spec = {"overrides": syphon_overrides(Path(tmp), **settings), "timeout_seconds": timeout}
+        with child_process("syphon", spec, emu, Path(tmp)) as child:
+            result = child_result(child, "syphon", Path(tmp), timeout + 300)
+        ops = broker_ops(emu) - ops_before
+        arrived, (left, dead) = arrivals(emu) - arrived_before, backlog_left(emu)
+        reasons = dead_letter_reasons(emu) if dead else {}
+    failure = None
+    if not result["drained"] or arrived != messages or left or dead:
+        failure = (f"drained={result['drained']}, destinations received {arrived} of {messages}, backlog queues "
+                   f"hold {left}, {dead} dead-lettered" + "".join(f"; {n} x {why}" for why, n in reasons.items()))
+    return {**result, "e2e_rate": messages / result["seconds"], "steady_rate": steady_rate(result["batches"]),
+            "ops": dict(ops), "ops_per_msg": sum(ops.values()) / messages, "failure": failure}
+
+
+def dead_letter_reasons(emu) -> collections.Counter:
+    """Why backlog messages were dead-lettered ("reason: description" -> count), peeked from each queue's DLQ."""
+    from azure.servicebus import ServiceBusClient, ServiceBusSubQueue
+
+    reasons: collections.Counter = collections.Counter()
+    with ServiceBusClient.from_connection_string(emu.connection_string(SECONDARY)) as client:
+        for queue in backlog_queue_names():
+            with client.get_queue_receiver(queue, sub_queue=ServiceBusSubQueue.DEAD_LETTER) as receiver:
+                reasons.update(f"{m.dead_letter_reason}: {m.dead_letter_error_description}"
+                               for m in receiver.peek_messages(max_message_count=250))
+    return reasons
+
+
+def steady_rate(batches: list[dict]) -> float | None:
+    """Rows per second of batch time over the non-empty batches after the first non-empty one."""
+    later = [b for b in sorted(batches, key=lambda b: b["batch_id"]) if b["rows"]][1:]
+    if not later:
+        return None
+    return sum(b["rows"] for b in later) / (sum(b["ms"] for b in later) / 1000)
+
+
+def time_split(result: dict) -> str:
+    """Where a syphon run's time went: Spark start, set-up, the batches (by step), between and after them."""
+    batches_s = sum(b["ms"] for b in result["batches"]) / 1000
+    steps: collections.Counter = collections.Counter()
+    for batch in result["batches"]:
+        steps.update({step: ms for step, ms in batch["duration_ms"].items() if step != "triggerExecution"})
+    by_step = ", ".join(f"{step} {ms / 1000:.1f}" for step, ms in steps.most_common() if ms >= 100)
+    busy = sum(1 for b in result["batches"] if b["rows"])
+    return (f"spark start {result['spark_start_seconds']:.1f} s, set-up before the query "
+            f"{result['until_query_seconds'] - result['spark_start_seconds']:.1f} s, {busy} non-empty of "
+            f"{len(result['batches'])} batches {batches_s:.1f} s ({by_step}), between and after the batches "
+            f"{result['seconds'] - result['until_query_seconds'] - batches_s:.1f} s")
+
+
+def measure_idle(probe_max: float, args) -> dict:
+    """Broker operations of a continuous run on empty backlog queues, over six probe intervals after warm-up."""
+    warm_up, window = 3 * probe_max, 6 * probe_max
+    with backlog_emulator(0, 0, BACKLOG_QUEUES, args) as (emu, _), \
+            tempfile.TemporaryDirectory(prefix="bench-idle-") as tmp:
+        workdir = Path(tmp)
+        spec = {"overrides": syphon_overrides(workdir, **{"run.trigger": IDLE_TRIGGER,
+                                                           "run.idle_probe_max_seconds": probe_max}),
+                "timeout_seconds": warm_up + window + 10}
+        with child_process("syphon", spec, emu, workdir) as child:
+            deadline = time.monotonic() + 600
+            while not (workdir / "started").exists():
+                if child.poll() is not None or time.monotonic() > deadline:
+                    raise BenchFailure(f"idle: the syphon's query did not start. Log:\n{log_tail(workdir, 'syphon')}")
+                time.sleep(0.2)
+            time.sleep(warm_up)
+            before = broker_ops(emu)
+            time.sleep(window)
+            ops = broker_ops(emu) - before
+            child_result(child, "syphon", workdir, 300)
+    from backlog_syphon.config import RunConfig
+
+    per_queue_hour = sum(ops.values()) / BACKLOG_QUEUES / window * 3600
+    expected = 3600 / probe_max
+    default = RunConfig().idle_probe_max_seconds
+    return {"probe_max_seconds": probe_max, "window_seconds": window, "ops": dict(ops),
+            "per_queue_hour": per_queue_hour, "expected_per_queue_hour": expected,
+            "matches": abs(per_queue_hour / expected - 1) <= 0.25, "default_probe_max_seconds": default,
+            "projected_per_queue_hour": per_queue_hour * probe_max / default}
+
+
+# --- the whole bench ------------------------------------------------------------------------------
+
+def format_table(rows: list[Row]) -> list[str]:
+    cells = [COLUMNS] + [row.cells() for row in rows]
+    widths = [max(len(line[i]) for line in cells) for i in range(len(COLUMNS))]
+    return ["  ".join(cell.ljust(width) for cell, width in zip(line, widths)).rstrip() for line in cells]
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--count", type=int, default=20000,
-                   help="backlog messages (default 20000: about 4 minutes for both phases on a 2-core box)")
-    p.add_argument("--body-size", type=int, default=1024, help="body bytes per message (default 1024)")
-    p.add_argument("--max-per-trigger", type=int, default=5000, help="syphon run.max_messages_per_trigger")
-    p.add_argument("--receive-batch", type=int, default=100, help="baseline receive page size")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--timeout", type=float, default=900.0, help="seconds allowed per phase run")
-    p.add_argument("--phases", choices=["both", "syphon", "baseline"], default="both")
-    p.add_argument("--quiet", action="store_true", help="no INFO log lines from the syphon")
-    args = p.parse_args(argv)
-    if args.count <= 0:
-        p.error("--count must be positive")
-
-    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-                        stream=sys.stderr)
-    timings = BatchTimings()
-    sink_logger = logging.getLogger("backlog_syphon")
-    sink_logger.setLevel(logging.INFO)
-    logging.getLogger("backlog_syphon.delivery_sink").addHandler(timings)
-    if args.quiet:
-        logging.getLogger().handlers[0].setLevel(logging.WARNING)
-
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    print(f"bench_syphon: {args.count} msgs of {args.body_size} B, realistic_backlog(seed={args.seed}), "
-          f"max_messages_per_trigger={args.max_per_trigger}, baseline receive pages of {args.receive_batch}",
-          flush=True)
-    results, wall_start = {}, time.perf_counter()
+    args = parse_args(argv)
+    if args.child:
+        result = (loop_child if args.child == "loop" else syphon_child)(json.loads(args.spec))
+        Path(args.result).write_text(json.dumps(result))
+        return 0
     try:
-        if args.phases in ("both", "syphon"):
-            from backlog_syphon.spark_session import build_spark_session
-
-            start = time.perf_counter()
-            spark = build_spark_session("bench-syphon")
-            print(f"spark session start: {time.perf_counter() - start:.1f} s (not measured; "
-                  f"master {spark.sparkContext.master})", flush=True)
-            try:
-                results["syphon"] = phase("syphon", args, lambda config, emu, written: run_syphon_phase(
-                    spark, config, emu, args.count, args.timeout))
-            finally:
-                spark.stop()
-            totals = timings.totals()
-            print(f"syphon: {len(timings.batches)} batches; sink step seconds summed: {totals} "
-                  f"(sum {sum(totals.values()):.1f} s of {results['syphon']['seconds']:.1f} s)", flush=True)
-        if args.phases in ("both", "baseline"):
-            results["baseline"] = phase("baseline", args, lambda config, emu, written: run_baseline_phase(
-                config, written, args.receive_batch, args.timeout))
+        return run_bench(args)
     except BenchFailure as exc:
         print(f"FAILED: {exc}", file=sys.stderr, flush=True)
         return 1
 
-    rates = {name: report(name, args.count, figures) for name, figures in results.items()}
-    if len(rates) == 2:
-        print(f"ratio syphon/baseline: {rates['syphon'] / rates['baseline']:.2f}")
-    for name, figures in results.items():
-        print(f"{name}: measured wall time {figures['seconds']:.1f} s "
-              f"(backlog writing {figures['write_seconds']:.1f} s excluded)")
-    print(f"total bench wall time: {time.perf_counter() - wall_start:.1f} s")
-    return 0
+
+def run_bench(args) -> int:
+    from bench_emulator import ceiling
+
+    began = time.monotonic()
+    per_trigger = args.max_per_trigger or "conf/local.yaml's"
+    print(f"bench_syphon: {args.messages} messages of {args.body_size} B, latencies (one way) "
+          f"{', '.join(f'{l:g} ms' for l in args.latencies)}, backlog queues {args.queues}; syphon with "
+          f"{per_trigger} messages per trigger; loop bounded at {args.loop_seconds:g} s; "
+          f"load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores", flush=True)
+
+    def progress(text: str) -> None:
+        print(f"[{time.monotonic() - began:6.0f} s] {text}", flush=True)
+
+    failures = []  # runs that did not deliver everything: their figures are shown, the bench fails
+
+    def check(run: str, result: dict) -> None:
+        if result["failure"]:
+            failures.append(f"{run}: {result['failure']}")
+            progress(f"VERIFICATION FAILED: {failures[-1]}")
+
+    ceilings = {}
+    for one_way in args.latencies:
+        ceilings[one_way] = ceiling(2 * one_way, args.messages, args.body_size)
+        progress(f"emulator ceiling at {one_way:g} ms: {ceilings[one_way].line()}")
+    figures = {"args": vars(args), "ceilings": {str(k): asdict(v) | {"combined": v.combined}
+                                                 for k, v in ceilings.items()}, "rows": []}
+    rows = []
+    for queues in args.queues:
+        for one_way in args.latencies:
+            loop = measure_loop(one_way, queues, args)
+            progress(f"loop {one_way:g} ms, {queues} queues: {loop['moved']} msgs in {loop['seconds']:.1f} s = "
+                     f"{loop['rate']:.0f} msg/s")
+            syphon = measure_syphon(one_way, queues, args.messages, args.max_per_trigger, args)
+            progress(f"syphon {one_way:g} ms, {queues} queues: {args.messages} msgs in {syphon['seconds']:.1f} s "
+                     f"= {syphon['e2e_rate']:.0f} msg/s ({syphon['max_messages_per_trigger']} per trigger); "
+                     f"{time_split(syphon)}")
+            check(f"syphon at {one_way:g} ms, {queues} queues", syphon)
+            rows.append(Row(one_way, queues, args.messages, loop["rate"], loop["moved"], loop["time_bound"],
+                            loop["ops_per_msg"], syphon["e2e_rate"], syphon["steady_rate"],
+                            ceilings[one_way].combined, syphon["ops_per_msg"], syphon["python_peak_mb"],
+                            syphon["jvm_peak_mb"]))
+            figures["rows"].append({"row": asdict(rows[-1]), "loop": loop, "syphon": syphon})
+
+    memory = []
+    for count in args.memory_counts:
+        result = measure_syphon(0, BACKLOG_QUEUES, count, MEMORY_PER_TRIGGER, args)
+        progress(f"memory: syphon at {count} msgs: python {megabytes(result['python_peak_mb'])}, jvm "
+                 f"{megabytes(result['jvm_peak_mb'])}; {result['e2e_rate']:.0f} msg/s e2e; {time_split(result)}")
+        check(f"syphon at {count:,} messages", result)
+        memory.append((count, result))
+    figures["memory"] = [{"messages": count, **result} for count, result in memory]
+
+    idle = measure_idle(args.idle_probe_seconds, args) if args.idle_probe_seconds else None
+    figures["idle"] = idle
+    if idle:
+        progress(f"idle: {sum(idle['ops'].values())} broker ops in {idle['window_seconds']:g} s: {idle['ops']}")
+
+    figures["seconds"] = time.monotonic() - began
+    figures["load_average"] = os.getloadavg()
+    print()
+    print("\n".join(report(rows, ceilings, memory, idle, args)))
+    print(f"bench wall time {figures['seconds'] / 60:.1f} min; load average now "
+          f"{', '.join(f'{l:.2f}' for l in figures['load_average'])} on {os.cpu_count()} cores")
+    figures["failures"] = failures
+    if args.json:
+        args.json.write_text(json.dumps(figures, indent=2, default=str))
+    for failure in failures:
+        print(f"FAILED: {failure}", file=sys.stderr, flush=True)
+    return 1 if failures else 0
+
+
+def megabytes(value: float | None, unit: str = " MB") -> str:
+    return "-" if value is None else f"{value:.0f}{unit}"
+
+
+def report(rows: list[Row], ceilings: dict, memory: list, idle: dict | None, args) -> list[str]:
+    lines = format_table(rows)
+    if any(row.loop_time_bound for row in rows):
+        lines.append(f"* the loop stopped at its {args.loop_seconds:g} s bound: "
+                     + ", ".join(f"{r.loop_moved} of {r.messages} moved at {r.one_way_ms:g} ms, {r.queues} queues"
+                                 for r in rows if r.loop_time_bound))
+    lines += [
+        "latency is one way (the emulator adds twice this to each round trip); e2e counts from just before the "
+        "Spark session is built to the return of run_syphon;",
+        "steady = input rows / batch duration over the batches after the first non-empty one; ceiling = the "
+        "combined rate below; ops/msg = the emulator's ops counters, both namespaces, / messages moved;",
+        "driver peak: peak RSS (VmHWM) of the driver's Python process and of the driver JVM (which hosts the "
+        "executors in local mode); Spark's Python workers are in neither."]
+    lines.append(f"emulator ceiling (no Spark; one SDK client process, {args.messages} msgs of {args.body_size} B), "
+                 f"at each latency (one way):")
+    lines += [f"  {one_way:g} ms: {c.line()}" for one_way, c in ceilings.items()]
+    for count, result in memory:
+        steady = "-" if result["steady_rate"] is None else f"{result['steady_rate']:.0f} msg/s"
+        lines.append(f"memory: driver peak at {count:,} messages (0 ms, {BACKLOG_QUEUES} queues, "
+                     f"{MEMORY_PER_TRIGGER} per trigger): python {megabytes(result['python_peak_mb'])}, jvm "
+                     f"{megabytes(result['jvm_peak_mb'])}; e2e {result['e2e_rate']:.0f} msg/s, steady {steady}")
+    if len(memory) == 2 and all(r[key] for _, r in memory for key in ("python_peak_mb", "jvm_peak_mb")):
+        (small_count, small), (large_count, large) = memory
+        lines.append(f"memory: ratio of the peaks at {large_count:,} / {small_count:,} messages: python "
+                     f"{large['python_peak_mb'] / small['python_peak_mb']:.2f}, jvm "
+                     f"{large['jvm_peak_mb'] / small['jvm_peak_mb']:.2f} (target: both within 0.90..1.10)")
+    if idle:
+        lines.append(
+            f"idle: broker ops per backlog queue per hour: {idle['per_queue_hour']:.0f} measured with "
+            f"run.idle_probe_max_seconds={idle['probe_max_seconds']:g} over {idle['window_seconds']:g} s "
+            f"(one peek per queue per interval would be {idle['expected_per_queue_hour']:.0f}: "
+            f"{'matches' if idle['matches'] else 'DOES NOT MATCH, so the projection does not hold'}); projected "
+            f"for the default {idle['default_probe_max_seconds']:g} s: {idle['projected_per_queue_hour']:.1f} "
+            f"(measured x {idle['probe_max_seconds']:g} / {idle['default_probe_max_seconds']:g}; target: at most 4)")
+    target = next((r for r in rows if r.one_way_ms == 2.5 and r.queues == 10), None)
+    if target:
+        share = "-" if target.steady_rate is None else f"{target.steady_rate / target.ceiling_rate:.2f}"
+        lines.append(f"targets at 2.5 ms, 10 queues: e2e/loop {target.e2e_rate / target.loop_rate:.2f} (target at "
+                     f"least 3); steady/ceiling {share} (target at least 0.5)")
+    return lines
+
+
+def parse_args(argv: list[str] | None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                epilog="Default: the full matrix (about half an hour on 2 cores).")
+    p.add_argument("--quick", action="store_true",
+                   help="smoke run of a few minutes: 1,000 messages, 0 and 2.5 ms, 10 queues, no memory runs, "
+                        "a short idle measurement")
+    p.add_argument("--json", type=Path, help="also write every figure to this file")
+    p.add_argument("--messages", type=int, help="backlog messages per row (default 6000; --quick 1000)")
+    p.add_argument("--latencies", type=float, nargs="+", metavar="MS",
+                   help="one-way latencies (default 0 2.5 10; --quick 0 2.5)")
+    p.add_argument("--queues", type=int, nargs="+", choices=[1, BACKLOG_QUEUES],
+                   help="backlog queues the backlog is spread over (default 10 1; --quick 10)")
+    p.add_argument("--max-per-trigger", type=int,
+                   help="syphon run.max_messages_per_trigger in the table's runs (default: conf/local.yaml's; "
+                        "--quick 250, so that 1,000 messages make several batches)")
+    p.add_argument("--loop-seconds", type=float, default=60.0, help="time bound of the plain loop (default 60)")
+    p.add_argument("--memory-counts", type=int, nargs="*",
+                   help="backlog sizes of the memory runs (default 20000 100000; --quick none)")
+    p.add_argument("--idle-probe-seconds", type=float,
+                   help="run.idle_probe_max_seconds of the idle measurement, 0 to skip it (default 10; --quick 5)")
+    p.add_argument("--body-size", type=int, default=1024, help="body bytes per message (default 1024)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--child", choices=["loop", "syphon"], help=argparse.SUPPRESS)
+    p.add_argument("--spec", help=argparse.SUPPRESS)
+    p.add_argument("--result", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    defaults = dict(messages=1000, latencies=[0.0, 2.5], queues=[BACKLOG_QUEUES], max_per_trigger=250,
+                    memory_counts=[], idle_probe_seconds=5.0) if args.quick else dict(
+        messages=6000, latencies=[0.0, 2.5, 10.0], queues=[BACKLOG_QUEUES, 1], memory_counts=[20000, 100000],
+        idle_probe_seconds=10.0)
+    for name, value in defaults.items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
+    if args.messages < 1 or (args.max_per_trigger or 1) < 1 or min(args.latencies) < 0:
+        p.error("--messages and --max-per-trigger must be positive, latencies at least 0")
+    return args
 
 
 if __name__ == "__main__":
