@@ -13,10 +13,6 @@ os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
 def spark():
     from backlog_syphon.spark_session import build_spark_session
 
-    # Speed only: many short Spark jobs on 2 cores start faster with the C1 compiler and serial GC.
-    session = build_spark_session("backlog-syphon-tests", extra_conf={
-        "spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC",
-        "spark.ui.enabled": "false",
-    })
+    session = build_spark_session("backlog-syphon-tests", extra_conf={"spark.ui.enabled": "false"})
     yield session
     session.stop()

@@ -17,7 +17,7 @@ Invariants:
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timedelta, timezone
 from typing import Iterable, Mapping
 
 import pyarrow as pa
@@ -91,8 +91,20 @@ OUTCOME_ROW_ARROW_SCHEMA = arrow_schema(OUTCOME_ROW_SCHEMA)
 def record_batch(rows: Iterable[Mapping], schema: pa.Schema) -> pa.RecordBatch:
     """Rows (mappings with the schema's names) as one Arrow record batch, built column by column."""
     rows = list(rows)
-    return pa.RecordBatch.from_arrays([pa.array([row[f.name] for row in rows], type=f.type) for f in schema],
+    return pa.RecordBatch.from_arrays([_column([row[f.name] for row in rows], f.type) for f in schema],
                                       schema=schema)
+
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+_MICROSECOND = timedelta(microseconds=1)
+
+
+def _column(values: list, arrow_type: pa.DataType) -> pa.Array:
+    if pa.types.is_timestamp(arrow_type):
+        # As microseconds since the epoch: converting datetimes one by one makes pyarrow load pandas.
+        micros = [None if value is None else (value - _EPOCH) // _MICROSECOND for value in values]
+        return pa.array(micros, type=pa.int64()).cast(arrow_type)
+    return pa.array(values, type=arrow_type)
 
 
 def legacy_fields_to_row_values(fields: LegacyFields) -> dict:

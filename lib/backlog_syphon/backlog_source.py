@@ -76,11 +76,13 @@ def backlog_source_options(config: SyphonConfig, *, stop_file: str | None = None
 
 @dataclass(frozen=True)
 class BacklogWindow(InputPartition):
-    """Messages ``start <= sequence number < end`` of one backlog queue."""
+    """Messages ``start <= sequence number < end`` of one backlog queue (``batch_queues``: every queue
+    of the batch, whose links a process opens together the first time)."""
 
     queue: str
     start: int
     end: int
+    batch_queues: tuple[str, ...] = ()
 
 
 class BacklogDataSource(DataSource):
@@ -111,8 +113,9 @@ def _configured_queues(options) -> list[str]:
 def read_window(namespace: NamespaceConfig, window: BacklogWindow):
     """Yield the rows of one window as Arrow record batches, one per peeked page (executor side)."""
     from backlog_syphon.backlog_rows import BACKLOG_ROW_ARROW_SCHEMA, backlog_row_values, record_batch
-    from backlog_syphon.servicebus_io import PEEK_PAGE_SIZE, peek_raw, pooled_receiver
+    from backlog_syphon.servicebus_io import PEEK_PAGE_SIZE, open_peek_receivers, peek_raw, pooled_receiver
 
+    open_peek_receivers(namespace, window.batch_queues)  # pooled: at once, the first time in this process
     position = window.start
     with pooled_receiver(namespace, window.queue) as receiver:
         while position < window.end:
@@ -221,8 +224,10 @@ class BacklogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                                                   for queue, tail in self._tails.items()})
 
     def partitions(self, start: dict, end: dict):
-        return [BacklogWindow(queue, int(start.get(queue, 0)), int(stop))
-                for queue, stop in sorted(end.items()) if int(stop) > int(start.get(queue, 0))]
+        windows = [(queue, int(start.get(queue, 0)), int(stop)) for queue, stop in sorted(end.items())
+                   if int(stop) > int(start.get(queue, 0))]
+        queues = tuple(queue for queue, _, _ in windows)
+        return [BacklogWindow(queue, first, stop, queues) for queue, first, stop in windows]
 
     def commit(self, end: dict) -> None:
         # Settlement happens in the sink after delivery is recorded; commit() comes too late and

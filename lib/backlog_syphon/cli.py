@@ -123,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_SETTINGS
 
-    from backlog_syphon.lease import LeaseHeldError
+    from backlog_syphon.lease import LeaseHeldError, LeaseTableMismatchError
     from backlog_syphon.servicebus_io import PreflightError, ServiceBusAccessError, preflight
 
     stopper = StopOnSignal()
@@ -157,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
                              on_start=stopper.attach)
     except LeaseHeldError as exc:
         return fail(str(exc), log_file, EXIT_LEASE_HELD)
-    except (PreflightError, ServiceBusAccessError) as exc:
+    except (PreflightError, ServiceBusAccessError, LeaseTableMismatchError) as exc:
         return fail(str(exc), log_file, EXIT_SETTINGS)
     except Exception as exc:  # noqa: BLE001 - a failed batch surfaces as Spark's streaming exception
         logger.debug("the run failed", exc_info=True)

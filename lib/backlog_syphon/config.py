@@ -101,7 +101,9 @@ class StorageConfig:
 @dataclass(frozen=True)
 class RunConfig:
     trigger: str = "available_now"  # or a processing-time interval such as "10 seconds"
-    max_messages_per_trigger: int = 1000
+    # Bigger batches spread each batch's fixed cost (two Delta commits, a few Spark jobs) over more
+    # messages; the driver holds per-queue aggregates only, so its memory does not grow with them.
+    max_messages_per_trigger: int = 10000
     query_name: str = "backlog-syphon"
     # Longest pause between probes (one peek each) of an empty backlog queue: 900 s costs 4 operations
     # per idle queue per hour, like the legacy syphon's 15-minute long poll; a message written into a

@@ -9,9 +9,9 @@ Steps per batch:
    errors retried with back-off, an unreachable primary waited for; final errors and messages that
    cannot be built become dead-letter outcomes (``delivery``). The outcomes are checkpointed on the
    executors once, so no later step can recompute (and so re-send) them;
-4. the executors append the outcomes to the audit table (idempotent on the batch id);
-5. the driver collects one aggregate per queue (and the rare dead-letters) and writes the checkpoint
-   table (delivered-through per queue, the purge marks of earlier batches; idempotent on the batch id);
+4. the executors append the outcomes to the audit table (idempotent on the batch id), while
+5. the driver, from one aggregate per queue (and the rare dead-letters), writes the checkpoint table
+   (delivered-through per queue, the purge marks of earlier batches; idempotent on the batch id);
 6. purge: complete what was delivered or skipped, dead-letter what was rejected, touch nothing else.
    It runs in the background, overlapping the next batch (see ``PurgeRunner``).
 
@@ -120,7 +120,6 @@ class DeliverySink:
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
         spark = batch.sparkSession
-        storage = self.config.storage
         timings: dict[str, float] = {}
         mark = time.monotonic()
         step = "read_tables"
@@ -151,24 +150,21 @@ class DeliverySink:
             new = list(queue_outcomes(counts).values())
             if not new and not replayed:
                 return  # an empty batch (a fresh query's first one): nothing to record
-            step_done("audit")
             fault_point("after_send")
-            delta_tables.append_audit(storage.audit_table, outcomes, self.app_id, batch_id)               # 4
-            step_done("checkpoint")
-            fault_point("after_audit")
             dead_letters = []
             if any(item.dead_lettered for item in new):
                 dead_letters = [tuple(row) for row in outcomes.where(F.col("outcome") == Outcome.DEAD_LETTERED)
                                 .select("backlog_queue", "sequence_number", "reason_code", "reason").collect()]
             self._record_marks(self._purges.finished())
-            self._checkpoint = delivery_plan.advance_checkpoint(                                           # 5
+            self._checkpoint = delivery_plan.advance_checkpoint(
                 self._checkpoint, delivery_plan.merge_outcomes(new, replayed).values(), batch_id=batch_id,
                 run_id=self.run_id, now=now)
-            delta_tables.write_checkpoint(spark, storage.checkpoint_table, list(self._checkpoint.values()),
-                                          app_id=self.app_id, batch_id=batch_id)
+            step_done("record")
+            self._record(spark, outcomes, batch_id)                                                        # 4, 5
             self._marks_unrecorded = False
             self._unpurged = delivery_plan.add_recorded(self._unpurged, new, dead_letters)
             step_done("purge")
+            fault_point("after_audit")
             fault_point("after_checkpoint")
             self._purges.submit(delivery_plan.purge_plans(self._unpurged, self._checkpoint))                # 6
             step_done("report")
@@ -187,8 +183,12 @@ class DeliverySink:
             logger.error("batch_id=%s failed in step %s", batch_id, step, exc_info=True)
             raise BatchFailedError(batch_id, step, exc) from exc
 
+    def wait_for_purges(self) -> None:
+        """Wait for the purges still running (when the query has ended)."""
+        self._record_marks(self._purges.wait())
+
     def flush(self, spark: SparkSession) -> None:
-        """Wait for the last purges and record their marks in the checkpoint table (when the query ends)."""
+        """Record the last purge marks in the checkpoint table (when the query has ended)."""
         self._record_marks(self._purges.wait())
         if self._marks_unrecorded and self._checkpoint:
             delta_tables.write_checkpoint(spark, self.config.storage.checkpoint_table, list(self._checkpoint.values()))
@@ -227,6 +227,21 @@ class DeliverySink:
             keys = recorded.select("backlog_queue", "sequence_number")
             pending = pending.join(F.broadcast(keys), ["backlog_queue", "sequence_number"], "left_anti")
         return replayed, pending
+
+    def _record(self, spark: SparkSession, outcomes: DataFrame, batch_id: int) -> None:
+        """Steps 4 and 5 at once: the audit append (executors) and the checkpoint write (a tiny table).
+
+        They are two Delta tables, each written idempotently on the batch id, so their order does not
+        matter for a replay: whichever a crash left unwritten is written by the replayed batch, which
+        sends only what the audit does not record.
+        """
+        storage = self.config.storage
+        with ThreadPoolExecutor(max_workers=2, thread_name_prefix="record") as pool:
+            audit = pool.submit(delta_tables.append_audit, storage.audit_table, outcomes, self.app_id, batch_id)
+            checkpoint = pool.submit(delta_tables.write_checkpoint, spark, storage.checkpoint_table,
+                                     list(self._checkpoint.values()), app_id=self.app_id, batch_id=batch_id)
+            audit.result()
+            checkpoint.result()
 
     def _record_marks(self, settled: dict[str, int]) -> None:
         # Recorded with the next checkpoint write (or by flush() at the end of a run): a crash before

@@ -5,10 +5,10 @@
 - ``checkpoint``: one row per backlog queue: delivered-through and purged-through sequence
   numbers, last batch, counts. Rewritten whole after each batch (it is tiny and the sink is its
   only writer), under the same transaction identifiers.
-- ``lease``: one row per backlog: which run may deliver from it, until when (see ``lease``). Taken and
-  extended with MERGE, an optimistic-concurrency commit, so of two runs racing for it one wins.
-All are created on first use with fixed schemas, and readable by any Delta reader. Lease statements
-are plain SQL, which works the same through a classic session and Spark Connect.
+- ``lease``: the row saying which run may deliver from the backlog, until when (see ``lease``),
+  written as a compare-and-set on its epoch (see ``write_lease``), so of two runs racing for it one wins.
+Each is created by its first write, with a fixed schema, and is readable by any Delta reader; until
+then reading it finds nothing recorded.
 
 A table setting is a path (it contains '/' or a scheme) or a catalog table name.
 """
@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import datetime as dt
 
+from delta import exceptions  # importing it also makes Py4J errors arrive as Delta's exception classes
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import (DateType, LongType, StringType, StructField, StructType,
@@ -79,22 +80,6 @@ def table_exists(spark: SparkSession, table: str) -> bool:
     return True
 
 
-def ensure_lease_table(spark: SparkSession, lease_table: str) -> None:
-    """Create the lease table when missing (idempotent; safe when two runs race on first use).
-
-    The audit and checkpoint tables are created by their first write, with their fixed schemas
-    and partitioning; until then reading them finds nothing recorded.
-    """
-    _ensure(spark, lease_table, LEASE_SCHEMA, partition_by=[])
-
-
-def _ensure(spark: SparkSession, table: str, schema: StructType, partition_by: list[str]) -> None:
-    columns = ", ".join(f"{field.name} {field.dataType.simpleString()}{'' if field.nullable else ' NOT NULL'}"
-                        for field in schema)
-    partitioned = f" PARTITIONED BY ({', '.join(partition_by)})" if partition_by else ""
-    spark.sql(f"CREATE TABLE IF NOT EXISTS {_sql_name(table)} ({columns}) USING delta{partitioned}")
-
-
 def read_checkpoint(spark: SparkSession, checkpoint_table: str) -> dict[str, CheckpointRow]:
     """The checkpoint rows by queue; none before the table's first write."""
     if not table_exists(spark, checkpoint_table):
@@ -152,8 +137,11 @@ def write_checkpoint(spark: SparkSession, checkpoint_table: str, rows: list[Chec
 
 # --- the lease ----------------------------------------------------------------------------------
 
-def read_lease(spark: SparkSession, lease_table: str, lease_key: str) -> Lease | None:
-    rows = read_table(spark, lease_table).where(F.col("lease_key") == lease_key).collect()
+def read_lease(spark: SparkSession, lease_table: str) -> Lease | None:
+    """The lease row (a lease table serves one backlog); None before the first lease was taken."""
+    if not table_exists(spark, lease_table):
+        return None
+    rows = read_table(spark, lease_table).collect()
     if not rows:
         return None
     row = rows[0]
@@ -161,34 +149,43 @@ def read_lease(spark: SparkSession, lease_table: str, lease_key: str) -> Lease |
                  _utc(row["acquired_at"]), _utc(row["renewed_at"]), _utc(row["expires_at"]))
 
 
-def write_lease(spark: SparkSession, lease_table: str, lease: Lease) -> bool:
+def write_lease(spark: SparkSession, lease_table: str, lease: Lease, *, confirm: bool = True) -> bool:
     """Write ``lease`` over the row of epoch ``lease.epoch - 1`` (none for epoch 1); True if it was written.
+
+    The first write creates the lease table (two runs creating it at once: one commit wins).
+    ``confirm=False`` skips reading the row back (and says True): for a release, which may fail
+    harmlessly.
 
     A compare-and-set: the row is replaced with Delta transaction version ``lease.epoch`` under an
     application id of its own. Delta skips a write whose version is not above the last one recorded
     for that id, and fails one that races with another of the same id, so of two runs writing the
     same epoch exactly one succeeds, and a run that read a stale row cannot replace a newer one. The
-    row read back says which. (A plain overwrite costs a fraction of a MERGE.)
+    row read back says which. (A plain overwrite costs a fraction of a MERGE; the lease table serves
+    one backlog, whose state tables it sits next to, so the row replaces the table's content.)
     """
     frame = spark.createDataFrame([tuple(getattr(lease, name) for name in LEASE_SCHEMA.fieldNames())], LEASE_SCHEMA)
+    # The table holds the lease of the one backlog its state tables serve: the row replaces it whole.
     writer = (frame.write.format("delta").mode("overwrite")
-              .option("replaceWhere", f"lease_key = '{lease.lease_key.replace(chr(39), chr(39) * 2)}'")
               .option("txnAppId", f"backlog-syphon-lease:{lease.lease_key}").option("txnVersion", lease.epoch))
     try:
         if _is_path(lease_table):
             writer.save(lease_table)
         else:
             writer.saveAsTable(lease_table)
-    except commit_conflicts():
-        return False
-    written = read_lease(spark, lease_table, lease.lease_key)
+    except Exception as exc:
+        # Lost the race: to a commit of the same epoch, or to a run that created the table first
+        # (which surfaces as a protocol change, or as a table that already exists).
+        if isinstance(exc, commit_conflicts()) or table_exists(spark, lease_table):
+            return False
+        raise
+    if not confirm:
+        return True
+    written = read_lease(spark, lease_table)
     return written is not None and (written.epoch, written.run_id) == (lease.epoch, lease.run_id)
 
 
 def commit_conflicts() -> tuple[type[BaseException], ...]:
     """Delta's commit-conflict exceptions (siblings, not one family: each is listed)."""
-    from delta import exceptions
-
     return tuple(getattr(exceptions, name) for name in exceptions.__all__)
 
 

@@ -24,6 +24,7 @@ from backlog_syphon.lease import (
     Lease,
     LeaseHeldError,
     LeaseLostError,
+    LeaseTableMismatchError,
     RENEW_AFTER_FRACTION,
     may_send,
     new_lease,
@@ -75,7 +76,7 @@ class LeaseKeeper:
         lost_races = 0
         while True:
             now = self.clock()
-            current = delta_tables.read_lease(spark, self.lease_table, self.lease_key)
+            current = self._read(spark)
             gone = current is not None and self._holder_gone(current)
             if current is None or current.is_free_for(self.run_id, now, holder_gone=gone):
                 candidate = new_lease(self.lease_key, self.run_id, self.host, self.pid, now, self.lease_seconds,
@@ -99,6 +100,15 @@ class LeaseKeeper:
                 announced = True
             time.sleep(min(WAIT_POLL_SECONDS, max(0.5, (current.expires_at - now).total_seconds())))
 
+    def _read(self, spark: SparkSession) -> Lease | None:
+        current = delta_tables.read_lease(spark, self.lease_table)
+        if current is not None and current.lease_key != self.lease_key:
+            raise LeaseTableMismatchError(
+                f"the lease table {self.lease_table} belongs to the backlog {current.lease_key}, not to "
+                f"{self.lease_key}: the state tables (storage.checkpoint_table, storage.audit_table) of another "
+                f"backlog are configured; give each backlog its own")
+        return current
+
     def _holder_gone(self, lease: Lease) -> bool:
         """The holder ran on this host and its process no longer exists (a crashed run)."""
         return lease.run_id != self.run_id and lease.host == self.host and not process_alive(lease.pid)
@@ -111,9 +121,9 @@ class LeaseKeeper:
         if lease is None:
             return
         try:
-            current = delta_tables.read_lease(spark, self.lease_table, self.lease_key)
-            if current is not None and current.run_id == self.run_id:
-                delta_tables.write_lease(spark, self.lease_table, released(current, self.clock()))
+            # Over the lease as this run last wrote it; if another copy of this run extended it
+            # since, the write is refused (a stale epoch) and the lease simply expires.
+            delta_tables.write_lease(spark, self.lease_table, released(lease, self.clock()), confirm=False)
         except Exception as exc:  # noqa: BLE001 - the lease expires by itself
             logger.warning("could not release the lease (%s); it expires at %s", type(exc).__name__,
                            lease.expires_at)
@@ -127,7 +137,7 @@ class LeaseKeeper:
                 raise LeaseLostError("this run does not hold the lease (it was released)")
             # Over the row as it is now: another copy of this keeper (the sink's, under Spark
             # Connect) may have extended it since.
-            current = delta_tables.read_lease(spark, self.lease_table, self.lease_key)
+            current = self._read(spark)
             if current is None or current.run_id != self.run_id:
                 self.lease = None
                 holder = "nobody" if current is None else f"{current.holder} (until {current.expires_at:%Y-%m-%d %H:%M:%S} UTC)"

@@ -90,5 +90,9 @@ class LeaseHeldError(RuntimeError):
             f"lease expires by itself at that time")
 
 
+class LeaseTableMismatchError(RuntimeError):
+    """The state tables configured belong to another backlog: a setting to fix."""
+
+
 class LeaseLostError(RuntimeError):
     """This run's lease expired or was taken over while it ran: it must stop sending at once."""

@@ -116,6 +116,15 @@ class SyphonProgressListener(StreamingQueryListener):
     def onQueryTerminated(self, event) -> None:
         self.terminated.set()
 
+    def wait_for(self, batch_id: int | None, timeout: float) -> None:
+        """Wait (at most ``timeout``) until the point of ``batch_id`` has arrived."""
+        deadline = time.monotonic() + timeout
+        while batch_id is not None and time.monotonic() < deadline:
+            with self._lock:
+                if any(point.batch_id >= batch_id for point in self.points):
+                    return
+            time.sleep(0.05)
+
     def points_since(self, index: int) -> list[ProgressPoint]:
         with self._lock:
             return self.points[index:]
@@ -135,7 +144,7 @@ def follow_progress(query, listener: SyphonProgressListener, emit: Callable[[str
         finished = (not query.isActive or (deadline is not None and time.monotonic() >= deadline)
                     or idle_polls >= 2)
         if finished:
-            time.sleep(min(poll_seconds, 1.0))  # the last batch's progress event may still be on its way
+            listener.wait_for(_last_batch_id(query), timeout=1.0)  # its progress event may still be on its way
         for point in listener.points_since(shown):
             if emit is not None:
                 emit(progress_line(point))
@@ -143,6 +152,14 @@ def follow_progress(query, listener: SyphonProgressListener, emit: Callable[[str
         if finished:
             return
         query.awaitTermination(poll_seconds if not stop_requested() else min(poll_seconds, 0.5))
+
+
+def _last_batch_id(query) -> int | None:
+    try:
+        progress = query.lastProgress
+    except Exception:  # noqa: BLE001 - a query that failed may have none
+        return None
+    return None if not progress else progress["batchId"]
 
 
 def trigger_active(query) -> bool:

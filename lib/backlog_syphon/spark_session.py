@@ -56,6 +56,10 @@ def build_spark_session(app_name: str = "backlog-syphon", master: str | None = N
         # Delta rebuilds a table's snapshot with 50 tasks by default; the syphon's tables are
         # small, and on a 2-core machine that alone doubled the cost of every commit.
         "spark.databricks.delta.snapshotPartitions": "2",
+        # The driver JVM of a local run does little heavy computing (the messages are handled in
+        # Python): the quick compiler alone and one GC thread start it and its first Delta commits
+        # about a third sooner (measured: session 4.0 s against 5.9 s, the lease 6.7 s against 8.9 s).
+        "spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC",
     }
     jars = delta_jars.fetched_jars()
     if jars:

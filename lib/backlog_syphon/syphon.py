@@ -7,7 +7,6 @@ import hashlib
 import logging
 import os
 import tempfile
-import threading
 import uuid
 from dataclasses import dataclass
 from typing import Callable
@@ -84,38 +83,64 @@ class SyphonRun:
     def stop_requested(self) -> bool:
         return os.path.exists(self.stop_file)
 
-    def finish(self, spark: SparkSession, *, release: bool = True) -> None:
-        """Stop the query if it still runs, record the last purges, give the lease back (unless the
-        caller gives it back itself: ``release=False``)."""
+    def finish(self, spark: SparkSession, *, meanwhile: Callable[[], object] | None = None):
+        """Stop the query if it still runs, wait for its last purge, then record the purge marks and
+        give the lease back (two Delta commits, at once) while ``meanwhile`` runs; return its result."""
+        from concurrent.futures import ThreadPoolExecutor
+
         try:
             if self.query.isActive:
                 self.query.stop()
-            self.sink.flush(spark)
+            self.sink.wait_for_purges()
         finally:
             spark.streams.removeListener(self.listener)
-            if release:
-                self.lease_keeper.release(spark)
+            with ThreadPoolExecutor(max_workers=2, thread_name_prefix="finish") as pool:
+                flushed = pool.submit(self.sink.flush, spark)
+                released = pool.submit(self.lease_keeper.release, spark)
+                try:
+                    result = meanwhile() if meanwhile is not None else None
+                finally:
+                    released.result()
+                    flushed.result()
             try:
                 os.unlink(self.stop_file)
             except OSError:
                 pass
+        return result
 
 
 def start_syphon(spark: SparkSession, config: SyphonConfig, *, run_id: str | None = None,
-                 log_progress: bool = True, on_wait: Callable[[str], None] | None = None) -> SyphonRun:
+                 log_progress: bool = True, on_wait: Callable[[str], None] | None = None,
+                 check_access: bool = True) -> SyphonRun:
     """Take the backlog's lease and start the streaming query; the caller waits and calls ``finish``.
 
+    ``check_access``: run the pre-flight (``servicebus_io.preflight``) while the lease is taken, and
+    start nothing if it fails (the command line runs it while Spark starts, and passes False).
     ``log_progress``: log one line per micro-batch (off when the caller shows them itself).
     Raises ``lease.LeaseHeldError`` when another run holds the backlog (unless ``run.wait_for_lease``,
     then it waits, telling ``on_wait`` once).
     """
+    from concurrent.futures import ThreadPoolExecutor
+
+    from backlog_syphon.servicebus_io import preflight
+
     spark.dataSource.register(BacklogDataSource)
     storage = config.storage
-    delta_tables.ensure_lease_table(spark, storage.resolved_lease_table)
     run_id = run_id or f"{dt.datetime.now(dt.timezone.utc):%Y%m%dT%H%M%SZ}-{uuid.uuid4().hex[:8]}"
     keeper = LeaseKeeper(lease_table=storage.resolved_lease_table, lease_key=lease_key(config), run_id=run_id,
                          lease_seconds=config.run.lease_seconds)
-    keeper.acquire(spark, wait=config.run.wait_for_lease, on_wait=on_wait)
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="preflight") as pool:
+        # The pre-flight (round trips to both namespaces) overlaps taking the lease (Delta commits).
+        checked = pool.submit(preflight, config) if check_access else None
+        try:
+            keeper.acquire(spark, wait=config.run.wait_for_lease, on_wait=on_wait)
+        finally:
+            if checked is not None:
+                try:
+                    checked.result()
+                except BaseException:
+                    keeper.release(spark)
+                    raise
     keeper.start_heartbeat(spark)
     stop_file = os.path.join(tempfile.gettempdir(), f"backlog-syphon-stop-{run_id}")
     sink = DeliverySink(config, run_id=run_id, app_id=checkpoint_app_id(config), lease_keeper=keeper)
@@ -142,31 +167,25 @@ def run_syphon(spark: SparkSession, config: SyphonConfig, *, run_id: str | None 
                check_access: bool = True, on_start: Callable[[SyphonRun], None] | None = None) -> RunSummary:
     """Run until an available-now run has drained what was there (or the query stops); summarise.
 
-    ``check_access``: run the pre-flight first (``servicebus_io.preflight``; the command line runs it
-    before Spark starts and passes False). ``on_progress`` receives one line per micro-batch, from
+    ``check_access``: see ``start_syphon``. ``on_progress`` receives one line per micro-batch, from
     this thread, while the run goes on; ``on_start`` gets the started run (to ask it to stop).
     """
-    if check_access:
-        from backlog_syphon.servicebus_io import preflight
-
-        preflight(config)
-    run = start_syphon(spark, config, run_id=run_id, log_progress=on_progress is None, on_wait=on_progress)
+    run = start_syphon(spark, config, run_id=run_id, log_progress=on_progress is None, on_wait=on_progress,
+                       check_access=check_access)
     try:
         if on_start is not None:
             on_start(run)
         follow_progress(run.query, run.listener, on_progress, timeout_seconds=timeout_seconds,
                         stop_requested=lambda: run.stop_requested)
-    finally:
-        run.finish(spark, release=False)
-        # Giving the lease back (a Delta commit) and counting what is left (peeks) overlap.
-        releasing = threading.Thread(target=run.lease_keeper.release, args=(spark,), name="syphon-release")
-        releasing.start()
-    try:
-        if run.query.exception() is not None:
-            raise run.query.exception()
-        return summarise_run(config, run.sink, run.listener.points)
-    finally:
-        releasing.join()
+    except BaseException:
+        run.finish(spark)
+        raise
+    # What is left is counted (peeks) while the last records are written.
+    summary = run.finish(spark, meanwhile=lambda: None if run.query.exception() else summarise_run(
+        config, run.sink, run.listener.points))
+    if run.query.exception() is not None:
+        raise run.query.exception()
+    return summary
 
 
 def summarise_run(config: SyphonConfig, sink: DeliverySink, progress=()) -> RunSummary:
@@ -263,7 +282,7 @@ def dry_run(spark: SparkSession, config: SyphonConfig, *, now: dt.datetime | Non
 def _current_holder(spark: SparkSession, config: SyphonConfig, now: dt.datetime) -> str | None:
     """Who holds the backlog's lease now (the dry run only reads: a missing lease table means nobody)."""
     try:
-        lease = delta_tables.read_lease(spark, config.storage.resolved_lease_table, lease_key(config))
+        lease = delta_tables.read_lease(spark, config.storage.resolved_lease_table)
     except Exception:  # noqa: BLE001 - no lease table yet: no run has taken the lease
         return None
     if lease is None or lease.expires_at <= now:

@@ -35,7 +35,7 @@ def test_loads_yaml_with_defaults(tmp_path):
     assert config.primary.connection_string.source == "env PRIMARY_CS"
     assert config.backlog.queue_count == 10
     assert config.run.trigger == "available_now"
-    assert config.run.max_messages_per_trigger == 1000
+    assert config.run.max_messages_per_trigger == 10000
     assert config.restore.ttl_policy == "remaining"
 
 
