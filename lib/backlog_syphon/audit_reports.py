@@ -28,6 +28,16 @@ def audit_summary(audit: DataFrame, run_id: str | None = None) -> DataFrame:
             .orderBy("run_id", "destination"))
 
 
+def batch_totals(audit: DataFrame, run_id: str, batch_id: int) -> DataFrame:
+    """One row: what one run recorded for one micro-batch (a count per outcome, when its outcomes were
+    decided, the oldest backlog enqueue time among its messages)."""
+    rows = audit.where((F.col("run_id") == run_id) & (F.col("batch_id") == batch_id))
+    counts = [F.sum(F.when(F.col("outcome") == outcome, 1).otherwise(0)).cast("long").alias(outcome)
+              for outcome in Outcome]
+    return rows.agg(F.count(F.lit(1)).alias("rows"), *counts, F.min("outcome_time").alias("first_outcome"),
+                    F.max("outcome_time").alias("last_outcome"), F.min("enqueued_time").alias("oldest_enqueued"))
+
+
 def dead_letter_reasons(audit: DataFrame, run_id: str | None = None) -> DataFrame:
     """How many messages each reason code dead-lettered (or skipped), per destination."""
     if run_id is not None:

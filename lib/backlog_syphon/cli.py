@@ -43,6 +43,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="override a config key (repeatable), e.g. --set run.trigger='10 seconds'")
     parser.add_argument("--dry-run", action="store_true",
                         help="peek the backlog and report what a replay would do; change nothing")
+    parser.add_argument("--remote", default=None, metavar="sc://HOST:PORT",
+                        help="run over Spark Connect (default: the SPARK_REMOTE variable, if set)")
     parser.add_argument("--timeout", type=float, default=None, help="stop a continuous run after this many seconds")
     parser.add_argument("--quiet", action="store_true", help="no progress line per micro-batch")
     parser.add_argument("--verbose", action="store_true", help="show tracebacks and Spark's warnings on the console")
@@ -146,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
     from backlog_syphon.syphon import dry_run, run_syphon
 
     logger.info("backlog-syphon library from %s; log file %s", os.path.dirname(backlog_syphon.__file__), log_file)
-    spark = build_spark_session(verbose=args.verbose)
+    spark = build_spark_session(verbose=args.verbose, remote=args.remote)
     checking.join()
     try:
         if args.dry_run:

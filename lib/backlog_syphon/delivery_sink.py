@@ -52,6 +52,7 @@ from backlog_syphon.config import SyphonConfig
 from backlog_syphon.lease import LeaseLostError
 from backlog_syphon.model import Action, CheckpointRow, Outcome, QueueOutcomes
 from backlog_syphon.progress import BatchStats
+from backlog_syphon.spark_session import is_connect
 
 logger = logging.getLogger(__name__)
 
@@ -167,9 +168,14 @@ class DeliverySink:
             fault_point("after_audit")
             fault_point("after_checkpoint")
             self._purges.submit(delivery_plan.purge_plans(self._unpurged, self._checkpoint))                # 6
+            if is_connect(spark):
+                # foreachBatch runs in a process of the Connect server that ends with the query, and
+                # the client cannot wait for it: settle now. The last batch's marks stay unrecorded,
+                # which only makes the next run peek messages that are already gone.
+                self._record_marks(self._purges.wait())
             step_done("report")
             for row in counts:
-                per = self.per_destination.setdefault(row["destination"] or "(none)", {o.value: 0 for o in Outcome})
+                per = self.per_destination.setdefault(row["destination"] or "(no destination)", {o.value: 0 for o in Outcome})
                 per[row["outcome"]] += row["n"]
             totals = {o: sum(item_count(item, o) for item in new) for o in Outcome}
             self.batch_stats[batch_id] = BatchStats(

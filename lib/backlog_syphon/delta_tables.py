@@ -175,7 +175,7 @@ def write_lease(spark: SparkSession, lease_table: str, lease: Lease, *, confirm:
     except Exception as exc:
         # Lost the race: to a commit of the same epoch, or to a run that created the table first
         # (which surfaces as a protocol change, or as a table that already exists).
-        if isinstance(exc, commit_conflicts()) or table_exists(spark, lease_table):
+        if is_commit_conflict(exc) or table_exists(spark, lease_table):
             return False
         raise
     if not confirm:
@@ -184,9 +184,19 @@ def write_lease(spark: SparkSession, lease_table: str, lease: Lease, *, confirm:
     return written is not None and (written.epoch, written.run_id) == (lease.epoch, lease.run_id)
 
 
-def commit_conflicts() -> tuple[type[BaseException], ...]:
-    """Delta's commit-conflict exceptions (siblings, not one family: each is listed)."""
-    return tuple(getattr(exceptions, name) for name in exceptions.__all__)
+_CONFLICT_CONDITIONS = ("DELTA_CONCURRENT_", "DELTA_PROTOCOL_CHANGED", "DELTA_METADATA_CHANGED")
+
+
+def is_commit_conflict(exc: BaseException) -> bool:
+    """Whether a write lost an optimistic-concurrency race to another commit.
+
+    A classic session raises Delta's own exception classes (siblings, not one family); Spark
+    Connect raises its generic ones, which carry Delta's error condition instead.
+    """
+    if isinstance(exc, tuple(getattr(exceptions, name) for name in exceptions.__all__)):
+        return True
+    condition = getattr(exc, "getCondition", lambda: None)() or ""
+    return condition.startswith(_CONFLICT_CONDITIONS)
 
 
 def _utc(value: dt.datetime) -> dt.datetime:

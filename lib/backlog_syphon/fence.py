@@ -81,7 +81,7 @@ class LeaseKeeper:
             if current is None or current.is_free_for(self.run_id, now, holder_gone=gone):
                 candidate = new_lease(self.lease_key, self.run_id, self.host, self.pid, now, self.lease_seconds,
                                       current)
-                if gone:
+                if gone and current.expires_at > now:
                     logger.warning("%s crashed (its process is gone): taking its lease over", current.holder)
                 if delta_tables.write_lease(spark, self.lease_table, candidate):
                     with self._lock:

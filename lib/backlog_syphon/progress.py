@@ -2,8 +2,8 @@
 
 ``SyphonProgressListener`` is a ``StreamingQueryListener``: for each batch of the syphon's query
 it joins Spark's progress (the source's end and latest offsets, so the backlog still behind each
-queue, like Kafka's ``*OffsetsBehindLatest``) with what the sink counted (``DeliverySink.batch_stats``)
-and logs one line. ``follow_progress`` replays those lines from the caller's thread until the
+queue, like Kafka's ``*OffsetsBehindLatest``) with what the sink recorded for the batch (counted by
+the sink itself in a classic session, read from the audit table under Spark Connect) and logs one line. ``follow_progress`` replays those lines from the caller's thread until the
 query ends, which is how finite command-line runs and notebooks show them.
 """
 
@@ -12,6 +12,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import logging
+import queue
 import threading
 import time
 from dataclasses import dataclass
@@ -79,17 +80,24 @@ def progress_line(point: ProgressPoint) -> str:
 
 
 class SyphonProgressListener(StreamingQueryListener):
-    """Logs one line per batch of one query and keeps the history (``points``)."""
+    """Logs one line per batch of one query and keeps the history (``points``).
 
-    def __init__(self, batch_stats: dict[int, BatchStats], *, query_name: str, log_lines: bool = True,
+    Spark calls it from its listener bus; it only queues the event there. Its own thread then asks
+    ``batch_stats`` what the sink recorded, which under Spark Connect is a query of the audit table:
+    a query issued from inside the client's listener callback stalls the client's event stream.
+    """
+
+    def __init__(self, batch_stats: Callable[[int], BatchStats | None], *, query_name: str, log_lines: bool = True,
                  clock: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.timezone.utc)):
-        self.batch_stats = batch_stats  # the sink's dict, shared: both live in the driver process
+        self.batch_stats = batch_stats  # what the sink recorded for a batch id (None: nothing)
         self.query_name = query_name
         self.log_lines = log_lines  # off when follow_progress shows the lines instead
         self.clock = clock
         self.points: list[ProgressPoint] = []
         self.terminated = threading.Event()
         self._lock = threading.Lock()
+        self._events: queue.SimpleQueue = queue.SimpleQueue()
+        self._worker: threading.Thread | None = None
 
     def onQueryStarted(self, event) -> None:
         pass
@@ -98,17 +106,25 @@ class SyphonProgressListener(StreamingQueryListener):
         progress = event.progress
         if progress.name != self.query_name or not progress.sources:
             return
-        try:
-            source = progress.sources[0]
-            point = ProgressPoint(progress.batchId, self.clock(), self.batch_stats.pop(progress.batchId, None),
-                                  behind_latest(source.endOffset, source.latestOffset))
-        except Exception:  # noqa: BLE001 - watching a run must never disturb it
-            logger.warning("progress of batch %s not reported", progress.batchId, exc_info=True)
-            return
+        source = progress.sources[0]
+        self._events.put((progress.batchId, self.clock(), source.endOffset, source.latestOffset))
         with self._lock:
-            self.points.append(point)
-        if self.log_lines:
-            logger.info("%s", progress_line(point))
+            if self._worker is None:
+                self._worker = threading.Thread(target=self._report, name="syphon-progress", daemon=True)
+                self._worker.start()
+
+    def _report(self) -> None:
+        while True:
+            batch_id, at, end_offset, latest_offset = self._events.get()
+            try:
+                point = ProgressPoint(batch_id, at, self.batch_stats(batch_id), behind_latest(end_offset, latest_offset))
+            except Exception:  # noqa: BLE001 - watching a run must never disturb it
+                logger.warning("progress of batch %s not reported", batch_id, exc_info=True)
+                continue
+            with self._lock:
+                self.points.append(point)
+            if self.log_lines:
+                logger.info("%s", progress_line(point))
 
     def onQueryIdle(self, event) -> None:
         pass
@@ -144,7 +160,7 @@ def follow_progress(query, listener: SyphonProgressListener, emit: Callable[[str
         finished = (not query.isActive or (deadline is not None and time.monotonic() >= deadline)
                     or idle_polls >= 2)
         if finished:
-            listener.wait_for(_last_batch_id(query), timeout=1.0)  # its progress event may still be on its way
+            listener.wait_for(_last_batch_id(query), timeout=5.0)  # its progress point may still be on its way
         for point in listener.points_since(shown):
             if emit is not None:
                 emit(progress_line(point))

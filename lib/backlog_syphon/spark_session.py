@@ -19,8 +19,13 @@ _DELTA_CONFS = {
 
 
 def build_spark_session(app_name: str = "backlog-syphon", master: str | None = None,
-                        extra_conf: dict[str, str] | None = None, verbose: bool = False) -> SparkSession:
+                        extra_conf: dict[str, str] | None = None, verbose: bool = False,
+                        remote: str | None = None) -> SparkSession:
     """Return a SparkSession with Delta Lake, UTC time zone and WARN logging.
+
+    ``remote`` (or ``SPARK_REMOTE``), e.g. ``sc://host:15002``: a Spark Connect session instead
+    (Databricks serverless, standard access mode, Databricks Connect, a Connect server of one's own).
+    The server owns the Spark set-up there, Delta included; the client only asks for UTC.
 
     An active session (Databricks, a notebook, spark-submit with its own --packages/--jars) is
     reused as it is: its Delta set-up belongs to whoever started it. Otherwise a local session is
@@ -31,6 +36,11 @@ def build_spark_session(app_name: str = "backlog-syphon", master: str | None = N
     ``SYPHON_SPARK_LOG_LEVEL`` says), so the syphon's lines are readable.
     """
     log_level = os.environ.get("SYPHON_SPARK_LOG_LEVEL", "WARN" if verbose else "ERROR")
+    remote = remote or os.environ.get("SPARK_REMOTE")
+    if remote:
+        session = SparkSession.builder.remote(remote).appName(app_name).getOrCreate()
+        session.conf.set("spark.sql.session.timeZone", "UTC")
+        return session
     active = SparkSession.getActiveSession()
     if active is None and (os.environ.get("DATABRICKS_RUNTIME_VERSION") or os.environ.get("PYSPARK_GATEWAY_PORT")):
         # Databricks, or spark-submit (which starts the JVM before Python, with its own --master,
@@ -74,3 +84,9 @@ def build_spark_session(app_name: str = "backlog-syphon", master: str | None = N
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel(log_level)
     return spark
+
+
+def is_connect(spark: SparkSession) -> bool:
+    """Whether ``spark`` is a Spark Connect session: then ``foreachBatch`` runs in a process of the
+    server's, not in this one, and no state of the sink object comes back to the client."""
+    return type(spark).__module__.startswith("pyspark.sql.connect")

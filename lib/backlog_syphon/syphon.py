@@ -15,14 +15,15 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 
-from backlog_syphon import delta_tables, dry_run_plan
+from backlog_syphon import audit_reports, delta_tables, dry_run_plan
 from backlog_syphon.backlog_source import SOURCE_NAME, BacklogDataSource, backlog_source_options
 from backlog_syphon.config import SyphonConfig, trigger_options
 from backlog_syphon.delivery_sink import DeliverySink
 from backlog_syphon.fence import LeaseKeeper
 from backlog_syphon.legacy_properties import backlog_queue_names
-from backlog_syphon.progress import ProgressPoint, SyphonProgressListener, follow_progress
-from backlog_syphon.model import Action
+from backlog_syphon.model import Action, Outcome
+from backlog_syphon.progress import BatchStats, ProgressPoint, SyphonProgressListener, follow_progress
+from backlog_syphon.spark_session import is_connect
 from backlog_syphon.restore_rules import classify_messages
 
 logger = logging.getLogger(__name__)
@@ -53,6 +54,49 @@ class RunSummary:
         return out
 
 
+class SinkRecords:
+    """What the run did, as the sink counted it: a classic session runs ``foreachBatch`` in this process."""
+
+    def __init__(self, sink: DeliverySink):
+        self.sink = sink
+
+    def batch_stats(self, batch_id: int) -> BatchStats | None:
+        return self.sink.batch_stats.pop(batch_id, None)
+
+    def per_destination(self) -> dict[str, dict[str, int]]:
+        return dict(sorted(self.sink.per_destination.items()))
+
+
+class AuditRecords:
+    """What the run did, read from the audit table: under Spark Connect ``foreachBatch`` runs in a
+    process of the server's, so nothing the sink object counts comes back to the client.
+
+    A replayed batch shows what this run recorded for it (a replay's rows are those of the
+    attempt that recorded them first, under that run's id).
+    """
+
+    def __init__(self, spark: SparkSession, audit_table: str, run_id: str):
+        self.spark, self.audit_table, self.run_id = spark, audit_table, run_id
+
+    def batch_stats(self, batch_id: int) -> BatchStats | None:
+        if not delta_tables.table_exists(self.spark, self.audit_table):
+            return None
+        row = audit_reports.batch_totals(delta_tables.read_table(self.spark, self.audit_table), self.run_id,
+                                         batch_id).first()
+        if row is None or not row["rows"]:
+            return None
+        oldest = row["oldest_enqueued"]
+        return BatchStats(row[Outcome.DELIVERED], row[Outcome.DEAD_LETTERED], row[Outcome.SKIPPED_PING], 0,
+                          (row["last_outcome"] - row["first_outcome"]).total_seconds(),
+                          None if oldest is None else oldest.astimezone(dt.timezone.utc))
+
+    def per_destination(self) -> dict[str, dict[str, int]]:
+        if not delta_tables.table_exists(self.spark, self.audit_table):
+            return {}
+        rows = audit_reports.audit_summary(delta_tables.read_table(self.spark, self.audit_table), self.run_id).collect()
+        return {row["destination"]: {outcome.value: row[outcome] for outcome in Outcome} for row in rows}
+
+
 def checkpoint_app_id(config: SyphonConfig) -> str:
     """Delta transaction app id: tied to the streaming checkpoint, since batch ids restart with it."""
     digest = hashlib.sha256(config.storage.checkpoint_location.encode()).hexdigest()[:16]
@@ -73,6 +117,7 @@ class SyphonRun:
     listener: SyphonProgressListener
     lease_keeper: LeaseKeeper
     stop_file: str
+    records: SinkRecords | AuditRecords
 
     def request_stop(self) -> None:
         """Stop after the batch in flight: no new batch is planned from now on (see the source)."""
@@ -144,7 +189,8 @@ def start_syphon(spark: SparkSession, config: SyphonConfig, *, run_id: str | Non
     keeper.start_heartbeat(spark)
     stop_file = os.path.join(tempfile.gettempdir(), f"backlog-syphon-stop-{run_id}")
     sink = DeliverySink(config, run_id=run_id, app_id=checkpoint_app_id(config), lease_keeper=keeper)
-    listener = SyphonProgressListener(sink.batch_stats, query_name=config.run.query_name, log_lines=log_progress)
+    records = AuditRecords(spark, storage.audit_table, run_id) if is_connect(spark) else SinkRecords(sink)
+    listener = SyphonProgressListener(records.batch_stats, query_name=config.run.query_name, log_lines=log_progress)
     spark.streams.addListener(listener)
     stream = (spark.readStream.format(SOURCE_NAME)
               .options(**backlog_source_options(config, stop_file=stop_file)).load())
@@ -159,7 +205,7 @@ def start_syphon(spark: SparkSession, config: SyphonConfig, *, run_id: str | Non
         keeper.release(spark)
         raise
     logger.info("started run_id=%s query=%s trigger=%s", run_id, config.run.query_name, config.run.trigger)
-    return SyphonRun(query, sink, listener, keeper, stop_file)
+    return SyphonRun(query, sink, listener, keeper, stop_file, records)
 
 
 def run_syphon(spark: SparkSession, config: SyphonConfig, *, run_id: str | None = None,
@@ -182,19 +228,19 @@ def run_syphon(spark: SparkSession, config: SyphonConfig, *, run_id: str | None 
         raise
     # What is left is counted (peeks) while the last records are written.
     summary = run.finish(spark, meanwhile=lambda: None if run.query.exception() else summarise_run(
-        config, run.sink, run.listener.points))
+        config, run))
     if run.query.exception() is not None:
         raise run.query.exception()
     return summary
 
 
-def summarise_run(config: SyphonConfig, sink: DeliverySink, progress=()) -> RunSummary:
+def summarise_run(config: SyphonConfig, run: SyphonRun) -> RunSummary:
     from backlog_syphon.servicebus_io import peek_counts
 
-    return RunSummary(run_id=sink.run_id, per_destination=dict(sorted(sink.per_destination.items())),
+    return RunSummary(run_id=run.sink.run_id, per_destination=run.records.per_destination(),
                       remaining=peek_counts(config.secondary, backlog_queue_names(config.primary.namespace,
                                                                                     config.backlog.queue_count)),
-                      progress=tuple(progress))
+                      progress=tuple(run.listener.points))
 
 
 # --- dry run --------------------------------------------------------------------------------------

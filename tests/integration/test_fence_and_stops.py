@@ -269,22 +269,27 @@ def test_many_small_batches_never_raise_a_delivery_count(strict_emulator, tmp_pa
     from backlog_syphon.syphon import start_syphon
 
     emulator = strict_emulator
-    config = make_config(emulator, tmp_path, **{"run.trigger": "1 second", "run.max_messages_per_trigger": 15,
+    config = make_config(emulator, tmp_path, **{"run.trigger": "1 second", "run.max_messages_per_trigger": 30,
                                                 "run.idle_probe_max_seconds": 2})
-    originals = _originals("small", 450)
-    write_backlog(config.secondary, PRIMARY, originals[:300], queue_count=10, seed=1)
+    originals = _originals("small", 320)
+    write_backlog(config.secondary, PRIMARY, originals[:200], queue_count=10, seed=1)
     counts_seen: collections.Counter = collections.Counter()
     stop_sampling = threading.Event()
 
     def sample_delivery_counts():
+        # One link per backlog queue, kept open: the sampler must not slow the run it watches.
         with ServiceBusClient.from_connection_string(emulator.connection_string(SECONDARY)) as client:
-            while not stop_sampling.wait(0.5):
-                for index in range(10):
-                    with client.get_queue_receiver(f"{PRIMARY}/x-servicebus-transfer/{index}") as receiver:
+            receivers = [client.get_queue_receiver(f"{PRIMARY}/x-servicebus-transfer/{index}") for index in range(10)]
+            try:
+                while not stop_sampling.wait(1.0):
+                    for receiver in receivers:
                         seq = 1
                         while page := receiver.peek_messages(max_message_count=250, sequence_number=seq):
                             counts_seen.update(message.delivery_count for message in page)
                             seq = page[-1].sequence_number + 1
+            finally:
+                for receiver in receivers:
+                    receiver.close()
 
     sampler = threading.Thread(target=sample_delivery_counts, daemon=True)
     sampler.start()
@@ -292,7 +297,7 @@ def test_many_small_batches_never_raise_a_delivery_count(strict_emulator, tmp_pa
     try:
         for chunk in range(3):  # messages keep arriving while it runs, so purges meet unplanned ones
             time.sleep(3)
-            write_backlog(config.secondary, PRIMARY, originals[300 + 50 * chunk:350 + 50 * chunk],
+            write_backlog(config.secondary, PRIMARY, originals[200 + 40 * chunk:240 + 40 * chunk],
                           queue_count=10, seed=2 + chunk)
         assert wait_for(lambda: emulator.stats(PRIMARY)[DESTINATION]["in"] >= len(originals)
                         or not run.query.isActive, 600, interval=1), "the continuous run did not keep up"
@@ -303,7 +308,7 @@ def test_many_small_batches_never_raise_a_delivery_count(strict_emulator, tmp_pa
     assert run.query.exception() is None
     batches = len([p for p in run.listener.points if p.stats is not None])
     print(f"\n[purge] {batches} batches; delivery counts seen in the backlog: {dict(counts_seen)}")
-    assert batches >= 30  # 15 per trigger: many small batches
+    assert batches >= 15  # 30 per trigger at most, shared over the queues: many small batches
     assert counts_seen and set(counts_seen) == {0}, f"a backlog message was delivered more than once: {counts_seen}"
     dead = []
     with ServiceBusClient.from_connection_string(emulator.connection_string(SECONDARY)) as client:

@@ -1,0 +1,99 @@
+"""The whole job over Spark Connect: a local Connect server with Delta, started here, and
+``jobs/syphon.py --remote`` as a client process that has no JVM of its own.
+
+The same backlog is drained once by a classic run and once over Connect; both must record the
+same outcome for every message and deliver the same messages.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+from azure.servicebus import ServiceBusClient
+
+from backlog_syphon import backlog_writer, delta_tables
+from backlog_syphon.local_run import expected_arrivals, received_counts
+from backlog_syphon.servicebus_io import peek_counts
+from backlog_syphon.syphon import run_syphon
+
+from .conftest import PRIMARY, ROOT, make_config
+from .helpers import finish_job, job_command, job_env, kill_tree, start_job, tail
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@pytest.fixture
+def connect_server(tmp_path):
+    """``sc://127.0.0.1:PORT`` of a Connect server that lives for one test."""
+    port = _free_port()
+    log = tmp_path / "connect-server.log"
+    server = start_job([sys.executable, str(ROOT / "tests/integration/connect_server.py"), str(port)],
+                       job_env(None, primary="-", secondary="-"), log)
+    try:
+        deadline = time.monotonic() + 180
+        while "ready" not in tail(log, 200000).splitlines() and time.monotonic() < deadline:
+            assert server.poll() is None, f"the Connect server ended:\n{tail(log)}"
+            time.sleep(0.5)
+        assert "ready" in tail(log, 200000).splitlines(), f"the Connect server did not start:\n{tail(log)}"
+        yield f"sc://127.0.0.1:{port}"
+    finally:
+        kill_tree(server)
+
+
+def _outcomes(spark, audit_table, prefix: str = "") -> set[tuple]:
+    return {(row.message_id and row.message_id.removeprefix(prefix), row.destination, row.outcome, row.reason_code)
+            for row in delta_tables.read_table(spark, audit_table).collect()}
+
+
+@pytest.mark.timeout(900)
+def test_the_job_over_spark_connect_records_what_a_classic_run_records(emulator, tmp_path, spark, connect_server):
+    originals = (backlog_writer.realistic_backlog(100, seed=21, body_size=100)
+                 + [message for message, _ in backlog_writer.poison_backlog(seed=2)])
+    expected = expected_arrivals([m for m in originals if m.message_id and not m.message_id.startswith("poison")])
+
+    classic = make_config(emulator, tmp_path / "classic", **{"run.max_messages_per_trigger": 100})
+    written = backlog_writer.write_backlog(classic.secondary, PRIMARY, originals, queue_count=10, seed=4)
+    summary = run_syphon(spark, classic)
+    assert summary.drained
+    with ServiceBusClient.from_connection_string(emulator.connection_string(PRIMARY)) as client:
+        classic_arrivals = received_counts(client, sorted(expected), settle_seconds=0.5)
+
+    # The same backlog again, under new message ids: destinations with duplicate detection would drop repeats.
+    again = [dataclasses.replace(m, message_id=m.message_id and f"again-{m.message_id}") for m in originals]
+    backlog_writer.write_backlog(classic.secondary, PRIMARY, again, queue_count=10, seed=4)
+    state = tmp_path / "connect"
+    state.mkdir()
+    command = job_command(state, run__max_messages_per_trigger=100) + ["--remote", connect_server]
+    job = start_job(command, job_env(emulator), state / "job.log")
+    assert finish_job(job, 600) == 0, tail(state / "job.log")
+    output = tail(state / "job.log", 100000)
+
+    with ServiceBusClient.from_connection_string(emulator.connection_string(PRIMARY)) as client:
+        connect_arrivals = received_counts(client, sorted(expected), settle_seconds=0.5)
+    assert connect_arrivals == classic_arrivals
+    assert peek_counts(classic.secondary, written) == {queue: 0 for queue in written}  # settled
+    connect_audit = str(state / "audit")
+    assert _outcomes(spark, connect_audit, "again-") == _outcomes(spark, classic.storage.audit_table)
+    assert len(delta_tables.read_table(spark, connect_audit).collect()) == len(originals)
+    checkpoint = delta_tables.read_checkpoint(spark, str(state / "checkpoint"))
+    assert sum(row.delivered_count + row.dead_lettered_count for row in checkpoint.values()) == len(originals)
+
+    # The client read its progress and summary from the query's progress and the audit table.
+    progress = [line for line in output.splitlines() if re.match(r"batch \d+: delivered \d+", line)]
+    assert len(progress) >= 2, output[-3000:]
+    delivered = sum(1 for row in delta_tables.read_table(spark, connect_audit).collect() if row.outcome == "delivered")
+    assert sum(int(re.search(r"delivered (\d+)", line).group(1)) for line in progress) == delivered
+    assert re.search(r"remaining 0$", progress[-1])
+    for destination, counts in summary.per_destination.items():
+        assert re.search(rf"^  {re.escape(destination)}\s+{counts['delivered']}\s+{counts['dead_lettered']}\s+"
+                         rf"{counts['skipped_ping']}$", output, re.M), (destination, output[-3000:])
