@@ -70,9 +70,15 @@ def bundle():
 def typed_jobs(bundle):
     """{target: {job key: databricks.bundles.jobs.Job}}, with that target's variables resolved."""
     config = bundle["config"]
-    return {target: {key: Job.from_dict(resolve(job, target_variables(config, target)))
-                     for key, job in config["resources"]["jobs"].items()}
-            for target in config["targets"]}
+    typed = {}
+    for target in config["targets"]:
+        variables = target_variables(config, target)
+        for key, job in config["resources"]["jobs"].items():
+            try:
+                typed.setdefault(target, {})[key] = Job.from_dict(resolve(job, variables))
+            except (ValueError, TypeError) as exc:
+                pytest.fail(f"target {target}, job {key} is not a valid Databricks job: {exc}")
+    return typed
 
 
 @pytest.fixture(scope="module")
