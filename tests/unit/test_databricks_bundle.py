@@ -1,11 +1,15 @@
 """The Databricks Asset Bundle (databricks.yml, resources/*.yml, conf/databricks.yaml), checked offline.
 
-No workspace, no Databricks CLI, no Spark: the bundle's YAML is read with pyyaml, its ``${var.*}``
-references are resolved per target the way the CLI does for plain variables, and each job's task
-parameters go through the real argument parser and ``load_config`` with a stub secret reader.
+No workspace, no Databricks CLI, no Spark: the bundle's YAML is read with pyyaml and its ``${var.*}``
+references are resolved per target the way the CLI does for plain variables. Each job definition is
+then loaded into the typed classes of the ``databricks-bundles`` package (``Job.from_dict``), which
+rejects fields the Jobs API does not have, values outside its enums and missing required fields; the
+assertions read the typed objects. Each job's task parameters go through the real argument parser
+and ``load_config`` with a stub secret reader.
 """
 
 import configparser
+import copy
 import dataclasses
 import fnmatch
 import glob
@@ -17,6 +21,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from databricks.bundles.jobs import DataSecurityMode, Job, PauseStatus, Task
 
 from backlog_syphon.cli import build_parser
 from backlog_syphon.config import load_config, parse_overrides, trigger_options
@@ -33,6 +38,12 @@ VAR_REF = re.compile(r"\$\{var\.([A-Za-z0-9_-]+)\}")
 ANY_REF = re.compile(r"\$\{([^}]+)\}")
 # Shape-valid for config._check_connection_string; never a real namespace.
 STUB_CONNECTION_STRING = "Endpoint=sb://stub/;SharedAccessKeyName=stub;SharedAccessKey=stub"
+# Access modes with Unity Catalog (tables and volumes): dedicated and standard, legacy names included.
+UNITY_CATALOG_ACCESS_MODES = {DataSecurityMode.SINGLE_USER, DataSecurityMode.DATA_SECURITY_MODE_DEDICATED,
+                              DataSecurityMode.USER_ISOLATION, DataSecurityMode.DATA_SECURITY_MODE_STANDARD}
+# Serverless environment 4 is the first with the Spark 4 client API (Databricks Connect 17, Python 3.12).
+MIN_SERVERLESS_ENVIRONMENT_VERSION = 4
+TASK_KINDS = [f.name for f in dataclasses.fields(Task) if f.name.endswith("_task")]
 
 
 def normalise(name):
@@ -56,10 +67,32 @@ def bundle():
 
 
 @pytest.fixture(scope="module")
+def typed_jobs(bundle):
+    """{target: {job key: databricks.bundles.jobs.Job}}, with that target's variables resolved."""
+    config = bundle["config"]
+    typed = {}
+    for target in config["targets"]:
+        variables = target_variables(config, target)
+        for key, job in config["resources"]["jobs"].items():
+            try:
+                typed.setdefault(target, {})[key] = Job.from_dict(resolve(job, variables))
+            except (ValueError, TypeError) as exc:
+                pytest.fail(f"target {target}, job {key} is not a valid Databricks job: {exc}")
+    return typed
+
+
+@pytest.fixture(scope="module")
 def setup_cfg():
     parser = configparser.ConfigParser()
     parser.read(ROOT / "setup.cfg")
     return parser
+
+
+@pytest.fixture(scope="module")
+def wheel_name(setup_cfg):
+    """The file name `make dist` and the bundle artifact give the wheel."""
+    return (f"{normalise(setup_cfg['metadata']['name']).replace('-', '_')}-"
+            f"{setup_cfg['metadata']['version']}-py3-none-any.whl")
 
 
 def bundle_files(bundle_config):
@@ -90,8 +123,15 @@ def resolve(value, variables):
 
 
 def the_task(job):
-    assert len(job["tasks"]) == 1, "each syphon job runs exactly one task"
-    return job["tasks"][0]
+    assert len(job.tasks) == 1, "each syphon job runs exactly one task"
+    return job.tasks[0]
+
+
+def assert_is_the_wheel(path, declared_in, wheel_name):
+    """A local library path (relative to the file declaring it) must hit the wheel the artifact builds."""
+    where = (declared_in.parent / path).resolve()
+    assert where.parent == ROOT / "dist" and fnmatch.fnmatch(wheel_name, where.name), \
+        f"{path} (in {declared_in.name}) is not the wheel dist/{wheel_name}"
 
 
 def console_scripts(setup_cfg):
@@ -102,10 +142,9 @@ def console_scripts(setup_cfg):
     return scripts
 
 
-def effective_config(task, variables, secret_calls):
-    """Parse the task's parameters as the entry point will and load the config it names."""
-    params = resolve(task["python_wheel_task"]["parameters"], variables)
-    args = build_parser().parse_args(params)
+def effective_config(task, secret_calls):
+    """Parse the typed task's parameters as the entry point will and load the config they name."""
+    args = build_parser().parse_args(task.python_wheel_task.parameters)
     assert args.config.startswith(FILES_ROOT), f"--config {args.config} is not a file the bundle syncs"
     path = ROOT / args.config[len(FILES_ROOT):]
     assert path.is_file(), f"--config names {path.relative_to(ROOT)}, which is not in the repository"
@@ -136,23 +175,13 @@ def test_targets_dev_is_the_default_development_target_and_prod_is_production(bu
         assert "host" not in where, "the workspace host comes from the CLI profile, not from the bundle"
 
 
-def test_the_wheel_artifact_is_built_from_the_repository_and_attached_to_every_task(bundle, setup_cfg):
-    config = bundle["config"]
-    wheels = [a for a in config.get("artifacts", {}).values() if a.get("type") == "whl"]
+def test_the_wheel_artifact_is_built_from_the_repository_into_dist(bundle):
+    wheels = [a for a in bundle["config"].get("artifacts", {}).values() if a.get("type") == "whl"]
     assert len(wheels) == 1, "one python wheel artifact"
     artifact = wheels[0]
     assert (ROOT / artifact["path"]).resolve() == ROOT and (ROOT / "setup.cfg").is_file()
     build = artifact["build"]
     assert ("wheel" in build and "dist" in build.split()) or "--wheel" in build, "the wheel must land in dist/"
-    wheel_name = (f"{normalise(setup_cfg['metadata']['name']).replace('-', '_')}-"
-                  f"{setup_cfg['metadata']['version']}-py3-none-any.whl")
-    for key, job in config["resources"]["jobs"].items():
-        libraries = the_task(job).get("libraries", [])
-        assert [lib for lib in libraries if "whl" in lib], f"{key}: the wheel is not a library of the task"
-        for lib in libraries:
-            # Library paths are relative to the file that declares them; they must hit the build output.
-            where = (bundle["job_sources"][key].parent / lib["whl"]).resolve()
-            assert where.parent == ROOT / "dist" and fnmatch.fnmatch(wheel_name, where.name), lib
 
 
 def test_every_variable_referenced_is_declared_and_every_declared_one_is_used(bundle):
@@ -174,86 +203,138 @@ def test_every_variable_referenced_is_declared_and_every_declared_one_is_used(bu
         assert overridden <= declared, f"target {name} sets undeclared variables {overridden - declared}"
 
 
-# --- the two jobs -------------------------------------------------------------------------------
+# --- the job definitions, as typed databricks-bundles objects ------------------------------------
 
-def test_both_jobs_exist_and_never_run_twice_at_once(bundle):
-    jobs = bundle["config"]["resources"]["jobs"]
-    assert set(jobs) == {AVAILABLE_NOW_JOB, CONTINUOUS_JOB}
-    for key, job in jobs.items():
-        assert job.get("max_concurrent_runs") == 1, f"{key}: two runs on one checkpoint would race"
+def test_every_job_definition_loads_as_a_typed_job_in_every_target(bundle, typed_jobs):
+    assert set(typed_jobs) == set(bundle["config"]["targets"])
+    for target, jobs in typed_jobs.items():
+        assert set(jobs) == {AVAILABLE_NOW_JOB, CONTINUOUS_JOB}, target
+        for key, job in jobs.items():
+            assert isinstance(job, Job) and job.name, f"{target}/{key}"
+            # Round trip: nothing in the YAML was dropped or reshaped on the way in.
+            assert Job.from_dict(job.as_dict()) == job, f"{target}/{key}"
 
 
-def test_one_job_is_scheduled_and_the_other_continuous(bundle):
-    config = bundle["config"]
-    scheduled, continuous = (config["resources"]["jobs"][k] for k in (AVAILABLE_NOW_JOB, CONTINUOUS_JOB))
-    assert "continuous" not in scheduled and "trigger" not in scheduled
-    assert "schedule" not in continuous and "trigger" not in continuous
-    for target in config["targets"]:
-        variables = target_variables(config, target)
-        schedule = resolve(scheduled["schedule"], variables)
-        fields = schedule["quartz_cron_expression"].split()
-        assert len(fields) in (6, 7), f"not a Quartz cron expression: {schedule['quartz_cron_expression']}"
+@pytest.mark.parametrize("misspell, error", [
+    (lambda job: job.update(max_concurent_runs=1), r"Unexpected field 'max_concurent_runs' for class Job"),
+    (lambda job: job["tasks"][0].update(enviroment_key="syphon"), r"Unexpected field 'enviroment_key' for class Task"),
+    (lambda job: job["tasks"][0]["python_wheel_task"].update(paramters=[]),
+     r"Unexpected field 'paramters' for class PythonWheelTask"),
+    (lambda job: job["environments"][0]["spec"].update(dependancies=[]),
+     r"Unexpected field 'dependancies' for class Environment"),
+    (lambda job: job["schedule"].update(pause_status="STOPPED"), r"'STOPPED' is not a valid PauseStatus"),
+    (lambda job: job["tasks"][0].pop("task_key"), r"missing 1 required keyword-only argument: 'task_key'"),
+], ids=["job field", "task field", "wheel task field", "environment field", "enum value", "required field"])
+def test_the_typed_validation_rejects_a_misspelt_job(bundle, misspell, error):
+    # The available_now job has every part the mutations touch; it loads as it is.
+    job = resolve(bundle["config"]["resources"]["jobs"][AVAILABLE_NOW_JOB], target_variables(bundle["config"], "dev"))
+    Job.from_dict(copy.deepcopy(job))
+    misspell(job)
+    with pytest.raises((ValueError, TypeError), match=error):
+        Job.from_dict(job)
+
+
+def test_both_jobs_never_run_twice_at_once(typed_jobs):
+    for target, jobs in typed_jobs.items():
+        for key, job in jobs.items():
+            assert job.max_concurrent_runs == 1, f"{target}/{key}: a job must not overlap itself"
+
+
+def test_one_job_is_scheduled_and_the_other_continuous(typed_jobs):
+    for target, jobs in typed_jobs.items():
+        scheduled, continuous = jobs[AVAILABLE_NOW_JOB], jobs[CONTINUOUS_JOB]
+        assert scheduled.continuous is None and scheduled.trigger is None and not scheduled.triggers
+        assert continuous.schedule is None and continuous.trigger is None and not continuous.triggers
+        fields = scheduled.schedule.quartz_cron_expression.split()
+        assert len(fields) in (6, 7), f"not a Quartz cron expression: {scheduled.schedule.quartz_cron_expression}"
         assert (fields[3] == "?") != (fields[5] == "?"), "Quartz needs '?' in exactly one of day-of-month/-week"
-        assert schedule.get("timezone_id")
-        pauses = {"schedule": schedule["pause_status"],
-                  "continuous": resolve(continuous["continuous"], variables)["pause_status"]}
-        assert set(pauses.values()) <= {"PAUSED", "UNPAUSED"}, pauses
-        # Both jobs drive the same checkpoint and tables, so at most one may be live.
-        assert list(pauses.values()).count("UNPAUSED") <= 1, f"target {target}: {pauses}"
+        assert scheduled.schedule.timezone_id
+        pauses = {"schedule": scheduled.schedule.pause_status, "continuous": continuous.continuous.pause_status}
+        assert all(isinstance(p, PauseStatus) for p in pauses.values()), pauses
+        # Both jobs drive the same checkpoint and tables: at most one may be live, or the lease
+        # turns every run of the other into an exit code 3.
+        assert list(pauses.values()).count(PauseStatus.UNPAUSED) <= 1, f"target {target}: {pauses}"
         if target == "dev":
-            assert pauses == {"schedule": "PAUSED", "continuous": "PAUSED"}, pauses
+            assert set(pauses.values()) == {PauseStatus.PAUSED}, pauses
 
 
-def test_every_task_runs_the_console_script_of_the_wheel(bundle, setup_cfg):
+def test_every_task_runs_the_console_script_of_the_wheel(typed_jobs, setup_cfg):
     distribution = setup_cfg["metadata"]["name"]
     scripts = console_scripts(setup_cfg)
-    for key, job in bundle["config"]["resources"]["jobs"].items():
+    for key, job in typed_jobs["dev"].items():
         task = the_task(job)
-        other_kinds = [k for k in task if k.endswith("_task") and k != "python_wheel_task"]
-        assert "python_wheel_task" in task and not other_kinds, f"{key}: expected only a python_wheel_task"
-        wheel_task = task["python_wheel_task"]
-        assert normalise(wheel_task["package_name"]) == normalise(distribution), \
-            f"{key}: package_name {wheel_task['package_name']} is not the distribution {distribution}"
-        entry_point = wheel_task["entry_point"]
-        assert entry_point in scripts, f"{key}: {entry_point} is not a console_scripts entry in setup.cfg"
-        module, _, attribute = scripts[entry_point].partition(":")
-        assert callable(getattr(importlib.import_module(module), attribute)), scripts[entry_point]
+        kinds = [kind for kind in TASK_KINDS if getattr(task, kind) is not None]
+        assert kinds == ["python_wheel_task"], f"{key}: expected only a python_wheel_task, got {kinds}"
+        wheel_task = task.python_wheel_task
+        assert normalise(wheel_task.package_name) == normalise(distribution), \
+            f"{key}: package_name {wheel_task.package_name} is not the distribution {distribution}"
+        assert wheel_task.entry_point in scripts, \
+            f"{key}: {wheel_task.entry_point} is not a console_scripts entry in setup.cfg"
+        module, _, attribute = scripts[wheel_task.entry_point].partition(":")
+        assert callable(getattr(importlib.import_module(module), attribute)), scripts[wheel_task.entry_point]
 
 
-def test_tasks_run_on_a_dedicated_spark_4_job_cluster(bundle):
-    config = bundle["config"]
-    for target in config["targets"]:
-        variables = target_variables(config, target)
-        for key, job in config["resources"]["jobs"].items():
-            clusters = {c["job_cluster_key"]: resolve(c["new_cluster"], variables) for c in job["job_clusters"]}
-            cluster = clusters[the_task(job)["job_cluster_key"]]
-            runtime = re.match(r"(\d+)\.(\d+|x)\.", cluster["spark_version"])
-            assert runtime and int(runtime.group(1)) >= 17, f"{key}: Spark 4 needs Databricks Runtime 17+"
-            # The sink uses the RDD API, which standard (shared) access mode does not offer.
-            assert cluster["data_security_mode"] in ("SINGLE_USER", "DATA_SECURITY_MODE_DEDICATED"), key
-            assert cluster["node_type_id"] and isinstance(cluster["num_workers"], int)
+def test_the_available_now_job_runs_on_serverless_with_the_wheel_in_its_environment(bundle, typed_jobs, wheel_name):
+    declared_in = bundle["job_sources"][AVAILABLE_NOW_JOB]
+    for target, jobs in typed_jobs.items():
+        job = jobs[AVAILABLE_NOW_JOB]
+        task = the_task(job)
+        assert job.job_clusters == [], f"{target}: serverless jobs declare no cluster"
+        assert (task.job_cluster_key, task.new_cluster, task.existing_cluster_id) == (None, None, None), target
+        assert task.libraries == [], "serverless tasks take their libraries from the job's environment"
+        environments = {env.environment_key: env for env in job.environments}
+        assert len(environments) == len(job.environments), "environment keys must be unique"
+        assert task.environment_key in environments, \
+            f"{target}: the task's environment_key {task.environment_key!r} names no environment of the job"
+        spec = environments[task.environment_key].spec
+        assert spec.client is None, "`client` is deprecated: use environment_version"
+        assert spec.environment_version.isdigit(), spec.environment_version
+        assert int(spec.environment_version) >= MIN_SERVERLESS_ENVIRONMENT_VERSION, spec.environment_version
+        wheels = [dep for dep in spec.dependencies if dep.endswith(".whl")]
+        assert len(wheels) == 1, f"{target}: the environment must install the wheel once: {spec.dependencies}"
+        assert_is_the_wheel(wheels[0], declared_in, wheel_name)
+        # The runtime brings Spark and Delta: no Delta JARs, no pyspark.
+        assert spec.java_dependencies == [], spec.java_dependencies
+        assert not [dep for dep in spec.dependencies if re.match(r"(py)?spark|delta", dep)], spec.dependencies
+
+
+def test_the_continuous_job_runs_on_a_spark_4_job_cluster_with_the_wheel_as_a_library(
+        bundle, typed_jobs, wheel_name):
+    declared_in = bundle["job_sources"][CONTINUOUS_JOB]
+    for target, jobs in typed_jobs.items():
+        job = jobs[CONTINUOUS_JOB]
+        task = the_task(job)
+        assert task.environment_key is None and job.environments == [], "a job cluster installs task libraries"
+        clusters = {c.job_cluster_key: c.new_cluster for c in job.job_clusters}
+        assert task.job_cluster_key in clusters, f"{target}: the task names no job cluster of the job"
+        cluster = clusters[task.job_cluster_key]
+        runtime = re.match(r"(\d+)\.(\d+|x)\.", cluster.spark_version)
+        assert runtime and int(runtime.group(1)) >= 17, f"{target}: Spark 4 needs Databricks Runtime 17+"
+        assert cluster.data_security_mode in UNITY_CATALOG_ACCESS_MODES, cluster.data_security_mode
+        assert cluster.node_type_id and isinstance(cluster.num_workers, int) and cluster.num_workers >= 1
+        wheels = [lib.whl for lib in task.libraries if lib.whl]
+        assert len(wheels) == 1, f"{target}: the wheel must be a library of the task once: {task.libraries}"
+        assert_is_the_wheel(wheels[0], declared_in, wheel_name)
 
 
 # --- the configuration the jobs load ------------------------------------------------------------
 
-def test_each_job_loads_conf_databricks_with_secret_scope_references(bundle):
+def test_each_job_loads_conf_databricks_with_secret_scope_references(bundle, typed_jobs):
     config = bundle["config"]
-    jobs = config["resources"]["jobs"]
     storage = {}
-    for target in config["targets"]:
-        variables = target_variables(config, target)
+    for target, jobs in typed_jobs.items():
+        scope = target_variables(config, target)["secret_scope"]
         loaded = {}
-        for key in (AVAILABLE_NOW_JOB, CONTINUOUS_JOB):
+        for key, job in jobs.items():
             calls = []
-            loaded[key] = effective_config(the_task(jobs[key]), variables, calls)
-            scope = variables["secret_scope"]
+            loaded[key] = effective_config(the_task(job), calls)
             assert sorted(calls) == [(scope, "primary-connection-string"), (scope, "secondary-connection-string")]
             for name in ("primary", "secondary"):
                 assert getattr(loaded[key], name).connection_string.source.startswith(f"secret {scope}/")
         available_now, continuous = loaded[AVAILABLE_NOW_JOB], loaded[CONTINUOUS_JOB]
         assert trigger_options(available_now.run.trigger) == {"availableNow": True}
         assert set(trigger_options(continuous.run.trigger)) == {"processingTime"}
-        # Same syphon, same tables and checkpoint: only the trigger differs.
+        # Same syphon, same tables and checkpoint (so one lease): only the trigger differs.
         same_trigger = dataclasses.replace(continuous.run, trigger=available_now.run.trigger)
         assert dataclasses.replace(continuous, run=same_trigger) == available_now
         assert available_now.storage.checkpoint_location.startswith("/Volumes/")
