@@ -275,13 +275,18 @@ class _SecretResolver:
 
 
 def _databricks_secret_reader() -> Callable[[str, str], str]:
+    """Databricks' ``dbutils.secrets``: from the runtime's SDK (classic and serverless compute alike,
+    with or without a session yet), else from the classic runtime's ``pyspark.dbutils``."""
     try:
-        from pyspark.dbutils import DBUtils  # only exists on Databricks
-        from pyspark.sql import SparkSession
+        from databricks.sdk.runtime import dbutils  # Databricks runtimes, serverless included
     except ImportError:
-        raise ConfigError("{secret: scope/key} references need Databricks (dbutils.secrets); use "
-                          "{env: VAR} elsewhere") from None
-    dbutils = DBUtils(SparkSession.getActiveSession())
+        try:
+            from pyspark.dbutils import DBUtils  # only exists on Databricks
+            from pyspark.sql import SparkSession
+        except ImportError:
+            raise ConfigError("{secret: scope/key} references need Databricks (dbutils.secrets); use "
+                              "{env: VAR} elsewhere") from None
+        dbutils = DBUtils(SparkSession.builder.getOrCreate())
     return lambda scope, key: dbutils.secrets.get(scope=scope, key=key)
 
 
