@@ -12,9 +12,9 @@ import time
 import pytest
 from azure.servicebus import ServiceBusClient
 
-from backlog_syphon import backlog_writer
-from backlog_syphon.local_run import expected_arrivals, received_counts
-from backlog_syphon.servicebus_io import peek_counts
+from backlog_syphon.servicebus.peek import peek_counts
+from tools import backlog_writer
+from tools.testing import expected_arrivals, received_counts
 
 from .conftest import PRIMARY, ROOT, SECONDARY
 
@@ -125,7 +125,7 @@ def test_notebook_replays_with_progress_summary_report_and_charts(emulator, note
     progress = [line for line in out.splitlines() if re.match(r"batch \d+: delivered \d+", line)]
     assert len(progress) >= 2 and "remaining 0" in progress[-1]
     assert out.index("dry run:") < out.index(progress[0]) < out.index(f"run {summary.run_id}")
-    audit_rows = {row["destination"]: row["delivered"] for row in namespace["audit_reports"].audit_summary(
+    audit_rows = {row["destination"]: row["delivered"] for row in namespace["reports"].audit_summary(
         namespace["audit"], run_id=summary.run_id).collect()}
     assert audit_rows == {destination: counts["delivered"] for destination, counts in summary.per_destination.items()}
     assert "messages moved per 10 seconds" in out and "backlog remaining after each micro-batch" in out
