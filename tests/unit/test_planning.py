@@ -5,12 +5,15 @@ import bisect
 import pytest
 
 from backlog_syphon.source.planning import (
+    ALL_AVAILABLE_BUDGET,
     IdleBackoff,
+    WindowPlanner,
     normalise_offsets,
     plan_windows,
     share_budget,
     tail_end,
     window_end,
+    windows,
 )
 
 
@@ -113,3 +116,51 @@ def test_plan_windows_of_an_available_now_run_stop_at_the_target():
                         now=0.0, target={"q0": 51, "q1": 11})
     assert plan.end == {"q0": 51, "q1": 11}
     assert probes["q1"].calls == []  # already at its target: not looked at
+
+
+# --- the stream reader's planner, over fake queues ----------------------------------------------
+
+QUEUES = ["ns/x-servicebus-transfer/0", "ns/x-servicebus-transfer/1"]
+
+
+def planner_over(contents: dict, **settings) -> WindowPlanner:
+    probes = {queue: probe_over(sequence_numbers) for queue, sequence_numbers in contents.items()}
+    settings = {"max_messages": 10, "available_now": False, "idle_probe_max_seconds": 900.0, **settings}
+    return WindowPlanner(lambda queue: probes[queue], **settings)
+
+
+def test_planner_starts_at_zero_and_plans_from_its_last_end_when_spark_gives_no_start():
+    planner = planner_over({QUEUES[0]: range(1, 31), QUEUES[1]: range(1, 4)})
+    assert planner.initial_offset(QUEUES) == {QUEUES[0]: 0, QUEUES[1]: 0}
+    first = planner.latest_offset(None, QUEUES, 10, now=0.0)
+    assert first == {QUEUES[0]: 6, QUEUES[1]: 4}  # the budget shared: 5 each, of which queue 1 holds 3
+    assert planner.latest_offset(None, QUEUES, 10, now=1.0) == {QUEUES[0]: 11, QUEUES[1]: 4}
+    assert planner.reported_latest() == {QUEUES[0]: 31, QUEUES[1]: 4}  # tails as last probed
+
+
+def test_planner_plans_nothing_new_once_a_stop_is_requested():
+    planner = planner_over({QUEUES[0]: range(1, 31), QUEUES[1]: []})
+    start = {QUEUES[0]: 5, QUEUES[1]: 0}
+    assert planner.latest_offset(start, QUEUES, 10, now=0.0, stopping=True) == start
+    assert planner.reported_latest() is None  # nothing was probed
+
+
+def test_planner_available_now_target_bounds_every_batch():
+    planner = planner_over({QUEUES[0]: range(1, 26), QUEUES[1]: range(1, 6)}, available_now=True)
+    assert planner.prepare_available_now(QUEUES) == {QUEUES[0]: 26, QUEUES[1]: 6}
+    end = planner.latest_offset({QUEUES[0]: 0, QUEUES[1]: 0}, QUEUES, 1000, now=0.0)
+    assert end == {QUEUES[0]: 26, QUEUES[1]: 6}
+    assert planner.latest_offset(end, QUEUES, 1000, now=1.0) == end  # nothing beyond the target
+
+
+def test_planner_budget_follows_sparks_read_limit():
+    planner = planner_over({}, max_messages=500, available_now=True)
+    assert planner.budget(max_rows=20) == 20
+    assert planner.budget(all_available=True) == ALL_AVAILABLE_BUDGET
+    assert planner.budget() == 500
+    assert planner.budget(limits_supported=False) == ALL_AVAILABLE_BUDGET  # Spark 4.0/4.1: one batch
+    assert planner_over({}, max_messages=500).budget(limits_supported=False) == 500
+
+
+def test_windows_are_the_queues_that_moved():
+    assert windows({"a": 3, "b": 7}, {"a": 9, "b": 7, "c": 2}) == [("a", 3, 9), ("c", 0, 2)]
