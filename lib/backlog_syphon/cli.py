@@ -24,7 +24,7 @@ import tempfile
 import threading
 
 import backlog_syphon
-from backlog_syphon.config import ConfigError, parse_overrides
+from backlog_syphon.config import AVAILABLE_NOW, ConfigError, parse_overrides
 from backlog_syphon.run.host import load_config
 
 EXIT_OK = 0
@@ -170,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
     if stopper.requested:
         print("stopped on request at a batch boundary; the next run resumes from the tables", file=sys.stderr)
         return EXIT_OK
-    if config.run.trigger == "available_now" and not summary.drained:
+    if config.run.trigger == AVAILABLE_NOW and not summary.drained:
         print("warning: messages remain in the backlog (see 'remaining' above)", file=sys.stderr)
         return EXIT_NOT_DRAINED
     return EXIT_OK

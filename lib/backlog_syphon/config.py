@@ -25,6 +25,7 @@ import yaml
 from backlog_syphon.model import TtlPolicy
 
 ENV_PREFIX = "SYPHON__"
+AVAILABLE_NOW = "available_now"  # run.trigger: drain what is there when the run starts, then stop
 SECRET_SCOPES_NEED_DATABRICKS = "{secret: scope/key} references need Databricks (dbutils.secrets); use {env: VAR} elsewhere"
 _INTERVAL = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(second|seconds|minute|minutes|hour|hours)\s*$")
 
@@ -104,7 +105,7 @@ class StorageConfig:
 
 @dataclass(frozen=True)
 class RunConfig:
-    trigger: str = "available_now"  # or a processing-time interval such as "10 seconds"
+    trigger: str = AVAILABLE_NOW  # or a processing-time interval such as "10 seconds"
     # Bigger batches spread each batch's fixed cost (two Delta commits, a few Spark jobs) over more
     # messages; the driver holds per-queue aggregates only, so its memory does not grow with them.
     max_messages_per_trigger: int = 10000
@@ -217,7 +218,7 @@ def parse_overrides(pairs: list[str]) -> dict[str, str]:
 
 def trigger_options(trigger: str) -> dict[str, Any]:
     """Keyword arguments for ``DataStreamWriter.trigger``."""
-    if trigger == "available_now":
+    if trigger == AVAILABLE_NOW:
         return {"availableNow": True}
     return {"processingTime": trigger}
 
@@ -349,7 +350,7 @@ def _validate(config: SyphonConfig, origin: str) -> None:
         raise ConfigError(f"{origin}: run.lease_seconds must be at least 1")
     if config.run.max_messages_per_trigger < 1:
         raise ConfigError(f"{origin}: run.max_messages_per_trigger must be at least 1")
-    if config.run.trigger != "available_now" and not _INTERVAL.match(config.run.trigger):
+    if config.run.trigger != AVAILABLE_NOW and not _INTERVAL.match(config.run.trigger):
         raise ConfigError(f"{origin}: run.trigger must be 'available_now' or an interval such as '10 seconds', "
                           f"got '{config.run.trigger}'")
     if config.restore.ttl_policy not in set(TtlPolicy):

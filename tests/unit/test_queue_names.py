@@ -3,22 +3,21 @@
 import pytest
 
 from backlog_syphon.restore.queue_names import (
-    backlog_queue_index,
     backlog_queue_name,
     backlog_queue_names,
     is_backlog_queue_name,
 )
 
 
-def test_backlog_queue_name_and_index():
+def test_backlog_queue_names():
     assert backlog_queue_name("contoso", 0) == "contoso/x-servicebus-transfer/0"
     assert backlog_queue_names("contoso", 2) == ["contoso/x-servicebus-transfer/0", "contoso/x-servicebus-transfer/1"]
-    assert backlog_queue_index("contoso/x-servicebus-transfer/12") == 12
-    assert backlog_queue_index("contoso/X-SERVICEBUS-TRANSFER/3") == 3
+    assert is_backlog_queue_name("contoso/x-servicebus-transfer/12")
+    assert is_backlog_queue_name("contoso/X-SERVICEBUS-TRANSFER/3")
     for name in ["contoso/x-servicebus-transfer/", "contoso/x-servicebus-transfer/01",
                  "contoso/x-servicebus-transfer/a", "x-servicebus-transfer/1", "a/b/x-servicebus-transfer/1",
                  "contoso/x-servicebus-transfer/1/x", "orders"]:
-        assert backlog_queue_index(name) is None, name
+        assert not is_backlog_queue_name(name), name
 
 
 def test_is_backlog_queue_name():

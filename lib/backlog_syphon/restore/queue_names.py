@@ -26,12 +26,6 @@ def backlog_queue_names(primary_namespace: str, queue_count: int) -> list[str]:
     return [backlog_queue_name(primary_namespace, index) for index in range(queue_count)]
 
 
-def backlog_queue_index(name: str) -> int | None:
-    """The index of a backlog queue name, or None if ``name`` is not one (leading zeros are not)."""
-    match = _BACKLOG_QUEUE_NAME.fullmatch(name)
-    return int(match["index"]) if match else None
-
-
 def is_backlog_queue_name(name: str, primary_namespace: str | None = None) -> bool:
     """Whether ``name`` is a backlog queue, optionally of the given primary namespace.
 

@@ -21,6 +21,10 @@ from typing import Iterable
 from backlog_syphon.model import CheckpointRow, QueueOutcomes
 from backlog_syphon.servicebus.purge_plan import PurgePlan
 
+# The dead-letter reason for a recorded dead-letter without a code (the syphon always records one;
+# a row written by hand might not): the broker needs some reason.
+UNKNOWN_REASON_CODE = "undeliverable"
+
 
 def merge_outcomes(*groups: Iterable[QueueOutcomes]) -> dict[str, QueueOutcomes]:
     """Aggregates of the same queues (for example new and replayed outcomes of one batch) added up."""
@@ -80,7 +84,7 @@ def add_recorded(unpurged: dict[str, Unpurged], batch: Iterable[QueueOutcomes],
     """Add a batch's outcomes (and the dead-letters among them: queue, seq, reason code, reason)."""
     reasons: dict[str, dict[int, tuple[str, str]]] = defaultdict(dict)
     for queue, seq, reason_code, reason in dead_letters:
-        reasons[queue][int(seq)] = (reason_code or "undeliverable", reason or "")
+        reasons[queue][int(seq)] = (reason_code or UNKNOWN_REASON_CODE, reason or "")
     new = dict(unpurged)
     for outcomes in batch:
         known = new.get(outcomes.backlog_queue, Unpurged())

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Mapping
 
-from backlog_syphon.config import BacklogConfig, NamespaceConfig, RunConfig, Secret, SyphonConfig
+from backlog_syphon.config import AVAILABLE_NOW, BacklogConfig, NamespaceConfig, RunConfig, Secret, SyphonConfig
 from backlog_syphon.restore.queue_names import backlog_queue_names
 
 # Option names containing "secret" are redacted by Spark's default spark.redaction.regex, so the
@@ -42,7 +42,7 @@ class SourceOptions:
                    queue_count=config.backlog.queue_count, discover=config.backlog.discover,
                    max_messages_per_trigger=config.run.max_messages_per_trigger,
                    idle_probe_max_seconds=config.run.idle_probe_max_seconds,
-                   available_now=config.run.trigger == "available_now", stop_file=stop_file)
+                   available_now=config.run.trigger == AVAILABLE_NOW, stop_file=stop_file)
 
     @property
     def configured_queues(self) -> list[str]:

@@ -59,10 +59,6 @@ def _is_path(table: str) -> bool:
     return "/" in table or ":" in table
 
 
-def _sql_name(table: str) -> str:
-    return "delta.`" + table.replace("`", "``") + "`" if _is_path(table) else table
-
-
 def read_table(spark: SparkSession, table: str) -> DataFrame:
     return spark.read.format("delta").load(table) if _is_path(table) else spark.read.table(table)
 
