@@ -12,7 +12,7 @@ Invariants:
   A message is decodable only if the codec reads all of it (body included), so a message that could
   only be forwarded half right is dead-lettered instead.
 - A data body is measured from its framing, never copied.
-- Every column is nullable, so a source that cannot fill one yields a null, not a failed batch.
+- Every backlog column is nullable, so a source that cannot fill one yields a null, not a failed batch.
 """
 
 from __future__ import annotations

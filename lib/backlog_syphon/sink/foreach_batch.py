@@ -13,7 +13,7 @@ Steps per batch:
 5. the driver, from one aggregate per queue (and the rare dead-letters), writes the checkpoint table
    (delivered-through per queue, the purge marks of earlier batches; idempotent on the batch id);
 6. purge: complete what was delivered or skipped, dead-letter what was rejected, touch nothing else.
-   It runs in the background, overlapping the next batch (see ``PurgeRunner``).
+   It runs in the background, overlapping the next batch (``sink.purge_runner.PurgeRunner``).
 
 The driver handles per-queue aggregates only: no message passes through it, so its memory does not
 grow with the batch size.
@@ -38,9 +38,8 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import os
-import threading
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, Iterator
 
 from pyspark.sql import DataFrame, SparkSession
@@ -53,6 +52,7 @@ from backlog_syphon.restore.rows import OUTCOME_ROW_ARROW_SCHEMA, OUTCOME_ROW_SC
 from backlog_syphon.run.lease import LeaseLostError
 from backlog_syphon.run.progress import BatchStats
 from backlog_syphon.sink import bookkeeping, delivery
+from backlog_syphon.sink.purge_runner import PurgeRunner
 from backlog_syphon.storage import tables
 
 logger = logging.getLogger(__name__)
@@ -283,69 +283,6 @@ def queue_outcomes(rows) -> dict[str, QueueOutcomes]:
 def item_count(item: QueueOutcomes, outcome: Outcome) -> int:
     return {Outcome.DELIVERED: item.delivered, Outcome.DEAD_LETTERED: item.dead_lettered,
             Outcome.SKIPPED_PING: item.skipped}[outcome]
-
-
-class PurgeRunner:
-    """Runs purges in the background, one round at a time, each round's queues in parallel threads.
-
-    Settling what is already recorded can overlap the next batch: the next batch reads later
-    windows by sequence number and sends other messages, so the two never touch the same message,
-    and a round only starts after the one before it, so each round finds its messages at the head
-    of its queues. What a round settled reaches the checkpoint table with the next batch's write
-    (or ``flush``); a crash before that only makes the next run check again.
-    """
-
-    def __init__(self, secondary):
-        self._secondary = secondary
-        self._rounds: ThreadPoolExecutor | None = None  # started with the first round, in the process that runs them
-        self._pending: list[Future] = []
-        self._lock = threading.Lock()
-
-    def __getstate__(self):
-        return {"_secondary": self._secondary}
-
-    def __setstate__(self, state):
-        self.__init__(state["_secondary"])
-
-    def submit(self, plans: dict) -> None:
-        if plans:
-            with self._lock:
-                if self._rounds is None:
-                    self._rounds = ThreadPoolExecutor(max_workers=1, thread_name_prefix="purge-round")
-                self._pending.append(self._rounds.submit(self._run, plans))
-
-    def finished(self) -> dict[str, int]:
-        """Marks of the rounds done so far (without waiting); a failed round's error is raised here."""
-        with self._lock:
-            done = [future for future in self._pending if future.done()]
-            self._pending = [future for future in self._pending if not future.done()]
-        return _merged_marks(future.result() for future in done)
-
-    def wait(self) -> dict[str, int]:
-        with self._lock:
-            pending, self._pending = self._pending, []
-        return _merged_marks(future.result() for future in pending)
-
-    def _run(self, plans: dict) -> dict[str, int]:
-        from backlog_syphon.servicebus.settle import purge_backlog
-
-        with ThreadPoolExecutor(max_workers=min(8, len(plans)), thread_name_prefix="purge") as pool:
-            results = dict(zip(plans, pool.map(lambda queue: purge_backlog(self._secondary, plans[queue]), plans)))
-        for queue, result in results.items():
-            if result.settled_through < plans[queue].through:
-                logger.warning("backlog=%s purge incomplete: settled through %s of %s (completed=%d "
-                               "dead_lettered=%d released=%d); retried with the next batch", queue,
-                               result.settled_through, plans[queue].through, result.completed,
-                               result.dead_lettered, result.released)
-        return {queue: result.settled_through for queue, result in results.items()}
-
-
-def _merged_marks(rounds) -> dict[str, int]:
-    marks: dict[str, int] = {}
-    for settled in rounds:
-        for queue, through in settled.items():
-            marks[queue] = max(through, marks.get(queue, 0))
-    return marks
 
 
 # --- executor side ------------------------------------------------------------------------------
