@@ -1,5 +1,7 @@
 # The backlog syphon: `make help` lists the targets. `make run` and `make test` each set up
-# what they need (virtualenv, pinned packages, Delta JARs) on a fresh clone.
+# what they need (virtualenv, pinned packages, Delta JARs) on a fresh clone. The library is
+# lib/backlog_syphon (the wheel); tools/ (backlog writer, `make run`, test helpers) runs from the
+# repository root and is not in the wheel.
 
 PYTHON ?= python3
 VENV := .venv
@@ -29,7 +31,7 @@ $(STAMP): requirements.lock setup.cfg emulator/pyproject.toml
 	touch $@
 
 $(JARS_STAMP): $(STAMP)
-	$(PY) -m backlog_syphon.delta_jars
+	$(PY) -m backlog_syphon.run.delta_jars
 	touch $@
 
 setup: $(STAMP) $(JARS_STAMP) ## Create the virtualenv, install pinned packages, fetch Delta's JARs
@@ -41,7 +43,7 @@ test-unit: setup ## Run only the fast unit tests
 	$(PY) -m pytest tests/unit
 
 run: setup ## Start the local emulator, write a backlog, run the syphon, check and print what moved
-	$(PY) -m backlog_syphon.local_run --emulator-config $(EMULATOR_CONFIG) --config conf/local.yaml
+	$(PY) -m tools.local_run --emulator-config $(EMULATOR_CONFIG) --config conf/local.yaml
 
 emulator: setup ## Run the local Service Bus emulator in the foreground (Ctrl-C stops it)
 	$(PY) -m servicebus_emulator --config $(EMULATOR_CONFIG)
@@ -56,8 +58,8 @@ bench-emulator: setup ## The emulator's ceiling with the SDK alone, at 0, 5 and 
 	$(PY) bench/bench_emulator.py --latency-ms 0 5 20
 
 lint: setup ## Byte-compile everything and look for unused names and other obvious mistakes
-	$(PY) -m compileall -q lib jobs tests bench emulator/src emulator/tests
-	$(PY) -m pyflakes lib jobs tests bench emulator/src emulator/tests
+	$(PY) -m compileall -q lib jobs tests bench emulator/src emulator/tests tools
+	$(PY) -m pyflakes lib jobs tests bench emulator/src emulator/tests tools
 
 dist: setup ## Build the wheel (Databricks) and a zip of lib/ (spark-submit --py-files) into dist/
 	$(PY) -m pip wheel --quiet --no-deps --wheel-dir dist .

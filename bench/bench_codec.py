@@ -33,10 +33,10 @@ from proton import Message
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "lib"))
 
-from backlog_syphon.amqp_codec import (  # noqa: E402
+from backlog_syphon.restore.amqp_codec import (  # noqa: E402
     Array, Char, Decimal128, Described, Int, Symbol, Timestamp, UInt, sequence_number,
 )
-from backlog_syphon.amqp_message import (  # noqa: E402
+from backlog_syphon.restore.amqp_message import (  # noqa: E402
     DecodedMessage, MessageHeader, MessageProperties, decode_envelope, decode_message, restore_message_bytes,
 )
 

@@ -73,7 +73,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT / "lib"), str(ROOT / "emulator" / "src")]  # bench_emulator sits next to this file
+sys.path[:0] = [str(ROOT / "lib"), str(ROOT / "emulator" / "src"), str(ROOT)]  # bench_emulator sits next to this file; tools/ under ROOT
 
 PRIMARY, SECONDARY = "contoso", "contoso-secondary"
 CONNECTION_ENV = {PRIMARY: "SYPHON_PRIMARY_CONNECTION_STRING", SECONDARY: "SYPHON_SECONDARY_CONNECTION_STRING"}
@@ -124,7 +124,7 @@ COLUMNS = ["latency", "queues", "msgs", "loop msg/s", "syphon e2e msg/s", "stead
 @contextmanager
 def backlog_emulator(one_way_ms: float, messages: int, queues: int, args):
     """A fresh emulator whose backlog queues hold ``messages`` legacy messages over ``queues`` queues."""
-    from backlog_syphon.backlog_writer import realistic_backlog, write_backlog
+    from tools.backlog_writer import realistic_backlog, write_backlog
     from backlog_syphon.config import load_config as load_syphon_config
     from servicebus_emulator import Emulator, load_config
 
@@ -288,8 +288,8 @@ def _text(value) -> str | None:
 def syphon_child(spec: dict) -> dict:
     """One syphon run in a fresh driver (child process): timings, batches and peak memory."""
     from backlog_syphon.config import load_config
-    from backlog_syphon.spark_session import build_spark_session
-    from backlog_syphon.syphon import run_syphon
+    from backlog_syphon.run.spark_session import build_spark_session
+    from backlog_syphon.run.syphon import run_syphon
 
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("backlog_syphon").setLevel(logging.INFO)  # per-batch lines in the child's log

@@ -31,12 +31,13 @@ if importlib.util.find_spec("backlog_syphon") is None:
             sys.path.insert(0, os.path.abspath(candidate))
             break
 
-from backlog_syphon import audit_reports, delta_tables
-from backlog_syphon.config import load_config
-from backlog_syphon.notebook_support import (Widget, default_config_path, find_repo_file, show, stop_here,
-                                             widget_values)
-from backlog_syphon.spark_session import build_spark_session
-from backlog_syphon.syphon import dry_run, run_syphon
+from backlog_syphon.run import reports
+from backlog_syphon.run.dry_run import dry_run
+from backlog_syphon.run.host import (Widget, default_config_path, find_repo_file, load_config, show, stop_here,
+                                     widget_values)
+from backlog_syphon.run.spark_session import build_spark_session
+from backlog_syphon.run.syphon import run_syphon
+from backlog_syphon.storage import tables
 
 try:
     notebook_display = display  # noqa: F821 - provided by Databricks notebooks
@@ -104,9 +105,9 @@ print("\n".join(summary.lines()))
 
 # COMMAND ----------
 
-audit = delta_tables.read_table(spark, config.storage.audit_table)
-show(audit_reports.audit_summary(audit, run_id=summary.run_id), notebook_display)
-show(audit_reports.dead_letter_reasons(audit, run_id=summary.run_id), notebook_display)
+audit = tables.read_table(spark, config.storage.audit_table)
+show(reports.audit_summary(audit, run_id=summary.run_id), notebook_display)
+show(reports.dead_letter_reasons(audit, run_id=summary.run_id), notebook_display)
 
 # COMMAND ----------
 
@@ -115,14 +116,14 @@ show(audit_reports.dead_letter_reasons(audit, run_id=summary.run_id), notebook_d
 
 # COMMAND ----------
 
-moved = audit_reports.moved_over_time(audit, run_id=summary.run_id, bucket="10 seconds")
+moved = reports.moved_over_time(audit, run_id=summary.run_id, bucket="10 seconds")
 remaining = [(f"batch {point.batch_id}", point.remaining_total) for point in summary.progress]
 if notebook_display is not None:
     notebook_display(moved)  # choose the line chart in the cell's visualisations
     notebook_display(spark.createDataFrame(remaining or [("none", 0)], "batch string, remaining long"))
 else:
     print("messages moved per 10 seconds")
-    print("\n".join(audit_reports.text_chart([(f"{row['bucket_start']:%H:%M:%S}", row["moved"])
+    print("\n".join(reports.text_chart([(f"{row['bucket_start']:%H:%M:%S}", row["moved"])
                                                for row in moved.collect()])))
     print("backlog remaining after each micro-batch")
-    print("\n".join(audit_reports.text_chart(remaining)))
+    print("\n".join(reports.text_chart(remaining)))

@@ -24,7 +24,8 @@ import tempfile
 import threading
 
 import backlog_syphon
-from backlog_syphon.config import ConfigError, load_config, parse_overrides
+from backlog_syphon.config import AVAILABLE_NOW, ConfigError, parse_overrides
+from backlog_syphon.run.host import load_config
 
 EXIT_OK = 0
 EXIT_BATCH_FAILED = 1  # a micro-batch failed; the next run resumes safely from the tables
@@ -125,8 +126,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_SETTINGS
 
-    from backlog_syphon.lease import LeaseHeldError, LeaseTableMismatchError
-    from backlog_syphon.servicebus_io import PreflightError, ServiceBusAccessError, preflight
+    from backlog_syphon.run.lease import LeaseHeldError, LeaseTableMismatchError
+    from backlog_syphon.servicebus.clients import ServiceBusAccessError
+    from backlog_syphon.servicebus.probes import PreflightError, preflight
 
     stopper = StopOnSignal()
     stopper.install()
@@ -144,8 +146,9 @@ def main(argv: list[str] | None = None) -> int:
     checking = threading.Thread(target=check_access, name="preflight", daemon=True)
     checking.start()
 
-    from backlog_syphon.spark_session import build_spark_session
-    from backlog_syphon.syphon import dry_run, run_syphon
+    from backlog_syphon.run.spark_session import build_spark_session
+    from backlog_syphon.run.dry_run import dry_run
+    from backlog_syphon.run.syphon import run_syphon
 
     logger.info("backlog-syphon library from %s; log file %s", os.path.dirname(backlog_syphon.__file__), log_file)
     spark = build_spark_session(verbose=args.verbose, remote=args.remote)
@@ -169,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
     if stopper.requested:
         print("stopped on request at a batch boundary; the next run resumes from the tables", file=sys.stderr)
         return EXIT_OK
-    if config.run.trigger == "available_now" and not summary.drained:
+    if config.run.trigger == AVAILABLE_NOW and not summary.drained:
         print("warning: messages remain in the backlog (see 'remaining' above)", file=sys.stderr)
         return EXIT_NOT_DRAINED
     return EXIT_OK
@@ -177,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def batch_failure(exc: BaseException) -> str:
     """The one line that matters in Spark's streaming exception: the sink's ``batch N, step S: cause``."""
-    from backlog_syphon.delivery_sink import BATCH_FAILED_MARK
+    from backlog_syphon.sink.foreach_batch import BATCH_FAILED_MARK
 
     text = str(exc)
     at = text.rfind(BATCH_FAILED_MARK)

@@ -6,7 +6,9 @@ are errors that name the key and where it came from.
 
 Secrets: connection strings are given as ``{env: VAR}``, ``{secret: scope/key}`` (Databricks
 secret scope) or, for a one-off run, literally; either way they end up in a ``Secret`` whose repr
-and str are masked, and no error message ever includes a value that could be one.
+and str are masked, and no error message ever includes a value that could be one. Secret scopes are
+read by the ``secret_reader`` the caller passes (``run.host.load_config`` passes Databricks' own), so
+this module stays pure: it reads the file and the variables it is given, nothing else.
 """
 
 from __future__ import annotations
@@ -20,8 +22,11 @@ from typing import Any, Callable, Mapping
 
 import yaml
 
+from backlog_syphon.model import TtlPolicy
+
 ENV_PREFIX = "SYPHON__"
-TTL_POLICIES = ("remaining", "restart")
+AVAILABLE_NOW = "available_now"  # run.trigger: drain what is there when the run starts, then stop
+SECRET_SCOPES_NEED_DATABRICKS = "{secret: scope/key} references need Databricks (dbutils.secrets); use {env: VAR} elsewhere"
 _INTERVAL = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(second|seconds|minute|minutes|hour|hours)\s*$")
 
 
@@ -100,7 +105,7 @@ class StorageConfig:
 
 @dataclass(frozen=True)
 class RunConfig:
-    trigger: str = "available_now"  # or a processing-time interval such as "10 seconds"
+    trigger: str = AVAILABLE_NOW  # or a processing-time interval such as "10 seconds"
     # Bigger batches spread each batch's fixed cost (two Delta commits, a few Spark jobs) over more
     # messages; the driver holds per-queue aggregates only, so its memory does not grow with them.
     max_messages_per_trigger: int = 10000
@@ -115,7 +120,7 @@ class RunConfig:
 
 @dataclass(frozen=True)
 class RestoreConfig:
-    ttl_policy: str = "remaining"  # "restart" is the legacy syphon's behaviour
+    ttl_policy: str = TtlPolicy.REMAINING.value  # TtlPolicy.RESTART is the legacy syphon's behaviour
 
 
 @dataclass(frozen=True)
@@ -161,7 +166,11 @@ _REQUIRED = ("primary.namespace", "storage.audit_table", "storage.checkpoint_tab
 def load_config(path: str | os.PathLike | None = None, *, overrides: Mapping[str, str] | None = None,
                 environ: Mapping[str, str] | None = None,
                 secret_reader: Callable[[str, str], str] | None = None) -> SyphonConfig:
-    """Load YAML (optional), then ``SYPHON__*`` variables, then ``overrides``; validate; resolve secrets."""
+    """Load YAML (optional), then ``SYPHON__*`` variables, then ``overrides``; validate; resolve secrets.
+
+    ``secret_reader(scope, key)`` reads ``{secret: scope/key}`` references; without one they are an
+    error (``run.host.load_config`` passes Databricks' secret scopes where they exist).
+    """
     environ = os.environ if environ is None else environ
     origin = str(path) if path else "configuration"
     raw: dict[str, dict[str, Any]] = {name: {} for name in _SECTIONS}
@@ -209,7 +218,7 @@ def parse_overrides(pairs: list[str]) -> dict[str, str]:
 
 def trigger_options(trigger: str) -> dict[str, Any]:
     """Keyword arguments for ``DataStreamWriter.trigger``."""
-    if trigger == "available_now":
+    if trigger == AVAILABLE_NOW:
         return {"availableNow": True}
     return {"processingTime": trigger}
 
@@ -265,29 +274,17 @@ class _SecretResolver:
             scope, sep, key = ref["secret"].partition("/")
             if not sep or not scope or not key:
                 raise ConfigError(f"{where}: secret references look like {{secret: <scope>/<key>}}")
-            reader = self.secret_reader or _databricks_secret_reader()
+            reader = self.secret_reader
+            if reader is None:
+                raise ConfigError(SECRET_SCOPES_NEED_DATABRICKS)
             try:
                 return Secret(reader(scope, key), f"secret {scope}/{key}")
+            except ConfigError:
+                raise
             except Exception as exc:  # noqa: BLE001 - the reader's own errors may carry anything
                 raise ConfigError(f"{where}: cannot read secret {scope}/{key} ({type(exc).__name__})") from None
         raise ConfigError(f"{where}: expected a connection string reference {{env: VAR}} or "
                           f"{{secret: scope/key}}, got a {type(ref).__name__}")
-
-
-def _databricks_secret_reader() -> Callable[[str, str], str]:
-    """Databricks' ``dbutils.secrets``: from the runtime's SDK (classic and serverless compute alike,
-    with or without a session yet), else from the classic runtime's ``pyspark.dbutils``."""
-    try:
-        from databricks.sdk.runtime import dbutils  # Databricks runtimes, serverless included
-    except ImportError:
-        try:
-            from pyspark.dbutils import DBUtils  # only exists on Databricks
-            from pyspark.sql import SparkSession
-        except ImportError:
-            raise ConfigError("{secret: scope/key} references need Databricks (dbutils.secrets); use "
-                              "{env: VAR} elsewhere") from None
-        dbutils = DBUtils(SparkSession.builder.getOrCreate())
-    return lambda scope, key: dbutils.secrets.get(scope=scope, key=key)
 
 
 def _build(raw: dict, origin: str, resolve_secret: Callable[[Any, str], Any]) -> SyphonConfig:
@@ -353,11 +350,11 @@ def _validate(config: SyphonConfig, origin: str) -> None:
         raise ConfigError(f"{origin}: run.lease_seconds must be at least 1")
     if config.run.max_messages_per_trigger < 1:
         raise ConfigError(f"{origin}: run.max_messages_per_trigger must be at least 1")
-    if config.run.trigger != "available_now" and not _INTERVAL.match(config.run.trigger):
+    if config.run.trigger != AVAILABLE_NOW and not _INTERVAL.match(config.run.trigger):
         raise ConfigError(f"{origin}: run.trigger must be 'available_now' or an interval such as '10 seconds', "
                           f"got '{config.run.trigger}'")
-    if config.restore.ttl_policy not in TTL_POLICIES:
-        raise ConfigError(f"{origin}: restore.ttl_policy must be one of {', '.join(TTL_POLICIES)}, "
+    if config.restore.ttl_policy not in set(TtlPolicy):
+        raise ConfigError(f"{origin}: restore.ttl_policy must be one of {', '.join(TtlPolicy)}, "
                           f"got '{config.restore.ttl_policy}'")
     if config.sink.max_send_attempts < 1:
         raise ConfigError(f"{origin}: sink.max_send_attempts must be at least 1")

@@ -9,7 +9,7 @@ any Connect server (a Databricks environment installs the wheel).
 import sys
 import time
 
-from backlog_syphon.spark_session import build_spark_session
+from backlog_syphon.run.spark_session import build_spark_session
 
 
 def main(port: str) -> None:

@@ -10,6 +10,8 @@ import subprocess
 import sys
 import time
 
+from tools import testing
+
 from .conftest import PRIMARY, ROOT, SECONDARY
 
 # For the jobs the tests start (unless PYSPARK_SUBMIT_ARGS is set already): speed only, the same
@@ -123,18 +125,8 @@ def wait_for(condition, timeout: float, interval: float = 0.25) -> bool:
 
 
 def drain_destinations(emulator, destinations) -> dict[str, list]:
-    """Receive and delete everything in the destination queues: destination -> received messages."""
-    from azure.servicebus import ServiceBusClient, ServiceBusReceiveMode
+    """Receive and delete everything in the primary's destination queues: destination -> received messages."""
+    from azure.servicebus import ServiceBusClient
 
-    received: dict[str, list] = {}
     with ServiceBusClient.from_connection_string(emulator.connection_string(PRIMARY), retry_total=1) as client:
-        for destination in destinations:
-            received[destination] = []
-            with client.get_queue_receiver(destination, receive_mode=ServiceBusReceiveMode.RECEIVE_AND_DELETE,
-                                           prefetch_count=0) as receiver:
-                for _ in range(1000):  # bounded: far more rounds than messages / 100
-                    batch = receiver.receive_messages(max_message_count=100, max_wait_time=1)
-                    if not batch:
-                        break
-                    received[destination].extend(batch)
-    return received
+        return testing.drain_destinations(client, destinations)

@@ -68,7 +68,7 @@ NO_DUPLICATE_STEPS = {"before_send", "after_audit", "after_checkpoint"}
 # --- helpers --------------------------------------------------------------------------------------
 
 def _backlog_messages():
-    from backlog_syphon.backlog_writer import OriginalMessage
+    from tools.backlog_writer import OriginalMessage
 
     return [OriginalMessage(DESTINATIONS[index % 2], f"crash body {index}".encode() * 4,
                             message_id=f"crash-{index:04d}", subject="crash-test",
@@ -180,7 +180,7 @@ class Destinations:
 # Every wait below is bounded; this only keeps pytest's default per-test timeout out of their way.
 @pytest.mark.timeout(len(CHAIN) * (KILL_WAIT_SECONDS + 60) + RESTART_WAIT_SECONDS + 300)
 def test_crash_at_every_step_in_one_chain_loses_nothing(emulator, tmp_path, request):
-    from backlog_syphon.backlog_writer import write_backlog
+    from tools.backlog_writer import write_backlog
     from backlog_syphon.config import load_config
 
     started = time.monotonic()

@@ -2,10 +2,10 @@
 
 import datetime as dt
 
-from backlog_syphon import backlog_writer
-from backlog_syphon.backlog_writer import OriginalMessage
+from tools import backlog_writer
+from tools.backlog_writer import OriginalMessage
 from backlog_syphon.cli import main as cli_main
-from backlog_syphon.syphon import dry_run
+from backlog_syphon.run.dry_run import dry_run
 
 from .conftest import PRIMARY, ROOT, SECONDARY
 

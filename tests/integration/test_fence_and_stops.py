@@ -29,7 +29,7 @@ import time
 import pytest
 import yaml
 
-from backlog_syphon.backlog_writer import OriginalMessage, write_backlog
+from tools.backlog_writer import OriginalMessage, write_backlog
 
 from .conftest import PRIMARY, ROOT, SECONDARY, make_config
 from .helpers import drain_destinations, finish_job, job_command, job_env, kill_tree, start_job, tail, wait_for
@@ -119,9 +119,9 @@ def test_a_killed_holder_is_taken_over_and_only_its_batch_arrives_twice(emulator
 # --- a lease held elsewhere -----------------------------------------------------------------------
 
 def test_a_lease_held_elsewhere_stops_a_run_or_makes_it_wait_until_it_expires(emulator, tmp_path, spark):
-    from backlog_syphon import delta_tables
-    from backlog_syphon.lease import LeaseHeldError, new_lease
-    from backlog_syphon.syphon import lease_key, run_syphon
+    from backlog_syphon.storage import tables
+    from backlog_syphon.run.lease import LeaseHeldError, new_lease
+    from backlog_syphon.run.syphon import lease_key, run_syphon
 
     config = make_config(emulator, tmp_path, **{"run.lease_seconds": 10})
     originals = _originals("held", 30)
@@ -129,7 +129,7 @@ def test_a_lease_held_elsewhere_stops_a_run_or_makes_it_wait_until_it_expires(em
     storage = config.storage
     now = dt.datetime.now(dt.timezone.utc)
     other = new_lease(lease_key(config), "other-run", "another-host", 4242, now, 25)
-    assert delta_tables.write_lease(spark, storage.resolved_lease_table, other)
+    assert tables.write_lease(spark, storage.resolved_lease_table, other)
 
     with pytest.raises(LeaseHeldError) as held:
         run_syphon(spark, config)
@@ -142,11 +142,11 @@ def test_a_lease_held_elsewhere_stops_a_run_or_makes_it_wait_until_it_expires(em
     summary = run_syphon(spark, config.with_overrides({"run.wait_for_lease": "true"}), on_progress=lines.append)
     assert lines[0].startswith("waiting for the lease: ") and "another-host" in lines[0]
     assert summary.drained
-    audit = delta_tables.read_table(spark, storage.audit_table).collect()
+    audit = tables.read_table(spark, storage.audit_table).collect()
     assert len(audit) == len(originals)
     assert min(row["outcome_time"].astimezone(dt.timezone.utc) for row in audit) >= other.expires_at
     assert set(_arrivals(emulator)) == {message.message_id for message in originals}
-    assert delta_tables.read_lease(spark, storage.resolved_lease_table).expires_at <= \
+    assert tables.read_lease(spark, storage.resolved_lease_table).expires_at <= \
         dt.datetime.now(dt.timezone.utc), "the lease was not given back at the end of the run"
 
 
@@ -208,7 +208,7 @@ def test_wrong_credentials_or_endpoint_end_the_run_in_seconds_with_one_line(emul
 
 @pytest.mark.timeout(900)
 def test_sigterm_during_a_send_finishes_that_batch_and_exits_0(emulator, tmp_path, spark):
-    from backlog_syphon import delta_tables
+    from backlog_syphon.storage import tables
 
     config = _job_config(emulator, tmp_path)
     originals = _originals("polite", 300)
@@ -229,9 +229,9 @@ def test_sigterm_during_a_send_finishes_that_batch_and_exits_0(emulator, tmp_pat
     assert code == 0, output[-4000:]
     assert "SIGTERM: stopping after the batch in flight" in output and "stopped on request" in output
 
-    audit = delta_tables.read_table(spark, config.storage.audit_table).collect()
+    audit = tables.read_table(spark, config.storage.audit_table).collect()
     assert {row["batch_id"] for row in audit} == {0}, "the run went on past the batch in flight"
-    checkpoint = {row["backlog_queue"]: row for row in delta_tables.read_table(
+    checkpoint = {row["backlog_queue"]: row for row in tables.read_table(
         spark, config.storage.checkpoint_table).collect()}
     assert checkpoint and all(row["purged_through"] == row["delivered_through"] for row in checkpoint.values())
     first = _arrivals(emulator)
@@ -266,7 +266,7 @@ def strict_emulator():
 def test_many_small_batches_never_raise_a_delivery_count(strict_emulator, tmp_path, spark):
     from azure.servicebus import ServiceBusClient, ServiceBusSubQueue
 
-    from backlog_syphon.syphon import start_syphon
+    from backlog_syphon.run.syphon import start_syphon
 
     emulator = strict_emulator
     config = make_config(emulator, tmp_path, **{"run.trigger": "1 second", "run.max_messages_per_trigger": 20,

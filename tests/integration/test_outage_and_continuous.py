@@ -13,7 +13,7 @@ import collections
 import json
 import time
 
-from backlog_syphon.backlog_writer import OriginalMessage, write_backlog
+from tools.backlog_writer import OriginalMessage, write_backlog
 
 from .conftest import PRIMARY, SECONDARY, make_config
 from .helpers import drain_destinations, wait_for
@@ -63,7 +63,7 @@ def _assert_exactly_once(emulator, originals) -> None:
 
 
 def test_primary_outage_waits_then_delivers_exactly_once(spark, emulator, tmp_path):
-    from backlog_syphon.syphon import start_syphon
+    from backlog_syphon.run.syphon import start_syphon
 
     config = make_config(emulator, tmp_path, **{"run.trigger": "2 seconds", "sink.retry_backoff_seconds": 0.2,
                                                 "sink.max_send_attempts": 2, "sink.outage_wait_seconds": 120})
@@ -108,7 +108,7 @@ def test_primary_outage_waits_then_delivers_exactly_once(spark, emulator, tmp_pa
 
 
 def test_continuous_trigger_delivers_new_messages_promptly(spark, emulator, tmp_path):
-    from backlog_syphon.syphon import start_syphon
+    from backlog_syphon.run.syphon import start_syphon
 
     interval = 3.0
     # idle_probe_max_seconds=1: every trigger probes every queue; with the default (120 s) an idle

@@ -1,5 +1,6 @@
-"""The run modes users have, against the emulator with real Delta: the README's spark-submit line
-(run exactly as the README shows it) and the replay notebook (dry run only, then dry run + replay)."""
+"""The run modes users have, against the emulator with real Delta: the spark-submit line of
+docs/running.md (run exactly as it shows it), its walkthrough, and the replay notebook (dry run only,
+then dry run + replay)."""
 
 from __future__ import annotations
 
@@ -12,20 +13,21 @@ import time
 import pytest
 from azure.servicebus import ServiceBusClient
 
-from backlog_syphon import backlog_writer
-from backlog_syphon.local_run import expected_arrivals, received_counts
-from backlog_syphon.servicebus_io import peek_counts
+from backlog_syphon.servicebus.peek import peek_counts
+from tools import backlog_writer
+from tools.testing import expected_arrivals, received_counts
 
 from .conftest import PRIMARY, ROOT, SECONDARY
 
 NOTEBOOK = ROOT / "notebooks/replay_backlog.py"
+RUNNING = ROOT / "docs/running.md"  # where the README points for every way to run the syphon
 
 
-def readme_block(marker: str) -> str:
-    """The fenced bash block right after ``<!-- tested: marker -->`` in README.md."""
-    text = (ROOT / "README.md").read_text()
+def documented_block(marker: str) -> str:
+    """The fenced bash block right after ``<!-- tested: marker -->`` in docs/running.md."""
+    text = RUNNING.read_text()
     match = re.search(rf"<!-- tested: {re.escape(marker)} -->\n```bash\n(.*?)```", text, re.S)
-    assert match, f"README.md has no block marked 'tested: {marker}'"
+    assert match, f"{RUNNING.name} has no block marked 'tested: {marker}'"
     return match.group(1)
 
 
@@ -56,18 +58,18 @@ def assert_all_arrived(emulator, originals) -> None:
         assert received_counts(client, sorted(expected)) == expected
 
 
-def test_readme_spark_submit_line_drains_the_backlog(emulator, tmp_path):
+def test_documented_spark_submit_line_drains_the_backlog(emulator, tmp_path):
     env = backlog_env(emulator, tmp_path)
     config, originals, written = write_realistic_backlog(env, 150, seed=11)
     # A user's shell: none of the Makefile's PYTHONPATH/PYSPARK_* exports, so the zip and the
-    # README's --conf must be enough.
+    # documented --conf must be enough.
     shell_env = {k: v for k, v in os.environ.items()
                  if k not in ("PYTHONPATH", "PYSPARK_PYTHON", "PYSPARK_DRIVER_PYTHON", "SPARK_HOME")}
     shell_env.update(env)
-    # Speed only (the java launcher reads this; the README's line stays as it is): a short-lived
+    # Speed only (the java launcher reads this; the documented line stays as it is): a short-lived
     # JVM on 2 cores starts faster with the C1 compiler and serial GC.
     shell_env["JDK_JAVA_OPTIONS"] = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
-    result = subprocess.run(["bash", "-euo", "pipefail", "-c", readme_block("spark-submit-local")], cwd=ROOT,
+    result = subprocess.run(["bash", "-euo", "pipefail", "-c", documented_block("spark-submit-local")], cwd=ROOT,
                             env=shell_env, capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, f"exit {result.returncode}\n{result.stdout[-3000:]}\n{result.stderr[-5000:]}"
 
@@ -125,7 +127,7 @@ def test_notebook_replays_with_progress_summary_report_and_charts(emulator, note
     progress = [line for line in out.splitlines() if re.match(r"batch \d+: delivered \d+", line)]
     assert len(progress) >= 2 and "remaining 0" in progress[-1]
     assert out.index("dry run:") < out.index(progress[0]) < out.index(f"run {summary.run_id}")
-    audit_rows = {row["destination"]: row["delivered"] for row in namespace["audit_reports"].audit_summary(
+    audit_rows = {row["destination"]: row["delivered"] for row in namespace["reports"].audit_summary(
         namespace["audit"], run_id=summary.run_id).collect()}
     assert audit_rows == {destination: counts["delivered"] for destination, counts in summary.per_destination.items()}
     assert "messages moved per 10 seconds" in out and "backlog remaining after each micro-batch" in out
@@ -148,8 +150,8 @@ def test_wheel_entry_point_exits_with_the_cli_code(tmp_path):
     assert "unknown key 'run.tigger'" in result.stderr and "known keys in 'run'" in result.stderr
 
 
-def test_readme_walkthrough_from_setup_to_dry_run_and_replay(tmp_path):
-    """A new user's path, exactly as the README gives it: emulator, backlog, dry run, replay."""
+def test_documented_walkthrough_from_setup_to_dry_run_and_replay(tmp_path):
+    """A new user's path, exactly as docs/running.md gives it: emulator, backlog, dry run, replay."""
     shell_env = {k: v for k, v in os.environ.items()
                  if k not in ("PYTHONPATH", "PYSPARK_PYTHON", "PYSPARK_DRIVER_PYTHON", "SPARK_HOME")}
     shell_env.update({
@@ -159,7 +161,7 @@ def test_readme_walkthrough_from_setup_to_dry_run_and_replay(tmp_path):
         "SYPHON__STORAGE__CHECKPOINT_TABLE": str(tmp_path / "checkpoint"),
         "SYPHON__STORAGE__CHECKPOINT_LOCATION": str(tmp_path / "checkpoint-stream"),
     })
-    result = subprocess.run(["bash", "-euo", "pipefail", "-c", readme_block("walkthrough")], cwd=ROOT,
+    result = subprocess.run(["bash", "-euo", "pipefail", "-c", documented_block("walkthrough")], cwd=ROOT,
                             env=shell_env, capture_output=True, text=True, timeout=900)
     output = result.stdout + result.stderr
     assert result.returncode == 0, f"exit {result.returncode}\n{output[-6000:]}"

@@ -10,17 +10,17 @@ from __future__ import annotations
 import dataclasses
 import re
 import socket
-import subprocess
 import sys
 import time
 
 import pytest
 from azure.servicebus import ServiceBusClient
 
-from backlog_syphon import backlog_writer, delta_tables
-from backlog_syphon.local_run import expected_arrivals, received_counts
-from backlog_syphon.servicebus_io import peek_counts
-from backlog_syphon.syphon import run_syphon
+from backlog_syphon.run.syphon import run_syphon
+from backlog_syphon.servicebus.peek import peek_counts
+from backlog_syphon.storage import tables
+from tools import backlog_writer
+from tools.testing import expected_arrivals, received_counts
 
 from .conftest import PRIMARY, ROOT, make_config
 from .helpers import finish_job, job_command, job_env, kill_tree, start_job, tail
@@ -52,7 +52,7 @@ def connect_server(tmp_path):
 
 def _outcomes(spark, audit_table, prefix: str = "") -> set[tuple]:
     return {(row.message_id and row.message_id.removeprefix(prefix), row.destination, row.outcome, row.reason_code)
-            for row in delta_tables.read_table(spark, audit_table).collect()}
+            for row in tables.read_table(spark, audit_table).collect()}
 
 
 @pytest.mark.timeout(900)
@@ -84,14 +84,14 @@ def test_the_job_over_spark_connect_records_what_a_classic_run_records(emulator,
     assert peek_counts(classic.secondary, written) == {queue: 0 for queue in written}  # settled
     connect_audit = str(state / "audit")
     assert _outcomes(spark, connect_audit, "again-") == _outcomes(spark, classic.storage.audit_table)
-    assert len(delta_tables.read_table(spark, connect_audit).collect()) == len(originals)
-    checkpoint = delta_tables.read_checkpoint(spark, str(state / "checkpoint"))
+    assert len(tables.read_table(spark, connect_audit).collect()) == len(originals)
+    checkpoint = tables.read_checkpoint(spark, str(state / "checkpoint"))
     assert sum(row.delivered_count + row.dead_lettered_count for row in checkpoint.values()) == len(originals)
 
     # The client read its progress and summary from the query's progress and the audit table.
     progress = [line for line in output.splitlines() if re.match(r"batch \d+: delivered \d+", line)]
     assert len(progress) >= 2, output[-3000:]
-    delivered = sum(1 for row in delta_tables.read_table(spark, connect_audit).collect() if row.outcome == "delivered")
+    delivered = sum(1 for row in tables.read_table(spark, connect_audit).collect() if row.outcome == "delivered")
     assert sum(int(re.search(r"delivered (\d+)", line).group(1)) for line in progress) == delivered
     assert re.search(r"remaining 0$", progress[-1])
     for destination, counts in summary.per_destination.items():

@@ -1,7 +1,9 @@
 """The project's session builder starts Spark with Delta from the pre-fetched JARs."""
 
-from backlog_syphon import delta_jars, delta_tables
-from backlog_syphon.lease import new_lease
+from backlog_syphon.run import delta_jars
+
+from backlog_syphon.storage import tables
+from backlog_syphon.run.lease import new_lease
 
 
 def test_delta_round_trip_through_the_session_builder(spark, tmp_path):
@@ -18,29 +20,29 @@ def test_delta_round_trip_through_the_session_builder(spark, tmp_path):
 def test_tables_are_created_by_their_first_write_with_stable_schemas(spark, tmp_path):
     import datetime as dt
 
-    from backlog_syphon.backlog_rows import OUTCOME_ROW_SCHEMA
+    from backlog_syphon.restore.rows import OUTCOME_ROW_SCHEMA
     from backlog_syphon.model import CheckpointRow
 
     audit, checkpoint, lease = str(tmp_path / "audit"), str(tmp_path / "checkpoint"), str(tmp_path / "lease")
-    assert delta_tables.read_checkpoint(spark, checkpoint) == {}  # nothing recorded before the first write
-    assert delta_tables.recorded_above(spark, audit, {}) is None
+    assert tables.read_checkpoint(spark, checkpoint) == {}  # nothing recorded before the first write
+    assert tables.recorded_above(spark, audit, {}) is None
     now = dt.datetime(2026, 11, 26, tzinfo=dt.timezone.utc)
     outcome = ("r", 0, "q0", 5, "m-5", "orders", None, "delivered", None, None, 10, now, None, None, now, 1)
     for batch_id in (0, 0, 1):  # the replay of batch 0 appends nothing
-        delta_tables.append_audit(audit, spark.createDataFrame([outcome], OUTCOME_ROW_SCHEMA), "app", batch_id)
+        tables.append_audit(audit, spark.createDataFrame([outcome], OUTCOME_ROW_SCHEMA), "app", batch_id)
     rows = [CheckpointRow("q0", 5, 0, 1, "r", now, 1, 0, 0)]
-    delta_tables.write_checkpoint(spark, checkpoint, rows, app_id="app", batch_id=1)
-    assert delta_tables.read_lease(spark, lease) is None  # before the first lease
+    tables.write_checkpoint(spark, checkpoint, rows, app_id="app", batch_id=1)
+    assert tables.read_lease(spark, lease) is None  # before the first lease
     first = new_lease("ns/contoso", "run-a", "host", 1, now, 60)
-    assert delta_tables.write_lease(spark, lease, first)
+    assert tables.write_lease(spark, lease, first)
 
-    assert spark.read.format("delta").load(audit).schema.fieldNames() == delta_tables.AUDIT_SCHEMA.fieldNames()
+    assert spark.read.format("delta").load(audit).schema.fieldNames() == tables.AUDIT_SCHEMA.fieldNames()
     assert spark.read.format("delta").load(audit).count() == 2
-    assert delta_tables.read_checkpoint(spark, checkpoint) == {"q0": rows[0]}
-    assert delta_tables.recorded_above(spark, audit, {"q0": 4}).count() == 2
-    assert delta_tables.recorded_above(spark, audit, {"q0": 5}).count() == 0
-    assert spark.read.format("delta").load(lease).schema.fieldNames() == delta_tables.LEASE_SCHEMA.fieldNames()
-    assert delta_tables.read_lease(spark, lease) == first
+    assert tables.read_checkpoint(spark, checkpoint) == {"q0": rows[0]}
+    assert tables.recorded_above(spark, audit, {"q0": 4}).count() == 2
+    assert tables.recorded_above(spark, audit, {"q0": 5}).count() == 0
+    assert spark.read.format("delta").load(lease).schema.fieldNames() == tables.LEASE_SCHEMA.fieldNames()
+    assert tables.read_lease(spark, lease) == first
     detail = spark.sql(f"DESCRIBE DETAIL delta.`{audit}`").first()
     assert detail["partitionColumns"] == ["outcome_date"]
 
@@ -53,14 +55,14 @@ def test_the_lease_is_a_compare_and_set_even_when_two_runs_create_its_table_at_o
     now = dt.datetime(2026, 11, 26, tzinfo=dt.timezone.utc)
     racers = [new_lease("ns/contoso", f"run-{n}", "host", n, now, 60) for n in range(2)]
     with ThreadPoolExecutor(2) as pool:
-        won = list(pool.map(lambda candidate: delta_tables.write_lease(spark, lease, candidate), racers))
+        won = list(pool.map(lambda candidate: tables.write_lease(spark, lease, candidate), racers))
 
     assert sorted(won) == [False, True]
-    holder = delta_tables.read_lease(spark, lease)
+    holder = tables.read_lease(spark, lease)
     assert holder == racers[won.index(True)]
     loser = racers[won.index(False)]
     stale = new_lease("ns/contoso", loser.run_id, "host", 9, now, 60)  # epoch 1 again: already taken
-    assert not delta_tables.write_lease(spark, lease, stale)
+    assert not tables.write_lease(spark, lease, stale)
     following = new_lease("ns/contoso", loser.run_id, "host", 9, now, 60, holder)  # over the row read
-    assert following.epoch == 2 and delta_tables.write_lease(spark, lease, following)
-    assert delta_tables.read_lease(spark, lease) == following
+    assert following.epoch == 2 and tables.write_lease(spark, lease, following)
+    assert tables.read_lease(spark, lease) == following

@@ -5,16 +5,17 @@ import uuid
 from collections import defaultdict
 
 import pytest
-from azure.servicebus import NEXT_AVAILABLE_SESSION, ServiceBusClient, ServiceBusReceiveMode
-from azure.servicebus.exceptions import OperationTimeoutError
+from azure.servicebus import ServiceBusClient, ServiceBusReceiveMode
 
-from backlog_syphon import backlog_writer
-from backlog_syphon.amqp_codec import Int, Symbol, Timestamp, ULong
-from backlog_syphon.amqp_message import decode_message
-from backlog_syphon.backlog_writer import OriginalMessage
-from backlog_syphon.legacy_properties import LEGACY_PROPERTIES, backlog_queue_name
-from backlog_syphon.servicebus_io import backlog_dead_letters, peek_raw
-from backlog_syphon.syphon import run_syphon
+from backlog_syphon.restore.amqp_codec import Int, Symbol, Timestamp, ULong
+from backlog_syphon.restore.amqp_message import decode_message
+from backlog_syphon.restore.legacy_properties import LEGACY_PROPERTIES
+from backlog_syphon.restore.queue_names import backlog_queue_name
+from backlog_syphon.run.syphon import run_syphon
+from backlog_syphon.servicebus.peek import peek_raw
+from tools import backlog_writer
+from tools.backlog_writer import OriginalMessage
+from tools.testing import backlog_dead_letters, drain_destinations
 
 from .conftest import PRIMARY
 
@@ -37,22 +38,9 @@ EXPECTED_TYPES = {"long": int, "small_long": int, "int": Int, "ulong": ULong, "t
                   "blob": bytes}
 
 
-def drain_queue(client, queue, *, session=False, max_wait=1):
+def drain_queue(client, queue, *, session=False):
     """Receive-and-delete everything; returns messages in arrival order (grouped per session)."""
-    received = []
-    if session:
-        while True:
-            try:
-                with client.get_queue_receiver(queue, session_id=NEXT_AVAILABLE_SESSION, max_wait_time=1,
-                                               receive_mode=RECEIVE_AND_DELETE) as receiver:
-                    while batch := receiver.receive_messages(max_message_count=200, max_wait_time=max_wait):
-                        received.extend(batch)
-            except OperationTimeoutError:
-                return received
-    with client.get_queue_receiver(queue, receive_mode=RECEIVE_AND_DELETE) as receiver:
-        while batch := receiver.receive_messages(max_message_count=200, max_wait_time=max_wait):
-            received.extend(batch)
-    return received
+    return drain_destinations(client, [queue], session_entities=[queue] if session else [])[queue]
 
 
 def test_fidelity_of_every_field_and_property(emulator, syphon_config, spark):
@@ -207,7 +195,7 @@ def test_poison_messages_are_dead_lettered_with_reasons_and_audited(emulator, sy
 def test_secrets_stay_out_of_plans_and_tables(emulator, syphon_config, spark, secret_leak_probe):
     backlog_writer.write_backlog(syphon_config.secondary, PRIMARY,
                                  [OriginalMessage(None, b"no path", message_id="leak-check")], queue_count=10)
-    from backlog_syphon.backlog_source import BacklogDataSource, SOURCE_NAME, backlog_source_options
+    from backlog_syphon.source.data_source import BacklogDataSource, SOURCE_NAME, backlog_source_options
 
     spark.dataSource.register(BacklogDataSource)
     frame = spark.readStream.format(SOURCE_NAME).options(**backlog_source_options(syphon_config)).load()

@@ -22,8 +22,10 @@ import pytest
 from .conftest import ROOT
 
 RUNTIME_PACKAGES = ("pyspark", "py4j", "pyarrow", "numpy", "pandas", "dateutil", "pytz", "tzdata", "six.py")
-JOB_MODULES = ("backlog_syphon.cli", "backlog_syphon.syphon", "backlog_syphon.backlog_source",
-               "backlog_syphon.delivery_sink", "backlog_syphon.servicebus_io", "backlog_syphon.amqp_codec")
+JOB_MODULES = ("backlog_syphon", "backlog_syphon.cli", "backlog_syphon.run.syphon", "backlog_syphon.run.dry_run",
+               "backlog_syphon.source.data_source", "backlog_syphon.sink.foreach_batch",
+               "backlog_syphon.servicebus.settle", "backlog_syphon.servicebus.probes",
+               "backlog_syphon.restore.amqp_codec")
 
 
 def _run(command, **kwargs) -> subprocess.CompletedProcess:
@@ -69,8 +71,8 @@ def test_the_wheel_installs_without_a_compiler_and_the_job_imports(tmp_path):
         "assert importlib.util.find_spec('proton') is None, 'python-qpid-proton is installed'\n"
         "assert importlib.util.find_spec('servicebus_emulator') is None, 'the emulator came with the wheel'\n"
         f"for name in {JOB_MODULES!r}: importlib.import_module(name)\n"
-        "from backlog_syphon.amqp_codec import Char\n"
-        "from backlog_syphon.amqp_message import DecodedMessage, decode_message\n"
+        "from backlog_syphon.restore.amqp_codec import Char\n"
+        "from backlog_syphon.restore.amqp_message import DecodedMessage, decode_message\n"
         "raw = DecodedMessage(application_properties={'c': Char('x')}, body=(b'hello',)).encode()\n"
         "assert decode_message(raw).application_properties == {'c': Char('x')}\n"
         "from backlog_syphon.cli import build_parser\n"

@@ -12,8 +12,8 @@ import proton
 import pytest
 from proton import Data, Message
 
-from backlog_syphon import amqp_codec as codec
-from backlog_syphon.amqp_codec import (
+from backlog_syphon.restore import amqp_codec as codec
+from backlog_syphon.restore.amqp_codec import (
     MAX_NESTING_DEPTH,
     AmqpDecodeError,
     AmqpType,
@@ -45,7 +45,7 @@ from backlog_syphon.amqp_codec import (
     sequence_number,
     split_sections,
 )
-from backlog_syphon.amqp_message import (
+from backlog_syphon.restore.amqp_message import (
     LegacyPropertiesError,
     decode_envelope,
     decode_message,

@@ -10,7 +10,7 @@ import proton
 import pytest
 from proton import Message
 
-from backlog_syphon.amqp_codec import (
+from backlog_syphon.restore.amqp_codec import (
     BODY_SECTIONS,
     AmqpDecodeError,
     Array,
@@ -31,7 +31,7 @@ from backlog_syphon.amqp_codec import (
     map_entries,
     split_sections,
 )
-from backlog_syphon.amqp_message import (
+from backlog_syphon.restore.amqp_message import (
     BROKER_OWNED_ANNOTATIONS,
     UINT_MAX,
     DecodedMessage,
@@ -44,7 +44,7 @@ from backlog_syphon.amqp_message import (
     restore_message_bytes,
     restored_message,
 )
-from backlog_syphon.legacy_properties import LegacyFields, decode_legacy_properties
+from backlog_syphon.restore.legacy_properties import LegacyFields, decode_legacy_properties
 from tests.unit.amqp_values import proton_encode, tagged, to_proton
 
 UTC = timezone.utc

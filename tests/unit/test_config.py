@@ -113,6 +113,16 @@ def test_secret_scope_without_databricks_is_a_clear_error(tmp_path):
         load_config(write(tmp_path, text), environ=ENV)
 
 
+def test_the_host_loader_reads_secret_scopes_only_on_databricks(tmp_path):
+    from backlog_syphon.run.host import load_config as load_config_on_host
+
+    text = BASE.replace("{env: PRIMARY_CS}", "{secret: syphon/primary}")
+    with pytest.raises(ConfigError, match="need Databricks"):
+        load_config_on_host(write(tmp_path, text), environ=ENV)
+    config = load_config_on_host(write(tmp_path, text), environ=ENV, secret_reader=lambda scope, key: SECRET)
+    assert config.primary.connection_string.reveal() == SECRET
+
+
 def test_azure_ad_alternative(tmp_path):
     text = BASE.replace("connection_string: {env: PRIMARY_CS}", "fully_qualified_namespace: contoso.servicebus.windows.net")
     config = load_config(write(tmp_path, text), environ=ENV)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from backlog_syphon.config import SinkConfig
-from backlog_syphon.delivery import (
+from backlog_syphon.sink.delivery import (
     Outgoing,
     PartialSendError,
     PrimaryUnreachableError,

@@ -5,12 +5,12 @@ from datetime import timedelta, timezone
 from chispa import assert_df_equality
 from pyspark.sql.types import LongType, StringType, StructField, StructType
 
-from backlog_syphon.backlog_rows import BACKLOG_ROW_SCHEMA
-from backlog_syphon.dry_run_plan import (DestinationProblem, apply_destination_checks, dead_letter_plan,
+from backlog_syphon.restore.rows import BACKLOG_ROW_SCHEMA
+from backlog_syphon.run.dry_run_plan import (DestinationProblem, apply_destination_checks, dead_letter_plan,
                                          destination_summary)
-from backlog_syphon.restore_rules import classify_messages
+from backlog_syphon.restore.rules import classify_messages
 
-from .test_restore_rules import MINUTE_MS, NOW, backlog_row
+from .test_rules import MINUTE_MS, NOW, backlog_row
 
 PLAN_SCHEMA = StructType([StructField("sequence_number", LongType()), StructField("action", StringType()),
                           StructField("reason_code", StringType())])

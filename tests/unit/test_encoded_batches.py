@@ -4,9 +4,9 @@ from azure.servicebus import ServiceBusMessageBatch
 from azure.servicebus._pyamqp.message import BatchMessage
 from azure.servicebus._pyamqp.utils import get_message_encoded_size
 
-from backlog_syphon.amqp_message import DecodedMessage, MessageProperties, decode_message
-from backlog_syphon.delivery import Outgoing
-from backlog_syphon.servicebus_io import add_encoded
+from backlog_syphon.restore.amqp_message import DecodedMessage, MessageProperties, decode_message
+from backlog_syphon.sink.delivery import Outgoing
+from backlog_syphon.servicebus.send import add_encoded
 
 
 def outgoing(index: int, body_size: int = 40) -> Outgoing:

@@ -2,7 +2,7 @@
 
 import datetime as dt
 
-from backlog_syphon.lease import Lease, LeaseHeldError, may_send, new_lease, released, renewal_due
+from backlog_syphon.run.lease import Lease, LeaseHeldError, may_send, new_lease, released, renewal_due
 
 T0 = dt.datetime(2026, 11, 26, 8, 0, tzinfo=dt.timezone.utc)
 LEASE_SECONDS = 120

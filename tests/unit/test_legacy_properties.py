@@ -5,7 +5,7 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from backlog_syphon.amqp_codec import (
+from backlog_syphon.restore.amqp_codec import (
     Array,
     Char,
     Decimal32,
@@ -19,7 +19,7 @@ from backlog_syphon.amqp_codec import (
     ULong,
 )
 
-from backlog_syphon.legacy_properties import (
+from backlog_syphon.restore.legacy_properties import (
     DOTNET_TIMESPAN_MAX_TICKS,
     INVALID_DESTINATION,
     INVALID_LEGACY_PROPERTY,
@@ -27,12 +27,8 @@ from backlog_syphon.legacy_properties import (
     MISSING_PATH,
     LegacyFields,
     Problem,
-    backlog_queue_index,
-    backlog_queue_name,
-    backlog_queue_names,
     datetime_to_ms,
     decode_legacy_properties,
-    is_backlog_queue_name,
     is_legacy_key,
     ms_to_datetime,
     strip_legacy_properties,
@@ -403,33 +399,7 @@ def test_legacy_properties_constant():
     assert LEGACY_PROPERTIES == {"x-ms-path", "x-ms-sessionid", "x-ms-timetolive", "x-ms-scheduledenqueuetimeutc"}
 
 
-# --- names and conversions ----------------------------------------------------------------------
-
-def test_backlog_queue_name_and_index():
-    assert backlog_queue_name("contoso", 0) == "contoso/x-servicebus-transfer/0"
-    assert backlog_queue_names("contoso", 2) == ["contoso/x-servicebus-transfer/0", "contoso/x-servicebus-transfer/1"]
-    assert backlog_queue_index("contoso/x-servicebus-transfer/12") == 12
-    assert backlog_queue_index("contoso/X-SERVICEBUS-TRANSFER/3") == 3
-    for name in ["contoso/x-servicebus-transfer/", "contoso/x-servicebus-transfer/01",
-                 "contoso/x-servicebus-transfer/a", "x-servicebus-transfer/1", "a/b/x-servicebus-transfer/1",
-                 "contoso/x-servicebus-transfer/1/x", "orders"]:
-        assert backlog_queue_index(name) is None, name
-
-
-def test_is_backlog_queue_name():
-    assert is_backlog_queue_name("contoso/x-servicebus-transfer/9")
-    assert is_backlog_queue_name("contoso/x-servicebus-transfer/9", "Contoso")
-    assert not is_backlog_queue_name("contoso/x-servicebus-transfer/9", "fabrikam")
-    assert not is_backlog_queue_name("orders")
-
-
-@pytest.mark.parametrize("namespace, index", [
-    ("", 0), ("a/b", 0), ("contoso", -1), ("contoso", True), ("contoso", "1"),
-])
-def test_backlog_queue_name_rejects_bad_input(namespace, index):
-    with pytest.raises(ValueError):
-        backlog_queue_name(namespace, index)
-
+# --- conversions ----------------------------------------------------------------------
 
 def test_tick_conversions():
     assert ticks_to_timedelta(10_000_000) == timedelta(seconds=1)

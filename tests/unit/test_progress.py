@@ -3,7 +3,7 @@
 import datetime as dt
 import json
 
-from backlog_syphon.progress import BatchStats, ProgressPoint, behind_latest, progress_line
+from backlog_syphon.run.progress import BatchStats, ProgressPoint, behind_latest, progress_line
 
 NOW = dt.datetime(2024, 5, 1, 12, 0, tzinfo=dt.timezone.utc)
 Q0, Q1 = "contoso/x-servicebus-transfer/0", "contoso/x-servicebus-transfer/1"

@@ -2,7 +2,7 @@
 
 import pytest
 
-from backlog_syphon.purge_plan import PageActions, PurgePlan, PurgeProgress, PurgeResult
+from backlog_syphon.servicebus.purge_plan import PageActions, PurgePlan, PurgeProgress, PurgeResult
 
 
 def run_purge(plan, queue_head, *, page=100, settle_fails=()):

@@ -1,0 +1,116 @@
+"""Decide, per backlog row, whether to deliver, dead-letter or skip it, and with which time to live.
+
+Pure ``DataFrame -> DataFrame`` transforms over rows shaped like ``BACKLOG_ROW_SCHEMA``, built from
+Spark column expressions only (no Python UDFs). The current time is passed in, never read here.
+
+Invariants:
+- Every row gets exactly one action and, unless it is delivered, a stable ``reason_code`` and a
+  human ``reason``: nothing is silently dropped.
+- Precedence: ping, then decode problems, then expiry in the backlog, then size.
+- Reasons are built from decoded fields and numbers only (decode reasons never quote unsafe text,
+  see :func:`backlog_syphon.restore.legacy_properties.quote`), so they carry no secrets.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from pyspark.sql import Column, DataFrame
+from pyspark.sql import functions as F
+
+from backlog_syphon.restore.legacy_properties import (
+    PING_CONTENT_TYPE,
+    datetime_to_ms,
+)
+from backlog_syphon.model import Action, ReasonCode, TtlPolicy
+
+
+DEFAULT_TTL_POLICY = TtlPolicy.REMAINING
+
+
+CLASSIFICATION_COLUMNS = ("action", "reason_code", "reason", "restored_time_to_live_ms")
+
+
+def classify_messages(
+    df: DataFrame,
+    *,
+    now: datetime,
+    ttl_policy: str | TtlPolicy = DEFAULT_TTL_POLICY,
+    max_message_size_bytes: int | None = None,
+) -> DataFrame:
+    """Add ``action``, ``reason_code``, ``reason`` and ``restored_time_to_live_ms`` to backlog rows.
+
+    ``restored_time_to_live_ms`` is the TTL to send with, set only for rows to deliver (null there
+    means no TTL). Under ``remaining`` the TTL clock starts at the later of the backlog enqueue time
+    and the scheduled enqueue time, as it would have on the destination; a row without an enqueue
+    time is treated as not having waited.
+    """
+    policy = TtlPolicy.parse(ttl_policy)
+    if now.tzinfo is None:
+        raise ValueError("now must be a timezone-aware datetime (for example datetime.now(timezone.utc))")
+    if max_message_size_bytes is not None and (
+        isinstance(max_message_size_bytes, bool) or not isinstance(max_message_size_bytes, int)
+        or max_message_size_bytes <= 0
+    ):
+        raise ValueError(f"max_message_size_bytes must be a positive int or None, got {max_message_size_bytes!r}")
+
+    ttl_ms = F.col("time_to_live_ms")
+    waited_ms = _waited_ms(datetime_to_ms(now))
+    if policy is TtlPolicy.RESTART:
+        restored_ttl_ms = ttl_ms
+        expired = F.lit(False)
+    else:
+        restored_ttl_ms = ttl_ms - waited_ms
+        expired = expired_by(now)
+
+    is_ping = F.coalesce(F.col("content_type") == PING_CONTENT_TYPE, F.lit(False))
+    # A null destination without a problem code is a source bug; dead-letter it rather than guess.
+    undecoded = F.col("decode_problem_code").isNotNull() | F.col("destination").isNull()
+    too_large = (
+        F.coalesce(F.col("body_size") > max_message_size_bytes, F.lit(False))
+        if max_message_size_bytes is not None
+        else F.lit(False)
+    )
+
+    rules = [  # (condition, action, reason_code, reason), in precedence order
+        (is_ping, Action.SKIP, F.lit(ReasonCode.PING),
+         F.lit(f"ping message (content type {PING_CONTENT_TYPE}); pings are never delivered")),
+        (undecoded, Action.DEAD_LETTER,
+         F.coalesce(F.col("decode_problem_code"), F.lit(ReasonCode.MISSING_PATH)),
+         F.coalesce(F.col("decode_problem_reason"), F.lit("no destination was decoded from x-ms-path"))),
+        (expired, Action.DEAD_LETTER, F.lit(ReasonCode.EXPIRED_IN_BACKLOG),
+         F.format_string("expired in the backlog: time to live %d ms, waited %d ms", ttl_ms, waited_ms)),
+        (too_large, Action.DEAD_LETTER, F.lit(ReasonCode.MESSAGE_TOO_LARGE),
+         F.format_string(f"body of %d bytes exceeds the limit of {max_message_size_bytes} bytes",
+                         F.col("body_size"))),
+    ]
+    action = _first_match([(condition, F.lit(act)) for condition, act, _, _ in rules], F.lit(Action.DELIVER))
+    reason_code = _first_match([(condition, code) for condition, _, code, _ in rules], F.lit(None))
+    reason = _first_match([(condition, text) for condition, _, _, text in rules], F.lit(None))
+
+    return df.select(
+        "*",
+        action.alias("action"),
+        reason_code.cast("string").alias("reason_code"),
+        reason.cast("string").alias("reason"),
+        F.when(action == Action.DELIVER, restored_ttl_ms).cast("long").alias("restored_time_to_live_ms"),
+    )
+
+
+def expired_by(now: datetime) -> Column:
+    """True where the message's time to live ran out by ``now`` (whatever the TTL policy does about it)."""
+    return F.coalesce(F.col("time_to_live_ms") - _waited_ms(datetime_to_ms(now)) <= 0, F.lit(False))
+
+
+def _waited_ms(now_ms: int) -> Column:
+    """Milliseconds since the TTL clock started, never negative (a future schedule has not started it)."""
+    clock_start = F.greatest(F.col("enqueued_time"), F.col("scheduled_enqueue_time"))  # greatest skips nulls
+    zero = F.lit(0).cast("long")
+    return F.coalesce(F.greatest(zero, F.lit(now_ms) - F.unix_millis(clock_start)), zero)
+
+
+def _first_match(cases: list[tuple[Column, Column]], otherwise: Column) -> Column:
+    expression = None
+    for condition, value in cases:
+        expression = F.when(condition, value) if expression is None else expression.when(condition, value)
+    return expression.otherwise(otherwise)

@@ -1,0 +1,112 @@
+"""The dry run: peek every backlog queue and report what a replay would do, changing nothing anywhere.
+
+It reads the same source rows and applies the same restore rules as a replay, attaches (without
+sending) a sender to each destination, and summarises with the pure ``dry_run_plan``.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass
+
+from pyspark.sql import SparkSession
+from pyspark.sql import functions as F
+
+from backlog_syphon.config import SyphonConfig
+from backlog_syphon.model import Action
+from backlog_syphon.restore.queue_names import backlog_queue_names
+from backlog_syphon.restore.rules import classify_messages
+from backlog_syphon.run import dry_run_plan
+from backlog_syphon.source.data_source import SOURCE_NAME, BacklogDataSource, backlog_source_options
+from backlog_syphon.storage import tables
+
+
+@dataclass(frozen=True)
+class DryRunReport:
+    per_destination: list[dict]  # dry_run_plan.destination_summary rows
+    per_queue: dict[str, int]  # backlog queue -> messages in it
+    dead_letters: list[dict]  # the first ``dead_letter_limit`` messages that would be dead-lettered
+    dead_letter_total: int
+    unchecked: dict[str, str]  # destination -> why it could not be checked (e.g. the primary is down)
+    state_tables: str = ""  # the lease table that fences runs of this backlog
+    lease_holder: str | None = None  # who delivers from this backlog now, if anyone
+
+    def lines(self) -> list[str]:
+        out = ["dry run: nothing was sent, settled or written"]
+        out.append(f"  {'destination':<28} {'messages':>8} {'bytes':>10} {'sessions':>8} {'scheduled':>9} "
+                   f"{'expired':>7} {'deliver':>7} {'dead-letter':>11} {'skip':>5}  oldest .. newest enqueued")
+        for row in self.per_destination:
+            oldest = f"{row['oldest_enqueued']:%Y-%m-%d %H:%M:%S}" if row["oldest_enqueued"] else "-"
+            newest = f"{row['newest_enqueued']:%Y-%m-%d %H:%M:%S}" if row["newest_enqueued"] else "-"
+            out.append(f"  {row['destination']:<28} {row['messages']:>8} {row['body_bytes']:>10} "
+                       f"{row['sessions']:>8} {row['scheduled']:>9} {row['expired']:>7} {row['to_deliver']:>7} "
+                       f"{row['to_dead_letter']:>11} {row['to_skip']:>5}  {oldest} .. {newest}")
+        if not self.per_destination:
+            out.append("  (the backlog queues are empty)")
+        out.append(f"  backlog queues: {sum(self.per_queue.values())} messages in "
+                   f"{sum(1 for n in self.per_queue.values() if n)} of {len(self.per_queue)} queues")
+        if self.dead_letter_total:
+            out.append(f"  would dead-letter {self.dead_letter_total} messages:")
+            for row in self.dead_letters:
+                out.append(f"    {row['backlog_queue']}#{row['sequence_number']} message_id={row['message_id']} "
+                           f"destination={row['destination']} {row['reason_code']}: {row['reason']}")
+            if self.dead_letter_total > len(self.dead_letters):
+                out.append(f"    ... and {self.dead_letter_total - len(self.dead_letters)} more")
+        for destination, reason in self.unchecked.items():
+            out.append(f"  warning: could not check destination '{destination}' ({reason}); a replay "
+                       f"would wait for it rather than dead-letter")
+        if self.lease_holder:
+            out.append(f"  note: {self.lease_holder} is delivering from this backlog now; a replay would wait for it "
+                       f"or exit")
+        out.append(f"  WARNING: only runs that use the same state tables ({self.state_tables}) are kept from "
+                   f"delivering at the same time; a run of this backlog with other state tables would send the "
+                   f"same messages again")
+        return out
+
+
+def dry_run(spark: SparkSession, config: SyphonConfig, *, now: dt.datetime | None = None,
+            dead_letter_limit: int = 100) -> DryRunReport:
+    """Peek every backlog queue and report what a replay would do, changing nothing anywhere.
+
+    Uses the same source rows and restore rules as the syphon, and attaches (without sending) a
+    sender to each destination to find those the primary namespace would refuse.
+    """
+    from backlog_syphon.servicebus.probes import check_destinations
+
+    now = now or dt.datetime.now(dt.timezone.utc)
+    spark.dataSource.register(BacklogDataSource)
+    snapshot = spark.read.format(SOURCE_NAME).options(**backlog_source_options(config)).load()
+    classified = classify_messages(snapshot, now=now, ttl_policy=config.restore.ttl_policy,
+                                   max_message_size_bytes=config.sink.max_message_size_bytes).persist()
+    try:
+        per_queue = {row["backlog_queue"]: row["count"] for row in classified.groupBy("backlog_queue").count().collect()}
+        deliverable = classified.where(F.col("action") == Action.DELIVER)
+        destinations = [row[0] for row in deliverable.select("destination").distinct().collect()]
+        checks = check_destinations(config.primary, destinations) if destinations else {}
+        planned = dry_run_plan.apply_destination_checks(
+            classified,
+            problems={d: dry_run_plan.DestinationProblem(c.failure.reason_code, c.failure.reason)
+                      for d, c in checks.items() if c.failure is not None and not c.failure.transient},
+            max_sizes={d: c.max_message_size for d, c in checks.items() if c.max_message_size})
+        dead_letters = dry_run_plan.dead_letter_plan(planned)
+        return DryRunReport(
+            per_destination=[row.asDict() for row in dry_run_plan.destination_summary(planned, now=now).collect()],
+            per_queue=dict.fromkeys(backlog_queue_names(config.primary.namespace, config.backlog.queue_count), 0)
+            | per_queue,
+            dead_letters=[row.asDict() for row in dead_letters.limit(dead_letter_limit).collect()],
+            dead_letter_total=dead_letters.count(),
+            unchecked={d: c.failure.reason for d, c in checks.items() if c.failure is not None and c.failure.transient},
+            state_tables=config.storage.resolved_lease_table, lease_holder=_current_holder(spark, config, now))
+    finally:
+        classified.unpersist()
+
+
+def _current_holder(spark: SparkSession, config: SyphonConfig, now: dt.datetime) -> str | None:
+    """Who holds the backlog's lease now (the dry run only reads: a missing lease table means nobody)."""
+    try:
+        lease = tables.read_lease(spark, config.storage.resolved_lease_table)
+    except Exception:  # noqa: BLE001 - no lease table yet: no run has taken the lease
+        return None
+    if lease is None or lease.expires_at <= now:
+        return None
+    return f"{lease.holder} (lease until {lease.expires_at:%Y-%m-%d %H:%M:%S} UTC)"

@@ -1,0 +1,82 @@
+"""What a replay would do, from a snapshot of the backlog: pure Spark transforms, no I/O.
+
+The dry run (``run.dry_run``) peeks every backlog queue, classifies the rows with the same
+``restore.rules`` the sink uses, adds what only the primary namespace can tell (a destination
+that does not exist or refuses us, a message larger than its link takes), and summarises here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+
+from backlog_syphon.model import Action, ReasonCode
+from backlog_syphon.restore.rules import expired_by
+
+NO_DESTINATION = "(no destination)"
+DEAD_LETTER_COLUMNS = ("backlog_queue", "sequence_number", "message_id", "destination", "reason_code", "reason")
+
+
+@dataclass(frozen=True)
+class DestinationProblem:
+    """Why nothing can be sent to a destination (from attaching a sender to it)."""
+
+    reason_code: ReasonCode
+    reason: str
+
+
+def apply_destination_checks(classified: DataFrame, problems: dict[str, DestinationProblem],
+                             max_sizes: dict[str, int]) -> DataFrame:
+    """Turn deliverable rows into dead-letters where the primary namespace would refuse them.
+
+    ``problems``: destinations that cannot be used; ``max_sizes``: the largest message each usable
+    destination accepts. The stored size of the backlog copy stands in for the restored message's
+    size; it is a few hundred bytes larger (the ``x-ms-*`` properties), so the check errs on the
+    side of warning.
+    """
+    deliverable = F.col("action") == Action.DELIVER
+    action, reason_code, reason = F.col("action"), F.col("reason_code"), F.col("reason")
+    for destination, problem in sorted(problems.items()):
+        refused = deliverable & (F.col("destination") == destination)
+        action = F.when(refused, F.lit(Action.DEAD_LETTER)).otherwise(action)
+        reason_code = F.when(refused, F.lit(problem.reason_code)).otherwise(reason_code)
+        reason = F.when(refused, F.lit(problem.reason)).otherwise(reason)
+    for destination, limit in sorted(max_sizes.items()):
+        too_large = deliverable & (F.col("destination") == destination) & (F.length("raw_message") > limit)
+        action = F.when(too_large, F.lit(Action.DEAD_LETTER)).otherwise(action)
+        reason_code = F.when(too_large, F.lit(ReasonCode.MESSAGE_TOO_LARGE)).otherwise(reason_code)
+        reason = F.when(too_large, F.format_string(
+            f"stored message of %d bytes exceeds the {limit} bytes '{destination}' accepts",
+            F.length("raw_message"))).otherwise(reason)
+    return classified.withColumns({"action": action, "reason_code": reason_code, "reason": reason})
+
+
+def destination_summary(planned: DataFrame, *, now: datetime) -> DataFrame:
+    """One row per destination: what is waiting for it and what would happen to it."""
+    def count_where(condition):
+        return F.sum(F.when(condition, 1).otherwise(0)).cast("long")
+
+    return (planned
+            .withColumn("destination", F.coalesce("destination", F.lit(NO_DESTINATION)))
+            .groupBy("destination")
+            .agg(F.count(F.lit(1)).alias("messages"),
+                 F.coalesce(F.sum("body_size"), F.lit(0)).cast("long").alias("body_bytes"),
+                 F.countDistinct("session_id").alias("sessions"),
+                 F.min("enqueued_time").alias("oldest_enqueued"),
+                 F.max("enqueued_time").alias("newest_enqueued"),
+                 count_where(F.col("scheduled_enqueue_time") > F.lit(now)).alias("scheduled"),
+                 count_where(expired_by(now)).alias("expired"),
+                 count_where(F.col("action") == Action.DELIVER).alias("to_deliver"),
+                 count_where(F.col("action") == Action.DEAD_LETTER).alias("to_dead_letter"),
+                 count_where(F.col("action") == Action.SKIP).alias("to_skip"))
+            .orderBy("destination"))
+
+
+def dead_letter_plan(planned: DataFrame) -> DataFrame:
+    """The messages that would be dead-lettered, with their reasons, in backlog order."""
+    return (planned.where(F.col("action") == Action.DEAD_LETTER)
+            .select(*DEAD_LETTER_COLUMNS)
+            .orderBy("backlog_queue", "sequence_number"))

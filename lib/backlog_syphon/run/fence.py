@@ -1,0 +1,203 @@
+"""The fence, kept: take this run's lease before the stream starts, extend it while the run lives,
+check it before every send, release it at the end. The decisions are ``lease``'s; this is the I/O.
+
+A run holds one ``LeaseKeeper``. The driver takes the lease (``acquire``), a heartbeat thread extends it
+while the run lives (also while a batch waits for an outage), and the sink calls ``check_before_send``
+before each send step: if the lease could not be extended and is close to expiring, or another run
+holds it, the batch fails before sending anything.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import os
+import socket
+import threading
+import time
+from typing import Callable
+
+from pyspark.sql import SparkSession
+
+from backlog_syphon.storage import tables
+from backlog_syphon.run.lease import (
+    Lease,
+    LeaseHeldError,
+    LeaseLostError,
+    LeaseTableMismatchError,
+    RENEW_AFTER_FRACTION,
+    may_send,
+    new_lease,
+    released,
+    renewal_due,
+)
+
+logger = logging.getLogger(__name__)
+
+WAIT_POLL_SECONDS = 5.0  # how often a waiting run looks at the lease (a read, not a commit)
+
+
+def utc_now() -> dt.datetime:
+    return dt.datetime.now(dt.timezone.utc)
+
+
+class LeaseKeeper:
+    """This run's lease on one backlog. Picklable (the lease and settings travel, the thread does not)."""
+
+    def __init__(self, *, lease_table: str, lease_key: str, run_id: str, lease_seconds: float,
+                 clock: Callable[[], dt.datetime] = utc_now):
+        self.lease_table = lease_table
+        self.lease_key = lease_key
+        self.run_id = run_id
+        self.lease_seconds = lease_seconds
+        self.clock = clock
+        self.host = socket.gethostname()
+        self.pid = os.getpid()
+        self.lease: Lease | None = None
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._heartbeat: threading.Thread | None = None
+
+    def __getstate__(self):
+        state = dict(self.__dict__)
+        state.update(_lock=None, _stop=None, _heartbeat=None)
+        return state
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+
+    # --- taking and giving back --------------------------------------------------------------------
+
+    def acquire(self, spark: SparkSession, *, wait: bool, on_wait: Callable[[str], None] | None = None) -> Lease:
+        """Take the lease, or raise ``LeaseHeldError`` (``wait=False``), or wait until it is free."""
+        announced = False
+        lost_races = 0
+        while True:
+            now = self.clock()
+            current = self._read(spark)
+            gone = current is not None and self._holder_gone(current)
+            if current is None or current.is_free_for(self.run_id, now, holder_gone=gone):
+                candidate = new_lease(self.lease_key, self.run_id, self.host, self.pid, now, self.lease_seconds,
+                                      current)
+                if gone and current.expires_at > now:
+                    logger.warning("%s crashed (its process is gone): taking its lease over", current.holder)
+                if tables.write_lease(spark, self.lease_table, candidate):
+                    with self._lock:
+                        self.lease = candidate
+                    logger.info("took the lease on %s until %s", self.lease_key, candidate.expires_at)
+                    return candidate
+                lost_races += 1  # another run won the race: read who, then decide
+                if lost_races > 10:
+                    raise RuntimeError(f"could not write the lease row in {self.lease_table}; check that this "
+                                       f"run may write there")
+                continue
+            if not wait:
+                raise LeaseHeldError(current, now, lease_table=self.lease_table)
+            if not announced and on_wait is not None:
+                on_wait(f"waiting for the lease: {LeaseHeldError(current, now, lease_table=self.lease_table)}")
+                announced = True
+            time.sleep(min(WAIT_POLL_SECONDS, max(0.5, (current.expires_at - now).total_seconds())))
+
+    def _read(self, spark: SparkSession) -> Lease | None:
+        current = tables.read_lease(spark, self.lease_table)
+        if current is not None and current.lease_key != self.lease_key:
+            raise LeaseTableMismatchError(
+                f"the lease table {self.lease_table} belongs to the backlog {current.lease_key}, not to "
+                f"{self.lease_key}: the state tables (storage.checkpoint_table, storage.audit_table) of another "
+                f"backlog are configured; give each backlog its own")
+        return current
+
+    def _holder_gone(self, lease: Lease) -> bool:
+        """The holder ran on this host and its process no longer exists (a crashed run)."""
+        return lease.run_id != self.run_id and lease.host == self.host and not process_alive(lease.pid)
+
+    def release(self, spark: SparkSession) -> None:
+        """Give the lease back so a waiting run can start at once (best effort: it expires anyway)."""
+        self.stop_heartbeat()
+        with self._lock:
+            lease, self.lease = self.lease, None
+        if lease is None:
+            return
+        try:
+            # Over the lease as this run last wrote it; if another copy of this run extended it
+            # since, the write is refused (a stale epoch) and the lease simply expires.
+            tables.write_lease(spark, self.lease_table, released(lease, self.clock()), confirm=False)
+        except Exception as exc:  # noqa: BLE001 - the lease expires by itself
+            logger.warning("could not release the lease (%s); it expires at %s", type(exc).__name__,
+                           lease.expires_at)
+
+    # --- keeping --------------------------------------------------------------------------------
+
+    def extend(self, spark: SparkSession) -> None:
+        """Extend the lease now; ``LeaseLostError`` if another run holds it."""
+        with self._lock:
+            if self.lease is None:
+                raise LeaseLostError("this run does not hold the lease (it was released)")
+            # Over the row as it is now: another copy of this keeper (the sink's, under Spark
+            # Connect) may have extended it since.
+            current = self._read(spark)
+            if current is None or current.run_id != self.run_id:
+                self.lease = None
+                holder = "nobody" if current is None else f"{current.holder} (until {current.expires_at:%Y-%m-%d %H:%M:%S} UTC)"
+                raise LeaseLostError(f"the lease was taken over by {holder}; this run stops sending")
+            candidate = new_lease(self.lease_key, self.run_id, self.host, self.pid, self.clock(), self.lease_seconds,
+                                  current)
+            # Not written means another copy of this run wrote the same epoch first: still ours.
+            self.lease = candidate if tables.write_lease(spark, self.lease_table, candidate) else current
+
+    def check_before_send(self, spark: SparkSession) -> None:
+        """Raise ``LeaseLostError`` unless this run may send now (extending the lease when due)."""
+        lease = self.lease
+        if lease is not None and renewal_due(lease, self.clock(), self.lease_seconds):
+            self.extend(spark)
+        if not may_send(self.lease, self.clock(), self.lease_seconds):
+            raise LeaseLostError("this run's lease is about to expire and could not be extended; it stops "
+                                 "sending so that no other run sends the same messages")
+
+    def start_heartbeat(self, spark: SparkSession) -> None:
+        """Extend the lease in the background while the run lives, also during long batches."""
+        if self._heartbeat is not None:
+            return
+        self._stop.clear()
+        self._heartbeat = threading.Thread(target=self._beat, args=(spark,), name="syphon-lease", daemon=True)
+        self._heartbeat.start()
+
+    def stop_heartbeat(self) -> None:
+        if self._heartbeat is not None:
+            self._stop.set()
+            self._heartbeat.join(timeout=30)
+            self._heartbeat = None
+
+    def _beat(self, spark: SparkSession) -> None:
+        interval = max(0.5, self.lease_seconds * RENEW_AFTER_FRACTION / 2)
+        while not self._stop.wait(interval):
+            lease = self.lease
+            if lease is None:
+                return
+            if not renewal_due(lease, self.clock(), self.lease_seconds):
+                continue
+            try:
+                self.extend(spark)
+            except LeaseLostError as exc:
+                logger.error("%s", exc)
+                return
+            except Exception as exc:  # noqa: BLE001 - storage hiccup: the next beat tries again
+                logger.warning("could not extend the lease (%s); trying again in %.0f s", type(exc).__name__, interval)
+
+
+def process_alive(pid: int) -> bool:
+    """Whether a process of this id runs on this host (a zombie, killed but not reaped, does not)."""
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            return handle.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        pass
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

@@ -1,0 +1,78 @@
+"""The fence between runs: who may deliver from a backlog, decided on plain values (no I/O).
+
+At most one run at a time delivers from a backlog (the secondary namespace's backlog queues of one
+primary namespace) with given state tables. The run that holds the *lease* is the only one allowed to
+send; it holds it until ``expires_at`` and extends it while it runs. A lease is the row of the lease
+table (``model.Lease``, written by ``storage.tables``) with an ``epoch`` that every write increases by
+one: a write of epoch n + 1 is a compare-and-set on epoch n (one Delta transaction version per
+epoch), so of two runs racing for it exactly one wins, and a run that read a stale row cannot
+overwrite a newer one.
+
+Invariants:
+- A lease is taken only when it is free: no row, released, expired, or already this run's.
+- A holder sends only while its lease is good for at least a safety margin more, so a lease that is
+  about to expire is extended (or found lost) before anything else is sent. Nobody else can take a
+  lease before it expires, so a holder that checks this never sends at the same time as another run.
+- The lease of a crashed holder simply expires; nothing has to clean it up. A holder that is known
+  to be gone (it ran on this host and its process no longer exists) is taken over at once, so a job
+  restarted after a crash does not wait for its own old lease.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+
+from backlog_syphon.model import Lease
+
+# A holder extends its lease once a third of it is used, and stops sending when less than a quarter
+# is left and it could not extend it: a few missed extensions are survived, a lost lease is noticed.
+RENEW_AFTER_FRACTION = 1 / 3
+SAFETY_MARGIN_FRACTION = 1 / 4
+
+
+def renewal_due(lease: Lease, now: dt.datetime, lease_seconds: float) -> bool:
+    """Time to extend a lease this run holds."""
+    return now >= lease.renewed_at + dt.timedelta(seconds=lease_seconds * RENEW_AFTER_FRACTION)
+
+
+def may_send(lease: Lease | None, now: dt.datetime, lease_seconds: float) -> bool:
+    """Whether a holder may still send under ``lease`` (good for more than the safety margin)."""
+    if lease is None:
+        return False
+    return now < lease.expires_at - dt.timedelta(seconds=lease_seconds * SAFETY_MARGIN_FRACTION)
+
+
+def new_lease(lease_key: str, run_id: str, host: str, pid: int, now: dt.datetime, lease_seconds: float,
+              previous: Lease | None = None) -> Lease:
+    """The row a run writes over ``previous`` (the row it read, if any) to take a lease or extend one it
+    holds (keeping when it took it)."""
+    acquired_at = previous.acquired_at if previous is not None and previous.run_id == run_id else now
+    epoch = previous.epoch + 1 if previous is not None else 1
+    return Lease(lease_key, epoch, run_id, host, pid, acquired_at, now, now + dt.timedelta(seconds=lease_seconds))
+
+
+def released(lease: Lease, now: dt.datetime) -> Lease:
+    """The row a run writes over ``lease`` when it stops: expired at once, so the next run need not wait."""
+    return dataclasses.replace(lease, epoch=lease.epoch + 1, renewed_at=now, expires_at=now)
+
+
+class LeaseHeldError(RuntimeError):
+    """Another run holds the lease: this run must not send (it exits, or waits if so configured)."""
+
+    def __init__(self, lease: Lease, now: dt.datetime, *, lease_table: str):
+        self.lease = lease
+        remaining = max(0, int((lease.expires_at - now).total_seconds()))
+        super().__init__(
+            f"another run is delivering from this backlog: {lease.holder} holds the lease in {lease_table} "
+            f"until {lease.expires_at:%Y-%m-%d %H:%M:%S} UTC ({remaining} s from now, extended while it runs). "
+            f"Wait for it to finish, or set run.wait_for_lease=true to wait for it; if that run crashed, its "
+            f"lease expires by itself at that time")
+
+
+class LeaseTableMismatchError(RuntimeError):
+    """The state tables configured belong to another backlog: a setting to fix."""
+
+
+class LeaseLostError(RuntimeError):
+    """This run's lease expired or was taken over while it ran: it must stop sending at once."""

@@ -1,0 +1,246 @@
+"""Wire the source, the sink and the tables into one streaming query: the one code path of every run mode.
+
+``run_syphon`` runs until an available-now run has drained what was there; ``start_syphon`` starts
+the query for callers that wait themselves. The dry run is ``run.dry_run``.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import logging
+import os
+import tempfile
+import uuid
+from dataclasses import dataclass
+from typing import Callable
+
+from pyspark.sql import SparkSession
+from pyspark.sql.streaming import StreamingQuery
+
+from backlog_syphon.config import SyphonConfig, trigger_options
+from backlog_syphon.model import Outcome
+from backlog_syphon.restore.queue_names import backlog_queue_names
+from backlog_syphon.run import reports
+from backlog_syphon.run.fence import LeaseKeeper
+from backlog_syphon.run.progress import BatchStats, ProgressPoint, SyphonProgressListener, follow_progress
+from backlog_syphon.run.spark_session import is_connect
+from backlog_syphon.sink.foreach_batch import DeliverySink
+from backlog_syphon.source.data_source import SOURCE_NAME, BacklogDataSource, backlog_source_options
+from backlog_syphon.storage import tables
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    run_id: str
+    per_destination: dict[str, dict[str, int]]  # destination -> outcome (an Outcome's value) -> count
+    remaining: dict[str, int]  # backlog queue -> messages still there
+    progress: tuple[ProgressPoint, ...] = ()  # one point per micro-batch, as the listener saw it
+
+    @property
+    def drained(self) -> bool:
+        return not any(self.remaining.values())
+
+    def lines(self) -> list[str]:
+        out = [f"run {self.run_id}"]
+        out.append(f"  {'destination':<32} {'delivered':>10} {'dead-lettered':>14} {'skipped':>8}")
+        for destination, counts in self.per_destination.items():
+            out.append(f"  {destination:<32} {counts[Outcome.DELIVERED]:>10} {counts[Outcome.DEAD_LETTERED]:>14} "
+                       f"{counts[Outcome.SKIPPED_PING]:>8}")
+        if not self.per_destination:
+            out.append("  (nothing moved)")
+        out.append(f"  {'backlog queue':<40} {'remaining':>10}")
+        for queue, count in self.remaining.items():
+            out.append(f"  {queue:<40} {count:>10}")
+        return out
+
+
+class SinkRecords:
+    """What the run did, as the sink counted it: a classic session runs ``foreachBatch`` in this process."""
+
+    def __init__(self, sink: DeliverySink):
+        self.sink = sink
+
+    def batch_stats(self, batch_id: int) -> BatchStats | None:
+        return self.sink.batch_stats.pop(batch_id, None)
+
+    def per_destination(self) -> dict[str, dict[str, int]]:
+        return dict(sorted(self.sink.per_destination.items()))
+
+
+class AuditRecords:
+    """What the run did, read from the audit table: under Spark Connect ``foreachBatch`` runs in a
+    process of the server's, so nothing the sink object counts comes back to the client.
+
+    A replayed batch shows what this run recorded for it (a replay's rows are those of the
+    attempt that recorded them first, under that run's id).
+    """
+
+    def __init__(self, spark: SparkSession, audit_table: str, run_id: str):
+        self.spark, self.audit_table, self.run_id = spark, audit_table, run_id
+
+    def batch_stats(self, batch_id: int) -> BatchStats | None:
+        if not tables.table_exists(self.spark, self.audit_table):
+            return None
+        row = reports.batch_totals(tables.read_table(self.spark, self.audit_table), self.run_id,
+                                         batch_id).first()
+        if row is None or not row["rows"]:
+            return None
+        oldest = row["oldest_enqueued"]
+        return BatchStats(row[Outcome.DELIVERED], row[Outcome.DEAD_LETTERED], row[Outcome.SKIPPED_PING], 0,
+                          (row["last_outcome"] - row["first_outcome"]).total_seconds(),
+                          None if oldest is None else oldest.astimezone(dt.timezone.utc))
+
+    def per_destination(self) -> dict[str, dict[str, int]]:
+        if not tables.table_exists(self.spark, self.audit_table):
+            return {}
+        rows = reports.audit_summary(tables.read_table(self.spark, self.audit_table), self.run_id).collect()
+        return {row["destination"]: {outcome.value: row[outcome] for outcome in Outcome} for row in rows}
+
+
+def checkpoint_app_id(config: SyphonConfig) -> str:
+    """Delta transaction app id: tied to the streaming checkpoint, since batch ids restart with it."""
+    digest = hashlib.sha256(config.storage.checkpoint_location.encode()).hexdigest()[:16]
+    return f"backlog-syphon-{digest}"
+
+
+def lease_key(config: SyphonConfig) -> str:
+    """Which backlog a lease fences: the secondary namespace's endpoint and the primary namespace's name."""
+    return f"{config.secondary.endpoint}/{config.primary.namespace}"
+
+
+@dataclass
+class SyphonRun:
+    """A started syphon query with its sink (what moved), progress listener (how it went) and lease."""
+
+    query: StreamingQuery
+    sink: DeliverySink
+    listener: SyphonProgressListener
+    lease_keeper: LeaseKeeper
+    stop_file: str
+    records: SinkRecords | AuditRecords
+
+    def request_stop(self) -> None:
+        """Stop after the batch in flight: no new batch is planned from now on (see the source)."""
+        with open(self.stop_file, "a"):
+            pass
+
+    @property
+    def stop_requested(self) -> bool:
+        return os.path.exists(self.stop_file)
+
+    def finish(self, spark: SparkSession, *, meanwhile: Callable[[], object] | None = None):
+        """Stop the query if it still runs, wait for its last purge, then record the purge marks and
+        give the lease back (two Delta commits, at once) while ``meanwhile`` runs; return its result."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        try:
+            if self.query.isActive:
+                self.query.stop()
+            self.sink.wait_for_purges()
+        finally:
+            spark.streams.removeListener(self.listener)
+            with ThreadPoolExecutor(max_workers=2, thread_name_prefix="finish") as pool:
+                flushed = pool.submit(self.sink.flush, spark)
+                released = pool.submit(self.lease_keeper.release, spark)
+                try:
+                    result = meanwhile() if meanwhile is not None else None
+                finally:
+                    released.result()
+                    flushed.result()
+            try:
+                os.unlink(self.stop_file)
+            except OSError:
+                pass
+        return result
+
+
+def start_syphon(spark: SparkSession, config: SyphonConfig, *, run_id: str | None = None,
+                 log_progress: bool = True, on_wait: Callable[[str], None] | None = None,
+                 check_access: bool = True) -> SyphonRun:
+    """Take the backlog's lease and start the streaming query; the caller waits and calls ``finish``.
+
+    ``check_access``: run the pre-flight (``servicebus.probes.preflight``) while the lease is taken, and
+    start nothing if it fails (the command line runs it while Spark starts, and passes False).
+    ``log_progress``: log one line per micro-batch (off when the caller shows them itself).
+    Raises ``run.lease.LeaseHeldError`` when another run holds the backlog (unless ``run.wait_for_lease``,
+    then it waits, telling ``on_wait`` once).
+    """
+    from concurrent.futures import ThreadPoolExecutor
+
+    from backlog_syphon.servicebus.probes import preflight
+
+    spark.dataSource.register(BacklogDataSource)
+    storage = config.storage
+    run_id = run_id or f"{dt.datetime.now(dt.timezone.utc):%Y%m%dT%H%M%SZ}-{uuid.uuid4().hex[:8]}"
+    keeper = LeaseKeeper(lease_table=storage.resolved_lease_table, lease_key=lease_key(config), run_id=run_id,
+                         lease_seconds=config.run.lease_seconds)
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="preflight") as pool:
+        # The pre-flight (round trips to both namespaces) overlaps taking the lease (Delta commits).
+        checked = pool.submit(preflight, config) if check_access else None
+        try:
+            keeper.acquire(spark, wait=config.run.wait_for_lease, on_wait=on_wait)
+        finally:
+            if checked is not None:
+                try:
+                    checked.result()
+                except BaseException:
+                    keeper.release(spark)
+                    raise
+    keeper.start_heartbeat(spark)
+    stop_file = os.path.join(tempfile.gettempdir(), f"backlog-syphon-stop-{run_id}")
+    sink = DeliverySink(config, run_id=run_id, app_id=checkpoint_app_id(config), lease_keeper=keeper)
+    records = AuditRecords(spark, storage.audit_table, run_id) if is_connect(spark) else SinkRecords(sink)
+    listener = SyphonProgressListener(records.batch_stats, query_name=config.run.query_name, log_lines=log_progress)
+    spark.streams.addListener(listener)
+    stream = (spark.readStream.format(SOURCE_NAME)
+              .options(**backlog_source_options(config, stop_file=stop_file)).load())
+    try:
+        query = (stream.writeStream.foreachBatch(sink)
+                 .option("checkpointLocation", storage.checkpoint_location)
+                 .queryName(config.run.query_name)
+                 .trigger(**trigger_options(config.run.trigger))
+                 .start())
+    except BaseException:
+        spark.streams.removeListener(listener)
+        keeper.release(spark)
+        raise
+    logger.info("started run_id=%s query=%s trigger=%s", run_id, config.run.query_name, config.run.trigger)
+    return SyphonRun(query, sink, listener, keeper, stop_file, records)
+
+
+def run_syphon(spark: SparkSession, config: SyphonConfig, *, run_id: str | None = None,
+               timeout_seconds: float | None = None, on_progress: Callable[[str], None] | None = None,
+               check_access: bool = True, on_start: Callable[[SyphonRun], None] | None = None) -> RunSummary:
+    """Run until an available-now run has drained what was there (or the query stops); summarise.
+
+    ``check_access``: see ``start_syphon``. ``on_progress`` receives one line per micro-batch, from
+    this thread, while the run goes on; ``on_start`` gets the started run (to ask it to stop).
+    """
+    run = start_syphon(spark, config, run_id=run_id, log_progress=on_progress is None, on_wait=on_progress,
+                       check_access=check_access)
+    try:
+        if on_start is not None:
+            on_start(run)
+        follow_progress(run.query, run.listener, on_progress, timeout_seconds=timeout_seconds,
+                        stop_requested=lambda: run.stop_requested)
+    except BaseException:
+        run.finish(spark)
+        raise
+    # What is left is counted (peeks) while the last records are written.
+    summary = run.finish(spark, meanwhile=lambda: None if run.query.exception() else summarise_run(
+        config, run))
+    if run.query.exception() is not None:
+        raise run.query.exception()
+    return summary
+
+
+def summarise_run(config: SyphonConfig, run: SyphonRun) -> RunSummary:
+    from backlog_syphon.servicebus.peek import peek_counts
+
+    return RunSummary(run_id=run.sink.run_id, per_destination=run.records.per_destination(),
+                      remaining=peek_counts(config.secondary, backlog_queue_names(config.primary.namespace,
+                                                                                    config.backlog.queue_count)),
+                      progress=tuple(run.listener.points))

@@ -1,0 +1,227 @@
+"""The streaming source ``servicebus-backlog``: every backlog queue of the secondary namespace.
+
+``spark.readStream.format("servicebus-backlog").options(**backlog_source_options(config)).load()``
+
+- One partition per backlog queue with new messages; offsets are ``{queue: next sequence number}``.
+- Reads are peeks (non-destructive, addressable by sequence number), so a batch replayed after a
+  crash reads exactly the same messages; nothing here removes or locks a message (the sink
+  settles them only after delivery is recorded).
+- Rows carry the raw stored message (for verbatim forwarding) and its decoded legacy fields, and
+  travel as Arrow record batches (one per peeked page), not as Python tuples.
+- Batches are bounded by ``maxMessagesPerTrigger`` (read limits on Spark 4.2+, own capping
+  before); ``availableNow`` runs stop at the tail seen when the run started.
+- Idle queues are probed with exponential back-off (``planning.IdleBackoff``).
+- ``reportLatestOffset`` gives each queue's tail as last seen, so ``lastProgress`` shows the
+  backlog still behind each queue's offset (like Kafka's ``*OffsetsBehindLatest``).
+- A polite stop: once the file named by the ``stopFile`` option exists, no new batch is planned
+  (``latestOffset`` returns its start), so the batch in flight is the last one; an available-now run
+  then ends by itself.
+- ``spark.read.format("servicebus-backlog")`` (batch) is a snapshot of every message in the
+  backlog queues, for the dry run: the same rows, nothing settled.
+
+Driver-side methods run in one long-lived Python process per query run; ``read`` runs on a
+pickled copy in executors, so SDK clients are created lazily and never pickled. The decisions are
+``planning``'s; this module translates between Spark and them and does the peeks. ``stop()`` closes
+the links the driver side opened.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from dataclasses import dataclass
+
+from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceStreamReader, InputPartition
+
+from backlog_syphon.config import NamespaceConfig, SyphonConfig
+from backlog_syphon.restore.rows import BACKLOG_ROW_SCHEMA
+from backlog_syphon.source.options import SourceOptions
+from backlog_syphon.source.planning import WindowPlanner, windows
+
+try:  # Spark 4.2+: read limits and Trigger.AvailableNow for Python sources (SPARK-55304)
+    from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows, SupportsTriggerAvailableNow
+except ImportError:  # Spark 4.0/4.1 (e.g. Databricks runtimes): own capping, no AvailableNow target
+    ReadAllAvailable = ReadMaxRows = None
+
+    class SupportsTriggerAvailableNow:  # type: ignore[no-redef]
+        pass
+
+logger = logging.getLogger(__name__)
+
+SOURCE_NAME = "servicebus-backlog"
+_DISCOVERY_INTERVAL_SECONDS = 3600.0  # one administration call per namespace an hour
+_END_OF_QUEUE = (1 << 63) - 1  # a window end past any sequence number: read to the tail
+
+
+def backlog_source_options(config: SyphonConfig, *, stop_file: str | None = None) -> dict[str, str]:
+    """The reader options for a syphon configuration (all strings, as Spark wants them)."""
+    return SourceOptions.from_config(config, stop_file=stop_file).to_spark()
+
+
+@dataclass(frozen=True)
+class BacklogWindow(InputPartition):
+    """Messages ``start <= sequence number < end`` of one backlog queue (``batch_queues``: every queue
+    of the batch, whose links a process opens together the first time)."""
+
+    queue: str
+    start: int
+    end: int
+    batch_queues: tuple[str, ...] = ()
+
+
+class BacklogDataSource(DataSource):
+    @classmethod
+    def name(cls) -> str:
+        return SOURCE_NAME
+
+    def schema(self):
+        return BACKLOG_ROW_SCHEMA
+
+    def streamReader(self, schema):
+        return BacklogStreamReader(self.options)
+
+    def reader(self, schema):
+        return BacklogSnapshotReader(self.options)
+
+
+def read_window(namespace: NamespaceConfig, window: BacklogWindow):
+    """Yield the rows of one window as Arrow record batches, one per peeked page (executor side)."""
+    from backlog_syphon.restore.rows import BACKLOG_ROW_ARROW_SCHEMA, backlog_row_values, record_batch
+    from backlog_syphon.servicebus.clients import open_peek_receivers, pooled_receiver
+    from backlog_syphon.servicebus.peek import PEEK_PAGE_SIZE, peek_raw
+
+    open_peek_receivers(namespace, window.batch_queues)  # pooled: at once, the first time in this process
+    position = window.start
+    with pooled_receiver(namespace, window.queue) as receiver:
+        while position < window.end:
+            page = peek_raw(receiver, position, min(PEEK_PAGE_SIZE, window.end - position))
+            rows = []
+            for raw in page:
+                seq = broker_sequence_number(window.queue, raw, position)
+                if seq >= window.end:
+                    break
+                rows.append(backlog_row_values(window.queue, raw, sequence_number=seq))
+                position = seq + 1
+            if rows:
+                yield record_batch(rows, BACKLOG_ROW_ARROW_SCHEMA)
+            if len(rows) < len(page) or not page:
+                return
+
+
+def broker_sequence_number(queue: str, raw: bytes, position: int) -> int:
+    """The sequence number the broker gave a peeked message (read even when the rest is unreadable)."""
+    from backlog_syphon.restore.amqp_codec import AmqpDecodeError, sequence_number
+
+    try:
+        seq = sequence_number(raw)
+    except AmqpDecodeError as error:
+        seq, why = None, str(error)
+    else:
+        why = "it has no x-opt-sequence-number annotation"
+    if seq is None:
+        # The broker writes this annotation itself: without it nothing can tell where the window is.
+        raise RuntimeError(f"backlog queue {queue}: the message after sequence number {position - 1} cannot be "
+                           f"placed ({why}); the broker's own annotations are unreadable")
+    return seq
+
+
+class BacklogSnapshotReader(DataSourceReader):
+    """Batch read: everything in the configured backlog queues now, one partition per queue."""
+
+    def __init__(self, options):
+        self.options = SourceOptions.from_spark(options)
+
+    def partitions(self):
+        return [BacklogWindow(queue, 0, _END_OF_QUEUE) for queue in backlog_queues(self.options)]
+
+    def read(self, partition: BacklogWindow):
+        yield from read_window(self.options.secondary, partition)
+
+
+class BacklogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    def __init__(self, options):
+        self.options = SourceOptions.from_spark(options)
+        self.planner = WindowPlanner(self._probe_fn, max_messages=self.options.max_messages_per_trigger,
+                                     available_now=self.options.available_now,
+                                     idle_probe_max_seconds=self.options.idle_probe_max_seconds)
+        self._queues: list[str] | None = None
+        self._discovered_at = 0.0
+
+    # --- driver: offsets ----------------------------------------------------------------------
+
+    def initialOffset(self) -> dict:
+        return self.planner.initial_offset(self._backlog_queues())
+
+    def getDefaultReadLimit(self):
+        return ReadMaxRows(self.options.max_messages_per_trigger) if ReadMaxRows is not None else None
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        logger.info("available-now target: %s", self.planner.prepare_available_now(self._backlog_queues()))
+
+    def latestOffset(self, start: dict | None = None, limit=None) -> dict:
+        budget = self.planner.budget(
+            max_rows=limit.max_rows if ReadMaxRows is not None and isinstance(limit, ReadMaxRows) else None,
+            all_available=ReadAllAvailable is not None and isinstance(limit, ReadAllAvailable),
+            limits_supported=ReadMaxRows is not None)
+        stopping = bool(self.options.stop_file) and os.path.exists(self.options.stop_file)
+        return self.planner.latest_offset(start, self._backlog_queues(), budget, now=time.monotonic(),
+                                          stopping=stopping)
+
+    def reportLatestOffset(self) -> dict | None:
+        """Each queue's tail as last probed (Spark 4.2+ shows it as the source's ``latestOffset``)."""
+        return self.planner.reported_latest()
+
+    def partitions(self, start: dict, end: dict):
+        planned = windows(start, end)
+        queues = tuple(queue for queue, _, _ in planned)
+        return [BacklogWindow(queue, first, stop, queues) for queue, first, stop in planned]
+
+    def commit(self, end: dict) -> None:
+        # Settlement happens in the sink after delivery is recorded: Spark calls commit() only once
+        # the next batch is planned, and never for the last batch of an available-now run.
+        pass
+
+    def stop(self) -> None:
+        """The query stopped: close the peek links the driver side opened (executors keep their pools)."""
+        from backlog_syphon.servicebus.clients import close_peek_receivers
+
+        if self._queues:
+            close_peek_receivers(self.options.secondary, self._queues)
+
+    # --- executors: rows ----------------------------------------------------------------------
+
+    def read(self, partition: BacklogWindow):
+        yield from read_window(self.options.secondary, partition)
+
+    # --- helpers --------------------------------------------------------------------------------
+
+    def _backlog_queues(self) -> list[str]:
+        now = time.monotonic()
+        if self._queues is None or (self.options.discover and now - self._discovered_at > _DISCOVERY_INTERVAL_SECONDS):
+            from backlog_syphon.servicebus.clients import open_peek_receivers
+
+            self._queues = backlog_queues(self.options)
+            self._discovered_at = now
+            open_peek_receivers(self.options.secondary, self._queues)
+        return self._queues
+
+    def _probe_fn(self, queue: str):
+        from backlog_syphon.servicebus.clients import pooled_receiver
+        from backlog_syphon.servicebus.peek import first_sequence_number_from
+
+        def probe(sequence_number: int) -> int | None:
+            with pooled_receiver(self.options.secondary, queue) as receiver:
+                return first_sequence_number_from(receiver, sequence_number)
+
+        return probe
+
+
+def backlog_queues(options: SourceOptions) -> list[str]:
+    """The configured backlog queues and, with ``discover``, every other one the namespace lists."""
+    queues = set(options.configured_queues)
+    if options.discover:
+        from backlog_syphon.servicebus.peek import list_backlog_queues
+
+        queues.update(list_backlog_queues(options.secondary, options.primary_namespace) or [])
+    return sorted(queues)

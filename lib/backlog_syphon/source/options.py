@@ -1,0 +1,91 @@
+"""The source's options, typed: one dataclass that becomes Spark's string options and is read back
+from them. Pure.
+
+Spark hands a data source its options as strings, in the process that plans batches and in every
+executor that reads them. ``SourceOptions.from_config`` is the only way the syphon fills them, so
+every value has a setting behind it; where an option is absent anyway (a user's own
+``spark.readStream.format("servicebus-backlog")``), the default is the configuration's own
+(``config.py``), never a second copy of it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping
+
+from backlog_syphon.config import AVAILABLE_NOW, BacklogConfig, NamespaceConfig, RunConfig, Secret, SyphonConfig
+from backlog_syphon.restore.queue_names import backlog_queue_names
+
+# Option names containing "secret" are redacted by Spark's default spark.redaction.regex, so the
+# connection string never shows in plans, the Spark UI or event logs.
+SECRET_OPTION = "connection_string_secret"
+
+_BACKLOG, _RUN = BacklogConfig(), RunConfig()
+
+
+@dataclass(frozen=True)
+class SourceOptions:
+    """What the source needs: where the backlog is, how much a batch reads, when to stop."""
+
+    primary_namespace: str
+    secondary: NamespaceConfig  # the namespace holding the backlog queues
+    queue_count: int = _BACKLOG.queue_count
+    discover: bool = _BACKLOG.discover
+    max_messages_per_trigger: int = _RUN.max_messages_per_trigger
+    idle_probe_max_seconds: float = _RUN.idle_probe_max_seconds
+    available_now: bool = False  # run.trigger is available_now; without the option, a trigger that keeps going
+    stop_file: str | None = None  # once this file exists, no new batch is planned (a polite stop)
+
+    @classmethod
+    def from_config(cls, config: SyphonConfig, *, stop_file: str | None = None) -> SourceOptions:
+        return cls(primary_namespace=config.primary.namespace, secondary=config.secondary,
+                   queue_count=config.backlog.queue_count, discover=config.backlog.discover,
+                   max_messages_per_trigger=config.run.max_messages_per_trigger,
+                   idle_probe_max_seconds=config.run.idle_probe_max_seconds,
+                   available_now=config.run.trigger == AVAILABLE_NOW, stop_file=stop_file)
+
+    @property
+    def configured_queues(self) -> list[str]:
+        """The backlog queues ``0..queue_count-1``, always read (discovery may add more)."""
+        return backlog_queue_names(self.primary_namespace, self.queue_count)
+
+    def to_spark(self) -> dict[str, str]:
+        """The reader options (all strings, as Spark wants them)."""
+        options = {
+            "primaryNamespace": self.primary_namespace,
+            "queueCount": str(self.queue_count),
+            "discover": str(self.discover).lower(),
+            "maxMessagesPerTrigger": str(self.max_messages_per_trigger),
+            "idleProbeMaxSeconds": str(self.idle_probe_max_seconds),
+            "availableNow": str(self.available_now).lower(),
+        }
+        if self.secondary.connection_string is not None:
+            options[SECRET_OPTION] = self.secondary.connection_string.reveal()
+        if self.secondary.fully_qualified_namespace:
+            options["fullyQualifiedNamespace"] = self.secondary.fully_qualified_namespace
+        if self.stop_file:
+            options["stopFile"] = self.stop_file
+        return options
+
+    @classmethod
+    def from_spark(cls, options: Mapping[str, str]) -> SourceOptions:
+        """Read the options back (Spark's option map: look-ups only, its keys' case may differ)."""
+        secret = options.get(SECRET_OPTION)
+        secondary = NamespaceConfig(connection_string=Secret(secret, "source option") if secret else None,
+                                    fully_qualified_namespace=options.get("fullyQualifiedNamespace") or None)
+
+        def get(name: str, default, parse):
+            text = options.get(name)
+            return default if text is None else parse(text)
+
+        return cls(primary_namespace=options["primaryNamespace"], secondary=secondary,
+                   queue_count=get("queueCount", cls.queue_count, int),
+                   discover=get("discover", cls.discover, _boolean),
+                   max_messages_per_trigger=get("maxMessagesPerTrigger", cls.max_messages_per_trigger, int),
+                   idle_probe_max_seconds=get("idleProbeMaxSeconds", cls.idle_probe_max_seconds, float),
+                   available_now=get("availableNow", cls.available_now, _boolean),
+                   stop_file=options.get("stopFile") or None)
+
+
+def _boolean(text: str) -> bool:
+    return text == "true"

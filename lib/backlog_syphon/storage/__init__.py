@@ -1,0 +1,1 @@
+"""Every use of Delta: the audit, checkpoint and lease tables."""

@@ -1,0 +1,212 @@
+"""All Delta I/O of the syphon: the audit table and the checkpoint table.
+
+- ``audit``: one row per backlog message and outcome, appended once per micro-batch with
+  ``txnAppId``/``txnVersion`` so a replayed batch never appends twice. Partitioned by outcome date.
+- ``checkpoint``: one row per backlog queue: delivered-through and purged-through sequence
+  numbers, last batch, counts. Rewritten whole after each batch (it is tiny and the sink is its
+  only writer), under the same transaction identifiers.
+- ``lease``: the row saying which run may deliver from the backlog, until when (see ``run.lease``),
+  written as a compare-and-set on its epoch (see ``write_lease``), so of two runs racing for it one wins.
+Each is created by its first write, with a fixed schema, and is readable by any Delta reader; until
+then reading it finds nothing recorded.
+
+A table setting is a path (it contains '/' or a scheme) or a catalog table name.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql.types import (DateType, LongType, StringType, StructField, StructType,
+                               TimestampType)
+
+from backlog_syphon.model import CheckpointRow, Lease
+from backlog_syphon.restore.rows import OUTCOME_ROW_SCHEMA
+
+# What the sink produces per message; the table adds the partition column ``outcome_date``.
+AUDIT_ROW_SCHEMA = OUTCOME_ROW_SCHEMA
+AUDIT_SCHEMA = StructType(AUDIT_ROW_SCHEMA.fields + [StructField("outcome_date", DateType(), False)])
+
+CHECKPOINT_SCHEMA = StructType([
+    StructField("backlog_queue", StringType(), False),
+    StructField("delivered_through", LongType(), False),  # every message <= this has an outcome
+    StructField("purged_through", LongType(), False),  # ... and has been removed from the backlog
+    StructField("last_batch_id", LongType(), False),
+    StructField("last_run_id", StringType(), False),
+    StructField("updated_at", TimestampType(), False),
+    StructField("delivered_count", LongType(), False),
+    StructField("dead_lettered_count", LongType(), False),
+    StructField("skipped_count", LongType(), False),
+])
+
+
+LEASE_SCHEMA = StructType([
+    StructField("lease_key", StringType(), False),  # the backlog: "<secondary host>/<primary namespace>"
+    StructField("epoch", LongType(), False),  # one more with every write: the compare-and-set version
+    StructField("run_id", StringType(), False),  # the holding run
+    StructField("host", StringType(), False),  # where the holder runs
+    StructField("pid", LongType(), False),  # and its process (a dead one on this host is taken over)
+    StructField("acquired_at", TimestampType(), False),
+    StructField("renewed_at", TimestampType(), False),
+    StructField("expires_at", TimestampType(), False),
+])
+
+
+def _is_path(table: str) -> bool:
+    return "/" in table or ":" in table
+
+
+def read_table(spark: SparkSession, table: str) -> DataFrame:
+    return spark.read.format("delta").load(table) if _is_path(table) else spark.read.table(table)
+
+
+def table_exists(spark: SparkSession, table: str) -> bool:
+    from pyspark.errors import AnalysisException
+
+    if not _is_path(table):
+        return spark.catalog.tableExists(table)
+    try:
+        spark.read.format("delta").load(table).schema  # noqa: B018 - resolving the table is the check
+    except AnalysisException:
+        return False
+    return True
+
+
+def read_checkpoint(spark: SparkSession, checkpoint_table: str) -> dict[str, CheckpointRow]:
+    """The checkpoint rows by queue; none before the table's first write."""
+    if not table_exists(spark, checkpoint_table):
+        return {}
+    return {row["backlog_queue"]: CheckpointRow(**{**row.asDict(), "updated_at": _utc(row["updated_at"])})
+            for row in read_table(spark, checkpoint_table).collect()}
+
+
+def recorded_above(spark: SparkSession, audit_table: str, purged_through: dict[str, int]) -> DataFrame | None:
+    """Audit rows of messages that have an outcome but may still be in the backlog.
+
+    That is every row above its queue's purged-through mark (every row of a queue without one):
+    after a crash these are the messages a replayed batch must not send again, and that its purge
+    must still settle. The audit's files carry min/max statistics of the sequence numbers, so
+    Delta skips the files of long-purged batches. None before the table's first write.
+    """
+    if not table_exists(spark, audit_table):
+        return None
+    audit = read_table(spark, audit_table)
+    above = ~F.col("backlog_queue").isin(list(purged_through)) if purged_through else F.lit(True)
+    for queue, through in purged_through.items():
+        above = above | ((F.col("backlog_queue") == queue) & (F.col("sequence_number") > F.lit(through)))
+    return audit.where(above)
+
+
+def append_audit(audit_table: str, outcomes: DataFrame, app_id: str, batch_id: int) -> None:
+    """Append one batch's outcome rows (written by the executors); a replay of the same batch id appends nothing."""
+    frame = outcomes.withColumn("outcome_date", F.to_date("outcome_time"))
+    writer = (frame.write.format("delta").mode("append").partitionBy("outcome_date")
+              .option("txnAppId", app_id).option("txnVersion", batch_id))
+    if _is_path(audit_table):
+        writer.save(audit_table)
+    else:
+        writer.saveAsTable(audit_table)
+
+
+def write_checkpoint(spark: SparkSession, checkpoint_table: str, rows: list[CheckpointRow], *,
+                     app_id: str | None = None, batch_id: int | None = None) -> None:
+    """Replace the checkpoint table's rows (one per queue) with the sink's current state.
+
+    The table is tiny and the sink is its only writer, so an overwrite is both simpler and several
+    times faster than a MERGE. With ``app_id``/``batch_id`` a replayed batch writes nothing.
+    """
+    ordered = sorted(rows, key=lambda row: row.backlog_queue)
+    frame = spark.createDataFrame([tuple(getattr(row, name) for name in CHECKPOINT_SCHEMA.fieldNames())
+                                   for row in ordered], CHECKPOINT_SCHEMA)
+    writer = frame.write.format("delta").mode("overwrite")
+    if app_id is not None:
+        writer = writer.option("txnAppId", app_id).option("txnVersion", batch_id)
+    if _is_path(checkpoint_table):
+        writer.save(checkpoint_table)
+    else:
+        writer.saveAsTable(checkpoint_table)
+
+
+# --- the lease ----------------------------------------------------------------------------------
+
+def read_lease(spark: SparkSession, lease_table: str) -> Lease | None:
+    """The lease row (a lease table serves one backlog); None before the first lease was taken."""
+    if not table_exists(spark, lease_table):
+        return None
+    rows = read_table(spark, lease_table).collect()
+    if not rows:
+        return None
+    row = rows[0]
+    return Lease(row["lease_key"], int(row["epoch"]), row["run_id"], row["host"], int(row["pid"]),
+                 _utc(row["acquired_at"]), _utc(row["renewed_at"]), _utc(row["expires_at"]))
+
+
+def write_lease(spark: SparkSession, lease_table: str, lease: Lease, *, confirm: bool = True) -> bool:
+    """Write ``lease`` over the row of epoch ``lease.epoch - 1`` (none for epoch 1); True if it was written.
+
+    The first write creates the lease table (two runs creating it at once: one commit wins).
+    ``confirm=False`` skips reading the row back (and says True): for a release, which may fail
+    harmlessly.
+
+    A compare-and-set: the row is replaced with Delta transaction version ``lease.epoch`` under an
+    application id of its own. Delta skips a write whose version is not above the last one recorded
+    for that id, and fails one that races with another of the same id, so of two runs writing the
+    same epoch exactly one succeeds, and a run that read a stale row cannot replace a newer one. The
+    row read back says which. (A plain overwrite costs a fraction of a MERGE; the lease table serves
+    one backlog, whose state tables it sits next to, so the row replaces the table's content.)
+    """
+    frame = spark.createDataFrame([tuple(getattr(lease, name) for name in LEASE_SCHEMA.fieldNames())], LEASE_SCHEMA)
+    # The table holds the lease of the one backlog its state tables serve: the row replaces it whole.
+    writer = (frame.write.format("delta").mode("overwrite")
+              .option("txnAppId", f"backlog-syphon-lease:{lease.lease_key}").option("txnVersion", lease.epoch))
+    try:
+        if _is_path(lease_table):
+            writer.save(lease_table)
+        else:
+            writer.saveAsTable(lease_table)
+    except Exception as exc:
+        # Lost the race: to a commit of the same epoch, or to a run that created the table first
+        # (which surfaces as a protocol change, or as a table that already exists).
+        if is_commit_conflict(exc) or table_exists(spark, lease_table):
+            return False
+        raise
+    if not confirm:
+        return True
+    written = read_lease(spark, lease_table)
+    return written is not None and (written.epoch, written.run_id) == (lease.epoch, lease.run_id)
+
+
+_CONFLICT_CONDITIONS = ("DELTA_CONCURRENT_", "DELTA_PROTOCOL_CHANGED", "DELTA_METADATA_CHANGED")
+
+
+def _delta_exception_classes() -> tuple[type[BaseException], ...]:
+    # delta-spark's Python package is optional: a cluster given Delta by --packages has only its
+    # JARs, and then Delta's errors arrive as Spark's generic ones, with their condition.
+    try:
+        from delta import exceptions
+    except ImportError:
+        return ()
+    return tuple(getattr(exceptions, name) for name in exceptions.__all__)
+
+
+# Importing delta.exceptions also makes a classic session raise Delta's classes instead of Py4J errors.
+_delta_exception_classes()
+
+
+def is_commit_conflict(exc: BaseException) -> bool:
+    """Whether a write lost an optimistic-concurrency race to another commit.
+
+    A classic session raises Delta's own exception classes (siblings, not one family); Spark
+    Connect raises its generic ones, which carry Delta's error condition instead.
+    """
+    if isinstance(exc, _delta_exception_classes()):
+        return True
+    condition = getattr(exc, "getCondition", lambda: None)() or ""
+    return condition.startswith(_CONFLICT_CONDITIONS)
+
+
+def _utc(value: dt.datetime) -> dt.datetime:
+    # Spark hands timestamps to Python as naive local times; astimezone reads them as such.
+    return value.astimezone(dt.timezone.utc)

@@ -1,0 +1,134 @@
+"""The SDK's AMQP decoder, taught char and decimal32/64: proven on the SDK's own receive-path decoder."""
+
+import logging
+from decimal import Decimal
+
+import azure.servicebus
+import pytest
+from azure.servicebus import ServiceBusReceivedMessage
+from azure.servicebus._pyamqp import _decode
+from azure.servicebus._pyamqp._decode import decode_payload
+
+from backlog_syphon.servicebus import decoder_patch
+from backlog_syphon.restore.amqp_codec import Array, Char, Decimal32, Decimal64, Decimal128, Described, Symbol
+from backlog_syphon.restore.amqp_message import DecodedMessage, MessageProperties
+
+D32 = Decimal32.from_decimal(Decimal("1.5"))
+D64 = Decimal64.from_decimal(Decimal("-2.25"))
+D128 = Decimal128.from_decimal(Decimal("3.75"))
+# 3.75 as the legacy WindowsAzure.ServiceBus client wrote it: sign | exponent >> 9, (exponent & 0x7F) << 1,
+# two zero bytes, then the 96-bit coefficient (exponent 6176 - 2 = 0x181E).
+LEGACY_D128 = Decimal128(bytes([0x181E >> 9, (0x181E & 0x7F) << 1, 0, 0]) + (375).to_bytes(12, "big"))
+
+MESSAGES = {
+    "application-properties": DecodedMessage(
+        properties=MessageProperties(message_id="m-1"),
+        application_properties={"char": Char("z"), "d32": D32, "d64": D64, "d128": D128, "astral": Char("\U0001F600")},
+        body=(b"payload",)),
+    "value-body-char": DecodedMessage(body_kind="value", body=Char("c")),
+    "value-body-map": DecodedMessage(body_kind="value", body={
+        "list": [Char("a"), D32, D64], "decimal": D128, "span": Described(Symbol("x"), Char("b"))}),
+    "arrays": DecodedMessage(body_kind="value", body=[
+        Array("char", ["x", "y"]), Array("decimal32", [D32]), Array("decimal64", [D64, D64]),
+        Array("decimal128", [D128])]),
+    "sequence-body": DecodedMessage(body_kind="sequence", body=([Char("s"), D64],)),
+    "standard-decimal128": DecodedMessage(body_kind="value", body=[D128, LEGACY_D128]),
+}
+EXPECTED = {
+    "application-properties": ("application_properties", {
+        b"char": "z", b"d32": Decimal("1.5"), b"d64": Decimal("-2.25"), b"d128": Decimal("3.75"),
+        b"astral": "\U0001F600"}),
+    "value-body-char": ("value", "c"),
+    "value-body-map": ("value", {b"list": ["a", Decimal("1.5"), Decimal("-2.25")], b"decimal": Decimal("3.75"),
+                                 b"span": "b"}),
+    "arrays": ("value", [["x", "y"], [Decimal("1.5")], [Decimal("-2.25"), Decimal("-2.25")], [Decimal("3.75")]]),
+    "sequence-body": ("sequence", [["s", Decimal("-2.25")]]),
+    "standard-decimal128": ("value", [Decimal("3.75"), Decimal("3.75")]),
+}
+UNPATCHED_ERRORS = {"standard-decimal128": (ValueError, "Invalid AMQP decimal128 encoding")}
+
+
+@pytest.fixture
+def sdk_table():
+    """The SDK's decoder table as the SDK ships it (servicebus.clients patches it on import), restored after the test."""
+    table = _decode._DECODE_BY_CONSTRUCTOR
+    saved = list(table)
+    for code in decoder_patch._PATCHED:
+        table[code] = decoder_patch._EXPECTED_BEFORE[code]
+    yield table
+    table[:] = saved
+
+
+@pytest.mark.parametrize("name", MESSAGES)
+def test_without_the_patch_the_sdk_cannot_decode_these_messages(sdk_table, name):
+    assert not decoder_patch.is_installed()
+    error, message = UNPATCHED_ERRORS.get(name, (TypeError, "'NoneType' object is not callable"))
+    with pytest.raises(error, match=message):
+        decode_payload(memoryview(MESSAGES[name].encode()))
+
+
+def test_the_sdk_reads_the_legacy_decimal128_layout_itself(sdk_table):
+    raw = DecodedMessage(body_kind="value", body=LEGACY_D128).encode()
+    assert decode_payload(memoryview(raw)).value == Decimal("3.75")
+    decoder_patch.install()
+    assert decode_payload(memoryview(raw)).value == Decimal("3.75")
+
+
+@pytest.mark.parametrize("name", MESSAGES)
+def test_with_the_patch_the_sdk_decodes_char_and_decimals(sdk_table, name):
+    assert decoder_patch.install() is True
+    decoded = decode_payload(memoryview(MESSAGES[name].encode()))
+    field, expected = EXPECTED[name]
+    value = getattr(decoded, field)
+    assert value == expected
+    assert _types(value) == _types(expected)
+
+
+def _types(value):
+    if isinstance(value, dict):
+        return {k: _types(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_types(v) for v in value]
+    return type(value)
+
+
+def test_the_sdk_message_wrapper_reads_the_patched_values(sdk_table):
+    decoder_patch.install()
+    message = ServiceBusReceivedMessage.from_bytes(MESSAGES["application-properties"].encode())
+    assert message.application_properties[b"char"] == "z"
+    assert message.application_properties[b"d32"] == Decimal("1.5")
+    assert message.message_id == "m-1"
+    assert "application_properties=" in repr(message)
+    assert b"".join(message.body) == b"payload"
+
+
+def test_install_is_idempotent_and_leaves_the_sdks_own_decoders_alone(sdk_table):
+    before = list(sdk_table)
+    assert decoder_patch.install() and decoder_patch.install()
+    changed = [index for index, (old, new) in enumerate(zip(before, sdk_table)) if old is not new]
+    assert changed == [0x73, 0x74, 0x84, 0x94]
+    assert decoder_patch.is_installed()
+
+
+def test_install_refuses_another_sdk_version(sdk_table, monkeypatch, caplog):
+    monkeypatch.setattr(azure.servicebus, "__version__", "7.99.0")
+    before = list(sdk_table)
+    with caplog.at_level(logging.WARNING, logger="backlog_syphon.servicebus.decoder_patch"):
+        assert decoder_patch.install() is False
+    assert list(sdk_table) == before
+    assert "azure-servicebus 7.99.0 is not the pinned 7.15.0" in caplog.text
+
+
+def test_install_refuses_a_table_of_another_shape(sdk_table, caplog):
+    sdk_table[0x73] = lambda buffer, depth=0: (buffer[4:], "already decoded by a newer SDK")
+    before = list(sdk_table)
+    with caplog.at_level(logging.WARNING, logger="backlog_syphon.servicebus.decoder_patch"):
+        assert decoder_patch.install() is False
+    assert list(sdk_table) == before
+    assert "not laid out as expected" in caplog.text
+
+
+def test_an_impossible_char_reads_as_the_replacement_character(sdk_table):
+    decoder_patch.install()
+    raw = b"\x00\x53\x77\x73\x00\x11\x00\x00"  # amqp-value: char U+110000
+    assert decode_payload(memoryview(raw)).value == "\ufffd"

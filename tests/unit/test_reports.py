@@ -1,0 +1,49 @@
+"""Audit table reports over a small in-memory audit DataFrame."""
+
+import datetime as dt
+
+from backlog_syphon.run.reports import audit_summary, dead_letter_reasons, moved_over_time, text_chart
+from backlog_syphon.storage.tables import AUDIT_ROW_SCHEMA
+
+T0 = dt.datetime(2024, 5, 1, 12, 0, 5)
+
+
+def audit_row(run_id, seq, destination, outcome, reason_code=None, size=10, seconds=0):
+    values = {"run_id": run_id, "batch_id": 0, "backlog_queue": "q/x-servicebus-transfer/0", "sequence_number": seq,
+              "message_id": f"m{seq}", "destination": destination, "session_id": None, "outcome": outcome,
+              "reason_code": reason_code, "reason": reason_code, "body_size": size, "enqueued_time": T0,
+              "scheduled_enqueue_time": None, "time_to_live_ms": None,
+              "outcome_time": T0 + dt.timedelta(seconds=seconds), "attempts": 1}
+    return tuple(values[field.name] for field in AUDIT_ROW_SCHEMA.fields)
+
+
+def audit(spark):
+    return spark.createDataFrame([
+        audit_row("r1", 1, "orders", "delivered", size=10),
+        audit_row("r1", 2, "orders", "delivered", size=20, seconds=70),
+        audit_row("r1", 3, "orders", "dead_lettered", "message_too_large", size=999, seconds=70),
+        audit_row("r1", 4, None, "dead_lettered", "missing_path", seconds=75),
+        audit_row("r2", 5, "payments", "delivered", seconds=200),
+    ], AUDIT_ROW_SCHEMA)
+
+
+def test_summary_per_run_and_destination(spark):
+    rows = [row.asDict() for row in audit_summary(audit(spark)).collect()]
+    assert [(r["run_id"], r["destination"], r["delivered"], r["dead_lettered"], r["skipped_ping"], r["delivered_bytes"])
+            for r in rows] == [("r1", "(no destination)", 0, 1, 0, 0), ("r1", "orders", 2, 1, 0, 30),
+                               ("r2", "payments", 1, 0, 0, 10)]
+    only_r2 = audit_summary(audit(spark), run_id="r2").collect()
+    assert [(r["destination"], r["delivered"]) for r in only_r2] == [("payments", 1)]
+
+
+def test_dead_letter_reasons_and_moved_over_time(spark):
+    reasons = {(r["destination"], r["reason_code"]): r["count"] for r in dead_letter_reasons(audit(spark)).collect()}
+    assert reasons == {("orders", "message_too_large"): 1, (None, "missing_path"): 1}
+    buckets = [(r["bucket_start"], r["moved"], r["delivered"]) for r in moved_over_time(audit(spark), run_id="r1").collect()]
+    assert buckets == [(dt.datetime(2024, 5, 1, 12, 0), 1, 1), (dt.datetime(2024, 5, 1, 12, 1), 3, 1)]
+
+
+def test_text_chart_scales_bars_to_the_peak():
+    assert text_chart([("12:00", 10), ("12:01", 5), ("12:02", 0)], width=10) == [
+        "12:00 ########## 10", "12:01 #####      5", "12:02            0"]
+    assert text_chart([]) == ["(no data)"]

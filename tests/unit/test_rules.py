@@ -1,0 +1,317 @@
+"""Classification of backlog rows (chispa on small DataFrames) and how backlog rows are filled."""
+
+import uuid
+from datetime import datetime, timedelta, timezone
+
+import pytest
+from chispa import assert_df_equality
+from pyspark.sql.types import LongType, StringType, StructField, StructType
+
+from backlog_syphon.restore.amqp_codec import Described, Symbol, Timestamp, ULong
+from backlog_syphon.restore.amqp_message import DecodedMessage, MessageProperties
+from backlog_syphon.model import TtlPolicy
+from backlog_syphon.restore.legacy_properties import PING_CONTENT_TYPE, LegacyFields, Problem
+from backlog_syphon.restore.rows import (
+    BACKLOG_ROW_COLUMNS,
+    BACKLOG_ROW_SCHEMA,
+    backlog_row_values,
+    legacy_fields_to_row_values,
+    message_id_text,
+)
+from backlog_syphon.restore.rules import CLASSIFICATION_COLUMNS, classify_messages
+
+UTC = timezone.utc
+NOW = datetime(2024, 5, 1, 12, 0, tzinfo=UTC)
+MINUTE_MS = 60_000
+
+RESULT_SCHEMA = StructType([
+    StructField("sequence_number", LongType()),
+    StructField("action", StringType()),
+    StructField("reason_code", StringType()),
+    StructField("reason", StringType()),
+    StructField("restored_time_to_live_ms", LongType()),
+])
+
+
+def backlog_row(sequence_number, **overrides):
+    row = {
+        "backlog_queue": "contoso/x-servicebus-transfer/0",
+        "sequence_number": sequence_number,
+        "enqueued_time": NOW - timedelta(minutes=10),
+        "message_id": f"m-{sequence_number}",
+        "content_type": "application/json",
+        "body_size": 100,
+        "raw_message": b"\x00",
+        "destination": "orders",
+        "session_id": None,
+        "partition_key": None,
+        "time_to_live_ms": None,
+        "scheduled_enqueue_time": None,
+        "decode_problem_code": None,
+        "decode_problem_reason": None,
+        **overrides,
+    }
+    return tuple(row[column] for column in BACKLOG_ROW_COLUMNS)
+
+
+def classified(spark, rows, **options):
+    df = spark.createDataFrame(rows, BACKLOG_ROW_SCHEMA)
+    return classify_messages(df, now=NOW, **options).select(*RESULT_SCHEMA.fieldNames())
+
+
+def expected(spark, rows):
+    return spark.createDataFrame(rows, RESULT_SCHEMA)
+
+
+def assert_classified(spark, rows, expected_rows, **options):
+    assert_df_equality(classified(spark, rows, **options), expected(spark, expected_rows),
+                       ignore_row_order=True, ignore_nullable=True)
+
+
+# --- every class -------------------------------------------------------------------------------
+
+def test_every_class_under_the_remaining_policy(spark):
+    rows = [
+        backlog_row(1),
+        backlog_row(2, time_to_live_ms=60 * MINUTE_MS, session_id="s"),
+        backlog_row(3, content_type=PING_CONTENT_TYPE, destination=None, decode_problem_code="missing_path",
+                    decode_problem_reason="x-ms-path is missing, so the destination is unknown"),
+        backlog_row(4, destination=None, decode_problem_code="missing_path",
+                    decode_problem_reason="x-ms-path is missing, so the destination is unknown"),
+        backlog_row(5, destination=None, decode_problem_code="invalid_destination",
+                    decode_problem_reason="x-ms-path '/orders' must not start with '/'"),
+        backlog_row(6, decode_problem_code="invalid_legacy_property",
+                    decode_problem_reason="x-ms-sessionid must be a string, got long"),
+        backlog_row(7, time_to_live_ms=5 * MINUTE_MS),
+        backlog_row(8, body_size=300_000),
+        backlog_row(9, destination=None),
+    ]
+    assert_classified(spark, rows, [
+        (1, "deliver", None, None, None),
+        (2, "deliver", None, None, 50 * MINUTE_MS),
+        (3, "skip", "ping", f"ping message (content type {PING_CONTENT_TYPE}); pings are never delivered", None),
+        (4, "dead_letter", "missing_path", "x-ms-path is missing, so the destination is unknown", None),
+        (5, "dead_letter", "invalid_destination", "x-ms-path '/orders' must not start with '/'", None),
+        (6, "dead_letter", "invalid_legacy_property", "x-ms-sessionid must be a string, got long", None),
+        (7, "dead_letter", "expired_in_backlog",
+         "expired in the backlog: time to live 300000 ms, waited 600000 ms", None),
+        (8, "dead_letter", "message_too_large", "body of 300000 bytes exceeds the limit of 262144 bytes", None),
+        (9, "dead_letter", "missing_path", "no destination was decoded from x-ms-path", None),
+    ], max_message_size_bytes=262_144)
+
+
+def test_restart_policy_keeps_the_original_ttl_and_delivers_what_expired(spark):
+    rows = [
+        backlog_row(1, time_to_live_ms=5 * MINUTE_MS),  # expired in the backlog: still delivered (legacy)
+        backlog_row(2, time_to_live_ms=60 * MINUTE_MS),
+        backlog_row(3),
+        backlog_row(4, body_size=300_000, time_to_live_ms=MINUTE_MS),
+    ]
+    assert_classified(spark, rows, [
+        (1, "deliver", None, None, 5 * MINUTE_MS),
+        (2, "deliver", None, None, 60 * MINUTE_MS),
+        (3, "deliver", None, None, None),
+        (4, "dead_letter", "message_too_large", "body of 300000 bytes exceeds the limit of 262144 bytes", None),
+    ], ttl_policy="restart", max_message_size_bytes=262_144)
+
+
+def test_remaining_ttl_counts_from_a_schedule_that_already_passed_and_not_from_a_future_one(spark):
+    rows = [
+        # Scheduled 4 minutes ago: the clock started then, not at the backlog enqueue 10 minutes ago.
+        backlog_row(1, time_to_live_ms=5 * MINUTE_MS, scheduled_enqueue_time=NOW - timedelta(minutes=4)),
+        # Scheduled in the future: no time has counted yet.
+        backlog_row(2, time_to_live_ms=5 * MINUTE_MS, scheduled_enqueue_time=NOW + timedelta(hours=1)),
+        # Exactly used up: expired.
+        backlog_row(3, time_to_live_ms=10 * MINUTE_MS),
+        # No enqueue time: treated as not having waited.
+        backlog_row(4, time_to_live_ms=MINUTE_MS, enqueued_time=None),
+        # Enqueued "after" now (clock skew): waited nothing, not a longer TTL.
+        backlog_row(5, time_to_live_ms=MINUTE_MS, enqueued_time=NOW + timedelta(seconds=30)),
+    ]
+    assert_classified(spark, rows, [
+        (1, "deliver", None, None, MINUTE_MS),
+        (2, "deliver", None, None, 5 * MINUTE_MS),
+        (3, "dead_letter", "expired_in_backlog",
+         "expired in the backlog: time to live 600000 ms, waited 600000 ms", None),
+        (4, "deliver", None, None, MINUTE_MS),
+        (5, "deliver", None, None, MINUTE_MS),
+    ], ttl_policy=TtlPolicy.REMAINING)
+
+
+def test_precedence_ping_then_decode_problem_then_expiry_then_size(spark):
+    everything_wrong = {"destination": None, "decode_problem_code": "missing_path",
+                        "decode_problem_reason": "missing", "time_to_live_ms": 1, "body_size": 10**6}
+    rows = [
+        backlog_row(1, content_type=PING_CONTENT_TYPE, **everything_wrong),
+        backlog_row(2, **everything_wrong),
+        backlog_row(3, time_to_live_ms=1, body_size=10**6),
+        backlog_row(4, body_size=10**6),
+        backlog_row(5, body_size=1000),  # exactly at the limit is fine
+    ]
+    result = classified(spark, rows, max_message_size_bytes=1000).select("sequence_number", "reason_code")
+    assert_df_equality(
+        result,
+        spark.createDataFrame(
+            [(1, "ping"), (2, "missing_path"), (3, "expired_in_backlog"), (4, "message_too_large"), (5, None)],
+            "sequence_number long, reason_code string",
+        ),
+        ignore_row_order=True, ignore_nullable=True,
+    )
+
+
+def test_without_a_size_limit_nothing_is_too_large(spark):
+    assert_classified(spark, [backlog_row(1, body_size=10**9)], [(1, "deliver", None, None, None)])
+
+
+def test_null_content_type_is_not_a_ping(spark):
+    assert_classified(spark, [backlog_row(1, content_type=None)], [(1, "deliver", None, None, None)])
+
+
+def test_input_columns_are_kept_and_four_are_added(spark):
+    df = spark.createDataFrame([backlog_row(1, session_id="s", time_to_live_ms=MINUTE_MS)], BACKLOG_ROW_SCHEMA)
+    result = classify_messages(df, now=NOW, ttl_policy="restart")
+    assert tuple(result.columns) == BACKLOG_ROW_COLUMNS + CLASSIFICATION_COLUMNS
+    assert dict(result.dtypes)["restored_time_to_live_ms"] == "bigint"
+    assert_df_equality(result.select(*BACKLOG_ROW_COLUMNS), df, ignore_nullable=True)
+
+
+# --- argument checks ---------------------------------------------------------------------------
+
+def test_invalid_ttl_policy_names_the_valid_values(spark):
+    df = spark.createDataFrame([], BACKLOG_ROW_SCHEMA)
+    with pytest.raises(ValueError, match="ttl_policy must be one of 'remaining', 'restart'; got 'forever'"):
+        classify_messages(df, now=NOW, ttl_policy="forever")
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"now": datetime(2024, 5, 1)}, "timezone-aware"),
+    ({"now": NOW, "max_message_size_bytes": 0}, "positive int"),
+    ({"now": NOW, "max_message_size_bytes": True}, "positive int"),
+])
+def test_invalid_arguments(spark, options, message):
+    df = spark.createDataFrame([], BACKLOG_ROW_SCHEMA)
+    with pytest.raises(ValueError, match=message):
+        classify_messages(df, **options)
+
+
+def test_ttl_policy_values():
+    assert TtlPolicy.parse("restart") is TtlPolicy.RESTART
+    assert TtlPolicy.parse(TtlPolicy.REMAINING) is TtlPolicy.REMAINING
+    assert [policy.value for policy in TtlPolicy] == ["remaining", "restart"]
+
+
+# --- filling rows ------------------------------------------------------------------------------
+
+def test_legacy_fields_to_row_values():
+    fields = LegacyFields(
+        destination=None, session_id="s", time_to_live=timedelta(seconds=1, microseconds=1),
+        scheduled_enqueue_time=NOW,
+        problems=(Problem("missing_path", "x-ms-path is missing"), Problem("invalid_legacy_property", "bad ttl")),
+    )
+    assert legacy_fields_to_row_values(fields) == {
+        "destination": None,
+        "session_id": "s",
+        "time_to_live_ms": 1001,  # rounded up
+        "scheduled_enqueue_time": NOW,
+        "decode_problem_code": "missing_path",
+        "decode_problem_reason": "x-ms-path is missing; bad ttl",
+    }
+    assert legacy_fields_to_row_values(LegacyFields("orders")) == {
+        "destination": "orders", "session_id": None, "time_to_live_ms": None, "scheduled_enqueue_time": None,
+        "decode_problem_code": None, "decode_problem_reason": None,
+    }
+
+
+def test_backlog_row_values_from_a_raw_legacy_message(spark):
+    raw = DecodedMessage(
+        message_annotations={Symbol("x-opt-sequence-number"): 41,
+                             Symbol("x-opt-enqueued-time"): Timestamp(1714560000000),
+                             Symbol("x-opt-partition-key"): "s-1"},
+        properties=MessageProperties(message_id="m-41", content_type=Symbol("application/json")),
+        application_properties={
+            "x-ms-path": "a/b/topic",
+            "x-ms-sessionid": "s-1",
+            "x-ms-timetolive": Described(Symbol("com.microsoft:timespan"), 15 * 60 * 10_000_000),
+            "x-ms-scheduledenqueuetimeutc": Timestamp(1714566600000),
+        },
+        body=(b"12345", b"678"),
+    ).encode()
+    row = backlog_row_values("contoso/x-servicebus-transfer/2", raw)
+    assert row == {
+        "backlog_queue": "contoso/x-servicebus-transfer/2",
+        "sequence_number": 41,
+        "enqueued_time": datetime(2024, 5, 1, 10, 40, tzinfo=UTC),
+        "message_id": "m-41",
+        "content_type": "application/json",
+        "body_size": 8,
+        "raw_message": raw,
+        "destination": "a/b/topic",
+        "session_id": "s-1",
+        "partition_key": "s-1",
+        "time_to_live_ms": 15 * MINUTE_MS,
+        "scheduled_enqueue_time": datetime(2024, 5, 1, 12, 30, tzinfo=UTC),
+        "decode_problem_code": None,
+        "decode_problem_reason": None,
+    }
+    assert list(row) == list(BACKLOG_ROW_COLUMNS)
+    # The values fit the schema.
+    # The values fit the schema; timestamps compared as instants (collect() returns local naive times).
+    df = spark.createDataFrame([tuple(row.values())], BACKLOG_ROW_SCHEMA)
+    collected = df.selectExpr("*", "unix_millis(enqueued_time) AS enq_ms",
+                              "unix_millis(scheduled_enqueue_time) AS sched_ms").collect()[0].asDict()
+    assert (collected.pop("enq_ms"), collected.pop("sched_ms")) == (1714560000000, 1714566600000)
+    timestamps = ("enqueued_time", "scheduled_enqueue_time")
+    assert {k: v for k, v in collected.items() if k not in timestamps} == {
+        **{k: v for k, v in row.items() if k not in timestamps}, "raw_message": bytearray(raw)}
+
+
+def test_backlog_row_values_prefer_the_peeked_sequence_number_and_time():
+    raw = DecodedMessage(message_annotations={Symbol("x-opt-sequence-number"): 1},
+                         application_properties={"x-ms-path": "orders"}).encode()
+    row = backlog_row_values("q", raw, sequence_number=99, enqueued_time=NOW)
+    assert (row["sequence_number"], row["enqueued_time"], row["destination"]) == (99, NOW, "orders")
+
+
+def test_backlog_row_values_of_an_undecodable_message_carry_a_problem():
+    row = backlog_row_values("q", b"\x00\x53", sequence_number=7, enqueued_time=NOW)
+    assert row["decode_problem_code"] == "undecodable_message"
+    assert row["decode_problem_reason"] == "truncated: the ulong runs past the end (1 bytes missing) at byte 1"
+    assert (row["sequence_number"], row["body_size"], row["destination"]) == (7, 2, None)
+    assert row["raw_message"] == b"\x00\x53"
+    assert list(row) == list(BACKLOG_ROW_COLUMNS)
+
+
+ROUTED = DecodedMessage(application_properties={"x-ms-path": "orders"}).encode()
+
+
+@pytest.mark.parametrize("raw, reason", [
+    # A value body holding an invalid UTF-8 string: the message cannot be forwarded right, so it is not.
+    (ROUTED + b"\x00\x53\x77\xa1\x01\xff", f"a string is not valid UTF-8 at byte {len(ROUTED) + 3}"),
+    # A data section that claims more bytes than there are.
+    (ROUTED + b"\x00\x53\x75\xa0\x09abc",
+     f"truncated: the binary runs past the end (6 bytes missing) at byte {len(ROUTED) + 3}"),
+    # The broker's enqueued time out of datetime's range.
+    (DecodedMessage(message_annotations={"x-opt-enqueued-time": Timestamp(2**62)},
+                    application_properties={"x-ms-path": "orders"}).encode(), "out of range"),
+])
+def test_backlog_row_values_of_a_partly_readable_message_carry_a_problem(raw, reason):
+    row = backlog_row_values("q", raw)
+    assert row["decode_problem_code"] == "undecodable_message"
+    assert reason in row["decode_problem_reason"]
+    assert (row["destination"], row["body_size"]) == (None, len(raw))
+
+
+def test_backlog_row_body_size_of_value_and_sequence_bodies():
+    value = DecodedMessage(application_properties={"x-ms-path": "orders"}, body_kind="value", body="abc")
+    sequence = DecodedMessage(application_properties={"x-ms-path": "orders"}, body_kind="sequence",
+                              body=([1], [2, 3]))
+    assert backlog_row_values("q", value.encode())["body_size"] == value.body_size == 8
+    assert backlog_row_values("q", sequence.encode())["body_size"] == sequence.body_size == 8 + 10
+
+
+@pytest.mark.parametrize("message_id, text", [
+    (None, None), ("abc", "abc"), (Symbol("abc"), "abc"), (ULong(5), "5"), (2**40, "1099511627776"),
+    (b"\x01\xff", "01ff"), (uuid.UUID(int=1), "00000000-0000-0000-0000-000000000001"),
+])
+def test_message_id_text(message_id, text):
+    assert message_id_text(message_id) == text

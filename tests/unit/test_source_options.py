@@ -1,0 +1,81 @@
+"""The source's typed options: to Spark's strings and back, defaults from the configuration; the
+stream reader closes what its driver side opened."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from backlog_syphon.config import BacklogConfig, NamespaceConfig, RunConfig, Secret
+from backlog_syphon.source.options import SECRET_OPTION, SourceOptions
+
+SECONDARY = NamespaceConfig(connection_string=Secret("Endpoint=sb://x/;SharedAccessKeyName=k;SharedAccessKey=v", "test"))
+
+
+def test_options_survive_the_trip_through_sparks_strings():
+    options = SourceOptions("contoso", SECONDARY, queue_count=3, discover=False, max_messages_per_trigger=7,
+                            idle_probe_max_seconds=1.5, available_now=True, stop_file="/tmp/stop")
+    spark_options = options.to_spark()
+    assert all(isinstance(value, str) for value in spark_options.values())
+    assert SECRET_OPTION in spark_options and "secret" in SECRET_OPTION  # redacted by Spark's default regex
+    assert SourceOptions.from_spark(spark_options) == options
+    assert options.configured_queues == [f"contoso/x-servicebus-transfer/{i}" for i in range(3)]
+
+
+def test_missing_options_take_the_configurations_defaults():
+    read = SourceOptions.from_spark({"primaryNamespace": "contoso"})
+    assert read.queue_count == BacklogConfig().queue_count
+    assert read.discover == BacklogConfig().discover
+    assert read.max_messages_per_trigger == RunConfig().max_messages_per_trigger
+    assert read.idle_probe_max_seconds == RunConfig().idle_probe_max_seconds
+    assert read.available_now is False and read.stop_file is None
+    assert read.secondary == NamespaceConfig()
+
+
+def test_from_config_copies_every_setting(tmp_path):
+    from backlog_syphon.config import load_config
+
+    path = tmp_path / "c.yaml"
+    path.write_text("primary: {namespace: contoso, connection_string: {env: P}}\n"
+                    "secondary: {connection_string: {env: S}}\n"
+                    "backlog: {queue_count: 4, discover: false}\n"
+                    "storage: {audit_table: a/b, checkpoint_table: c/d, checkpoint_location: e/f}\n"
+                    "run: {trigger: 10 seconds, max_messages_per_trigger: 9, idle_probe_max_seconds: 30}\n")
+    secret = "Endpoint=sb://h/;SharedAccessKeyName=k;SharedAccessKey=v"
+    config = load_config(path, environ={"P": secret, "S": secret})
+    options = SourceOptions.from_config(config, stop_file="stop")
+    assert dataclasses.astuple(options)[2:] == (4, False, 9, 30.0, False, "stop")
+    assert options.secondary == config.secondary
+
+
+def test_the_stream_reader_closes_its_peek_links_when_the_query_stops(monkeypatch):
+    from backlog_syphon.servicebus import clients
+    from backlog_syphon.source.data_source import BacklogStreamReader
+
+    closed = []
+    monkeypatch.setattr(clients, "close_peek_receivers", lambda namespace, queues: closed.append(list(queues)))
+    reader = BacklogStreamReader(SourceOptions("contoso", SECONDARY).to_spark())
+    reader.stop()  # nothing opened yet: nothing to close
+    reader._queues = ["contoso/x-servicebus-transfer/0", "contoso/x-servicebus-transfer/1"]
+    reader.stop()
+    assert closed == [["contoso/x-servicebus-transfer/0", "contoso/x-servicebus-transfer/1"]]
+
+
+def test_the_pool_closes_a_namespaces_client_with_its_last_link(monkeypatch):
+    from backlog_syphon.servicebus import clients
+
+    class Handle:
+        def __init__(self):
+            self.closed = False
+
+        def close(self):
+            self.closed = True
+
+    client = Handle()
+    monkeypatch.setattr(clients, "open_client", lambda namespace, **_: client)
+    pool = clients._HandlerPool()
+    peek_0 = pool.get(SECONDARY, "secondary", ("receiver", "peek", "q0"), lambda _: Handle())
+    settle_0 = pool.get(SECONDARY, "secondary", ("receiver", "settle", "q0"), lambda _: Handle())
+    pool.close(SECONDARY, "secondary", [("receiver", "peek", "q0")])
+    assert peek_0.closed and not settle_0.closed and not client.closed  # the purge's link still uses it
+    pool.close(SECONDARY, "secondary", [("receiver", "settle", "q0")])
+    assert settle_0.closed and client.closed
