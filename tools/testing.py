@@ -67,7 +67,7 @@ def drain_destinations(client, entities: Iterable[str], *, session_entities: Ite
 
 
 def received_counts(client, entities: Iterable[str], *, session_entities: Iterable[str] = ("sessions-orders",),
-                    settle_seconds: float = 5.0) -> collections.Counter:
+                    settle_seconds: float = 1.0) -> collections.Counter:
     """Drain each entity (``drain_destinations``) and count what arrived; ``sessions-orders`` of
     ``conf/emulator.yaml`` is the session-enabled one."""
     drained = drain_destinations(client, entities, session_entities=session_entities, settle_seconds=settle_seconds)
