@@ -84,8 +84,8 @@ class AuditRecords:
     def batch_stats(self, batch_id: int) -> BatchStats | None:
         if not tables.table_exists(self.spark, self.audit_table):
             return None
-        row = reports.batch_totals(tables.read_table(self.spark, self.audit_table), self.run_id,
-                                         batch_id).first()
+        audit = tables.read_table(self.spark, self.audit_table)
+        row = reports.batch_totals(audit, self.run_id, batch_id).first()
         if row is None or not row["rows"]:
             return None
         oldest = row["oldest_enqueued"]
