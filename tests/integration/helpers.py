@@ -6,6 +6,7 @@ from __future__ import annotations
 import collections
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -51,6 +52,13 @@ def job_env(emulator, extra: dict[str, str] | None = None, *, primary: str | Non
     env.setdefault("PYSPARK_SUBMIT_ARGS", JOB_SUBMIT_ARGS)
     env.update(extra or {})
     return env
+
+
+def free_port() -> int:
+    """A port on 127.0.0.1 that was free a moment ago (nothing listens there)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
 
 
 def start_job(command: list[str], env: dict[str, str], log) -> subprocess.Popen:

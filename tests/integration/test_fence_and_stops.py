@@ -32,7 +32,7 @@ import yaml
 from tools.backlog_writer import OriginalMessage, write_backlog
 
 from .conftest import PRIMARY, ROOT, SECONDARY, make_config
-from .helpers import drain_destinations, finish_job, job_command, job_env, kill_tree, start_job, tail, wait_for
+from .helpers import drain_destinations, finish_job, free_port, job_command, job_env, kill_tree, start_job, tail, wait_for
 
 DESTINATION = "payments"  # no duplicate detection: every arrival counts
 FENCE_MESSAGE = "another run is delivering from this backlog"
@@ -169,11 +169,7 @@ def test_wrong_credentials_or_endpoint_end_the_run_in_seconds_with_one_line(emul
         expected = ("the primary namespace", "refused the credentials",
                     "SharedAccessKeyName and SharedAccessKey in primary.connection_string")
     else:
-        import socket
-
-        with socket.socket() as probe:  # a port that was free a moment ago: nothing listens there
-            probe.bind(("127.0.0.1", 0))
-            port = probe.getsockname()[1]
+        port = free_port()
         secondary = secondary.replace(f":{emulator.port(SECONDARY)};", f":{port};")
         expected = ("cannot reach the secondary namespace", f"127.0.0.1:{port}",
                     "check the Endpoint in secondary.connection_string")

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import re
-import socket
 import sys
 import time
 
@@ -23,19 +22,13 @@ from tools import backlog_writer
 from tools.testing import expected_arrivals, received_counts
 
 from .conftest import PRIMARY, ROOT, make_config
-from .helpers import finish_job, job_command, job_env, kill_tree, start_job, tail
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
+from .helpers import finish_job, free_port, job_command, job_env, kill_tree, start_job, tail
 
 
 @pytest.fixture
 def connect_server(tmp_path):
     """``sc://127.0.0.1:PORT`` of a Connect server that lives for one test."""
-    port = _free_port()
+    port = free_port()
     log = tmp_path / "connect-server.log"
     server = start_job([sys.executable, str(ROOT / "tests/integration/connect_server.py"), str(port)],
                        job_env(None, primary="-", secondary="-"), log)

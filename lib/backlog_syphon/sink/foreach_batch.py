@@ -197,7 +197,8 @@ class DeliverySink:
         self._record_marks(self._purges.wait())
 
     def flush(self, spark: SparkSession) -> None:
-        """Record the last purge marks in the checkpoint table (when the query has ended)."""
+        """Record the last purge marks in the checkpoint table (when the query has ended; it waits for
+        a purge still running, which ``wait_for_purges`` normally has already done)."""
         self._record_marks(self._purges.wait())
         if self._marks_unrecorded and self._checkpoint:
             tables.write_checkpoint(spark, self.config.storage.checkpoint_table, list(self._checkpoint.values()))
