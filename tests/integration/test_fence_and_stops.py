@@ -32,7 +32,8 @@ import yaml
 from tools.backlog_writer import OriginalMessage, write_backlog
 
 from .conftest import PRIMARY, ROOT, SECONDARY, make_config
-from .helpers import drain_destinations, finish_job, free_port, job_command, job_env, kill_tree, start_job, tail, wait_for
+from .helpers import (drain_destinations, finish_job, free_port, job_command, job_env, kill_tree, start_job, tail,
+                      wait_for)
 
 DESTINATION = "payments"  # no duplicate detection: every arrival counts
 FENCE_MESSAGE = "another run is delivering from this backlog"
