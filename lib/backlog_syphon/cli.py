@@ -27,11 +27,14 @@ import backlog_syphon
 from backlog_syphon.config import AVAILABLE_NOW, ConfigError, parse_overrides
 from backlog_syphon.run.host import load_config
 
-EXIT_OK = 0
-EXIT_BATCH_FAILED = 1  # a micro-batch failed; the next run resumes safely from the tables
-EXIT_SETTINGS = 2  # a setting is wrong: configuration, credentials, endpoint or rights
-EXIT_LEASE_HELD = 3  # another run is delivering from this backlog
-EXIT_NOT_DRAINED = 4  # the run ended with messages still in the backlog
+from backlog_syphon.errors import (  # noqa: F401 - the exit codes are part of this module's interface
+    BATCH_FAILED_MARK,
+    EXIT_BATCH_FAILED,
+    EXIT_NOT_DRAINED,
+    EXIT_OK,
+    EXIT_SETTINGS,
+    SyphonError,
+)
 
 logger = logging.getLogger("backlog_syphon")
 
@@ -126,9 +129,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_SETTINGS
 
-    from backlog_syphon.run.lease import LeaseHeldError, LeaseTableMismatchError
-    from backlog_syphon.servicebus.clients import ServiceBusAccessError
-    from backlog_syphon.servicebus.probes import PreflightError, preflight
+    from backlog_syphon.servicebus.probes import preflight
 
     stopper = StopOnSignal()
     stopper.install()
@@ -136,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
     def check_access() -> None:
         try:
             preflight(config)
-        except (PreflightError, ServiceBusAccessError) as exc:
+        except SyphonError as exc:
             # Say it at once, even while Spark is still starting: the JVM ends with this process.
             code = fail(str(exc), log_file, EXIT_SETTINGS)
             logging.shutdown()
@@ -160,14 +161,12 @@ def main(argv: list[str] | None = None) -> int:
         progress = None if args.quiet else (lambda line: print(line, file=sys.stderr, flush=True))
         summary = run_syphon(spark, config, timeout_seconds=args.timeout, on_progress=progress, check_access=False,
                              on_start=stopper.attach)
-    except LeaseHeldError as exc:
-        return fail(str(exc), log_file, EXIT_LEASE_HELD)
-    except (PreflightError, ServiceBusAccessError, LeaseTableMismatchError) as exc:
-        return fail(str(exc), log_file, EXIT_SETTINGS)
-    except Exception as exc:  # noqa: BLE001 - a failed batch surfaces as Spark's streaming exception
+    except SyphonError as exc:  # the run's own errors carry their exit code and their one line
         logger.debug("the run failed", exc_info=True)
-        return fail(f"{batch_failure(exc)}. Nothing was lost: the next run resumes safely from the audit and "
-                    f"checkpoint tables", log_file, EXIT_BATCH_FAILED)
+        return fail(closing_line(exc), log_file, exc.exit_code)
+    except Exception as exc:  # noqa: BLE001 - Spark's streaming exception around a batch failure (Connect)
+        logger.debug("the run failed", exc_info=True)
+        return fail(closing_line(exc), log_file, EXIT_BATCH_FAILED)
     print("\n".join(summary.lines()))
     if stopper.requested:
         print("stopped on request at a batch boundary; the next run resumes from the tables", file=sys.stderr)
@@ -178,14 +177,16 @@ def main(argv: list[str] | None = None) -> int:
     return EXIT_OK
 
 
-def batch_failure(exc: BaseException) -> str:
-    """The one line that matters in Spark's streaming exception: the sink's ``batch N, step S: cause``."""
-    from backlog_syphon.sink.foreach_batch import BATCH_FAILED_MARK
-
+def closing_line(exc: BaseException) -> str:
+    """The one line that ends a failed run. A batch failure says its batch, step and cause, and that
+    nothing was lost; Spark Connect hands the client only its text, where the sink's line is found."""
     text = str(exc)
     at = text.rfind(BATCH_FAILED_MARK)
     if at >= 0:
-        return text[at + len(BATCH_FAILED_MARK):].strip().splitlines()[0]
+        line = text[at + len(BATCH_FAILED_MARK):].strip().splitlines()[0]
+        return (f"{line}. Nothing was lost: the next run resumes safely from the audit and checkpoint tables")
+    if isinstance(exc, SyphonError):
+        return text
     first = (text.strip().splitlines() or [""])[0][:300]
     return f"the run failed: {type(exc).__name__}" + (f": {first}" if first else "")
 

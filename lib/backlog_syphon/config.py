@@ -22,6 +22,7 @@ from typing import Any, Callable, Mapping
 
 import yaml
 
+from backlog_syphon.errors import SettingsError
 from backlog_syphon.model import TtlPolicy
 
 ENV_PREFIX = "SYPHON__"
@@ -30,7 +31,7 @@ SECRET_SCOPES_NEED_DATABRICKS = "{secret: scope/key} references need Databricks 
 _INTERVAL = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(second|seconds|minute|minutes|hour|hours)\s*$")
 
 
-class ConfigError(ValueError):
+class ConfigError(SettingsError, ValueError):
     """A configuration problem, described so that the operator knows what to change."""
 
 

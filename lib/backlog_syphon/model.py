@@ -29,6 +29,16 @@ class Outcome(StrEnum):
     DELIVERED = "delivered"
     DEAD_LETTERED = "dead_lettered"
     SKIPPED_PING = "skipped_ping"
+    # Not a final outcome: the message was not sent (its destination stayed unavailable, or the
+    # send round ran out of lease). It stays in the backlog, untouched, and the batch's replay sends it.
+    UNSENT = "unsent"
+
+    @property
+    def is_final(self) -> bool:
+        return self is not Outcome.UNSENT
+
+
+FINAL_OUTCOMES = tuple(outcome for outcome in Outcome if outcome.is_final)
 
 
 class ReasonCode(StrEnum):
@@ -48,8 +58,12 @@ class ReasonCode(StrEnum):
     UNAUTHORIZED = "unauthorized"
     # transient: retried, never a final outcome
     DESTINATION_DISABLED = "destination_disabled"
+    QUOTA_EXCEEDED = "quota_exceeded"
     AUTHENTICATION_FAILED = "authentication_failed"
     TRANSIENT = "transient"
+    # why a message is UNSENT
+    DESTINATION_UNAVAILABLE = "destination_unavailable"  # refused or unreachable for all of sink.outage_wait_seconds
+    ROUND_DEADLINE = "round_deadline"  # the send round ended before the lease could expire; the next round sends it
 
 
 class TtlPolicy(StrEnum):
@@ -95,11 +109,21 @@ class OutcomeRecord(TypedDict):
 
 @dataclass(frozen=True)
 class CheckpointRow:
-    """One backlog queue's progress: a row of the checkpoint table."""
+    """One backlog queue's progress: a row of the checkpoint table.
+
+    Sequence numbers mean something only within one incarnation of a queue (a queue deleted and
+    created again numbers from 1 again), so the marks come with the enqueue times that identify
+    the messages they name.
+    """
 
     backlog_queue: str
-    delivered_through: int  # every message up to here has a recorded outcome
-    purged_through: int  # ... and has been removed from the backlog
+    incarnation: int  # 1, then one more each time the queue was found numbering from the start again
+    delivered_through: int  # highest sequence number with a recorded outcome, in this incarnation
+    delivered_enqueued_ms: int | None  # ... and when that message entered the backlog (ms since the epoch)
+    purged_through: int  # highest sequence number whose recorded message is settled, in this incarnation
+    # Every recorded message of the queue that entered the backlog at or before this time is settled
+    # (whatever its incarnation): where a restart starts looking for what may still need settling.
+    purged_enqueued_ms: int | None
     last_batch_id: int
     last_run_id: str
     updated_at: datetime
@@ -109,20 +133,41 @@ class CheckpointRow:
 
 
 @dataclass(frozen=True)
-class QueueOutcomes:
-    """What one micro-batch recorded for one backlog queue: the aggregate the driver works from."""
+class RecordedSpan:
+    """Messages of one backlog queue whose outcomes one batch recorded, by identity.
+
+    Every message the source read with a sequence number in ``[first, last]`` and an enqueue time
+    in ``[enqueued_from_ms, enqueued_to_ms]`` has a recorded final outcome: a window is read whole,
+    a span is cut wherever a message was left unsent, and a queue recreated since numbers its new
+    messages from 1 again but enqueues them later, so none of them matches. ``holds`` is the test
+    the purge applies before it settles a message.
+    """
 
     backlog_queue: str
-    first: int  # lowest and highest sequence number with an outcome in the batch
-    through: int
-    delivered: int
-    dead_lettered: int
-    skipped: int
-    oldest_enqueued: datetime | None  # oldest backlog enqueue time among them
+    first: int
+    last: int
+    enqueued_from_ms: int
+    enqueued_to_ms: int
+    count: int  # recorded outcomes in the span
+    delivered: int = 0
+    dead_lettered: int = 0
+    skipped: int = 0
+    batch_id: int | None = None  # the batch that recorded it
 
-    @property
-    def count(self) -> int:
-        return self.delivered + self.dead_lettered + self.skipped
+    def holds(self, sequence_number: int, enqueued_ms: int | None) -> bool:
+        return (self.first <= sequence_number <= self.last and enqueued_ms is not None
+                and self.enqueued_from_ms <= enqueued_ms <= self.enqueued_to_ms)
+
+
+@dataclass(frozen=True)
+class DeadLetterOrder:
+    """A recorded dead-letter outcome the purge carries out in the backlog queue, by identity."""
+
+    backlog_queue: str
+    sequence_number: int
+    enqueued_ms: int
+    reason_code: str
+    reason: str
 
 
 @dataclass(frozen=True)
@@ -140,6 +185,10 @@ class Lease:
     acquired_at: dt.datetime
     renewed_at: dt.datetime
     expires_at: dt.datetime
+    # The holding process beyond doubt ("<boot id>/<pid namespace>/<pid>/<start time>"): only a run that
+    # shares the machine and pid namespace can prove from it that the holder is gone (a host name and
+    # a pid are not proof: containers share host names, and pids are reused).
+    process_identity: str | None = None
 
     @property
     def holder(self) -> str:
@@ -148,3 +197,15 @@ class Lease:
     def is_free_for(self, run_id: str, now: dt.datetime, *, holder_gone: bool = False) -> bool:
         """Whether ``run_id`` may take (or keep) this lease at ``now``; ``holder_gone``: its process is known dead."""
         return self.run_id == run_id or self.expires_at <= now or holder_gone
+
+
+@dataclass(frozen=True)
+class BatchStats:
+    """What the sink did with one micro-batch (filled on the driver by the sink, read by the progress reports)."""
+
+    delivered: int
+    dead_lettered: int
+    skipped: int
+    replayed: int  # outcomes recorded by an earlier, interrupted attempt of this batch
+    send_seconds: float
+    oldest_enqueued: dt.datetime | None  # oldest backlog enqueue time among the batch's messages

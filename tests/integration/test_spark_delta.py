@@ -25,13 +25,14 @@ def test_tables_are_created_by_their_first_write_with_stable_schemas(spark, tmp_
 
     audit, checkpoint, lease = str(tmp_path / "audit"), str(tmp_path / "checkpoint"), str(tmp_path / "lease")
     assert tables.read_checkpoint(spark, checkpoint) == {}  # nothing recorded before the first write
-    assert tables.recorded_above(spark, audit, {}) is None
+    assert tables.recorded_unsettled(spark, audit, {}) is None
     now = dt.datetime(2026, 11, 26, tzinfo=dt.timezone.utc)
+    now_ms = int(now.timestamp() * 1000)
     outcome = ("r", 0, "q0", 5, "m-5", "orders", None, "delivered", None, None, 10, now, None, None, now, 1)
-    for batch_id in (0, 0, 1):  # the replay of batch 0 appends nothing
-        tables.append_audit(audit, spark.createDataFrame([outcome], OUTCOME_ROW_SCHEMA), "app", batch_id)
-    rows = [CheckpointRow("q0", 5, 0, 1, "r", now, 1, 0, 0)]
-    tables.write_checkpoint(spark, checkpoint, rows, app_id="app", batch_id=1)
+    for version in (0, 0, 1):  # the repeat of version 0 appends nothing
+        tables.append_audit(audit, spark.createDataFrame([outcome], OUTCOME_ROW_SCHEMA), "app", version)
+    rows = [CheckpointRow("q0", 1, 5, now_ms, 0, None, 1, "r", now, 1, 0, 0)]
+    tables.write_checkpoint(spark, checkpoint, rows, app_id="app", version=1)
     assert tables.read_lease(spark, lease) is None  # before the first lease
     first = new_lease("ns/contoso", "run-a", "host", 1, now, 60)
     assert tables.write_lease(spark, lease, first)
@@ -39,12 +40,36 @@ def test_tables_are_created_by_their_first_write_with_stable_schemas(spark, tmp_
     assert spark.read.format("delta").load(audit).schema.fieldNames() == tables.AUDIT_SCHEMA.fieldNames()
     assert spark.read.format("delta").load(audit).count() == 2
     assert tables.read_checkpoint(spark, checkpoint) == {"q0": rows[0]}
-    assert tables.recorded_above(spark, audit, {"q0": 4}).count() == 2
-    assert tables.recorded_above(spark, audit, {"q0": 5}).count() == 0
+
+    def above(purged_through, purged_enqueued_ms):
+        mark = CheckpointRow("q0", 1, 5, now_ms, purged_through, purged_enqueued_ms, 1, "r", now, 1, 0, 0)
+        return tables.recorded_unsettled(spark, audit, {"q0": mark}).count()
+
+    assert above(4, None) == 2 and above(5, None) == 0  # a mark an older version wrote: by sequence number
+    assert above(5, now_ms - 1) == 2 and above(5, now_ms) == 0  # by the enqueue time of the message it names
     assert spark.read.format("delta").load(lease).schema.fieldNames() == tables.LEASE_SCHEMA.fieldNames()
     assert tables.read_lease(spark, lease) == first
     detail = spark.sql(f"DESCRIBE DETAIL delta.`{audit}`").first()
     assert detail["partitionColumns"] == ["outcome_date"]
+
+
+def test_a_checkpoint_table_of_an_older_version_reads_and_is_rewritten_with_todays_columns(spark, tmp_path):
+    import datetime as dt
+
+    from backlog_syphon.model import CheckpointRow
+
+    checkpoint = str(tmp_path / "checkpoint")
+    now = dt.datetime(2026, 11, 26, tzinfo=dt.timezone.utc)
+    old = spark.createDataFrame([("q0", 9, 4, 3, "r", now, 9, 0, 0)],
+                                "backlog_queue string, delivered_through long, purged_through long, last_batch_id long, "
+                                "last_run_id string, updated_at timestamp, delivered_count long, "
+                                "dead_lettered_count long, skipped_count long")
+    old.write.format("delta").save(checkpoint)
+    read = tables.read_checkpoint(spark, checkpoint)
+    assert read == {"q0": CheckpointRow("q0", 1, 9, None, 4, None, 3, "r", now, 9, 0, 0)}
+    tables.write_checkpoint(spark, checkpoint, list(read.values()), app_id="app", version=4)
+    assert spark.read.format("delta").load(checkpoint).schema.fieldNames() == tables.CHECKPOINT_SCHEMA.fieldNames()
+    assert tables.read_checkpoint(spark, checkpoint) == read
 
 
 def test_the_lease_is_a_compare_and_set_even_when_two_runs_create_its_table_at_once(spark, tmp_path):

@@ -1,74 +1,202 @@
-"""Bookkeeping between the sink's steps, on per-queue aggregates: checkpoints, what is left to purge."""
+"""Bookkeeping between the sink's steps, on per-queue spans: checkpoints, incarnations, what is left to purge."""
 
+import dataclasses
 import datetime as dt
 
+from backlog_syphon.model import CheckpointRow, DeadLetterOrder, RecordedSpan
+from backlog_syphon.servicebus.purge_plan import PurgePlan, PurgeResult
 from backlog_syphon.sink.bookkeeping import (
     Unpurged,
     add_recorded,
     advance_checkpoint,
     after_purge,
+    by_queue,
     mark_purged,
-    merge_outcomes,
     purge_plans,
+    renumbered,
 )
-from backlog_syphon.model import CheckpointRow, QueueOutcomes
-from backlog_syphon.servicebus.purge_plan import PurgePlan
 
 NOW = dt.datetime(2026, 11, 25, tzinfo=dt.timezone.utc)
 EARLY = NOW - dt.timedelta(hours=1)
+T0 = 1_700_000_000_000  # message n of the first incarnation entered the backlog at T0 + n (ms)
+LATER = T0 + 3_600_000  # a recreated queue's messages enter an hour later: message n at LATER + n
 
 
-def outcomes(queue, first, through, delivered=0, dead=0, skipped=0, oldest=None):
-    return QueueOutcomes(queue, first, through, delivered, dead, skipped, oldest)
+def span(queue, first, last, delivered=0, dead=0, skipped=0, *, at=T0, batch_id=None):
+    """Messages first..last of ``queue`` (enqueued at ``at`` + sequence number) with recorded outcomes."""
+    return RecordedSpan(queue, first, last, at + first, at + last, delivered + dead + skipped, delivered, dead,
+                        skipped, batch_id)
 
 
-def test_aggregates_of_one_queue_add_up():
-    merged = merge_outcomes([outcomes("q0", 5, 9, delivered=4, oldest=NOW), outcomes("q1", 1, 1, dead=1)],
-                            [outcomes("q0", 2, 4, skipped=2, oldest=EARLY)])
-    assert merged == {"q0": outcomes("q0", 2, 9, delivered=4, skipped=2, oldest=EARLY),
-                      "q1": outcomes("q1", 1, 1, dead=1)}
-    assert merged["q0"].count == 6
+def checkpoint(queue, delivered_through, purged_through=0, *, incarnation=1, at=T0, purged_at=None, counts=(0, 0, 0),
+               updated_at=NOW):
+    return CheckpointRow(queue, incarnation, delivered_through, at + delivered_through if delivered_through else None,
+                         purged_through, purged_at, 3, "r", updated_at, *counts)
 
+
+def result(settled=(), remaining=(), completed=0):
+    return PurgeResult(completed, 0, 0, tuple(remaining), tuple(settled))
+
+
+def test_spans_are_grouped_by_queue_in_order():
+    a, b, c = span("q0", 1, 2, 2), span("q1", 1, 1, 1), span("q0", 5, 6, 2)
+    assert by_queue([a, b, c]) == {"q0": [a, c], "q1": [b]}
+
+
+# --- the checkpoint -------------------------------------------------------------------------------
 
 def test_checkpoint_moves_forward_and_counts_this_batch_once():
-    state = advance_checkpoint({}, [outcomes("q0", 1, 7, delivered=5, dead=1, skipped=1)], batch_id=3,
-                               run_id="r", now=NOW)
-    assert state == {"q0": CheckpointRow("q0", 7, 0, 3, "r", NOW, 5, 1, 1)}
-    replayed = advance_checkpoint(state, [outcomes("q0", 1, 7, delivered=5, dead=1, skipped=1)], batch_id=3,
-                                  run_id="r2", now=NOW)
-    assert replayed["q0"].delivered_count == 5 and replayed["q0"].last_run_id == "r2"  # no double counts
-    later = advance_checkpoint(replayed, [outcomes("q0", 8, 9, delivered=2)], batch_id=4, run_id="r2", now=NOW)
-    assert (later["q0"].delivered_through, later["q0"].delivered_count) == (9, 7)
-    assert advance_checkpoint(later, [outcomes("q0", 2, 3, delivered=1)], batch_id=5, run_id="r2",
-                              now=NOW)["q0"].delivered_through == 9  # never moves back
+    state = advance_checkpoint({}, [span("q0", 1, 7, delivered=5, dead=1, skipped=1)], batch_id=3, run_id="r",
+                               now=NOW)
+    assert state == {"q0": CheckpointRow("q0", 1, 7, T0 + 7, 0, None, 3, "r", NOW, 5, 1, 1)}
+    later = advance_checkpoint(state, [span("q0", 8, 9, delivered=2)], batch_id=4, run_id="r2", now=NOW)
+    assert (later["q0"].delivered_through, later["q0"].delivered_enqueued_ms, later["q0"].delivered_count) == (
+        9, T0 + 9, 7)
+    assert (later["q0"].last_batch_id, later["q0"].last_run_id) == (4, "r2")
 
 
-def test_purge_marks_only_move_forward():
-    state = {"q0": CheckpointRow("q0", 9, 0, 3, "r", EARLY, 9, 0, 0)}
-    purged = mark_purged(state, {"q0": 9, "unknown": 4}, now=NOW)
-    assert purged["q0"].purged_through == 9 and purged["q0"].updated_at == NOW and "unknown" not in purged
-    assert mark_purged(purged, {"q0": 5}, now=NOW)["q0"].purged_through == 9
+def test_checkpoint_never_moves_back_when_a_replay_records_what_was_left_unsent():
+    state = {"q0": checkpoint("q0", 9, counts=(7, 0, 0))}
+    replay = advance_checkpoint(state, [span("q0", 2, 3, delivered=2)], batch_id=5, run_id="r2", now=NOW)
+    row = replay["q0"]
+    assert (row.incarnation, row.delivered_through, row.delivered_enqueued_ms) == (1, 9, T0 + 9)
+    assert row.delivered_count == 9  # the new outcomes are counted
 
+
+def test_checkpoint_of_several_spans_of_one_batch_names_the_newest_message():
+    state = advance_checkpoint({}, [span("q0", 6, 8, delivered=3), span("q0", 1, 4, delivered=4),
+                                    span("q1", 1, 1, skipped=1)], batch_id=1, run_id="r", now=NOW)
+    assert (state["q0"].delivered_through, state["q0"].delivered_enqueued_ms, state["q0"].delivered_count) == (
+        8, T0 + 8, 7)
+    assert (state["q1"].delivered_through, state["q1"].skipped_count) == (1, 1)
+
+
+def test_a_span_at_or_below_the_mark_enqueued_after_it_means_the_queue_was_recreated():
+    state = {"q0": checkpoint("q0", 150, 100, purged_at=T0 + 100, counts=(150, 0, 0))}
+    recreated = span("q0", 1, 20, delivered=20, at=LATER)
+    assert renumbered(state["q0"], [recreated])
+    row = advance_checkpoint(state, [recreated], batch_id=9, run_id="r", now=NOW)["q0"]
+    assert row == CheckpointRow("q0", incarnation=2, delivered_through=20, delivered_enqueued_ms=LATER + 20,
+                                purged_through=0, purged_enqueued_ms=T0 + 100, last_batch_id=9, last_run_id="r",
+                                updated_at=NOW, delivered_count=170, dead_lettered_count=0, skipped_count=0)
+
+
+def test_the_incarnation_goes_up_exactly_at_the_mark_too():
+    row = checkpoint("q0", 150)
+    assert renumbered(row, [span("q0", 150, 151, at=LATER)])  # first == delivered_through, enqueued later
+    assert advance_checkpoint({"q0": row}, [span("q0", 150, 151, 2, at=LATER)], batch_id=9, run_id="r",
+                              now=NOW)["q0"].incarnation == 2
+
+
+def test_no_new_incarnation_for_older_messages_below_the_mark_or_newer_ones_above_it():
+    row = checkpoint("q0", 150)
+    assert not renumbered(row, [span("q0", 120, 130)])  # below the mark, enqueued before it: left unsent earlier
+    assert not renumbered(row, [span("q0", 151, 160)])  # above the mark: the same queue going on
+    assert not renumbered(row, [span("q0", 150, 150)])  # the very message the mark names
+    assert not renumbered(checkpoint("q0", 0), [span("q0", 1, 5, at=LATER)])  # nothing delivered yet
+    assert advance_checkpoint({"q0": row}, [span("q0", 120, 130, 11)], batch_id=9, run_id="r",
+                              now=NOW)["q0"].incarnation == 1
+
+
+# --- what is left to purge ------------------------------------------------------------------------
 
 def test_what_is_recorded_is_planned_for_purging_and_forgotten_once_settled():
-    checkpoint = {"q0": CheckpointRow("q0", 10, 4, 3, "r", NOW, 0, 0, 0)}
-    unpurged = add_recorded({}, [outcomes("q0", 5, 10, delivered=5, dead=1), outcomes("q1", 1, 3, skipped=3)],
-                            [("q0", 7, "missing_path", "no x-ms-path"), ("q0", 9, None, None)])
-    assert purge_plans(unpurged, checkpoint) == {
-        "q0": PurgePlan("q0", first=5, through=10, expected=6,
-                        dead_letters={7: ("missing_path", "no x-ms-path"), 9: ("undeliverable", "")}),
-        "q1": PurgePlan("q1", first=1, through=3, expected=3),
+    a, b = span("q0", 5, 10, delivered=5, dead=1), span("q1", 1, 3, skipped=3)
+    missing_path = DeadLetterOrder("q0", 7, T0 + 7, "missing_path", "no x-ms-path")
+    unpurged = add_recorded({}, [a, b], [missing_path])
+    assert purge_plans(unpurged) == {
+        "q0": PurgePlan("q0", (a,), 6, {(7, T0 + 7): ("missing_path", "no x-ms-path")}),
+        "q1": PurgePlan("q1", (b,), 3),
     }
-    more = add_recorded(unpurged, [outcomes("q0", 11, 12, delivered=2)])
-    assert more["q0"] == Unpurged(8, 12, {7: ("missing_path", "no x-ms-path"), 9: ("undeliverable", "")})
+    c = span("q0", 11, 12, delivered=2)
+    more = add_recorded(unpurged, [c])
+    assert more["q0"] == Unpurged((a, c), (missing_path,))
+    assert more["q0"].count == 8
 
-    settled = after_purge(more, {"q0": 12, "q1": 2})
+    left_of_b = dataclasses.replace(b, first=3)
+    settled = after_purge(more, {"q0": result(settled=[a, c]), "q1": result(remaining=[left_of_b])})
     assert settled["q0"] == Unpurged()  # all of it
-    assert settled["q1"] == Unpurged(3, 3, {}, verify=True)  # partly: count what is left next time
-    assert purge_plans(settled, {"q1": CheckpointRow("q1", 3, 2, 3, "r", NOW, 0, 0, 3)}) == {
-        "q1": PurgePlan("q1", first=3, through=3, expected=3, verify=True)}
+    assert settled["q1"] == Unpurged((left_of_b,), (), verify=True)  # partly: count what is left next time
+    assert purge_plans(settled) == {"q1": PurgePlan("q1", (left_of_b,), 3, {}, verify=True)}
 
 
 def test_leftovers_of_an_earlier_run_are_verified_before_they_are_received():
-    unpurged = add_recorded({}, [outcomes("q0", 3, 4, delivered=2)], verify=True)
-    assert purge_plans(unpurged, {})["q0"].verify
+    unpurged = add_recorded({}, [span("q0", 3, 4, delivered=2)], verify=True)
+    assert purge_plans(unpurged)["q0"].verify
+    assert purge_plans({"q0": Unpurged()}) == {}  # nothing recorded: nothing planned
+
+
+def test_after_purge_keeps_spans_added_after_the_plan():
+    a = span("q0", 1, 5, delivered=5)
+    plan = purge_plans(add_recorded({}, [a]))["q0"]
+    b = span("q0", 6, 9, delivered=4)  # recorded while the purge of ``plan`` ran
+    dead = DeadLetterOrder("q0", 8, T0 + 8, "missing_path", "no x-ms-path")
+    unpurged = add_recorded(add_recorded({}, [a]), [b], [dead])
+    left = after_purge(unpurged, {"q0": result(settled=plan.spans, completed=5)})
+    assert left == {"q0": Unpurged((b,), (dead,), verify=False)}
+
+
+def test_after_purge_keeps_a_later_span_and_whats_left_of_a_planned_one():
+    a, b = span("q0", 1, 5, delivered=5), span("q0", 6, 9, delivered=4)
+    dead_a = DeadLetterOrder("q0", 2, T0 + 2, "ping", "")
+    dead_gone = DeadLetterOrder("q0", 1, T0 + 1, "ping", "")
+    unpurged = add_recorded({}, [a, b], [dead_gone, dead_a])
+    left_of_a = dataclasses.replace(a, first=2)
+    left = after_purge(unpurged, {"q0": result(remaining=[left_of_a]), "q9": result(settled=[span("q9", 1, 1)])})
+    assert left["q0"] == Unpurged((b, left_of_a), (dead_a,), verify=True)  # 1 is settled: its order goes
+    assert "q9" not in left  # a queue nobody knows of stays unknown
+
+
+# --- the purge mark -------------------------------------------------------------------------------
+
+def test_purge_marks_only_move_forward():
+    a, b = span("q0", 1, 4, 4), span("q0", 5, 9, 5)
+    state = {"q0": checkpoint("q0", 9, updated_at=EARLY)}
+    purged = mark_purged(state, {"q0": result(settled=[b]), "unknown": result(settled=[span("unknown", 1, 4)])},
+                         {}, now=NOW)
+    assert (purged["q0"].purged_through, purged["q0"].purged_enqueued_ms, purged["q0"].updated_at) == (
+        9, T0 + 9, NOW)
+    assert "unknown" not in purged
+    assert mark_purged(purged, {"q0": result(settled=[a])}, {}, now=NOW)["q0"].purged_through == 9  # never back
+    assert mark_purged(purged, {"q0": result(settled=[b])}, {}, now=EARLY) == purged  # the same mark: unchanged
+
+
+def test_purge_mark_never_passes_a_message_still_to_settle():
+    a, b, c = span("q0", 1, 4, 4), span("q0", 5, 9, 5), span("q0", 10, 12, 3)
+    state = {"q0": checkpoint("q0", 12)}
+    # b is still there (its purge stopped at 7), a and c are settled: a restart must still look at 5 on.
+    left = {"q0": Unpurged((dataclasses.replace(b, first=7),))}
+    marked = mark_purged(state, {"q0": result(settled=[a, c], remaining=[dataclasses.replace(b, first=7)])}, left,
+                         now=NOW)
+    assert (marked["q0"].purged_through, marked["q0"].purged_enqueued_ms) == (4, T0 + 4)
+    # once b is settled too, the mark moves to b's last message (c's settlement was an earlier result's)
+    done = mark_purged(marked, {"q0": result(settled=[b])}, {}, now=NOW)
+    assert (done["q0"].purged_through, done["q0"].purged_enqueued_ms) == (9, T0 + 9)
+
+
+def test_purge_mark_stays_when_every_settled_span_entered_after_an_unsettled_one():
+    a, b = span("q0", 1, 4, 4), span("q0", 5, 9, 5)
+    state = {"q0": checkpoint("q0", 9, 0)}
+    marked = mark_purged(state, {"q0": result(settled=[b])}, {"q0": Unpurged((a,))}, now=NOW)
+    assert marked == state
+    assert mark_purged(state, {"q0": result(remaining=[a])}, {"q0": Unpurged((a,))}, now=NOW) == state
+
+
+def test_purge_mark_of_a_recreated_queue_follows_enqueue_times_not_sequence_numbers():
+    old = span("q0", 140, 150, 11)
+    new = span("q0", 1, 20, 20, at=LATER)
+    state = {"q0": checkpoint("q0", 20, incarnation=2, at=LATER, purged_at=T0 + 139)}
+    marked = mark_purged(state, {"q0": result(settled=[old, new])}, {}, now=NOW)
+    assert (marked["q0"].purged_through, marked["q0"].purged_enqueued_ms) == (20, LATER + 20)
+
+
+def test_purge_mark_of_a_recreated_queue_names_no_message_of_the_old_incarnation():
+    # The old queue's last span (140..150) is found settled only after the checkpoint moved to incarnation 2
+    # (1..20 of the new queue recorded, still to settle): every message enqueued up to 150's time is settled,
+    # but no message of incarnation 2 is, so its purged_through stays 0 (it counts in this incarnation only).
+    old = span("q0", 140, 150, 11)
+    new = span("q0", 1, 20, 20, at=LATER)
+    state = {"q0": checkpoint("q0", 20, incarnation=2, at=LATER, purged_at=T0 + 139)}
+    marked = mark_purged(state, {"q0": result(settled=[old])}, {"q0": Unpurged((new,))}, now=NOW)
+    assert marked["q0"].purged_enqueued_ms == T0 + 150
+    assert (marked["q0"].incarnation, marked["q0"].delivered_through, marked["q0"].purged_through) == (2, 20, 0)

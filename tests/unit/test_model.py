@@ -2,7 +2,19 @@
 
 import typing
 
-from backlog_syphon.model import CheckpointRow, Lease, OutcomeRecord, Outcome, ReasonCode, TtlPolicy
+import pytest
+
+from backlog_syphon.model import (
+    FINAL_OUTCOMES,
+    BatchStats,
+    CheckpointRow,
+    Lease,
+    Outcome,
+    OutcomeRecord,
+    ReasonCode,
+    RecordedSpan,
+    TtlPolicy,
+)
 from backlog_syphon.restore.rows import OUTCOME_ROW_SCHEMA
 
 
@@ -18,6 +30,38 @@ def test_checkpoint_and_lease_rows_match_their_tables():
 
 
 def test_enum_values_are_the_tables_contract():
-    assert [o.value for o in Outcome] == ["delivered", "dead_lettered", "skipped_ping"]
+    assert [o.value for o in Outcome] == ["delivered", "dead_lettered", "skipped_ping", "unsent"]
     assert f"{ReasonCode.MISSING_PATH}" == "missing_path" and ReasonCode("ping") is ReasonCode.PING
     assert TtlPolicy.parse("restart") is TtlPolicy.RESTART
+    assert ReasonCode("quota_exceeded") is ReasonCode.QUOTA_EXCEEDED
+    assert ReasonCode("destination_unavailable") is ReasonCode.DESTINATION_UNAVAILABLE
+    assert f"{ReasonCode.ROUND_DEADLINE}" == "round_deadline"
+
+
+def test_unsent_is_the_only_outcome_that_is_not_final():
+    assert FINAL_OUTCOMES == (Outcome.DELIVERED, Outcome.DEAD_LETTERED, Outcome.SKIPPED_PING)
+    assert [o.is_final for o in Outcome] == [True, True, True, False]
+
+
+def test_ttl_policy_names_the_valid_values_when_it_refuses_one():
+    with pytest.raises(ValueError, match="ttl_policy must be one of 'remaining', 'restart'; got 'forever'"):
+        TtlPolicy.parse("forever")
+
+
+SPAN = RecordedSpan("q0", first=10, last=20, enqueued_from_ms=1_000, enqueued_to_ms=2_000, count=11)
+
+
+@pytest.mark.parametrize("sequence_number, enqueued_ms, held", [
+    (10, 1_000, True), (20, 2_000, True), (15, 1_500, True),  # inside both, bounds included
+    (9, 1_500, False), (21, 1_500, False),  # sequence number outside
+    (15, 999, False), (15, 2_001, False),  # the same number in another incarnation of the queue
+    (15, None, False),  # no enqueue time: never held
+])
+def test_a_span_holds_a_message_by_sequence_number_and_enqueue_time(sequence_number, enqueued_ms, held):
+    assert SPAN.holds(sequence_number, enqueued_ms) is held
+
+
+def test_batch_stats_live_in_the_model_and_progress_uses_them():
+    from backlog_syphon.run import progress
+
+    assert progress.BatchStats is BatchStats

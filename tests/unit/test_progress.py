@@ -3,7 +3,14 @@
 import datetime as dt
 import json
 
-from backlog_syphon.run.progress import BatchStats, ProgressPoint, behind_latest, progress_line
+from backlog_syphon.model import BatchStats
+from backlog_syphon.run.progress import (
+    ProgressPoint,
+    SyphonProgressListener,
+    behind_latest,
+    follow_progress,
+    progress_line,
+)
 
 NOW = dt.datetime(2024, 5, 1, 12, 0, tzinfo=dt.timezone.utc)
 Q0, Q1 = "contoso/x-servicebus-transfer/0", "contoso/x-servicebus-transfer/1"
@@ -13,6 +20,22 @@ def test_behind_latest_is_tail_minus_end_per_queue():
     end = json.dumps({Q0: 101, Q1: 7})
     latest = json.dumps({Q0: 351, Q1: 7})
     assert behind_latest(end, latest) == {Q0: 250, Q1: 0}
+
+
+def test_behind_latest_reads_the_offsets_of_incarnations():
+    # The source's end offsets are {queue: {"incarnation", "next", "seen_ms"}}; its latest offsets
+    # (the tails it reports) are plain sequence numbers.
+    end = json.dumps({Q0: {"incarnation": 1, "next": 101, "seen_ms": 1_000},
+                      Q1: {"incarnation": 2, "next": 7, "seen_ms": None}})
+    latest = json.dumps({Q0: 351, Q1: 7})
+    assert behind_latest(end, latest) == {Q0: 250, Q1: 0}
+
+
+def test_behind_latest_mixes_old_and_new_offsets_and_a_missing_tail():
+    end = json.dumps({Q0: 101, Q1: {"incarnation": 1, "next": 4, "seen_ms": 5}})
+    latest = json.dumps({Q0: {"incarnation": 1, "next": 120, "seen_ms": 9}})
+    assert behind_latest(end, latest) == {Q0: 19, Q1: 0}  # Q1 has no tail reported: nothing behind it
+    assert behind_latest(end, None) == {Q0: 0, Q1: 0}
 
 
 def test_behind_latest_without_a_reported_tail_is_zero_not_an_error():
@@ -35,3 +58,41 @@ def test_progress_line_of_an_empty_batch():
     point = ProgressPoint(9, NOW, None, {Q0: 0})
     assert progress_line(point) == "batch 9: idle; remaining 0"
     assert point.remaining_total == 0
+
+
+class FakeQuery:
+    """A streaming query whose trigger is active for the first ``busy_polls`` status reads."""
+
+    def __init__(self, busy_polls=0, last_batch_id=None):
+        self.isActive = True
+        self.busy_polls = busy_polls
+        self.lastProgress = None if last_batch_id is None else {"batchId": last_batch_id}
+        self.waits = []
+
+    @property
+    def status(self):
+        self.busy_polls -= 1
+        return {"isTriggerActive": self.busy_polls >= 0}
+
+    def awaitTermination(self, seconds):
+        self.waits.append(seconds)
+
+
+def test_follow_progress_requests_a_stop_at_its_timeout_and_returns_at_a_batch_boundary():
+    listener = SyphonProgressListener(lambda batch_id: None, query_name="syphon", log_lines=False)
+    listener.points.append(ProgressPoint(3, NOW, None, {Q0: 0}))
+    query, stops, lines = FakeQuery(busy_polls=2, last_batch_id=3), [], []
+    follow_progress(query, listener, lines.append, poll_seconds=1.0, timeout_seconds=0,
+                    stop_requested=lambda: bool(stops), request_stop=lambda: stops.append(True))
+    assert stops == [True]  # asked once, never again
+    assert query.waits == [0.5, 0.5, 0.5]  # two polls in a running batch, one idle; the second idle one ends it
+    assert lines == ["batch 3: idle; remaining 0"]
+
+
+def test_follow_progress_ends_with_the_query_without_asking_for_a_stop():
+    listener = SyphonProgressListener(lambda batch_id: None, query_name="syphon", log_lines=False)
+    query, stops, lines = FakeQuery(), [], []
+    query.isActive = False
+    follow_progress(query, listener, lines.append, stop_requested=lambda: bool(stops),
+                    request_stop=lambda: stops.append(True))
+    assert (stops, lines, query.waits) == ([], [], [])

@@ -1,17 +1,46 @@
-"""The purge of one backlog queue as a state machine: what to ask for, settle, give back."""
+"""The purge of one backlog queue as a state machine: what to ask for, settle by identity, give back."""
+
+import dataclasses
 
 import pytest
 
-from backlog_syphon.servicebus.purge_plan import PageActions, PurgePlan, PurgeProgress, PurgeResult
+from backlog_syphon.model import RecordedSpan
+from backlog_syphon.servicebus.purge_plan import (
+    PageActions,
+    PurgePlan,
+    PurgeProgress,
+    PurgeResult,
+    span_after_peek,
+)
+
+T0 = 1_700_000_000_000  # enqueue times in ms: message n of the first incarnation entered at T0 + n
 
 
-def run_purge(plan, queue_head, *, page=100, settle_fails=()):
+def msg(seq, enqueued_ms=None):
+    """A message's identity: (sequence number, enqueue time in ms)."""
+    return seq, T0 + seq if enqueued_ms is None else enqueued_ms
+
+
+def span(first, last, *, queue="q", enqueued_from=None, enqueued_to=None, count=None):
+    return RecordedSpan(queue, first, last, T0 + first if enqueued_from is None else enqueued_from,
+                        T0 + last if enqueued_to is None else enqueued_to,
+                        last - first + 1 if count is None else count)
+
+
+def plan_of(*spans, expected=None, dead_letters=None, verify=False):
+    return PurgePlan("q", tuple(spans), sum(s.count for s in spans) if expected is None else expected,
+                     dead_letters or {}, verify)
+
+
+def run_purge(plan, queue, *, page=100, settle_fails=()):
     """Drive PurgeProgress against a fake queue: each receive hands over the next ``credit`` messages.
 
-    ``queue_head`` is what the broker would deliver, in order. Returns (result, requests, actions).
+    ``queue`` is what the broker would deliver (identities, in order). What is completed or
+    dead-lettered leaves it; what is released or fails to settle stays. Returns (result, requests,
+    actions, what is left in the queue).
     """
     progress = PurgeProgress(plan, page=page)
-    remaining = list(queue_head)
+    remaining = list(queue)
     requests, actions = [], []
     while credit := progress.credit():
         requests.append(credit)
@@ -19,52 +48,133 @@ def run_purge(plan, queue_head, *, page=100, settle_fails=()):
         step = progress.on_page(received)
         actions.append(step)
         failed = [seq for seq in step.complete if seq in settle_fails]
+        settled = (set(step.complete) - set(failed)) | {seq for seq, _, _ in step.dead_letter}
         progress.on_settled(len(step.complete) - len(failed), len(step.dead_letter))
-        remaining = sorted(failed + list(step.release) + remaining)  # not settled: still there
-    still_there = [seq for seq in remaining if seq >= plan.first]
-    return progress.result(still_there[0] if still_there else None), requests, actions
+        remaining = sorted([identity for identity in received if identity[0] not in settled] + remaining)
+    heads = {s.first: next((identity for identity in remaining if identity[0] >= s.first), None)
+             for s in plan.spans}
+    return progress.result(heads), requests, actions, remaining
 
 
 def test_completes_and_dead_letters_exactly_the_plan_asking_for_no_more_than_planned():
-    plan = PurgePlan("q", first=1, through=250, expected=250, dead_letters={7: ("missing_path", "no x-ms-path")})
-    result, requests, actions = run_purge(plan, list(range(1, 400)))
+    recorded = span(1, 250)
+    plan = plan_of(recorded, dead_letters={msg(7): ("missing_path", "no x-ms-path")})
+    result, requests, actions, left = run_purge(plan, [msg(seq) for seq in range(1, 400)])
     assert requests == [100, 100, 50]  # never more than what is recorded: 251.. are not touched
     assert sum(len(a.complete) for a in actions) == 249
     assert [a.dead_letter for a in actions if a.dead_letter] == [((7, "missing_path", "no x-ms-path"),)]
     assert not any(a.release for a in actions)
-    assert result == PurgeResult(completed=249, dead_lettered=1, released=0, settled_through=250)
+    assert result == PurgeResult(completed=249, dead_lettered=1, released=0, remaining=(), settled=(recorded,))
+    assert left == [msg(seq) for seq in range(251, 400)]
 
 
 def test_a_message_outside_the_plan_is_released_and_stops_the_purge():
     # 5 is locked by someone else, so the broker fills the credit with 9, which is not recorded.
-    plan = PurgePlan("q", first=3, through=8, expected=6)
-    result, requests, actions = run_purge(plan, [3, 4, 6, 7, 8, 9, 10])
+    recorded = span(3, 8, count=6)
+    result, requests, actions, _ = run_purge(plan_of(recorded), [msg(s) for s in (3, 4, 6, 7, 8, 9, 10)])
     assert requests == [6]
     assert actions == [PageActions(complete=(3, 4, 6, 7, 8), dead_letter=(), release=(9,), stop=True)]
     assert result.released == 1 and result.completed == 5
-    assert result.settled_through == 8  # 5 is not there (for the fake): settled as far as the plan goes
+    assert result.settled == (recorded,)  # 5 is not there (for the fake): the first message from 3 on is 9
 
 
-def test_settled_through_stops_below_what_is_still_there():
-    plan = PurgePlan("q", first=1, through=10, expected=10)
-    result, _, _ = run_purge(plan, list(range(1, 11)), settle_fails={4})  # 4's lock was lost
-    assert result.completed == 9 and result.settled_through == 3
+def test_a_message_whose_settlement_failed_leaves_the_span_from_it_on():
+    recorded = span(1, 10)
+    result, _, _, _ = run_purge(plan_of(recorded), [msg(seq) for seq in range(1, 11)], settle_fails={4})
+    assert result.completed == 9
+    assert result.remaining == (dataclasses.replace(recorded, first=4),) and result.settled == ()
 
 
 def test_nothing_arriving_ends_the_purge_and_nothing_planned_asks_for_nothing():
-    plan = PurgePlan("q", first=5, through=9, expected=5)
-    result, requests, actions = run_purge(plan, [])
-    assert requests == [5] and actions[0].stop and result.settled_through == 9  # all gone already
-    assert PurgeProgress(PurgePlan("q", first=5, through=4, expected=0)).credit() == 0
+    recorded = span(5, 9)
+    result, requests, actions, _ = run_purge(plan_of(recorded), [])
+    assert requests == [5] and actions[0].stop and result.settled == (recorded,)  # all gone already
+    assert PurgeProgress(PurgePlan("q", (), 0)).credit() == 0
+    assert PurgeProgress(plan_of(recorded, expected=0)).credit() == 0
 
 
 def test_messages_below_the_plan_are_released_not_settled():
-    plan = PurgePlan("q", first=5, through=6, expected=2)
-    _, _, actions = run_purge(plan, [2, 5, 6])
+    _, _, actions, left = run_purge(plan_of(span(5, 6)), [msg(2), msg(5), msg(6)])
     assert actions[0] == PageActions(complete=(5,), dead_letter=(), release=(2,), stop=True)
+    assert left == [msg(2), msg(6)]
 
 
-@pytest.mark.parametrize("first, through, expected", [(0, 3, 1), (5, 3, 0), (1, 3, -1)])
-def test_invalid_plans_are_refused(first, through, expected):
-    with pytest.raises(ValueError, match="invalid purge plan"):
-        PurgePlan("q", first=first, through=through, expected=expected)
+def test_a_page_arriving_out_of_order_is_settled_in_sequence_order():
+    progress = PurgeProgress(plan_of(span(1, 3)))
+    assert progress.on_page([msg(3), msg(1), msg(2)]) == PageActions((1, 2, 3), (), (), True)
+
+
+def test_a_recreated_queues_message_inside_the_span_numbers_is_released_never_completed():
+    # The queue was deleted and created again: its new message 4 entered long after the recorded 1..10.
+    recorded = span(1, 10)
+    newcomer = msg(4, T0 + 1_000_000)
+    result, requests, actions, left = run_purge(plan_of(recorded), [msg(1), msg(2), newcomer, msg(5)])
+    assert requests == [10]
+    assert actions == [PageActions(complete=(1, 2, 5), dead_letter=(), release=(4,), stop=True)]
+    assert result.completed == 3 and result.released == 1
+    assert newcomer in left
+    assert result.settled == (recorded,)  # the first message from 1 on is not one of the span's
+
+
+def test_only_the_recreated_queues_messages_come_and_none_is_touched():
+    recorded = span(1, 3)
+    result, _, actions, left = run_purge(plan_of(recorded), [msg(1, T0 + 9_000), msg(2, T0 + 9_001)])
+    assert actions == [PageActions(complete=(), dead_letter=(), release=(1, 2), stop=True)]
+    assert (result.completed, result.dead_lettered, result.released) == (0, 0, 2)
+    assert left == [msg(1, T0 + 9_000), msg(2, T0 + 9_001)]
+
+
+def test_dead_letters_are_carried_out_by_identity():
+    recorded = span(1, 5)
+    plan = plan_of(recorded, dead_letters={msg(2): ("missing_path", "no x-ms-path"),
+                                           (4, T0 + 777): ("ping", "other incarnation")})
+    _, _, actions, _ = run_purge(plan, [msg(seq) for seq in range(1, 6)])
+    # 4 is recorded as delivered in this incarnation: the dead-letter order for another message 4 does not apply
+    assert actions == [PageActions(complete=(1, 3, 4, 5), dead_letter=((2, "missing_path", "no x-ms-path"),),
+                                   release=(), stop=True)]
+
+
+def test_a_verified_plan_expects_only_the_present_messages_it_holds():
+    plan = plan_of(span(1, 5), span(8, 9), verify=True)
+    present = [msg(2), msg(3), msg(6), msg(9), (4, T0 + 50_000), (8, None)]
+    verified = plan.verified(present)
+    assert (verified.expected, verified.verify) == (3, False)  # 2, 3 and 9; not 6, nor the other 4, nor 8 unknown
+    assert verified.spans == plan.spans
+    assert plan.verified([]).expected == 0
+
+
+def test_a_plan_spans_range_covers_its_spans():
+    plan = plan_of(span(8, 9), span(3, 5))
+    assert (plan.first, plan.last) == (3, 9)
+    assert plan.holds(msg(4)) and plan.holds(msg(9))
+    assert not plan.holds(msg(6)) and not plan.holds((4, T0 + 50_000))
+
+
+@pytest.mark.parametrize("head, left", [
+    (None, None),  # nothing at or after its first: all settled
+    (msg(11), None),  # the first message there lies past the span
+    ((3, T0 + 50_000), None),  # another incarnation's message 3: the span went with the old queue
+    ((3, None), None),  # no enqueue time: not one of its messages
+    (msg(3), dataclasses.replace(span(1, 10), first=3)),  # still there from 3 on (its count now unknown)
+    (msg(1), span(1, 10)),  # nothing settled
+])
+def test_span_after_peek(head, left):
+    assert span_after_peek(span(1, 10), head) == left
+
+
+def test_a_purge_reports_each_span_settled_or_left_from_what_is_still_there():
+    first, second = span(1, 3), span(5, 6)
+    progress = PurgeProgress(plan_of(first, second))
+    progress.on_page([msg(1), msg(2), msg(3)])
+    progress.on_settled(3, 0)
+    result = progress.result({1: msg(5), 5: msg(5)})
+    assert result == PurgeResult(3, 0, 0, remaining=(second,), settled=(first,))
+
+
+@pytest.mark.parametrize("spans, expected", [
+    ((span(1, 3),), -1),
+    ((span(1, 3, queue="other"),), 3),
+])
+def test_invalid_plans_are_refused(spans, expected):
+    with pytest.raises(ValueError, match="invalid purge plan for q"):
+        PurgePlan("q", spans, expected)

@@ -1179,6 +1179,8 @@ _SECTION_VALUE_KIND.update({code: "list" for code in _LIST_CONSTRUCTORS})
 _SECTION_VALUE_KIND.update({code: "map" for code in _MAP_CONSTRUCTORS})
 
 SEQUENCE_NUMBER_ANNOTATION = "x-opt-sequence-number"
+ENQUEUED_TIME_ANNOTATION = "x-opt-enqueued-time"
+_IDENTITY_ANNOTATIONS = (SEQUENCE_NUMBER_ANNOTATION, ENQUEUED_TIME_ANNOTATION)
 
 
 class Section(NamedTuple):
@@ -1385,14 +1387,25 @@ def sequence_number(raw: bytes) -> int | None:
     None when the message has no such annotation. AmqpDecodeError if the framing is broken or the
     annotation is not an integer.
     """
+    return broker_identity(raw)[0]
+
+
+def broker_identity(raw: bytes) -> tuple[int | None, int | None]:
+    """``(x-opt-sequence-number, x-opt-enqueued-time in ms)``: the broker's own marks of a stored
+    message, which identify it within one queue (read without decoding the body).
+
+    Each is None when absent. AmqpDecodeError if the framing is broken or an annotation is not an
+    integer (a timestamp is one).
+    """
     raw = _as_bytes(raw)
+    found: dict[str, int] = {}
     for section in split_sections(raw):
         if section.code is SectionCode.MESSAGE_ANNOTATIONS:
             for entry in map_entries(raw, section.value_start):
-                if isinstance(entry.key, str) and entry.key == SEQUENCE_NUMBER_ANNOTATION:
+                if isinstance(entry.key, str) and entry.key in _IDENTITY_ANNOTATIONS:
                     value, _ = _decode(raw, entry.value_start, 1)
                     if not isinstance(value, int) or isinstance(value, bool):
-                        raise AmqpDecodeError(f"{SEQUENCE_NUMBER_ANNOTATION} is not an integer", entry.value_start)
-                    return int(value)
-            return None
-    return None
+                        raise AmqpDecodeError(f"{entry.key} is not an integer", entry.value_start)
+                    found[entry.key] = int(value)
+            break
+    return found.get(SEQUENCE_NUMBER_ANNOTATION), found.get(ENQUEUED_TIME_ANNOTATION)

@@ -17,6 +17,7 @@ Invariants:
 
 from __future__ import annotations
 
+import dataclasses
 from datetime import datetime, timedelta, timezone
 from typing import Iterable, Mapping
 
@@ -74,6 +75,19 @@ OUTCOME_ROW_SCHEMA = StructType([
     StructField("outcome_time", TimestampType(), False),  # delivered (or dead-letter decided) at
     StructField("attempts", IntegerType(), False),
 ])
+
+_FIELD_TYPES = {"str": StringType(), "int": LongType(), "datetime": TimestampType(), "dt.datetime": TimestampType()}
+
+
+def struct_of(record_type) -> StructType:
+    """The Spark schema of a table row declared as a dataclass: its fields in order, ``X | None`` nullable."""
+    fields = []
+    for f in dataclasses.fields(record_type):
+        annotation = str(f.type).replace(" ", "")
+        nullable = annotation.endswith("|None")
+        fields.append(StructField(f.name, _FIELD_TYPES[annotation.removesuffix("|None")], nullable))
+    return StructType(fields)
+
 
 _ARROW_TYPES = {StringType: pa.string(), LongType: pa.int64(), IntegerType: pa.int32(), BinaryType: pa.binary(),
                 TimestampType: pa.timestamp("us", tz="UTC")}

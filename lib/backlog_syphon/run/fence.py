@@ -30,6 +30,7 @@ from backlog_syphon.run.lease import (
     new_lease,
     released,
     renewal_due,
+    send_deadline,
 )
 
 logger = logging.getLogger(__name__)
@@ -53,6 +54,7 @@ class LeaseKeeper:
         self.clock = clock
         self.host = socket.gethostname()
         self.pid = os.getpid()
+        self.process_identity = process_identity(self.pid)
         self.lease: Lease | None = None
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -80,7 +82,7 @@ class LeaseKeeper:
             gone = current is not None and self._holder_gone(current)
             if current is None or current.is_free_for(self.run_id, now, holder_gone=gone):
                 candidate = new_lease(self.lease_key, self.run_id, self.host, self.pid, now, self.lease_seconds,
-                                      current)
+                                      current, self.process_identity)
                 if gone and current.expires_at > now:
                     logger.warning("%s crashed (its process is gone): taking its lease over", current.holder)
                 if tables.write_lease(spark, self.lease_table, candidate):
@@ -110,8 +112,9 @@ class LeaseKeeper:
         return current
 
     def _holder_gone(self, lease: Lease) -> bool:
-        """The holder ran on this host and its process no longer exists (a crashed run)."""
-        return lease.run_id != self.run_id and lease.host == self.host and not process_alive(lease.pid)
+        """Proof that the holder crashed: it ran in this machine's boot and pid namespace, and no process
+        with its pid and start time exists any more."""
+        return lease.run_id != self.run_id and process_gone(lease.process_identity)
 
     def release(self, spark: SparkSession) -> None:
         """Give the lease back so a waiting run can start at once (best effort: it expires anyway)."""
@@ -143,18 +146,21 @@ class LeaseKeeper:
                 holder = "nobody" if current is None else f"{current.holder} (until {current.expires_at:%Y-%m-%d %H:%M:%S} UTC)"
                 raise LeaseLostError(f"the lease was taken over by {holder}; this run stops sending")
             candidate = new_lease(self.lease_key, self.run_id, self.host, self.pid, self.clock(), self.lease_seconds,
-                                  current)
+                                  current, self.process_identity)
             # Not written means another copy of this run wrote the same epoch first: still ours.
             self.lease = candidate if tables.write_lease(spark, self.lease_table, candidate) else current
 
-    def check_before_send(self, spark: SparkSession) -> None:
-        """Raise ``LeaseLostError`` unless this run may send now (extending the lease when due)."""
+    def send_deadline(self, spark: SparkSession) -> float:
+        """Until when (epoch seconds) this run may send; extends the lease when due, and raises
+        ``LeaseLostError`` unless this run may send now."""
         lease = self.lease
-        if lease is not None and renewal_due(lease, self.clock(), self.lease_seconds):
+        if lease is not None and (renewal_due(lease, self.clock(), self.lease_seconds)
+                                  or not may_send(lease, self.clock(), self.lease_seconds)):
             self.extend(spark)
         if not may_send(self.lease, self.clock(), self.lease_seconds):
             raise LeaseLostError("this run's lease is about to expire and could not be extended; it stops "
                                  "sending so that no other run sends the same messages")
+        return send_deadline(self.lease, self.lease_seconds).timestamp()
 
     def start_heartbeat(self, spark: SparkSession) -> None:
         """Extend the lease in the background while the run lives, also during long batches."""
@@ -187,17 +193,38 @@ class LeaseKeeper:
                 logger.warning("could not extend the lease (%s); trying again in %.0f s", type(exc).__name__, interval)
 
 
-def process_alive(pid: int) -> bool:
-    """Whether a process of this id runs on this host (a zombie, killed but not reaped, does not)."""
+def process_identity(pid: int) -> str | None:
+    """``<boot id>/<pid namespace>/<pid>/<start time>`` of a process of this machine, or None if unknown
+    (no /proc): with it, a later run can prove the process gone."""
     try:
-        with open(f"/proc/{pid}/stat") as handle:
-            return handle.read().rsplit(")", 1)[1].split()[0] != "Z"
+        with open("/proc/sys/kernel/random/boot_id") as handle:
+            boot = handle.read().strip()
+        namespace = os.readlink("/proc/self/ns/pid")
+        return f"{boot}/{namespace}/{pid}/{_start_time(pid)}"
     except OSError:
-        pass
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        return None
+
+
+def process_gone(identity: str | None) -> bool:
+    """Whether the process ``identity`` names is proven gone: same boot and pid namespace as this process,
+    and no live process with that pid and start time. Anything else is no proof."""
+    mine = process_identity(os.getpid())
+    if not identity or not mine:
         return False
-    except PermissionError:
-        return True
-    return True
+    boot, namespace, pid, started = identity.rsplit("/", 3)
+    my_boot, my_namespace, _, _ = mine.rsplit("/", 3)
+    if (boot, namespace) != (my_boot, my_namespace):
+        return False
+    try:
+        return _start_time(int(pid)) != started
+    except OSError:
+        return True  # no such process
+
+
+def _start_time(pid: int) -> str:
+    """The process's start time in clock ticks since boot (/proc/<pid>/stat field 22); a zombie counts as gone."""
+    with open(f"/proc/{pid}/stat") as handle:
+        fields = handle.read().rsplit(")", 1)[1].split()
+    if fields[0] == "Z":
+        raise OSError("zombie")
+    return fields[19]

@@ -13,9 +13,13 @@ Invariants:
 - A holder sends only while its lease is good for at least a safety margin more, so a lease that is
   about to expire is extended (or found lost) before anything else is sent. Nobody else can take a
   lease before it expires, so a holder that checks this never sends at the same time as another run.
-- The lease of a crashed holder simply expires; nothing has to clean it up. A holder that is known
-  to be gone (it ran on this host and its process no longer exists) is taken over at once, so a job
-  restarted after a crash does not wait for its own old lease.
+- The lease of a crashed holder simply expires; nothing has to clean it up. A holder proven gone
+  (it ran in this machine's boot and pid namespace, and no process with its pid and start time
+  exists) is taken over at once, so a job restarted after a crash does not wait for its own old
+  lease. A host name and a pid are no proof: containers share host names and pids are reused.
+- Sends happen in rounds that end before the lease's expiry less the margin, and the lease is
+  extended (or found lost) between rounds, so a run whose lease could not be extended stops
+  sending before another run could take it over.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 
+from backlog_syphon import errors
 from backlog_syphon.model import Lease
 
 # A holder extends its lease once a third of it is used, and stops sending when less than a quarter
@@ -40,16 +45,22 @@ def may_send(lease: Lease | None, now: dt.datetime, lease_seconds: float) -> boo
     """Whether a holder may still send under ``lease`` (good for more than the safety margin)."""
     if lease is None:
         return False
-    return now < lease.expires_at - dt.timedelta(seconds=lease_seconds * SAFETY_MARGIN_FRACTION)
+    return now < send_deadline(lease, lease_seconds)
 
 
 def new_lease(lease_key: str, run_id: str, host: str, pid: int, now: dt.datetime, lease_seconds: float,
-              previous: Lease | None = None) -> Lease:
+              previous: Lease | None = None, process_identity: str | None = None) -> Lease:
     """The row a run writes over ``previous`` (the row it read, if any) to take a lease or extend one it
     holds (keeping when it took it)."""
     acquired_at = previous.acquired_at if previous is not None and previous.run_id == run_id else now
     epoch = previous.epoch + 1 if previous is not None else 1
-    return Lease(lease_key, epoch, run_id, host, pid, acquired_at, now, now + dt.timedelta(seconds=lease_seconds))
+    return Lease(lease_key, epoch, run_id, host, pid, acquired_at, now, now + dt.timedelta(seconds=lease_seconds),
+                 process_identity)
+
+
+def send_deadline(lease: Lease, lease_seconds: float) -> dt.datetime:
+    """Until when a holder may send under ``lease``: its expiry less the safety margin."""
+    return lease.expires_at - dt.timedelta(seconds=lease_seconds * SAFETY_MARGIN_FRACTION)
 
 
 def released(lease: Lease, now: dt.datetime) -> Lease:
@@ -57,7 +68,7 @@ def released(lease: Lease, now: dt.datetime) -> Lease:
     return dataclasses.replace(lease, epoch=lease.epoch + 1, renewed_at=now, expires_at=now)
 
 
-class LeaseHeldError(RuntimeError):
+class LeaseHeldError(errors.LeaseHeldError):
     """Another run holds the lease: this run must not send (it exits, or waits if so configured)."""
 
     def __init__(self, lease: Lease, now: dt.datetime, *, lease_table: str):
@@ -70,9 +81,8 @@ class LeaseHeldError(RuntimeError):
             f"lease expires by itself at that time")
 
 
-class LeaseTableMismatchError(RuntimeError):
+class LeaseTableMismatchError(errors.SettingsError):
     """The state tables configured belong to another backlog: a setting to fix."""
 
 
-class LeaseLostError(RuntimeError):
-    """This run's lease expired or was taken over while it ran: it must stop sending at once."""
+LeaseLostError = errors.LeaseLostError

@@ -20,19 +20,10 @@ from typing import Callable
 
 from pyspark.sql.streaming import StreamingQueryListener
 
+from backlog_syphon.model import BatchStats
+from backlog_syphon.source.planning import position as offset_position
+
 logger = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class BatchStats:
-    """What the sink did with one micro-batch (filled on the driver by ``DeliverySink``)."""
-
-    delivered: int
-    dead_lettered: int
-    skipped: int
-    replayed: int  # outcomes recorded by an earlier, interrupted attempt of this batch
-    send_seconds: float
-    oldest_enqueued: dt.datetime | None  # oldest backlog enqueue time among the batch's messages
 
 
 @dataclass(frozen=True)
@@ -54,7 +45,8 @@ def behind_latest(end_offset: str | None, latest_offset: str | None) -> dict[str
     when the source has not reported a tail (Spark before 4.2).
     """
     end, latest = _offsets(end_offset), _offsets(latest_offset)
-    return {queue: max(0, int(latest.get(queue, position)) - int(position)) for queue, position in sorted(end.items())}
+    return {queue: max(0, offset_position(latest.get(queue, value)) - offset_position(value))
+            for queue, value in sorted(end.items())}
 
 
 def _offsets(text: str | None) -> dict:
@@ -148,17 +140,20 @@ class SyphonProgressListener(StreamingQueryListener):
 
 def follow_progress(query, listener: SyphonProgressListener, emit: Callable[[str], None] | None = print, *,
                     poll_seconds: float = 1.0, timeout_seconds: float | None = None,
-                    stop_requested: Callable[[], bool] = lambda: False) -> None:
-    """Wait until the query ends, the timeout passes, or a requested stop reaches a batch boundary,
-    emitting each batch's line (unless ``emit`` is None) from this thread."""
+                    stop_requested: Callable[[], bool] = lambda: False,
+                    request_stop: Callable[[], None] = lambda: None) -> None:
+    """Wait until the query ends or a requested stop reaches a batch boundary, emitting each batch's
+    line (unless ``emit`` is None) from this thread. When ``timeout_seconds`` pass, a stop is requested:
+    the batch in flight finishes and is recorded, as on SIGTERM."""
     shown = 0
     deadline = None if timeout_seconds is None else time.monotonic() + timeout_seconds
     idle_polls = 0  # consecutive polls without a running trigger since a stop was requested
     while True:
+        if deadline is not None and time.monotonic() >= deadline and not stop_requested():
+            request_stop()
         if stop_requested():
             idle_polls = idle_polls + 1 if not trigger_active(query) else 0
-        finished = (not query.isActive or (deadline is not None and time.monotonic() >= deadline)
-                    or idle_polls >= 2)
+        finished = not query.isActive or idle_polls >= 2
         if finished:
             listener.wait_for(_last_batch_id(query), timeout=5.0)  # its progress point may still be on its way
         for point in listener.points_since(shown):

@@ -7,7 +7,6 @@ the query for callers that wait themselves. The dry run is ``run.dry_run``.
 from __future__ import annotations
 
 import datetime as dt
-import hashlib
 import logging
 import os
 import tempfile
@@ -100,12 +99,6 @@ class AuditRecords:
         return {row["destination"]: {outcome.value: row[outcome] for outcome in Outcome} for row in rows}
 
 
-def checkpoint_app_id(config: SyphonConfig) -> str:
-    """Delta transaction app id: tied to the streaming checkpoint, since batch ids restart with it."""
-    digest = hashlib.sha256(config.storage.checkpoint_location.encode()).hexdigest()[:16]
-    return f"backlog-syphon-{digest}"
-
-
 def lease_key(config: SyphonConfig) -> str:
     """Which backlog a lease fences: the secondary namespace's endpoint and the primary namespace's name."""
     return f"{config.secondary.endpoint}/{config.primary.namespace}"
@@ -191,7 +184,7 @@ def start_syphon(spark: SparkSession, config: SyphonConfig, *, run_id: str | Non
                     raise
     keeper.start_heartbeat(spark)
     stop_file = os.path.join(tempfile.gettempdir(), f"backlog-syphon-stop-{run_id}")
-    sink = DeliverySink(config, run_id=run_id, app_id=checkpoint_app_id(config), lease_keeper=keeper)
+    sink = DeliverySink(config, run_id=run_id, lease_keeper=keeper, settle_in_batch=is_connect(spark))
     records = AuditRecords(spark, storage.audit_table, run_id) if is_connect(spark) else SinkRecords(sink)
     listener = SyphonProgressListener(records.batch_stats, query_name=config.run.query_name, log_lines=log_progress)
     spark.streams.addListener(listener)
@@ -225,7 +218,7 @@ def run_syphon(spark: SparkSession, config: SyphonConfig, *, run_id: str | None 
         if on_start is not None:
             on_start(run)
         follow_progress(run.query, run.listener, on_progress, timeout_seconds=timeout_seconds,
-                        stop_requested=lambda: run.stop_requested)
+                        stop_requested=lambda: run.stop_requested, request_stop=run.request_stop)
     except BaseException:
         run.finish(spark)
         raise
@@ -233,7 +226,8 @@ def run_syphon(spark: SparkSession, config: SyphonConfig, *, run_id: str | None 
     summary = run.finish(spark, meanwhile=lambda: None if run.query.exception() else summarise_run(
         config, run))
     if run.query.exception() is not None:
-        raise run.query.exception()
+        # Classic Spark runs foreachBatch in this process: the sink kept its own error, exit code included.
+        raise run.sink.failure or run.query.exception()
     return summary
 
 

@@ -18,16 +18,17 @@ from typing import Any, Callable, Iterable
 from azure.servicebus import ServiceBusClient, ServiceBusReceiveMode
 
 from backlog_syphon.config import NamespaceConfig
-from backlog_syphon.servicebus import decoder_patch
+from backlog_syphon.errors import SettingsError
+from backlog_syphon.servicebus import sdk_internals
 
 logger = logging.getLogger(__name__)
 
 # Whatever this process receives or peeks through the SDK's decoder (the purge, reports, tests) may
 # hold AMQP chars and decimals legacy clients write: teach the decoder before any client exists.
-decoder_patch.install()
+sdk_internals.install_decoder_patch()
 
 
-class ServiceBusAccessError(RuntimeError):
+class ServiceBusAccessError(SettingsError):
     """A namespace cannot be used as configured (auth, bad endpoint, missing entity): operator action needed."""
 
 
@@ -158,7 +159,7 @@ def open_in_parallel(handlers: Iterable) -> None:
 
     def open_one(handler) -> None:
         try:
-            handler._open_with_retry()  # noqa: SLF001 - opening is what the first operation would do
+            sdk_internals.open_with_retry(handler)  # what the first operation would do
         except Exception:  # noqa: BLE001 - reported by the operation that needs the handler
             logger.debug("opening a Service Bus link in advance failed", exc_info=True)
 

@@ -22,11 +22,13 @@ from azure.servicebus.exceptions import (
 )
 
 from backlog_syphon.config import NamespaceConfig, SyphonConfig
+from backlog_syphon.errors import BacklogQueueMissingError, SettingsError
 from backlog_syphon.restore.amqp_message import decode_message
 from backlog_syphon.restore.legacy_properties import decode_legacy_properties
 from backlog_syphon.restore.queue_names import backlog_queue_name
 from backlog_syphon.servicebus.clients import ServiceBusAccessError, open_client
 from backlog_syphon.servicebus.peek import peek_raw
+from backlog_syphon.servicebus.sdk_internals import attach
 from backlog_syphon.servicebus.send import classify_send_error
 from backlog_syphon.sink.delivery import SendFailure
 
@@ -60,7 +62,7 @@ PREFLIGHT_TIMEOUT_SECONDS = 20.0
 PREFLIGHT_PROBE_ENTITY = "backlog-syphon-preflight"  # a sender attach to it proves auth even when absent
 
 
-class PreflightError(RuntimeError):
+class PreflightError(SettingsError):
     """A namespace cannot be used as configured; the message is one line naming the setting to fix."""
 
 
@@ -72,12 +74,12 @@ def preflight(config: SyphonConfig, *, timeout_seconds: float = PREFLIGHT_TIMEOU
     (the first backlog message's, when there is one), without sending. Nothing is sent, locked or
     settled. Bounded in time: a namespace that does not answer is reported, not waited for.
     """
-    queue_name = backlog_queue_name(config.primary.namespace, 0)
+    queue_names = [backlog_queue_name(config.primary.namespace, index) for index in range(config.backlog.queue_count)]
     pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="preflight")
     stage = ["secondary"]
 
     def check() -> None:
-        destination = _preflight_secondary(config.secondary, queue_name)
+        destination = _preflight_secondary(config.secondary, queue_names)
         stage[0] = "primary"
         _preflight_primary(config.primary, destination or PREFLIGHT_PROBE_ENTITY)
 
@@ -110,23 +112,33 @@ def _preflight_failure(exc: BaseException, namespace: NamespaceConfig, role: str
         return PreflightError(f"{where} does not allow '{right}' on '{entity}' ({name}): give the key in "
                               f"{setting} the {right} right")
     if isinstance(exc, MessagingEntityNotFoundError):
-        return PreflightError(f"{where} has no queue '{entity}' ({name}): check primary.namespace (the backlog "
-                              f"queues are <primary.namespace>/x-servicebus-transfer/<N>) and {setting}")
+        return PreflightError(f"{where} has none of the backlog queues '{entity}'..: check primary.namespace (the "
+                              f"backlog queues are <primary.namespace>/x-servicebus-transfer/<N>) and {setting}")
     if isinstance(exc, ServiceBusAccessError):
         return PreflightError(str(exc))
     return PreflightError(f"cannot reach {where} ({name}): check the Endpoint in {setting} and that this "
                           f"machine can reach it")
 
 
-def _preflight_secondary(namespace: NamespaceConfig, queue_name: str) -> str | None:
-    """Authenticate and peek one message; return its destination (x-ms-path) if it has a readable one."""
+def _preflight_secondary(namespace: NamespaceConfig, queue_names: list[str]) -> str | None:
+    """Authenticate and peek one message of the first backlog queue that exists; return its destination
+    (x-ms-path) if it has a readable one. Missing queues are the run's to skip; all of them missing
+    means the backlog is configured wrong."""
+    page = None
     try:
         with open_client(namespace, role="secondary", retry_total=0) as client:
-            with client.get_queue_receiver(queue_name) as receiver:
-                page = peek_raw(receiver, 1, 1)
+            for queue_name in queue_names:
+                try:
+                    with client.get_queue_receiver(queue_name) as receiver:
+                        page = peek_raw(receiver, 1, 1)
+                    break
+                except BacklogQueueMissingError:
+                    continue
+            else:
+                raise MessagingEntityNotFoundError(message="no backlog queue exists")
     except Exception as exc:  # noqa: BLE001 - every failure becomes one plain line
         logger.debug("pre-flight of the secondary namespace failed", exc_info=True)
-        raise _preflight_failure(exc, namespace, "secondary", queue_name, "Listen") from None
+        raise _preflight_failure(exc, namespace, "secondary", queue_names[0], "Listen") from None
     if not page:
         return None
     try:
@@ -139,7 +151,7 @@ def _preflight_primary(namespace: NamespaceConfig, destination: str) -> None:
     try:
         with open_client(namespace, role="primary", retry_total=0) as client:
             with client.get_queue_sender(destination) as sender:
-                sender._open()  # noqa: SLF001 - attaching the link is the check; nothing is sent
+                attach(sender)  # attaching the link is the check; nothing is sent
     except MessagingEntityNotFoundError:
         return  # authenticated; a missing destination is that destination's messages' problem
     except Exception as exc:  # noqa: BLE001 - every failure becomes one plain line

@@ -1,28 +1,33 @@
 """Planning the purge of one backlog queue: which received message to complete, dead-letter or give
 back, and how many to ask for. Pure: the receiving and settling is ``settle.purge_backlog``.
 
-A purge settles the messages of a backlog queue whose outcome is recorded: every message with a
-sequence number in ``[first, through]`` (the source reads each queue in contiguous windows, so every
-message up to the highest recorded one has a recorded outcome). Recorded dead-letters carry their
-reason; every other recorded message is completed.
+A purge settles the messages of a backlog queue whose outcome is recorded, by identity: a received
+message is settled only if one of the plan's ``RecordedSpan``s holds it (its sequence number *and*
+its enqueue time), never because its sequence number falls inside a range. Recorded dead-letters
+carry their reason; every other recorded message is completed.
 
 Invariants:
-- Only recorded messages are settled. A message outside ``[first, through]`` that the broker hands
-  over anyway (a planned one was locked elsewhere or is gone, so the broker filled the credit with a
-  later one) is *released*: its lock is dropped without raising its delivery count. The purge then
-  stops, since the head of the queue is no longer what was planned.
+- Only recorded messages are settled. A message no span holds (a queue recreated since, a message
+  that was left unsent, anything unexpected at the head of the queue) is *released*: its lock is
+  dropped without raising its delivery count, and the purge stops and says so.
 - Never ask for more messages than recorded ones are still there, so the broker has no credit to
   fill with messages that are not recorded. After a crash some may be gone already: such a plan is
-  verified (the messages still there counted by peeking, which locks nothing) before receiving.
-- How far the queue is settled is decided by looking, not by counting: after the purge, the first
-  message still at or after ``first`` tells (``settled_through``).
+  verified (the recorded messages still there counted by peeking, which locks nothing) first.
+- What is left is decided by looking, not by counting: after the purge, each span is settled when
+  the first message at or after its first sequence number is not one of its messages
+  (``span_after_peek``).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
+from backlog_syphon.model import RecordedSpan
+
 RECEIVE_PAGE = 100  # messages asked for per receive call
+
+Identity = tuple[int, int | None]  # (sequence number, enqueue time in ms) of a message in one queue
 
 
 @dataclass(frozen=True)
@@ -30,18 +35,32 @@ class PurgePlan:
     """What to settle in one backlog queue."""
 
     queue: str
-    first: int  # lowest sequence number that may still need settling (purged-through + 1)
-    through: int  # highest sequence number with a recorded outcome
-    expected: int  # recorded outcomes in [first, through]: at most this many are still there
-    dead_letters: dict[int, tuple[str, str]] = field(default_factory=dict)  # seq -> (reason code, reason)
+    spans: tuple[RecordedSpan, ...]
+    expected: int  # recorded messages still there, at most
+    dead_letters: dict[Identity, tuple[str, str]] = field(default_factory=dict)  # -> (reason code, reason)
     # Some recorded messages may be gone already (settled by a run that crashed before it recorded
     # the purge): count what is still there before asking for that many.
     verify: bool = False
 
     def __post_init__(self):
-        if self.first < 1 or self.through < self.first - 1 or self.expected < 0:
-            raise ValueError(f"invalid purge plan for {self.queue}: first={self.first} through={self.through} "
-                             f"expected={self.expected}")
+        if self.expected < 0 or any(span.backlog_queue != self.queue for span in self.spans):
+            raise ValueError(f"invalid purge plan for {self.queue}: expected={self.expected}")
+
+    @property
+    def first(self) -> int:
+        return min((span.first for span in self.spans), default=1)
+
+    @property
+    def last(self) -> int:
+        return max((span.last for span in self.spans), default=0)
+
+    def holds(self, identity: Identity) -> bool:
+        return any(span.holds(*identity) for span in self.spans)
+
+    def verified(self, present: list[Identity]) -> PurgePlan:
+        """The plan once the messages present in its range are known (peeked): expect only those it holds."""
+        return dataclasses.replace(self, expected=sum(1 for identity in present if self.holds(identity)),
+                                   verify=False)
 
 
 @dataclass(frozen=True)
@@ -59,7 +78,8 @@ class PurgeResult:
     completed: int
     dead_lettered: int
     released: int
-    settled_through: int  # every message up to here is settled (or was gone already)
+    remaining: tuple[RecordedSpan, ...]  # spans with messages still there (their counts unknown)
+    settled: tuple[RecordedSpan, ...]  # spans whose messages are all gone
 
 
 class PurgeProgress:
@@ -80,21 +100,23 @@ class PurgeProgress:
             return 0
         return min(self.page, self.plan.expected - self.seen)
 
-    def on_page(self, sequence_numbers: list[int]) -> PageActions:
-        if not sequence_numbers:
+    def on_page(self, received: list[Identity]) -> PageActions:
+        """``received``: the identities of the messages one receive call brought, in any order."""
+        if not received:
             self.stopped = True  # nothing came within the wait: what is planned is not there (now)
             return PageActions((), (), (), True)
         complete, dead_letter, release = [], [], []
-        for seq in sequence_numbers:
-            if self.plan.first <= seq <= self.plan.through:
-                self.seen += 1
-                action = self.plan.dead_letters.get(seq)
-                if action is None:
-                    complete.append(seq)
-                else:
-                    dead_letter.append((seq, action[0], action[1]))
-            else:
+        for identity in sorted(received, key=lambda item: item[0]):
+            seq = identity[0]
+            if not self.plan.holds(identity):
                 release.append(seq)
+                continue
+            self.seen += 1
+            reason = self.plan.dead_letters.get(identity)
+            if reason is None:
+                complete.append(seq)
+            else:
+                dead_letter.append((seq, reason[0], reason[1]))
         self.released += len(release)
         self.stopped = bool(release) or self.seen >= self.plan.expected
         return PageActions(tuple(complete), tuple(dead_letter), tuple(release), self.stopped)
@@ -103,10 +125,21 @@ class PurgeProgress:
         self.completed += completed
         self.dead_lettered += dead_lettered
 
-    def result(self, first_still_there: int | None) -> PurgeResult:
-        """``first_still_there``: sequence number of the first message at or after ``plan.first`` now."""
-        if first_still_there is None or first_still_there > self.plan.through:
-            through = self.plan.through
-        else:
-            through = first_still_there - 1
-        return PurgeResult(self.completed, self.dead_lettered, self.released, through)
+    def result(self, heads: dict[int, Identity | None]) -> PurgeResult:
+        """``heads[span.first]``: the first message at or after each span's first sequence number now."""
+        remaining, settled = [], []
+        for span in self.plan.spans:
+            left = span_after_peek(span, heads.get(span.first))
+            (settled if left is None else remaining).append(left or span)
+        return PurgeResult(self.completed, self.dead_lettered, self.released, tuple(remaining), tuple(settled))
+
+
+def span_after_peek(span: RecordedSpan, head: Identity | None) -> RecordedSpan | None:
+    """What is left of ``span`` when ``head`` is the first message at or after its first sequence number.
+
+    None (settled) when there is no such message, when it lies past the span, or when it is not one
+    of the span's messages (its queue was recreated: the span's messages went with the old queue).
+    """
+    if head is None or not span.holds(*head):
+        return None
+    return dataclasses.replace(span, first=head[0])

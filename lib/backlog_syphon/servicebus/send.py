@@ -1,5 +1,5 @@
-"""Sending restored messages to the primary namespace: encoded batches, the destination senders, the
-send-error taxonomy, and the health probe a sender waits on during an outage.
+"""Sending restored messages to the primary namespace: encoded batches, the destination senders and
+the send-error taxonomy.
 
 Restored messages are sent as the bytes the syphon's codec built (``add_encoded``), since the SDK's
 own encoder cannot express every AMQP body. The decisions (grouping, retries, outcomes) are
@@ -9,29 +9,30 @@ own encoder cannot express every AMQP body. The decisions (grouping, retries, ou
 from __future__ import annotations
 
 import logging
-import time
-from typing import Callable, Iterable, Iterator, Sequence
+from typing import Iterable, Iterator, Sequence
 
 from azure.servicebus import ServiceBusMessageBatch
-from azure.servicebus._common.constants import _BATCH_MESSAGE_OVERHEAD_COST
 from azure.servicebus.exceptions import (
     MessageSizeExceededError,
     MessagingEntityDisabledError,
     MessagingEntityNotFoundError,
     ServiceBusAuthenticationError,
     ServiceBusAuthorizationError,
+    ServiceBusQuotaExceededError,
 )
 
 from backlog_syphon.config import NamespaceConfig
 from backlog_syphon.model import ReasonCode
-from backlog_syphon.servicebus.clients import discard_sender, open_client, open_in_parallel, pooled_sender
+from backlog_syphon.servicebus.clients import discard_sender, open_in_parallel, pooled_sender
+from backlog_syphon.servicebus.sdk_internals import add_encoded_to_batch
 from backlog_syphon.sink.delivery import Outgoing, PartialSendError, SendFailure
 
 logger = logging.getLogger(__name__)
 
 
 def classify_send_error(exc: BaseException, destination: str) -> SendFailure:
-    """Transient (retry, then wait for the primary) or final for these messages (dead-letter)."""
+    """Transient (retried, and waited for up to ``sink.outage_wait_seconds``) or final for these messages
+    (dead-letter)."""
     name = type(exc).__name__
     if isinstance(exc, MessagingEntityNotFoundError):
         return SendFailure(False, ReasonCode.DESTINATION_NOT_FOUND,
@@ -44,6 +45,9 @@ def classify_send_error(exc: BaseException, destination: str) -> SendFailure:
     if isinstance(exc, MessagingEntityDisabledError):
         # A disabled entity is an operator's temporary choice: wait rather than dead-letter.
         return SendFailure(True, ReasonCode.DESTINATION_DISABLED, f"destination '{destination}' is disabled ({name})")
+    if isinstance(exc, ServiceBusQuotaExceededError):
+        # A full destination drains as its consumers catch up: wait rather than dead-letter.
+        return SendFailure(True, ReasonCode.QUOTA_EXCEEDED, f"destination '{destination}' is full ({name})")
     if isinstance(exc, ServiceBusAuthenticationError):
         # The pre-flight checked the credentials: now it is a rotated key or an expired token.
         return SendFailure(True, ReasonCode.AUTHENTICATION_FAILED,
@@ -63,20 +67,11 @@ def add_encoded(batch: ServiceBusMessageBatch, message: Outgoing) -> bool:
     The SDK re-encodes what it is given from its own message model, which cannot express every
     AMQP body (a typed value or sequence body comes out as a map, or nested one level deeper). The
     batch envelope carries each message as one Data section of its encoded bytes, so the restored
-    bytes go in unchanged: the same bookkeeping as ``ServiceBusMessageBatch.add_message`` (pinned
-    by azure-servicebus==7.15.0 and covered by the fidelity tests), without the re-encoding.
+    bytes go in unchanged (``sdk_internals.add_encoded_to_batch``).
     """
-    size = len(message.encoded)
-    size_after = batch._size + size + _BATCH_MESSAGE_OVERHEAD_COST[0 if size < 256 else 1]  # noqa: SLF001
-    if size_after + ENVELOPE_RESERVE_BYTES > batch.max_size_in_bytes:
-        return False
-    batch._message[5].append(message.encoded)  # noqa: SLF001 - the envelope's Data sections
-    batch._size = size_after  # noqa: SLF001
-    batch._count += 1  # noqa: SLF001
-    if batch._count == 1:  # noqa: SLF001 - the envelope names its first message, as add_message does
-        batch._amqp_transport.set_batch_envelope_properties(  # noqa: SLF001
-            batch._message, message.message_id, message.session_id, message.partition_key)  # noqa: SLF001
-    return True
+    return add_encoded_to_batch(batch, message.encoded, message_id=message.message_id,
+                                session_id=message.session_id, partition_key=message.partition_key,
+                                reserve_bytes=ENVELOPE_RESERVE_BYTES)
 
 
 def send_encoded(sender, messages: Sequence[Outgoing]) -> Iterator[int]:
@@ -126,27 +121,3 @@ class DestinationSenders:
     def reset(self, destination: str) -> None:
         """Drop a sender after an error so the next attempt opens a fresh link."""
         discard_sender(self._namespace, destination)
-
-    def wait_until_reachable(self, destination: str, max_wait_seconds: float) -> bool:
-        return wait_until_reachable(self._namespace, destination, max_wait_seconds=max_wait_seconds)
-
-
-def wait_until_reachable(namespace: NamespaceConfig, destination: str, *, max_wait_seconds: float,
-                         sleep: Callable[[float], None] = time.sleep, interval: float = 2.0) -> bool:
-    """Health probe: open a sender link to ``destination`` until it works or the wait is over."""
-    deadline = time.monotonic() + max_wait_seconds
-    while True:
-        try:
-            with open_client(namespace, retry_total=0, role="primary") as client:
-                with client.get_queue_sender(destination) as sender:
-                    sender._open()  # noqa: SLF001 - attaching the link is the probe
-            return True
-        except MessagingEntityNotFoundError:
-            return True  # reachable; the entity problem is reported by the send itself
-        except Exception as exc:  # noqa: BLE001 - any failure means "not yet"
-            if time.monotonic() >= deadline:
-                logger.warning("primary still unreachable after %.0f s (%s)", max_wait_seconds, type(exc).__name__)
-                return False
-            logger.info("primary unreachable (%s); probing again in %.0f s", type(exc).__name__, interval)
-            sleep(interval)
-            interval = min(interval * 2, 5.0)  # resume soon after the primary is back

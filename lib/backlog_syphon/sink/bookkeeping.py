@@ -1,13 +1,16 @@
 """Bookkeeping between the sink's steps, on per-queue aggregates: pure functions on plain values.
 
-The driver never holds one record per message: each micro-batch's outcomes reach it as one
-``QueueOutcomes`` per backlog queue (plus the rare dead-letters, whose reasons the purge needs).
-The rules:
-- a queue's checkpoint only moves forward, to the highest sequence number with an outcome, and a
-  replayed batch whose checkpoint was already written adds no counts twice;
-- what is recorded but not yet purged is tracked per queue (how many, through where, the
-  dead-letter reasons), so the purge settles exactly that and nothing else;
-- when a purge could not settle everything, the next one counts what is still there first.
+The driver never holds one record per message: a micro-batch's outcomes reach it as
+``RecordedSpan``s (normally one per backlog queue) plus the rare dead-letters, whose reasons the
+purge needs. The rules:
+- what is recorded but not yet settled is kept per queue as spans, so the purge settles exactly
+  those messages (by identity) and a replay drops exactly those rows;
+- a queue's checkpoint moves forward within an incarnation; a batch that records a message at or
+  below the delivered-through mark but enqueued after it found the queue recreated: the
+  incarnation goes up and the marks start again;
+- the purge mark names one settled message (sequence number and enqueue time): every recorded
+  message enqueued at or before it is settled, so a restart looks only above it;
+- when a purge could not settle everything, what is left is counted again (peeked) next time.
 """
 
 from __future__ import annotations
@@ -15,106 +18,128 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Iterable
 
-from backlog_syphon.model import CheckpointRow, QueueOutcomes
-from backlog_syphon.servicebus.purge_plan import PurgePlan
-
-# The dead-letter reason for a recorded dead-letter without a code (the syphon always records one;
-# a row written by hand might not): the broker needs some reason.
-UNKNOWN_REASON_CODE = "undeliverable"
-
-
-def merge_outcomes(*groups: Iterable[QueueOutcomes]) -> dict[str, QueueOutcomes]:
-    """Aggregates of the same queues (for example new and replayed outcomes of one batch) added up."""
-    merged: dict[str, QueueOutcomes] = {}
-    for item in (item for group in groups for item in group):
-        known = merged.get(item.backlog_queue)
-        if known is None:
-            merged[item.backlog_queue] = item
-            continue
-        oldest = [t for t in (known.oldest_enqueued, item.oldest_enqueued) if t is not None]
-        merged[item.backlog_queue] = QueueOutcomes(
-            item.backlog_queue, min(known.first, item.first), max(known.through, item.through),
-            known.delivered + item.delivered, known.dead_lettered + item.dead_lettered, known.skipped + item.skipped,
-            min(oldest, default=None))
-    return merged
-
-
-def advance_checkpoint(state: dict[str, CheckpointRow], batch: Iterable[QueueOutcomes], *, batch_id: int,
-                       run_id: str, now: dt.datetime) -> dict[str, CheckpointRow]:
-    """The checkpoint rows after a batch: marks move forward, counts add this batch's outcomes.
-
-    A replayed batch whose checkpoint was already written (the row's ``last_batch_id`` is this
-    batch or later) adds no counts twice.
-    """
-    new_state = dict(state)
-    for outcomes in batch:
-        queue = outcomes.backlog_queue
-        row = new_state.get(queue) or CheckpointRow(queue, 0, 0, batch_id, run_id, now, 0, 0, 0)
-        counted = queue in state and state[queue].last_batch_id >= batch_id
-        new_state[queue] = dataclasses.replace(
-            row, delivered_through=max(row.delivered_through, outcomes.through), last_batch_id=batch_id,
-            last_run_id=run_id, updated_at=now,
-            delivered_count=row.delivered_count + (0 if counted else outcomes.delivered),
-            dead_lettered_count=row.dead_lettered_count + (0 if counted else outcomes.dead_lettered),
-            skipped_count=row.skipped_count + (0 if counted else outcomes.skipped))
-    return new_state
-
-
-def mark_purged(state: dict[str, CheckpointRow], purged: dict[str, int], *, now: dt.datetime) -> dict[str, CheckpointRow]:
-    """The checkpoint rows after purges settled each queue through the given sequence numbers."""
-    return {queue: dataclasses.replace(row, purged_through=purged[queue], updated_at=now)
-            if purged.get(queue, 0) > row.purged_through else row for queue, row in state.items()}
+from backlog_syphon.model import CheckpointRow, DeadLetterOrder, RecordedSpan
+from backlog_syphon.servicebus.purge_plan import PurgePlan, PurgeResult
 
 
 @dataclass(frozen=True)
 class Unpurged:
-    """What one queue has recorded above its purged-through mark, and so may still hold."""
+    """What one queue has recorded and not yet settled."""
 
-    count: int = 0  # recorded outcomes above the mark (at most this many messages are still there)
-    through: int = 0  # the highest of them
-    dead_letters: dict[int, tuple[str, str]] = field(default_factory=dict)  # seq -> (reason code, reason)
+    spans: tuple[RecordedSpan, ...] = ()
+    dead_letters: tuple[DeadLetterOrder, ...] = ()
     verify: bool = False  # some may be gone already: count what is there before receiving
 
+    @property
+    def count(self) -> int:
+        return sum(span.count for span in self.spans)
 
-def add_recorded(unpurged: dict[str, Unpurged], batch: Iterable[QueueOutcomes],
-                 dead_letters: Iterable[tuple[str, int, str, str]] = (), *, verify: bool = False) -> dict[str, Unpurged]:
-    """Add a batch's outcomes (and the dead-letters among them: queue, seq, reason code, reason)."""
-    reasons: dict[str, dict[int, tuple[str, str]]] = defaultdict(dict)
-    for queue, seq, reason_code, reason in dead_letters:
-        reasons[queue][int(seq)] = (reason_code or UNKNOWN_REASON_CODE, reason or "")
+
+def by_queue(spans: Iterable[RecordedSpan]) -> dict[str, list[RecordedSpan]]:
+    grouped: dict[str, list[RecordedSpan]] = defaultdict(list)
+    for span in spans:
+        grouped[span.backlog_queue].append(span)
+    return dict(grouped)
+
+
+def add_recorded(unpurged: dict[str, Unpurged], spans: Iterable[RecordedSpan],
+                 dead_letters: Iterable[DeadLetterOrder] = (), *, verify: bool = False) -> dict[str, Unpurged]:
+    """Add recorded spans (and the dead-letters among them) to what is left to settle."""
+    orders = defaultdict(list)
+    for order in dead_letters:
+        orders[order.backlog_queue].append(order)
     new = dict(unpurged)
-    for outcomes in batch:
-        known = new.get(outcomes.backlog_queue, Unpurged())
-        new[outcomes.backlog_queue] = Unpurged(
-            known.count + outcomes.count, max(known.through, outcomes.through),
-            {**known.dead_letters, **reasons.get(outcomes.backlog_queue, {})}, known.verify or verify)
+    for queue, queue_spans in by_queue(spans).items():
+        known = new.get(queue, Unpurged())
+        new[queue] = Unpurged(known.spans + tuple(queue_spans), known.dead_letters + tuple(orders.get(queue, ())),
+                              known.verify or verify)
     return new
 
 
-def purge_plans(unpurged: dict[str, Unpurged], checkpoint: dict[str, CheckpointRow]) -> dict[str, PurgePlan]:
-    """Per queue with something recorded and not purged: what its purge settles."""
-    plans = {}
-    for queue, pending in sorted(unpurged.items()):
-        if pending.count:
-            first = checkpoint[queue].purged_through + 1 if queue in checkpoint else 1
-            plans[queue] = PurgePlan(queue, first=first, through=pending.through, expected=pending.count,
-                                     dead_letters=dict(pending.dead_letters), verify=pending.verify)
-    return plans
+def purge_plans(unpurged: dict[str, Unpurged]) -> dict[str, PurgePlan]:
+    """Per queue with something recorded and not settled: what its purge settles."""
+    return {queue: PurgePlan(queue, pending.spans, pending.count,
+                             {(order.sequence_number, order.enqueued_ms): (order.reason_code, order.reason)
+                              for order in pending.dead_letters}, pending.verify)
+            for queue, pending in sorted(unpurged.items()) if pending.spans}
 
 
-def after_purge(unpurged: dict[str, Unpurged], settled: dict[str, int]) -> dict[str, Unpurged]:
-    """What is left to purge once each queue is settled through ``settled[queue]``."""
+def after_purge(unpurged: dict[str, Unpurged], results: dict[str, PurgeResult]) -> dict[str, Unpurged]:
+    """What is left to settle once purges ended with ``results`` (spans settled, spans still there).
+
+    Spans recorded while a purge ran (added after its plan was made) are kept as they are.
+    """
     new = dict(unpurged)
-    for queue, through in settled.items():
+    for queue, result in results.items():
         pending = new.get(queue)
         if pending is None:
             continue
-        if through >= pending.through:
-            new[queue] = Unpurged()
-        else:  # partly settled: how many are left is not known, so the next purge counts them first
-            new[queue] = Unpurged(pending.count, pending.through,
-                                  {seq: why for seq, why in pending.dead_letters.items() if seq > through}, True)
+        untouched = tuple(span for span in pending.spans if not _was_planned(span, result))
+        spans = untouched + result.remaining
+        new[queue] = Unpurged(spans, tuple(order for order in pending.dead_letters if any(
+            span.holds(order.sequence_number, order.enqueued_ms) for span in spans)),
+            pending.verify or bool(result.remaining)) if spans else Unpurged()
     return new
+
+
+def _was_planned(span: RecordedSpan, result: PurgeResult) -> bool:
+    """Whether ``span`` was part of the purge that produced ``result`` (a span left over only moved its first)."""
+    same = dataclasses.replace(span, first=0)
+    return any(dataclasses.replace(done, first=0) == same for done in result.settled + result.remaining)
+
+
+def advance_checkpoint(state: dict[str, CheckpointRow], spans: Iterable[RecordedSpan], *, batch_id: int,
+                       run_id: str, now: dt.datetime) -> dict[str, CheckpointRow]:
+    """The checkpoint rows after a batch recorded ``spans`` (its new outcomes, not those of an earlier attempt)."""
+    new_state = dict(state)
+    for queue, queue_spans in by_queue(spans).items():
+        row = new_state.get(queue) or CheckpointRow(queue, 1, 0, None, 0, None, batch_id, run_id, now, 0, 0, 0)
+        if renumbered(row, queue_spans):
+            row = dataclasses.replace(row, incarnation=row.incarnation + 1, delivered_through=0,
+                                      delivered_enqueued_ms=None, purged_through=0)
+        newest = max(queue_spans, key=lambda span: (span.enqueued_to_ms, span.last))
+        moves = row.delivered_enqueued_ms is None or newest.enqueued_to_ms >= row.delivered_enqueued_ms
+        new_state[queue] = dataclasses.replace(
+            row,
+            delivered_through=max(row.delivered_through, newest.last) if moves else row.delivered_through,
+            delivered_enqueued_ms=newest.enqueued_to_ms if moves else row.delivered_enqueued_ms,
+            last_batch_id=batch_id, last_run_id=run_id, updated_at=now,
+            delivered_count=row.delivered_count + sum(span.delivered for span in queue_spans),
+            dead_lettered_count=row.dead_lettered_count + sum(span.dead_lettered for span in queue_spans),
+            skipped_count=row.skipped_count + sum(span.skipped for span in queue_spans))
+    return new_state
+
+
+def renumbered(row: CheckpointRow, spans: Iterable[RecordedSpan]) -> bool:
+    """Whether ``spans`` show the queue numbering from the start again: a message at or below the
+    delivered-through mark that entered the backlog after the message that mark names."""
+    if row.delivered_enqueued_ms is None:
+        return False
+    return any(span.first <= row.delivered_through and span.enqueued_from_ms > row.delivered_enqueued_ms
+               for span in spans)
+
+
+def mark_purged(state: dict[str, CheckpointRow], results: dict[str, PurgeResult], left: dict[str, Unpurged], *,
+                now: dt.datetime) -> dict[str, CheckpointRow]:
+    """The checkpoint rows after purges: each queue's mark moves to the newest settled span's last message,
+    as long as nothing still to settle entered the backlog before it (so a restart, which looks only
+    above the mark, still sees everything unsettled)."""
+    new_state = dict(state)
+    for queue, result in results.items():
+        row = new_state.get(queue)
+        if row is None or not result.settled:
+            continue
+        unsettled_from = min((span.enqueued_from_ms for span in left.get(queue, Unpurged()).spans), default=None)
+        candidates = [span for span in result.settled
+                      if unsettled_from is None or span.enqueued_to_ms < unsettled_from]
+        if not candidates:
+            continue
+        newest = max(candidates, key=lambda span: (span.enqueued_to_ms, span.last))
+        if row.purged_enqueued_ms is not None and newest.enqueued_to_ms <= row.purged_enqueued_ms:
+            continue
+        new_state[queue] = dataclasses.replace(row, purged_through=newest.last,
+                                               purged_enqueued_ms=newest.enqueued_to_ms, updated_at=now)
+    return new_state

@@ -1,16 +1,20 @@
 """Delivering one backlog queue's rows: grouping, building, sending with retries, and one outcome per
-row. Pure: building, sending and waiting for the primary are passed in (``servicebus.send`` has the
-real ones), so the retry state machine is tested with fakes in milliseconds.
+row. Pure: building and sending are passed in (``servicebus.send`` has the real ones), and so are the
+clock and the sleep, so the retry state machine is tested with fakes in milliseconds.
 
 Invariants:
 - Order: rows are sent in sequence-number order per destination and session; a batched send holds
   consecutive messages of one destination and session only.
-- One row, one outcome: delivered, dead-lettered (with a reason code and text) or skipped.
+- One row, one outcome: delivered, dead-lettered (with a reason code and text), skipped, or unsent.
 - No single message stops the run: a message that cannot be built (decoded, restored, encoded)
   becomes that message's dead-letter outcome, with the exception's text, and the rest goes on.
-- A transient failure is retried with back-off, and after every ``max_send_attempts`` failures the
-  primary is waited for (health probe) rather than drained into failure; a destination that stays
-  unavailable fails the batch (nothing recorded, so nothing lost) rather than reorder or drop.
+- No destination holds the others hostage: a destination that refuses or cannot be reached is
+  retried with back-off while the other destinations' messages go on; only its own later messages
+  wait (their order is kept). After ``sink.outage_wait_seconds`` of failures in a row its messages
+  are left *unsent* (``DESTINATION_UNAVAILABLE``): they stay in the backlog, untouched, and the
+  batch fails once what was delivered is recorded, so its replay sends only them.
+- Nothing is sent after the round's deadline (the lease's expiry less a safety margin): what is left
+  then is unsent (``ROUND_DEADLINE``) and the next round, under an extended lease, sends it.
 - A final failure (no such destination, not authorized, too large) dead-letters the messages it
   concerns: the first pending one for "too large", all pending ones of the group otherwise.
 """
@@ -19,7 +23,8 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
+from collections import deque
+from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Iterator, Mapping, Protocol, Sequence
 
 from backlog_syphon.config import SinkConfig
@@ -58,10 +63,6 @@ class PartialSendError(Exception):
         self.cause = cause
 
 
-class PrimaryUnreachableError(RuntimeError):
-    """The primary stayed unreachable for the whole outage wait: the batch fails, nothing is lost."""
-
-
 class Sender(Protocol):
     def send(self, destination: str, messages: Sequence[Outgoing]) -> int:
         """Send in order; return how many went, or raise ``PartialSendError``."""
@@ -69,8 +70,14 @@ class Sender(Protocol):
     def reset(self, destination: str) -> None:
         """Drop the destination's link after an error."""
 
-    def wait_until_reachable(self, destination: str, max_wait_seconds: float) -> bool:
-        """Probe the primary until it answers (True) or the wait is over (False)."""
+
+@dataclass(frozen=True)
+class RoundLimits:
+    """What bounds one send round: nothing is sent at or after ``deadline`` (wall-clock seconds since
+    the epoch), and destinations that already failed in earlier rounds carry their first failure's time."""
+
+    deadline: float = float("inf")
+    unavailable_since: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -82,6 +89,7 @@ class Delivery:
     reason_code: ReasonCode | str | None  # a ReasonCode, or its value as the restore rules' column holds it
     reason: str | None
     attempts: int
+    at: float | None = None  # UNSENT: since when its destination has been failing (or the deadline)
 
 
 def send_groups(rows: Iterable[Row]) -> list[list[Row]]:
@@ -105,12 +113,14 @@ def send_groups(rows: Iterable[Row]) -> list[list[Row]]:
 
 def deliver_rows(rows: Iterable[Row], *, build: Callable[[Row], Outgoing], sender: Sender,
                  classify: Callable[[BaseException, str], SendFailure], sink: SinkConfig,
+                 limits: RoundLimits = RoundLimits(), clock: Callable[[], float] = time.time,
                  sleep: Callable[[float], None] = time.sleep, on_sent: Callable[[], None] = lambda: None
                  ) -> Iterator[Delivery]:
     """Deliver rows (one backlog queue's, or several) and yield one ``Delivery`` per row.
 
     ``on_sent`` is called after each send that delivered something (a test hook for crashes).
     """
+    waiting: dict[str, deque[list[tuple[Row, Outgoing]]]] = {}
     for group in send_groups(rows):
         first = group[0]
         if first["action"] != Action.DELIVER:
@@ -118,52 +128,112 @@ def deliver_rows(rows: Iterable[Row], *, build: Callable[[Row], Outgoing], sende
             for row in group:
                 yield Delivery(row, outcome, row["reason_code"], row["reason"], 0)
             continue
-        yield from _deliver_group(group, build=build, sender=sender, classify=classify, sink=sink, sleep=sleep,
-                                  on_sent=on_sent)
+        pending = []
+        for row in group:
+            try:
+                pending.append((row, build(row)))
+            except Exception as exc:  # noqa: BLE001 - one message's problem is that message's outcome
+                yield Delivery(row, Outcome.DEAD_LETTERED, ReasonCode.RESTORE_FAILED,
+                               f"the restored message could not be built: {type(exc).__name__}: {exc}"[:1024], 0)
+        if pending:
+            waiting.setdefault(first["destination"], deque()).append(pending)
+    yield from _DestinationRounds(waiting, sender=sender, classify=classify, sink=sink, limits=limits, clock=clock,
+                                  sleep=sleep, on_sent=on_sent).run()
 
 
-def _deliver_group(group: list[Row], *, build, sender: Sender, classify, sink: SinkConfig, sleep,
-                   on_sent) -> Iterator[Delivery]:
-    destination = group[0]["destination"]
-    pending: list[tuple[Row, Outgoing]] = []
-    for row in group:
+@dataclass
+class _Retry:
+    attempts: int = 0  # failures in a row
+    failing_since: float | None = None
+    next_try: float = 0.0
+
+
+class _DestinationRounds:
+    """Sends each destination's groups in order, taking turns between destinations, so that one that
+    fails waits (with back-off) without holding the others up."""
+
+    def __init__(self, waiting, *, sender: Sender, classify, sink: SinkConfig, limits: RoundLimits, clock, sleep,
+                 on_sent):
+        self.waiting = waiting
+        self.sender, self.classify, self.sink, self.limits = sender, classify, sink, limits
+        self.clock, self.sleep, self.on_sent = clock, sleep, on_sent
+        self.retry = {destination: _Retry(failing_since=limits.unavailable_since.get(destination))
+                      for destination in waiting}
+
+    def run(self) -> Iterator[Delivery]:
+        while self.waiting:
+            now = self.clock()
+            if now >= self.limits.deadline:
+                for destination in list(self.waiting):
+                    yield from self._leave(destination, ReasonCode.ROUND_DEADLINE,
+                                           "the send round ended before the lease could run out; the next round "
+                                           "sends it", self.retry[destination].failing_since or now)
+                return
+            ready = [d for d in self.waiting if self.retry[d].next_try <= now]
+            if not ready:
+                wake = min(self.retry[d].next_try for d in self.waiting)
+                self.sleep(max(0.0, min(wake, self.limits.deadline) - now))
+                continue
+            # The ready destination whose next message came first: the backlog's order, as far as it can be kept.
+            destination = min(ready, key=lambda d: self.waiting[d][0][0][0]["sequence_number"])
+            yield from self._send_next(destination, now)
+
+    def _send_next(self, destination: str, now: float) -> Iterator[Delivery]:
+        groups = self.waiting[destination]
+        group = groups[0]
+        retry = self.retry[destination]
         try:
-            pending.append((row, build(row)))
-        except Exception as exc:  # noqa: BLE001 - one message's problem is that message's outcome
-            yield Delivery(row, Outcome.DEAD_LETTERED, ReasonCode.RESTORE_FAILED,
-                           f"the restored message could not be built: {type(exc).__name__}: {exc}"[:1024], 0)
-    attempts = 0
-    while pending:
-        attempts += 1
-        try:
-            sent = sender.send(destination, [message for _, message in pending])
+            sent = self.sender.send(destination, [message for _, message in group])
             cause = None
         except PartialSendError as error:
             sent, cause = error.sent, error.cause
-        for row, _ in pending[:sent]:
-            yield Delivery(row, Outcome.DELIVERED, None, None, attempts)
-        pending = pending[sent:]
+        for row, _ in group[:sent]:
+            yield Delivery(row, Outcome.DELIVERED, None, None, retry.attempts + 1)
+        group = groups[0] = group[sent:]
         if sent:
-            on_sent()
+            self.on_sent()
+            retry.attempts, retry.failing_since = 0, None
         if cause is None:
+            self._done_with_group(destination)
             return
-        failure = classify(cause, destination)
-        sender.reset(destination)
+        failure = self.classify(cause, destination)
+        self.sender.reset(destination)
         if not failure.transient:
             # Too large: only the first pending message is at fault; the rest may still go.
-            rejected = pending[:1] if failure.reason_code == ReasonCode.MESSAGE_TOO_LARGE else pending
+            rejected = group[:1] if failure.reason_code == ReasonCode.MESSAGE_TOO_LARGE else group
             for row, _ in rejected:
-                yield Delivery(row, Outcome.DEAD_LETTERED, failure.reason_code, failure.reason, attempts)
-            pending = pending[len(rejected):]
-            continue
-        logger.warning("destination=%s backlog=%s sequence_number=%s transient send failure (%s), attempt %d",
-                       destination, pending[0][0]["backlog_queue"], pending[0][0]["sequence_number"],
-                       failure.reason, attempts)
-        if attempts % sink.max_send_attempts == 0:
-            # Persistently failing: wait for the primary instead of draining into failure.
-            if not sender.wait_until_reachable(destination, sink.outage_wait_seconds):
-                raise PrimaryUnreachableError(
-                    f"the primary namespace stayed unreachable for {sink.outage_wait_seconds:.0f} s while sending to "
-                    f"'{destination}' ({failure.reason}); nothing was lost, run again when it is back")
-        else:
-            sleep(min(sink.max_retry_backoff_seconds, sink.retry_backoff_seconds * 2 ** (attempts - 1)))
+                yield Delivery(row, Outcome.DEAD_LETTERED, failure.reason_code, failure.reason, retry.attempts + 1)
+            groups[0] = group[len(rejected):]
+            if not groups[0]:
+                self._done_with_group(destination)
+            return
+        retry.attempts += 1
+        retry.failing_since = retry.failing_since if retry.failing_since is not None else now
+        waited = now - retry.failing_since
+        first_row = group[0][0]
+        logger.warning("destination=%s backlog=%s sequence_number=%s send failed (%s), attempt %d, failing for %.0f s",
+                       destination, first_row["backlog_queue"], first_row["sequence_number"], failure.reason,
+                       retry.attempts, waited)
+        if waited >= self.sink.outage_wait_seconds:
+            yield from self._leave(destination, ReasonCode.DESTINATION_UNAVAILABLE,
+                                   f"destination '{destination}' stayed unavailable for "
+                                   f"{self.sink.outage_wait_seconds:.0f} s ({failure.reason}); nothing was lost: "
+                                   f"its messages stay in the backlog for the next run", retry.failing_since)
+            return
+        backoff = self.sink.max_retry_backoff_seconds
+        if retry.attempts < self.sink.max_send_attempts:
+            backoff = min(backoff, self.sink.retry_backoff_seconds * 2 ** (retry.attempts - 1))
+        retry.next_try = now + backoff
+
+    def _done_with_group(self, destination: str) -> None:
+        groups = self.waiting[destination]
+        groups.popleft()
+        if not groups:
+            del self.waiting[destination]
+
+    def _leave(self, destination: str, reason_code: ReasonCode, reason: str, since: float) -> Iterator[Delivery]:
+        """Every message still waiting for ``destination`` stays unsent (in order; nothing after it goes either)."""
+        attempts = self.retry[destination].attempts
+        for group in self.waiting.pop(destination):
+            for row, _ in group:
+                yield Delivery(row, Outcome.UNSENT, reason_code, reason[:1024], attempts, since)

@@ -2,6 +2,10 @@
 
 Settling is a few small broker calls per queue (``servicebus.settle``), so it runs in threads on the
 driver rather than as a Spark job, one round at a time, each round's queues in parallel.
+
+A round that fails for a queue (a lost connection, a lock lost, the secondary unreachable) is logged
+and counted as having settled nothing there: what it did settle is found gone by the next round's
+verification (a peek), so a failure never surfaces in a batch and never re-sends anything.
 """
 
 from __future__ import annotations
@@ -10,18 +14,14 @@ import logging
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 
+from backlog_syphon.errors import describe
+from backlog_syphon.servicebus.purge_plan import PurgePlan, PurgeResult
+
 logger = logging.getLogger(__name__)
 
 
 class PurgeRunner:
-    """Runs purges in the background, one round at a time, each round's queues in parallel threads.
-
-    Settling what is already recorded can overlap the next batch: the next batch reads later
-    windows by sequence number and sends other messages, so the two never touch the same message,
-    and a round only starts after the one before it, so each round finds its messages at the head
-    of its queues. What a round settled reaches the checkpoint table with the next batch's write
-    (or ``flush``); a crash before that only makes the next run check again.
-    """
+    """``sink.batch.PurgePort``: one round at a time in the background, each round's queues in parallel."""
 
     def __init__(self, secondary):
         self._secondary = secondary
@@ -35,42 +35,55 @@ class PurgeRunner:
     def __setstate__(self, state):
         self.__init__(state["_secondary"])
 
-    def submit(self, plans: dict) -> None:
+    def busy(self) -> bool:
+        with self._lock:
+            return any(not future.done() for future in self._pending)
+
+    def submit(self, plans: dict[str, PurgePlan]) -> None:
         if plans:
             with self._lock:
                 if self._rounds is None:
                     self._rounds = ThreadPoolExecutor(max_workers=1, thread_name_prefix="purge-round")
                 self._pending.append(self._rounds.submit(self._run, plans))
 
-    def finished(self) -> dict[str, int]:
-        """Marks of the rounds done so far (without waiting); a failed round's error is raised here."""
+    def finished(self) -> dict[str, PurgeResult]:
+        """Results of the rounds done so far, without waiting."""
         with self._lock:
             done = [future for future in self._pending if future.done()]
             self._pending = [future for future in self._pending if not future.done()]
-        return _merged_marks(future.result() for future in done)
+        return _merged(future.result() for future in done)
 
-    def wait(self) -> dict[str, int]:
+    def wait(self) -> dict[str, PurgeResult]:
         with self._lock:
             pending, self._pending = self._pending, []
-        return _merged_marks(future.result() for future in pending)
+        return _merged(future.result() for future in pending)
 
-    def _run(self, plans: dict) -> dict[str, int]:
+    def _run(self, plans: dict[str, PurgePlan]) -> dict[str, PurgeResult]:
+        with ThreadPoolExecutor(max_workers=min(8, len(plans)), thread_name_prefix="purge") as pool:
+            return dict(zip(plans, pool.map(lambda queue: self._purge_one(plans[queue]), plans)))
+
+    def _purge_one(self, plan: PurgePlan) -> PurgeResult:
         from backlog_syphon.servicebus.settle import purge_backlog
 
-        with ThreadPoolExecutor(max_workers=min(8, len(plans)), thread_name_prefix="purge") as pool:
-            results = dict(zip(plans, pool.map(lambda queue: purge_backlog(self._secondary, plans[queue]), plans)))
+        try:
+            result = purge_backlog(self._secondary, plan)
+        except Exception as exc:  # noqa: BLE001 - a purge failure never fails a batch: retried later
+            logger.warning("backlog=%s purge round failed (%s); what it settled is checked again by the next round",
+                           plan.queue, describe(exc), exc_info=True)
+            return PurgeResult(0, 0, 0, plan.spans, ())
+        if result.remaining:
+            logger.warning("backlog=%s purge incomplete: %d recorded span(s) still there (completed=%d "
+                           "dead_lettered=%d released=%d); retried with the next batch", plan.queue,
+                           len(result.remaining), result.completed, result.dead_lettered, result.released)
+        return result
+
+
+def _merged(rounds) -> dict[str, PurgeResult]:
+    merged: dict[str, PurgeResult] = {}
+    for results in rounds:
         for queue, result in results.items():
-            if result.settled_through < plans[queue].through:
-                logger.warning("backlog=%s purge incomplete: settled through %s of %s (completed=%d "
-                               "dead_lettered=%d released=%d); retried with the next batch", queue,
-                               result.settled_through, plans[queue].through, result.completed,
-                               result.dead_lettered, result.released)
-        return {queue: result.settled_through for queue, result in results.items()}
-
-
-def _merged_marks(rounds) -> dict[str, int]:
-    marks: dict[str, int] = {}
-    for settled in rounds:
-        for queue, through in settled.items():
-            marks[queue] = max(through, marks.get(queue, 0))
-    return marks
+            known = merged.get(queue)
+            merged[queue] = result if known is None else PurgeResult(
+                known.completed + result.completed, known.dead_lettered + result.dead_lettered,
+                known.released + result.released, result.remaining, known.settled + result.settled)
+    return merged

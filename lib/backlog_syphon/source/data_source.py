@@ -2,7 +2,9 @@
 
 ``spark.readStream.format("servicebus-backlog").options(**backlog_source_options(config)).load()``
 
-- One partition per backlog queue with new messages; offsets are ``{queue: next sequence number}``.
+- One partition per backlog queue with new messages; offsets are ``{queue: {incarnation, next
+  sequence number, newest enqueue time seen}}`` (``planning.QueueOffset``): a recreated queue is
+  noticed and read again from its start.
 - Reads are peeks (non-destructive, addressable by sequence number), so a batch replayed after a
   crash reads exactly the same messages; nothing here removes or locks a message (the sink
   settles them only after delivery is recorded).
@@ -35,6 +37,7 @@ from dataclasses import dataclass
 from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceStreamReader, InputPartition
 
 from backlog_syphon.config import NamespaceConfig, SyphonConfig
+from backlog_syphon.errors import BacklogQueueMissingError, IncompleteReadError
 from backlog_syphon.restore.rows import BACKLOG_ROW_SCHEMA
 from backlog_syphon.source.options import SourceOptions
 from backlog_syphon.source.planning import WindowPlanner, windows
@@ -85,45 +88,84 @@ class BacklogDataSource(DataSource):
         return BacklogSnapshotReader(self.options)
 
 
-def read_window(namespace: NamespaceConfig, window: BacklogWindow):
-    """Yield the rows of one window as Arrow record batches, one per peeked page (executor side)."""
+# An empty peek page before a window's known end is retried this often (with a growing pause) before
+# the task fails: a peek may return fewer messages than asked for, even none (on a timeout).
+SHORT_READ_RETRIES = 5
+SHORT_READ_PAUSE_SECONDS = 0.2
+
+
+def read_window(namespace: NamespaceConfig, window: BacklogWindow, *, sleep=time.sleep):
+    """Yield the rows of one window as Arrow record batches, one per peeked page (executor side).
+
+    Contiguous by construction: the window ends only at its planned end, or where a probe confirms
+    that no message follows. An empty page before that is retried; a window that cannot be
+    completed fails the task (``IncompleteReadError``) rather than end early, since what it skipped
+    would count as read. A queue that no longer exists has nothing left to read.
+    """
     from backlog_syphon.restore.rows import BACKLOG_ROW_ARROW_SCHEMA, backlog_row_values, record_batch
     from backlog_syphon.servicebus.clients import open_peek_receivers, pooled_receiver
-    from backlog_syphon.servicebus.peek import PEEK_PAGE_SIZE, peek_raw
+    from backlog_syphon.servicebus.peek import PEEK_PAGE_SIZE, first_identity_from, peek_raw
 
     open_peek_receivers(namespace, window.batch_queues)  # pooled: at once, the first time in this process
     position = window.start
-    with pooled_receiver(namespace, window.queue) as receiver:
-        while position < window.end:
-            page = peek_raw(receiver, position, min(PEEK_PAGE_SIZE, window.end - position))
-            rows = []
-            for raw in page:
-                seq = broker_sequence_number(window.queue, raw, position)
-                if seq >= window.end:
-                    break
-                rows.append(backlog_row_values(window.queue, raw, sequence_number=seq))
-                position = seq + 1
-            if rows:
-                yield record_batch(rows, BACKLOG_ROW_ARROW_SCHEMA)
-            if len(rows) < len(page) or not page:
-                return
+    retries = 0
+    try:
+        with pooled_receiver(namespace, window.queue) as receiver:
+            while position < window.end:
+                page = peek_raw(receiver, position, min(PEEK_PAGE_SIZE, window.end - position))
+                rows = []
+                for raw in page:
+                    seq, enqueued_ms = broker_identity_of(window.queue, raw, position)
+                    if seq >= window.end:
+                        break
+                    rows.append(backlog_row_values(window.queue, raw, sequence_number=seq,
+                                                   enqueued_time=_from_ms(enqueued_ms)))
+                    position = seq + 1
+                if rows:
+                    retries = 0
+                    yield record_batch(rows, BACKLOG_ROW_ARROW_SCHEMA)
+                if len(rows) < len(page):
+                    return  # the page went past the window's end
+                if not page:
+                    following = first_identity_from(receiver, position)
+                    if following is None or following[0] >= window.end:
+                        return  # confirmed: nothing more in the window
+                    retries += 1
+                    if retries > SHORT_READ_RETRIES:
+                        raise IncompleteReadError(
+                            f"backlog queue {window.queue}: peeks from sequence number {position} kept coming back "
+                            f"empty although message {following[0]} is there (window ends at {window.end}); the "
+                            f"batch is replayed whole by the next run")
+                    logger.info("backlog=%s empty peek page at %d before the window's end %d; retrying",
+                                window.queue, position, window.end)
+                    sleep(SHORT_READ_PAUSE_SECONDS * 2 ** (retries - 1))
+    except BacklogQueueMissingError:
+        logger.warning("backlog=%s no longer exists: the rest of its window [%d, %d) went with it", window.queue,
+                       position, window.end)
 
 
-def broker_sequence_number(queue: str, raw: bytes, position: int) -> int:
-    """The sequence number the broker gave a peeked message (read even when the rest is unreadable)."""
-    from backlog_syphon.restore.amqp_codec import AmqpDecodeError, sequence_number
+def _from_ms(ms: int | None):
+    import datetime as dt
+
+    return None if ms is None else dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc) + dt.timedelta(milliseconds=ms)
+
+
+def broker_identity_of(queue: str, raw: bytes, position: int) -> tuple[int, int | None]:
+    """The sequence number and enqueue time (ms) the broker gave a peeked message (read even when the
+    rest is unreadable)."""
+    from backlog_syphon.restore.amqp_codec import AmqpDecodeError, broker_identity
 
     try:
-        seq = sequence_number(raw)
+        seq, enqueued_ms = broker_identity(raw)
     except AmqpDecodeError as error:
-        seq, why = None, str(error)
+        seq, enqueued_ms, why = None, None, str(error)
     else:
         why = "it has no x-opt-sequence-number annotation"
     if seq is None:
         # The broker writes this annotation itself: without it nothing can tell where the window is.
         raise RuntimeError(f"backlog queue {queue}: the message after sequence number {position - 1} cannot be "
                            f"placed ({why}); the broker's own annotations are unreadable")
-    return seq
+    return seq, enqueued_ms
 
 
 class BacklogSnapshotReader(DataSourceReader):
@@ -208,11 +250,11 @@ class BacklogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def _probe_fn(self, queue: str):
         from backlog_syphon.servicebus.clients import pooled_receiver
-        from backlog_syphon.servicebus.peek import first_sequence_number_from
+        from backlog_syphon.servicebus.peek import first_identity_from
 
-        def probe(sequence_number: int) -> int | None:
+        def probe(sequence_number: int):
             with pooled_receiver(self.options.secondary, queue) as receiver:
-                return first_sequence_number_from(receiver, sequence_number)
+                return first_identity_from(receiver, sequence_number)
 
         return probe
 

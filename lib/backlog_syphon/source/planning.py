@@ -1,9 +1,17 @@
 """Planning which backlog messages a micro-batch reads: pure logic, no I/O, time passed in.
 
-Offsets are ``{backlog queue name: next sequence number to read}``. A window ``[start, end)`` of
-one queue is immutable once planned (new messages always get higher sequence numbers), so a
-replayed batch peeks exactly the same messages again. Window ends are found with single-message
-probes ("first sequence number at or after x") instead of downloading the messages twice.
+Offsets are ``{backlog queue name: {"incarnation": n, "next": next sequence number to read,
+"seen_ms": newest enqueue time probed}}`` (``QueueOffset``; a bare number, as older versions wrote,
+reads as the first incarnation). A window ``[start, end)`` of one queue is immutable once planned
+(new messages always get higher sequence numbers), so a replayed batch peeks exactly the same
+messages again. Window ends are found with single-message probes ("first message at or after x")
+instead of downloading the messages twice.
+
+Sequence numbers mean something only within one incarnation of a queue: a queue deleted and
+created again numbers from 1 again. Before each window, a probe from the queue's start finds
+its first message; one below the offset that entered the backlog after every message probed so
+far cannot belong to the same incarnation, so the queue was recreated: its offset starts again
+from the beginning, in a new incarnation. A queue that does not exist is skipped with one warning.
 
 The probes are the only I/O, injected (``Probe``); ``WindowPlanner`` holds what the stream reader
 remembers between triggers, so the reader itself only translates between Spark and this module.
@@ -11,10 +19,47 @@ remembers between triggers, so the reader itself only translates between Spark a
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from typing import Callable, Mapping, Sequence
 
-Probe = Callable[[int], "int | None"]  # first sequence number >= x, or None when there is none
+from backlog_syphon.errors import BacklogQueueMissingError
+
+logger = logging.getLogger(__name__)
+
+Identity = tuple  # (sequence number, enqueue time in ms or None) of a message
+Probe = Callable[[int], "Identity | None"]  # the first message at or after x, or None when there is none
+
+
+@dataclass(frozen=True)
+class QueueOffset:
+    """Where a queue's reading stands: its incarnation, the next sequence number, and the newest
+    enqueue time seen in this incarnation (what a recreated queue's messages come after)."""
+
+    incarnation: int = 1
+    next: int = 0
+    seen_ms: int | None = None
+
+    @classmethod
+    def parse(cls, value) -> QueueOffset:
+        if isinstance(value, Mapping):
+            return cls(int(value.get("incarnation", 1)), int(value.get("next", 0)),
+                       None if value.get("seen_ms") is None else int(value["seen_ms"]))
+        return cls(next=int(value))  # an offset written by an older version
+
+    def to_json(self) -> dict:
+        return {"incarnation": self.incarnation, "next": self.next, "seen_ms": self.seen_ms}
+
+    def recreated(self, head: Identity | None) -> bool:
+        """Whether ``head``, the queue's first message now, shows the queue was created again."""
+        if head is None or self.seen_ms is None or head[1] is None:
+            return False
+        return head[0] < self.next and head[1] > self.seen_ms
+
+
+def position(value) -> int:
+    """The next sequence number an offset value names (either format)."""
+    return QueueOffset.parse(value).next
 
 
 def window_end(start: int, budget: int, probe: Probe) -> int:
@@ -23,9 +68,10 @@ def window_end(start: int, budget: int, probe: Probe) -> int:
     Returns ``start`` when nothing is there. Costs 2 probes when the queue holds more than the
     budget, and about log2(budget) when the window reaches the queue's tail.
     """
-    first = probe(start)
-    if first is None:
+    found = probe(start)
+    if found is None:
         return start
+    first = found[0]
     limit = first + max(1, budget)
     if probe(limit) is not None:
         return limit
@@ -36,7 +82,7 @@ def window_end(start: int, budget: int, probe: Probe) -> int:
         if found is None:
             hi = mid
         else:
-            lo = found
+            lo = found[0]
     return lo + 1
 
 
@@ -88,47 +134,89 @@ class IdleBackoff:
         self._next_probe[queue] = now + pause
 
 
-def normalise_offsets(offsets: Mapping[str, int]) -> dict[str, int]:
-    """Offsets with a stable key order: Spark compares serialised offsets as strings."""
-    return {queue: int(offsets[queue]) for queue in sorted(offsets)}
+def normalise_offsets(offsets: Mapping[str, QueueOffset]) -> dict[str, dict]:
+    """Offsets as Spark stores them, with a stable key order: Spark compares serialised offsets as strings."""
+    return {queue: QueueOffset.parse(offsets[queue]).to_json() if not isinstance(offsets[queue], QueueOffset)
+            else offsets[queue].to_json() for queue in sorted(offsets)}
 
 
 @dataclass(frozen=True)
 class WindowPlan:
-    """The next micro-batch: each queue's window end, and each probed queue's tail as last seen."""
+    """The next micro-batch: each queue's offset at the window's end, and each probed queue's tail as
+    last seen. ``restarted``: queues found recreated, whose windows start from the beginning."""
 
-    end: dict[str, int]
+    end: dict[str, dict]
     tails: dict[str, int]
+    restarted: tuple[str, ...] = ()
 
 
-def plan_windows(start: Mapping[str, int], queues: Sequence[str], budget: int, probe_for: Callable[[str], Probe], *,
-                 backoff: IdleBackoff, now: float, target: Mapping[str, int] | None = None) -> WindowPlan:
+class _SeenProbe:
+    """A probe that remembers the newest enqueue time it saw (for the offset's ``seen_ms``)."""
+
+    def __init__(self, probe: Probe, seen_ms: int | None):
+        self.probe, self.seen_ms = probe, seen_ms
+
+    def __call__(self, sequence_number: int) -> Identity | None:
+        found = self.probe(sequence_number)
+        if found is not None and found[1] is not None:
+            self.seen_ms = found[1] if self.seen_ms is None else max(self.seen_ms, found[1])
+        return found
+
+
+def plan_windows(start: Mapping[str, object], queues: Sequence[str], budget: int, probe_for: Callable[[str], Probe], *,
+                 backoff: IdleBackoff, now: float, target: Mapping[str, int] | None = None,
+                 missing: set[str] | None = None) -> WindowPlan:
     """Plan the next batch's windows from ``start``: which queues to look at, how far each window goes.
 
     - Continuous runs look only at queues whose idle back-off is due; an available-now run (with a
       ``target``) at every queue still short of its target, and never past it.
+    - Each queue looked at is first checked for a recreation (its first message, one probe).
     - The budget is shared evenly over the queues looked at.
     - A window that stopped short of its share reached the queue's tail; a full one costs one probe
       more when the tail is right there, about log2(backlog) when it is not (for progress reports).
+    - A queue that does not exist is left out (``missing`` collects it; one warning when it goes missing).
     ``probe_for(queue)`` gives that queue's probe (``Probe``): the only I/O, injected.
     """
-    offsets = {queue: int(start.get(queue, 0)) for queue in queues}
-    offsets.update({queue: int(seq) for queue, seq in start.items()})
+    missing = set() if missing is None else missing
+    offsets = {queue: QueueOffset() for queue in queues}
+    offsets.update({queue: QueueOffset.parse(value) for queue, value in start.items()})
     if target is not None:
-        candidates = [queue for queue in offsets if offsets[queue] < target.get(queue, 0)]
+        candidates = [queue for queue in offsets if queue in target]
     else:
         candidates = [queue for queue in offsets if backoff.due(queue, now)]
     shares = share_budget(budget, candidates)
-    end, tails = dict(offsets), {}
+    end = dict(offsets)
+    tails: dict[str, int] = {}
+    restarted = []
     for queue in candidates:
-        probe = probe_for(queue)
-        queue_end = window_end(offsets[queue], shares[queue], probe)
-        if target is not None:
-            queue_end = min(queue_end, target.get(queue, queue_end))
-        backoff.record(queue, queue_end > offsets[queue], now)
-        end[queue] = queue_end
-        tails[queue] = queue_end if queue_end - offsets[queue] < shares[queue] else tail_end(queue_end, probe)
-    return WindowPlan(normalise_offsets(end), tails)
+        offset = offsets[queue]
+        probe = _SeenProbe(probe_for(queue), offset.seen_ms)
+        try:
+            if offset.next > 1 and offset.recreated(probe.probe(1)):
+                logger.warning("backlog=%s was recreated (it numbers from 1 again, with messages enqueued after "
+                               "every one read before): reading it from its start, incarnation %d",
+                               queue, offset.incarnation + 1)
+                offset = QueueOffset(offset.incarnation + 1, 0, None)
+                probe.seen_ms = None
+                restarted.append(queue)
+            queue_end = window_end(offset.next, shares[queue], probe)
+            if target is not None and queue not in restarted:
+                queue_end = min(queue_end, max(offset.next, target.get(queue, queue_end)))
+            tail = queue_end if queue_end - offset.next < shares[queue] else tail_end(queue_end, probe)
+        except BacklogQueueMissingError:
+            if queue not in missing:
+                logger.warning("backlog=%s does not exist: skipped (the other backlog queues drain); it is read "
+                               "as soon as it exists", queue)
+                missing.add(queue)
+            backoff.record(queue, False, now)
+            continue
+        if queue in missing:
+            logger.info("backlog=%s exists again", queue)
+            missing.discard(queue)
+        backoff.record(queue, queue_end > offset.next, now)
+        end[queue] = QueueOffset(offset.incarnation, queue_end, probe.seen_ms)
+        tails[queue] = tail
+    return WindowPlan(normalise_offsets(end), tails, tuple(restarted))
 
 
 ALL_AVAILABLE_BUDGET = 1 << 40  # "no limit": more sequence numbers than any queue holds
@@ -150,16 +238,25 @@ class WindowPlanner:
         self.available_now = available_now
         self.backoff = IdleBackoff(max_seconds=idle_probe_max_seconds)
         self.target: dict[str, int] | None = None  # available-now: stop here
-        self.last_end: dict[str, int] | None = None  # Spark 4.0/4.1 ask for the latest offset without a start
+        self.last_end: dict[str, dict] | None = None  # Spark 4.0/4.1 ask for the latest offset without a start
         self.tails: dict[str, int] = {}  # queue -> end of what was in it when last probed
+        self.missing: set[str] = set()  # configured queues that do not exist (warned about once)
 
     @staticmethod
-    def initial_offset(queues: Sequence[str]) -> dict[str, int]:
-        return normalise_offsets({queue: 0 for queue in queues})
+    def initial_offset(queues: Sequence[str]) -> dict[str, dict]:
+        return normalise_offsets({queue: QueueOffset() for queue in queues})
 
     def prepare_available_now(self, queues: Sequence[str]) -> dict[str, int]:
-        """Fix the target of an available-now run: every queue's tail now."""
-        self.target = {queue: tail_end(0, self.probe_for(queue)) for queue in queues}
+        """Fix the target of an available-now run: every queue's tail now (a missing queue: nothing)."""
+        self.target = {}
+        for queue in queues:
+            try:
+                self.target[queue] = tail_end(0, self.probe_for(queue))
+            except BacklogQueueMissingError:
+                if queue not in self.missing:
+                    logger.warning("backlog=%s does not exist: skipped (the other backlog queues drain)", queue)
+                    self.missing.add(queue)
+                self.target[queue] = 0
         return self.target
 
     def budget(self, *, max_rows: int | None = None, all_available: bool = False,
@@ -171,8 +268,8 @@ class WindowPlanner:
             return ALL_AVAILABLE_BUDGET
         return self.max_messages
 
-    def latest_offset(self, start: Mapping[str, int] | None, queues: Sequence[str], budget: int, *, now: float,
-                      stopping: bool = False) -> dict[str, int]:
+    def latest_offset(self, start: Mapping[str, object] | None, queues: Sequence[str], budget: int, *, now: float,
+                      stopping: bool = False) -> dict[str, dict]:
         """The end of the next batch from ``start`` (the last end, or the initial offset, when None).
 
         ``stopping``: a polite stop was requested, so no new batch is planned (the end is the start).
@@ -180,8 +277,13 @@ class WindowPlanner:
         if start is None:
             start = self.last_end or self.initial_offset(queues)
         if stopping:
-            return normalise_offsets({queue: int(seq) for queue, seq in start.items()})
-        plan = plan_windows(start, queues, budget, self.probe_for, backoff=self.backoff, now=now, target=self.target)
+            return normalise_offsets(start)
+        plan = plan_windows(start, queues, budget, self.probe_for, backoff=self.backoff, now=now, target=self.target,
+                            missing=self.missing)
+        for queue in plan.restarted:
+            self.tails.pop(queue, None)
+            if self.target is not None:  # an available-now run drains what the new queue holds now
+                self.target[queue] = max(plan.tails.get(queue, 0), position(plan.end[queue]))
         for queue, tail in plan.tails.items():
             self.tails[queue] = max(tail, self.tails.get(queue, 0))
         self.last_end = plan.end
@@ -192,10 +294,16 @@ class WindowPlanner:
         if not self.tails:
             return None
         ends = self.last_end or {}
-        return normalise_offsets({queue: max(tail, int(ends.get(queue, 0))) for queue, tail in self.tails.items()})
+        return {queue: max(tail, position(ends.get(queue, 0))) for queue, tail in sorted(self.tails.items())}
 
 
-def windows(start: Mapping[str, int], end: Mapping[str, int]) -> list[tuple[str, int, int]]:
-    """``(queue, first, stop)`` of every queue with something between ``start`` and ``end``, by queue."""
-    return [(queue, int(start.get(queue, 0)), int(stop)) for queue, stop in sorted(end.items())
-            if int(stop) > int(start.get(queue, 0))]
+def windows(start: Mapping[str, object], end: Mapping[str, object]) -> list[tuple[str, int, int]]:
+    """``(queue, first, stop)`` of every queue with something between ``start`` and ``end``, by queue.
+    A queue whose incarnation changed is read from its beginning."""
+    planned = []
+    for queue, value in sorted(end.items()):
+        stop, begin = QueueOffset.parse(value), QueueOffset.parse(start.get(queue, 0))
+        first = begin.next if begin.incarnation == stop.incarnation else 0
+        if stop.next > first:
+            planned.append((queue, first, stop.next))
+    return planned

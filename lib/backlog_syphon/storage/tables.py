@@ -19,39 +19,19 @@ import datetime as dt
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
-from pyspark.sql.types import (DateType, LongType, StringType, StructField, StructType,
-                               TimestampType)
+from pyspark.sql.types import DateType, StructField, StructType
 
 from backlog_syphon.model import CheckpointRow, Lease
-from backlog_syphon.restore.rows import OUTCOME_ROW_SCHEMA
+from backlog_syphon.restore.rows import OUTCOME_ROW_SCHEMA, struct_of
 
 # What the sink produces per message; the table adds the partition column ``outcome_date``.
 AUDIT_ROW_SCHEMA = OUTCOME_ROW_SCHEMA
 AUDIT_SCHEMA = StructType(AUDIT_ROW_SCHEMA.fields + [StructField("outcome_date", DateType(), False)])
 
-CHECKPOINT_SCHEMA = StructType([
-    StructField("backlog_queue", StringType(), False),
-    StructField("delivered_through", LongType(), False),  # every message <= this has an outcome
-    StructField("purged_through", LongType(), False),  # ... and has been removed from the backlog
-    StructField("last_batch_id", LongType(), False),
-    StructField("last_run_id", StringType(), False),
-    StructField("updated_at", TimestampType(), False),
-    StructField("delivered_count", LongType(), False),
-    StructField("dead_lettered_count", LongType(), False),
-    StructField("skipped_count", LongType(), False),
-])
-
-
-LEASE_SCHEMA = StructType([
-    StructField("lease_key", StringType(), False),  # the backlog: "<secondary host>/<primary namespace>"
-    StructField("epoch", LongType(), False),  # one more with every write: the compare-and-set version
-    StructField("run_id", StringType(), False),  # the holding run
-    StructField("host", StringType(), False),  # where the holder runs
-    StructField("pid", LongType(), False),  # and its process (a dead one on this host is taken over)
-    StructField("acquired_at", TimestampType(), False),
-    StructField("renewed_at", TimestampType(), False),
-    StructField("expires_at", TimestampType(), False),
-])
+CHECKPOINT_SCHEMA = struct_of(CheckpointRow)
+# Columns a checkpoint table written by an older version lacks, with what they mean there.
+_CHECKPOINT_DEFAULTS = {"incarnation": 1, "delivered_enqueued_ms": None, "purged_enqueued_ms": None}
+LEASE_SCHEMA = struct_of(Lease)
 
 
 def _is_path(table: str) -> bool:
@@ -75,35 +55,48 @@ def table_exists(spark: SparkSession, table: str) -> bool:
 
 
 def read_checkpoint(spark: SparkSession, checkpoint_table: str) -> dict[str, CheckpointRow]:
-    """The checkpoint rows by queue; none before the table's first write."""
+    """The checkpoint rows by queue; none before the table's first write. A table an older version
+    wrote (without incarnations and enqueue times) reads as the first incarnation."""
     if not table_exists(spark, checkpoint_table):
         return {}
-    return {row["backlog_queue"]: CheckpointRow(**{**row.asDict(), "updated_at": _utc(row["updated_at"])})
-            for row in read_table(spark, checkpoint_table).collect()}
+    rows = {}
+    for row in read_table(spark, checkpoint_table).collect():
+        values = {**_CHECKPOINT_DEFAULTS, **row.asDict()}
+        values = {name: values[name] for name in CHECKPOINT_SCHEMA.fieldNames()}
+        rows[row["backlog_queue"]] = CheckpointRow(**{**values, "updated_at": _utc(values["updated_at"])})
+    return rows
 
 
-def recorded_above(spark: SparkSession, audit_table: str, purged_through: dict[str, int]) -> DataFrame | None:
+def recorded_unsettled(spark: SparkSession, audit_table: str, checkpoint: dict[str, CheckpointRow]) -> DataFrame | None:
     """Audit rows of messages that have an outcome but may still be in the backlog.
 
-    That is every row above its queue's purged-through mark (every row of a queue without one):
-    after a crash these are the messages a replayed batch must not send again, and that its purge
-    must still settle. The audit's files carry min/max statistics of the sequence numbers, so
-    Delta skips the files of long-purged batches. None before the table's first write.
+    That is every row above its queue's purge mark: enqueued after the message the mark names (a
+    mark from an older version has no enqueue time: then above its sequence number), and every row
+    of a queue without a checkpoint row. After a crash these are the messages a replayed batch must
+    not send again and that its purge must still settle. The audit's files carry min/max statistics
+    of both columns, so Delta skips the files of long-settled batches. None before the table's first write.
     """
     if not table_exists(spark, audit_table):
         return None
     audit = read_table(spark, audit_table)
-    above = ~F.col("backlog_queue").isin(list(purged_through)) if purged_through else F.lit(True)
-    for queue, through in purged_through.items():
-        above = above | ((F.col("backlog_queue") == queue) & (F.col("sequence_number") > F.lit(through)))
+    above = ~F.col("backlog_queue").isin(list(checkpoint)) if checkpoint else F.lit(True)
+    for queue, row in checkpoint.items():
+        if row.purged_enqueued_ms is not None:
+            mark = F.unix_millis("enqueued_time") > F.lit(row.purged_enqueued_ms)
+        else:
+            mark = F.col("sequence_number") > F.lit(row.purged_through)
+        above = above | ((F.col("backlog_queue") == queue) & F.coalesce(mark, F.lit(True)))
     return audit.where(above)
 
 
-def append_audit(audit_table: str, outcomes: DataFrame, app_id: str, batch_id: int) -> None:
-    """Append one batch's outcome rows (written by the executors); a replay of the same batch id appends nothing."""
+def append_audit(audit_table: str, outcomes: DataFrame, app_id: str, version: int) -> None:
+    """Append a batch's outcome rows (written by the executors); the same ``version`` twice appends once.
+
+    Unsent rows are appended too: they tell a restart where a recorded span ends.
+    """
     frame = outcomes.withColumn("outcome_date", F.to_date("outcome_time"))
     writer = (frame.write.format("delta").mode("append").partitionBy("outcome_date")
-              .option("txnAppId", app_id).option("txnVersion", batch_id))
+              .option("txnAppId", app_id).option("txnVersion", version))
     if _is_path(audit_table):
         writer.save(audit_table)
     else:
@@ -111,22 +104,36 @@ def append_audit(audit_table: str, outcomes: DataFrame, app_id: str, batch_id: i
 
 
 def write_checkpoint(spark: SparkSession, checkpoint_table: str, rows: list[CheckpointRow], *,
-                     app_id: str | None = None, batch_id: int | None = None) -> None:
+                     app_id: str | None = None, version: int | None = None) -> None:
     """Replace the checkpoint table's rows (one per queue) with the sink's current state.
 
     The table is tiny and the sink is its only writer, so an overwrite is both simpler and several
-    times faster than a MERGE. With ``app_id``/``batch_id`` a replayed batch writes nothing.
+    times faster than a MERGE. With ``app_id``/``version`` a repeated write is skipped. A table an
+    older version wrote gets today's columns (its schema is replaced with its rows).
     """
     ordered = sorted(rows, key=lambda row: row.backlog_queue)
     frame = spark.createDataFrame([tuple(getattr(row, name) for name in CHECKPOINT_SCHEMA.fieldNames())
                                    for row in ordered], CHECKPOINT_SCHEMA)
-    writer = frame.write.format("delta").mode("overwrite")
+    writer = frame.write.format("delta").mode("overwrite").option("overwriteSchema", "true")
     if app_id is not None:
-        writer = writer.option("txnAppId", app_id).option("txnVersion", batch_id)
+        writer = writer.option("txnAppId", app_id).option("txnVersion", version)
     if _is_path(checkpoint_table):
         writer.save(checkpoint_table)
     else:
         writer.saveAsTable(checkpoint_table)
+
+
+def streaming_query_id(spark: SparkSession, checkpoint_location: str) -> str | None:
+    """The id Spark keeps in a streaming checkpoint's ``metadata`` file (it changes when the checkpoint
+    is deleted and created again); None when it cannot be read. Read through Spark, so it works for
+    any file system the query uses, over Spark Connect too."""
+    import json
+
+    try:
+        line = spark.read.text(checkpoint_location.rstrip("/") + "/metadata").first()
+        return json.loads(line[0])["id"] if line is not None else None
+    except Exception:  # noqa: BLE001 - no checkpoint yet, or unreadable: the caller falls back
+        return None
 
 
 # --- the lease ----------------------------------------------------------------------------------
@@ -138,9 +145,9 @@ def read_lease(spark: SparkSession, lease_table: str) -> Lease | None:
     rows = read_table(spark, lease_table).collect()
     if not rows:
         return None
-    row = rows[0]
-    return Lease(row["lease_key"], int(row["epoch"]), row["run_id"], row["host"], int(row["pid"]),
-                 _utc(row["acquired_at"]), _utc(row["renewed_at"]), _utc(row["expires_at"]))
+    values = {"process_identity": None, **rows[0].asDict()}
+    return Lease(**{name: _utc(values[name]) if name.endswith("_at") else values[name]
+                    for name in LEASE_SCHEMA.fieldNames()})
 
 
 def write_lease(spark: SparkSession, lease_table: str, lease: Lease, *, confirm: bool = True) -> bool:
@@ -159,7 +166,7 @@ def write_lease(spark: SparkSession, lease_table: str, lease: Lease, *, confirm:
     """
     frame = spark.createDataFrame([tuple(getattr(lease, name) for name in LEASE_SCHEMA.fieldNames())], LEASE_SCHEMA)
     # The table holds the lease of the one backlog its state tables serve: the row replaces it whole.
-    writer = (frame.write.format("delta").mode("overwrite")
+    writer = (frame.write.format("delta").mode("overwrite").option("overwriteSchema", "true")
               .option("txnAppId", f"backlog-syphon-lease:{lease.lease_key}").option("txnVersion", lease.epoch))
     try:
         if _is_path(lease_table):

@@ -1,4 +1,5 @@
-"""The SDK's AMQP decoder, taught char and decimal32/64: proven on the SDK's own receive-path decoder."""
+"""What the syphon relies on inside the SDK: the pinned version's private attributes (``check_sdk``), and the
+AMQP decoder taught char and decimal32/64, proven on the SDK's own receive-path decoder."""
 
 import logging
 from decimal import Decimal
@@ -9,7 +10,7 @@ from azure.servicebus import ServiceBusReceivedMessage
 from azure.servicebus._pyamqp import _decode
 from azure.servicebus._pyamqp._decode import decode_payload
 
-from backlog_syphon.servicebus import decoder_patch
+from backlog_syphon.servicebus import sdk_internals
 from backlog_syphon.restore.amqp_codec import Array, Char, Decimal32, Decimal64, Decimal128, Described, Symbol
 from backlog_syphon.restore.amqp_message import DecodedMessage, MessageProperties
 
@@ -53,15 +54,15 @@ def sdk_table():
     """The SDK's decoder table as the SDK ships it (servicebus.clients patches it on import), restored after the test."""
     table = _decode._DECODE_BY_CONSTRUCTOR
     saved = list(table)
-    for code in decoder_patch._PATCHED:
-        table[code] = decoder_patch._EXPECTED_BEFORE[code]
+    for code in sdk_internals._PATCHED:
+        table[code] = sdk_internals._EXPECTED_BEFORE[code]
     yield table
     table[:] = saved
 
 
 @pytest.mark.parametrize("name", MESSAGES)
 def test_without_the_patch_the_sdk_cannot_decode_these_messages(sdk_table, name):
-    assert not decoder_patch.is_installed()
+    assert not sdk_internals.decoder_patch_installed()
     error, message = UNPATCHED_ERRORS.get(name, (TypeError, "'NoneType' object is not callable"))
     with pytest.raises(error, match=message):
         decode_payload(memoryview(MESSAGES[name].encode()))
@@ -70,13 +71,13 @@ def test_without_the_patch_the_sdk_cannot_decode_these_messages(sdk_table, name)
 def test_the_sdk_reads_the_legacy_decimal128_layout_itself(sdk_table):
     raw = DecodedMessage(body_kind="value", body=LEGACY_D128).encode()
     assert decode_payload(memoryview(raw)).value == Decimal("3.75")
-    decoder_patch.install()
+    sdk_internals.install_decoder_patch()
     assert decode_payload(memoryview(raw)).value == Decimal("3.75")
 
 
 @pytest.mark.parametrize("name", MESSAGES)
 def test_with_the_patch_the_sdk_decodes_char_and_decimals(sdk_table, name):
-    assert decoder_patch.install() is True
+    assert sdk_internals.install_decoder_patch() is True
     decoded = decode_payload(memoryview(MESSAGES[name].encode()))
     field, expected = EXPECTED[name]
     value = getattr(decoded, field)
@@ -93,7 +94,7 @@ def _types(value):
 
 
 def test_the_sdk_message_wrapper_reads_the_patched_values(sdk_table):
-    decoder_patch.install()
+    sdk_internals.install_decoder_patch()
     message = ServiceBusReceivedMessage.from_bytes(MESSAGES["application-properties"].encode())
     assert message.application_properties[b"char"] == "z"
     assert message.application_properties[b"d32"] == Decimal("1.5")
@@ -104,17 +105,17 @@ def test_the_sdk_message_wrapper_reads_the_patched_values(sdk_table):
 
 def test_install_is_idempotent_and_leaves_the_sdks_own_decoders_alone(sdk_table):
     before = list(sdk_table)
-    assert decoder_patch.install() and decoder_patch.install()
+    assert sdk_internals.install_decoder_patch() and sdk_internals.install_decoder_patch()
     changed = [index for index, (old, new) in enumerate(zip(before, sdk_table)) if old is not new]
     assert changed == [0x73, 0x74, 0x84, 0x94]
-    assert decoder_patch.is_installed()
+    assert sdk_internals.decoder_patch_installed()
 
 
 def test_install_refuses_another_sdk_version(sdk_table, monkeypatch, caplog):
     monkeypatch.setattr(azure.servicebus, "__version__", "7.99.0")
     before = list(sdk_table)
-    with caplog.at_level(logging.WARNING, logger="backlog_syphon.servicebus.decoder_patch"):
-        assert decoder_patch.install() is False
+    with caplog.at_level(logging.WARNING, logger="backlog_syphon.servicebus.sdk_internals"):
+        assert sdk_internals.install_decoder_patch() is False
     assert list(sdk_table) == before
     assert "azure-servicebus 7.99.0 is not the pinned 7.15.0" in caplog.text
 
@@ -122,13 +123,38 @@ def test_install_refuses_another_sdk_version(sdk_table, monkeypatch, caplog):
 def test_install_refuses_a_table_of_another_shape(sdk_table, caplog):
     sdk_table[0x73] = lambda buffer, depth=0: (buffer[4:], "already decoded by a newer SDK")
     before = list(sdk_table)
-    with caplog.at_level(logging.WARNING, logger="backlog_syphon.servicebus.decoder_patch"):
-        assert decoder_patch.install() is False
+    with caplog.at_level(logging.WARNING, logger="backlog_syphon.servicebus.sdk_internals"):
+        assert sdk_internals.install_decoder_patch() is False
     assert list(sdk_table) == before
     assert "not laid out as expected" in caplog.text
 
 
 def test_an_impossible_char_reads_as_the_replacement_character(sdk_table):
-    decoder_patch.install()
+    sdk_internals.install_decoder_patch()
     raw = b"\x00\x53\x77\x73\x00\x11\x00\x00"  # amqp-value: char U+110000
     assert decode_payload(memoryview(raw)).value == "\ufffd"
+
+
+# --- the pinned SDK and the private attributes the syphon uses ----------------------------------------
+
+def test_check_sdk_finds_nothing_wrong_with_the_installed_pinned_sdk():
+    assert azure.servicebus.__version__ == sdk_internals.PINNED_SDK_VERSION == "7.15.0"
+    assert sdk_internals.check_sdk() == []
+
+
+def test_check_sdk_names_a_private_attribute_that_is_gone(monkeypatch):
+    from azure.servicebus import ServiceBusReceiver
+    from azure.servicebus._common import constants
+
+    before = set(sdk_internals.check_sdk())
+    monkeypatch.delattr(ServiceBusReceiver, "_settle_message_via_mgmt_link")
+    monkeypatch.delattr(constants, "_BATCH_MESSAGE_OVERHEAD_COST")
+    assert set(sdk_internals.check_sdk()) - before == {
+        "ServiceBusReceiver._settle_message_via_mgmt_link is missing",
+        "azure.servicebus._common.constants._BATCH_MESSAGE_OVERHEAD_COST is missing",
+    }
+
+
+def test_check_sdk_names_another_version_first(monkeypatch):
+    monkeypatch.setattr(azure.servicebus, "__version__", "7.99.0")
+    assert sdk_internals.check_sdk()[0] == "azure-servicebus 7.99.0 is installed; the syphon is pinned to 7.15.0"

@@ -1,0 +1,277 @@
+"""Everything the syphon relies on inside azure-servicebus 7.15.0 that is not its public API, in one place.
+
+The SDK's public API cannot peek the stored bytes of a message, add already-encoded messages to a
+batch, take back receive credit, release (rather than abandon) a message, or settle many messages
+with one request; and its decoder cannot read every AMQP type legacy clients write. Each of those
+is one function here, and nothing else in the syphon touches a private attribute of the SDK. The
+pinned version is checked: ``check_sdk()`` says exactly what is missing on another version, and
+``tests/unit/test_sdk_internals.py`` fails loudly when the installed SDK is not the pinned one or
+lacks one of these attributes.
+
+The decoder patch
+-----------------
+Teach the azure-servicebus SDK's AMQP decoder the values it cannot read: char, decimal32/64, standard decimal128.
+
+The SDK decodes every received message with ``azure.servicebus._pyamqp._decode``, which looks a
+decoder up by constructor byte in the list ``_DECODE_BY_CONSTRUCTOR``. In 7.15.0:
+
+- the entries for char (0x73), decimal32 (0x74) and decimal64 (0x84) are empty, so a message with
+  one of them anywhere (an application property, the body, an array) fails with ``'NoneType'
+  object is not callable``. Legacy .NET clients send ``char`` values as a matter of course;
+- the decimal128 (0x94) decoder reads the exponent the way the legacy WindowsAzure.ServiceBus
+  client wrote it (shifted two bits off the IEEE 754 layout), so it reads those right, but a
+  standard decimal128 (IEEE 754-2008, binary integer decimal, as current AMQP libraries write it)
+  overflows and fails the whole message with ``Invalid AMQP decimal128 encoding``.
+
+A message the SDK cannot decode cannot be received, so the syphon could never settle it (its
+PeekLock purge of delivered backlog messages). :func:`install` fills the three empty entries and
+wraps the decimal128 decoder, following the SDK's convention ``(buffer: memoryview, depth=0) ->
+(remaining memoryview, value)``: char becomes a one-character ``str`` (the SDK hands strings over
+as ``bytes``, but a char is not a string; a value beyond U+10FFFF reads as U+FFFD); decimal32 and
+decimal64 become ``decimal.Decimal`` (binary integer decimal), as decimal128 already does; a
+decimal128 the SDK's own decoder refuses is read as a standard one. The syphon never forwards what
+the SDK decodes (it sends spliced raw bytes), so these values only need to be read without failing.
+
+Invariants:
+- Only the pinned SDK version is patched, and only when its table looks exactly as expected (the
+  three entries empty, decimal128 and the neighbours the SDK's own decoders). Otherwise
+  :func:`install` logs a warning and changes nothing: a different SDK may have fixed this itself
+  or changed its tables, and guessing would be worse than the original error.
+- :func:`install` is idempotent. Every value the SDK decoded before still decodes to the same thing.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue as queue_module
+import struct
+from decimal import Decimal
+
+import azure.servicebus
+from azure.servicebus import ServiceBusMessageBatch, ServiceBusReceiver, ServiceBusSender
+from azure.servicebus._common import constants as sdk_constants
+from azure.servicebus._pyamqp import _decode as sdk_decode
+from azure.servicebus._pyamqp.types import TYPE, VALUE, AMQPTypes
+
+from backlog_syphon.restore.amqp_codec import Decimal32, Decimal64, Decimal128
+
+logger = logging.getLogger(__name__)
+
+PINNED_SDK_VERSION = "7.15.0"
+
+# What each function below uses: (object, attribute). ``check_sdk`` looks every one of them up.
+REQUIRED_ATTRIBUTES = (
+    (ServiceBusReceiver, "_mgmt_request_response_with_retry"),
+    (ServiceBusReceiver, "_check_live"),
+    (ServiceBusReceiver, "_settle_message_via_mgmt_link"),
+    (ServiceBusReceiver, "_open_with_retry"),
+    (ServiceBusReceiver, "_open"),
+    (ServiceBusSender, "_open"),
+    (ServiceBusSender, "_open_with_retry"),
+    (ServiceBusMessageBatch, "_amqp_transport"),
+    (sdk_constants, "_BATCH_MESSAGE_OVERHEAD_COST"),
+    (sdk_constants, "REQUEST_RESPONSE_PEEK_OPERATION"),
+    (sdk_constants, "MGMT_REQUEST_FROM_SEQUENCE_NUMBER"),
+    (sdk_constants, "MGMT_REQUEST_MAX_MESSAGE_COUNT"),
+    (sdk_decode, "_DECODE_BY_CONSTRUCTOR"),
+    (sdk_decode, "_decode_decimal128"),
+)
+
+
+def check_sdk() -> list[str]:
+    """What is wrong with the installed SDK for this module: [] for the pinned version with every attribute."""
+    problems = []
+    if azure.servicebus.__version__ != PINNED_SDK_VERSION:
+        problems.append(f"azure-servicebus {azure.servicebus.__version__} is installed; the syphon is pinned to "
+                        f"{PINNED_SDK_VERSION}")
+    for owner, name in REQUIRED_ATTRIBUTES:
+        if not hasattr(owner, name):
+            problems.append(f"{getattr(owner, '__name__', owner)}.{name} is missing")
+    return problems
+
+
+# --- peeking stored bytes ----------------------------------------------------------------------
+
+def peek_stored_bytes(receiver, from_sequence_number: int, max_count: int, timeout: float | None = None) -> list[bytes]:
+    """The stored bytes of up to ``max_count`` messages with sequence number >= the given one.
+
+    The same management request as ``receiver.peek_messages``, but each message's raw encoding is
+    kept, so AMQP types (long vs int, described timespans, symbols) survive untouched.
+    """
+    request = {
+        sdk_constants.MGMT_REQUEST_FROM_SEQUENCE_NUMBER: {TYPE: AMQPTypes.long, VALUE: int(from_sequence_number)},
+        sdk_constants.MGMT_REQUEST_MAX_MESSAGE_COUNT: int(max_count),
+    }
+
+    def keep_raw(status_code, message, description, **_):
+        if status_code == 200:
+            return [bytes(m[b"message"]) for m in (message.value or {}).get(b"messages", [])]
+        if status_code in (202, 204):
+            return []
+        condition = message.application_properties.get(b"errorCondition")
+        receiver._amqp_transport.handle_amqp_mgmt_error(  # raises the SDK's mapped exception
+            logger, "Message peek failed.", condition, description, status_code)
+        return []
+
+    receiver._check_live()
+    return receiver._mgmt_request_response_with_retry(
+        sdk_constants.REQUEST_RESPONSE_PEEK_OPERATION, request, keep_raw, timeout=timeout)
+
+
+def entity_name(handler) -> str:
+    """The entity a sender or receiver was made for."""
+    return handler._entity_name
+
+
+# --- opening links -------------------------------------------------------------------------------
+
+def attach(handler) -> None:
+    """Attach a sender's or receiver's link now, without sending or receiving (a probe of access)."""
+    handler._open()
+
+
+def open_with_retry(handler) -> None:
+    """Open a handler the way its first operation would (with the SDK's retries)."""
+    handler._open_with_retry()
+
+
+# --- batches of already-encoded messages ---------------------------------------------------------
+
+def add_encoded_to_batch(batch: ServiceBusMessageBatch, encoded: bytes, *, message_id, session_id, partition_key,
+                         reserve_bytes: int) -> bool:
+    """Add an encoded AMQP message to a batch exactly as it is; False when it does not fit (with
+    ``reserve_bytes`` kept free). The same bookkeeping as ``ServiceBusMessageBatch.add_message``, without
+    the SDK's re-encoding, which cannot express every AMQP body."""
+    size = len(encoded)
+    overhead = sdk_constants._BATCH_MESSAGE_OVERHEAD_COST[0 if size < 256 else 1]
+    size_after = batch._size + size + overhead
+    if size_after + reserve_bytes > batch.max_size_in_bytes:
+        return False
+    batch._message[5].append(encoded)  # the envelope's Data sections
+    batch._size = size_after
+    batch._count += 1
+    if batch._count == 1:  # the envelope names its first message, as add_message does
+        batch._amqp_transport.set_batch_envelope_properties(batch._message, message_id, session_id, partition_key)
+    return True
+
+
+# --- receiving for the purge ---------------------------------------------------------------------
+
+def received_identity(message) -> tuple[int, int | None]:
+    """``(sequence number, enqueue time in ms)`` of a received message, from the broker's annotations as
+    they arrived (the public ``enqueued_time_utc`` goes through a float)."""
+    annotations = message.raw_amqp_message.annotations or {}
+    enqueued = annotations.get(b"x-opt-enqueued-time")
+    return message.sequence_number, None if enqueued is None else int(enqueued)
+
+
+def revoke_credit(receiver) -> None:
+    """Take back the receive credit the SDK leaves open, and release what it brought in.
+
+    azure-servicebus 7.15.0 leaves the unused credit of a receive call that returns early open, and
+    grants one credit more whenever a call uses up its credit before its batch is full; messages
+    that arrive on such credit are locked. This sets the credit to 0 (a drain) and releases what is
+    buffered (no delivery count). Transfers the broker sent before it saw the drain can still be on
+    their way: a later call on the same connection reads them first (the next receive call counts
+    them against its credit; the purge's closing peek is answered only after them, and the SDK
+    releases what arrives outside a receive call).
+    """
+    handler = getattr(receiver, "_handler", None)
+    link = getattr(handler, "_link", None)
+    if link is None or getattr(link, "_is_closed", True):
+        return
+    if link.current_link_credit > 0:
+        link.flow(link_credit=0, drain=True)
+    release_buffered(receiver)
+
+
+def release_buffered(receiver) -> None:
+    """Release every message the SDK holds in its buffer (received outside, or beyond, a receive call)."""
+    handler = receiver._handler
+    while True:
+        try:
+            frame, _ = handler._received_messages.get_nowait()
+        except queue_module.Empty:
+            return
+        handler.settle_messages(frame[1], frame[2], "released")
+        handler._received_messages.task_done()
+
+
+def release_message(receiver, message) -> None:
+    """Give a received message back without settling it: unlike abandon, its delivery count stays."""
+    receiver._handler.settle_messages(message._delivery_id, message._delivery_tag, "released")
+
+
+def complete_by_lock_tokens(receiver, lock_tokens: list) -> None:
+    """Complete many received messages with one management ``update-disposition`` request (the SDK's
+    own fallback form of settlement)."""
+    receiver._settle_message_via_mgmt_link("completed", lock_tokens)
+
+
+# --- the decoder patch ---------------------------------------------------------------------------
+
+CHAR, DECIMAL32, DECIMAL64, DECIMAL128 = 0x73, 0x74, 0x84, 0x94
+
+_U32 = struct.Struct(">I")
+_U64 = struct.Struct(">Q")
+
+
+def _decode_char(buffer: memoryview, _depth: int = 0) -> tuple[memoryview, str]:
+    code_point = _U32.unpack(buffer[:4])[0]
+    return buffer[4:], chr(code_point) if code_point <= 0x10FFFF else "\ufffd"
+
+
+def _decode_decimal32(buffer: memoryview, _depth: int = 0) -> tuple[memoryview, Decimal]:
+    return buffer[4:], Decimal32(_U32.unpack(buffer[:4])[0]).to_decimal()
+
+
+def _decode_decimal64(buffer: memoryview, _depth: int = 0) -> tuple[memoryview, Decimal]:
+    return buffer[8:], Decimal64(_U64.unpack(buffer[:8])[0]).to_decimal()
+
+
+def _decode_decimal128(buffer: memoryview, depth: int = 0) -> tuple[memoryview, Decimal]:
+    try:
+        return sdk_decode._decode_decimal128(buffer, depth)  # the legacy .NET layout, as the SDK reads it
+    except ValueError:
+        return buffer[16:], Decimal128(buffer[:16].tobytes()).to_decimal()
+
+
+_PATCHED = {CHAR: _decode_char, DECIMAL32: _decode_decimal32, DECIMAL64: _decode_decimal64,
+            DECIMAL128: _decode_decimal128}
+# The SDK's own decoders that must sit in these slots before patching (a check of the table's layout).
+_EXPECTED_BEFORE = {CHAR: None, DECIMAL32: None, DECIMAL64: None,
+                    DECIMAL128: getattr(sdk_decode, "_decode_decimal128", object()),
+                    0x72: getattr(sdk_decode, "_decode_float", object()),
+                    0x83: getattr(sdk_decode, "_decode_timestamp", object()),
+                    0x98: getattr(sdk_decode, "_decode_uuid", object())}
+
+
+def install_decoder_patch() -> bool:
+    """Patch the SDK's decoder table once per process; True if char and the decimals now decode."""
+    if decoder_patch_installed():
+        return True
+    version = azure.servicebus.__version__
+    table = getattr(sdk_decode, "_DECODE_BY_CONSTRUCTOR", None)
+    if version != PINNED_SDK_VERSION:
+        logger.warning("azure-servicebus %s is not the pinned %s: its AMQP decoder is left unpatched, so receiving "
+                       "messages with char, decimal32/64 or standard decimal128 values may fail",
+                       version, PINNED_SDK_VERSION)
+        return False
+    if not (_is_table(table) and all(table[code] is decoder for code, decoder in _EXPECTED_BEFORE.items())):
+        logger.warning("azure-servicebus %s's AMQP decoder table is not laid out as expected: left unpatched, so "
+                       "receiving messages with char, decimal32/64 or standard decimal128 values may fail", version)
+        return False
+    for code, decoder in _PATCHED.items():
+        table[code] = decoder
+    logger.info("azure-servicebus AMQP decoder taught char, decimal32, decimal64 and standard decimal128")
+    return True
+
+
+def decoder_patch_installed() -> bool:
+    """Whether the SDK's decoder table holds this module's decoders."""
+    table = getattr(sdk_decode, "_DECODE_BY_CONSTRUCTOR", None)
+    return _is_table(table) and all(table[code] is decoder for code, decoder in _PATCHED.items())
+
+
+def _is_table(table) -> bool:
+    return isinstance(table, list) and len(table) == 256

@@ -1,0 +1,243 @@
+"""One micro-batch as a state machine: recover -> exclude -> (fence -> send)* -> fence -> record -> purge.
+
+Pure: every step's I/O is a port (``BatchPorts`` for the batch's rows and the tables, ``LeasePort`` for
+the fence, ``PurgePort`` for the background purge), so every transition, crash point and failure
+is tested with fakes in milliseconds (``tests/unit/test_batch.py``); ``sink.foreach_batch`` wires the
+real ports (Spark, Delta, Service Bus).
+
+Transitions and what a crash at each leaves behind (the invariants the tests walk):
+- ``recover`` (first batch of a run): the tables say what is recorded and not yet settled; nothing
+  else is trusted from memory.
+- ``exclude``: rows that a recorded, unsettled span holds are dropped, by identity: a replayed batch
+  sends only what its earlier attempt did not record.
+- ``fence`` then ``send``, in rounds: each round gets a deadline before the lease could expire, so
+  the lease is extended between rounds (when Spark has slots free) and no task sends under a lease
+  that may have passed to another run. Crash points ``before_send``, ``mid_send`` (executors),
+  ``after_send``: a crash there re-sends, on replay, what was sent and not recorded (the duplicate
+  window; MessageIds are kept).
+- ``fence`` again: a batch whose lease was lost neither records nor purges.
+- ``record``: the audit append and the checkpoint write, together, idempotent per attempt. Also a
+  batch that failed to deliver some messages (a destination unavailable past the wait) records
+  what it delivered first, so its replay re-sends nothing that was delivered; then it fails.
+  Crash point ``after_record``: nothing is re-sent.
+- ``purge``: submitted in the background (settled within the batch over Spark Connect). A failed
+  purge round is logged and retried later; it never fails a batch.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Protocol, Sequence
+
+from backlog_syphon.errors import BatchFailedError, DestinationUnavailableError
+from backlog_syphon.model import CheckpointRow, DeadLetterOrder, Outcome, ReasonCode, RecordedSpan
+from backlog_syphon.servicebus.purge_plan import PurgePlan, PurgeResult
+from backlog_syphon.sink import bookkeeping
+from backlog_syphon.sink.delivery import RoundLimits
+
+logger = logging.getLogger(__name__)
+
+# Delta transaction versions: one range per batch, one version per attempt within it (an attempt's
+# version is the number of rows earlier attempts of the batch recorded), so a replay that records
+# what an earlier attempt left unsent is not skipped as a repeat.
+ATTEMPTS_PER_BATCH = 1 << 32
+MAX_ROUNDS = 1000  # a bound, never reached in practice: each round ends at most a lease's fraction later
+
+
+class Step(StrEnum):
+    RECOVER = "recover"
+    SEND = "send"
+    RECORD = "record"
+    PURGE = "purge"
+
+
+class CrashPoint(StrEnum):
+    """Where a test may stop the batch (``Hooks.reached``); ``mid_send`` is reached on the executors."""
+
+    BEFORE_SEND = "before_send"
+    MID_SEND = "mid_send"
+    AFTER_SEND = "after_send"
+    AFTER_RECORD = "after_record"
+
+
+@dataclass(frozen=True)
+class Recovery:
+    """What the tables say at a run's first batch."""
+
+    checkpoint: dict[str, CheckpointRow]
+    unsettled: tuple[RecordedSpan, ...]  # recorded, maybe not settled (verified before purging)
+    dead_letters: tuple[DeadLetterOrder, ...]
+    recorded_rows_of_batch: int  # rows (final or unsent) earlier attempts of this batch recorded
+
+
+@dataclass(frozen=True)
+class Unsent:
+    """Messages of one destination a round left unsent."""
+
+    count: int
+    reason_code: ReasonCode
+    reason: str
+    since: float  # when the destination started failing (epoch seconds)
+
+
+@dataclass(frozen=True)
+class BatchAggregate:
+    """Every row of the batch in its latest state, aggregated: what the driver works from."""
+
+    spans: tuple[RecordedSpan, ...] = ()
+    per_destination: dict[tuple[str, Outcome], int] = field(default_factory=dict)  # (destination, outcome) -> n
+    unsent: dict[str, Unsent] = field(default_factory=dict)
+
+    @property
+    def rows(self) -> int:
+        return sum(self.per_destination.values())
+
+    def total(self, outcome: Outcome) -> int:
+        return sum(n for (_, o), n in self.per_destination.items() if o == outcome)
+
+    @property
+    def final_unavailable(self) -> dict[str, Unsent]:
+        return {d: u for d, u in self.unsent.items() if u.reason_code != ReasonCode.ROUND_DEADLINE}
+
+
+class BatchPorts(Protocol):
+    def recover(self) -> Recovery:
+        """Read the tables: the checkpoint rows and what is recorded but maybe not settled."""
+
+    def exclude(self, spans: Sequence[RecordedSpan]) -> None:
+        """Drop the batch's rows that these spans hold (already recorded)."""
+
+    def send_round(self, limits: RoundLimits) -> BatchAggregate:
+        """Send what is pending (everything, then what the last round left unsent); aggregate every row."""
+
+    def dead_letters(self) -> list[DeadLetterOrder]:
+        """The batch's recorded dead-letter outcomes (asked for only when there are some)."""
+
+    def record(self, checkpoint: list[CheckpointRow], version: int) -> None:
+        """Append the final outcomes to the audit and rewrite the checkpoint table, idempotently on ``version``."""
+
+
+class LeasePort(Protocol):
+    def send_deadline(self) -> float:
+        """Extend the lease if due; raise ``LeaseLostError`` if it is not this run's; return until when
+        (epoch seconds) a task may send under it."""
+
+
+class PurgePort(Protocol):
+    def busy(self) -> bool: ...
+
+    def submit(self, plans: dict[str, PurgePlan]) -> None: ...
+
+    def finished(self) -> dict[str, PurgeResult]:
+        """Results of the rounds done so far (a failed queue comes back with nothing settled); never raises."""
+
+    def wait(self) -> dict[str, PurgeResult]: ...
+
+
+class Hooks(Protocol):
+    def reached(self, point: CrashPoint) -> None: ...
+
+
+class NoHooks:
+    def reached(self, point: CrashPoint) -> None:
+        pass
+
+
+@dataclass
+class SinkState:
+    """What the sink keeps between batches of a run (the tables' content, once read)."""
+
+    checkpoint: dict[str, CheckpointRow] | None = None
+    unpurged: dict[str, bookkeeping.Unpurged] = field(default_factory=dict)
+    marks_unrecorded: bool = False  # purge marks newer than the checkpoint table
+
+    def apply_purges(self, results: dict[str, PurgeResult], now: dt.datetime) -> None:
+        if not results or self.checkpoint is None:
+            return
+        self.unpurged = bookkeeping.after_purge(self.unpurged, results)
+        marked = bookkeeping.mark_purged(self.checkpoint, results, self.unpurged, now=now)
+        self.marks_unrecorded = self.marks_unrecorded or marked != self.checkpoint
+        self.checkpoint = marked
+
+
+@dataclass(frozen=True)
+class BatchReport:
+    batch_id: int
+    aggregate: BatchAggregate
+    replayed: int  # outcomes an earlier attempt of this batch recorded
+    rounds: int
+
+
+def run_batch(state: SinkState, ports: BatchPorts, lease: LeasePort, purges: PurgePort, *, batch_id: int,
+              run_id: str, now: dt.datetime, settle_now: bool = False, hooks: Hooks = NoHooks()) -> BatchReport:
+    """Run one micro-batch; raise ``BatchFailedError`` naming the step and the cause."""
+    step = Step.RECOVER
+    try:
+        recorded_before = 0
+        replayed = 0
+        if state.checkpoint is None:
+            recovery = ports.recover()
+            state.checkpoint = dict(recovery.checkpoint)
+            state.unpurged = bookkeeping.add_recorded({}, recovery.unsettled, recovery.dead_letters, verify=True)
+            recorded_before = recovery.recorded_rows_of_batch
+            replayed = sum(span.count for span in recovery.unsettled if span.batch_id == batch_id)
+        ports.exclude([span for pending in state.unpurged.values() for span in pending.spans])
+
+        step = Step.SEND
+        aggregate, rounds = BatchAggregate(), 0
+        unavailable_since: dict[str, float] = {}
+        while rounds < MAX_ROUNDS:
+            deadline = lease.send_deadline()
+            hooks.reached(CrashPoint.BEFORE_SEND)
+            aggregate = ports.send_round(RoundLimits(deadline, unavailable_since))
+            rounds += 1
+            if not aggregate.unsent or aggregate.final_unavailable:
+                break
+            unavailable_since = {d: u.since for d, u in aggregate.unsent.items()}
+            logger.info("batch_id=%s round %d ended at the lease's deadline with %d message(s) unsent; next round",
+                        batch_id, rounds, sum(u.count for u in aggregate.unsent.values()))
+        if not aggregate.rows and not replayed:
+            return BatchReport(batch_id, aggregate, 0, rounds)  # an empty batch: nothing to record
+        hooks.reached(CrashPoint.AFTER_SEND)
+        lease.send_deadline()  # a batch that lost its lease neither records nor purges
+
+        step = Step.RECORD
+        dead_letters = ports.dead_letters() if aggregate.total(Outcome.DEAD_LETTERED) else []
+        state.apply_purges(purges.finished(), now)
+        state.checkpoint = bookkeeping.advance_checkpoint(state.checkpoint, aggregate.spans, batch_id=batch_id,
+                                                          run_id=run_id, now=now)
+        ports.record(sorted(state.checkpoint.values(), key=lambda row: row.backlog_queue),
+                     batch_id * ATTEMPTS_PER_BATCH + min(recorded_before, ATTEMPTS_PER_BATCH - 1))
+        state.marks_unrecorded = False
+        state.unpurged = bookkeeping.add_recorded(state.unpurged, aggregate.spans, dead_letters)
+        hooks.reached(CrashPoint.AFTER_RECORD)
+        unavailable = aggregate.final_unavailable
+        if unavailable:
+            raise DestinationUnavailableError(
+                f"{sum(u.count for u in unavailable.values())} message(s) could not be sent: "
+                + "; ".join(u.reason for u in unavailable.values())
+                + ". What was delivered is recorded; the next run sends the rest")
+
+        step = Step.PURGE
+        if not purges.busy():
+            purges.submit(bookkeeping.purge_plans(state.unpurged))
+        if settle_now:
+            state.apply_purges(purges.wait(), now)
+        return BatchReport(batch_id, aggregate, replayed, rounds)
+    except BatchFailedError:
+        raise
+    except Exception as exc:
+        logger.error("batch_id=%s failed in step %s", batch_id, step, exc_info=True)
+        raise BatchFailedError(batch_id, step, exc) from exc
+
+
+def finish(state: SinkState, purges: PurgePort, now: dt.datetime) -> None:
+    """At the end of a run: wait for the purge in flight, then settle what is still left once more."""
+    state.apply_purges(purges.wait(), now)
+    plans = bookkeeping.purge_plans(state.unpurged)
+    if plans:
+        purges.submit(plans)
+        state.apply_purges(purges.wait(), now)
