@@ -209,3 +209,33 @@ class BatchStats:
     replayed: int  # outcomes recorded by an earlier, interrupted attempt of this batch
     send_seconds: float
     oldest_enqueued: dt.datetime | None  # oldest backlog enqueue time among the batch's messages
+
+
+# --- what the sink's delivery and the Service Bus senders exchange --------------------------------
+
+@dataclass(frozen=True)
+class Outgoing:
+    """A restored message ready to send: its AMQP bytes and what a batch envelope needs."""
+
+    encoded: bytes
+    message_id: str | None
+    session_id: str | None
+    partition_key: str | None
+
+
+@dataclass(frozen=True)
+class SendFailure:
+    """How a send error is handled: retried (transient) or final for the messages concerned."""
+
+    transient: bool
+    reason_code: ReasonCode
+    reason: str
+
+
+class PartialSendError(Exception):
+    """A send that stopped after ``sent`` messages of the group went out, because of ``cause``."""
+
+    def __init__(self, sent: int, cause: BaseException):
+        super().__init__(f"{sent} sent before {type(cause).__name__}")
+        self.sent = sent
+        self.cause = cause

@@ -1,4 +1,5 @@
-"""The delivery state machine with a fake sender: grouping, order, retries, waits and final failures."""
+"""The delivery state machine with a fake sender and a fake clock: grouping, order, retries, destinations
+taking turns, outages, round deadlines and final failures."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from backlog_syphon.config import SinkConfig
 from backlog_syphon.sink.delivery import (
     Outgoing,
     PartialSendError,
-    PrimaryUnreachableError,
+    RoundLimits,
     SendFailure,
     deliver_rows,
     send_groups,
@@ -31,28 +32,58 @@ class TooLarge(Exception):
     pass
 
 
+class QuotaExceeded(Exception):
+    pass
+
+
 def classify(exc, destination):
     if isinstance(exc, Missing):
         return SendFailure(False, ReasonCode.DESTINATION_NOT_FOUND, f"no '{destination}'")
     if isinstance(exc, TooLarge):
         return SendFailure(False, ReasonCode.MESSAGE_TOO_LARGE, "too large")
+    if isinstance(exc, QuotaExceeded):
+        return SendFailure(True, ReasonCode.QUOTA_EXCEEDED, f"destination '{destination}' is full")
     return SendFailure(True, ReasonCode.TRANSIENT, "busy")
 
 
-class FakeSender:
-    """Records what was sent; ``script`` is a list of per-call behaviours (None = send all)."""
+class FakeClock:
+    """Seconds since the epoch, moved only by ``sleep`` (and by the fake sender's sends)."""
 
-    def __init__(self, script=(), reachable=True):
-        self.script = list(script)
+    def __init__(self, now=1_000.0):
+        self.now = now
+        self.sleeps: list[float] = []
+
+    def __call__(self):
+        return self.now
+
+    def sleep(self, seconds):
+        self.sleeps.append(seconds)
+        self.now += seconds
+
+
+class FakeSender:
+    """Records what was sent; ``script`` is a list of per-call behaviours (None = send all).
+
+    ``script`` may also be a dict: per destination, its own list. ``down``: destinations that refuse
+    every send (transiently). Every send call takes ``send_seconds`` of the clock, if there is one.
+    """
+
+    def __init__(self, script=(), *, down=(), clock=None, send_seconds=0.0):
+        self.script = {d: list(steps) for d, steps in script.items()} if isinstance(script, dict) else list(script)
+        self.down = set(down)
+        self.clock, self.send_seconds = clock, send_seconds
         self.sent: list[tuple[str, str]] = []  # (destination, message id) in send order
-        self.calls = 0
+        self.calls: list[tuple[str, float | None]] = []  # (destination, when)
         self.resets: list[str] = []
-        self.waits = 0
-        self.reachable = reachable
 
     def send(self, destination, messages):
-        self.calls += 1
-        step = self.script.pop(0) if self.script else None
+        self.calls.append((destination, None if self.clock is None else self.clock()))
+        if self.clock is not None:
+            self.clock.now += self.send_seconds
+        if destination in self.down:
+            raise PartialSendError(0, Busy())
+        steps = self.script.get(destination, []) if isinstance(self.script, dict) else self.script
+        step = steps.pop(0) if steps else None
         if step is None:
             self.sent += [(destination, m.message_id) for m in messages]
             return len(messages)
@@ -62,10 +93,6 @@ class FakeSender:
 
     def reset(self, destination):
         self.resets.append(destination)
-
-    def wait_until_reachable(self, destination, max_wait_seconds):
-        self.waits += 1
-        return self.reachable
 
 
 def row(seq, destination="orders", session=None, action=Action.DELIVER, queue="q0", reason_code=None):
@@ -78,9 +105,14 @@ def build(r):
     return Outgoing(r["raw_message"], r["message_id"], r["session_id"], None)
 
 
-def run(rows, sender, builder=build, sleeps=None):
-    sleeps = [] if sleeps is None else sleeps
-    return list(deliver_rows(rows, build=builder, sender=sender, classify=classify, sink=SINK, sleep=sleeps.append))
+def run(rows, sender, builder=build, clock=None, limits=RoundLimits(), sink=SINK):
+    clock = FakeClock() if clock is None else clock
+    return list(deliver_rows(rows, build=builder, sender=sender, classify=classify, sink=sink, limits=limits,
+                             clock=clock, sleep=clock.sleep))
+
+
+def outcomes(results):
+    return [(r.row["sequence_number"], r.outcome, r.reason_code) for r in results]
 
 
 def test_groups_keep_sequence_order_per_destination_and_session():
@@ -119,22 +151,98 @@ def test_a_message_that_cannot_be_built_is_dead_lettered_and_the_rest_goes_on():
 
 def test_transient_failures_resume_where_the_send_stopped_with_backoff():
     sender = FakeSender(script=[(2, Busy()), (0, Busy()), None])
-    sleeps = []
-    results = run([row(seq) for seq in range(1, 6)], sender, sleeps=sleeps)
+    clock = FakeClock()
+    results = run([row(seq) for seq in range(1, 6)], sender, clock=clock)
     assert sender.sent == [("orders", f"m{seq}") for seq in range(1, 6)]  # each once, in order
     assert [r.attempts for r in results] == [1, 1, 3, 3, 3]
-    assert sleeps == [1.0, 2.0] and sender.resets == ["orders", "orders"] and sender.waits == 0
+    assert clock.sleeps == [1.0, 2.0] and sender.resets == ["orders", "orders"]
 
 
-def test_persistent_failure_waits_for_the_primary_then_goes_on_or_fails_the_batch():
-    sender = FakeSender(script=[(0, Busy())] * 3 + [None])
-    results = run([row(1)], sender)
-    assert sender.waits == 1 and results[0].outcome == Outcome.DELIVERED and results[0].attempts == 4
+def test_a_failing_destination_is_retried_with_capped_backoff_until_it_takes_the_messages():
+    sender = FakeSender(script=[(0, Busy())] * 4 + [None])
+    clock = FakeClock()
+    results = run([row(1), row(2)], sender, clock=clock)
+    assert outcomes(results) == [(1, Outcome.DELIVERED, None), (2, Outcome.DELIVERED, None)]
+    assert [r.attempts for r in results] == [5, 5]
+    assert clock.sleeps == [1.0, 2.0, 2.0, 2.0]  # doubling from 1 s, at most 2 s
+    assert sender.sent == [("orders", "m1"), ("orders", "m2")]
 
-    down = FakeSender(script=[(0, Busy())] * 3, reachable=False)
-    with pytest.raises(PrimaryUnreachableError, match="stayed unreachable for 60 s while sending to 'orders'"):
-        run([row(1)], down)
-    assert down.sent == []
+
+def test_quota_exceeded_is_waited_out_and_each_message_is_delivered_once_in_order():
+    sender = FakeSender(script=[(1, QuotaExceeded()), (0, QuotaExceeded()), None])
+    clock = FakeClock()
+    results = run([row(seq) for seq in range(1, 5)], sender, clock=clock)
+    assert sender.sent == [("orders", f"m{seq}") for seq in range(1, 5)]
+    assert outcomes(results) == [(seq, Outcome.DELIVERED, None) for seq in range(1, 5)]
+    assert clock.sleeps == [1.0, 2.0]
+
+
+def test_a_refusing_destination_does_not_hold_the_others_and_its_messages_are_left_unsent():
+    # a and b interleaved in one backlog queue, a in two sessions; a refuses everything.
+    rows = [row(1, "a", "s1"), row(2, "b"), row(3, "a", "s2"), row(4, "b"), row(5, "a", "s1"), row(6, "b", "s9")]
+    clock = FakeClock(now=1_000.0)
+    sender = FakeSender(down={"a"}, clock=clock, send_seconds=0.5)
+    results = run(rows, sender, clock=clock)
+
+    assert sender.sent == [("b", "m2"), ("b", "m4"), ("b", "m6")]  # b goes on while a is retried
+    assert sender.calls[0] == ("a", 1_000.0)  # a's first try came first, in backlog order
+    assert [t for d, t in sender.calls if d == "b"] == [1_000.5, 1_001.5]  # b between a's retries, not after
+    by_seq = {r.row["sequence_number"]: r for r in results}
+    assert [(seq, by_seq[seq].outcome) for seq in (2, 4, 6)] == [(2, Outcome.DELIVERED), (4, Outcome.DELIVERED),
+                                                                  (6, Outcome.DELIVERED)]
+    unsent = [r for r in results if r.outcome == Outcome.UNSENT]
+    assert [r.row["sequence_number"] for r in unsent] == [1, 5, 3]  # a's groups in order, nothing of a sent
+    assert {r.reason_code for r in unsent} == {ReasonCode.DESTINATION_UNAVAILABLE}
+    assert unsent[0].reason == ("destination 'a' stayed unavailable for 60 s (busy); nothing was lost: its "
+                                "messages stay in the backlog for the next run")
+    assert {r.at for r in unsent} == {1_000.0}  # failing since its first try
+    assert clock.now - 1_000.0 >= 60.0  # it gave up only after the outage wait
+    first_try, last_try = sender.calls[0][1], [t for d, t in sender.calls if d == "a"][-1]
+    assert last_try - first_try >= 60.0
+    assert len(sender.sent) == len(set(sender.sent))
+
+
+def test_a_destination_failing_since_an_earlier_round_gives_up_when_the_wait_is_over():
+    clock = FakeClock(now=1_000.0)
+    sender = FakeSender(down={"a"}, clock=clock)
+    limits = RoundLimits(unavailable_since={"a": 950.0})  # failing for 50 s already
+    results = run([row(1, "a"), row(2, "a")], sender, clock=clock, limits=limits)
+    assert outcomes(results) == [(1, Outcome.UNSENT, ReasonCode.DESTINATION_UNAVAILABLE),
+                                 (2, Outcome.UNSENT, ReasonCode.DESTINATION_UNAVAILABLE)]
+    assert [r.at for r in results] == [950.0, 950.0]
+    assert clock.now - 950.0 >= 60.0 and clock.now - 1_000.0 < 60.0  # only the rest of the wait
+
+
+def test_nothing_is_sent_at_or_after_the_rounds_deadline():
+    # one send per session; each takes 1 s; the deadline falls after the third
+    rows = [row(seq, "orders", f"s{seq}") for seq in range(1, 7)]
+    clock = FakeClock(now=1_000.0)
+    sender = FakeSender(clock=clock, send_seconds=1.0)
+    results = run(rows, sender, clock=clock, limits=RoundLimits(deadline=1_003.0))
+    assert sender.sent == [("orders", "m1"), ("orders", "m2"), ("orders", "m3")]
+    assert all(t < 1_003.0 for _, t in sender.calls)
+    assert outcomes(results) == [(1, Outcome.DELIVERED, None), (2, Outcome.DELIVERED, None),
+                                 (3, Outcome.DELIVERED, None)] + [
+        (seq, Outcome.UNSENT, ReasonCode.ROUND_DEADLINE) for seq in (4, 5, 6)]
+    assert {r.at for r in results[3:]} == {1_003.0}
+
+
+def test_a_round_deadline_cuts_a_backoff_short_and_leaves_the_failing_destination_unsent():
+    clock = FakeClock(now=1_000.0)
+    sender = FakeSender(down={"a"}, clock=clock)
+    results = run([row(1, "a"), row(2, "b")], sender, clock=clock, limits=RoundLimits(deadline=1_001.5))
+    assert outcomes(results) == [(2, Outcome.DELIVERED, None), (1, Outcome.UNSENT, ReasonCode.ROUND_DEADLINE)]
+    assert results[1].at == 1_000.0  # a has been failing since its first try
+    assert clock.sleeps == [1.0, 0.5]  # the second wait ends at the deadline, not at the next try
+    assert sender.sent == [("b", "m2")]
+
+
+def test_an_expired_round_sends_nothing():
+    sender = FakeSender()
+    results = run([row(1), row(2, "b")], sender, clock=FakeClock(now=2_000.0), limits=RoundLimits(deadline=2_000.0))
+    assert outcomes(results) == [(1, Outcome.UNSENT, ReasonCode.ROUND_DEADLINE),
+                                 (2, Outcome.UNSENT, ReasonCode.ROUND_DEADLINE)]
+    assert sender.calls == []
 
 
 def test_final_failures_dead_letter_what_they_concern():
@@ -149,3 +257,16 @@ def test_final_failures_dead_letter_what_they_concern():
     assert [(r.row["sequence_number"], r.outcome) for r in results] == [
         (1, Outcome.DELIVERED), (2, Outcome.DEAD_LETTERED), (3, Outcome.DELIVERED)]
     assert too_large.sent == [("orders", "m1"), ("orders", "m3")]
+
+
+def test_after_a_partial_send_nothing_more_of_that_destination_goes_and_the_rest_stays_in_order():
+    rows = [row(1, "a"), row(2, "b"), row(3, "a"), row(4, "b"), row(5, "a")]
+    clock = FakeClock(now=1_000.0)
+    sender = FakeSender({"a": [(1, Busy())] + [(0, Busy())] * 100}, clock=clock, send_seconds=0.25)
+    results = run(rows, sender, clock=clock)
+    assert sender.sent == [("a", "m1"), ("b", "m2"), ("b", "m4")]
+    assert outcomes(results) == [(1, Outcome.DELIVERED, None), (2, Outcome.DELIVERED, None),
+                                 (4, Outcome.DELIVERED, None),
+                                 (3, Outcome.UNSENT, ReasonCode.DESTINATION_UNAVAILABLE),
+                                 (5, Outcome.UNSENT, ReasonCode.DESTINATION_UNAVAILABLE)]
+    assert results[3].at == 1_000.0  # failing since the send that stopped after m1

@@ -1,15 +1,19 @@
-"""Window planning with single-message probes, budgets and idle back-off."""
+"""Window planning with single-message probes, budgets, idle back-off, recreated and missing queues."""
 
 import bisect
+import logging
 
 import pytest
 
+from backlog_syphon.errors import BacklogQueueMissingError
 from backlog_syphon.source.planning import (
     ALL_AVAILABLE_BUDGET,
     IdleBackoff,
+    QueueOffset,
     WindowPlanner,
     normalise_offsets,
     plan_windows,
+    position,
     share_budget,
     tail_end,
     window_end,
@@ -17,18 +21,33 @@ from backlog_syphon.source.planning import (
 )
 
 
-def probe_over(sequence_numbers):
-    """A probe over a queue holding these sequence numbers, counting its calls."""
-    ordered = sorted(sequence_numbers)
+def probe_over(sequence_numbers, enqueued_ms=lambda seq: 10 * seq):
+    """A probe over a queue holding these sequence numbers (message n entered at ``enqueued_ms(n)``),
+    counting its calls. Accepts (sequence number, enqueue time) pairs as well."""
+    identities = sorted(item if isinstance(item, tuple) else (item, enqueued_ms(item)) for item in sequence_numbers)
+    ordered = [seq for seq, _ in identities]
     calls = []
 
     def probe(x):
         calls.append(x)
         index = bisect.bisect_left(ordered, x)
-        return ordered[index] if index < len(ordered) else None
+        return identities[index] if index < len(identities) else None
 
     probe.calls = calls
     return probe
+
+
+def missing_probe(x):
+    raise BacklogQueueMissingError("no such queue")
+
+
+def offset(next_, incarnation=1, seen_ms=None):
+    return {"incarnation": incarnation, "next": next_, "seen_ms": seen_ms}
+
+
+def nexts(offsets):
+    """Each queue's next sequence number, whatever the offset's format."""
+    return {queue: position(value) for queue, value in offsets.items()}
 
 
 def test_empty_queue_keeps_the_offset():
@@ -94,6 +113,29 @@ def test_idle_backoff_costs_about_thirty_probes_an_hour():
 
 def test_offsets_are_serialised_in_a_stable_order():
     assert list(normalise_offsets({"b": 2, "a": 1})) == ["a", "b"]
+    assert normalise_offsets({"b": 2, "a": QueueOffset(3, 7, 70)}) == {"a": offset(7, 3, 70), "b": offset(2)}
+
+
+def test_offsets_of_older_versions_read_as_the_first_incarnation():
+    assert QueueOffset.parse(151) == QueueOffset(incarnation=1, next=151, seen_ms=None)
+    assert QueueOffset.parse("151") == QueueOffset(1, 151, None)
+    assert QueueOffset.parse(offset(20, 2, 5_000)) == QueueOffset(2, 20, 5_000)
+    assert QueueOffset.parse({"next": 4}) == QueueOffset(1, 4, None)
+    assert QueueOffset(2, 20, 5_000).to_json() == offset(20, 2, 5_000)
+    assert (position(151), position(offset(20, 2, 5_000))) == (151, 20)
+
+
+@pytest.mark.parametrize("head, recreated", [
+    ((1, 5_000), True),  # numbered from the start again, enqueued after everything seen
+    ((120, 900), False),  # an older message still there (left unsent, say): the same queue
+    ((151, 5_000), False),  # at the offset: the same queue going on
+    ((1, 1_000), False),  # enqueued no later than what was seen
+    ((1, None), False),
+    (None, False),  # empty
+])
+def test_a_queue_is_recreated_when_its_head_is_below_the_offset_and_newer_than_all_seen(head, recreated):
+    assert QueueOffset(1, 151, 1_000).recreated(head) is recreated
+    assert QueueOffset(1, 151, None).recreated(head) is False  # nothing seen yet: no evidence
 
 
 
@@ -101,21 +143,24 @@ def test_plan_windows_shares_the_budget_over_due_queues_and_backs_off_idle_ones(
     probes = {"q0": probe_over(range(1, 101)), "q1": probe_over([5, 6, 7]), "q2": probe_over([])}
     backoff = IdleBackoff(min_seconds=1, max_seconds=8)
     plan = plan_windows({"q0": 1, "q1": 5}, ["q0", "q1", "q2"], 30, probes.__getitem__, backoff=backoff, now=0.0)
-    assert plan.end == {"q0": 11, "q1": 8, "q2": 0}  # 10 each; q1 holds only 3; q2 is empty
+    assert nexts(plan.end) == {"q0": 11, "q1": 8, "q2": 0}  # 10 each; q1 holds only 3; q2 is empty
+    assert plan.end["q2"] == offset(0)
     assert list(plan.end) == sorted(plan.end)  # stable key order: Spark compares offsets as text
     assert plan.tails == {"q0": 101, "q1": 8, "q2": 0}
+    assert plan.restarted == ()
     assert not backoff.due("q2", 0.5) and backoff.due("q0", 0.5)
 
     again = plan_windows(plan.end, ["q0", "q1", "q2"], 30, probes.__getitem__, backoff=backoff, now=0.5)
-    assert again.end == {"q0": 26, "q1": 8, "q2": 0} and "q2" not in again.tails  # q2 not probed while backing off
+    assert nexts(again.end) == {"q0": 26, "q1": 8, "q2": 0} and "q2" not in again.tails  # q2 backs off
 
 
 def test_plan_windows_of_an_available_now_run_stop_at_the_target():
     probes = {"q0": probe_over(range(1, 101)), "q1": probe_over(range(1, 11))}
     plan = plan_windows({"q0": 1, "q1": 11}, ["q0", "q1"], 1000, probes.__getitem__, backoff=IdleBackoff(),
                         now=0.0, target={"q0": 51, "q1": 11})
-    assert plan.end == {"q0": 51, "q1": 11}
-    assert probes["q1"].calls == []  # already at its target: not looked at
+    assert nexts(plan.end) == {"q0": 51, "q1": 11}
+    # already at its target: looked at only to see whether it was recreated (its head), and where its tail is
+    assert probes["q1"].calls == [1, 11]
 
 
 # --- the stream reader's planner, over fake queues ----------------------------------------------
@@ -131,17 +176,20 @@ def planner_over(contents: dict, **settings) -> WindowPlanner:
 
 def test_planner_starts_at_zero_and_plans_from_its_last_end_when_spark_gives_no_start():
     planner = planner_over({QUEUES[0]: range(1, 31), QUEUES[1]: range(1, 4)})
-    assert planner.initial_offset(QUEUES) == {QUEUES[0]: 0, QUEUES[1]: 0}
+    assert planner.initial_offset(QUEUES) == {QUEUES[0]: offset(0), QUEUES[1]: offset(0)}
     first = planner.latest_offset(None, QUEUES, 10, now=0.0)
-    assert first == {QUEUES[0]: 6, QUEUES[1]: 4}  # the budget shared: 5 each, of which queue 1 holds 3
-    assert planner.latest_offset(None, QUEUES, 10, now=1.0) == {QUEUES[0]: 11, QUEUES[1]: 4}
+    # the budget shared: 5 each, of which queue 1 holds 3; the newest enqueue time probed is remembered
+    # (for queue 0 its tail's, 30, found past the window for the progress reports)
+    assert first == {QUEUES[0]: offset(6, seen_ms=300), QUEUES[1]: offset(4, seen_ms=30)}
+    assert nexts(planner.latest_offset(None, QUEUES, 10, now=1.0)) == {QUEUES[0]: 11, QUEUES[1]: 4}
     assert planner.reported_latest() == {QUEUES[0]: 31, QUEUES[1]: 4}  # tails as last probed
 
 
 def test_planner_plans_nothing_new_once_a_stop_is_requested():
     planner = planner_over({QUEUES[0]: range(1, 31), QUEUES[1]: []})
     start = {QUEUES[0]: 5, QUEUES[1]: 0}
-    assert planner.latest_offset(start, QUEUES, 10, now=0.0, stopping=True) == start
+    assert planner.latest_offset(start, QUEUES, 10, now=0.0, stopping=True) == {QUEUES[0]: offset(5),
+                                                                                QUEUES[1]: offset(0)}
     assert planner.reported_latest() is None  # nothing was probed
 
 
@@ -149,7 +197,7 @@ def test_planner_available_now_target_bounds_every_batch():
     planner = planner_over({QUEUES[0]: range(1, 26), QUEUES[1]: range(1, 6)}, available_now=True)
     assert planner.prepare_available_now(QUEUES) == {QUEUES[0]: 26, QUEUES[1]: 6}
     end = planner.latest_offset({QUEUES[0]: 0, QUEUES[1]: 0}, QUEUES, 1000, now=0.0)
-    assert end == {QUEUES[0]: 26, QUEUES[1]: 6}
+    assert nexts(end) == {QUEUES[0]: 26, QUEUES[1]: 6}
     assert planner.latest_offset(end, QUEUES, 1000, now=1.0) == end  # nothing beyond the target
 
 
@@ -164,3 +212,84 @@ def test_planner_budget_follows_sparks_read_limit():
 
 def test_windows_are_the_queues_that_moved():
     assert windows({"a": 3, "b": 7}, {"a": 9, "b": 7, "c": 2}) == [("a", 3, 9), ("c", 0, 2)]
+    assert windows({"a": offset(3, seen_ms=30)}, {"a": offset(9, seen_ms=90), "b": offset(0)}) == [("a", 3, 9)]
+
+
+def test_windows_of_a_queue_in_a_new_incarnation_start_at_its_beginning():
+    start = {"a": offset(151, 1, 1_000), "b": offset(40, 1, 400)}
+    end = {"a": offset(20, 2, 5_200), "b": offset(45, 1, 450)}
+    assert windows(start, end) == [("a", 0, 20), ("b", 40, 45)]
+    assert windows({"a": 151}, {"a": offset(20, 2, 5_200)}) == [("a", 0, 20)]  # an old offset: incarnation 1
+    assert windows(start, {"a": offset(0, 2)}) == []  # recreated but still empty
+
+
+# --- recreated and missing queues -------------------------------------------------------------------
+
+def test_a_recreated_queue_is_read_from_its_start_in_a_new_incarnation(caplog):
+    # Read up to 150 (newest seen enqueued at 1000); the queue was deleted and created again since.
+    recreated = probe_over([(1, 5_000), (2, 5_010), (3, 5_020)])
+    with caplog.at_level(logging.WARNING, logger="backlog_syphon.source.planning"):
+        plan = plan_windows({"q0": offset(151, 1, 1_000)}, ["q0"], 100, {"q0": recreated}.__getitem__,
+                            backoff=IdleBackoff(), now=0.0)
+    assert plan.restarted == ("q0",)
+    assert plan.end == {"q0": offset(4, 2, 5_020)}
+    assert plan.tails == {"q0": 4}
+    assert windows({"q0": offset(151, 1, 1_000)}, plan.end) == [("q0", 0, 4)]
+    assert "backlog=q0 was recreated" in caplog.text and "incarnation 2" in caplog.text
+
+
+def test_an_older_message_still_at_the_head_is_not_a_recreation():
+    # 120 was left unsent (it is still there), enqueued before the newest message seen: the same queue.
+    same = probe_over([(120, 900), (151, 1_510), (152, 1_520)])
+    plan = plan_windows({"q0": offset(151, 1, 1_000)}, ["q0"], 100, {"q0": same}.__getitem__,
+                        backoff=IdleBackoff(), now=0.0)
+    assert plan.restarted == ()
+    assert plan.end == {"q0": offset(153, 1, 1_520)}
+    assert windows({"q0": offset(151, 1, 1_000)}, plan.end) == [("q0", 151, 153)]
+
+
+def test_the_planner_drains_a_queue_recreated_during_an_available_now_run():
+    queues = {"q0": probe_over(range(1, 11))}
+    planner = WindowPlanner(lambda queue: queues[queue], max_messages=100, available_now=True,
+                            idle_probe_max_seconds=900.0)
+    assert planner.prepare_available_now(["q0"]) == {"q0": 11}
+    end = planner.latest_offset(None, ["q0"], 100, now=0.0)
+    assert end == {"q0": offset(11, 1, 100)}
+    queues["q0"] = probe_over([(1, 5_000), (2, 5_010)])  # deleted and created again, with two messages
+    again = planner.latest_offset(end, ["q0"], 100, now=1.0)
+    assert again == {"q0": offset(3, 2, 5_010)}
+    assert planner.target == {"q0": 3}
+    assert planner.latest_offset(again, ["q0"], 100, now=2.0) == again  # and nothing beyond it
+
+
+def test_a_missing_queue_is_skipped_and_warned_about_once_while_the_others_are_planned(caplog):
+    probes = {"q0": probe_over(range(1, 21)), "gone": missing_probe}
+    missing = set()
+    backoff = IdleBackoff(min_seconds=1, max_seconds=1)
+    with caplog.at_level(logging.WARNING, logger="backlog_syphon.source.planning"):
+        first = plan_windows({"gone": 5}, ["q0", "gone"], 10, probes.__getitem__, backoff=backoff, now=0.0,
+                             missing=missing)
+        second = plan_windows(first.end, ["q0", "gone"], 10, probes.__getitem__, backoff=backoff, now=10.0,
+                              missing=missing)
+    assert nexts(first.end) == {"gone": 5, "q0": 6} and nexts(second.end) == {"gone": 5, "q0": 11}
+    assert "gone" not in first.tails and "gone" not in second.tails
+    assert missing == {"gone"}
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert warnings == ["backlog=gone does not exist: skipped (the other backlog queues drain); it is read as soon "
+                        "as it exists"]
+
+    probes["gone"] = probe_over([5, 6])  # created at last
+    third = plan_windows(second.end, ["q0", "gone"], 10, probes.__getitem__, backoff=backoff, now=20.0,
+                         missing=missing)
+    assert nexts(third.end) == {"gone": 7, "q0": 16} and missing == set()
+
+
+def test_the_planner_skips_a_missing_queue_in_an_available_now_run(caplog):
+    probes = {QUEUES[0]: probe_over(range(1, 6)), QUEUES[1]: missing_probe}
+    planner = WindowPlanner(probes.__getitem__, max_messages=10, available_now=True, idle_probe_max_seconds=900.0)
+    with caplog.at_level(logging.WARNING, logger="backlog_syphon.source.planning"):
+        assert planner.prepare_available_now(QUEUES) == {QUEUES[0]: 6, QUEUES[1]: 0}
+        end = planner.latest_offset(None, QUEUES, 10, now=0.0)
+    assert nexts(end) == {QUEUES[0]: 6, QUEUES[1]: 0}
+    assert planner.missing == {QUEUES[1]}
+    assert sum("does not exist" in r.getMessage() for r in caplog.records) == 1

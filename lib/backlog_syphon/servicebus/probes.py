@@ -30,7 +30,7 @@ from backlog_syphon.servicebus.clients import ServiceBusAccessError, open_client
 from backlog_syphon.servicebus.peek import peek_raw
 from backlog_syphon.servicebus.sdk_internals import attach
 from backlog_syphon.servicebus.send import classify_send_error
-from backlog_syphon.sink.delivery import SendFailure
+from backlog_syphon.model import SendFailure
 
 logger = logging.getLogger(__name__)
 

@@ -22,10 +22,9 @@ from azure.servicebus.exceptions import (
 )
 
 from backlog_syphon.config import NamespaceConfig
-from backlog_syphon.model import ReasonCode
 from backlog_syphon.servicebus.clients import discard_sender, open_in_parallel, pooled_sender
 from backlog_syphon.servicebus.sdk_internals import add_encoded_to_batch
-from backlog_syphon.sink.delivery import Outgoing, PartialSendError, SendFailure
+from backlog_syphon.model import Outgoing, PartialSendError, ReasonCode, SendFailure
 
 logger = logging.getLogger(__name__)
 

@@ -196,7 +196,9 @@ def run_batch(state: SinkState, ports: BatchPorts, lease: LeasePort, purges: Pur
             rounds += 1
             if not aggregate.unsent or aggregate.final_unavailable:
                 break
-            unavailable_since = {d: u.since for d, u in aggregate.unsent.items()}
+            # Only destinations that were failing before the deadline carry their outage on; one merely
+            # cut off by the deadline (its unsent rows are stamped at or after it) starts afresh.
+            unavailable_since = {d: u.since for d, u in aggregate.unsent.items() if u.since < deadline}
             logger.info("batch_id=%s round %d ended at the lease's deadline with %d message(s) unsent; next round",
                         batch_id, rounds, sum(u.count for u in aggregate.unsent.values()))
         if not aggregate.rows and not replayed:

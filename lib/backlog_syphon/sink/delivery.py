@@ -28,39 +28,11 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Iterator, Mapping, Protocol, Sequence
 
 from backlog_syphon.config import SinkConfig
-from backlog_syphon.model import Action, Outcome, ReasonCode
+from backlog_syphon.model import Action, Outcome, Outgoing, PartialSendError, ReasonCode, SendFailure
 
 logger = logging.getLogger(__name__)
 
 Row = Mapping[str, Any]  # a classified backlog row (``restore.rows`` columns + the restore rules')
-
-
-@dataclass(frozen=True)
-class Outgoing:
-    """A restored message ready to send: its AMQP bytes and what a batch envelope needs."""
-
-    encoded: bytes
-    message_id: str | None
-    session_id: str | None
-    partition_key: str | None
-
-
-@dataclass(frozen=True)
-class SendFailure:
-    """How a send error is handled: retried (transient) or final for the messages concerned."""
-
-    transient: bool
-    reason_code: ReasonCode
-    reason: str
-
-
-class PartialSendError(Exception):
-    """A send that stopped after ``sent`` messages of the group went out, because of ``cause``."""
-
-    def __init__(self, sent: int, cause: BaseException):
-        super().__init__(f"{sent} sent before {type(cause).__name__}")
-        self.sent = sent
-        self.cause = cause
 
 
 class Sender(Protocol):

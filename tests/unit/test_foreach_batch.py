@@ -1,0 +1,128 @@
+"""The sink's Spark side: the aggregate of a batch's outcomes (``combine_groups``, pure), the Delta
+transaction app id, and what a run's first batch recovers from the tables (on small in-memory frames)."""
+
+import datetime as dt
+from types import SimpleNamespace
+
+import pytest
+
+from backlog_syphon.model import CheckpointRow, Outcome, ReasonCode, RecordedSpan
+from backlog_syphon.sink.batch import BatchAggregate, Recovery, Unsent
+from backlog_syphon.sink.foreach_batch import NO_DESTINATION, SparkBatch, checkpoint_app_id, combine_groups
+
+T0 = 1_700_000_000_000
+Q0, Q1 = "contoso/x-servicebus-transfer/0", "contoso/x-servicebus-transfer/1"
+
+
+def test_the_transaction_app_id_is_one_per_streaming_checkpoint_and_query():
+    app_id = checkpoint_app_id("/state/checkpoint", "query-1")
+    assert app_id == checkpoint_app_id("/state/checkpoint", "query-1")
+    assert app_id.startswith("backlog-syphon-") and len(app_id) == len("backlog-syphon-") + 16
+    assert app_id != checkpoint_app_id("/state/checkpoint", "query-2")  # the checkpoint made again at the same path
+    assert app_id != checkpoint_app_id("/state/other", "query-1")
+    assert checkpoint_app_id("/state/checkpoint", None) == checkpoint_app_id("/state/checkpoint", "")
+
+
+def group(queue, island, destination, outcome, first, last, n, *, reason_code=None, reason=None, since=0,
+          run_id="r1", batch_id=4):
+    return {"run_id": run_id, "batch_id": batch_id, "backlog_queue": queue, "island": island,
+            "destination": destination, "outcome": outcome, "reason_code": reason_code, "first": first, "last": last,
+            "enqueued_from": T0 + 10 * first, "enqueued_to": T0 + 10 * last, "n": n, "reason": reason,
+            "since": since}
+
+
+def test_final_outcomes_make_one_span_per_island_and_unsent_ones_are_counted_per_destination():
+    groups = [
+        group(Q0, 0, "orders", "delivered", 1, 3, 2),
+        group(Q0, 0, None, "dead_lettered", 2, 2, 1, reason_code="missing_path", reason="no x-ms-path"),
+        group(Q0, 1, "payments", "unsent", 4, 4, 1, reason_code="destination_unavailable", reason="down",
+              since=1_800_000_000_000),
+        group(Q0, 1, "orders", "delivered", 5, 6, 2),
+        group(Q0, 2, "payments", "unsent", 7, 7, 1, reason_code="destination_unavailable", reason="down",
+              since=1_800_000_005_000),
+        group(Q1, 0, "orders", "skipped_ping", 1, 1, 1, reason_code="ping"),
+    ]
+    assert combine_groups(groups) == BatchAggregate(
+        spans=(RecordedSpan(Q0, 1, 3, T0 + 10, T0 + 30, 3, 2, 1, 0, 4),
+               RecordedSpan(Q0, 5, 6, T0 + 50, T0 + 60, 2, 2, 0, 0, 4),
+               RecordedSpan(Q1, 1, 1, T0 + 10, T0 + 10, 1, 0, 0, 1, 4)),
+        per_destination={("orders", Outcome.DELIVERED): 4, (NO_DESTINATION, Outcome.DEAD_LETTERED): 1,
+                         ("payments", Outcome.UNSENT): 2, ("orders", Outcome.SKIPPED_PING): 1},
+        unsent={"payments": Unsent(2, ReasonCode.DESTINATION_UNAVAILABLE, "down", 1_800_000_000.0)})
+    aggregate = combine_groups(groups)
+    assert (aggregate.rows, aggregate.total(Outcome.DELIVERED), aggregate.total(Outcome.UNSENT)) == (8, 4, 2)
+    assert aggregate.final_unavailable == aggregate.unsent
+
+
+def test_attempts_of_other_runs_make_spans_of_their_own():
+    groups = [group(Q0, 0, "orders", "delivered", 1, 2, 2, run_id="r1"),
+              group(Q0, 0, "orders", "delivered", 3, 3, 1, run_id="r2")]
+    assert [(s.first, s.last, s.count) for s in combine_groups(groups).spans] == [(1, 2, 2), (3, 3, 1)]
+
+
+def test_a_round_deadline_is_not_a_final_unavailability():
+    aggregate = combine_groups([group(Q0, 1, "orders", "unsent", 1, 3, 3, reason_code="round_deadline",
+                                      reason="the send round ended", since=1_800_000_000_000)])
+    assert aggregate.unsent == {"orders": Unsent(3, ReasonCode.ROUND_DEADLINE, "the send round ended",
+                                                 1_800_000_000.0)}
+    assert aggregate.final_unavailable == {} and aggregate.spans == ()
+
+
+@pytest.mark.parametrize("order", [(0, 1), (1, 0)])
+def test_a_destination_unavailable_in_one_queues_task_is_unavailable_whatever_the_order_of_the_groups(order):
+    # Spark collects the groups in no particular order: payments gave up in Q0's task (its outage wait is
+    # over) while Q1's task reached the round's deadline first.
+    groups = [group(Q0, 1, "payments", "unsent", 2, 2, 1, reason_code="destination_unavailable",
+                    reason="destination 'payments' stayed unavailable for 60 s", since=1_800_000_000_000),
+              group(Q1, 1, "payments", "unsent", 1, 1, 1, reason_code="round_deadline",
+                    reason="the send round ended", since=1_800_000_001_000)]
+    aggregate = combine_groups([groups[i] for i in order])
+    assert aggregate.unsent["payments"].count == 2
+    assert aggregate.unsent["payments"].since == 1_800_000_000.0
+    assert aggregate.unsent["payments"].reason_code == ReasonCode.DESTINATION_UNAVAILABLE
+    assert set(aggregate.final_unavailable) == {"payments"}
+
+
+# --- recovery from the tables (Spark, no Delta: the tables are in-memory frames) --------------------------
+
+def at(ms):
+    return dt.datetime.fromtimestamp(ms / 1000, dt.timezone.utc)
+
+
+def audit_row(run_id, seq, outcome, destination="orders", batch_id=4):
+    from backlog_syphon.storage.tables import AUDIT_ROW_SCHEMA
+
+    values = {"run_id": run_id, "batch_id": batch_id, "backlog_queue": Q0, "sequence_number": seq,
+              "message_id": f"m{seq}", "destination": destination, "session_id": None, "outcome": outcome,
+              "reason_code": "destination_unavailable" if outcome == "unsent" else None, "reason": None,
+              "body_size": 10, "enqueued_time": at(T0 + 10 * seq), "scheduled_enqueue_time": None,
+              "time_to_live_ms": None, "outcome_time": at(1_800_000_000_000), "attempts": 1}
+    return tuple(values[field.name] for field in AUDIT_ROW_SCHEMA.fields)
+
+
+def test_recovery_counts_every_row_earlier_attempts_of_the_batch_recorded(spark, monkeypatch):
+    """An attempt's Delta transaction version is the number of rows earlier attempts of its batch recorded
+    (``Recovery.recorded_rows_of_batch``), so that it is above every earlier attempt's: Delta skips a
+    write whose version is not above the last one. Rows below the purge mark count too."""
+    from backlog_syphon.storage import tables
+
+    checkpoint = CheckpointRow(Q0, 1, 4, T0 + 40, 2, T0 + 20, 4, "r2", at(1_800_000_000_000), 3, 0, 0)
+    audit = [audit_row("r1", 1, "delivered"), audit_row("r1", 2, "delivered"), audit_row("r1", 3, "unsent"),
+             audit_row("r1", 4, "unsent"), audit_row("r2", 3, "delivered"), audit_row("r2", 4, "unsent"),
+             audit_row("r0", 1, "delivered", batch_id=3)]
+    frames = {"/state/audit": spark.createDataFrame(audit, tables.AUDIT_ROW_SCHEMA),
+              "/state/checkpoint": spark.createDataFrame(
+                  [tuple(getattr(checkpoint, name) for name in tables.CHECKPOINT_SCHEMA.fieldNames())],
+                  tables.CHECKPOINT_SCHEMA)}
+    monkeypatch.setattr(tables, "table_exists", lambda spark, table: table in frames)
+    monkeypatch.setattr(tables, "read_table", lambda spark, table: frames[table])
+    sink = SimpleNamespace(config=SimpleNamespace(storage=SimpleNamespace(audit_table="/state/audit",
+                                                                         checkpoint_table="/state/checkpoint")))
+
+    recovery = SparkBatch(sink, spark.range(0), 4).recover()
+    assert recovery.checkpoint == {Q0: checkpoint}
+    # above the purge mark (enqueued after message 2): 3 and 4 of both attempts; r2 delivered 3
+    assert recovery.unsettled == (RecordedSpan(Q0, 3, 3, T0 + 30, T0 + 30, 1, 1, 0, 0, 4),)
+    assert recovery.dead_letters == ()
+    assert recovery.recorded_rows_of_batch == 6  # both attempts' rows of batch 4, below the mark or not
+    assert isinstance(recovery, Recovery)
