@@ -1,8 +1,9 @@
 """Broker state: entities, messages, locks, sessions. No I/O; the server drives it from one thread.
 
 Invariants:
-- sequence numbers are assigned once per queue/topic, increase monotonically and are never reused;
-  a dead-lettered message keeps its sequence number in the dead-letter sub-queue;
+- sequence numbers are assigned once per queue/topic, increase monotonically and are never reused
+  (a deleted and recreated queue is a new Entity, numbering from 1 as Service Bus does); a
+  dead-lettered message keeps its sequence number in the dead-letter sub-queue;
 - a message is in exactly one state (active, locked, deferred, scheduled) while it exists;
 - every per-operation lookup is O(log n) or amortised O(1): ``order`` is a sorted list of sequence
   numbers with lazy deletion (peek is a bisect), availability is a heap, locks are a dict.

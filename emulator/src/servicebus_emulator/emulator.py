@@ -1,9 +1,11 @@
 """Public API: ``Emulator(config).start()`` runs the broker on a background thread."""
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Dict, Mapping, Optional, Union
 
 from .config import EmulatorConfig, QueueConfig, check_latency_ms, queue_from_dict
+from .faults import DEFAULT_CONDITIONS, OPERATIONS, PEEK_MODES, Fault
 from .server import Server
 
 DEVELOPMENT_SUFFIX = "UseDevelopmentEmulator=true"
@@ -88,11 +90,14 @@ class Emulator:
     def set_unavailable(self, namespace: str, entity: Optional[str] = None, mode: str = "server-busy") -> None:
         """``server-busy``: attaches, sends and management on the entity (or namespace) fail with
         ``com.microsoft:server-busy``. ``refuse`` (namespace only): the listener closes and open
-        connections drop until ``set_available``."""
+        connections drop until ``set_available``. ``quota-exceeded`` / ``disabled``: senders still attach,
+        and every message sent (or scheduled) to the entity is refused with ``amqp:resource-limit-exceeded``
+        / ``com.microsoft:entity-disabled``; receiving and peeking go on."""
         self._ns(namespace)
         self._server.call(self._server.set_unavailable, namespace, entity, mode)
 
     def set_available(self, namespace: str, entity: Optional[str] = None) -> None:
+        """Undo ``set_unavailable``: the entity's own switches, or (no entity) every switch of the namespace."""
         self._ns(namespace)
         self._server.call(self._server.set_available, namespace, entity)
 
@@ -102,9 +107,72 @@ class Emulator:
         return self._server.call(self._server.drop_connections, namespace)
 
     def add_queue(self, namespace: str, name: str, **settings) -> None:
-        """Create a queue at runtime (tests)."""
+        """Create a queue at runtime (tests); ``ValueError`` when the name is taken."""
         qcfg: QueueConfig = queue_from_dict({"name": name, **settings}, f"add_queue({name})")
         self._server.call(lambda: self._ns(namespace).add_queue(qcfg))
+
+    def delete_queue(self, namespace: str, name: str) -> None:
+        """Delete a queue with its dead-letter queue and their messages (``KeyError`` if there is none).
+        Send and receive links attached to them are detached with ``amqp:not-found``; their
+        ``$management`` links stay and answer every request 404 ``amqp:not-found``; new attaches are
+        refused with ``amqp:not-found`` until the queue is added again."""
+        self._ns(namespace)
+        self._server.call(self._server.delete_queue, namespace, name)
+
+    def recreate_queue(self, namespace: str, name: str, **settings) -> None:
+        """Delete the queue if it exists and create it afresh (empty, sequence numbers from 1), with the
+        settings it had (or had when it was deleted) unless ``settings`` overrides some."""
+        def run():
+            ns = self._ns(namespace)
+            old = ns.queue(name)
+            before = old.settings if old is not None else ns.deleted.get(name.lower())
+            previous = dataclasses.asdict(before) if before is not None else {}
+            # checked before anything is deleted: a bad setting leaves the queue as it was
+            qcfg = queue_from_dict({**previous, **settings, "name": name}, f"recreate_queue({name})")
+            if old is not None:
+                self._server.delete_queue(namespace, name)
+            ns.add_queue(qcfg)
+        self._server.call(run)
+
+    def inject_peek_fault(self, namespace: str, entity: str, *, mode: str = "empty", count: int = 1,
+                          min_message_count: int = 2, min_from_sequence: int = 1) -> None:
+        """The next ``count`` peeks (``com.microsoft:peek-message``) on ``entity`` asking for at least
+        ``min_message_count`` messages from a sequence number >= ``min_from_sequence`` answer no messages
+        (``empty``: status 204) or only the first message of the page (``short``). Single-message probes
+        pass by default."""
+        if mode not in PEEK_MODES:
+            raise ValueError(f"mode must be one of {', '.join(map(repr, PEEK_MODES))}, got {mode!r}")
+        self._add_fault(namespace, Fault("peek", entity.lower(), count, mode=mode,
+                                         min_message_count=min_message_count, min_from_sequence=min_from_sequence))
+
+    def inject_fault(self, namespace: str, operation: str, *, entity: Optional[str] = None, count: int = 1,
+                     condition: Optional[str] = None) -> None:
+        """Fail the next ``count`` requests of ``operation`` on ``entity`` (None: any entity of the
+        namespace) with the AMQP ``condition`` (None: the operation's default):
+
+        - ``receive`` (``amqp:link:detach-forced``): a receive link that is given credit is detached with
+          the condition instead of delivering, so the ``receive_messages`` that issued the credit raises;
+        - ``settle`` (``com.microsoft:message-lock-lost``): a disposition the client waits for is answered
+          ``rejected`` with the condition, or an ``update-disposition`` request fails with it; the
+          messages keep their locks;
+        - ``management`` (``com.microsoft:server-busy``): any management request fails with the condition.
+        """
+        if operation not in OPERATIONS:
+            raise ValueError(f"operation must be one of {', '.join(map(repr, OPERATIONS))}, got {operation!r}")
+        self._add_fault(namespace, Fault(operation, entity.lower() if entity is not None else None, count,
+                                         condition=condition or DEFAULT_CONDITIONS[operation]))
+
+    def faults_pending(self, namespace: str, operation: Optional[str] = None, entity: Optional[str] = None) -> int:
+        """How many injected failures have not fired yet, of ``operation`` (``peek``, ``receive``,
+        ``settle``, ``management``; None: all) injected for ``entity`` (None: for any)."""
+        return self._server.call(lambda: self._ns(namespace).faults.count(operation, entity))
+
+    def clear_faults(self, namespace: str) -> int:
+        """Drop the namespace's pending injected faults; returns how many failures were left."""
+        return self._server.call(lambda: self._ns(namespace).faults.clear())
+
+    def _add_fault(self, namespace: str, fault: Fault) -> None:
+        self._server.call(lambda: self._ns(namespace).faults.add(fault))
 
     def _ns(self, namespace: str):
         try:

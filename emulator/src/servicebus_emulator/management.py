@@ -17,8 +17,13 @@ _SETTLE_OPS = {"completed": "complete", "abandoned": "abandon", "defered": "defe
                "suspended": "dead_letter"}
 
 
+def operation_name(op: str) -> str:
+    """``com.microsoft:peek-message`` -> ``peek-message``."""
+    return op.split(":", 1)[-1] if op.startswith("com.microsoft:") else op
+
+
 def handle(server, ctx, target, op: str, body: Dict[str, Any], props: Dict[str, Any]):
-    name = op.split(":", 1)[-1] if op.startswith("com.microsoft:") else op
+    name = operation_name(op)
     fn = _HANDLERS.get(name)
     if fn is None:
         raise BrokerError("amqp:not-implemented",
@@ -40,6 +45,11 @@ def _session_id(body):
 def _peek(server, ctx, e: Entity, body):
     start = int(body.get("from-sequence-number") or 0)
     count = max(1, int(body.get("message-count") or 1))
+    fault = ctx.conn.ns.faults.take("peek", e, message_count=count, from_sequence=start)
+    if fault is not None and fault.mode == "empty":
+        return 204, None
+    if fault is not None:               # "short": only the first message of the page
+        count = 1
     msgs = e.peek(start, count, _session_id(body))
     if not msgs:
         return 204, None

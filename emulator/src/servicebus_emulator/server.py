@@ -33,6 +33,7 @@ from proton import (Collector, Condition, Connection, Delivery, Disposition, Eve
 from . import codec, management
 from .broker import (PING_CONTENT_TYPE, BrokerError, Content, Entity, Topic, any_rule_matches,
                      is_batch_envelope, now_ms)
+from .faults import Faults
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +44,16 @@ DOTNET_EPOCH_TICKS = 621355968000000000
 DEFAULT_SESSION_WAIT_MS = 60000
 INCOMING_CREDIT = 500
 TICK_SECONDS = 0.02                  # timer resolution: lock expiry, schedules, TTL, session waits
+
+# set_unavailable modes that let senders attach and then refuse every message, as a namespace does for
+# a full entity or one whose status is SendDisabled: mode -> (condition, description, status code)
+SEND_REFUSALS = {
+    "quota-exceeded": ("amqp:resource-limit-exceeded",
+                       "The maximum entity size has been reached or exceeded for '{path}'.", 403),
+    "disabled": ("com.microsoft:entity-disabled", "Messaging entity '{path}' is currently disabled for sending.",
+                 400),
+}
+UNAVAILABLE_MODES = ("server-busy", "refuse", *SEND_REFUSALS)
 
 
 def _info(**extra) -> Dict:
@@ -79,15 +90,37 @@ class Namespace:
         self.busy_all = False
         self.refusing = False
         self.busy_entities: set = set()
+        self.refusals: Dict[Optional[str], str] = {}   # lower-case path (None = every entity) -> mode
+        self.deleted: Dict[str, Any] = {}              # lower-case name -> settings of a deleted queue
+        self.faults = Faults()
         for q in cfg.queues:
             self.add_queue(q)
         for t in cfg.topics:
             self.add_topic(t)
 
     def add_queue(self, qcfg) -> Entity:
-        e = Entity(qcfg.name, qcfg)
+        key = qcfg.name.lower()
+        if key in self.senders or key in self.entities:
+            raise ValueError(f"an entity named {qcfg.name!r} already exists in namespace {self.name!r}")
+        e = Entity(qcfg.name, qcfg)    # a new Entity: its own sequencer, so numbering starts at 1
         self._register(e)
-        self.senders[qcfg.name.lower()] = e
+        self.senders[key] = e
+        return e
+
+    def queue(self, name: str) -> Optional[Entity]:
+        target = self.senders.get(name.lower())
+        return target if isinstance(target, Entity) else None
+
+    def remove_queue(self, name: str) -> Entity:
+        """Forget a queue and its dead-letter sub-queue (their messages go with them)."""
+        e = self.queue(name)
+        if e is None:
+            raise KeyError(f"no queue {name!r} in namespace {self.name!r}")
+        key = name.lower()
+        del self.senders[key]
+        for path in (key, key + "/$deadletterqueue", key + "/$transfer/$deadletterqueue"):
+            del self.entities[path]
+        self.deleted[key] = e.settings        # what recreate_queue starts from
         return e
 
     def add_topic(self, tcfg) -> Topic:
@@ -114,6 +147,17 @@ class Namespace:
             return False
         p = path.lower()
         return any(p == b or p.startswith(b + "/") for b in self.busy_entities)
+
+    def exists(self, target) -> bool:
+        """False for an entity deleted (or replaced) since a link was attached to it."""
+        return self.entities.get(target.path.lower(), self.senders.get(target.path.lower())) is target
+
+    def send_refusal(self, path: str) -> Optional[BrokerError]:
+        mode = self.refusals.get(path.lower(), self.refusals.get(None))
+        if mode is None:
+            return None
+        condition, description, status = SEND_REFUSALS[mode]
+        return BrokerError(condition, description.format(path=f"{self.name}/{path}"), status)
 
     def all_entities(self):
         seen = set()
@@ -438,7 +482,7 @@ class Server:
         elif t == Event.LINK_FLOW:
             ctx = getattr(ev.link, "ctx", None)
             if ctx is not None and ctx.kind == "recv":
-                self._pump_link(ctx)
+                self._on_credit(ctx)
         elif t == Event.LINK_REMOTE_OPEN:
             self._on_link_open(c, ev.link)
         elif t in (Event.LINK_REMOTE_CLOSE, Event.LINK_REMOTE_DETACH):
@@ -506,8 +550,7 @@ class Server:
             node = lower[: -len("/$management")]
             target = ns.entities.get(node) or ns.senders.get(node)
             if target is None:
-                return self._reject(link, "amqp:not-found", f"The messaging entity '{ns.name}/{node}' could "
-                                                            f"not be found.")
+                return self._reject(link, "amqp:not-found", not_found(ns, node).description)
             # server-busy is answered per request (503), not on attach
             ctx = LinkCtx("mgmt-out" if link.is_sender else "mgmt-in", c, link, path, target)
             self._open(ctx)
@@ -523,8 +566,7 @@ class Server:
                 if lower in ns.entities:
                     return self._reject(link, "amqp:not-allowed",
                                         f"Cannot send to '{path}': not a queue or topic.")
-                return self._reject(link, "amqp:not-found",
-                                    f"The messaging entity '{ns.name}/{path}' could not be found.")
+                return self._reject(link, "amqp:not-found", not_found(ns, path).description)
             if ns.is_busy(lower):
                 return self._reject(link, "com.microsoft:server-busy", "The entity is unavailable (server busy).")
             size = target.settings.max_message_size_kb * 1024
@@ -535,8 +577,7 @@ class Server:
             return
         entity = ns.entities.get(lower)
         if entity is None:
-            return self._reject(link, "amqp:not-found",
-                                f"The messaging entity '{ns.name}/{path}' could not be found.")
+            return self._reject(link, "amqp:not-found", not_found(ns, path).description)
         if ns.is_busy(lower):
             return self._reject(link, "com.microsoft:server-busy", "The entity is unavailable (server busy).")
         ctx = LinkCtx("recv", c, link, path, entity)
@@ -653,12 +694,10 @@ class Server:
                 self._send(ctx.conn.ns, ctx.target, raw)
             except BrokerError as exc:
                 error = exc
-            if not d.settled:
-                if error is None:
-                    d.update(Disposition.ACCEPTED)
-                else:
-                    d.local.condition = _condition(error.condition, error.description)
-                    d.update(Disposition.REJECTED)
+            if error is not None:
+                self._reject_delivery(d, error)
+            elif not d.settled:
+                d.update(Disposition.ACCEPTED)
             d.settle()
         elif ctx.kind in ("cbs-in", "mgmt-in"):
             if not d.settled:
@@ -688,6 +727,11 @@ class Server:
 
     def enqueue(self, ns: Namespace, target, contents: List[Content]) -> List[int]:
         """Store messages in a queue or topic; returns their sequence numbers (-1 = not stored)."""
+        if not ns.exists(target):     # a transfer that was on its way when the queue was deleted
+            raise not_found(ns, target.path)
+        refusal = ns.send_refusal(target.path)
+        if refusal is not None:
+            raise refusal
         now = now_ms()
         if isinstance(target, Entity) and target.requires_session:
             for c in contents:
@@ -730,6 +774,16 @@ class Server:
                 if self._try_next_session(entity, w):
                     entity.session_waiters.remove(w)
 
+    def _on_credit(self, ctx: LinkCtx):
+        link = ctx.link
+        if link.credit > 0 and not link.drain_mode and not ctx.closed:
+            fault = ctx.conn.ns.faults.take("receive", ctx.target)
+            if fault is not None:
+                # the receive the credit was issued for fails, as when a namespace detaches a link
+                self._detach(ctx, fault.condition, fault.error().description)
+                return
+        self._pump_link(ctx)
+
     def _pump_link(self, ctx: LinkCtx):
         link, entity = ctx.link, ctx.target
         if ctx.closed or ctx.conn.dead:
@@ -769,6 +823,13 @@ class Server:
         if token is None:
             d.settle()
             return
+        if not d.settled:     # only a disposition the client waits an answer for can be refused
+            fault = ctx.conn.ns.faults.take("settle", entity)
+            if fault is not None:
+                # the message keeps its lock (and this link its token): a retry can still settle it
+                self._reject_delivery(d, fault.error())
+                d.settle()
+                return
         ctx.tokens.discard(token)
         try:
             if ctx.session is not None and (ctx.session.owner is not ctx or ctx.session.locked_until <= now_ms()):
@@ -787,11 +848,16 @@ class Server:
                     d.local.undeliverable = d.remote.undeliverable
                 d.update(state)
         except BrokerError as exc:
-            if not d.settled:
-                d.local.condition = _condition(exc.condition, exc.description)
-                d.update(Disposition.REJECTED)
+            self._reject_delivery(d, exc)
         d.settle()
         self._pump(entity)
+
+    @staticmethod
+    def _reject_delivery(d: Delivery, error: BrokerError):
+        """The ``rejected`` outcome with the error, unless the client settled the delivery already."""
+        if not d.settled:
+            d.local.condition = _condition(error.condition, error.description)
+            d.update(Disposition.REJECTED)
 
     def _settle(self, entity: Entity, m, state, remote):
         if state == Disposition.ACCEPTED:
@@ -842,11 +908,15 @@ class Server:
         owner = s.owner
         s.owner, s.locked_until = None, 0
         if owner is not None and not owner.closed:
-            link = owner.link
-            self._link_gone(owner)
-            if link.state & Link.LOCAL_ACTIVE:
-                link.condition = _condition("com.microsoft:session-lock-lost", "The session lock expired.")
-                link.close()
+            self._detach(owner, "com.microsoft:session-lock-lost", "The session lock expired.")
+
+    def _detach(self, ctx: LinkCtx, condition: str, description: str):
+        """Release what the link held, then close it with an error the client sees on its next use."""
+        link = ctx.link
+        self._link_gone(ctx)
+        if link.state & Link.LOCAL_ACTIVE:
+            link.condition = _condition(condition, description)
+            link.close()
 
     # ---- $cbs and $management --------------------------------------------------------------------
     def _on_request(self, ctx: LinkCtx, raw: bytes):
@@ -907,16 +977,25 @@ class Server:
     def _management(self, ctx: LinkCtx, op: str, body: Dict, props: Dict):
         ns = ctx.conn.ns
         target = ctx.target
+        if not ns.exists(target):
+            raise not_found(ns, target.path)
         if ns.is_busy(target.path):
             raise BrokerError("com.microsoft:server-busy", "The entity is unavailable (server busy).", 503)
+        # a settlement fault takes update-disposition before a fault on every management operation
+        fault = ns.faults.take("settle", target) if management.operation_name(op) == "update-disposition" else None
+        fault = fault or ns.faults.take("management", target)
+        if fault is not None:
+            raise fault.error()
         return management.handle(self, ctx, target, op, body, props)
 
     # ---- faults ----------------------------------------------------------------------------------
     def set_unavailable(self, ns_name: str, entity: Optional[str], mode: str):
         ns = self.namespaces[ns_name]
-        if mode not in ("server-busy", "refuse"):
-            raise ValueError("mode must be 'server-busy' or 'refuse'")
-        if entity is not None:
+        if mode not in UNAVAILABLE_MODES:
+            raise ValueError(f"mode must be one of {', '.join(map(repr, UNAVAILABLE_MODES))}, got {mode!r}")
+        if mode in SEND_REFUSALS:
+            ns.refusals[entity.lower() if entity is not None else None] = mode
+        elif entity is not None:
             if mode != "server-busy":
                 raise ValueError("mode 'refuse' applies to a whole namespace (entity=None)")
             ns.busy_entities.add(entity.lower())
@@ -932,9 +1011,11 @@ class Server:
         ns = self.namespaces[ns_name]
         if entity is not None:
             ns.busy_entities.discard(entity.lower())
+            ns.refusals.pop(entity.lower(), None)
         else:
             ns.busy_all = False
             ns.busy_entities.clear()
+            ns.refusals.clear()
             if ns.refusing:
                 ns.refusing = False
                 self._listen(ns)
@@ -947,3 +1028,25 @@ class Server:
         for c in conns:
             self._drop(c)
         return len(conns)
+
+    def delete_queue(self, ns_name: str, name: str):
+        """Remove a queue with its messages. Send and receive links attached to it (or its dead-letter
+        queue) are detached with ``amqp:not-found``, and attaches waiting for one of its sessions are
+        refused the same way. ``$management`` links stay: their requests answer 404 ``amqp:not-found``,
+        which the SDK raises as ``MessagingEntityNotFoundError`` (a detached one it reports as a generic
+        ``ServiceBusError``)."""
+        ns = self.namespaces[ns_name]
+        queue = ns.remove_queue(name)
+        gone = (queue, queue.dlq)
+        for c in list(ns.conns):
+            for ctx in list(c.links):
+                if ctx.target in gone and ctx.kind in ("send", "recv"):
+                    self._detach(ctx, "amqp:not-found", not_found(ns, ctx.target.path).description)
+        for waiter in queue.session_waiters:
+            waiter.link.ctx = None
+            self._reject(waiter.link, "amqp:not-found", not_found(ns, queue.path).description)
+        queue.session_waiters.clear()
+
+
+def not_found(ns: Namespace, path: str) -> BrokerError:
+    return BrokerError("amqp:not-found", f"The messaging entity '{ns.name}/{path}' could not be found.", 404)
