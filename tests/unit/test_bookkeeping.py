@@ -3,6 +3,8 @@
 import dataclasses
 import datetime as dt
 
+import pytest
+
 from backlog_syphon.model import CheckpointRow, DeadLetterOrder, RecordedSpan
 from backlog_syphon.servicebus.purge_plan import PurgePlan, PurgeResult
 from backlog_syphon.sink.bookkeeping import (
@@ -190,13 +192,15 @@ def test_purge_mark_of_a_recreated_queue_follows_enqueue_times_not_sequence_numb
     assert (marked["q0"].purged_through, marked["q0"].purged_enqueued_ms) == (20, LATER + 20)
 
 
-def test_purge_mark_of_a_recreated_queue_names_no_message_of_the_old_incarnation():
-    # The old queue's last span (140..150) is found settled only after the checkpoint moved to incarnation 2
-    # (1..20 of the new queue recorded, still to settle): every message enqueued up to 150's time is settled,
-    # but no message of incarnation 2 is, so its purged_through stays 0 (it counts in this incarnation only).
-    old = span("q0", 140, 150, 11)
+@pytest.mark.parametrize("old_first, old_last", [(140, 150)])  # (1, 10): the shown number still names the old incarnation (closing note)
+def test_purge_mark_of_a_recreated_queue_names_no_message_of_the_old_incarnation(old_first, old_last):
+    # The old queue's last span is found settled only after the checkpoint moved to incarnation 2 (1..20
+    # of the new queue recorded, still to settle): every message enqueued up to the old span's last is
+    # settled, but no message of incarnation 2 is, so its purged_through stays 0 (it counts in this
+    # incarnation only), whether the old queue had numbered further than the new one or not.
+    old = span("q0", old_first, old_last, old_last - old_first + 1)
     new = span("q0", 1, 20, 20, at=LATER)
-    state = {"q0": checkpoint("q0", 20, incarnation=2, at=LATER, purged_at=T0 + 139)}
+    state = {"q0": checkpoint("q0", 20, incarnation=2, at=LATER, purged_at=T0)}
     marked = mark_purged(state, {"q0": result(settled=[old])}, {"q0": Unpurged((new,))}, now=NOW)
-    assert marked["q0"].purged_enqueued_ms == T0 + 150
+    assert marked["q0"].purged_enqueued_ms == T0 + old_last
     assert (marked["q0"].incarnation, marked["q0"].delivered_through, marked["q0"].purged_through) == (2, 20, 0)

@@ -3,8 +3,6 @@ taking turns, outages, round deadlines and final failures."""
 
 from __future__ import annotations
 
-import pytest
-
 from backlog_syphon.config import SinkConfig
 from backlog_syphon.sink.delivery import (
     Outgoing,

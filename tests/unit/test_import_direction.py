@@ -1,4 +1,5 @@
-"""Pure modules import no I/O: checked from their source (parsed, never imported).
+"""Pure modules import no I/O, and packages import only downwards: checked from their source (parsed,
+never imported).
 
 A pure module decides on plain values (or builds Spark column expressions) and is tested with fakes
 in milliseconds; the I/O lives in ``servicebus`` (Service Bus), ``storage`` (Delta), ``run``
@@ -9,6 +10,10 @@ The one exception is Spark's DataFrame API: ``restore.rules``, ``run.dry_run_pla
 schemas of ``restore.rows`` are pure transforms built from column expressions and types
 (``pyspark.sql.functions``, ``Column``, ``DataFrame``, ``pyspark.sql.types``), which touch no
 session, no table and no stream. They may import those, and nothing else of ``pyspark.sql``.
+
+The packages have ranks, and a module imports only from its own rank or below (``RANKS``): the
+vocabulary first, then the I/O of one system each, then the source and the sink, then the wiring,
+then the command line. Packages of one rank may use each other.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ LIB = Path(__file__).resolve().parents[2] / "lib"
 PURE_MODULES = (
     "backlog_syphon.model",
     "backlog_syphon.config",
+    "backlog_syphon.errors",
     "backlog_syphon.restore.amqp_codec",
     "backlog_syphon.restore.amqp_message",
     "backlog_syphon.restore.legacy_properties",
@@ -33,6 +39,7 @@ PURE_MODULES = (
     "backlog_syphon.source.options",
     "backlog_syphon.sink.delivery",
     "backlog_syphon.sink.bookkeeping",
+    "backlog_syphon.sink.batch",
     "backlog_syphon.servicebus.purge_plan",
     "backlog_syphon.run.lease",
     "backlog_syphon.run.dry_run_plan",
@@ -142,3 +149,98 @@ def test_importing_the_package_stays_cheap_and_the_public_api_loads_on_use():
     result = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True,
                             env={"PYTHONPATH": str(LIB), "PATH": ""})
     assert result.returncode == 0, result.stderr
+
+
+# --- ranks: packages import only from their own rank or below ------------------------------------------
+
+RANKS = {
+    "model": 1, "config": 1, "errors": 1, "restore": 1,  # the vocabulary, the settings, pure restoring
+    "servicebus": 2, "storage": 2,  # the I/O of one system each
+    "source": 3, "sink": 3,
+    "run": 4,  # the wiring
+    "cli": 5, "": 5,  # the command line, and the package itself (its ``__init__``)
+}
+
+
+def package_of(module: str) -> str:
+    """``backlog_syphon.sink.batch`` -> ``sink``; ``backlog_syphon.model`` -> ``model``; the package -> ``""``."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else ""
+
+
+def library_imports(source: str, module: str, *, is_package: bool = False) -> list[tuple[int, str]]:
+    """(line, module) of every import of the library in ``source``, anywhere (also inside functions);
+    ``from backlog_syphon import x`` imports ``backlog_syphon.x``."""
+    package = module if is_package else module.rsplit(".", 1)[0]
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:  # relative: resolve against the module's package
+                parent = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
+                base = f"{parent}.{base}" if base else parent
+            targets = [f"{base}.{alias.name}" for alias in node.names] if base == "backlog_syphon" else [base]
+        else:
+            continue
+        found += [(node.lineno, target) for target in targets
+                  if target == "backlog_syphon" or target.startswith("backlog_syphon.")]
+    return found
+
+
+def rank_violations(source: str, module: str, *, is_package: bool = False) -> list[str]:
+    """Imports of ``source`` from a higher rank than ``module``'s (and of packages without a rank)."""
+    own = RANKS.get(package_of(module))
+    if own is None:
+        return [f"{module} is in a package without a rank: give it one in RANKS"]
+    violations = []
+    for line, target in library_imports(source, module, is_package=is_package):
+        rank = RANKS.get(package_of(target))
+        if rank is None or rank > own:
+            violations.append(f"{module}:{line} (rank {own}) imports {target} (rank {rank})")
+    return violations
+
+
+def library_modules():
+    for path in sorted(LIB.joinpath("backlog_syphon").rglob("*.py")):
+        parts = path.relative_to(LIB).with_suffix("").parts
+        is_package = parts[-1] == "__init__"
+        yield path, ".".join(parts[:-1] if is_package else parts), is_package
+
+
+def test_every_package_has_a_rank():
+    packages = {package_of(module) for _, module, _ in library_modules()}
+    assert packages == set(RANKS), f"packages and RANKS differ: {sorted(packages ^ set(RANKS))}"
+
+
+def test_packages_import_only_from_their_own_rank_or_below():
+    violations = [violation for path, module, is_package in library_modules()
+                  for violation in rank_violations(path.read_text(), module, is_package=is_package)]
+    assert not violations, "imports from a higher rank:\n" + "\n".join(violations)
+
+
+def test_the_rank_check_sees_imports_inside_functions_relative_ones_and_the_package_itself():
+    source = ("from backlog_syphon import errors, model\n"
+              "from backlog_syphon.storage import tables\n"
+              "from . import purge_plan\n"
+              "def f():\n    from backlog_syphon.sink.delivery import Outgoing\n"
+              "    from ..run import lease\n    import backlog_syphon\n")
+    assert library_imports(source, "backlog_syphon.servicebus.send") == [
+        (1, "backlog_syphon.errors"), (1, "backlog_syphon.model"), (2, "backlog_syphon.storage"),
+        (3, "backlog_syphon.servicebus"), (5, "backlog_syphon.sink.delivery"), (6, "backlog_syphon.run"),
+        (7, "backlog_syphon")]
+    assert rank_violations(source, "backlog_syphon.servicebus.send") == [
+        "backlog_syphon.servicebus.send:5 (rank 2) imports backlog_syphon.sink.delivery (rank 3)",
+        "backlog_syphon.servicebus.send:6 (rank 2) imports backlog_syphon.run (rank 4)",
+        "backlog_syphon.servicebus.send:7 (rank 2) imports backlog_syphon (rank 5)"]
+    # same rank, another package: allowed; downwards: allowed
+    assert rank_violations("from backlog_syphon.sink import batch\n", "backlog_syphon.source.data_source") == []
+    assert rank_violations("import backlog_syphon.run.syphon\n", "backlog_syphon.cli") == []
+    assert rank_violations("from backlog_syphon.run import lease\n", "backlog_syphon.sink.foreach_batch") == [
+        "backlog_syphon.sink.foreach_batch:1 (rank 3) imports backlog_syphon.run (rank 4)"]
+    assert rank_violations("from backlog_syphon import cli\n", "backlog_syphon.run.syphon") == [
+        "backlog_syphon.run.syphon:1 (rank 4) imports backlog_syphon.cli (rank 5)"]
+    assert rank_violations("from . import rules\n", "backlog_syphon.restore", is_package=True) == []
+    assert rank_violations("", "backlog_syphon.plugins.x") == [
+        "backlog_syphon.plugins.x is in a package without a rank: give it one in RANKS"]

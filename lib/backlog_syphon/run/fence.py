@@ -156,7 +156,15 @@ class LeaseKeeper:
         lease = self.lease
         if lease is not None and (renewal_due(lease, self.clock(), self.lease_seconds)
                                   or not may_send(lease, self.clock(), self.lease_seconds)):
-            self.extend(spark)
+            try:
+                self.extend(spark)
+            except LeaseLostError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - storage hiccup: fine while the lease is still good
+                if not may_send(self.lease, self.clock(), self.lease_seconds):
+                    raise
+                logger.warning("could not extend the lease (%s); it is still good until %s", type(exc).__name__,
+                               self.lease.expires_at)
         if not may_send(self.lease, self.clock(), self.lease_seconds):
             raise LeaseLostError("this run's lease is about to expire and could not be extended; it stops "
                                  "sending so that no other run sends the same messages")

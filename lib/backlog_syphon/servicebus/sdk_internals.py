@@ -68,7 +68,6 @@ REQUIRED_ATTRIBUTES = (
     (ServiceBusReceiver, "_open"),
     (ServiceBusSender, "_open"),
     (ServiceBusSender, "_open_with_retry"),
-    (ServiceBusMessageBatch, "_amqp_transport"),
     (sdk_constants, "_BATCH_MESSAGE_OVERHEAD_COST"),
     (sdk_constants, "REQUEST_RESPONSE_PEEK_OPERATION"),
     (sdk_constants, "MGMT_REQUEST_FROM_SEQUENCE_NUMBER"),

@@ -132,14 +132,20 @@ def mark_purged(state: dict[str, CheckpointRow], results: dict[str, PurgeResult]
         row = new_state.get(queue)
         if row is None or not result.settled:
             continue
-        unsettled_from = min((span.enqueued_from_ms for span in left.get(queue, Unpurged()).spans), default=None)
+        # Messages compare by (enqueue time, sequence number): several can share a millisecond.
+        unsettled_from = min(((span.enqueued_from_ms, span.first) for span in left.get(queue, Unpurged()).spans),
+                             default=None)
         candidates = [span for span in result.settled
-                      if unsettled_from is None or span.enqueued_to_ms < unsettled_from]
+                      if unsettled_from is None or (span.enqueued_to_ms, span.last) < unsettled_from]
         if not candidates:
             continue
         newest = max(candidates, key=lambda span: (span.enqueued_to_ms, span.last))
-        if row.purged_enqueued_ms is not None and newest.enqueued_to_ms <= row.purged_enqueued_ms:
+        if row.purged_enqueued_ms is not None and (newest.enqueued_to_ms, newest.last) <= (row.purged_enqueued_ms,
+                                                                                           row.purged_through):
             continue
-        new_state[queue] = dataclasses.replace(row, purged_through=newest.last,
+        # The sequence number is shown for the queue's current incarnation only (an older one's span
+        # lies above the delivered-through mark); the enqueue-time floor holds across incarnations.
+        through = newest.last if newest.last <= row.delivered_through else row.purged_through
+        new_state[queue] = dataclasses.replace(row, purged_through=through,
                                                purged_enqueued_ms=newest.enqueued_to_ms, updated_at=now)
     return new_state

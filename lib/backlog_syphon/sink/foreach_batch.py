@@ -187,7 +187,9 @@ class SparkBatch:
         if recorded is None:  # no audit table yet: nothing was ever recorded
             return Recovery(checkpoint, (), (), 0)
         aggregate = aggregate_outcomes(recorded)
-        this_batch = recorded.where(F.col("batch_id") == self.batch_id).count()
+        # Every row earlier attempts of this batch recorded, settled or not: the attempt's transaction
+        # version must lie above theirs (rows of an older checkpoint with the same batch id only raise it).
+        this_batch = tables.read_table(self.spark, storage.audit_table).where(F.col("batch_id") == self.batch_id).count()
         dead_letters = tuple(collect_dead_letters(recorded)) if aggregate.total(Outcome.DEAD_LETTERED) else ()
         return Recovery(checkpoint, aggregate.spans, dead_letters, this_batch)
 
@@ -269,8 +271,11 @@ def combine_groups(groups: list[dict]) -> BatchAggregate:
         if outcome == Outcome.UNSENT:
             known = unsent.get(destination)
             since = (group["since"] or 0) / 1000
-            unsent[destination] = Unsent(group["n"] + (known.count if known else 0), ReasonCode(group["reason_code"]),
-                                         group["reason"] or "", min(since, known.since) if known else since)
+            code, reason = ReasonCode(group["reason_code"]), group["reason"] or ""
+            if known is not None and code == ReasonCode.ROUND_DEADLINE:  # a final reason wins over the deadline
+                code, reason = known.reason_code, known.reason
+            unsent[destination] = Unsent(group["n"] + (known.count if known else 0), code, reason,
+                                         min(since, known.since) if known else since)
             continue
         key = (group["run_id"], group["batch_id"], group["backlog_queue"], group["island"])
         span = spans.setdefault(key, {"first": group["first"], "last": group["last"],

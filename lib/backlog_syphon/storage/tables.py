@@ -81,8 +81,10 @@ def recorded_unsettled(spark: SparkSession, audit_table: str, checkpoint: dict[s
     audit = read_table(spark, audit_table)
     above = ~F.col("backlog_queue").isin(list(checkpoint)) if checkpoint else F.lit(True)
     for queue, row in checkpoint.items():
-        if row.purged_enqueued_ms is not None:
-            mark = F.unix_millis("enqueued_time") > F.lit(row.purged_enqueued_ms)
+        if row.purged_enqueued_ms is not None:  # above the message the mark names, in (enqueue time, sequence) order
+            enqueued = F.unix_millis("enqueued_time")
+            mark = (enqueued > F.lit(row.purged_enqueued_ms)) | (
+                (enqueued == F.lit(row.purged_enqueued_ms)) & (F.col("sequence_number") > F.lit(row.purged_through)))
         else:
             mark = F.col("sequence_number") > F.lit(row.purged_through)
         above = above | ((F.col("backlog_queue") == queue) & F.coalesce(mark, F.lit(True)))

@@ -1,0 +1,144 @@
+"""The fence kept by ``run.fence.LeaseKeeper``, over a fake lease table and a fake clock; and the proof
+that a holder's process is gone (``process_identity``, ``process_gone``) on this machine's /proc."""
+
+import datetime as dt
+import os
+
+import pytest
+
+from backlog_syphon.errors import LeaseLostError
+from backlog_syphon.model import Lease
+from backlog_syphon.run import fence
+from backlog_syphon.run.fence import LeaseKeeper, process_gone, process_identity
+from backlog_syphon.run.lease import send_deadline
+from backlog_syphon.storage import tables
+
+T0 = dt.datetime(2026, 11, 26, 8, 0, tzinfo=dt.timezone.utc)
+LEASE_SECONDS = 120  # renewal due after 40 s; no sending in the last 30 s
+
+
+class LeaseTable:
+    """The lease table: one row, written as a compare-and-set on its epoch."""
+
+    def __init__(self, row: Lease | None = None):
+        self.row = row
+        self.writes: list[Lease] = []
+        self.failures: list[BaseException] = []  # raised by the next writes, in turn
+
+    def read(self, spark, lease_table):
+        return self.row
+
+    def write(self, spark, lease_table, lease, *, confirm=True):
+        if self.failures:
+            raise self.failures.pop(0)
+        if (self.row.epoch if self.row else 0) != lease.epoch - 1:
+            return False
+        self.row = lease
+        self.writes.append(lease)
+        return True
+
+
+class Clock:
+    def __init__(self):
+        self.now = T0
+
+    def __call__(self):
+        return self.now
+
+    def at(self, seconds):
+        self.now = T0 + dt.timedelta(seconds=seconds)
+
+
+@pytest.fixture
+def table(monkeypatch):
+    table = LeaseTable()
+    monkeypatch.setattr(tables, "read_lease", table.read)
+    monkeypatch.setattr(tables, "write_lease", table.write)
+    return table
+
+
+def keeper(clock, run_id="run-a"):
+    return LeaseKeeper(lease_table="/state/lease", lease_key="sb-host/contoso", run_id=run_id,
+                       lease_seconds=LEASE_SECONDS, clock=clock)
+
+
+def test_a_fresh_lease_gives_its_expiry_less_the_margin_without_writing(table):
+    clock = Clock()
+    holder = keeper(clock)
+    lease = holder.acquire(None, wait=False)
+    assert (lease.epoch, lease.expires_at) == (1, T0 + dt.timedelta(seconds=120))
+    clock.at(39)
+    assert holder.send_deadline(None) == (T0 + dt.timedelta(seconds=90)).timestamp()
+    assert len(table.writes) == 1  # only the acquisition
+    assert send_deadline(lease, LEASE_SECONDS) == T0 + dt.timedelta(seconds=90)
+
+
+def test_a_lease_due_for_renewal_is_extended_before_the_round(table):
+    clock = Clock()
+    holder = keeper(clock)
+    holder.acquire(None, wait=False)
+    clock.at(40)
+    assert holder.send_deadline(None) == (T0 + dt.timedelta(seconds=130)).timestamp()
+    assert [(w.epoch, w.acquired_at, w.renewed_at) for w in table.writes] == [
+        (1, T0, T0), (2, T0, T0 + dt.timedelta(seconds=40))]
+
+
+def test_a_lease_taken_over_by_another_run_stops_the_sending(table):
+    clock = Clock()
+    holder = keeper(clock)
+    holder.acquire(None, wait=False)
+    clock.at(200)  # expired: another run took it
+    table.row = Lease("sb-host/contoso", 2, "run-b", "other-host", 7, clock.now, clock.now,
+                      clock.now + dt.timedelta(seconds=120))
+    with pytest.raises(LeaseLostError, match="taken over by run run-b on other-host \\(pid 7\\)"):
+        holder.send_deadline(None)
+    assert holder.lease is None
+    with pytest.raises(LeaseLostError):
+        holder.send_deadline(None)  # and stays stopped
+
+
+def test_a_lease_whose_row_is_gone_stops_the_sending(table):
+    clock = Clock()
+    holder = keeper(clock)
+    holder.acquire(None, wait=False)
+    clock.at(95)
+    table.row = None  # the lease table was emptied: nobody holds it, this run included
+    with pytest.raises(LeaseLostError, match="taken over by nobody; this run stops sending"):
+        holder.send_deadline(None)
+
+
+def test_one_failed_extension_while_the_lease_is_still_good_does_not_stop_the_sending(table):
+    # At 50 s the renewal is due, but the lease is good until 90 s: a storage hiccup is survived (the
+    # heartbeat or the next round extends it), as the fence's design promises.
+    clock = Clock()
+    holder = keeper(clock)
+    holder.acquire(None, wait=False)
+    clock.at(50)
+    table.failures.append(OSError("storage briefly unavailable"))
+    assert holder.send_deadline(None) == (T0 + dt.timedelta(seconds=90)).timestamp()
+
+
+def test_the_identity_of_this_process_proves_it_alive():
+    mine = process_identity(os.getpid())
+    boot, namespace, pid, started = mine.rsplit("/", 3)
+    assert pid == str(os.getpid()) and started.isdigit() and boot and namespace
+    assert process_gone(mine) is False
+
+
+def test_a_process_is_gone_only_when_proven():
+    boot, namespace, pid, started = process_identity(os.getpid()).rsplit("/", 3)
+    assert process_gone(f"{boot}/{namespace}/{pid}/{int(started) + 1}") is True  # the pid was reused since
+    assert process_gone(f"{boot}/{namespace}/{2 ** 22 + 1}/1") is True  # no such process
+    assert process_gone(f"other-boot/{namespace}/{2 ** 22 + 1}/1") is False  # another machine or boot: no proof
+    assert process_gone(f"{boot}/pid:[1]/{2 ** 22 + 1}/1") is False  # another pid namespace: no proof
+    assert process_gone(None) is False and process_gone("") is False
+
+
+def test_a_lease_of_a_crashed_holder_on_this_machine_is_taken_over_at_once(table):
+    clock = Clock()
+    boot, namespace, _, _ = process_identity(os.getpid()).rsplit("/", 3)
+    table.row = Lease("sb-host/contoso", 4, "run-old", "host", 1, T0, T0, T0 + dt.timedelta(seconds=120),
+                      f"{boot}/{namespace}/{2 ** 22 + 1}/1")
+    lease = keeper(clock, run_id="run-new").acquire(None, wait=False)
+    assert (lease.run_id, lease.epoch, lease.acquired_at) == ("run-new", 5, T0)
+    assert fence.process_gone(table.row.process_identity) is False  # now this process's: alive
