@@ -225,6 +225,8 @@ def run_batch(state: SinkState, ports: BatchPorts, lease: LeasePort, purges: Pur
 
         step = Step.PURGE
         if not purges.busy():
+            # A round that ended since the record step is applied first, so its spans are not planned twice.
+            state.apply_purges(purges.finished(), now)
             purges.submit(bookkeeping.purge_plans(state.unpurged))
         if settle_now:
             state.apply_purges(purges.wait(), now)
