@@ -152,3 +152,26 @@ def test_continuous_trigger_delivers_new_messages_promptly(spark, emulator, tmp_
           f"batch_duration={batch_seconds:.1f}s bound={bound:.1f}s")
     assert sum(p["numInputRows"] for p in batches) == 20
     assert latency <= bound, f"latency {latency:.1f}s > 2 x {interval}s + batch {batch_seconds:.1f}s"
+
+
+def test_an_available_now_run_played_without_read_limits_stays_in_bounded_batches(spark, emulator, tmp_path):
+    """What Spark 4.0/4.1 get (no read limits for Python sources), forced on this Spark: an available-now
+    run becomes bounded batches under a processing-time trigger and stops by itself at the start's tail."""
+    from backlog_syphon.run.progress import follow_progress
+    from backlog_syphon.run.syphon import start_syphon
+
+    config = make_config(emulator, tmp_path, **{"run.max_messages_per_trigger": 100, "backlog.queue_count": 2})
+    originals = _originals("played", 450)
+    write_backlog(config.secondary, PRIMARY, originals, queue_count=2)
+    run = start_syphon(spark, config, emulate_available_now=True)
+    try:
+        follow_progress(run.query, run.listener, None, stop_requested=lambda: run.stop_requested)
+        assert run.stop_requested, "the played available-now run did not stop at its target"
+    finally:
+        _stop(run, spark)
+    _assert_exactly_once(emulator, originals)
+    audit = spark.read.format("delta").load(str(tmp_path / "audit"))
+    sizes = sorted(row["n"] for row in audit.groupBy("batch_id").count().withColumnRenamed("count", "n").collect())
+    print(f"\n[played available-now] {len(sizes)} batches of {sizes}")
+    assert max(sizes) <= 100 and sum(sizes) == 450 and len(sizes) >= 5
+    assert _backlog_totals(emulator)[:2] == (0, 0)

@@ -268,3 +268,22 @@ def test_after_a_partial_send_nothing_more_of_that_destination_goes_and_the_rest
                                  (3, Outcome.UNSENT, ReasonCode.DESTINATION_UNAVAILABLE),
                                  (5, Outcome.UNSENT, ReasonCode.DESTINATION_UNAVAILABLE)]
     assert results[3].at == 1_000.0  # failing since the send that stopped after m1
+
+
+def test_chunks_carry_a_destination_left_unsent_so_its_later_messages_never_overtake():
+    from backlog_syphon.sink.delivery import deliver_chunks
+
+    clock = FakeClock()
+    sender = FakeSender(down={"payments"}, clock=clock, send_seconds=1.0)
+    chunks = [[row(1, "payments"), row(2, "orders")], [row(3, "payments"), row(4, "orders")]]
+    delivered = deliver_chunks(chunks, build=build, sender=sender, classify=classify, sink=SINK, clock=clock,
+                               sleep=clock.sleep)
+    first = next(delivered)
+    payments_tries = [d for d, _ in sender.calls].count("payments")
+    second = next(delivered)
+    assert [outcomes(first), outcomes(second)] == [
+        [(2, Outcome.DELIVERED, None), (1, Outcome.UNSENT, ReasonCode.DESTINATION_UNAVAILABLE)],
+        [(3, Outcome.UNSENT, ReasonCode.DESTINATION_UNAVAILABLE), (4, Outcome.DELIVERED, None)]]
+    # payments' outage ran its course in the first chunk: the second never tries it (order kept), orders goes on.
+    assert payments_tries > 1 and [d for d, _ in sender.calls].count("payments") == payments_tries
+    assert sender.sent == [("orders", "m2"), ("orders", "m4")]

@@ -293,3 +293,25 @@ def test_the_planner_skips_a_missing_queue_in_an_available_now_run(caplog):
     assert nexts(end) == {QUEUES[0]: 6, QUEUES[1]: 0}
     assert planner.missing == {QUEUES[1]}
     assert sum("does not exist" in r.getMessage() for r in caplog.records) == 1
+
+
+def test_a_played_available_now_run_knows_when_its_target_is_reached():
+    from backlog_syphon.source.planning import WindowPlanner
+
+    tails = {"q0": 5, "q1": 3}
+
+    def probe_for(queue):
+        return lambda seq: (max(1, seq), 1000 + seq) if max(1, seq) <= tails[queue] else None
+
+    planner = WindowPlanner(probe_for, max_messages=4, available_now=True, idle_probe_max_seconds=900)
+    assert not planner.reached_target({})  # no target yet
+    assert planner.prepare_available_now(["q0", "q1"]) == {"q0": 6, "q1": 4}
+    ends = [planner.latest_offset(None, ["q0", "q1"], 4, now=0.0)]
+    while not planner.reached_target(ends[-1]):
+        ends.append(planner.latest_offset(ends[-1], ["q0", "q1"], 4, now=0.0))
+        assert len(ends) < 10
+    def messages(start, end, queue):  # messages are at 1..tail
+        return len(range(max(1, position(start.get(queue, 0))), min(position(end[queue]), tails[queue] + 1)))
+
+    sizes = [sum(messages(start, end, q) for q in end) for start, end in zip([{}] + ends, ends)]
+    assert max(sizes) <= 4 and sum(sizes) == 5 + 3

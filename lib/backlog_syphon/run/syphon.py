@@ -17,7 +17,7 @@ from typing import Callable
 from pyspark.sql import SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
-from backlog_syphon.config import SyphonConfig, trigger_options
+from backlog_syphon.config import AVAILABLE_NOW, SyphonConfig, trigger_options
 from backlog_syphon.model import Outcome
 from backlog_syphon.restore.queue_names import backlog_queue_names
 from backlog_syphon.run import reports
@@ -25,10 +25,17 @@ from backlog_syphon.run.fence import LeaseKeeper
 from backlog_syphon.run.progress import BatchStats, ProgressPoint, SyphonProgressListener, follow_progress
 from backlog_syphon.run.spark_session import is_connect
 from backlog_syphon.sink.foreach_batch import DeliverySink
-from backlog_syphon.source.data_source import SOURCE_NAME, BacklogDataSource, backlog_source_options
+from backlog_syphon.source.data_source import (
+    READ_LIMITS_SUPPORTED,
+    SOURCE_NAME,
+    BacklogDataSource,
+    backlog_source_options,
+)
 from backlog_syphon.storage import tables
 
 logger = logging.getLogger(__name__)
+
+EMULATED_AVAILABLE_NOW_TRIGGER = "1 second"  # between batches of a played available-now run
 
 
 @dataclass(frozen=True)
@@ -152,9 +159,11 @@ class SyphonRun:
 
 def start_syphon(spark: SparkSession, config: SyphonConfig, *, run_id: str | None = None,
                  log_progress: bool = True, on_wait: Callable[[str], None] | None = None,
-                 check_access: bool = True) -> SyphonRun:
+                 check_access: bool = True, emulate_available_now: bool | None = None) -> SyphonRun:
     """Take the backlog's lease and start the streaming query; the caller waits and calls ``finish``.
 
+    ``emulate_available_now``: play an available-now run with bounded batches (None: where Spark lacks read
+    limits for Python sources, that is before 4.2).
     ``check_access``: run the pre-flight (``servicebus.probes.preflight``) while the lease is taken, and
     start nothing if it fails (the command line runs it while Spark starts, and passes False).
     ``log_progress``: log one line per micro-batch (off when the caller shows them itself).
@@ -188,13 +197,19 @@ def start_syphon(spark: SparkSession, config: SyphonConfig, *, run_id: str | Non
     records = AuditRecords(spark, storage.audit_table, run_id) if is_connect(spark) else SinkRecords(sink)
     listener = SyphonProgressListener(records.batch_stats, query_name=config.run.query_name, log_lines=log_progress)
     spark.streams.addListener(listener)
+    # Spark 4.0/4.1 have no read limits for Python sources: there an available-now run would read the
+    # whole backlog as one batch. It is played instead: bounded batches, stopping at the start's tail.
+    if emulate_available_now is None:
+        emulate_available_now = not READ_LIMITS_SUPPORTED and not is_connect(spark)
+    emulate = config.run.trigger == AVAILABLE_NOW and emulate_available_now
     stream = (spark.readStream.format(SOURCE_NAME)
-              .options(**backlog_source_options(config, stop_file=stop_file)).load())
+              .options(**backlog_source_options(config, stop_file=stop_file, emulate_available_now=emulate)).load())
     try:
         query = (stream.writeStream.foreachBatch(sink)
                  .option("checkpointLocation", storage.checkpoint_location)
                  .queryName(config.run.query_name)
-                 .trigger(**trigger_options(config.run.trigger))
+                 .trigger(**(trigger_options(EMULATED_AVAILABLE_NOW_TRIGGER) if emulate
+                             else trigger_options(config.run.trigger)))
                  .start())
     except BaseException:
         spark.streams.removeListener(listener)

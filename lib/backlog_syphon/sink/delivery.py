@@ -86,11 +86,13 @@ def send_groups(rows: Iterable[Row]) -> list[list[Row]]:
 def deliver_rows(rows: Iterable[Row], *, build: Callable[[Row], Outgoing], sender: Sender,
                  classify: Callable[[BaseException, str], SendFailure], sink: SinkConfig,
                  limits: RoundLimits = RoundLimits(), clock: Callable[[], float] = time.time,
-                 sleep: Callable[[float], None] = time.sleep, on_sent: Callable[[], None] = lambda: None
-                 ) -> Iterator[Delivery]:
+                 sleep: Callable[[float], None] = time.sleep, on_sent: Callable[[], None] = lambda: None,
+                 carry: Carry | None = None) -> Iterator[Delivery]:
     """Deliver rows (one backlog queue's, or several) and yield one ``Delivery`` per row.
 
     ``on_sent`` is called after each send that delivered something (a test hook for crashes).
+    ``carry``: the destinations' state from the rows before these (a task delivers its window in
+    chunks, ``deliver_chunks``): one that was left unsent keeps its later messages unsent too.
     """
     waiting: dict[str, deque[list[tuple[Row, Outgoing]]]] = {}
     for group in send_groups(rows):
@@ -110,7 +112,24 @@ def deliver_rows(rows: Iterable[Row], *, build: Callable[[Row], Outgoing], sende
         if pending:
             waiting.setdefault(first["destination"], deque()).append(pending)
     yield from _DestinationRounds(waiting, sender=sender, classify=classify, sink=sink, limits=limits, clock=clock,
-                                  sleep=sleep, on_sent=on_sent).run()
+                                  sleep=sleep, on_sent=on_sent, carry=carry or Carry()).run()
+
+
+def deliver_chunks(chunks: Iterable[Iterable[Row]], **kwargs) -> Iterator[list[Delivery]]:
+    """``deliver_rows`` over consecutive chunks of one task's rows (in sequence order), one list of
+    results per chunk: a task's memory holds one chunk, not its whole window, and each destination's
+    order and state carry over from one chunk to the next."""
+    carry = Carry()
+    for chunk in chunks:
+        yield list(deliver_rows(chunk, carry=carry, **kwargs))
+
+
+@dataclass
+class Carry:
+    """What a task's delivery remembers from one chunk to the next."""
+
+    retry: dict[str, _Retry] = field(default_factory=dict)
+    left: dict[str, tuple[ReasonCode, str, float]] = field(default_factory=dict)  # destination -> why unsent
 
 
 @dataclass
@@ -125,14 +144,18 @@ class _DestinationRounds:
     fails waits (with back-off) without holding the others up."""
 
     def __init__(self, waiting, *, sender: Sender, classify, sink: SinkConfig, limits: RoundLimits, clock, sleep,
-                 on_sent):
+                 on_sent, carry: Carry):
         self.waiting = waiting
         self.sender, self.classify, self.sink, self.limits = sender, classify, sink, limits
         self.clock, self.sleep, self.on_sent = clock, sleep, on_sent
-        self.retry = {destination: _Retry(failing_since=limits.unavailable_since.get(destination))
-                      for destination in waiting}
+        self.carry = carry
+        for destination in waiting:
+            carry.retry.setdefault(destination, _Retry(failing_since=limits.unavailable_since.get(destination)))
+        self.retry = carry.retry
 
     def run(self) -> Iterator[Delivery]:
+        for destination in [d for d in self.waiting if d in self.carry.left]:
+            yield from self._leave(destination, *self.carry.left[destination])
         while self.waiting:
             now = self.clock()
             if now >= self.limits.deadline:
@@ -206,6 +229,7 @@ class _DestinationRounds:
     def _leave(self, destination: str, reason_code: ReasonCode, reason: str, since: float) -> Iterator[Delivery]:
         """Every message still waiting for ``destination`` stays unsent (in order; nothing after it goes either)."""
         attempts = self.retry[destination].attempts
+        self.carry.left[destination] = (reason_code, reason, since)
         for group in self.waiting.pop(destination):
             for row, _ in group:
                 yield Delivery(row, Outcome.UNSENT, reason_code, reason[:1024], attempts, since)

@@ -202,7 +202,8 @@ class SparkBatch:
         rows = self.pending
         if self.latest is not None:  # a later round: only what the last one left unsent
             unsent = self.latest.where(F.col("outcome") == Outcome.UNSENT).select("backlog_queue", "sequence_number")
-            rows = rows.join(unsent, ["backlog_queue", "sequence_number"], "left_semi")
+            # Broadcast: the rows keep the source's partitioning (one task per queue) and order.
+            rows = rows.join(F.broadcast(unsent), ["backlog_queue", "sequence_number"], "left_semi")
         classified = rules.classify_messages(rows, now=now, ttl_policy=config.restore.ttl_policy,
                                              max_message_size_bytes=config.sink.max_message_size_bytes)
         outcomes = send_on_executors(classified, config, run_id=self.sink.run_id, batch_id=self.batch_id,
@@ -339,14 +340,37 @@ def deliver_partition(batches, *, primary, sink, run_id: str, batch_id: int, lim
             mid_send.append(True)
             fault_point(CrashPoint.MID_SEND.value)
 
-    rows = [row for batch in batches for row in batch.to_pylist()]
     senders = DestinationSenders(primary)
-    senders.open({row["destination"] for row in rows if row["action"] == Action.DELIVER})
-    results = delivery.deliver_rows(rows, build=build_outgoing, sender=senders, classify=classify_send_error,
-                                    sink=sink, limits=limits, clock=clock, on_sent=first_send)
-    outcomes = [outcome_row(result, run_id, batch_id, clock()) for result in results]
-    for start in range(0, len(outcomes), 5000):
-        yield record_batch(outcomes[start:start + 5000], OUTCOME_ROW_ARROW_SCHEMA)
+    opened: set[str] = set()
+    for results in delivery.deliver_chunks(_chunks(batches, opened, senders), build=build_outgoing, sender=senders,
+                                           classify=classify_send_error, sink=sink, limits=limits, clock=clock,
+                                           on_sent=first_send):
+        yield record_batch([outcome_row(result, run_id, batch_id, clock()) for result in results],
+                           OUTCOME_ROW_ARROW_SCHEMA)
+
+
+SEND_CHUNK_ROWS = 2000  # rows a send task holds as Python objects at once, whatever the window's size
+
+
+def _chunks(batches, opened: set[str], senders) -> Iterator[list[dict]]:
+    """A task's Arrow batches as lists of at most ``SEND_CHUNK_ROWS`` rows, in order; the senders of
+    each chunk's new destinations opened at once before it is delivered."""
+    chunk: list[dict] = []
+
+    def ready(rows: list[dict]) -> list[dict]:
+        new = {row["destination"] for row in rows if row["action"] == Action.DELIVER} - opened
+        if new:
+            senders.open(new)
+            opened.update(new)
+        return rows
+
+    for batch in batches:
+        chunk.extend(batch.to_pylist())
+        while len(chunk) >= SEND_CHUNK_ROWS:
+            yield ready(chunk[:SEND_CHUNK_ROWS])
+            chunk = chunk[SEND_CHUNK_ROWS:]
+    if chunk:
+        yield ready(chunk)
 
 
 def build_outgoing(row) -> delivery.Outgoing:

@@ -57,9 +57,14 @@ _DISCOVERY_INTERVAL_SECONDS = 3600.0  # one administration call per namespace an
 _END_OF_QUEUE = (1 << 63) - 1  # a window end past any sequence number: read to the tail
 
 
-def backlog_source_options(config: SyphonConfig, *, stop_file: str | None = None) -> dict[str, str]:
+READ_LIMITS_SUPPORTED = ReadMaxRows is not None  # Spark 4.2+
+
+
+def backlog_source_options(config: SyphonConfig, *, stop_file: str | None = None,
+                           emulate_available_now: bool = False) -> dict[str, str]:
     """The reader options for a syphon configuration (all strings, as Spark wants them)."""
-    return SourceOptions.from_config(config, stop_file=stop_file).to_spark()
+    return SourceOptions.from_config(config, stop_file=stop_file,
+                                     emulate_available_now=emulate_available_now).to_spark()
 
 
 @dataclass(frozen=True)
@@ -202,13 +207,24 @@ class BacklogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         logger.info("available-now target: %s", self.planner.prepare_available_now(self._backlog_queues()))
 
     def latestOffset(self, start: dict | None = None, limit=None) -> dict:
-        budget = self.planner.budget(
-            max_rows=limit.max_rows if ReadMaxRows is not None and isinstance(limit, ReadMaxRows) else None,
-            all_available=ReadAllAvailable is not None and isinstance(limit, ReadAllAvailable),
-            limits_supported=ReadMaxRows is not None)
         stopping = bool(self.options.stop_file) and os.path.exists(self.options.stop_file)
-        return self.planner.latest_offset(start, self._backlog_queues(), budget, now=time.monotonic(),
-                                          stopping=stopping)
+        if self.options.emulate_available_now:
+            if self.planner.target is None:
+                self.prepareForTriggerAvailableNow()
+            budget = self.options.max_messages_per_trigger
+        else:
+            budget = self.planner.budget(
+                max_rows=limit.max_rows if ReadMaxRows is not None and isinstance(limit, ReadMaxRows) else None,
+                all_available=ReadAllAvailable is not None and isinstance(limit, ReadAllAvailable),
+                limits_supported=ReadMaxRows is not None)
+        end = self.planner.latest_offset(start, self._backlog_queues(), budget, now=time.monotonic(),
+                                         stopping=stopping)
+        if self.options.emulate_available_now and not stopping and self.planner.reached_target(end):
+            # Everything there at the start is planned: stop once the batches in flight are done.
+            logger.info("available-now target reached: the run stops after the batch in flight")
+            with open(self.options.stop_file, "a"):
+                pass
+        return end
 
     def reportLatestOffset(self) -> dict | None:
         """Each queue's tail as last probed (Spark 4.2+ shows it as the source's ``latestOffset``)."""

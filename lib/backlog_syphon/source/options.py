@@ -35,14 +35,19 @@ class SourceOptions:
     idle_probe_max_seconds: float = _RUN.idle_probe_max_seconds
     available_now: bool = False  # run.trigger is available_now; without the option, a trigger that keeps going
     stop_file: str | None = None  # once this file exists, no new batch is planned (a polite stop)
+    # Spark 4.0/4.1 have no read limits for Python sources: an available-now run is played with a
+    # processing-time trigger, bounded windows, and a polite stop once the target is reached.
+    emulate_available_now: bool = False
 
     @classmethod
-    def from_config(cls, config: SyphonConfig, *, stop_file: str | None = None) -> SourceOptions:
+    def from_config(cls, config: SyphonConfig, *, stop_file: str | None = None,
+                    emulate_available_now: bool = False) -> SourceOptions:
         return cls(primary_namespace=config.primary.namespace, secondary=config.secondary,
                    queue_count=config.backlog.queue_count, discover=config.backlog.discover,
                    max_messages_per_trigger=config.run.max_messages_per_trigger,
                    idle_probe_max_seconds=config.run.idle_probe_max_seconds,
-                   available_now=config.run.trigger == AVAILABLE_NOW, stop_file=stop_file)
+                   available_now=config.run.trigger == AVAILABLE_NOW, stop_file=stop_file,
+                   emulate_available_now=emulate_available_now)
 
     @property
     def configured_queues(self) -> list[str]:
@@ -65,6 +70,8 @@ class SourceOptions:
             options["fullyQualifiedNamespace"] = self.secondary.fully_qualified_namespace
         if self.stop_file:
             options["stopFile"] = self.stop_file
+        if self.emulate_available_now:
+            options["emulateAvailableNow"] = "true"
         return options
 
     @classmethod
@@ -84,7 +91,8 @@ class SourceOptions:
                    max_messages_per_trigger=get("maxMessagesPerTrigger", cls.max_messages_per_trigger, int),
                    idle_probe_max_seconds=get("idleProbeMaxSeconds", cls.idle_probe_max_seconds, float),
                    available_now=get("availableNow", cls.available_now, _boolean),
-                   stop_file=options.get("stopFile") or None)
+                   stop_file=options.get("stopFile") or None,
+                   emulate_available_now=get("emulateAvailableNow", cls.emulate_available_now, _boolean))
 
 
 def _boolean(text: str) -> bool:

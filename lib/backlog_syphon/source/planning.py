@@ -289,6 +289,13 @@ class WindowPlanner:
         self.last_end = plan.end
         return self.last_end
 
+    def reached_target(self, end: Mapping[str, object]) -> bool:
+        """Whether ``end`` covers the available-now target of every queue (a missing queue has none)."""
+        if self.target is None:
+            return False
+        return all(queue in self.missing or position(end.get(queue, 0)) >= through
+                   for queue, through in self.target.items())
+
     def reported_latest(self) -> dict[str, int] | None:
         """Each queue's tail as last probed (never behind the planned end), or None before any probe."""
         if not self.tails:

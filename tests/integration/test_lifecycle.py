@@ -1,0 +1,421 @@
+"""A backlog's life around the syphon: queues recreated or missing, peeks coming back short, a deleted
+streaming checkpoint, failed purge rounds, destinations full or disabled, a lease under starvation, and a
+``--timeout`` that falls inside a send (design invariants 1, 2, 8, 10 and 11).
+
+In-process (the session's Spark) wherever no process boundary matters; real jobs (``jobs/syphon.py``)
+for what is the command line's (its output, exit codes, ``--timeout``) or needs its own Spark
+(``local[1]``, two runs at once). Re-sends are counted by MessageId at destinations without duplicate
+detection (``payments``, ``small``); each test checks that every message arrived exactly once, that
+the backlog queues are empty at the end, that nothing was dead-lettered, and that the audit holds
+exactly one final outcome row per message. Counts and durations are printed (``-s`` shows them).
+"""
+
+from __future__ import annotations
+
+import collections
+import shutil
+import threading
+import time
+
+import pytest
+
+from backlog_syphon.restore.queue_names import backlog_queue_name
+from tools.backlog_writer import OriginalMessage, send_legacy_backlog
+
+from .conftest import PRIMARY, SECONDARY, make_config
+from .helpers import JOB_SUBMIT_ARGS, drain_destinations, finish_job, job_command, job_env, start_job, tail, wait_for
+
+DESTINATIONS = ("payments", "small")  # neither has duplicate detection: every arrival counts
+FINAL_OUTCOMES = {"delivered", "dead_lettered", "skipped_ping"}
+
+
+@pytest.fixture(autouse=True)
+def _duration(request):
+    started = time.monotonic()
+    yield
+    print(f"\n[lifecycle] {request.node.name}: {time.monotonic() - started:.1f} s")
+
+
+# --- helpers ------------------------------------------------------------------------------------
+
+def _queue(index: int) -> str:
+    return backlog_queue_name(PRIMARY, index)
+
+
+def _originals(tag: str, count: int, destinations=DESTINATIONS) -> list[OriginalMessage]:
+    return [OriginalMessage(destinations[index % len(destinations)], f"{tag} body {index}".encode(),
+                            message_id=f"{tag}-{index:05d}", application_properties={"index": index})
+            for index in range(count)]
+
+
+def _write(config, per_queue: dict[int, list[OriginalMessage]]) -> None:
+    """Each list into its backlog queue, in order, as the legacy client wrote them."""
+    send_legacy_backlog(config.secondary, {_queue(index): originals for index, originals in per_queue.items()})
+
+
+def _backlog(emulator) -> dict[str, dict]:
+    stats = emulator.stats(SECONDARY)
+    return {path: entry for path, entry in stats.items()
+            if "x-servicebus-transfer/" in path and "$deadletterqueue" not in path.lower()}
+
+
+def _remaining(emulator) -> int:
+    return sum(entry["total"] for entry in _backlog(emulator).values())
+
+
+def _dead_letters(emulator) -> int:
+    backlog = sum(entry.get("dead_letter_count", 0) for entry in _backlog(emulator).values())
+    primary = emulator.stats(PRIMARY)
+    return backlog + sum(primary[d].get("dead_letter_count", 0) for d in DESTINATIONS)
+
+
+def _arrived(emulator, destination: str) -> int:
+    return emulator.stats(PRIMARY)[destination]["in"]
+
+
+def _arrivals(emulator, destinations=DESTINATIONS) -> collections.Counter:
+    """Drain the destinations: MessageId -> how often it arrived (each checked against its destination)."""
+    received = drain_destinations(emulator, destinations)
+    counts: collections.Counter = collections.Counter()
+    for destination, messages in received.items():
+        for message in messages:
+            counts[(destination, message.message_id)] += 1
+    return counts
+
+
+def _check_exactly_once(arrivals: collections.Counter, originals, label: str) -> None:
+    expected = {(message.destination, message.message_id) for message in originals}
+    twice = {key: n for key, n in arrivals.items() if n > 1}
+    missing = expected - set(arrivals)
+    unexpected = set(arrivals) - expected
+    print(f"[{label}] delivered={len(set(arrivals) & expected)} of {len(expected)} duplicates={len(twice)} "
+          f"missing={len(missing)} unexpected={len(unexpected)}")
+    assert not missing, f"{label}: missing {sorted(missing)[:10]}"
+    assert not unexpected, f"{label}: unexpected {sorted(unexpected)[:10]}"
+    assert not twice, f"{label}: delivered twice {sorted(twice.items())[:10]}"
+
+
+def _audit(spark, config) -> list:
+    from backlog_syphon.storage import tables
+
+    return tables.read_table(spark, config.storage.audit_table).collect()
+
+
+def _check_audit(rows, originals) -> dict[str, object]:
+    """Exactly one final outcome row per message, and it is ``delivered``; returns message id -> that row."""
+    final = [row for row in rows if row["outcome"] in FINAL_OUTCOMES]
+    per_message = collections.Counter(row["message_id"] for row in final)
+    expected = {message.message_id for message in originals}
+    assert set(per_message) == expected, f"audit: missing {sorted(expected - set(per_message))[:10]}, " \
+                                         f"unexpected {sorted(set(per_message) - expected)[:10]}"
+    assert set(per_message.values()) == {1}, \
+        f"audit: several final rows for {[m for m, n in per_message.items() if n > 1][:10]}"
+    assert {row["outcome"] for row in final} == {"delivered"}
+    return {row["message_id"]: row for row in final}
+
+
+# --- 1. recreated backlog queues (invariant 10) -------------------------------------------------
+
+@pytest.mark.timeout(600)
+def test_recreated_backlog_queues_are_drained_from_their_start(spark, emulator, tmp_path):
+    from backlog_syphon.run.syphon import run_syphon
+    from backlog_syphon.storage import tables
+
+    config = make_config(emulator, tmp_path, **{"backlog.queue_count": 3, "run.max_messages_per_trigger": 60})
+    first = {index: _originals(f"first{index}", 30) for index in range(3)}
+    _write(config, first)
+    summary = run_syphon(spark, config)
+    assert summary.drained, summary.remaining
+    first_all = [message for batch in first.values() for message in batch]
+    _check_exactly_once(_arrivals(emulator), first_all, "recreated: first backlog")
+    assert _remaining(emulator) == 0
+    before = tables.read_checkpoint(spark, config.storage.checkpoint_table)
+    assert {queue: row.incarnation for queue, row in before.items()} == {_queue(i): 1 for i in range(3)}
+
+    for index in range(3):
+        emulator.recreate_queue(SECONDARY, _queue(index))
+    # More than the first time: a reader that went on from the old offset (31) would skip 1..30.
+    second = {index: _originals(f"second{index}", 60) for index in range(3)}
+    _write(config, second)
+    assert _remaining(emulator) == 180
+
+    summary = run_syphon(spark, config)
+    second_all = [message for batch in second.values() for message in batch]
+    arrivals = _arrivals(emulator)
+    _check_exactly_once(arrivals, second_all, "recreated: second backlog")
+    assert summary.drained, summary.remaining
+    assert _remaining(emulator) == 0 and _dead_letters(emulator) == 0
+    checkpoint = tables.read_checkpoint(spark, config.storage.checkpoint_table)
+    print(f"[recreated] checkpoint: {[(q, r.incarnation, r.delivered_through, r.purged_through) for q, r in sorted(checkpoint.items())]}")
+    assert {queue: row.incarnation for queue, row in checkpoint.items()} == {_queue(i): 2 for i in range(3)}
+    assert all(row.delivered_through == 60 for row in checkpoint.values())
+    rows = _check_audit(_audit(spark, config), first_all + second_all)
+    assert {rows[message.message_id]["run_id"] for message in second_all} == {summary.run_id}
+
+
+# --- 2. peeks that come back empty or short mid-window (invariant 11) ---------------------------
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("mode", ["empty", "short"])
+def test_an_empty_or_short_peek_page_mid_window_loses_nothing(spark, emulator, tmp_path, mode):
+    from backlog_syphon.run.syphon import run_syphon
+
+    queue = _queue(0)
+    config = make_config(emulator, tmp_path, **{"backlog.queue_count": 1})
+    # 300 messages: the window [0, 301) is read in two pages of at most 250 (PEEK_PAGE_SIZE); the fault
+    # takes the first page that starts at sequence number 100 or later, in the middle of the window.
+    originals = _originals(f"peek-{mode}", 300)
+    _write(config, {0: originals})
+    emulator.inject_peek_fault(SECONDARY, queue, mode=mode, count=1, min_message_count=2, min_from_sequence=100)
+
+    summary = run_syphon(spark, config)
+    fired = _backlog(emulator)[queue]["ops"].get("fault_peek", 0)
+    print(f"[peek {mode}] fault fired {fired} time(s), pending {emulator.faults_pending(SECONDARY, 'peek', queue)}")
+    assert emulator.faults_pending(SECONDARY, "peek", queue) == 0 and fired == 1
+    _check_exactly_once(_arrivals(emulator), originals, f"peek {mode}")
+    assert summary.drained, summary.remaining
+    assert _remaining(emulator) == 0 and _dead_letters(emulator) == 0
+    _check_audit(_audit(spark, config), originals)
+
+
+# --- 3. a deleted streaming checkpoint (invariant 10) -------------------------------------------
+
+@pytest.mark.timeout(600)
+def test_a_deleted_streaming_checkpoint_restarts_with_a_new_identity(spark, emulator, tmp_path):
+    from backlog_syphon.run.syphon import run_syphon
+
+    config = make_config(emulator, tmp_path, **{"backlog.queue_count": 3, "run.max_messages_per_trigger": 30})
+    first = _originals("before", 90)
+    _write(config, {index: first[index::3] for index in range(3)})
+    summary = run_syphon(spark, config)
+    batches = len([point for point in summary.progress if point.stats is not None])
+    assert summary.drained and batches >= 3, (summary.remaining, batches)
+    first_arrivals = _arrivals(emulator)
+    _check_exactly_once(first_arrivals, first, "deleted checkpoint: first run")
+
+    shutil.rmtree(config.storage.checkpoint_location)
+    second = _originals("after", 100)
+    _write(config, {index: second[index::3] for index in range(3)})
+    summary = run_syphon(spark, config)
+    second_arrivals = _arrivals(emulator)
+    resent = {key for key in second_arrivals if key[1].startswith("before-")}
+    print(f"[deleted checkpoint] second run re-sent {len(resent)} of the first 90")
+    assert not resent, f"re-sent after the checkpoint was deleted: {sorted(resent)[:10]}"
+    _check_exactly_once(second_arrivals, second, "deleted checkpoint: second run")
+    assert summary.drained, summary.remaining
+    assert _remaining(emulator) == 0 and _dead_letters(emulator) == 0
+    rows = _check_audit(_audit(spark, config), first + second)
+    assert {rows[message.message_id]["run_id"] for message in second} == {summary.run_id}
+
+
+# --- 4. a failed purge round (invariant 11) -----------------------------------------------------
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("operation", ["receive", "settle"])
+def test_a_failed_purge_round_is_retried_and_resends_nothing(spark, emulator, tmp_path, operation):
+    from backlog_syphon.run.syphon import run_syphon
+
+    config = make_config(emulator, tmp_path, **{"backlog.queue_count": 3, "run.max_messages_per_trigger": 30})
+    originals = _originals(f"purge-{operation}", 90)
+    _write(config, {index: originals[index::3] for index in range(3)})
+    emulator.inject_fault(SECONDARY, operation, count=1)
+
+    summary = run_syphon(spark, config)
+    batches = len([point for point in summary.progress if point.stats is not None])
+    fired = sum(entry["ops"].get(f"fault_{operation}", 0) for entry in _backlog(emulator).values())
+    print(f"[purge {operation}] {batches} batches; fault fired {fired} time(s); "
+          f"remaining {summary.remaining}")
+    assert emulator.faults_pending(SECONDARY, operation) == 0 and fired == 1
+    assert batches >= 3
+    _check_exactly_once(_arrivals(emulator), originals, f"purge {operation}")
+    assert summary.drained, summary.remaining
+    assert _remaining(emulator) == 0 and _dead_letters(emulator) == 0
+    for path, entry in _backlog(emulator).items():
+        assert entry["ops"].get("abandon", 0) == 0, (path, entry["ops"])
+    _check_audit(_audit(spark, config), originals)
+
+
+# --- 5. a missing backlog queue (invariant 11), as a job ----------------------------------------
+
+@pytest.mark.timeout(600)
+def test_a_missing_backlog_queue_is_skipped_with_one_warning(emulator, tmp_path):
+    config = make_config(emulator, tmp_path)
+    emulator.delete_queue(SECONDARY, _queue(2))
+    originals = _originals("missing", 40)
+    _write(config, {0: originals[0::2], 1: originals[1::2]})
+
+    job = start_job(job_command(tmp_path, backlog__queue_count=3), job_env(emulator), tmp_path / "job.log")
+    code = finish_job(job, 480)
+    output = tail(tmp_path / "job.log", 200000)
+    lines = [line for line in output.splitlines() if _queue(2) in line and "does not exist" in line]
+    print(f"[missing] exit {code}; lines naming the missing queue: {lines}")
+    assert code == 0, output[-4000:]
+    assert len(lines) == 1, output[-6000:]
+    assert "Traceback" not in output, output[-6000:]
+    _check_exactly_once(_arrivals(emulator), originals, "missing queue")
+    assert _remaining(emulator) == 0 and _dead_letters(emulator) == 0
+
+
+# --- 6. a destination full or disabled (invariant 11, 3) ----------------------------------------
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("mode", ["quota-exceeded", "disabled"])
+def test_a_full_or_disabled_destination_waits_without_holding_others(spark, emulator, tmp_path, mode):
+    from backlog_syphon.run.syphon import start_syphon
+
+    config = make_config(emulator, tmp_path, **{"backlog.queue_count": 2, "sink.outage_wait_seconds": 120,
+                                                "sink.retry_backoff_seconds": 0.2,
+                                                "sink.max_retry_backoff_seconds": 1})
+    originals = _originals(f"full-{mode}", 60)
+    _write(config, {0: originals[0::2], 1: originals[1::2]})
+    small = sum(1 for message in originals if message.destination == "small")
+    emulator.set_unavailable(PRIMARY, "payments", mode=mode)
+    run = start_syphon(spark, config)
+    try:
+        assert wait_for(lambda: _arrived(emulator, "small") >= small or not run.query.isActive, 240), \
+            f"only {_arrived(emulator, 'small')} of {small} reached 'small' ({run.query.exception()})"
+        time.sleep(2)  # a moment more of the outage: 'payments' still waits, 'small' got everything
+        assert run.query.isActive, f"the run ended during the outage: {run.query.exception()}"
+        assert _arrived(emulator, "payments") == 0
+        assert _arrived(emulator, "small") == small
+        print(f"[{mode}] small={_arrived(emulator, 'small')} payments=0 while the switch was on")
+        emulator.set_available(PRIMARY, "payments")
+        assert wait_for(lambda: not run.query.isActive, 240), "the run did not end after 'payments' came back"
+    finally:
+        emulator.set_available(PRIMARY, "payments")
+        run.finish(spark)
+    assert run.query.exception() is None, run.query.exception()
+    _check_exactly_once(_arrivals(emulator), originals, mode)
+    assert _remaining(emulator) == 0 and _dead_letters(emulator) == 0
+    _check_audit(_audit(spark, config), originals)
+
+
+@pytest.mark.timeout(600)
+def test_a_destination_unavailable_past_the_wait_fails_the_batch_and_the_replay_resends_nothing(
+        spark, emulator, tmp_path):
+    from backlog_syphon.run.syphon import run_syphon
+
+    config = make_config(emulator, tmp_path, **{"backlog.queue_count": 2, "sink.outage_wait_seconds": 3,
+                                                "sink.retry_backoff_seconds": 0.2,
+                                                "sink.max_retry_backoff_seconds": 1})
+    originals = _originals("past-wait", 60)
+    _write(config, {0: originals[0::2], 1: originals[1::2]})
+    small = sum(1 for message in originals if message.destination == "small")
+    payments = len(originals) - small
+    emulator.set_unavailable(PRIMARY, "payments", mode="quota-exceeded")
+    try:
+        with pytest.raises(Exception) as failed:
+            run_syphon(spark, config)
+    finally:
+        emulator.set_available(PRIMARY, "payments")
+    print(f"[past wait] {type(failed.value).__name__} exit_code={getattr(failed.value, 'exit_code', None)}: "
+          f"{str(failed.value)[:400]}")
+    assert "payments" in str(failed.value)
+    assert getattr(failed.value, "exit_code", None) == 1
+    assert _arrived(emulator, "small") == small and _arrived(emulator, "payments") == 0
+    assert _remaining(emulator) >= payments, "messages left unsent were removed from the backlog"
+
+    summary = run_syphon(spark, config)
+    print(f"[past wait] replay: small={_arrived(emulator, 'small')} payments={_arrived(emulator, 'payments')}")
+    assert _arrived(emulator, "small") == small, "the replay sent 'small' messages again"
+    assert _arrived(emulator, "payments") == payments
+    _check_exactly_once(_arrivals(emulator), originals, "past wait")
+    assert summary.drained, summary.remaining
+    assert _remaining(emulator) == 0 and _dead_letters(emulator) == 0
+    _check_audit(_audit(spark, config), originals)
+
+
+# --- 7. the lease under starvation (invariant 7, the fence), two jobs on local[1] --------------
+
+@pytest.mark.timeout(1200)
+def test_lease_under_starvation_never_lets_two_runs_deliver_at_once(emulator, tmp_path):
+    config = make_config(emulator, tmp_path)
+    originals = _originals("starved", 150, destinations=("payments",))
+    _write(config, {index: originals[index::3] for index in range(3)})
+    settings = dict(backlog__queue_count=3, run__lease_seconds=20, run__max_messages_per_trigger=30,
+                    sink__outage_wait_seconds=300, sink__retry_backoff_seconds=0.2,
+                    sink__max_retry_backoff_seconds=1)
+    env = job_env(emulator, {"PYSPARK_SUBMIT_ARGS": f"--master local[1] {JOB_SUBMIT_ARGS}",
+                             "SYPHON_SPARK_MASTER": "local[1]"})
+    logs = {name: tmp_path / f"job-{name}.log" for name in ("a", "b")}
+
+    emulator.set_unavailable(PRIMARY, mode="server-busy")
+    started = time.monotonic()
+    job_a = start_job(job_command(tmp_path, **settings), env, logs["a"])
+    job_b = None
+    try:
+        assert wait_for(lambda: "took the lease" in tail(logs["a"], 200000) or job_a.poll() is not None, 240), \
+            tail(logs["a"])
+        assert job_a.poll() is None, tail(logs["a"])
+        leased = time.monotonic()
+        job_b = start_job(job_command(tmp_path, **settings, run__wait_for_lease="true"), env, logs["b"])
+        # Down for longer than the lease (20 s): job A's send tasks hold the only task slot meanwhile.
+        time.sleep(max(0.0, 60 - (time.monotonic() - leased)))
+        emulator.set_available(PRIMARY)
+        back = time.monotonic()
+        codes = {"a": finish_job(job_a, 600), "b": finish_job(job_b, 600)}
+    finally:
+        emulator.set_available(PRIMARY)
+        for job in (job_a, job_b):
+            if job is not None and job.poll() is None:
+                finish_job(job, 1)
+    outputs = {name: tail(path, 300000) for name, path in logs.items()}
+    arrivals = _arrivals(emulator, ("payments",))
+    twice = {key: n for key, n in arrivals.items() if n > 1}
+    took = {name: sum("took the lease" in line for line in text.splitlines()) for name, text in outputs.items()}
+    lost = {name: [line for line in text.splitlines() if "lease" in line and ("lost" in line or "taken over" in line
+                                                                            or "expire" in line)]
+            for name, text in outputs.items()}
+    print(f"[starvation] exit codes {codes}; lease taken {took}; primary back {back - started:.0f} s after start; "
+          f"arrived {len(arrivals)} of {len(originals)}, duplicates {len(twice)}, remaining {_remaining(emulator)}")
+    for name in ("a", "b"):
+        print(f"[starvation] job {name} lease lines: {lost[name][:6]}")
+    detail = "\n".join(f"--- job {name} (exit {codes[name]}) ---\n{outputs[name][-5000:]}" for name in ("a", "b"))
+    assert not twice, f"delivered twice: {sorted(twice.items())[:10]}\n{detail}"
+    assert set(codes.values()) <= {0, 1} and 0 in codes.values(), detail
+    _check_exactly_once(arrivals, originals, "starvation")
+    assert _remaining(emulator) == 0 and _dead_letters(emulator) == 0, detail
+
+
+# --- 8. --timeout inside a send (invariant 9, 2), as a job --------------------------------------
+
+@pytest.mark.timeout(900)
+def test_timeout_during_a_send_stops_at_the_batch_boundary_and_resends_nothing(emulator, tmp_path):
+    config = make_config(emulator, tmp_path)
+    originals = _originals("timeout", 60, destinations=("payments",))
+    _write(config, {index: originals[index::3] for index in range(3)})
+    marker = tmp_path / "marker"
+    command = job_command(tmp_path, backlog__queue_count=3, run__trigger="2 seconds") + ["--timeout", "5"]
+    env = job_env(emulator, {"SYPHON_FAULT_PAUSE_AT": "mid_send", "SYPHON_FAULT_PAUSE_SECONDS": "10",
+                             "SYPHON_FAULT_MARKER": str(marker)})
+    started = time.monotonic()
+    job = start_job(command, env, tmp_path / "job.log")
+    paused_at: list[float] = []
+
+    def watch() -> None:
+        if wait_for(lambda: marker.exists() or job.poll() is not None, 600, interval=0.1) and marker.exists():
+            paused_at.append(time.monotonic())
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    code = finish_job(job, 600)
+    ended = time.monotonic()
+    watcher.join(5)
+    output = tail(tmp_path / "job.log", 200000)
+    run_started = [line for line in output.splitlines() if "started run_id=" in line]
+    print(f"[timeout] exit {code} after {ended - started:.1f} s; send paused at "
+          f"{paused_at[0] - started if paused_at else None} s; marker: "
+          f"{marker.read_text().split() if marker.exists() else None}; {run_started}")
+    assert code == 0, output[-5000:]
+    assert marker.exists(), "the batch never reached its send: the timeout did not fall inside a send"
+    first = _arrivals(emulator, ("payments",))
+    _check_exactly_once(first, originals, "timeout: first run")
+    assert _remaining(emulator) == 0, "the batch in flight was not purged before the run exited"
+
+    rest = start_job(job_command(tmp_path, backlog__queue_count=3), job_env(emulator), tmp_path / "rest.log")
+    rest_code = finish_job(rest, 480)
+    assert rest_code == 0, tail(tmp_path / "rest.log")
+    second = _arrivals(emulator, ("payments",))
+    print(f"[timeout] second run sent {sum(second.values())}")
+    assert not second, f"the second run sent again: {sorted(second)[:10]}"
+    assert _remaining(emulator) == 0 and _dead_letters(emulator) == 0
