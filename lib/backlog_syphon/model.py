@@ -81,6 +81,9 @@ class TtlPolicy(StrEnum):
             raise ValueError(f"ttl_policy must be one of {valid}; got {value!r}") from None
 
 
+Int32 = int  # an int stored as a 32-bit column (table schemas are derived from these annotations)
+
+
 class OutcomeRecord(TypedDict):
     """One backlog message's outcome: a row of the audit table (``restore.rows.OUTCOME_ROW_SCHEMA``,
     which the table extends with its partition column ``outcome_date``).
@@ -99,12 +102,12 @@ class OutcomeRecord(TypedDict):
     outcome: str  # an Outcome's value
     reason_code: str | None  # a ReasonCode's value
     reason: str | None
-    body_size: int | None
+    body_size: Int32 | None
     enqueued_time: datetime | None  # when it entered the backlog
     scheduled_enqueue_time: datetime | None
     time_to_live_ms: int | None  # TTL given to the re-sent message
     outcome_time: datetime  # delivered (or dead-letter decided) at
-    attempts: int
+    attempts: Int32
 
 
 @dataclass(frozen=True)

@@ -64,7 +64,7 @@ SPARK_TRANSFORMS = ("pyspark.sql.functions", "pyspark.sql.types", "pyspark.sql.C
                     "pyspark.sql.column", "pyspark.sql.dataframe")
 ALLOWED = {
     "backlog_syphon.restore.rules": SPARK_TRANSFORMS,
-    "backlog_syphon.restore.rows": ("pyspark.sql.types",),
+    "backlog_syphon.restore.rows": ("pyspark.sql.types", "pyspark.sql.pandas.types"),
     "backlog_syphon.run.dry_run_plan": SPARK_TRANSFORMS,
 }
 

@@ -34,7 +34,7 @@ from pyspark.sql.types import (
 
 from backlog_syphon.restore.amqp_message import decode_envelope
 from backlog_syphon.restore.legacy_properties import LegacyFields, decode_legacy_properties, timedelta_to_ms
-from backlog_syphon.model import ReasonCode
+from backlog_syphon.model import OutcomeRecord, ReasonCode
 
 
 BACKLOG_ROW_SCHEMA = StructType([
@@ -55,47 +55,38 @@ BACKLOG_ROW_SCHEMA = StructType([
 ])
 BACKLOG_ROW_COLUMNS = tuple(BACKLOG_ROW_SCHEMA.fieldNames())
 
-# One per backlog message and outcome: what the delivery step yields and the audit table stores
-# (which adds the partition column ``outcome_date``).
-OUTCOME_ROW_SCHEMA = StructType([
-    StructField("run_id", StringType(), False),
-    StructField("batch_id", LongType(), False),
-    StructField("backlog_queue", StringType(), False),
-    StructField("sequence_number", LongType(), False),
-    StructField("message_id", StringType(), True),
-    StructField("destination", StringType(), True),
-    StructField("session_id", StringType(), True),
-    StructField("outcome", StringType(), False),  # model.Outcome
-    StructField("reason_code", StringType(), True),  # model.ReasonCode
-    StructField("reason", StringType(), True),
-    StructField("body_size", IntegerType(), True),
-    StructField("enqueued_time", TimestampType(), True),  # when it entered the backlog
-    StructField("scheduled_enqueue_time", TimestampType(), True),
-    StructField("time_to_live_ms", LongType(), True),  # TTL given to the re-sent message
-    StructField("outcome_time", TimestampType(), False),  # delivered (or dead-letter decided) at
-    StructField("attempts", IntegerType(), False),
-])
-
-_FIELD_TYPES = {"str": StringType(), "int": LongType(), "datetime": TimestampType(), "dt.datetime": TimestampType()}
+_FIELD_TYPES = {"str": StringType(), "int": LongType(), "Int32": IntegerType(), "datetime": TimestampType(),
+                "dt.datetime": TimestampType()}
 
 
 def struct_of(record_type) -> StructType:
-    """The Spark schema of a table row declared as a dataclass: its fields in order, ``X | None`` nullable."""
+    """The Spark schema of a table row declared once, as a dataclass or a TypedDict (``model``): its
+    fields in order, ``X | None`` nullable, ``Int32`` a 32-bit column."""
+    if dataclasses.is_dataclass(record_type):
+        annotations = [(f.name, f.type) for f in dataclasses.fields(record_type)]
+    else:
+        annotations = list(record_type.__annotations__.items())
     fields = []
-    for f in dataclasses.fields(record_type):
-        annotation = str(f.type).replace(" ", "")
-        nullable = annotation.endswith("|None")
-        fields.append(StructField(f.name, _FIELD_TYPES[annotation.removesuffix("|None")], nullable))
+    for name, annotation in annotations:
+        text = str(getattr(annotation, "__forward_arg__", annotation)).replace(" ", "")
+        fields.append(StructField(name, _FIELD_TYPES[text.removesuffix("|None")], text.endswith("|None")))
     return StructType(fields)
 
 
-_ARROW_TYPES = {StringType: pa.string(), LongType: pa.int64(), IntegerType: pa.int32(), BinaryType: pa.binary(),
-                TimestampType: pa.timestamp("us", tz="UTC")}
+# One per backlog message and outcome: what the delivery step yields and the audit table stores
+# (which adds the partition column ``outcome_date``), declared once as ``model.OutcomeRecord``.
+OUTCOME_ROW_SCHEMA = struct_of(OutcomeRecord)
 
 
 def arrow_schema(schema: StructType) -> pa.Schema:
-    """The Arrow schema Spark expects for rows of ``schema`` (timestamps in UTC microseconds)."""
-    return pa.schema([pa.field(f.name, _ARROW_TYPES[type(f.dataType)], nullable=f.nullable) for f in schema])
+    """The Arrow schema Spark expects for rows of ``schema`` (timestamps in UTC microseconds), by pyspark's
+    own conversion (its keyword for the time zone changed in 4.2)."""
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    try:
+        return to_arrow_schema(schema, timezone="UTC")
+    except TypeError:  # pyspark 4.0/4.1: UTC is the default
+        return to_arrow_schema(schema)
 
 
 BACKLOG_ROW_ARROW_SCHEMA = arrow_schema(BACKLOG_ROW_SCHEMA)
