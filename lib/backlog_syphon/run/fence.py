@@ -2,9 +2,10 @@
 check it before every send, release it at the end. The decisions are ``lease``'s; this is the I/O.
 
 A run holds one ``LeaseKeeper``. The driver takes the lease (``acquire``), a heartbeat thread extends it
-while the run lives (also while a batch waits for an outage), and the sink calls ``check_before_send``
-before each send step: if the lease could not be extended and is close to expiring, or another run
-holds it, the batch fails before sending anything.
+while the run lives, and the sink asks ``send_deadline`` before each send round and before recording:
+it extends the lease when due and says until when the round's tasks may send (the lease's expiry
+less a safety margin). If the lease could not be extended and is close to expiring, or another run
+holds it, the batch fails (``LeaseLostError``) without sending, recording or purging more.
 """
 
 from __future__ import annotations

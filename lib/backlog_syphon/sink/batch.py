@@ -218,6 +218,7 @@ def run_batch(state: SinkState, ports: BatchPorts, lease: LeasePort, purges: Pur
         hooks.reached(CrashPoint.AFTER_RECORD)
         unavailable = aggregate.final_unavailable
         if unavailable:
+            step = Step.SEND  # what failed is the send; the record of what was delivered is done
             raise DestinationUnavailableError(
                 f"{sum(u.count for u in unavailable.values())} message(s) could not be sent: "
                 + "; ".join(u.reason for u in unavailable.values())

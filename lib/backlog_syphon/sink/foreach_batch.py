@@ -59,8 +59,6 @@ from backlog_syphon.storage import tables
 logger = logging.getLogger(__name__)
 
 NO_DESTINATION = "(no destination)"
-# Crash points by their names before the record step was one transition.
-_CRASH_POINT_ALIASES = {"after_audit": CrashPoint.AFTER_RECORD, "after_checkpoint": CrashPoint.AFTER_RECORD}
 _paused_at: set[str] = set()
 
 
@@ -70,7 +68,7 @@ def fault_point(point: str) -> None:
     With ``SYPHON_FAULT_PAUSE_SECONDS`` the process pauses that long, once, and goes on.
     """
     wanted = os.environ.get("SYPHON_FAULT_PAUSE_AT")
-    if wanted is None or _CRASH_POINT_ALIASES.get(wanted, wanted) != point or point in _paused_at:
+    if wanted != point or point in _paused_at:
         return
     marker = os.environ.get("SYPHON_FAULT_MARKER")
     if marker:
