@@ -121,15 +121,24 @@ class SyphonRun:
     lease_keeper: LeaseKeeper
     stop_file: str
     records: SinkRecords | AuditRecords
+    spark: SparkSession | None = None  # Spark Connect: how a stop request reaches the server
+    _forwarded: bool = False
 
     def request_stop(self) -> None:
-        """Stop after the batch in flight: no new batch is planned from now on (see the source)."""
+        """Stop after the batch in flight: no new batch is planned from now on (see the source). Safe in
+        a signal handler: it only writes a local file (``stop_requested`` forwards it to a Connect server)."""
         with open(self.stop_file, "a"):
             pass
 
     @property
     def stop_requested(self) -> bool:
-        return os.path.exists(self.stop_file)
+        requested = os.path.exists(self.stop_file)
+        if requested and self.spark is not None and not self._forwarded:
+            # Over Spark Connect the source runs on the server, which cannot see this process's files:
+            # the request goes there through Spark, and the sink passes it to the source after its batch.
+            tables.write_marker(self.spark, self.sink.stop_marker)
+            self._forwarded = True
+        return requested
 
     def finish(self, spark: SparkSession, *, meanwhile: Callable[[], object] | None = None):
         """Stop the query if it still runs, wait for its last purge, then record the purge marks and
@@ -193,7 +202,8 @@ def start_syphon(spark: SparkSession, config: SyphonConfig, *, run_id: str | Non
                     raise
     keeper.start_heartbeat(spark)
     stop_file = os.path.join(tempfile.gettempdir(), f"backlog-syphon-stop-{run_id}")
-    sink = DeliverySink(config, run_id=run_id, lease_keeper=keeper, settle_in_batch=is_connect(spark))
+    sink = DeliverySink(config, run_id=run_id, lease_keeper=keeper, settle_in_batch=is_connect(spark),
+                        stop_file=stop_file)
     records = AuditRecords(spark, storage.audit_table, run_id) if is_connect(spark) else SinkRecords(sink)
     listener = SyphonProgressListener(records.batch_stats, query_name=config.run.query_name, log_lines=log_progress)
     spark.streams.addListener(listener)
@@ -216,7 +226,7 @@ def start_syphon(spark: SparkSession, config: SyphonConfig, *, run_id: str | Non
         keeper.release(spark)
         raise
     logger.info("started run_id=%s query=%s trigger=%s", run_id, config.run.query_name, config.run.trigger)
-    return SyphonRun(query, sink, listener, keeper, stop_file, records)
+    return SyphonRun(query, sink, listener, keeper, stop_file, records, spark if is_connect(spark) else None)
 
 
 def run_syphon(spark: SparkSession, config: SyphonConfig, *, run_id: str | None = None,

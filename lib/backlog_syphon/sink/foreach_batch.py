@@ -101,6 +101,7 @@ class DeliverySink:
     run's state between batches (``sink.batch.SinkState``) and what the progress reports read."""
 
     def __init__(self, config: SyphonConfig, *, run_id: str, lease_keeper, settle_in_batch: bool = False,
+                 stop_file: str | None = None,
                  clock: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.timezone.utc)):
         self.config = config
         self.run_id = run_id
@@ -108,6 +109,10 @@ class DeliverySink:
         # Over Spark Connect foreachBatch runs in a process of the server's that ends with the query,
         # and the client cannot wait for what it leaves running: each batch settles its own purge.
         self.settle_in_batch = settle_in_batch
+        # The source's stop file, and where a Spark Connect client leaves its stop request (the sink,
+        # in the server's process, turns one into the other after each batch).
+        self.stop_file = stop_file
+        self.stop_marker = f"{config.storage.checkpoint_location.rstrip('/')}_stop/{run_id}"
         self.clock = clock
         self.app_id: str | None = None  # known at the run's first batch (the checkpoint's query id)
         self.state = SinkState()
@@ -130,6 +135,9 @@ class DeliverySink:
         except BatchFailedError as exc:
             self.failure = exc
             raise
+        if self.settle_in_batch and self.stop_file and tables.marker_exists(spark, self.stop_marker):
+            with open(self.stop_file, "a"):  # the source, next to this process, plans no more batches
+                pass
         aggregate = report.aggregate
         for (destination, outcome), n in aggregate.per_destination.items():
             if outcome.is_final:

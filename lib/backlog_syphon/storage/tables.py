@@ -125,6 +125,19 @@ def write_checkpoint(spark: SparkSession, checkpoint_table: str, rows: list[Chec
         writer.saveAsTable(checkpoint_table)
 
 
+def write_marker(spark: SparkSession, path: str) -> None:
+    """Leave a marker at ``path`` (a one-line text dataset), written through Spark so that a Connect
+    server sees it on its own file system."""
+    spark.createDataFrame([("stop",)], "marker string").coalesce(1).write.mode("overwrite").text(path)
+
+
+def marker_exists(spark: SparkSession, path: str) -> bool:
+    try:
+        return spark.read.text(path).limit(1).count() > 0
+    except Exception:  # noqa: BLE001 - no marker (the path does not exist)
+        return False
+
+
 def streaming_query_id(spark: SparkSession, checkpoint_location: str) -> str | None:
     """The id Spark keeps in a streaming checkpoint's ``metadata`` file (it changes when the checkpoint
     is deleted and created again); None when it cannot be read. Read through Spark, so it works for
