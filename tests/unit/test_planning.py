@@ -315,3 +315,13 @@ def test_a_played_available_now_run_knows_when_its_target_is_reached():
 
     sizes = [sum(messages(start, end, q) for q in end) for start, end in zip([{}] + ends, ends)]
     assert max(sizes) <= 4 and sum(sizes) == 5 + 3
+
+
+def test_an_offset_moves_only_with_its_window_so_a_queue_at_its_target_plans_no_batch():
+    from backlog_syphon.source.planning import IdleBackoff, plan_windows
+
+    # An available-now run that reached its target (4) while newer messages arrived behind it.
+    start = {"q0": {"incarnation": 1, "next": 4, "seen_ms": 1003}}
+    probes = {"q0": lambda seq: (max(2, seq), 1000 + max(2, seq)) if seq <= 9 else None}
+    plan = plan_windows(start, ["q0"], 10, probes.__getitem__, backoff=IdleBackoff(), now=0.0, target={"q0": 4})
+    assert plan.end == start  # the same offset: Spark plans no (empty) batch

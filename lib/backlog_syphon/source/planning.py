@@ -215,7 +215,9 @@ def plan_windows(start: Mapping[str, object], queues: Sequence[str], budget: int
             logger.info("backlog=%s exists again", queue)
             missing.discard(queue)
         backoff.record(queue, queue_end > offset.next, now)
-        end[queue] = QueueOffset(offset.incarnation, queue_end, probe.seen_ms)
+        # An offset moves only with its window: Spark plans a batch whenever an offset changes.
+        if queue_end > offset.next or queue in restarted:
+            end[queue] = QueueOffset(offset.incarnation, queue_end, probe.seen_ms)
         tails[queue] = tail
     return WindowPlan(normalise_offsets(end), tails, tuple(restarted))
 
