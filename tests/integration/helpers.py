@@ -138,3 +138,16 @@ def drain_destinations(emulator, destinations) -> dict[str, list]:
 
     with ServiceBusClient.from_connection_string(emulator.connection_string(PRIMARY), retry_total=1) as client:
         return testing.drain_destinations(client, destinations)
+
+
+def read_with_deltalake(table_path) -> dict[str, str]:
+    """An independent Delta reader (delta-rs) reads a table whole: its columns and their types as it sees them.
+
+    delta-rs refuses a table whose schema it does not know (for example strings declared with a
+    collation, as a table first written through Spark Connect would be): then this raises.
+    """
+    from deltalake import DeltaTable
+
+    table = DeltaTable(str(table_path))
+    table.to_pyarrow_table()  # every row, every column
+    return {field.name: str(field.type) for field in table.schema().fields}

@@ -175,3 +175,26 @@ def test_an_available_now_run_played_without_read_limits_stays_in_bounded_batche
     print(f"\n[played available-now] {len(sizes)} batches of {sizes}")
     assert max(sizes) <= 100 and sum(sizes) == 450 and len(sizes) >= 5
     assert _backlog_totals(emulator)[:2] == (0, 0)
+
+
+def test_executors_that_cannot_reach_a_namespace_stop_the_run_before_anything_moves(spark, emulator, tmp_path):
+    import dataclasses
+
+    import pytest
+
+    from backlog_syphon.config import Secret
+    from backlog_syphon.servicebus.probes import PreflightError, executor_preflight
+
+    from .helpers import free_port
+
+    config = make_config(emulator, tmp_path)
+    executor_preflight(spark, config)  # both reachable: nothing to say
+    port = free_port()
+    nowhere = f"Endpoint=sb://127.0.0.1:{port};SharedAccessKeyName=k;SharedAccessKey=secret-k;UseDevelopmentEmulator=true"
+    unreachable = dataclasses.replace(config, primary=dataclasses.replace(config.primary,
+                                                                          connection_string=Secret(nowhere, "test")))
+    with pytest.raises(PreflightError) as failure:
+        executor_preflight(spark, unreachable, timeout_seconds=10)
+    message = str(failure.value)
+    assert message.startswith(f"executors cannot reach the primary namespace 127.0.0.1:{port}")
+    assert "serverless network policy" in message and "secret-k" not in message

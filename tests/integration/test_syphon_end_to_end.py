@@ -17,6 +17,9 @@ from tools import backlog_writer
 from tools.backlog_writer import OriginalMessage
 from tools.testing import backlog_dead_letters, drain_destinations
 
+from backlog_syphon.storage import tables
+
+from .helpers import read_with_deltalake
 from .conftest import PRIMARY
 
 RECEIVE_AND_DELETE = ServiceBusReceiveMode.RECEIVE_AND_DELETE
@@ -189,6 +192,11 @@ def test_poison_messages_are_dead_lettered_with_reasons_and_audited(emulator, sy
     assert sum(r.delivered_count for r in checkpoint) == 5
     assert sum(r.dead_lettered_count for r in checkpoint) == len(poison)
     assert all(r.purged_through == r.delivered_through for r in checkpoint)
+    # Any Delta reader can read the three tables, with the declared (plain) column types.
+    storage = syphon_config.storage
+    for table, schema in ((storage.audit_table, tables.AUDIT_SCHEMA), (storage.checkpoint_table, tables.CHECKPOINT_SCHEMA),
+                          (storage.resolved_lease_table, tables.LEASE_SCHEMA)):
+        assert sorted(read_with_deltalake(table)) == sorted(schema.fieldNames())
 
 
 @pytest.mark.parametrize("secret_leak_probe", ["SharedAccessKey"])

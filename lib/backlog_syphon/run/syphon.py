@@ -174,32 +174,40 @@ def start_syphon(spark: SparkSession, config: SyphonConfig, *, run_id: str | Non
     ``emulate_available_now``: play an available-now run with bounded batches (None: where Spark lacks read
     limits for Python sources, that is before 4.2).
     ``check_access``: run the pre-flight (``servicebus.probes.preflight``) while the lease is taken, and
-    start nothing if it fails (the command line runs it while Spark starts, and passes False).
+    start nothing if it fails (the command line runs it while Spark starts, and passes False). The
+    executors' own check (``executor_preflight``) always runs.
     ``log_progress``: log one line per micro-batch (off when the caller shows them itself).
     Raises ``run.lease.LeaseHeldError`` when another run holds the backlog (unless ``run.wait_for_lease``,
     then it waits, telling ``on_wait`` once).
     """
     from concurrent.futures import ThreadPoolExecutor
 
-    from backlog_syphon.servicebus.probes import preflight
+    from backlog_syphon.servicebus.probes import executor_preflight, preflight
 
     spark.dataSource.register(BacklogDataSource)
     storage = config.storage
     run_id = run_id or f"{dt.datetime.now(dt.timezone.utc):%Y%m%dT%H%M%SZ}-{uuid.uuid4().hex[:8]}"
     keeper = LeaseKeeper(lease_table=storage.resolved_lease_table, lease_key=lease_key(config), run_id=run_id,
                          lease_seconds=config.run.lease_seconds)
+
+    def check() -> None:
+        if check_access:
+            preflight(config)
+        executor_preflight(spark, config)
+
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="preflight") as pool:
-        # The pre-flight (round trips to both namespaces) overlaps taking the lease (Delta commits).
-        checked = pool.submit(preflight, config) if check_access else None
+        # The pre-flights (round trips to both namespaces, from the driver and from an executor) overlap
+        # taking the lease (Delta commits).
+        checked = pool.submit(check)
         try:
+            tables.create_tables(spark, storage.audit_table, storage.checkpoint_table, storage.resolved_lease_table)
             keeper.acquire(spark, wait=config.run.wait_for_lease, on_wait=on_wait)
         finally:
-            if checked is not None:
-                try:
-                    checked.result()
-                except BaseException:
-                    keeper.release(spark)
-                    raise
+            try:
+                checked.result()
+            except BaseException:
+                keeper.release(spark)
+                raise
     keeper.start_heartbeat(spark)
     stop_file = os.path.join(tempfile.gettempdir(), f"backlog-syphon-stop-{run_id}")
     sink = DeliverySink(config, run_id=run_id, lease_keeper=keeper, settle_in_batch=is_connect(spark),

@@ -157,3 +157,55 @@ def _preflight_primary(namespace: NamespaceConfig, destination: str) -> None:
     except Exception as exc:  # noqa: BLE001 - every failure becomes one plain line
         logger.debug("pre-flight of the primary namespace failed", exc_info=True)
         raise _preflight_failure(exc, namespace, "primary", destination, "Send") from None
+
+
+EXECUTOR_PROBE_SCHEMA = "role string, endpoint string, problem string"
+
+
+def executor_preflight(spark, config: SyphonConfig, *, timeout_seconds: float = PREFLIGHT_TIMEOUT_SECONDS) -> None:
+    """Check from an executor, not only from the driver, that both namespaces can be reached: one tiny
+    Spark task attaches a sender link to each (nothing is sent). Raise ``PreflightError`` naming the
+    namespace an executor cannot reach.
+
+    On Databricks serverless, code on executors (the source's reads, the sends) may reach the internet
+    only where the workspace's serverless network policy allows it, which the driver cannot see.
+    """
+    namespaces = (("primary", config.primary), ("secondary", config.secondary))
+
+    def probe(batches):
+        import pyarrow as pa
+
+        for _ in batches:
+            pass
+        rows = [{"role": role, "endpoint": namespace.endpoint,
+                 "problem": _attach_problem(namespace, role, timeout_seconds)} for role, namespace in namespaces]
+        yield pa.RecordBatch.from_pylist(rows)
+
+    for row in spark.range(1).mapInArrow(probe, EXECUTOR_PROBE_SCHEMA).collect():
+        if row["problem"]:
+            raise PreflightError(
+                f"executors cannot reach the {row['role']} namespace {row['endpoint']} ({row['problem']}): on "
+                f"Databricks serverless, allow it in the workspace's serverless network policy; elsewhere, let the "
+                f"cluster's workers reach it (AMQP, TCP port 5671)")
+
+
+def _attach_problem(namespace: NamespaceConfig, role: str, timeout_seconds: float) -> str | None:
+    """None when a sender link attaches (or the probe entity is simply not there); else what went wrong."""
+    def attach_probe() -> None:
+        try:
+            with open_client(namespace, role=role, retry_total=0) as client:
+                with client.get_queue_sender(PREFLIGHT_PROBE_ENTITY) as sender:
+                    attach(sender)
+        except MessagingEntityNotFoundError:
+            return  # reached and authenticated; the probe entity need not exist
+
+    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="executor-probe")
+    try:
+        pool.submit(attach_probe).result(timeout=timeout_seconds)
+        return None
+    except FutureTimeout:
+        return f"no answer within {timeout_seconds:.0f} s"
+    except Exception as exc:  # noqa: BLE001 - reported by name only: never the connection string
+        return type(exc).__name__
+    finally:
+        pool.shutdown(wait=False)

@@ -54,6 +54,42 @@ def table_exists(spark: SparkSession, table: str) -> bool:
     return True
 
 
+def _sql_name(table: str) -> str:
+    return f"delta.`{table}`" if _is_path(table) else table
+
+
+def _ddl(field: StructField, *, constraints: bool = True) -> str:
+    null = "" if field.nullable or not constraints else " NOT NULL"
+    return f"`{field.name}` {field.dataType.simpleString().upper()}{null}"
+
+
+def create_table(spark: SparkSession, table: str, schema: StructType, partition_by: tuple[str, ...] = ()) -> None:
+    """Create ``table`` with exactly ``schema`` unless it exists, so its schema never depends on how its
+    first writer spelled its types (a Spark Connect write declares strings with a collation, which
+    other Delta readers refuse). Two runs creating it at once: one creates it, the other finds it.
+    A table an older version made gets the columns it lacks (nullable: its rows predate them)."""
+    if table_exists(spark, table):
+        missing = [f for f in schema.fields if f.name not in read_table(spark, table).schema.fieldNames()]
+        if missing:
+            spark.sql(f"ALTER TABLE {_sql_name(table)} ADD COLUMNS "
+                      f"({', '.join(_ddl(f, constraints=False) for f in missing)})")
+        return
+    columns = ", ".join(_ddl(f) for f in schema.fields)
+    partitioned = f" PARTITIONED BY ({', '.join(partition_by)})" if partition_by else ""
+    try:
+        spark.sql(f"CREATE TABLE IF NOT EXISTS {_sql_name(table)} ({columns}) USING DELTA{partitioned}")
+    except Exception as exc:
+        if not (is_commit_conflict(exc) or table_exists(spark, table)):
+            raise
+
+
+def create_tables(spark: SparkSession, audit_table: str, checkpoint_table: str, lease_table: str) -> None:
+    """Create the three tables with their declared schemas, where they do not exist yet."""
+    create_table(spark, audit_table, AUDIT_SCHEMA, ("outcome_date",))
+    create_table(spark, checkpoint_table, CHECKPOINT_SCHEMA)
+    create_table(spark, lease_table, LEASE_SCHEMA)
+
+
 def read_checkpoint(spark: SparkSession, checkpoint_table: str) -> dict[str, CheckpointRow]:
     """The checkpoint rows by queue; none before the table's first write. A table an older version
     wrote (without incarnations and enqueue times) reads as the first incarnation."""
@@ -110,13 +146,12 @@ def write_checkpoint(spark: SparkSession, checkpoint_table: str, rows: list[Chec
     """Replace the checkpoint table's rows (one per queue) with the sink's current state.
 
     The table is tiny and the sink is its only writer, so an overwrite is both simpler and several
-    times faster than a MERGE. With ``app_id``/``version`` a repeated write is skipped. A table an
-    older version wrote gets today's columns (its schema is replaced with its rows).
+    times faster than a MERGE. With ``app_id``/``version`` a repeated write is skipped.
     """
     ordered = sorted(rows, key=lambda row: row.backlog_queue)
     frame = spark.createDataFrame([tuple(getattr(row, name) for name in CHECKPOINT_SCHEMA.fieldNames())
                                    for row in ordered], CHECKPOINT_SCHEMA)
-    writer = frame.write.format("delta").mode("overwrite").option("overwriteSchema", "true")
+    writer = frame.write.format("delta").mode("overwrite")
     if app_id is not None:
         writer = writer.option("txnAppId", app_id).option("txnVersion", version)
     if _is_path(checkpoint_table):
@@ -181,7 +216,7 @@ def write_lease(spark: SparkSession, lease_table: str, lease: Lease, *, confirm:
     """
     frame = spark.createDataFrame([tuple(getattr(lease, name) for name in LEASE_SCHEMA.fieldNames())], LEASE_SCHEMA)
     # The table holds the lease of the one backlog its state tables serve: the row replaces it whole.
-    writer = (frame.write.format("delta").mode("overwrite").option("overwriteSchema", "true")
+    writer = (frame.write.format("delta").mode("overwrite")
               .option("txnAppId", f"backlog-syphon-lease:{lease.lease_key}").option("txnVersion", lease.epoch))
     try:
         if _is_path(lease_table):
