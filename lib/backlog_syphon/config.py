@@ -117,6 +117,10 @@ class RunConfig:
     idle_probe_max_seconds: float = 900.0
     wait_for_lease: bool = False  # another run holds the backlog: wait for it (true) or exit at once
     lease_seconds: float = 120.0  # how long a crashed run's lease blocks the next run
+    # Where nothing can bound an available-now batch (Spark Connect against a Spark 4.0/4.1 server, such
+    # as serverless on those versions), a run whose backlog spans more sequence numbers than this refuses
+    # to start: one batch of everything makes the duplicate window the whole backlog.
+    max_single_batch_messages: int = 100000
 
 
 @dataclass(frozen=True)
@@ -349,6 +353,8 @@ def _validate(config: SyphonConfig, origin: str) -> None:
         raise ConfigError(f"{origin}: backlog.queue_count must be at least 1")
     if config.run.lease_seconds < 1:
         raise ConfigError(f"{origin}: run.lease_seconds must be at least 1")
+    if config.run.max_single_batch_messages < 1:
+        raise ConfigError(f"{origin}: run.max_single_batch_messages must be at least 1")
     if config.run.max_messages_per_trigger < 1:
         raise ConfigError(f"{origin}: run.max_messages_per_trigger must be at least 1")
     if config.run.trigger != AVAILABLE_NOW and not _INTERVAL.match(config.run.trigger):

@@ -18,6 +18,7 @@ from pyspark.sql import SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
 from backlog_syphon.config import AVAILABLE_NOW, SyphonConfig, trigger_options
+from backlog_syphon.errors import SettingsError
 from backlog_syphon.model import Outcome
 from backlog_syphon.restore.queue_names import backlog_queue_names
 from backlog_syphon.run import reports
@@ -220,6 +221,8 @@ def start_syphon(spark: SparkSession, config: SyphonConfig, *, run_id: str | Non
     if emulate_available_now is None:
         emulate_available_now = not READ_LIMITS_SUPPORTED and not is_connect(spark)
     emulate = config.run.trigger == AVAILABLE_NOW and emulate_available_now
+    if config.run.trigger == AVAILABLE_NOW and is_connect(spark) and not server_has_read_limits(spark):
+        refuse_unbounded_batch(config, spark.version)
     stream = (spark.readStream.format(SOURCE_NAME)
               .options(**backlog_source_options(config, stop_file=stop_file, emulate_available_now=emulate)).load())
     try:
@@ -262,6 +265,51 @@ def run_syphon(spark: SparkSession, config: SyphonConfig, *, run_id: str | None 
         # Classic Spark runs foreachBatch in this process: the sink kept its own error, exit code included.
         raise run.sink.failure or run.query.exception()
     return summary
+
+
+def server_has_read_limits(spark: SparkSession) -> bool:
+    """Whether the (Connect) server's Spark bounds Python streaming sources' batches: 4.2 and later."""
+    major, minor = (int(part) for part in spark.version.split(".")[:2])
+    return (major, minor) >= (4, 2)
+
+
+def refuse_unbounded_batch(config: SyphonConfig, spark_version: str) -> None:
+    """On a server that reads an available-now backlog as one batch, refuse a backlog larger than
+    ``run.max_single_batch_messages`` (counted in sequence numbers, an upper bound, by a few peeks)."""
+    spans = backlog_spans(config.secondary, backlog_queue_names(config.primary.namespace, config.backlog.queue_count))
+    total = sum(spans.values())
+    limit = config.run.max_single_batch_messages
+    logger.warning("Spark %s reads an available-now backlog as one batch here: about %d messages", spark_version,
+                   total)
+    if total > limit:
+        raise SettingsError(
+            f"Spark {spark_version} on this Connect server reads an available-now backlog as one batch, and this "
+            f"one holds up to {total} messages, more than run.max_single_batch_messages ({limit}): run it on a "
+            f"classic cluster or Spark 4.2+, or raise run.max_single_batch_messages to accept a duplicate window "
+            f"of the whole backlog")
+
+
+def backlog_spans(namespace, queues) -> dict[str, int]:
+    """Per queue, how many sequence numbers lie between its first message and its last (an upper bound
+    on the messages in it), found with a few single-message peeks each; a missing queue holds none."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from backlog_syphon.errors import BacklogQueueMissingError
+    from backlog_syphon.servicebus.clients import pooled_receiver
+    from backlog_syphon.servicebus.peek import first_identity_from
+    from backlog_syphon.source.planning import tail_end
+
+    def span(queue: str) -> int:
+        try:
+            with pooled_receiver(namespace, queue) as receiver:
+                first = first_identity_from(receiver, 1)
+                return 0 if first is None else tail_end(first[0], lambda seq: first_identity_from(receiver, seq)) - first[0]
+        except BacklogQueueMissingError:
+            return 0
+
+    queues = list(queues)
+    with ThreadPoolExecutor(max_workers=max(1, min(8, len(queues))), thread_name_prefix="span") as pool:
+        return dict(zip(queues, pool.map(span, queues)))
 
 
 def summarise_run(config: SyphonConfig, run: SyphonRun) -> RunSummary:

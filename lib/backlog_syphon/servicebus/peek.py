@@ -104,3 +104,4 @@ def peek_counts(namespace: NamespaceConfig, queues: Iterable[str]) -> dict[str, 
 
     with ThreadPoolExecutor(max_workers=max(1, min(8, len(queues))), thread_name_prefix="peek-count") as pool:
         return dict(zip(queues, pool.map(count, queues)))
+
