@@ -63,6 +63,7 @@ def test_dry_run_reports_the_plan_and_changes_nothing(emulator, syphon_config, s
     assert report.unchecked == {}
     text = "\n".join(report.lines())
     assert "would dead-letter 6 messages" in text and "destination_not_found" in text
+    assert f"a replay here: batches of at most {syphon_config.run.max_messages_per_trigger} messages" in text
 
 
 def test_cli_dry_run_prints_the_plan(emulator, tmp_path, spark, capsys, monkeypatch):

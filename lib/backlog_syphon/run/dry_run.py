@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
-from backlog_syphon.config import SyphonConfig
+from backlog_syphon.config import AVAILABLE_NOW, SyphonConfig
 from backlog_syphon.model import Action
 from backlog_syphon.restore.queue_names import backlog_queue_names
 from backlog_syphon.restore.rules import classify_messages
@@ -30,6 +30,7 @@ class DryRunReport:
     unchecked: dict[str, str]  # destination -> why it could not be checked (e.g. the primary is down)
     state_tables: str = ""  # the lease table that fences runs of this backlog
     lease_holder: str | None = None  # who delivers from this backlog now, if anyone
+    batch_bound: str = ""  # what bounds a run's batches here
 
     def lines(self) -> list[str]:
         out = ["dry run: nothing was sent, settled or written"]
@@ -55,6 +56,8 @@ class DryRunReport:
         for destination, reason in self.unchecked.items():
             out.append(f"  warning: could not check destination '{destination}' ({reason}); a replay "
                        f"would wait for it rather than dead-letter")
+        if self.batch_bound:
+            out.append(f"  a replay here: {self.batch_bound}")
         if self.lease_holder:
             out.append(f"  note: {self.lease_holder} is delivering from this backlog now; a replay would wait for it "
                        f"or exit")
@@ -96,9 +99,23 @@ def dry_run(spark: SparkSession, config: SyphonConfig, *, now: dt.datetime | Non
             dead_letters=[row.asDict() for row in dead_letters.limit(dead_letter_limit).collect()],
             dead_letter_total=dead_letters.count(),
             unchecked={d: c.failure.reason for d, c in checks.items() if c.failure is not None and c.failure.transient},
-            state_tables=config.storage.resolved_lease_table, lease_holder=_current_holder(spark, config, now))
+            state_tables=config.storage.resolved_lease_table, lease_holder=_current_holder(spark, config, now),
+            batch_bound=batch_bound(spark, config))
     finally:
         classified.unpersist()
+
+
+def batch_bound(spark: SparkSession, config: SyphonConfig) -> str:
+    """What bounds a run's micro-batches on this Spark (see docs/running.md, "How big a batch gets")."""
+    from backlog_syphon.run.spark_session import is_connect
+    from backlog_syphon.run.syphon import server_has_read_limits
+
+    bound = f"batches of at most {config.run.max_messages_per_trigger} messages (run.max_messages_per_trigger)"
+    if config.run.trigger != AVAILABLE_NOW or not is_connect(spark) or server_has_read_limits(spark):
+        return bound
+    return (f"one batch of the whole backlog: Spark {spark.version} over Connect has no read limits for Python "
+            f"sources (a backlog over run.max_single_batch_messages, {config.run.max_single_batch_messages}, "
+            f"refuses to start)")
 
 
 def _current_holder(spark: SparkSession, config: SyphonConfig, now: dt.datetime) -> str | None:
