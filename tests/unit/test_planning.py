@@ -159,8 +159,8 @@ def test_plan_windows_of_an_available_now_run_stop_at_the_target():
     plan = plan_windows({"q0": 1, "q1": 11}, ["q0", "q1"], 1000, probes.__getitem__, backoff=IdleBackoff(),
                         now=0.0, target={"q0": 51, "q1": 11})
     assert nexts(plan.end) == {"q0": 51, "q1": 11}
-    # already at its target: looked at only to see whether it was recreated (its head), and where its tail is
-    assert probes["q1"].calls == [1, 11]
+    # already at its target: looked at only to see whether it was recreated (its head), with no share of the budget
+    assert probes["q1"].calls == [1]
 
 
 # --- the stream reader's planner, over fake queues ----------------------------------------------
@@ -325,3 +325,17 @@ def test_an_offset_moves_only_with_its_window_so_a_queue_at_its_target_plans_no_
     probes = {"q0": lambda seq: (max(2, seq), 1000 + max(2, seq)) if seq <= 9 else None}
     plan = plan_windows(start, ["q0"], 10, probes.__getitem__, backoff=IdleBackoff(), now=0.0, target={"q0": 4})
     assert plan.end == start  # the same offset: Spark plans no (empty) batch
+
+
+def test_an_available_now_batch_shares_its_budget_only_among_queues_with_something_left():
+    from backlog_syphon.source.planning import IdleBackoff, plan_windows
+
+    tails = {f"q{i}": (50 if i < 3 else 0) for i in range(10)}
+
+    def probe_for(queue):
+        return lambda seq: (max(1, seq), 1000 + max(1, seq)) if max(1, seq) <= tails[queue] else None
+
+    target = {queue: tail + 1 if tail else 0 for queue, tail in tails.items()}
+    plan = plan_windows({}, sorted(tails), 100, probe_for, backoff=IdleBackoff(), now=0.0, target=target)
+    read = {queue: position(value) for queue, value in plan.end.items() if position(value)}
+    assert read == {"q0": 35, "q1": 34, "q2": 34}  # shares of 34, 33, 33 from the first message (1)

@@ -185,7 +185,10 @@ def plan_windows(start: Mapping[str, object], queues: Sequence[str], budget: int
         candidates = [queue for queue in offsets if queue in target]
     else:
         candidates = [queue for queue in offsets if backoff.due(queue, now)]
-    shares = share_budget(budget, candidates)
+    # The budget goes to the queues with something left to read; one already at its available-now
+    # target is only checked for a recreation (and then gets a share of its own).
+    active = [queue for queue in candidates if target is None or offsets[queue].next < target.get(queue, 0)]
+    shares = share_budget(budget, active)
     end = dict(offsets)
     tails: dict[str, int] = {}
     restarted = []
@@ -200,10 +203,13 @@ def plan_windows(start: Mapping[str, object], queues: Sequence[str], budget: int
                 offset = QueueOffset(offset.incarnation + 1, 0, None)
                 probe.seen_ms = None
                 restarted.append(queue)
-            queue_end = window_end(offset.next, shares[queue], probe)
+            if queue not in shares and queue not in restarted:
+                continue  # at its target, and the same queue as before: nothing to plan
+            share = shares.get(queue) or max(1, budget // (len(active) + 1))
+            queue_end = window_end(offset.next, share, probe)
             if target is not None and queue not in restarted:
                 queue_end = min(queue_end, max(offset.next, target.get(queue, queue_end)))
-            tail = queue_end if queue_end - offset.next < shares[queue] else tail_end(queue_end, probe)
+            tail = queue_end if queue_end - offset.next < share else tail_end(queue_end, probe)
         except BacklogQueueMissingError:
             if queue not in missing:
                 logger.warning("backlog=%s does not exist: skipped (the other backlog queues drain); it is read "
