@@ -169,7 +169,7 @@ def plan_windows(start: Mapping[str, object], queues: Sequence[str], budget: int
     """Plan the next batch's windows from ``start``: which queues to look at, how far each window goes.
 
     - Continuous runs look only at queues whose idle back-off is due; an available-now run (with a
-      ``target``) at every queue of its target (a drained one costs two probes: it may have been
+      ``target``) at every queue of its target (one at its target costs one probe: it may have been
       recreated), and never past the target.
     - Each queue looked at is first checked for a recreation (its first message, one probe).
     - The budget is shared evenly over the queues looked at.
