@@ -273,3 +273,40 @@ def test_a_kill_in_the_middle_of_the_sends_loses_nothing_and_resends_at_most_tha
     resent = resent_after["mid_send"]
     assert 1 <= resent <= killed_batch, f"{resent} re-sent after mid_send; killed batch: {killed_batch}"
     assert runs[0].sent >= 1  # the kill came after a send
+
+
+@pytest.mark.timeout(600)
+def test_a_lost_send_task_is_run_again_and_resends_only_what_its_first_attempt_sent(emulator, tmp_path):
+    """A send task whose process dies after its first send is run again by Spark (``local[2,2]``: two
+    attempts, as ``spark.task.maxFailures`` gives on a cluster). The retry re-sends what the lost attempt
+    had sent, and nothing else: the documented duplicate window, counted at a destination without
+    duplicate detection."""
+    from tools.backlog_writer import OriginalMessage, write_backlog
+    from backlog_syphon.config import load_config
+
+    originals = [OriginalMessage("payments", f"retry body {index}".encode(), message_id=f"retry-{index:03d}")
+                 for index in range(60)]
+    config = load_config(ROOT / "conf/local.yaml", environ=job_env(emulator), overrides={})
+    written = write_backlog(config.secondary, PRIMARY, originals, queue_count=10)
+    log = tmp_path / "job.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(job_command(tmp_path), cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True,
+                                env=job_env(emulator, {"SYPHON_FAULT_LOSE_TASK_AT": "mid_send",
+                                                       "SYPHON_SPARK_MASTER": "local[2,2]"}))
+    try:
+        rc = proc.wait(timeout=420)
+    finally:
+        if proc.poll() is None:
+            kill_tree(proc)
+    assert rc == 0, tail(log)
+    arrived = collections.Counter(message.message_id
+                                  for message in drain_destinations(emulator, ["payments"])["payments"])
+    assert set(arrived) == {message.message_id for message in originals}
+    resent = sum(count - 1 for count in arrived.values())
+    # Every task of the batch lost its first attempt after its first send (one batched send: its queue's
+    # messages to payments): the retries re-sent exactly those, each queue's window once.
+    print(f"\n[task retry] {resent} re-sent of {len(originals)} over {len(written)} queues", flush=True)
+    assert resent == len(originals)
+    assert emulator.stats(SECONDARY)  # the backlog: settled
+    assert all(emulator.stats(SECONDARY)[queue]["total"] == 0 for queue in written)

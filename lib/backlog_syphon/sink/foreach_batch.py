@@ -20,7 +20,8 @@ with the batch size.
 
 ``SYPHON_FAULT_PAUSE_AT=<crash point>`` (``sink.batch.CrashPoint``) makes the process stop there
 (writing the file named by ``SYPHON_FAULT_MARKER``) so a test can SIGKILL it; with
-``SYPHON_FAULT_PAUSE_SECONDS`` it goes on after that long instead.
+``SYPHON_FAULT_PAUSE_SECONDS`` it goes on after that long instead. ``SYPHON_FAULT_LOSE_TASK_AT=mid_send``
+ends a send task's first attempt after its first send, as a lost executor would.
 """
 
 from __future__ import annotations
@@ -81,6 +82,18 @@ def fault_point(point: str) -> None:
         return
     while True:
         time.sleep(3600)
+
+
+def lose_first_attempt(point: str) -> None:
+    """Test hook: ``SYPHON_FAULT_LOSE_TASK_AT=<point>`` ends the Python worker of a task's first attempt
+    there, as a lost executor would; Spark then runs the task again (``spark.task.maxFailures``)."""
+    if os.environ.get("SYPHON_FAULT_LOSE_TASK_AT") != point:
+        return
+    from pyspark import TaskContext
+
+    context = TaskContext.get()
+    if context is not None and context.attemptNumber() == 0:
+        os._exit(1)
 
 
 class EnvFaultHooks:
@@ -345,6 +358,7 @@ def deliver_partition(batches, *, primary, sink, run_id: str, batch_id: int, lim
         if not mid_send:
             mid_send.append(True)
             fault_point(CrashPoint.MID_SEND.value)
+            lose_first_attempt(CrashPoint.MID_SEND.value)
 
     senders = DestinationSenders(primary)
     opened: set[str] = set()
