@@ -108,7 +108,7 @@ class StorageConfig:
 class RunConfig:
     trigger: str = AVAILABLE_NOW  # or a processing-time interval such as "10 seconds"
     # Bigger batches spread each batch's fixed cost (two Delta commits, a few Spark jobs) over more
-    # messages; the driver holds per-queue aggregates only, so its memory does not grow with them.
+    # messages; the driver holds aggregates only, so its memory does not grow with them.
     max_messages_per_trigger: int = 10000
     query_name: str = "backlog-syphon"
     # Longest pause between probes (one peek each) of an empty backlog queue: 900 s costs 4 operations

@@ -336,8 +336,24 @@ def test_a_destination_unavailable_past_the_wait_fails_the_batch_and_the_replay_
 
 # --- 7. the lease under starvation (invariant 7, the fence), two jobs on local[1] --------------
 
-@pytest.mark.timeout(1200)
-def test_lease_under_starvation_never_lets_two_runs_deliver_at_once(emulator, tmp_path):
+def _log_time(line: str) -> float:
+    """Epoch seconds of a job's log line (``%(asctime)s``: local time, milliseconds after a comma)."""
+    import datetime as dt
+
+    return dt.datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f").timestamp()
+
+
+@pytest.mark.timeout(1500)
+@pytest.mark.parametrize("outage_from", ["before_start", "after_preflight"])
+def test_lease_under_starvation_never_lets_two_runs_deliver_at_once(emulator, tmp_path, outage_from):
+    """Job A holds the lease while its send tasks wait for a server-busy primary on ``local[1]``, where
+    they hold the only task slot that a lease extension (a Delta commit) needs; job B waits for the
+    lease (``run.wait_for_lease``). The primary stays down for longer than the lease (20 s).
+
+    ``before_start``: the primary is down before job A starts (a run started during an outage waits
+    for the primary). ``after_preflight``: it goes down once A holds the lease and B waits for it,
+    both past their pre-flights, so the fence is exercised whatever the pre-flight makes of a busy
+    primary."""
     config = make_config(emulator, tmp_path)
     originals = _originals("starved", 150, destinations=("payments",))
     _write(config, {index: originals[index::3] for index in range(3)})
@@ -348,18 +364,30 @@ def test_lease_under_starvation_never_lets_two_runs_deliver_at_once(emulator, tm
                              "SYPHON_SPARK_MASTER": "local[1]"})
     logs = {name: tmp_path / f"job-{name}.log" for name in ("a", "b")}
 
-    emulator.set_unavailable(PRIMARY, mode="server-busy")
+    def says(name: str, text: str):
+        return lambda: text in tail(logs[name], 300000)
+
+    if outage_from == "before_start":
+        emulator.set_unavailable(PRIMARY, mode="server-busy")
     started = time.monotonic()
     job_a = start_job(job_command(tmp_path, **settings), env, logs["a"])
     job_b = None
     try:
-        assert wait_for(lambda: "took the lease" in tail(logs["a"], 200000) or job_a.poll() is not None, 240), \
-            tail(logs["a"])
-        assert job_a.poll() is None, tail(logs["a"])
-        leased = time.monotonic()
+        assert wait_for(lambda: says("a", "took the lease")() or job_a.poll() is not None, 300), tail(logs["a"])
+        assert job_a.poll() is None, f"job A ended (exit {job_a.poll()}) before the stream started:\n{tail(logs['a'])}"
+        down_since = time.monotonic()
         job_b = start_job(job_command(tmp_path, **settings, run__wait_for_lease="true"), env, logs["b"])
+        if outage_from == "after_preflight":
+            assert wait_for(lambda: says("b", "waiting for the lease")() or job_b.poll() is not None, 300), \
+                tail(logs["b"])
+            emulator.set_unavailable(PRIMARY, mode="server-busy")
+            down_since = time.monotonic()
+        else:
+            assert wait_for(lambda: says("b", "waiting for the lease")() or job_b.poll() is not None, 300), \
+                tail(logs["b"])
+        assert job_b.poll() is None, f"job B ended (exit {job_b.poll()}) instead of waiting:\n{tail(logs['b'])}"
         # Down for longer than the lease (20 s): job A's send tasks hold the only task slot meanwhile.
-        time.sleep(max(0.0, 60 - (time.monotonic() - leased)))
+        time.sleep(max(0.0, 60 - (time.monotonic() - down_since)))
         emulator.set_available(PRIMARY)
         back = time.monotonic()
         codes = {"a": finish_job(job_a, 600), "b": finish_job(job_b, 600)}
@@ -371,55 +399,67 @@ def test_lease_under_starvation_never_lets_two_runs_deliver_at_once(emulator, tm
     outputs = {name: tail(path, 300000) for name, path in logs.items()}
     arrivals = _arrivals(emulator, ("payments",))
     twice = {key: n for key, n in arrivals.items() if n > 1}
-    took = {name: sum("took the lease" in line for line in text.splitlines()) for name, text in outputs.items()}
-    lost = {name: [line for line in text.splitlines() if "lease" in line and ("lost" in line or "taken over" in line
-                                                                            or "expire" in line)]
-            for name, text in outputs.items()}
-    print(f"[starvation] exit codes {codes}; lease taken {took}; primary back {back - started:.0f} s after start; "
-          f"arrived {len(arrivals)} of {len(originals)}, duplicates {len(twice)}, remaining {_remaining(emulator)}")
+    events = {name: [line[:220] for line in text.splitlines()
+                     if line[:4].isdigit() and any(word in line for word in (
+                         "took the lease", "round", "batch_id=", "LeaseLost", "could not extend"))]
+              for name, text in outputs.items()}
+    print(f"[starvation {outage_from}] exit codes {codes}; primary down {back - down_since:.0f} s, back "
+          f"{back - started:.0f} s after start; arrived {len(arrivals)} of {len(originals)}, duplicates "
+          f"{len(twice)}, remaining {_remaining(emulator)}")
     for name in ("a", "b"):
-        print(f"[starvation] job {name} lease lines: {lost[name][:6]}")
+        print(f"[starvation {outage_from}] job {name}:\n  " + "\n  ".join(events[name][:30]))
     detail = "\n".join(f"--- job {name} (exit {codes[name]}) ---\n{outputs[name][-5000:]}" for name in ("a", "b"))
-    assert not twice, f"delivered twice: {sorted(twice.items())[:10]}\n{detail}"
+    assert not twice, f"{len(twice)} message(s) delivered twice: {sorted(twice.items())[:10]}\n{detail}"
     assert set(codes.values()) <= {0, 1} and 0 in codes.values(), detail
-    _check_exactly_once(arrivals, originals, "starvation")
+    _check_exactly_once(arrivals, originals, f"starvation {outage_from}")
     assert _remaining(emulator) == 0 and _dead_letters(emulator) == 0, detail
 
 
 # --- 8. --timeout inside a send (invariant 9, 2), as a job --------------------------------------
 
+TIMEOUT_SECONDS = 20  # from the query's start: the first send comes 5 to 35 s later on 2 busy cores
+PAUSE_SECONDS = 30  # the send task pauses this long after its first send, so the timeout falls inside
+
+
 @pytest.mark.timeout(900)
-def test_timeout_during_a_send_stops_at_the_batch_boundary_and_resends_nothing(emulator, tmp_path):
+def test_timeout_during_a_send_stops_at_the_batch_boundary_and_resends_nothing(spark, emulator, tmp_path):
     config = make_config(emulator, tmp_path)
     originals = _originals("timeout", 60, destinations=("payments",))
     _write(config, {index: originals[index::3] for index in range(3)})
     marker = tmp_path / "marker"
-    command = job_command(tmp_path, backlog__queue_count=3, run__trigger="2 seconds") + ["--timeout", "5"]
-    env = job_env(emulator, {"SYPHON_FAULT_PAUSE_AT": "mid_send", "SYPHON_FAULT_PAUSE_SECONDS": "10",
+    command = job_command(tmp_path, backlog__queue_count=3, run__trigger="2 seconds") + [
+        "--timeout", str(TIMEOUT_SECONDS)]
+    env = job_env(emulator, {"SYPHON_FAULT_PAUSE_AT": "mid_send", "SYPHON_FAULT_PAUSE_SECONDS": str(PAUSE_SECONDS),
                              "SYPHON_FAULT_MARKER": str(marker)})
-    started = time.monotonic()
     job = start_job(command, env, tmp_path / "job.log")
     paused_at: list[float] = []
 
     def watch() -> None:
         if wait_for(lambda: marker.exists() or job.poll() is not None, 600, interval=0.1) and marker.exists():
-            paused_at.append(time.monotonic())
+            paused_at.append(time.time())
 
     watcher = threading.Thread(target=watch, daemon=True)
     watcher.start()
     code = finish_job(job, 600)
-    ended = time.monotonic()
     watcher.join(5)
     output = tail(tmp_path / "job.log", 200000)
-    run_started = [line for line in output.splitlines() if "started run_id=" in line]
-    print(f"[timeout] exit {code} after {ended - started:.1f} s; send paused at "
-          f"{paused_at[0] - started if paused_at else None} s; marker: "
-          f"{marker.read_text().split() if marker.exists() else None}; {run_started}")
+    lines = output.splitlines()
+    started = [_log_time(line) for line in lines if "started run_id=" in line]
+    batches = [(_log_time(line), line.split()[4]) for line in lines
+               if "backlog_syphon.sink.foreach_batch: batch_id=" in line]
+    stop_at = started[0] + TIMEOUT_SECONDS if started else None
+    if stop_at is not None and paused_at:
+        print(f"[timeout] exit {code}; the stop was requested {stop_at - paused_at[0]:+.1f} s after the send "
+              f"paused (inside the send: {paused_at[0] <= stop_at <= paused_at[0] + PAUSE_SECONDS}); batches "
+              f"recorded {[(round(at - stop_at, 1), batch) for at, batch in batches]} s after the stop")
     assert code == 0, output[-5000:]
-    assert marker.exists(), "the batch never reached its send: the timeout did not fall inside a send"
-    first = _arrivals(emulator, ("payments",))
-    _check_exactly_once(first, originals, "timeout: first run")
+    assert marker.exists(), "the batch never reached its send"
+    assert started and batches and stop_at < batches[0][0], \
+        f"the timeout did not fall inside the first batch: {started}, {batches}"
+    assert [batch for _, batch in batches] == ["batch_id=0"], f"the run went on past the batch in flight: {batches}"
+    _check_exactly_once(_arrivals(emulator, ("payments",)), originals, "timeout: first run")
     assert _remaining(emulator) == 0, "the batch in flight was not purged before the run exited"
+    _check_audit(_audit(spark, config), originals)
 
     rest = start_job(job_command(tmp_path, backlog__queue_count=3), job_env(emulator), tmp_path / "rest.log")
     rest_code = finish_job(rest, 480)
@@ -428,3 +468,4 @@ def test_timeout_during_a_send_stops_at_the_batch_boundary_and_resends_nothing(e
     print(f"[timeout] second run sent {sum(second.values())}")
     assert not second, f"the second run sent again: {sorted(second)[:10]}"
     assert _remaining(emulator) == 0 and _dead_letters(emulator) == 0
+    _check_audit(_audit(spark, config), originals)

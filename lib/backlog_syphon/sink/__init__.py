@@ -1,1 +1,2 @@
-"""The foreachBatch sink: the driver's steps, the pure delivery state machine and the pure bookkeeping between steps."""
+"""The foreachBatch sink: the batch as a pure state machine, its Spark ports, the pure delivery rounds and
+bookkeeping, the background purge."""
