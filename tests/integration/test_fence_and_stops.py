@@ -124,7 +124,8 @@ def test_a_lease_held_elsewhere_stops_a_run_or_makes_it_wait_until_it_expires(em
     from backlog_syphon.run.lease import LeaseHeldError, new_lease
     from backlog_syphon.run.syphon import lease_key, run_syphon
 
-    config = make_config(emulator, tmp_path, **{"run.lease_seconds": 10})
+    # A lease long enough for a loaded 2-core machine's Delta commits (each extension is one, plus a read).
+    config = make_config(emulator, tmp_path, **{"run.lease_seconds": 20})
     originals = _originals("held", 30)
     write_backlog(config.secondary, PRIMARY, originals, queue_count=10)
     storage = config.storage

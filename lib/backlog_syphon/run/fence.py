@@ -134,11 +134,16 @@ class LeaseKeeper:
 
     # --- keeping --------------------------------------------------------------------------------
 
-    def extend(self, spark: SparkSession) -> None:
-        """Extend the lease now; ``LeaseLostError`` if another run holds it."""
+    def extend(self, spark: SparkSession, *, if_due: bool = False) -> None:
+        """Extend the lease now (``if_due``: unless it no longer needs it, for example because the heartbeat
+        extended it while this thread waited for the lock); ``LeaseLostError`` if another run holds it."""
         with self._lock:
             if self.lease is None:
                 raise LeaseLostError("this run does not hold the lease (it was released)")
+            now = self.clock()
+            if if_due and not renewal_due(self.lease, now, self.lease_seconds) and may_send(self.lease, now,
+                                                                                             self.lease_seconds):
+                return
             # Over the row as it is now: another copy of this keeper (the sink's, under Spark
             # Connect) may have extended it since.
             current = self._read(spark)
@@ -148,8 +153,16 @@ class LeaseKeeper:
                 raise LeaseLostError(f"the lease was taken over by {holder}; this run stops sending")
             candidate = new_lease(self.lease_key, self.run_id, self.host, self.pid, self.clock(), self.lease_seconds,
                                   current, self.process_identity)
-            # Not written means another copy of this run wrote the same epoch first: still ours.
-            self.lease = candidate if tables.write_lease(spark, self.lease_table, candidate) else current
+            if tables.write_lease(spark, self.lease_table, candidate):
+                self.lease = candidate
+                return
+            # Not written: another copy of this keeper (the sink's, under Spark Connect) wrote that epoch
+            # first, or another run took the lease. The row as it is now says which.
+            latest = self._read(spark)
+            if latest is None or latest.run_id != self.run_id:
+                self.lease = None
+                raise LeaseLostError("the lease was taken over while this run extended it; this run stops sending")
+            self.lease = latest
 
     def send_deadline(self, spark: SparkSession) -> float:
         """Until when (epoch seconds) this run may send; extends the lease when due, and raises
@@ -158,7 +171,7 @@ class LeaseKeeper:
         if lease is not None and (renewal_due(lease, self.clock(), self.lease_seconds)
                                   or not may_send(lease, self.clock(), self.lease_seconds)):
             try:
-                self.extend(spark)
+                self.extend(spark, if_due=True)
             except LeaseLostError:
                 raise
             except Exception as exc:  # noqa: BLE001 - storage hiccup: fine while the lease is still good
@@ -167,8 +180,9 @@ class LeaseKeeper:
                 logger.warning("could not extend the lease (%s); it is still good until %s", type(exc).__name__,
                                self.lease.expires_at)
         if not may_send(self.lease, self.clock(), self.lease_seconds):
-            raise LeaseLostError("this run's lease is about to expire and could not be extended; it stops "
-                                 "sending so that no other run sends the same messages")
+            until = "released" if self.lease is None else f"until {self.lease.expires_at:%H:%M:%S.%f} UTC"
+            raise LeaseLostError(f"this run's lease ({until}) is about to expire and could not be extended; it "
+                                 f"stops sending so that no other run sends the same messages")
         return send_deadline(self.lease, self.lease_seconds).timestamp()
 
     def start_heartbeat(self, spark: SparkSession) -> None:
@@ -194,7 +208,7 @@ class LeaseKeeper:
             if not renewal_due(lease, self.clock(), self.lease_seconds):
                 continue
             try:
-                self.extend(spark)
+                self.extend(spark, if_due=True)
             except LeaseLostError as exc:
                 logger.error("%s", exc)
                 return

@@ -16,6 +16,7 @@ A table setting is a path (it contains '/' or a scheme) or a catalog table name.
 from __future__ import annotations
 
 import datetime as dt
+import logging
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -27,6 +28,8 @@ from backlog_syphon.restore.rows import OUTCOME_ROW_SCHEMA, struct_of
 # What the sink produces per message; the table adds the partition column ``outcome_date``.
 AUDIT_ROW_SCHEMA = OUTCOME_ROW_SCHEMA
 AUDIT_SCHEMA = StructType(AUDIT_ROW_SCHEMA.fields + [StructField("outcome_date", DateType(), False)])
+
+logger = logging.getLogger(__name__)
 
 CHECKPOINT_SCHEMA = struct_of(CheckpointRow)
 # Columns a checkpoint table written by an older version lacks, with what they mean there.
@@ -227,6 +230,7 @@ def write_lease(spark: SparkSession, lease_table: str, lease: Lease, *, confirm:
         # Lost the race: to a commit of the same epoch, or to a run that created the table first
         # (which surfaces as a protocol change, or as a table that already exists).
         if is_commit_conflict(exc) or table_exists(spark, lease_table):
+            logger.info("lease write of epoch %d not done (%s)", lease.epoch, type(exc).__name__)
             return False
         raise
     if not confirm:
