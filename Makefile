@@ -95,4 +95,4 @@ dist: setup ## Build the wheel (Databricks) and a zip of lib/ (spark-submit --py
 	@ls -1 dist
 
 clean: ## Remove the virtualenvs, caches, build output and local run state
-	rm -rf $(VENV) $(RUNTIMES:%=.venv-spark%) .cache build dist var lib/*.egg-info emulator/src/*.egg-info emulator/build .pytest_cache spark-warehouse metastore_db derby.log
+	rm -rf $(VENV) .venv-spark* .cache build dist var lib/*.egg-info emulator/src/*.egg-info emulator/build .pytest_cache spark-warehouse metastore_db derby.log
