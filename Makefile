@@ -16,7 +16,7 @@ export PYSPARK_PYTHON := $(CURDIR)/$(PY)
 export PYSPARK_DRIVER_PYTHON := $(CURDIR)/$(PY)
 
 .DEFAULT_GOAL := help
-.PHONY: help setup test test-unit run emulator bench bench-emulator lint dist clean
+.PHONY: help setup test test-unit test-runtimes run emulator bench bench-emulator lint dist clean
 
 help: ## List the targets
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  %-16s %s\n", $$1, $$2}'
@@ -41,6 +41,32 @@ test: setup ## Run the whole test suite (unit, emulator/tests, Spark/Delta integ
 
 test-unit: setup ## Run only the fast unit tests
 	$(PY) -m pytest tests/unit
+
+# The other Spark lines the job supports (docs/running.md, "Supported runtimes"): each gets its own
+# virtualenv .venv-spark<X.Y> from requirements-spark<X.Y>.lock (set up again only when that file
+# changes) and its Delta JARs in .cache/jars (one folder per artifact and version), then runs
+# tests/runtimes with its own interpreter. `make test-runtimes RUNTIMES=4.1` runs one of them.
+RUNTIMES ?= 4.0 4.1
+RUNTIME_STAMPS := $(foreach r,$(RUNTIMES),.venv-spark$(r)/.installed .cache/jars/.fetched-spark$(r))
+
+.venv-spark%/.installed: requirements-spark%.lock setup.cfg emulator/pyproject.toml
+	test -x $(@D)/bin/python || $(PYTHON) -m venv $(@D)
+	$(@D)/bin/python -m pip install --quiet --upgrade pip
+	$(@D)/bin/python -m pip install --quiet -r $<
+	$(@D)/bin/python -m pip install --quiet --no-deps -e . -e emulator
+	touch $@
+
+.cache/jars/.fetched-spark%: .venv-spark%/.installed
+	.venv-spark$*/bin/python -m backlog_syphon.run.delta_jars
+	touch $@
+
+test-runtimes: $(RUNTIME_STAMPS) ## Run the end-to-end runtime scenario on each other Spark line (4.0, 4.1), each in its venv
+	@failed=""; for r in $(RUNTIMES); do \
+	  py="$(CURDIR)/.venv-spark$$r/bin/python"; \
+	  echo "== Spark $$r: $$py"; \
+	  PYSPARK_PYTHON="$$py" PYSPARK_DRIVER_PYTHON="$$py" "$$py" -m pytest tests/runtimes || failed="$$failed $$r"; \
+	done; \
+	if [ -n "$$failed" ]; then echo "test-runtimes failed on Spark:$$failed"; exit 1; fi
 
 run: setup ## Start the local emulator, write a backlog, run the syphon, check and print what moved
 	$(PY) -m tools.local_run --emulator-config $(EMULATOR_CONFIG) --config conf/local.yaml
@@ -68,5 +94,5 @@ dist: setup ## Build the wheel (Databricks) and a zip of lib/ (spark-submit --py
 	  [z.write(p) for p in sorted(pathlib.Path('backlog_syphon').rglob('*.py'))]; z.close()"
 	@ls -1 dist
 
-clean: ## Remove the virtualenv, caches, build output and local run state
-	rm -rf $(VENV) .cache build dist var lib/*.egg-info emulator/src/*.egg-info emulator/build .pytest_cache spark-warehouse metastore_db derby.log
+clean: ## Remove the virtualenvs, caches, build output and local run state
+	rm -rf $(VENV) .venv-spark* .cache build dist var lib/*.egg-info emulator/src/*.egg-info emulator/build .pytest_cache spark-warehouse metastore_db derby.log

@@ -4,9 +4,18 @@ Why not Spark's own ``spark.jars.packages``: that resolves with Ivy at every ses
 needs its own cache set-up on each machine and, for delta-spark 4.4, drags transitive
 dependencies (Hadoop, Scala, Jackson) that already ship with pyspark at other versions.
 Here Maven resolves the artifact once, and only the JARs that pyspark does not already ship are
-kept in ``.cache/jars/<delta version>-spark<major.minor>/``; the session builder passes them as
-``spark.jars``. Maven is used when it is installed; otherwise the session builder falls back
-to ``spark.jars.packages`` (see ``spark_session.py``), which works for users without Maven.
+kept in ``.cache/jars/<artifact>-<delta version>/`` (one folder per Spark line and Delta release, so
+the runtimes of ``make test-runtimes`` share the cache without colliding); the session builder passes
+them as ``spark.jars``. Maven is used when it is installed; otherwise the session builder falls back
+to ``spark.jars.packages`` (see ``spark_session.py``) with the same coordinates, which works for users
+without Maven.
+
+Which artifact: Delta 4.0.x published one JAR per Scala version (``delta-spark_2.13``), built for
+Spark 4.0. From Delta 4.1 on, every artifact names the Spark line it was built for
+(``delta-spark_4.1_2.13``, ...), and the name without a Spark version is only an alias for the release's
+default Spark line, which moved (Spark 4.1 for Delta 4.1-4.3, Spark 4.2 for Delta 4.4): it is never the
+right one to guess. ``SUPPORTED_SPARK_LINES`` lists, per Spark line, the Delta release lines that
+publish a JAR for it; anything else is refused with a message naming what is supported.
 
 Usage: ``python -m backlog_syphon.run.delta_jars [--dest DIR] [--jars]`` prints the folder it filled
 (or, with ``--jars``, its JARs as a ``spark-submit --jars`` list).
@@ -25,6 +34,18 @@ from pathlib import Path
 
 SCALA_BINARY_VERSION = "2.13"
 # The delta-spark wheel's version names the JAR version to fetch; they must be equal.
+
+# pyspark major.minor -> the delta-spark release lines (major.minor) with a JAR built for that Spark
+# line, as published in Maven Central (each checked with `mvn dependency:get`). The pairs that
+# `make test-runtimes` and `make test` run are in docs/running.md ("Supported runtimes").
+SUPPORTED_SPARK_LINES: dict[str, tuple[str, ...]] = {
+    "4.0": ("4.0", "4.1", "4.2", "4.3", "4.4"),  # Delta 4.0.x: delta-spark_2.13; later: delta-spark_4.0_2.13
+    "4.1": ("4.1", "4.2", "4.3", "4.4"),  # delta-spark_4.1_2.13
+    "4.2": ("4.4",),  # delta-spark_4.2_2.13
+}
+# Delta release lines whose artifact carries no Spark version (one JAR per Scala version).
+UNSUFFIXED_DELTA_LINES = frozenset({"4.0"})
+
 DEFAULT_CACHE = Path(__file__).resolve().parents[3] / ".cache" / "jars"  # <repo>/lib/backlog_syphon/run/
 
 _POM = """<project xmlns="http://maven.apache.org/POM/4.0.0">
@@ -41,14 +62,54 @@ _POM = """<project xmlns="http://maven.apache.org/POM/4.0.0">
 _VERSIONED_JAR = re.compile(r"^(?P<name>.+?)-(?P<version>\d[^-]*(?:-[^-]+)*)\.jar$")
 
 
+class UnsupportedRuntimeError(RuntimeError):
+    """The installed pyspark (or its pairing with delta-spark) is not one the syphon supports."""
+
+
+def _major_minor(version: str) -> str:
+    return ".".join(version.split(".")[:2])
+
+
+def _supported() -> str:
+    return ", ".join(f"pyspark {spark}.x with delta-spark {'/'.join(f'{line}.x' for line in delta)}"
+                     for spark, delta in SUPPORTED_SPARK_LINES.items())
+
+
+def delta_artifact(spark_version: str, delta_version: str) -> str:
+    """The Maven artifact id of Delta's JAR for pyspark ``spark_version`` and delta-spark ``delta_version``.
+
+    Raises ``UnsupportedRuntimeError`` naming the supported versions when the pair is not in
+    ``SUPPORTED_SPARK_LINES``.
+    """
+    spark_line, delta_line = _major_minor(spark_version), _major_minor(delta_version)
+    delta_lines = SUPPORTED_SPARK_LINES.get(spark_line)
+    if delta_lines is None:
+        raise UnsupportedRuntimeError(
+            f"pyspark {spark_version} is not supported: the syphon runs on Spark "
+            f"{', '.join(SUPPORTED_SPARK_LINES)} ({_supported()})")
+    if delta_line not in delta_lines:
+        raise UnsupportedRuntimeError(
+            f"delta-spark {delta_version} has no JAR built for Spark {spark_line} (pyspark {spark_version}): "
+            f"install delta-spark {' or '.join(f'{line}.x' for line in delta_lines)} with it "
+            f"(supported: {_supported()})")
+    if delta_line in UNSUFFIXED_DELTA_LINES:
+        return f"delta-spark_{SCALA_BINARY_VERSION}"
+    return f"delta-spark_{spark_line}_{SCALA_BINARY_VERSION}"
+
+
 def delta_coordinates() -> tuple[str, str]:
     """(artifact id, version) of the Delta JAR that pairs with the installed pyspark and delta-spark."""
-    from importlib.metadata import version
+    from importlib.metadata import PackageNotFoundError, version
 
     import pyspark
 
-    spark_major_minor = ".".join(pyspark.__version__.split(".")[:2])
-    return f"delta-spark_{spark_major_minor}_{SCALA_BINARY_VERSION}", version("delta-spark")
+    try:
+        delta_version = version("delta-spark")
+    except PackageNotFoundError:
+        raise UnsupportedRuntimeError(
+            f"delta-spark is not installed next to pyspark {pyspark.__version__}: install the release that "
+            f"pairs with it ({_supported()})") from None
+    return delta_artifact(pyspark.__version__, delta_version), delta_version
 
 
 def jar_folder(cache: Path = DEFAULT_CACHE) -> Path:
