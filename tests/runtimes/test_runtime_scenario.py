@@ -19,9 +19,9 @@ The scenario, against the local emulator:
   holds exactly one ``delivered`` row per delivered MessageId (and one ``dead_lettered`` row, with
   the reason code, per poison message); no micro-batch is larger than the limit, so there are several.
 The same backlog and checks once more with an interval trigger (what the continuous Databricks job
-runs), no crash: the run is stopped with SIGTERM once the backlog is empty. On Spark 4.0/4.1 the two
-differ: Python streaming sources get no read limit before Spark 4.2, and an ``available_now`` run
-then plans one batch of everything, whatever ``run.max_messages_per_trigger`` says.
+runs), no crash: the run is stopped with SIGTERM once the backlog is empty. On Spark 4.0/4.1, which
+give Python streaming sources no read limit, the ``available_now`` run is played by the syphon
+(bounded batches under a processing-time trigger): its batches are bounded all the same.
 A closing note gives, per test, the pyspark version, the micro-batches and their sizes, and the wall times.
 """
 
@@ -54,13 +54,6 @@ def _pyspark_version() -> str:
     import pyspark
 
     return pyspark.__version__
-
-
-def _has_read_limits() -> bool:
-    """Whether this Spark gives Python streaming sources read limits (Spark 4.2+)."""
-    import importlib.util
-
-    return importlib.util.find_spec("pyspark.sql.streaming.datasource") is not None
 
 
 def kill_when_parked_after_send(command, env, marker: Path, log: Path, timeout: float) -> str:
@@ -192,15 +185,9 @@ def check_batches(batch_sizes: list[int], total: int, limit: int, where: str, tr
     """No micro-batch larger than run.max_messages_per_trigger, so at least total/limit of them."""
     if max(batch_sizes) <= limit and len(batch_sizes) >= math.ceil(total / limit):
         return
-    why = ""
-    if not _has_read_limits() and trigger == "available_now":
-        why = (" Spark before 4.2 gives Python streaming sources no read limit, and the source then plans "
-               "an available_now run as one batch of everything (source/planning.py, WindowPlanner.budget: "
-               "ALL_AVAILABLE_BUDGET when read limits are unsupported) instead of honouring "
-               "run.max_messages_per_trigger. Every other check of the scenario passed.")
     raise AssertionError(f"{where}, trigger {trigger}: micro-batches {batch_sizes} for {total} messages and "
                          f"run.max_messages_per_trigger={limit}: expected at least {math.ceil(total / limit)} "
-                         f"batches of at most {limit}.{why}")
+                         f"batches of at most {limit}")
 
 
 def _noted(runtime_note, name: str, scenario) -> None:
