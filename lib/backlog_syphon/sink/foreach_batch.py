@@ -263,19 +263,27 @@ def aggregate_outcomes(outcomes: DataFrame) -> BatchAggregate:
     """Every outcome row aggregated: recorded spans, per-destination counts, unsent destinations.
 
     A span is a run of final outcomes of one queue, one batch and one attempt (run), in sequence
-    order, cut wherever a message was left unsent. One Spark job; the rest is ``combine_groups``.
+    order, cut wherever a message was left unsent. One Spark job; a second, with the runs numbered,
+    only when some message was left unsent. The rest is ``combine_groups``.
     """
-    order = Window.partitionBy("run_id", "batch_id", "backlog_queue").orderBy("sequence_number", "enqueued_time")
-    unsent = (F.col("outcome") == Outcome.UNSENT).cast("long")
-    rows = (outcomes.withColumn("island", F.sum(unsent).over(order.rowsBetween(Window.unboundedPreceding, 0)))
-            .groupBy("run_id", "batch_id", "backlog_queue", "island", "destination", "outcome", "reason_code")
+    groups = _group_outcomes(outcomes.withColumn("island", F.lit(0)))
+    if any(group["outcome"] == Outcome.UNSENT for group in groups):
+        order = Window.partitionBy("run_id", "batch_id", "backlog_queue").orderBy("sequence_number", "enqueued_time")
+        unsent = (F.col("outcome") == Outcome.UNSENT).cast("long")
+        groups = _group_outcomes(outcomes.withColumn(
+            "island", F.sum(unsent).over(order.rowsBetween(Window.unboundedPreceding, 0))))
+    return combine_groups(groups)
+
+
+def _group_outcomes(outcomes: DataFrame) -> list[dict]:
+    rows = (outcomes.groupBy("run_id", "batch_id", "backlog_queue", "island", "destination", "outcome", "reason_code")
             .agg(F.min("sequence_number").alias("first"), F.max("sequence_number").alias("last"),
                  F.min(F.unix_millis("enqueued_time")).alias("enqueued_from"),
                  F.max(F.unix_millis("enqueued_time")).alias("enqueued_to"),
                  F.count(F.lit(1)).alias("n"), F.max("reason").alias("reason"),
                  F.min(F.unix_millis("outcome_time")).alias("since"))
             .collect())
-    return combine_groups([row.asDict() for row in rows])
+    return [row.asDict() for row in rows]
 
 
 def combine_groups(groups: list[dict]) -> BatchAggregate:
