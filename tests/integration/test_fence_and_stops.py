@@ -130,7 +130,7 @@ def test_a_lease_held_elsewhere_stops_a_run_or_makes_it_wait_until_it_expires(em
     write_backlog(config.secondary, PRIMARY, originals, queue_count=10)
     storage = config.storage
     now = dt.datetime.now(dt.timezone.utc)
-    other = new_lease(lease_key(config), "other-run", "another-host", 4242, now, 25)
+    other = new_lease(lease_key(config), "other-run", "another-host", 4242, now, 300)
     assert tables.write_lease(spark, storage.resolved_lease_table, other)
 
     with pytest.raises(LeaseHeldError) as held:
@@ -140,7 +140,7 @@ def test_a_lease_held_elsewhere_stops_a_run_or_makes_it_wait_until_it_expires(em
     assert emulator.stats(PRIMARY)[DESTINATION]["in"] == 0, "a fenced run sent something"
     assert sum(entry["total"] for entry in _backlog(emulator).values()) == len(originals)
 
-    # The other run extends its lease (the part above can take longer than it on a loaded machine).
+    # The other run extends its lease, now for 25 s: the next run waits for it to expire.
     other = new_lease(lease_key(config), "other-run", "another-host", 4242, dt.datetime.now(dt.timezone.utc), 25,
                       tables.read_lease(spark, storage.resolved_lease_table))
     assert tables.write_lease(spark, storage.resolved_lease_table, other)
