@@ -255,8 +255,11 @@ def run_syphon(spark: SparkSession, config: SyphonConfig, *, run_id: str | None 
             on_start(run)
         follow_progress(run.query, run.listener, on_progress, timeout_seconds=timeout_seconds,
                         stop_requested=lambda: run.stop_requested, request_stop=run.request_stop)
-    except BaseException:
+    except BaseException as exc:
         run.finish(spark)
+        if run.sink.failure is not None and exc is not run.sink.failure:
+            # Classic Spark runs foreachBatch in this process: the sink's own error carries its exit code.
+            raise run.sink.failure from exc
         raise
     # What is left is counted (peeks) while the last records are written.
     summary = run.finish(spark, meanwhile=lambda: None if run.query.exception() else summarise_run(

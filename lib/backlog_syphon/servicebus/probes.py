@@ -19,6 +19,7 @@ from azure.servicebus.exceptions import (
     MessagingEntityNotFoundError,
     ServiceBusAuthenticationError,
     ServiceBusAuthorizationError,
+    ServiceBusServerBusyError,
 )
 
 from backlog_syphon.config import NamespaceConfig, SyphonConfig
@@ -152,8 +153,8 @@ def _preflight_primary(namespace: NamespaceConfig, destination: str) -> None:
         with open_client(namespace, role="primary", retry_total=0) as client:
             with client.get_queue_sender(destination) as sender:
                 attach(sender)  # attaching the link is the check; nothing is sent
-    except MessagingEntityNotFoundError:
-        return  # authenticated; a missing destination is that destination's messages' problem
+    except (MessagingEntityNotFoundError, ServiceBusServerBusyError):
+        return  # authenticated; a missing destination is its messages' problem, a busy primary is waited for
     except Exception as exc:  # noqa: BLE001 - every failure becomes one plain line
         logger.debug("pre-flight of the primary namespace failed", exc_info=True)
         raise _preflight_failure(exc, namespace, "primary", destination, "Send") from None
@@ -196,8 +197,8 @@ def _attach_problem(namespace: NamespaceConfig, role: str, timeout_seconds: floa
             with open_client(namespace, role=role, retry_total=0) as client:
                 with client.get_queue_sender(PREFLIGHT_PROBE_ENTITY) as sender:
                     attach(sender)
-        except MessagingEntityNotFoundError:
-            return  # reached and authenticated; the probe entity need not exist
+        except (MessagingEntityNotFoundError, ServiceBusServerBusyError):
+            return  # reached and authenticated; the probe entity need not exist, a busy namespace is waited for
 
     pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="executor-probe")
     try:

@@ -14,6 +14,7 @@ import logging
 from azure.servicebus.exceptions import MessagingEntityNotFoundError, ServiceBusError
 
 from backlog_syphon.config import NamespaceConfig
+from backlog_syphon.errors import BacklogQueueMissingError
 from backlog_syphon.servicebus.clients import pooled_receiver
 from backlog_syphon.servicebus.peek import first_identity_from, peek_identities
 from backlog_syphon.servicebus.purge_plan import PurgePlan, PurgeProgress, PurgeResult
@@ -37,9 +38,14 @@ def purge_backlog(namespace: NamespaceConfig, plan: PurgePlan, *, max_wait_secon
     A queue that no longer exists holds none of the plan's messages: everything is settled.
     """
     try:
-        with pooled_receiver(namespace, plan.queue, purpose="settle") as receiver:
-            return _purge(receiver, plan, max_wait_seconds)
-    except MessagingEntityNotFoundError:
+        try:
+            with pooled_receiver(namespace, plan.queue, purpose="settle") as receiver:
+                return _purge(receiver, plan, max_wait_seconds)
+        except (MessagingEntityNotFoundError, BacklogQueueMissingError):
+            # A pooled link to a queue deleted and created since says "not found" too: ask on a fresh one.
+            with pooled_receiver(namespace, plan.queue, purpose="settle") as receiver:
+                return _purge(receiver, plan, max_wait_seconds)
+    except (MessagingEntityNotFoundError, BacklogQueueMissingError):
         logger.warning("backlog=%s no longer exists: the %d recorded message(s) the purge was to settle went with "
                        "it", plan.queue, plan.expected)
         return PurgeResult(0, 0, 0, (), plan.spans)

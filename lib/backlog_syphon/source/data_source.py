@@ -105,48 +105,65 @@ def read_window(namespace: NamespaceConfig, window: BacklogWindow, *, sleep=time
     Contiguous by construction: the window ends only at its planned end, or where a probe confirms
     that no message follows. An empty page before that is retried; a window that cannot be
     completed fails the task (``IncompleteReadError``) rather than end early, since what it skipped
-    would count as read. A queue that no longer exists has nothing left to read.
+    would count as read. A queue that no longer exists has nothing left to read; a pooled link to a
+    queue deleted and created since says "not found" too, so that is asked again on a fresh link.
     """
-    from backlog_syphon.restore.rows import BACKLOG_ROW_ARROW_SCHEMA, backlog_row_values, record_batch
     from backlog_syphon.servicebus.clients import open_peek_receivers, pooled_receiver
-    from backlog_syphon.servicebus.peek import PEEK_PAGE_SIZE, first_identity_from, peek_raw
 
     open_peek_receivers(namespace, window.batch_queues)  # pooled: at once, the first time in this process
-    position = window.start
-    retries = 0
-    try:
-        with pooled_receiver(namespace, window.queue) as receiver:
-            while position < window.end:
-                page = peek_raw(receiver, position, min(PEEK_PAGE_SIZE, window.end - position))
-                rows = []
-                for raw in page:
-                    seq, enqueued_ms = broker_identity_of(window.queue, raw, position)
-                    if seq >= window.end:
-                        break
-                    rows.append(backlog_row_values(window.queue, raw, sequence_number=seq,
-                                                   enqueued_time=_from_ms(enqueued_ms)))
-                    position = seq + 1
-                if rows:
-                    retries = 0
-                    yield record_batch(rows, BACKLOG_ROW_ARROW_SCHEMA)
-                if len(rows) < len(page):
-                    return  # the page went past the window's end
-                if not page:
-                    following = first_identity_from(receiver, position)
-                    if following is None or following[0] >= window.end:
-                        return  # confirmed: nothing more in the window
-                    retries += 1
-                    if retries > SHORT_READ_RETRIES:
-                        raise IncompleteReadError(
-                            f"backlog queue {window.queue}: peeks from sequence number {position} kept coming back "
-                            f"empty although message {following[0]} is there (window ends at {window.end}); the "
-                            f"batch is replayed whole by the next run")
-                    logger.info("backlog=%s empty peek page at %d before the window's end %d; retrying",
-                                window.queue, position, window.end)
-                    sleep(SHORT_READ_PAUSE_SECONDS * 2 ** (retries - 1))
-    except BacklogQueueMissingError:
-        logger.warning("backlog=%s no longer exists: the rest of its window [%d, %d) went with it", window.queue,
-                       position, window.end)
+    reader = _WindowReader(window, sleep)
+    for fresh_link in (False, True):
+        try:
+            with pooled_receiver(namespace, window.queue) as receiver:  # a failed link is dropped from the pool
+                yield from reader.pages(receiver)
+            return
+        except BacklogQueueMissingError:
+            if fresh_link:
+                logger.warning("backlog=%s no longer exists: the rest of its window [%d, %d) went with it",
+                               window.queue, reader.position, window.end)
+
+
+class _WindowReader:
+    """Where the reading of one window stands, across the links it is read through."""
+
+    def __init__(self, window: BacklogWindow, sleep):
+        self.window, self.sleep = window, sleep
+        self.position = window.start
+        self.retries = 0
+
+    def pages(self, receiver):
+        from backlog_syphon.restore.rows import BACKLOG_ROW_ARROW_SCHEMA, backlog_row_values, record_batch
+        from backlog_syphon.servicebus.peek import PEEK_PAGE_SIZE, first_identity_from, peek_raw
+
+        window = self.window
+        while self.position < window.end:
+            page = peek_raw(receiver, self.position, min(PEEK_PAGE_SIZE, window.end - self.position))
+            rows = []
+            for raw in page:
+                seq, enqueued_ms = broker_identity_of(window.queue, raw, self.position)
+                if seq >= window.end:
+                    break
+                rows.append(backlog_row_values(window.queue, raw, sequence_number=seq,
+                                               enqueued_time=_from_ms(enqueued_ms)))
+                self.position = seq + 1
+            if rows:
+                self.retries = 0
+                yield record_batch(rows, BACKLOG_ROW_ARROW_SCHEMA)
+            if len(rows) < len(page):
+                return  # the page went past the window's end
+            if not page:
+                following = first_identity_from(receiver, self.position)
+                if following is None or following[0] >= window.end:
+                    return  # confirmed: nothing more in the window
+                self.retries += 1
+                if self.retries > SHORT_READ_RETRIES:
+                    raise IncompleteReadError(
+                        f"backlog queue {window.queue}: peeks from sequence number {self.position} kept coming back "
+                        f"empty although message {following[0]} is there (window ends at {window.end}); the "
+                        f"batch is replayed whole by the next run")
+                logger.info("backlog=%s empty peek page at %d before the window's end %d; retrying",
+                            window.queue, self.position, window.end)
+                self.sleep(SHORT_READ_PAUSE_SECONDS * 2 ** (self.retries - 1))
 
 
 def _from_ms(ms: int | None):
