@@ -249,7 +249,7 @@ def test_a_failed_purge_round_is_retried_and_resends_nothing(spark, emulator, tm
 # --- 5. a missing backlog queue (invariant 11), as a job ----------------------------------------
 
 @pytest.mark.timeout(600)
-def test_a_missing_backlog_queue_is_skipped_with_one_warning(emulator, tmp_path):
+def test_a_missing_backlog_queue_is_skipped_with_one_warning(spark, emulator, tmp_path):
     config = make_config(emulator, tmp_path)
     emulator.delete_queue(SECONDARY, _queue(2))
     originals = _originals("missing", 40)
@@ -265,6 +265,7 @@ def test_a_missing_backlog_queue_is_skipped_with_one_warning(emulator, tmp_path)
     assert "Traceback" not in output, output[-6000:]
     _check_exactly_once(_arrivals(emulator), originals, "missing queue")
     assert _remaining(emulator) == 0 and _dead_letters(emulator) == 0
+    _check_audit(_audit(spark, config), originals)
 
 
 # --- 6. a destination full or disabled (invariant 11, 3) ----------------------------------------
@@ -348,7 +349,7 @@ def _log_time(line: str) -> float:
 
 @pytest.mark.timeout(1500)
 @pytest.mark.parametrize("outage_from", ["before_start", "after_preflight"])
-def test_lease_under_starvation_never_lets_two_runs_deliver_at_once(emulator, tmp_path, outage_from):
+def test_lease_under_starvation_never_lets_two_runs_deliver_at_once(spark, emulator, tmp_path, outage_from):
     """Job A holds the lease while its send tasks wait for a server-busy primary on ``local[1]``, where
     they hold the only task slot that a lease extension (a Delta commit) needs; job B waits for the
     lease (``run.wait_for_lease``). The primary stays down for longer than the lease (20 s).
@@ -416,6 +417,7 @@ def test_lease_under_starvation_never_lets_two_runs_deliver_at_once(emulator, tm
     assert set(codes.values()) <= {0, 1} and 0 in codes.values(), detail
     _check_exactly_once(arrivals, originals, f"starvation {outage_from}")
     assert _remaining(emulator) == 0 and _dead_letters(emulator) == 0, detail
+    _check_audit(_audit(spark, config), originals)
 
 
 # --- 8. --timeout inside a send (invariant 9, 2), as a job --------------------------------------

@@ -273,6 +273,11 @@ class Lease:
             raise LeaseLostError("the lease was taken over by run other on host (pid 1); this run stops sending")
         return self.clock() + self.round_seconds[min(self.calls, len(self.round_seconds)) - 1]
 
+    def confirm_held(self) -> None:
+        self.calls += 1
+        if self.lost_at is not None and self.calls >= self.lost_at:
+            raise LeaseLostError("the lease was taken over by run other on host (pid 1); this run stops sending")
+
 
 class Purges:
     """``PurgePort``: each round settles at once (against the backlog) and is reported by ``finished``.

@@ -10,7 +10,7 @@ from backlog_syphon.errors import LeaseLostError
 from backlog_syphon.model import Lease
 from backlog_syphon.run import fence
 from backlog_syphon.run.fence import LeaseKeeper, process_gone, process_identity
-from backlog_syphon.run.lease import send_deadline
+from backlog_syphon.run.lease import new_lease, send_deadline
 from backlog_syphon.storage import tables
 
 T0 = dt.datetime(2026, 11, 26, 8, 0, tzinfo=dt.timezone.utc)
@@ -142,3 +142,10 @@ def test_a_lease_of_a_crashed_holder_on_this_machine_is_taken_over_at_once(table
     lease = keeper(clock, run_id="run-new").acquire(None, wait=False)
     assert (lease.run_id, lease.epoch, lease.acquired_at) == ("run-new", 5, T0)
     assert fence.process_gone(table.row.process_identity) is False  # now this process's: alive
+
+
+def test_a_lease_still_this_runs_may_record_inside_its_safety_margin():
+    holder = LeaseKeeper(lease_table="t", lease_key="k", run_id="r1", lease_seconds=100)
+    holder.lease = new_lease("k", "r1", "h", 1, T0, 100)
+    holder.clock = lambda: T0 + dt.timedelta(seconds=90)  # past the sending margin, not expired
+    holder.confirm_held(None)  # no extension needed to record: nobody else can hold it yet

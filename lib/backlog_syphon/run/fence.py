@@ -185,6 +185,15 @@ class LeaseKeeper:
                                  f"stops sending so that no other run sends the same messages")
         return send_deadline(self.lease, self.lease_seconds).timestamp()
 
+    def confirm_held(self, spark: SparkSession) -> None:
+        """Raise ``LeaseLostError`` unless this run still holds the lease. Recording what was sent needs no
+        safety margin: a lease that is still this run's (extended here if it ran out, a compare-and-set)
+        is held by nobody else, however slow the last extension's commit was."""
+        lease = self.lease
+        if lease is not None and lease.expires_at > self.clock():
+            return
+        self.extend(spark)  # raises LeaseLostError when another run holds it
+
     def start_heartbeat(self, spark: SparkSession) -> None:
         """Extend the lease in the background while the run lives, also during long batches."""
         if self._heartbeat is not None:

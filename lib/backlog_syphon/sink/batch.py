@@ -125,6 +125,10 @@ class LeasePort(Protocol):
         """Extend the lease if due; raise ``LeaseLostError`` if it is not this run's; return until when
         (epoch seconds) a task may send under it."""
 
+    def confirm_held(self) -> None:
+        """Raise ``LeaseLostError`` unless the lease is still this run's (extended if it ran out): recording
+        needs no margin, only that no other run holds the backlog."""
+
 
 class PurgePort(Protocol):
     def busy(self) -> bool: ...
@@ -204,7 +208,7 @@ def run_batch(state: SinkState, ports: BatchPorts, lease: LeasePort, purges: Pur
         if not aggregate.rows and not replayed:
             return BatchReport(batch_id, aggregate, 0, rounds)  # an empty batch: nothing to record
         hooks.reached(CrashPoint.AFTER_SEND)
-        lease.send_deadline()  # a batch that lost its lease neither records nor purges
+        lease.confirm_held()  # a batch that lost its lease neither records nor purges
 
         step = Step.RECORD
         dead_letters = ports.dead_letters() if aggregate.total(Outcome.DEAD_LETTERED) else []

@@ -189,6 +189,10 @@ class _SessionLease:
     def send_deadline(self) -> float:
         return float("inf") if self.keeper is None else self.keeper.send_deadline(self.spark)
 
+    def confirm_held(self) -> None:
+        if self.keeper is not None:
+            self.keeper.confirm_held(self.spark)
+
 
 class SparkBatch:
     """``sink.batch.BatchPorts`` for one micro-batch: its rows as DataFrames, the tables, the sends."""
