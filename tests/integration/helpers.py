@@ -105,6 +105,29 @@ def kill_tree(proc: subprocess.Popen, extra_pids=()) -> None:
     proc.wait(timeout=30)
 
 
+def kill_when_parked(command: list[str], env: dict[str, str], step: str, marker, log, timeout: float, *,
+                     settle_seconds: float = 0.0) -> str:
+    """Run the job with the sink's test hook at ``step`` (``SYPHON_FAULT_PAUSE_AT``: the process that reaches
+    it writes ``<step> <pid>`` to ``marker`` and sleeps), then SIGKILL its whole process tree, the parked
+    processes included. Returns '' once killed there, or why it never parked. ``settle_seconds``: let the
+    job's other tasks get as far as they get before the kill."""
+    proc = start_job(command, {**env, "SYPHON_FAULT_PAUSE_AT": step, "SYPHON_FAULT_MARKER": str(marker)}, log)
+    parked_pids: list[int] = []
+    try:
+        parked = wait_for(lambda: proc.poll() is not None or (marker.exists() and marker.read_text().strip()),
+                          timeout, interval=0.2)
+        if proc.poll() is not None:
+            return f"the job ended (rc={proc.returncode}) before reaching {step}"
+        if not parked:
+            return f"the job did not reach {step} within {timeout:.0f} s"
+        time.sleep(settle_seconds)
+        words = marker.read_text().split()
+        parked_pids = [int(pid) for pid in words[1::2]]
+        return "" if words[0] == step else f"the job parked at {words[0]}, not {step}"
+    finally:
+        kill_tree(proc, parked_pids)
+
+
 def finish_job(proc: subprocess.Popen, timeout: float) -> int | None:
     """The job's exit code once it ends within ``timeout``; None (and the job killed) otherwise."""
     try:

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 import pytest
 
 from .conftest import PRIMARY, ROOT, SECONDARY
-from .helpers import drain_destinations, job_command, job_env, kill_tree, tail
+from .helpers import drain_destinations, job_command, job_env, kill_tree, kill_when_parked, tail
 
 MESSAGES = 150
 BATCH_LIMIT = 100  # run.max_messages_per_trigger: 150 messages make two micro-batches
@@ -178,31 +178,14 @@ def test_a_kill_in_the_middle_of_the_sends_loses_nothing_and_resends_at_most_tha
     stream = tmp_path / "checkpoint-stream"
     runs: list[Run] = []
 
-    # Runs 1-5: park at the chain's next fault point, SIGKILL the whole job, restart with the next.
+    # Each kill: park at its fault point, SIGKILL the whole job, then the next run on the same state.
     for number, step in enumerate(CHAIN, start=1):
         run_started = time.monotonic()
         marker = tmp_path / f"fault-marker-{number}"
         log = tmp_path / f"run{number}-{step}.log"
-        with open(log, "wb") as out:
-            proc = subprocess.Popen(command, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-                                    env=job_env(emulator, {"SYPHON_FAULT_PAUSE_AT": step,
-                                                            "SYPHON_FAULT_MARKER": str(marker)}))
-        parked_pids: list[int] = []
-        try:
-            deadline = time.monotonic() + KILL_WAIT_SECONDS
-            while time.monotonic() < deadline and proc.poll() is None:
-                if marker.exists() and marker.read_text().strip():
-                    break
-                time.sleep(0.2)
-            assert proc.poll() is None, \
-                f"run {number} ended (rc={proc.returncode}) before reaching {step}:\n{tail(log)}"
-            assert marker.exists(), f"run {number} did not reach {step} within {KILL_WAIT_SECONDS} s:\n{tail(log)}"
-            time.sleep(0.5)  # let other tasks of a mid_send batch get as far as they get
-            lines = marker.read_text().split()
-            assert lines[0] == step
-            parked_pids = [int(pid) for pid in lines[1::2]]
-        finally:
-            kill_tree(proc, parked_pids)
+        # Once parked, other tasks of a mid_send batch get half a second to get as far as they get.
+        why = kill_when_parked(command, job_env(emulator), step, marker, log, KILL_WAIT_SECONDS, settle_seconds=0.5)
+        assert not why, f"run {number}: {why}:\n{tail(log)}"
         run = Run(step, time.monotonic() - run_started)
         planned, committed = _stream_log(stream)
         uncommitted = planned - committed
@@ -212,7 +195,7 @@ def test_a_kill_in_the_middle_of_the_sends_loses_nothing_and_resends_at_most_tha
         destinations.account(run)
         runs.append(run)
 
-    # Run 6: no fault, same checkpoint and tables; an available-now run that must drain.
+    # Then no fault, same checkpoint and tables: an available-now run that must drain.
     run_started = time.monotonic()
     log = tmp_path / f"run{len(CHAIN) + 1}-drain.log"
     with open(log, "wb") as out:

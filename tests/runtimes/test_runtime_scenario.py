@@ -37,7 +37,7 @@ from pathlib import Path
 import pytest
 
 from tests.integration.conftest import PRIMARY, SECONDARY, make_config
-from tests.integration.helpers import finish_job, job_command, job_env, kill_tree, start_job, tail, wait_for
+from tests.integration.helpers import finish_job, job_command, job_env, kill_when_parked, start_job, tail, wait_for
 
 MESSAGES = 300  # realistic ones, plus the 5 poison messages
 BATCH_LIMIT = 80  # run.max_messages_per_trigger: 305 messages make at least 4 micro-batches
@@ -63,24 +63,7 @@ def kill_when_parked_after_send(command, env, marker: Path, log: Path, timeout: 
     The one place that knows the sink's test hook (``SYPHON_FAULT_PAUSE_AT`` and ``SYPHON_FAULT_MARKER``:
     the process that reaches the step writes ``<step> <pid>`` to the marker file and sleeps).
     """
-    proc = start_job(command, {**env, "SYPHON_FAULT_PAUSE_AT": "after_send", "SYPHON_FAULT_MARKER": str(marker)},
-                     log)
-    parked_pids: list[int] = []
-    try:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline and proc.poll() is None:
-            if marker.exists() and marker.read_text().strip():
-                break
-            time.sleep(0.2)
-        if proc.poll() is not None:
-            return f"the job ended (rc={proc.returncode}) before parking after its first send"
-        if not (marker.exists() and marker.read_text().strip()):
-            return f"the job did not park after its first send within {timeout:.0f} s"
-        lines = marker.read_text().split()
-        parked_pids = [int(pid) for pid in lines[1::2]]
-        return ""
-    finally:
-        kill_tree(proc, parked_pids)
+    return kill_when_parked(command, env, "after_send", marker, log, timeout)
 
 
 def _stream_log(location: Path) -> tuple[set[int], set[int]]:

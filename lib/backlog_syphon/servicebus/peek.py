@@ -37,12 +37,6 @@ def peek_raw(receiver, from_sequence_number: int, max_count: int, timeout: float
         raise BacklogQueueMissingError(f"queue {entity_name(receiver)} does not exist") from None
 
 
-def first_sequence_number_from(receiver, from_sequence_number: int) -> int | None:
-    """Sequence number of the first message at or after ``from_sequence_number``, or None (one cheap peek)."""
-    first = first_identity_from(receiver, from_sequence_number)
-    return None if first is None else first[0]
-
-
 def first_identity_from(receiver, from_sequence_number: int) -> tuple[int, int | None] | None:
     """``(sequence number, enqueue time in ms)`` of the first message at or after ``from_sequence_number``,
     or None when there is none (one cheap peek, nothing locked)."""
