@@ -36,8 +36,11 @@ $(JARS_STAMP): $(STAMP)
 
 setup: $(STAMP) $(JARS_STAMP) ## Create the virtualenv, install pinned packages, fetch Delta's JARs
 
+# The suite on TEST_WORKERS processes (pytest-xdist): its end-to-end tests spend most of their time
+# waiting on brokers, leases and triggers: on two cores, one test's waits are the other's CPU. TEST_WORKERS=0: one process.
+TEST_WORKERS ?= 2
 test: setup ## Run the whole test suite (unit, emulator/tests, Spark/Delta integration)
-	$(PY) -m pytest
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist worksteal
 
 test-unit: setup ## Run only the fast unit tests
 	$(PY) -m pytest tests/unit

@@ -209,6 +209,8 @@ def test_a_kill_in_the_middle_of_the_sends_loses_nothing_and_resends_at_most_tha
         if proc.poll() is None:
             kill_tree(proc)
     assert rc == 0, f"last run did not drain (rc={rc}):\n{tail(log)}"
+    # The killed run's lease is taken over at once (its process is gone), not after it expires.
+    assert "crashed (its process is gone): taking its lease over" in tail(log, 200_000), tail(log)
     final = Run(None, time.monotonic() - run_started)
     destinations.account(final)
     runs.append(final)

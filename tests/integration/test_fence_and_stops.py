@@ -4,8 +4,8 @@ Against the emulator, with real jobs (``jobs/syphon.py`` subprocesses) where a p
 matters (two runs at once, a killed holder, signals, exit codes) and in-process otherwise:
 - two runs started together on one configuration: one delivers, the other exits with the fence
   message; every message arrives exactly once (``payments`` has no duplicate detection: counted);
-- a holder killed with SIGKILL mid-send is taken over by the next run, which delivers everything;
-  only the killed batch may arrive twice;
+- (a holder killed with SIGKILL mid-send, taken over at once by the next run, which re-sends at most
+  the killed batch: ``test_crash_replay.py``);
 - a lease held by a run elsewhere: a run exits at once naming the holder, or (``run.wait_for_lease``)
   waits until the lease expires and then delivers;
 - a wrong secondary key, a wrong primary key, an endpoint where nothing listens: exit 2 within
@@ -65,9 +65,9 @@ def _job_config(emulator, tmp_path):
 @pytest.mark.timeout(900)
 def test_two_runs_at_once_deliver_every_message_exactly_once(emulator, tmp_path):
     config = _job_config(emulator, tmp_path)
-    originals = _originals("twice", 1200)
+    originals = _originals("twice", 400)
     write_backlog(config.secondary, PRIMARY, originals, queue_count=10)
-    command = job_command(tmp_path, run__max_messages_per_trigger=150)
+    command = job_command(tmp_path, run__max_messages_per_trigger=100)
     jobs = [start_job(command, job_env(emulator), tmp_path / f"job{n}.log") for n in (1, 2)]
     codes = [finish_job(job, 600) for job in jobs]
     logs = [tail(tmp_path / f"job{n}.log", 20000) for n in (1, 2)]
@@ -79,41 +79,6 @@ def test_two_runs_at_once_deliver_every_message_exactly_once(emulator, tmp_path)
     arrivals = _arrivals(emulator)
     assert set(arrivals) == {message.message_id for message in originals}
     assert set(arrivals.values()) == {1}, f"delivered twice: {[m for m, n in arrivals.items() if n > 1][:10]}"
-    assert all(entry["total"] == 0 for entry in _backlog(emulator).values())
-
-
-# --- a killed holder ------------------------------------------------------------------------------
-
-@pytest.mark.timeout(900)
-def test_a_killed_holder_is_taken_over_and_only_its_batch_arrives_twice(emulator, tmp_path):
-    config = _job_config(emulator, tmp_path)
-    originals = _originals("killed", 400)
-    write_backlog(config.secondary, PRIMARY, originals, queue_count=10)
-    command = job_command(tmp_path, run__max_messages_per_trigger=100)
-    marker = tmp_path / "marker"
-    holder = start_job(command, job_env(emulator, {"SYPHON_FAULT_PAUSE_AT": "mid_send",
-                                                    "SYPHON_FAULT_MARKER": str(marker)}), tmp_path / "holder.log")
-    try:
-        assert wait_for(lambda: marker.exists() and marker.read_text().strip() or holder.poll() is not None, 300)
-        assert holder.poll() is None, tail(tmp_path / "holder.log")
-        time.sleep(1)  # let the other task send what it sends
-    finally:
-        kill_tree(holder, [int(pid) for pid in marker.read_text().split()[1::2]] if marker.exists() else [])
-    sent_by_holder = _arrivals(emulator)
-
-    taker = start_job(command, job_env(emulator), tmp_path / "taker.log")
-    code = finish_job(taker, 600)
-    log = tail(tmp_path / "taker.log", 20000)
-    assert code == 0, log[-4000:]
-    assert "crashed (its process is gone): taking its lease over" in log
-    sent_by_taker = _arrivals(emulator)
-
-    assert set(sent_by_holder) | set(sent_by_taker) == {message.message_id for message in originals}
-    twice = set(sent_by_holder) & set(sent_by_taker)
-    print(f"\n[fence] killed holder sent {len(sent_by_holder)}; sent again by the next run: {len(twice)}")
-    # The killed batch (at most 100 messages) is replayed whole, since none of it was recorded; nothing else.
-    assert 0 < len(sent_by_holder) <= 100 and twice == set(sent_by_holder)
-    assert sum(sent_by_taker.values()) == len(originals) - len(sent_by_holder) + len(twice)
     assert all(entry["total"] == 0 for entry in _backlog(emulator).values())
 
 
@@ -210,6 +175,7 @@ def test_wrong_credentials_or_endpoint_end_the_run_in_seconds_with_one_line(emul
 
 @pytest.mark.timeout(900)
 def test_sigterm_during_a_send_finishes_that_batch_and_exits_0(emulator, tmp_path, spark):
+    from backlog_syphon.run.syphon import run_syphon
     from backlog_syphon.storage import tables
 
     config = _job_config(emulator, tmp_path)
@@ -240,8 +206,8 @@ def test_sigterm_during_a_send_finishes_that_batch_and_exits_0(emulator, tmp_pat
     assert len(first) == len(audit) < len(originals)
     assert sum(entry["total"] for entry in _backlog(emulator).values()) == len(originals) - len(audit)
 
-    rest = start_job(command, job_env(emulator), tmp_path / "rest.log")
-    assert finish_job(rest, 600) == 0, tail(tmp_path / "rest.log")
+    # The next run (in this process: what matters is what the stopped one left behind).
+    assert run_syphon(spark, config).drained
     second = _arrivals(emulator)
     assert not set(first) & set(second), "the next run sent again what the stopped run had delivered"
     assert set(first) | set(second) == {message.message_id for message in originals}
@@ -271,10 +237,10 @@ def test_many_small_batches_never_raise_a_delivery_count(strict_emulator, tmp_pa
     from backlog_syphon.run.syphon import start_syphon
 
     emulator = strict_emulator
-    config = make_config(emulator, tmp_path, **{"run.trigger": "1 second", "run.max_messages_per_trigger": 20,
+    config = make_config(emulator, tmp_path, **{"run.trigger": "1 second", "run.max_messages_per_trigger": 10,
                                                 "run.idle_probe_max_seconds": 2})
-    originals = _originals("small", 300)
-    write_backlog(config.secondary, PRIMARY, originals[:200], queue_count=10, seed=1)
+    originals = _originals("small", 120)
+    write_backlog(config.secondary, PRIMARY, originals[:80], queue_count=10, seed=1)
     counts_seen: collections.Counter = collections.Counter()
     stop_sampling = threading.Event()
 
@@ -299,7 +265,7 @@ def test_many_small_batches_never_raise_a_delivery_count(strict_emulator, tmp_pa
     try:
         for chunk in range(2):  # messages keep arriving while it runs, so purges meet unplanned ones
             time.sleep(3)
-            write_backlog(config.secondary, PRIMARY, originals[200 + 50 * chunk:250 + 50 * chunk],
+            write_backlog(config.secondary, PRIMARY, originals[80 + 20 * chunk:100 + 20 * chunk],
                           queue_count=10, seed=2 + chunk)
         assert wait_for(lambda: emulator.stats(PRIMARY)[DESTINATION]["in"] >= len(originals)
                         or not run.query.isActive, 600, interval=1), "the continuous run did not keep up"
@@ -310,7 +276,7 @@ def test_many_small_batches_never_raise_a_delivery_count(strict_emulator, tmp_pa
     assert run.query.exception() is None
     batches = len([p for p in run.listener.points if p.stats is not None])
     print(f"\n[purge] {batches} batches; delivery counts seen in the backlog: {dict(counts_seen)}")
-    assert batches >= 15  # 20 per trigger at most, shared over the queues: many small batches
+    assert batches >= 10  # 10 per trigger at most: many small batches
     assert counts_seen and set(counts_seen) == {0}, f"a backlog message was delivered more than once: {counts_seen}"
     dead = []
     with ServiceBusClient.from_connection_string(emulator.connection_string(SECONDARY)) as client:

@@ -94,13 +94,13 @@ def test_the_job_over_spark_connect_records_what_a_classic_run_records(emulator,
         assert re.search(rf"^  {re.escape(destination)}\s+{counts['delivered']}\s+{counts['dead_lettered']}\s+"
                          rf"{counts['skipped_ping']}$", output, re.M), (destination, output[-3000:])
 
-    # The backlog queues recreated (they number from 1 again), more messages than before, the same state:
-    # over Connect too, every new message is delivered once and the queues end empty.
+    # The backlog queues recreated (they number from 1 again, so a reader going on from its old offsets
+    # would skip them all), the same state: over Connect too, every new message is delivered once and
+    # the queues end empty.
     for index in range(10):
         emulator.recreate_queue("contoso-secondary", f"{PRIMARY}/x-servicebus-transfer/{index}")
     third = [dataclasses.replace(m, message_id=m.message_id and f"third-{m.message_id}")
-             for m in originals + originals if not (m.message_id or "").startswith("poison")]
-    third = [dataclasses.replace(m, message_id=m.message_id and f"{m.message_id}-{n}") for n, m in enumerate(third)]
+             for m in originals if not (m.message_id or "").startswith("poison")]
     rewritten = backlog_writer.write_backlog(classic.secondary, PRIMARY, third, queue_count=10, seed=4)
     job = start_job(command, job_env(emulator), state / "job-recreated.log")
     assert finish_job(job, 600) == 0, tail(state / "job-recreated.log")

@@ -114,7 +114,7 @@ def test_recovery_counts_every_row_earlier_attempts_of_the_batch_recorded(spark,
               "/state/checkpoint": spark.createDataFrame(
                   [tuple(getattr(checkpoint, name) for name in tables.CHECKPOINT_SCHEMA.fieldNames())],
                   tables.CHECKPOINT_SCHEMA)}
-    monkeypatch.setattr(tables, "table_exists", lambda spark, table: table in frames)
+    monkeypatch.setattr(tables, "existing_table", lambda spark, table: frames.get(table))
     monkeypatch.setattr(tables, "read_table", lambda spark, table: frames[table])
     sink = SimpleNamespace(config=SimpleNamespace(storage=SimpleNamespace(audit_table="/state/audit",
                                                                          checkpoint_table="/state/checkpoint")))

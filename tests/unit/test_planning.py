@@ -143,7 +143,8 @@ def test_plan_windows_shares_the_budget_over_due_queues_and_backs_off_idle_ones(
     probes = {"q0": probe_over(range(1, 101)), "q1": probe_over([5, 6, 7]), "q2": probe_over([])}
     backoff = IdleBackoff(min_seconds=1, max_seconds=8)
     plan = plan_windows({"q0": 1, "q1": 5}, ["q0", "q1", "q2"], 30, probes.__getitem__, backoff=backoff, now=0.0)
-    assert nexts(plan.end) == {"q0": 11, "q1": 8, "q2": 0}  # 10 each; q1 holds only 3; q2 is empty
+    # 10 each; q1 holds only 3 and q2 nothing: the 17 they leave go to q0, which filled its share
+    assert nexts(plan.end) == {"q0": 28, "q1": 8, "q2": 0}
     assert plan.end["q2"] == offset(0)
     assert list(plan.end) == sorted(plan.end)  # stable key order: Spark compares offsets as text
     assert plan.tails == {"q0": 101, "q1": 8, "q2": 0}
@@ -151,7 +152,7 @@ def test_plan_windows_shares_the_budget_over_due_queues_and_backs_off_idle_ones(
     assert not backoff.due("q2", 0.5) and backoff.due("q0", 0.5)
 
     again = plan_windows(plan.end, ["q0", "q1", "q2"], 30, probes.__getitem__, backoff=backoff, now=0.5)
-    assert nexts(again.end) == {"q0": 26, "q1": 8, "q2": 0} and "q2" not in again.tails  # q2 backs off
+    assert nexts(again.end) == {"q0": 58, "q1": 8, "q2": 0} and "q2" not in again.tails  # q2 backs off
 
 
 def test_plan_windows_of_an_available_now_run_stop_at_the_target():
@@ -181,7 +182,8 @@ def test_planner_starts_at_zero_and_plans_from_its_last_end_when_spark_gives_no_
     # the budget shared: 5 each, of which queue 1 holds 3; the newest enqueue time probed is remembered
     # (for queue 0 its tail's, 30, found past the window for the progress reports)
     assert first == {QUEUES[0]: offset(6, seen_ms=300), QUEUES[1]: offset(4, seen_ms=30)}
-    assert nexts(planner.latest_offset(None, QUEUES, 10, now=1.0)) == {QUEUES[0]: 11, QUEUES[1]: 4}
+    # queue 1 has nothing more: its share goes to queue 0
+    assert nexts(planner.latest_offset(None, QUEUES, 10, now=1.0)) == {QUEUES[0]: 16, QUEUES[1]: 4}
     assert planner.reported_latest() == {QUEUES[0]: 31, QUEUES[1]: 4}  # tails as last probed
 
 
@@ -271,7 +273,8 @@ def test_a_missing_queue_is_skipped_and_warned_about_once_while_the_others_are_p
                              missing=missing)
         second = plan_windows(first.end, ["q0", "gone"], 10, probes.__getitem__, backoff=backoff, now=10.0,
                               missing=missing)
-    assert nexts(first.end) == {"gone": 5, "q0": 6} and nexts(second.end) == {"gone": 5, "q0": 11}
+    # the missing queue's share goes to q0
+    assert nexts(first.end) == {"gone": 5, "q0": 10} and nexts(second.end) == {"gone": 5, "q0": 20}
     assert "gone" not in first.tails and "gone" not in second.tails
     assert missing == {"gone"}
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
@@ -281,7 +284,7 @@ def test_a_missing_queue_is_skipped_and_warned_about_once_while_the_others_are_p
     probes["gone"] = probe_over([5, 6])  # created at last
     third = plan_windows(second.end, ["q0", "gone"], 10, probes.__getitem__, backoff=backoff, now=20.0,
                          missing=missing)
-    assert nexts(third.end) == {"gone": 7, "q0": 16} and missing == set()
+    assert nexts(third.end) == {"gone": 7, "q0": 21} and missing == set()
 
 
 def test_the_planner_skips_a_missing_queue_in_an_available_now_run(caplog):
@@ -339,3 +342,41 @@ def test_an_available_now_batch_shares_its_budget_only_among_queues_with_somethi
     plan = plan_windows({}, sorted(tails), 100, probe_for, backoff=IdleBackoff(), now=0.0, target=target)
     read = {queue: position(value) for queue, value in plan.end.items() if position(value)}
     assert read == {"q0": 35, "q1": 34, "q2": 34}  # shares of 34, 33, 33 from the first message (1)
+
+
+def test_after_a_replay_without_a_start_the_next_batch_starts_where_the_replayed_one_ended():
+    # Spark 4.0/4.1 after a restart: the batch left planned is replayed (partitions only), then the next
+    # latest offset is asked for without a start. The replayed batch read q0 whole (1..3) and its purge
+    # empties q0 before that question: planned from the heads again, q0 would go back to 0 and an
+    # available-now run whose target saw q0 full would never reach it.
+    contents = {"q0": [1, 2, 3], "q1": [1, 2, 3, 4, 5, 6, 7, 8]}
+
+    def probe_for(queue):
+        return lambda seq: next(((s, 10 * s) for s in contents[queue] if s >= seq), None)
+
+    planner = WindowPlanner(probe_for, max_messages=4, available_now=True, idle_probe_max_seconds=900)
+    replayed = {"q0": offset(4, seen_ms=30), "q1": offset(2, seen_ms=10)}
+    planner.resume(replayed)
+    assert planner.prepare_available_now(["q0", "q1"]) == {"q0": 4, "q1": 9}
+    contents["q0"], contents["q1"] = [], contents["q1"][1:]  # the replayed batch's purge
+    ends = [planner.latest_offset(None, ["q0", "q1"], 4, now=0.0)]
+    assert position(ends[0]["q0"]) == 4 and position(ends[0]["q1"]) == 6
+    while not planner.reached_target(ends[-1]):
+        ends.append(planner.latest_offset(None, ["q0", "q1"], 4, now=1.0))
+        assert len(ends) < 5, ends
+    assert position(ends[-1]["q1"]) == 9
+
+
+def test_a_backlog_left_in_one_queue_still_moves_a_whole_budget_per_batch():
+    # 15 per batch over 10 queues of which one holds messages: without redistribution 1 or 2 a batch
+    queues = [f"q{index}" for index in range(10)]
+    probes = {queue: probe_over([]) for queue in queues}
+    probes["q9"] = probe_over(range(1, 101))
+    plan = plan_windows({}, queues, 15, probes.__getitem__, backoff=IdleBackoff(), now=0.0)
+    assert nexts(plan.end)["q9"] == 15 and sum(nexts(plan.end).values()) == 15
+    assert plan.tails["q9"] == 101
+    # two queues: what one leaves goes to the other, within the budget and the available-now target
+    probes = {"a": probe_over(range(1, 4)), "b": probe_over(range(1, 101))}
+    plan = plan_windows({"a": 1, "b": 1}, ["a", "b"], 20, probes.__getitem__, backoff=IdleBackoff(), now=0.0,
+                        target={"a": 4, "b": 15})
+    assert nexts(plan.end) == {"a": 4, "b": 15}

@@ -89,9 +89,9 @@ class AuditRecords:
         self.spark, self.audit_table, self.run_id = spark, audit_table, run_id
 
     def batch_stats(self, batch_id: int) -> BatchStats | None:
-        if not tables.table_exists(self.spark, self.audit_table):
+        audit = tables.existing_table(self.spark, self.audit_table)
+        if audit is None:
             return None
-        audit = tables.read_table(self.spark, self.audit_table)
         row = reports.batch_totals(audit, self.run_id, batch_id).first()
         if row is None or not row["rows"]:
             return None
@@ -101,9 +101,10 @@ class AuditRecords:
                           None if oldest is None else oldest.astimezone(dt.timezone.utc))
 
     def per_destination(self) -> dict[str, dict[str, int]]:
-        if not tables.table_exists(self.spark, self.audit_table):
+        audit = tables.existing_table(self.spark, self.audit_table)
+        if audit is None:
             return {}
-        rows = reports.audit_summary(tables.read_table(self.spark, self.audit_table), self.run_id).collect()
+        rows = reports.audit_summary(audit, self.run_id).collect()
         return {row["destination"]: {outcome.value: row[outcome] for outcome in Outcome} for row in rows}
 
 

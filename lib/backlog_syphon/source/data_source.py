@@ -248,6 +248,7 @@ class BacklogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return self.planner.reported_latest()
 
     def partitions(self, start: dict, end: dict):
+        self.planner.resume(end)
         planned = windows(start, end)
         queues = tuple(queue for queue, _, _ in planned)
         return [BacklogWindow(queue, first, stop, queues) for queue, first, stop in planned]

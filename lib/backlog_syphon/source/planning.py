@@ -163,6 +163,24 @@ class _SeenProbe:
         return found
 
 
+@dataclass
+class _Window:
+    """One queue's window while a batch is planned."""
+
+    offset: QueueOffset
+    probe: _SeenProbe
+    end: int
+    granted: int  # sequence numbers the window was allowed
+
+    @property
+    def full(self) -> bool:
+        """The window used all it was granted: the queue may hold more."""
+        return self.end - self.offset.next >= self.granted
+
+
+_REDISTRIBUTION_ROUNDS = 3
+
+
 def plan_windows(start: Mapping[str, object], queues: Sequence[str], budget: int, probe_for: Callable[[str], Probe], *,
                  backoff: IdleBackoff, now: float, target: Mapping[str, int] | None = None,
                  missing: set[str] | None = None) -> WindowPlan:
@@ -172,9 +190,11 @@ def plan_windows(start: Mapping[str, object], queues: Sequence[str], budget: int
       ``target``) at every queue of its target (one at its target costs one probe: it may have been
       recreated), and never past the target.
     - Each queue looked at is first checked for a recreation (its first message, one probe).
-    - The budget is shared evenly over the queues looked at.
-    - A window that stopped short of its share reached the queue's tail; a full one costs one probe
-      more when the tail is right there, about log2(backlog) when it is not (for progress reports).
+    - The budget is shared evenly over the queues looked at; what a queue leaves unused (it held
+      less than its share) goes to the queues that filled theirs, in a few rounds, so a backlog
+      left in one queue of ten still moves a whole budget per batch.
+    - A window that stopped short of what it was granted reached the queue's tail; a full one costs
+      one probe more when the tail is right there, about log2(backlog) when it is not (for progress reports).
     - A queue that does not exist is left out (``missing`` collects it; one warning when it goes missing).
     ``probe_for(queue)`` gives that queue's probe (``Probe``): the only I/O, injected.
     """
@@ -189,9 +209,15 @@ def plan_windows(start: Mapping[str, object], queues: Sequence[str], budget: int
     # target is only checked for a recreation (and then gets a share of its own).
     active = [queue for queue in candidates if target is None or offsets[queue].next < target.get(queue, 0)]
     shares = share_budget(budget, active)
-    end = dict(offsets)
-    tails: dict[str, int] = {}
-    restarted = []
+    restarted: list[str] = []
+
+    def extend(queue: str, window: _Window, grant: int) -> None:
+        end = window_end(window.end, grant, window.probe)
+        if target is not None and queue not in restarted:
+            end = min(end, max(window.offset.next, target.get(queue, end)))
+        window.end, window.granted = max(window.end, end), window.granted + grant
+
+    planned: dict[str, _Window] = {}
     for queue in candidates:
         offset = offsets[queue]
         probe = _SeenProbe(probe_for(queue), offset.seen_ms)
@@ -205,26 +231,44 @@ def plan_windows(start: Mapping[str, object], queues: Sequence[str], budget: int
                 restarted.append(queue)
             if queue not in shares and queue not in restarted:
                 continue  # at its target, and the same queue as before: nothing to plan
-            share = shares.get(queue) or max(1, budget // (len(active) + 1))
-            queue_end = window_end(offset.next, share, probe)
-            if target is not None and queue not in restarted:
-                queue_end = min(queue_end, max(offset.next, target.get(queue, queue_end)))
-            tail = queue_end if queue_end - offset.next < share else tail_end(queue_end, probe)
+            window = planned[queue] = _Window(offset, probe, offset.next, 0)
+            extend(queue, window, shares.get(queue) or max(1, budget // (len(active) + 1)))
         except BacklogQueueMissingError:
             if queue not in missing:
                 logger.warning("backlog=%s does not exist: skipped (the other backlog queues drain); it is read "
                                "as soon as it exists", queue)
                 missing.add(queue)
             backoff.record(queue, False, now)
+            planned.pop(queue, None)
             continue
         if queue in missing:
             logger.info("backlog=%s exists again", queue)
             missing.discard(queue)
-        backoff.record(queue, queue_end > offset.next, now)
+
+    for _ in range(_REDISTRIBUTION_ROUNDS):
+        unused = budget - sum(window.end - window.offset.next for window in planned.values())
+        hungry = [queue for queue, window in planned.items() if window.full and
+                  (target is None or queue in restarted or window.end < target.get(queue, 0))]
+        if unused < len(hungry) or not hungry:
+            break
+        for queue, grant in share_budget(unused, hungry).items():
+            try:
+                extend(queue, planned[queue], grant)
+            except BacklogQueueMissingError:  # deleted meanwhile: its window so far stands
+                planned[queue].granted = 0
+
+    end = dict(offsets)
+    tails: dict[str, int] = {}
+    for queue, window in planned.items():
+        offset = window.offset
+        try:
+            tails[queue] = tail_end(window.end, window.probe) if window.full else window.end
+        except BacklogQueueMissingError:
+            tails[queue] = window.end
+        backoff.record(queue, window.end > offset.next, now)
         # An offset moves only with its window: Spark plans a batch whenever an offset changes.
-        if queue_end > offset.next or queue in restarted:
-            end[queue] = QueueOffset(offset.incarnation, queue_end, probe.seen_ms)
-        tails[queue] = tail
+        if window.end > offset.next or queue in restarted:
+            end[queue] = QueueOffset(offset.incarnation, window.end, window.probe.seen_ms)
     return WindowPlan(normalise_offsets(end), tails, tuple(restarted))
 
 
@@ -297,6 +341,13 @@ class WindowPlanner:
             self.tails[queue] = max(tail, self.tails.get(queue, 0))
         self.last_end = plan.end
         return self.last_end
+
+    def resume(self, end: Mapping[str, object]) -> None:
+        """Spark runs a batch that ends at ``end``: the next one starts there. Spark before 4.2 asks for the
+        latest offset without a start, and after a restart it first replays the last planned batch
+        without asking this planner: without this, the next batch would be planned from each queue's
+        head again, and a queue emptied meanwhile would look as if it were never read."""
+        self.last_end = normalise_offsets(end)
 
     def reached_target(self, end: Mapping[str, object]) -> bool:
         """Whether ``end`` covers the available-now target of every queue (a missing queue has none)."""

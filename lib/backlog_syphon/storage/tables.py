@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+import time
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -45,16 +46,20 @@ def read_table(spark: SparkSession, table: str) -> DataFrame:
     return spark.read.format("delta").load(table) if _is_path(table) else spark.read.table(table)
 
 
-def table_exists(spark: SparkSession, table: str) -> bool:
+def existing_table(spark: SparkSession, table: str) -> DataFrame | None:
+    """The table, resolved (its schema known), or None where it does not exist: one round trip."""
     from pyspark.errors import AnalysisException
 
-    if not _is_path(table):
-        return spark.catalog.tableExists(table)
     try:
-        spark.read.format("delta").load(table).schema  # noqa: B018 - resolving the table is the check
+        frame = read_table(spark, table)
+        frame.schema  # noqa: B018 - resolving the table is the check (lazy over Spark Connect)
     except AnalysisException:
-        return False
-    return True
+        return None
+    return frame
+
+
+def table_exists(spark: SparkSession, table: str) -> bool:
+    return existing_table(spark, table) is not None
 
 
 def _sql_name(table: str) -> str:
@@ -71,8 +76,9 @@ def create_table(spark: SparkSession, table: str, schema: StructType, partition_
     first writer spelled its types (a Spark Connect write declares strings with a collation, which
     other Delta readers refuse). Two runs creating it at once: one creates it, the other finds it.
     A table an older version made gets the columns it lacks (nullable: its rows predate them)."""
-    if table_exists(spark, table):
-        missing = [f for f in schema.fields if f.name not in read_table(spark, table).schema.fieldNames()]
+    existing = existing_table(spark, table)
+    if existing is not None:
+        missing = [f for f in schema.fields if f.name not in existing.schema.fieldNames()]
         if missing:
             spark.sql(f"ALTER TABLE {_sql_name(table)} ADD COLUMNS "
                       f"({', '.join(_ddl(f, constraints=False) for f in missing)})")
@@ -82,24 +88,45 @@ def create_table(spark: SparkSession, table: str, schema: StructType, partition_
     try:
         spark.sql(f"CREATE TABLE IF NOT EXISTS {_sql_name(table)} ({columns}) USING DELTA{partitioned}")
     except Exception as exc:
-        if not (is_commit_conflict(exc) or table_exists(spark, table)):
-            raise
+        if is_commit_conflict(exc) or _created_meanwhile(spark, table, exc):
+            return
+        raise
+
+
+def _created_meanwhile(spark: SparkSession, table: str, exc: BaseException) -> bool:
+    """Whether another run created ``table`` while this one tried to. Its location can already hold
+    files before its first commit is readable ("non-empty location"): then that commit is waited for."""
+    condition = getattr(exc, "getCondition", lambda: None)() or ""
+    attempts = _CREATION_WAIT_POLLS if condition == "DELTA_CREATE_TABLE_WITH_NON_EMPTY_LOCATION" else 1
+    for attempt in range(attempts):
+        if attempt:
+            time.sleep(0.5)
+        if table_exists(spark, table):
+            return True
+    return False
 
 
 def create_tables(spark: SparkSession, audit_table: str, checkpoint_table: str, lease_table: str) -> None:
-    """Create the three tables with their declared schemas, where they do not exist yet."""
-    create_table(spark, audit_table, AUDIT_SCHEMA, ("outcome_date",))
-    create_table(spark, checkpoint_table, CHECKPOINT_SCHEMA)
-    create_table(spark, lease_table, LEASE_SCHEMA)
+    """Create the three tables with their declared schemas, where they do not exist yet (at once: each is
+    a few round trips to storage and none depends on another)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=3, thread_name_prefix="create-table") as pool:
+        created = [pool.submit(create_table, spark, audit_table, AUDIT_SCHEMA, ("outcome_date",)),
+                   pool.submit(create_table, spark, checkpoint_table, CHECKPOINT_SCHEMA),
+                   pool.submit(create_table, spark, lease_table, LEASE_SCHEMA)]
+        for future in created:
+            future.result()
 
 
 def read_checkpoint(spark: SparkSession, checkpoint_table: str) -> dict[str, CheckpointRow]:
     """The checkpoint rows by queue; none before the table's first write. A table an older version
     wrote (without incarnations and enqueue times) reads as the first incarnation."""
-    if not table_exists(spark, checkpoint_table):
+    table = existing_table(spark, checkpoint_table)
+    if table is None:
         return {}
     rows = {}
-    for row in read_table(spark, checkpoint_table).collect():
+    for row in table.collect():
         values = {**_CHECKPOINT_DEFAULTS, **row.asDict()}
         values = {name: values[name] for name in CHECKPOINT_SCHEMA.fieldNames()}
         rows[row["backlog_queue"]] = CheckpointRow(**{**values, "updated_at": _utc(values["updated_at"])})
@@ -115,9 +142,9 @@ def recorded_unsettled(spark: SparkSession, audit_table: str, checkpoint: dict[s
     not send again and that its purge must still settle. The audit's files carry min/max statistics
     of both columns, so Delta skips the files of long-settled batches. None before the table's first write.
     """
-    if not table_exists(spark, audit_table):
+    audit = existing_table(spark, audit_table)
+    if audit is None:
         return None
-    audit = read_table(spark, audit_table)
     above = ~F.col("backlog_queue").isin(list(checkpoint)) if checkpoint else F.lit(True)
     for queue, row in checkpoint.items():
         if row.purged_enqueued_ms is not None:  # above the message the mark names, in (enqueue time, sequence) order
@@ -193,9 +220,10 @@ def streaming_query_id(spark: SparkSession, checkpoint_location: str) -> str | N
 
 def read_lease(spark: SparkSession, lease_table: str) -> Lease | None:
     """The lease row (a lease table serves one backlog); None before the first lease was taken."""
-    if not table_exists(spark, lease_table):
+    table = existing_table(spark, lease_table)
+    if table is None:
         return None
-    rows = read_table(spark, lease_table).collect()
+    rows = table.collect()
     if not rows:
         return None
     values = {"process_identity": None, **rows[0].asDict()}
@@ -239,6 +267,7 @@ def write_lease(spark: SparkSession, lease_table: str, lease: Lease, *, confirm:
     return written is not None and (written.epoch, written.run_id) == (lease.epoch, lease.run_id)
 
 
+_CREATION_WAIT_POLLS = 40  # half a second apart: a first commit on slow storage
 _CONFLICT_CONDITIONS = ("DELTA_CONCURRENT_", "DELTA_PROTOCOL_CHANGED", "DELTA_METADATA_CHANGED")
 
 
