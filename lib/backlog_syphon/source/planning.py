@@ -171,11 +171,12 @@ class _Window:
     probe: _SeenProbe
     end: int
     granted: int  # sequence numbers the window was allowed
+    closed: bool = False  # the queue went missing meanwhile: the window stays as it is
 
     @property
     def full(self) -> bool:
         """The window used all it was granted: the queue may hold more."""
-        return self.end - self.offset.next >= self.granted
+        return not self.closed and self.end - self.offset.next >= self.granted
 
 
 _REDISTRIBUTION_ROUNDS = 3
@@ -255,7 +256,7 @@ def plan_windows(start: Mapping[str, object], queues: Sequence[str], budget: int
             try:
                 extend(queue, planned[queue], grant)
             except BacklogQueueMissingError:  # deleted meanwhile: its window so far stands
-                planned[queue].granted = 0
+                planned[queue].closed = True
 
     end = dict(offsets)
     tails: dict[str, int] = {}
