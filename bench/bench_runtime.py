@@ -54,7 +54,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "lib"), str(ROOT / "emulator" / "src"), str(ROOT)]  # tools/ lives under ROOT
 
-PRIMARY, SECONDARY = "contoso", "contoso-secondary"
+from bench_syphon import PRIMARY, SECONDARY, peak_rss_mb, syphon_overrides  # noqa: E402 - this file's neighbour
+from tools.testing import process_tree  # noqa: E402
 DESTINATIONS = ("payments", "orders")  # conf/emulator.yaml's plain queues, used alternately
 BACKLOG_QUEUES = 10  # conf/emulator.yaml's backlog queues, conf/local.yaml's backlog.queue_count
 BODY_SIZE = 256
@@ -109,19 +110,6 @@ class RunResult:
 
 # --- PySpark Python processes under this one ------------------------------------------------------
 
-def parent_pids() -> dict[int, int]:
-    """pid -> parent pid of every process visible in /proc."""
-    parents = {}
-    for entry in os.scandir("/proc"):
-        if entry.name.isdigit():
-            try:
-                stat = Path(entry.path, "stat").read_text()
-            except OSError:
-                continue
-            parents[int(entry.name)] = int(stat.rsplit(")", 1)[1].split()[1])  # the name may hold spaces
-    return parents
-
-
 def pyspark_module(pid: int) -> str | None:
     """What follows ``-m`` on a process's command line when it runs a ``pyspark.*`` module (a daemon
     shows the worker module it serves, e.g. ``pyspark.daemon pyspark.worker``), else None."""
@@ -131,15 +119,6 @@ def pyspark_module(pid: int) -> str | None:
         return None
     module = next((" ".join(filter(None, args[i + 1:])) for i, arg in enumerate(args[:-1]) if arg == "-m"), "")
     return module if module.startswith("pyspark.") else None
-
-
-def peak_rss_mb(pid: int) -> float | None:
-    """A live process's peak resident set (``VmHWM``), None once it is gone."""
-    try:
-        status = Path(f"/proc/{pid}/status").read_text()
-    except OSError:
-        return None
-    return next((int(line.split()[1]) / 1024 for line in status.splitlines() if line.startswith("VmHWM:")), None)
 
 
 class WorkerSampler:
@@ -170,16 +149,8 @@ class WorkerSampler:
             self.sample()
 
     def sample(self) -> None:
-        parents = parent_pids()
-        children = collections.defaultdict(list)
-        for pid, parent in parents.items():
-            children[parent].append(pid)
-        pending, descendants = list(children[os.getpid()]), []
-        while pending:
-            pid = pending.pop()
-            descendants.append(pid)
-            pending.extend(children[pid])
-        modules = {pid: module for pid in descendants if (module := pyspark_module(pid))}
+        parents = process_tree(os.getpid())
+        modules = {pid: module for pid in parents if (module := pyspark_module(pid))}
         for pid, module in modules.items():
             peak = peak_rss_mb(pid)
             if peak is None:
@@ -218,14 +189,12 @@ def write_messages(emu, config, messages: int, queues: int) -> None:
 
 
 def syphon_config(emu, state: Path, per_trigger: int):
-    """conf/local.yaml on this emulator, with the Delta state in ``state`` and ``per_trigger`` per trigger."""
+    """conf/local.yaml on this emulator, with the Delta state under ``state`` and ``per_trigger`` per trigger."""
     from backlog_syphon.config import load_config
 
     environ = {"SYPHON_PRIMARY_CONNECTION_STRING": emu.connection_string(PRIMARY),
                "SYPHON_SECONDARY_CONNECTION_STRING": emu.connection_string(SECONDARY)}
-    overrides = {"storage.audit_table": str(state / "audit"), "storage.checkpoint_table": str(state / "checkpoint"),
-                 "storage.checkpoint_location": str(state / "checkpoint-stream"), "run.trigger": "available_now",
-                 "run.max_messages_per_trigger": str(per_trigger)}
+    overrides = syphon_overrides(state, **{"run.max_messages_per_trigger": per_trigger})
     return load_config(ROOT / "conf/local.yaml", environ=environ, overrides=overrides)
 
 

@@ -7,6 +7,7 @@ Development only (it receives and deletes from destinations): not part of the wh
 from __future__ import annotations
 
 import collections
+import os
 import time
 from typing import Iterable
 
@@ -83,3 +84,27 @@ def backlog_dead_letters(namespace, queue: str, max_count: int = 1000) -> list:
     with open_client(namespace, role="secondary") as client:
         with client.get_queue_receiver(queue, sub_queue=ServiceBusSubQueue.DEAD_LETTER) as receiver:
             return list(receiver.peek_messages(max_message_count=max_count))
+
+
+def process_tree(pid: int) -> dict[int, int]:
+    """Every live descendant of ``pid`` with its parent's pid (Linux /proc; PySpark's daemon moves its
+    workers to their own process group, so a group is not enough to find them)."""
+    children: dict[int, list[int]] = collections.defaultdict(list)
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as handle:
+                stat = handle.read()
+        except OSError:
+            continue
+        children[int(stat.rsplit(")", 1)[1].split()[1])].append(int(entry))  # the name may hold spaces
+    found: dict[int, int] = {}
+    todo = [pid]
+    while todo:
+        parent = todo.pop()
+        for child in children.get(parent, []):
+            if child not in found:
+                found[child] = parent
+                todo.append(child)
+    return found

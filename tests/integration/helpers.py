@@ -3,7 +3,6 @@ draining destinations."""
 
 from __future__ import annotations
 
-import collections
 import os
 import signal
 import socket
@@ -70,24 +69,7 @@ def start_job(command: list[str], env: dict[str, str], log) -> subprocess.Popen:
 
 def descendants(pid: int) -> set[int]:
     """Every live descendant of ``pid`` (PySpark's daemon moves its workers to their own group)."""
-    children: dict[int, list[int]] = collections.defaultdict(list)
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as handle:
-                stat = handle.read()
-        except OSError:
-            continue
-        ppid = int(stat.rsplit(")", 1)[1].split()[1])
-        children[ppid].append(int(entry))
-    found, todo = set(), [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            if child not in found:
-                found.add(child)
-                todo.append(child)
-    return found
+    return set(testing.process_tree(pid))
 
 
 def kill_tree(proc: subprocess.Popen, extra_pids=()) -> None:

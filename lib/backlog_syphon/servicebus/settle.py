@@ -37,18 +37,16 @@ def purge_backlog(namespace: NamespaceConfig, plan: PurgePlan, *, max_wait_secon
     nothing that is not recorded stays locked between calls (see ``sdk_internals.revoke_credit``).
     A queue that no longer exists holds none of the plan's messages: everything is settled.
     """
-    try:
+    for fresh_link in (False, True):
         try:
-            with pooled_receiver(namespace, plan.queue, purpose="settle") as receiver:
+            with pooled_receiver(namespace, plan.queue, purpose="settle") as receiver:  # a failed link leaves the pool
                 return _purge(receiver, plan, max_wait_seconds)
         except (MessagingEntityNotFoundError, BacklogQueueMissingError):
-            # A pooled link to a queue deleted and created since says "not found" too: ask on a fresh one.
-            with pooled_receiver(namespace, plan.queue, purpose="settle") as receiver:
-                return _purge(receiver, plan, max_wait_seconds)
-    except (MessagingEntityNotFoundError, BacklogQueueMissingError):
-        logger.warning("backlog=%s no longer exists: the %d recorded message(s) the purge was to settle went with "
-                       "it", plan.queue, plan.expected)
-        return PurgeResult(0, 0, 0, (), plan.spans)
+            # A pooled link to a queue deleted and created since says "not found" too: ask once on a fresh one.
+            if fresh_link:
+                logger.warning("backlog=%s no longer exists: the %d recorded message(s) the purge was to settle "
+                               "went with it", plan.queue, plan.expected)
+    return PurgeResult(0, 0, 0, (), plan.spans)
 
 
 def _purge(receiver, plan: PurgePlan, max_wait_seconds: float) -> PurgeResult:
