@@ -67,12 +67,28 @@ def test_a_checkpoint_table_of_an_older_version_reads_and_is_rewritten_with_toda
     old.write.format("delta").save(checkpoint)
     read = tables.read_checkpoint(spark, checkpoint)
     assert read == {"q0": CheckpointRow("q0", 1, 9, None, 4, None, 3, "r", now, 9, 0, 0)}
-    tables.create_tables(spark, str(tmp_path / "audit"), checkpoint, str(tmp_path / "lease"))  # adds the columns
+    audit, lease = str(tmp_path / "audit"), str(tmp_path / "lease")
+    assert tables.create_tables(spark, audit, checkpoint, lease) == {audit, lease}  # adds the columns to the other
     assert set(spark.read.format("delta").load(checkpoint).schema.fieldNames()) == set(
         tables.CHECKPOINT_SCHEMA.fieldNames())
     newer = {"q0": CheckpointRow("q0", 2, 3, 1700000000000, 1, 1699999999000, 4, "r2", now, 12, 1, 0)}
     tables.write_checkpoint(spark, checkpoint, list(newer.values()), app_id="app", version=4)
     assert tables.read_checkpoint(spark, checkpoint) == newer  # columns matched by name, whatever their order
+    assert tables.create_tables(spark, audit, checkpoint, lease) == set()  # all there now
+
+
+def test_of_two_runs_creating_the_tables_at_once_each_table_is_created_by_exactly_one(spark, tmp_path):
+    """What makes a run skip reading back its new state tables (``create_tables``): only the run whose
+    CREATE made a table says it created it, however the two runs' creations interleave."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    names = [str(tmp_path / name) for name in ("audit", "checkpoint", "lease")]
+    with ThreadPoolExecutor(2) as pool:
+        created = list(pool.map(lambda _: tables.create_tables(spark, *names), range(2)))
+    assert sorted(len(each) for each in created) in ([0, 3], [1, 2])  # each table by exactly one run
+    assert created[0] | created[1] == set(names) and not created[0] & created[1]
+    for name in names:
+        assert tables.table_exists(spark, name)
 
 
 def test_the_lease_is_a_compare_and_set_even_when_two_runs_create_its_table_at_once(spark, tmp_path):

@@ -118,8 +118,8 @@ def test_recovery_counts_every_row_earlier_attempts_of_the_batch_recorded(spark,
                   tables.CHECKPOINT_SCHEMA)}
     monkeypatch.setattr(tables, "existing_table", lambda spark, table: frames.get(table))
     monkeypatch.setattr(tables, "read_table", lambda spark, table: frames[table])
-    sink = SimpleNamespace(config=SimpleNamespace(storage=SimpleNamespace(audit_table="/state/audit",
-                                                                         checkpoint_table="/state/checkpoint")))
+    storage = SimpleNamespace(audit_table="/state/audit", checkpoint_table="/state/checkpoint")
+    sink = SimpleNamespace(state_is_new=False, config=SimpleNamespace(storage=storage))
 
     recovery = SparkBatch(sink, spark.range(0), 4).recover()
     assert recovery.checkpoint == {Q0: checkpoint}
@@ -128,3 +128,20 @@ def test_recovery_counts_every_row_earlier_attempts_of_the_batch_recorded(spark,
     assert recovery.dead_letters == ()
     assert recovery.recorded_rows_of_batch == 6  # both attempts' rows of batch 4, below the mark or not
     assert isinstance(recovery, Recovery)
+
+
+def test_a_run_that_created_its_state_tables_reads_nothing_back():
+    """``state_is_new`` (the run created the tables and is the lease's first holder): the first batch's
+    recovery is empty without a single table read (the fake session would fail any)."""
+    from types import SimpleNamespace
+
+    from backlog_syphon.sink.batch import Recovery
+    from backlog_syphon.sink.foreach_batch import SparkBatch
+
+    class NoSession:
+        def __getattr__(self, name):
+            raise AssertionError(f"the recovery touched the session ({name})")
+
+    sink = SimpleNamespace(state_is_new=True, config=None)
+    batch = SimpleNamespace(sparkSession=NoSession())
+    assert SparkBatch(sink, batch, 0).recover() == Recovery({}, (), (), 0)

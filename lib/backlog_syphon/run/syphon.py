@@ -135,6 +135,7 @@ class StartGates:
         self.spark, self.keeper = spark, keeper
         storage = config.storage
         self._seen_free = threading.Event()
+        self.state_is_new = False  # nothing was ever recorded in the state tables (``tables.create_tables``)
 
         def check_driver() -> None:
             if check_access:
@@ -146,11 +147,13 @@ class StartGates:
 
         def take_lease() -> None:
             try:
-                tables.create_tables(spark, storage.audit_table, storage.checkpoint_table,
-                                     storage.resolved_lease_table)
+                created = tables.create_tables(spark, storage.audit_table, storage.checkpoint_table,
+                                               storage.resolved_lease_table)
                 timeline.mark(Milestone.TABLES_READY)
-                keeper.acquire(spark, wait=config.run.wait_for_lease, on_wait=on_wait, on_free=self._seen_free.set)
+                lease = keeper.acquire(spark, wait=config.run.wait_for_lease, on_wait=on_wait,
+                                       on_free=self._seen_free.set)
                 timeline.mark(Milestone.LEASE_TAKEN)
+                self.state_is_new = {storage.audit_table, storage.checkpoint_table} <= created and lease.epoch == 1
                 keeper.start_heartbeat(spark)
             finally:
                 self._seen_free.set()
@@ -279,7 +282,8 @@ def start_syphon(spark: SparkSession, config: SyphonConfig, *, run_id: str | Non
         gates.wait()
     stop_file = os.path.join(tempfile.gettempdir(), f"backlog-syphon-stop-{run_id}")
     sink = DeliverySink(config, run_id=run_id, lease_keeper=keeper, settle_in_batch=is_connect(spark),
-                        stop_file=stop_file, timeline=timeline, before_first_batch=gates.wait if overlapped else None)
+                        stop_file=stop_file, timeline=timeline, start_gates=gates if overlapped else None,
+                        state_is_new=gates.state_is_new)
     records = AuditRecords(spark, storage.audit_table, run_id) if is_connect(spark) else SinkRecords(sink)
     listener = SyphonProgressListener(records.batch_stats, query_name=config.run.query_name, log_lines=log_progress)
     spark.streams.addListener(listener)

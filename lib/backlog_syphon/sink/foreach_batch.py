@@ -32,7 +32,7 @@ import logging
 import os
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Callable, Iterator, Sequence
+from typing import Callable, Iterator, Protocol, Sequence
 
 from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
@@ -110,13 +110,22 @@ def checkpoint_app_id(checkpoint_location: str, query_id: str | None) -> str:
     return f"backlog-syphon-{digest}"
 
 
+class StartGates(Protocol):
+    """What a classic run's first batch waits for (``run.syphon.StartGates``)."""
+
+    state_is_new: bool
+
+    def wait(self) -> None:
+        """Return once this run holds the lease and its checks passed; else raise what failed."""
+
+
 class DeliverySink:
     """Callable for ``foreachBatch``. Holds picklable settings and, in the process that runs it, the
     run's state between batches (``sink.batch.SinkState``) and what the progress reports read."""
 
     def __init__(self, config: SyphonConfig, *, run_id: str, lease_keeper, settle_in_batch: bool = False,
                  stop_file: str | None = None, timeline: Timeline | None = None,
-                 before_first_batch: Callable[[], None] | None = None,
+                 start_gates: StartGates | None = None, state_is_new: bool = False,
                  clock: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.timezone.utc)):
         self.config = config
         self.run_id = run_id
@@ -132,7 +141,8 @@ class DeliverySink:
         self.timeline = timeline if timeline is not None else Timeline()  # the run's, in a classic session
         # Classic sessions: what the first batch waits for before it reads a table or sends (the lease,
         # taken while the query starts; ``run.syphon.StartGates``); it raises what failed there.
-        self._before_first_batch = before_first_batch
+        self._start_gates = start_gates
+        self.state_is_new = state_is_new  # nothing was ever recorded: the first batch reads nothing back
         self.app_id: str | None = None  # known at the run's first batch (the checkpoint's query id)
         self.state = SinkState()
         self._purges = PurgeRunner(config.secondary)
@@ -141,17 +151,18 @@ class DeliverySink:
         self.failure: BaseException | None = None  # the last batch failure (classic Spark: this process)
 
     def __getstate__(self):
-        return {**self.__dict__, "_before_first_batch": None}  # Spark Connect: the sink runs on the server
+        return {**self.__dict__, "_start_gates": None}  # Spark Connect: the sink runs on the server
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
         self.timeline.mark(Milestone.FIRST_BATCH)
-        if self._before_first_batch is not None:
+        if self._start_gates is not None:
             try:
-                self._before_first_batch()
+                self._start_gates.wait()
             except BaseException as exc:
                 self.failure = exc
                 raise
-            self._before_first_batch = None
+            self.state_is_new = self._start_gates.state_is_new
+            self._start_gates = None
         spark = batch.sparkSession
         if self.app_id is None:
             self.app_id = checkpoint_app_id(self.config.storage.checkpoint_location,
@@ -225,6 +236,8 @@ class SparkBatch:
         self.latest: DataFrame | None = None  # every row sent so far, in its latest state
 
     def recover(self) -> Recovery:
+        if self.sink.state_is_new:  # this run created the tables and is the lease's first holder
+            return Recovery({}, (), (), 0)
         storage = self.sink.config.storage
         checkpoint = tables.read_checkpoint(self.spark, storage.checkpoint_table)
         recorded = tables.recorded_unsettled(self.spark, storage.audit_table, checkpoint)
