@@ -115,7 +115,7 @@ class RateController:
     """AIMD: halve on throttling (at most once per ``HOLD_SECONDS``), add ``step`` a second while sends go
     through (not within ``HOLD_SECONDS`` of the last throttling answer), never above the cap."""
 
-    def __init__(self, cap: float | None, recovery_seconds: float, now: float):
+    def __init__(self, cap: float | None, recovery_seconds: float):
         self.cap = cap
         self.recovery_seconds = recovery_seconds
         self.rate: float | None = cap  # None: not limited
@@ -164,7 +164,7 @@ class Pacer:
     """One send task's pacing: the bucket at the controller's rate, and what happened, for the progress line."""
 
     def __init__(self, cap: float | None, recovery_seconds: float, now: float):
-        self.controller = RateController(cap, recovery_seconds, now)
+        self.controller = RateController(cap, recovery_seconds)
         self.bucket = TokenBucket(cap, now)
         self.recent: deque[tuple[float, int]] = deque()  # (when, messages) of the last RATE_WINDOW_SECONDS
         self.sent_total = 0
