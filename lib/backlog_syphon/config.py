@@ -135,6 +135,12 @@ class SinkConfig:
     max_retry_backoff_seconds: float = 30.0
     outage_wait_seconds: float = 600.0  # how long a batch waits for an unreachable primary before failing the run
     max_message_size_bytes: int = 256 * 1024  # Standard tier; 100 MB for Premium entities
+    # Sends to the primary per second, over all send tasks (0: no cap). A Standard namespace has about
+    # 1,000 credits a second for everyone, live producers included (docs/running.md, "Draining politely").
+    max_messages_per_second: float = 0.0
+    # After ServerBusy (or quota exceeded, or throttled) a task's rate is halved; it climbs back from
+    # the floor to its cap (or, with no cap, to where it was) over this many seconds of sending.
+    throttle_recovery_seconds: float = 30.0
 
 
 @dataclass(frozen=True)
@@ -365,6 +371,12 @@ def _validate(config: SyphonConfig, origin: str) -> None:
                           f"got '{config.restore.ttl_policy}'")
     if config.sink.max_send_attempts < 1:
         raise ConfigError(f"{origin}: sink.max_send_attempts must be at least 1")
+    if config.sink.max_messages_per_second < 0:
+        raise ConfigError(f"{origin}: sink.max_messages_per_second must be 0 (no cap) or more, "
+                          f"got {config.sink.max_messages_per_second:g}")
+    if config.sink.throttle_recovery_seconds <= 0:
+        raise ConfigError(f"{origin}: sink.throttle_recovery_seconds must be more than 0, "
+                          f"got {config.sink.throttle_recovery_seconds:g}")
 
 
 def _check_connection_string(secret: Secret, where: str) -> None:

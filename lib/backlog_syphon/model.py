@@ -58,9 +58,12 @@ class ReasonCode(StrEnum):
     UNAUTHORIZED = "unauthorized"
     # transient: retried, never a final outcome
     DESTINATION_DISABLED = "destination_disabled"
-    QUOTA_EXCEEDED = "quota_exceeded"
     AUTHENTICATION_FAILED = "authentication_failed"
     TRANSIENT = "transient"
+    # throttling: the primary is over its capacity; the sender slows down (never a final outcome)
+    SERVER_BUSY = "server_busy"
+    QUOTA_EXCEEDED = "quota_exceeded"
+    THROTTLED = "throttled"
     # why a message is UNSENT
     DESTINATION_UNAVAILABLE = "destination_unavailable"  # refused or unreachable for all of sink.outage_wait_seconds
     ROUND_DEADLINE = "round_deadline"  # the send round ended before the lease could expire; the next round sends it
@@ -203,6 +206,51 @@ class Lease:
 
 
 @dataclass(frozen=True)
+class PacingStats:
+    """How a batch's send tasks paced their sends (``sink.pacing``): what the progress line shows.
+
+    Each task reports its own; ``merge`` adds them up (tasks run at once, so the time they spent
+    slowed down is the longest of theirs, not the sum).
+    """
+
+    sent: int = 0  # messages that went through
+    first_send_at: float | None = None  # epoch seconds
+    last_send_at: float | None = None
+    throttled: int = 0  # throttling answers (ServerBusy, quota exceeded, throttled)
+    slowed_seconds: float = 0.0  # how long the sends ran below their cap (or unlimited rate) because of them
+    rate_limit: float | None = None  # messages/s the tasks were allowed at their end (None: not limited)
+    cap: float | None = None  # the caps' shares, summed (None: no cap)
+    tasks: int = 0
+
+    @property
+    def send_rate(self) -> float | None:
+        """Messages per second from the first send to the last (None: too few sends to tell)."""
+        if self.first_send_at is None or self.last_send_at is None or self.last_send_at <= self.first_send_at:
+            return None
+        return self.sent / (self.last_send_at - self.first_send_at)
+
+    def merge(self, other: PacingStats) -> PacingStats:
+        if not other.tasks:
+            return self
+        if not self.tasks:
+            return other
+        return PacingStats(
+            self.sent + other.sent, _earliest(self.first_send_at, other.first_send_at),
+            _latest(self.last_send_at, other.last_send_at), self.throttled + other.throttled,
+            max(self.slowed_seconds, other.slowed_seconds),
+            None if self.rate_limit is None or other.rate_limit is None else self.rate_limit + other.rate_limit,
+            None if self.cap is None or other.cap is None else self.cap + other.cap, self.tasks + other.tasks)
+
+
+def _earliest(a: float | None, b: float | None) -> float | None:
+    return b if a is None else a if b is None else min(a, b)
+
+
+def _latest(a: float | None, b: float | None) -> float | None:
+    return b if a is None else a if b is None else max(a, b)
+
+
+@dataclass(frozen=True)
 class BatchStats:
     """What the sink did with one micro-batch (filled on the driver by the sink, read by the progress reports)."""
 
@@ -212,6 +260,9 @@ class BatchStats:
     replayed: int  # outcomes recorded by an earlier, interrupted attempt of this batch
     send_seconds: float
     oldest_enqueued: dt.datetime | None  # oldest backlog enqueue time among the batch's messages
+    # the send tasks' pacing (classic Spark; None over Spark Connect, where the executors' reports do not
+    # reach the client)
+    pacing: PacingStats | None = None
 
 
 # --- what the sink's delivery and the Service Bus senders exchange --------------------------------
@@ -226,6 +277,19 @@ class Outgoing:
     partition_key: str | None
 
 
+class SendFailureClass(StrEnum):
+    """How the sink handles a send error."""
+
+    FINAL = "final"  # these messages are dead-lettered (no such destination, not authorized, too large)
+    TRANSIENT = "transient"  # retried with back-off; counts against sink.max_send_attempts
+    # the primary is over its capacity (ServerBusy, quota exceeded, throttled): the task slows down and
+    # the destination waits; it does not count against sink.max_send_attempts
+    THROTTLED = "throttled"
+
+
+THROTTLING_REASONS = frozenset({ReasonCode.SERVER_BUSY, ReasonCode.QUOTA_EXCEEDED, ReasonCode.THROTTLED})
+
+
 @dataclass(frozen=True)
 class SendFailure:
     """How a send error is handled: retried (transient) or final for the messages concerned."""
@@ -233,6 +297,12 @@ class SendFailure:
     transient: bool
     reason_code: ReasonCode
     reason: str
+
+    @property
+    def failure_class(self) -> SendFailureClass:
+        if not self.transient:
+            return SendFailureClass.FINAL
+        return SendFailureClass.THROTTLED if self.reason_code in THROTTLING_REASONS else SendFailureClass.TRANSIENT
 
 
 class PartialSendError(Exception):

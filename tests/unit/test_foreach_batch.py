@@ -6,9 +6,16 @@ from types import SimpleNamespace
 
 import pytest
 
-from backlog_syphon.model import CheckpointRow, Outcome, ReasonCode, RecordedSpan
+from backlog_syphon.model import CheckpointRow, Outcome, PacingStats, ReasonCode, RecordedSpan
 from backlog_syphon.sink.batch import BatchAggregate, Recovery, Unsent
-from backlog_syphon.sink.foreach_batch import NO_DESTINATION, SparkBatch, checkpoint_app_id, combine_groups
+from backlog_syphon.sink.foreach_batch import (
+    NO_DESTINATION,
+    PacingStatsParam,
+    SparkBatch,
+    checkpoint_app_id,
+    combine_groups,
+    pacing_after_round,
+)
 
 T0 = 1_700_000_000_000
 Q0, Q1 = "contoso/x-servicebus-transfer/0", "contoso/x-servicebus-transfer/1"
@@ -145,3 +152,18 @@ def test_a_run_that_created_its_state_tables_reads_nothing_back():
     sink = SimpleNamespace(state_is_new=True, config=None)
     batch = SimpleNamespace(sparkSession=NoSession())
     assert SparkBatch(sink, batch, 0).recover() == Recovery({}, (), (), 0)
+
+
+def test_the_send_tasks_pacing_adds_up_per_round_and_over_the_rounds_of_a_batch():
+    param = PacingStatsParam()
+    task_a = PacingStats(sent=10, first_send_at=1.0, last_send_at=3.0, throttled=2, slowed_seconds=2.0,
+                         rate_limit=40.0, cap=50.0, tasks=1)
+    task_b = PacingStats(sent=20, first_send_at=2.0, last_send_at=4.0, throttled=0, slowed_seconds=0.0,
+                         rate_limit=50.0, cap=50.0, tasks=1)
+    first_round = param.addInPlace(param.addInPlace(param.zero(PacingStats()), task_a), task_b)
+    assert first_round == PacingStats(30, 1.0, 4.0, 2, 2.0, 90.0, 100.0, 2)
+    second_round = PacingStats(sent=5, first_send_at=10.0, last_send_at=11.0, throttled=1, slowed_seconds=1.0,
+                               rate_limit=25.0, cap=50.0, tasks=1)
+    batch = pacing_after_round(pacing_after_round(None, first_round), second_round)
+    # counts add up; one round after the other: their slowed times add up, the limit and cap are the last's
+    assert batch == PacingStats(35, 1.0, 11.0, 3, 3.0, 25.0, 50.0, 3)

@@ -38,6 +38,7 @@ PURE_MODULES = (
     "backlog_syphon.source.planning",
     "backlog_syphon.source.options",
     "backlog_syphon.sink.delivery",
+    "backlog_syphon.sink.pacing",
     "backlog_syphon.sink.bookkeeping",
     "backlog_syphon.sink.batch",
     "backlog_syphon.servicebus.purge_plan",

@@ -26,6 +26,7 @@ ends a send task's first attempt after its first send, as a lost executor would.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import hashlib
 import logging
@@ -34,6 +35,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, Iterator, Protocol, Sequence
 
+from pyspark.accumulators import AccumulatorParam
 from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
@@ -46,6 +48,7 @@ from backlog_syphon.model import (
     DeadLetterOrder,
     Outcome,
     OutcomeRecord,
+    PacingStats,
     ReasonCode,
     RecordedSpan,
 )
@@ -54,6 +57,7 @@ from backlog_syphon.restore.rows import OUTCOME_ROW_ARROW_SCHEMA, OUTCOME_ROW_SC
 from backlog_syphon.timeline import Milestone, Timeline
 from backlog_syphon.sink import batch as machine
 from backlog_syphon.sink import delivery
+from backlog_syphon.sink.pacing import Pacer, cap_share
 from backlog_syphon.sink.batch import BatchAggregate, CrashPoint, Recovery, SinkState, Unsent
 from backlog_syphon.sink.purge_runner import PurgeRunner
 from backlog_syphon.storage import tables
@@ -193,7 +197,7 @@ class DeliverySink:
             self.batch_stats[batch_id] = BatchStats(
                 aggregate.total(Outcome.DELIVERED), aggregate.total(Outcome.DEAD_LETTERED),
                 aggregate.total(Outcome.SKIPPED_PING), report.replayed, round(time.monotonic() - started, 2),
-                None if oldest is None else dt.datetime.fromtimestamp(oldest / 1000, dt.timezone.utc))
+                None if oldest is None else dt.datetime.fromtimestamp(oldest / 1000, dt.timezone.utc), ports.pacing)
             logger.info("batch_id=%s queues=%d delivered=%d dead_lettered=%d skipped=%d replayed=%d rounds=%d "
                         "seconds=%.2f", batch_id, len({span.backlog_queue for span in aggregate.spans}),
                         aggregate.total(Outcome.DELIVERED), aggregate.total(Outcome.DEAD_LETTERED),
@@ -234,6 +238,7 @@ class SparkBatch:
         self.spark = batch.sparkSession
         self.pending = batch
         self.latest: DataFrame | None = None  # every row sent so far, in its latest state
+        self.pacing: PacingStats | None = None  # what the send tasks reported (classic Spark only)
 
     def recover(self) -> Recovery:
         if self.sink.state_is_new:  # this run created the tables and is the lease's first holder
@@ -263,8 +268,14 @@ class SparkBatch:
             rows = rows.join(F.broadcast(unsent), ["backlog_queue", "sequence_number"], "left_semi")
         classified = rules.classify_messages(rows, now=now, ttl_policy=config.restore.ttl_policy,
                                              max_message_size_bytes=config.sink.max_message_size_bytes)
+        cap = config.sink.max_messages_per_second
+        share = cap_share(cap, concurrent_send_tasks(self.spark, classified, fallback=config.backlog.queue_count)
+                          ) if cap > 0 else None
+        reports = pacing_accumulator(self.spark)
         outcomes = send_on_executors(classified, config, run_id=self.sink.run_id, batch_id=self.batch_id,
-                                     limits=limits)
+                                     limits=limits, pace_share=share, pacing_reports=reports)
+        if reports is not None:  # the tasks have run (the outcomes are checkpointed eagerly)
+            self.pacing = pacing_after_round(self.pacing, reports.value)
         if self.latest is not None:
             outcomes = self.latest.where(F.col("outcome") != Outcome.UNSENT).unionByName(outcomes)
         self.latest = outcomes
@@ -379,14 +390,66 @@ def collect_dead_letters(outcomes: DataFrame) -> list[DeadLetterOrder]:
                             row["reason_code"] or "undeliverable", row["reason"] or "") for row in rows]
 
 
+def pacing_after_round(before: PacingStats | None, this_round: PacingStats) -> PacingStats:
+    """A batch's pacing over its rounds: counts and times added up; the rate limit and the cap are the
+    last round's (rounds run one after the other, their tasks do not add up)."""
+    if before is None:
+        return this_round
+    merged = before.merge(this_round)
+    return dataclasses.replace(merged, rate_limit=this_round.rate_limit, cap=this_round.cap,
+                               slowed_seconds=before.slowed_seconds + this_round.slowed_seconds)
+
+
+def concurrent_send_tasks(spark: SparkSession, classified: DataFrame, *, fallback: int) -> int:
+    """How many send tasks of a round may run at once: its partitions (one per backlog queue with rows),
+    at most the cluster's task slots. ``sink.max_messages_per_second`` is shared among that many, so the
+    shares of the tasks running at any moment sum to at most the cap.
+
+    Over Spark Connect neither is known to the sink (no SparkContext, no RDD): ``fallback`` (the
+    configured ``backlog.queue_count``) is taken as the number of tasks. With dynamic allocation the
+    slots can grow while the round runs: only the partitions bound it then.
+    """
+    try:
+        context = spark.sparkContext
+        partitions = classified.rdd.getNumPartitions()
+    except Exception:  # noqa: BLE001 - Spark Connect has neither
+        return max(1, fallback)
+    if context.getConf().get("spark.dynamicAllocation.enabled", "false").lower() == "true":
+        return max(1, partitions)
+    return max(1, min(partitions, context.defaultParallelism))
+
+
+class PacingStatsParam(AccumulatorParam):
+    """Adds up the send tasks' ``PacingStats`` (``PacingStats.merge``) into one for the driver."""
+
+    def zero(self, value: PacingStats) -> PacingStats:
+        return PacingStats()
+
+    def addInPlace(self, first: PacingStats, second: PacingStats) -> PacingStats:
+        return first.merge(second)
+
+
+def pacing_accumulator(spark: SparkSession):
+    """Where the send tasks report their pacing to the driver: an accumulator on classic Spark. Over Spark
+    Connect there is none (no SparkContext where foreachBatch runs): None, and the progress line shows
+    the batch's average rate without the throttling."""
+    try:
+        context = spark.sparkContext
+    except Exception:  # noqa: BLE001 - Spark Connect
+        return None
+    return context.accumulator(PacingStats(), PacingStatsParam())
+
+
 def send_on_executors(classified: DataFrame, config: SyphonConfig, *, run_id: str, batch_id: int,
-                      limits: delivery.RoundLimits) -> DataFrame:
-    """Deliver on executors, one task per backlog queue; the outcomes checkpointed once."""
+                      limits: delivery.RoundLimits, pace_share: float | None = None,
+                      pacing_reports=None) -> DataFrame:
+    """Deliver on executors, one task per backlog queue, each at most at ``pace_share`` messages a second;
+    the outcomes checkpointed once. Each task adds its ``PacingStats`` to ``pacing_reports`` (if any)."""
     primary, sink_config = config.primary, config.sink
 
     def deliver(batches):
         yield from deliver_partition(batches, primary=primary, sink=sink_config, run_id=run_id, batch_id=batch_id,
-                                     limits=limits)
+                                     limits=limits, pace_share=pace_share, pacing_reports=pacing_reports)
 
     # localCheckpoint, not cache: a lost partition fails the batch (replayed safely) instead of
     # being computed, and so sent, a second time.
@@ -396,8 +459,10 @@ def send_on_executors(classified: DataFrame, config: SyphonConfig, *, run_id: st
 # --- executor side ------------------------------------------------------------------------------
 
 def deliver_partition(batches, *, primary, sink, run_id: str, batch_id: int, limits: delivery.RoundLimits,
+                      pace_share: float | None = None, pacing_reports=None,
                       clock: Callable[[], float] = time.time) -> Iterator:
-    """Deliver one task's rows (Arrow record batches) and yield the outcomes as Arrow record batches."""
+    """Deliver one task's rows (Arrow record batches) and yield the outcomes as Arrow record batches;
+    at the end, report the task's pacing (``pacing_reports``, an accumulator)."""
     from backlog_syphon.servicebus.send import DestinationSenders, classify_send_error
 
     mid_send = []
@@ -410,11 +475,19 @@ def deliver_partition(batches, *, primary, sink, run_id: str, batch_id: int, lim
 
     senders = DestinationSenders(primary)
     opened: set[str] = set()
+    pacer = Pacer(pace_share, sink.throttle_recovery_seconds, clock())
     for results in delivery.deliver_chunks(_chunks(batches, opened, senders), build=build_outgoing, sender=senders,
                                            classify=classify_send_error, sink=sink, limits=limits, clock=clock,
-                                           on_sent=first_send):
+                                           on_sent=first_send, pacer=pacer):
         yield record_batch([outcome_row(result, run_id, batch_id, clock()) for result in results],
                            OUTCOME_ROW_ARROW_SCHEMA)
+    stats = pacer.stats(clock())
+    if pacer.throttled_count:
+        logger.info("send task: %d sent, throttled %d times, slowed for %.1f s, rate limit at the end %s msg/s",
+                    stats.sent, stats.throttled, stats.slowed_seconds,
+                    "none" if stats.rate_limit is None else f"{stats.rate_limit:.0f}")
+    if pacing_reports is not None:
+        pacing_reports.add(stats)
 
 
 SEND_CHUNK_ROWS = 2000  # rows a send task holds as Python objects at once, whatever the window's size
