@@ -114,16 +114,16 @@ class AuditRecords:
 class StartGates:
     """What must hold before the sink's first batch reads the state tables or sends: the tables exist,
     this run holds the lease (kept by a heartbeat from then on), and the driver and an executor reach
-    both namespaces. Both run in the background from construction; ``wait`` joins them.
+    both namespaces. They run in background threads from construction; ``wait`` joins them.
 
     In a classic session the query starts as soon as the lease is seen free and the driver reached
     both namespaces (``wait_until_startable``), so Spark's start of the query and the source's first
     plan (peeks only: nothing is read for sending, nothing changes) overlap writing the lease and the
     executors' check; the sink's first batch waits for all of it (``wait``) before it touches
     anything. The common refusals (another run holds the lease, a wrong connection string) are so
-    still raised before any query starts. Where the sink runs elsewhere
-    (Spark Connect) or the run may wait for the lease, the query starts only after ``wait``: a
-    target fixed while another run still drains could never be reached.
+    still raised before any query starts. Where the sink runs elsewhere (Spark Connect) or the run
+    may wait for the lease, the query starts only after ``wait``: a target fixed while another run
+    still drains could never be reached.
     """
 
     def __init__(self, spark: SparkSession, config: SyphonConfig, keeper: LeaseKeeper, timeline: Timeline, *,
@@ -134,7 +134,8 @@ class StartGates:
 
         self.spark, self.keeper = spark, keeper
         storage = config.storage
-        self._seen_free = threading.Event()
+        self._seen_free = threading.Event()  # set once the lease was seen free, or taking it failed before
+        self._lease_free = False
         self.state_is_new = False  # nothing was ever recorded in the state tables (``tables.create_tables``)
 
         def check_driver() -> None:
@@ -145,13 +146,16 @@ class StartGates:
             executor_preflight(spark, config)
             timeline.mark(Milestone.PREFLIGHT_DONE)
 
+        def seen_free() -> None:
+            self._lease_free = True
+            self._seen_free.set()
+
         def take_lease() -> None:
             try:
                 created = tables.create_tables(spark, storage.audit_table, storage.checkpoint_table,
                                                storage.resolved_lease_table)
                 timeline.mark(Milestone.TABLES_READY)
-                lease = keeper.acquire(spark, wait=config.run.wait_for_lease, on_wait=on_wait,
-                                       on_free=self._seen_free.set)
+                lease = keeper.acquire(spark, wait=config.run.wait_for_lease, on_wait=on_wait, on_free=seen_free)
                 timeline.mark(Milestone.LEASE_TAKEN)
                 self.state_is_new = {storage.audit_table, storage.checkpoint_table} <= created and lease.epoch == 1
                 keeper.start_heartbeat(spark)
@@ -175,11 +179,11 @@ class StartGates:
         driver_check = self._checks[0]
         driver_check.exception()
         self._seen_free.wait()
-        if driver_check.exception() is not None or (self._leased.done() and self._leased.exception() is not None):
-            self.wait()
+        if driver_check.exception() is not None or not self._lease_free:
+            self.wait()  # raises what failed
 
     def wait(self) -> None:
-        """Return once both passed; else give the lease back (if it was taken) and raise the failure."""
+        """Return once all passed; else give the lease back (if it was taken) and raise the failure."""
         failure = self.failure
         if failure is not None:
             self.keeper.release(self.spark)
