@@ -99,9 +99,11 @@ def create_table(spark: SparkSession, table: str, schema: StructType, partition_
 
 def _created_meanwhile(spark: SparkSession, table: str, exc: BaseException) -> bool:
     """Whether another run created ``table`` while this one tried to. Its location can already hold
-    files before its first commit is readable ("non-empty location"): then that commit is waited for."""
+    files, or already count as a table, before its first commit is readable ("non-empty location",
+    "already exists"): then that commit is waited for."""
     condition = getattr(exc, "getCondition", lambda: None)() or ""
-    attempts = _CREATION_WAIT_POLLS if condition == "DELTA_CREATE_TABLE_WITH_NON_EMPTY_LOCATION" else 1
+    creating = condition in _CREATED_MEANWHILE_CONDITIONS or "ALREADY_EXISTS" in condition
+    attempts = _CREATION_WAIT_POLLS if creating else 1
     for attempt in range(attempts):
         if attempt:
             time.sleep(0.5)
@@ -283,6 +285,7 @@ def write_lease(spark: SparkSession, lease_table: str, lease: Lease, *, confirm:
 
 
 _CREATION_WAIT_POLLS = 40  # half a second apart: a first commit on slow storage
+_CREATED_MEANWHILE_CONDITIONS = ("DELTA_CREATE_TABLE_WITH_NON_EMPTY_LOCATION", "TABLE_OR_VIEW_ALREADY_EXISTS")
 _CONFLICT_CONDITIONS = ("DELTA_CONCURRENT_", "DELTA_PROTOCOL_CHANGED", "DELTA_METADATA_CHANGED")
 
 
