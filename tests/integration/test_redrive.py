@@ -23,6 +23,7 @@ from backlog_syphon.run.syphon import run_syphon
 from backlog_syphon.storage import tables
 
 from .conftest import PRIMARY, ROOT, SECONDARY, make_config
+from .test_run_modes import notebook_env  # noqa: F401 - a fixture
 from .test_fidelity_matrix import (
     APPLICATION_PROPERTIES,
     DATA,
@@ -149,3 +150,37 @@ def test_dead_letters_are_redriven_with_every_property_filtered_and_never_twice(
     assert emulator.stats(PRIMARY)[STILL_MISSING]["in"] == 2
     assert [str(m.message_id) for m in _peek_dead_letters(emulator, BACKLOG_QUEUE)] == ["no-path"]
     assert emulator.stats(SECONDARY)[BACKLOG_QUEUE]["total"] == 0
+
+
+def test_the_notebook_offers_the_redrive_with_its_dry_run(emulator, notebook_env, spark, capsys, monkeypatch):
+    import runpy
+
+    from azure.servicebus import ServiceBusClient
+
+    from tools import backlog_writer
+    from tools.backlog_writer import OriginalMessage
+
+    from .test_run_modes import NOTEBOOK
+
+    config = make_config(emulator, ROOT)  # the connection strings; the notebook uses notebook_env's tables
+    backlog_writer.write_backlog(config.secondary, PRIMARY, [OriginalMessage("orders", b"o", message_id=f"o{n}")
+                                                             for n in range(3)], queue_count=1, seed=1)
+    queue = f"{PRIMARY}/x-servicebus-transfer/0"
+    with ServiceBusClient.from_connection_string(emulator.connection_string(SECONDARY)) as client:
+        with client.get_queue_receiver(queue) as receiver:  # as a run that found no 'orders' queue left them
+            for message in receiver.receive_messages(max_message_count=3, max_wait_time=5):
+                receiver.dead_letter_message(message, reason="destination_not_found", error_description="gone")
+    monkeypatch.setenv("SYPHON_WIDGET_SOURCE", "dead_letters")
+    monkeypatch.setenv("SYPHON_WIDGET_REDRIVE_REASON_CODES", "destination_not_found")
+
+    with pytest.raises(SystemExit) as stopped:
+        runpy.run_path(str(NOTEBOOK), run_name="__main__")
+
+    out = capsys.readouterr().out
+    assert stopped.value.code == 0
+    assert "(re-drive of their dead-letter sub-queues)" in out
+    assert "re-drive of the dead-letter queues: what would move, per destination and dead-letter reason" in out
+    assert any(line.split() == ["orders", "destination_not_found", "3", "3", "0", "0"] for line in out.splitlines())
+    assert "dead-letter queues: 3 messages in 1 of 10 queues" in out
+    assert "dry run only: set the 'replay' widget to 'yes'" in out
+    assert len(_peek_dead_letters(emulator, queue)) == 3  # the dry run moved nothing

@@ -62,7 +62,10 @@ def _purge(receiver, plan: PurgePlan, max_wait_seconds: float) -> PurgeResult:
             _settle_page(receiver, plan, progress, page, kept)
     finally:
         for message in kept:
-            release_message(receiver, message)
+            try:
+                release_message(receiver, message)
+            except ServiceBusError:  # its lock ran out meanwhile: it is available again, untouched, anyway
+                logger.info("%s sequence_number=%s: lock lost before its release", plan.queue, message.sequence_number)
         if kept:
             logger.info("%s purge passed %d message(s) the re-drive leaves there (locked meanwhile, released "
                         "untouched)", plan.queue, len(kept))
