@@ -184,3 +184,54 @@ def test_the_notebook_offers_the_redrive_with_its_dry_run(emulator, notebook_env
     assert "dead-letter queues: 3 messages in 1 of 10 queues" in out
     assert "dry run only: set the 'replay' widget to 'yes'" in out
     assert len(_peek_dead_letters(emulator, queue)) == 3  # the dry run moved nothing
+
+
+@pytest.mark.timeout(900)
+def test_a_redrive_killed_after_recording_is_finished_by_the_next_without_sending_anything_twice(emulator, tmp_path,
+                                                                                                 spark):
+    """Crash and replay of a re-drive, with real processes: ``jobs/syphon.py --redrive-dead-letters`` is
+    killed (SIGKILL, its whole process tree) once its first batch is recorded and before that batch's purge;
+    the next re-drive, with a streaming checkpoint of its own, reads the dead-letter queues from their first
+    message again, sends only what was not recorded, and settles the killed run's messages."""
+    import collections
+
+    from azure.servicebus import ServiceBusClient
+
+    from tools import backlog_writer
+    from tools.backlog_writer import OriginalMessage
+
+    from .helpers import drain_destinations, finish_job, job_command, job_env, kill_when_parked, start_job, tail
+
+    count = 40  # two batches of 25 sequence numbers: the first recorded then killed, the second sent by the restart
+    originals = [OriginalMessage("orders", f"body {n}".encode(), message_id=f"redrive-{n:03d}") for n in range(count)]
+    originals.append(OriginalMessage("payments", b"poison", message_id="poison"))
+    config = make_config(emulator, tmp_path)
+    written = backlog_writer.write_backlog(config.secondary, PRIMARY, originals, queue_count=2, seed=4)
+    with ServiceBusClient.from_connection_string(emulator.connection_string(SECONDARY)) as client:
+        for queue, n in written.items():
+            with client.get_queue_receiver(queue) as receiver:
+                for message in receiver.receive_messages(max_message_count=n, max_wait_time=5):
+                    poison = str(message.message_id) == "poison"  # as the broker would, after failed deliveries
+                    receiver.dead_letter_message(message, reason="MaxDeliveryCountExceeded" if poison else
+                                                 "destination_not_found", error_description="test")
+    assert sum(len(_peek_dead_letters(emulator, queue)) for queue in written) == count + 1
+
+    command = job_command(tmp_path, run__max_messages_per_trigger=25, redrive__reason_codes="destination_not_found")
+    command.append("--redrive-dead-letters")
+    env = job_env(emulator)
+    why = kill_when_parked(command, env, "after_record", tmp_path / "marker", tmp_path / "killed.log", 300)
+    assert why == "", f"{why}\n{tail(tmp_path / 'killed.log')}"
+    killed = collections.Counter(str(m.message_id) for m in drain_destinations(emulator, ["orders"])["orders"])
+    assert killed and sum(killed.values()) < count  # the first batch (or a part of it) went, and no more
+
+    job = start_job(command, env, tmp_path / "restart.log")
+    assert finish_job(job, 420) == 0, tail(tmp_path / "restart.log")
+    restarted = collections.Counter(str(m.message_id) for m in drain_destinations(emulator, ["orders"])["orders"])
+
+    assert killed + restarted == collections.Counter(f"redrive-{n:03d}" for n in range(count))  # each once
+    assert [str(m.message_id) for queue in written for m in _peek_dead_letters(emulator, queue)] == ["poison"]
+    audit = tables.read_table(spark, str(tmp_path / "audit"))
+    delivered = collections.Counter(row["message_id"] for row in audit.where("outcome = 'delivered'").collect())
+    assert delivered == collections.Counter(f"redrive-{n:03d}" for n in range(count))
+    assert {row["reason_code"] for row in audit.where("message_id = 'poison'").collect()} == {"filtered_out"}
+
