@@ -6,7 +6,8 @@ console with ``--verbose``.
 
 Exit codes: 0 done (or stopped on request), 1 a batch failed (nothing lost: the next run resumes
 from the tables), 2 a setting is wrong (configuration, credentials, endpoint, rights), 3 another run
-holds the backlog, 4 an available-now run ended with messages left in the backlog.
+holds the backlog, 4 an available-now run ended with messages left in the backlog (never a re-drive,
+``--redrive-dead-letters``, which leaves what it does not select or cannot deliver by design).
 
 Signals: the first SIGTERM or SIGINT (a cancelled job, YARN or Kubernetes stopping the driver,
 Ctrl-C) stops the run at the next batch boundary: the batch in flight is recorded and purged, and

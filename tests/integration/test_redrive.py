@@ -23,7 +23,6 @@ from backlog_syphon.run.syphon import run_syphon
 from backlog_syphon.storage import tables
 
 from .conftest import PRIMARY, ROOT, SECONDARY, make_config
-from .test_run_modes import notebook_env  # noqa: F401 - a fixture
 from .test_fidelity_matrix import (
     APPLICATION_PROPERTIES,
     DATA,
@@ -152,7 +151,7 @@ def test_dead_letters_are_redriven_with_every_property_filtered_and_never_twice(
     assert emulator.stats(SECONDARY)[BACKLOG_QUEUE]["total"] == 0
 
 
-def test_the_notebook_offers_the_redrive_with_its_dry_run(emulator, notebook_env, spark, capsys, monkeypatch):
+def test_the_notebook_offers_the_redrive_with_its_dry_run(emulator, tmp_path, spark, capsys, monkeypatch):
     import runpy
 
     from azure.servicebus import ServiceBusClient
@@ -160,9 +159,12 @@ def test_the_notebook_offers_the_redrive_with_its_dry_run(emulator, notebook_env
     from tools import backlog_writer
     from tools.backlog_writer import OriginalMessage
 
-    from .test_run_modes import NOTEBOOK
+    from .test_run_modes import NOTEBOOK, backlog_env
 
-    config = make_config(emulator, ROOT)  # the connection strings; the notebook uses notebook_env's tables
+    for name, value in backlog_env(emulator, tmp_path).items():  # as test_run_modes runs the notebook
+        monkeypatch.setenv(name, value)
+    monkeypatch.chdir(ROOT / "notebooks")
+    config = make_config(emulator, tmp_path)
     backlog_writer.write_backlog(config.secondary, PRIMARY, [OriginalMessage("orders", b"o", message_id=f"o{n}")
                                                              for n in range(3)], queue_count=1, seed=1)
     queue = f"{PRIMARY}/x-servicebus-transfer/0"
