@@ -138,7 +138,9 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_SETTINGS
 
     from backlog_syphon.servicebus.probes import preflight
+    from backlog_syphon.timeline import Milestone, Timeline
 
+    timeline = Timeline()
     stopper = StopOnSignal()
     stopper.install()
 
@@ -161,6 +163,7 @@ def main(argv: list[str] | None = None) -> int:
 
     logger.info("backlog-syphon library from %s; log file %s", os.path.dirname(backlog_syphon.__file__), log_file)
     spark = build_spark_session(verbose=args.verbose, remote=args.remote)
+    timeline.mark(Milestone.SPARK_READY)
     checking.join()
     try:
         if args.dry_run:
@@ -168,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
             return EXIT_OK
         progress = None if args.quiet else (lambda line: print(line, file=sys.stderr, flush=True))
         summary = run_syphon(spark, config, timeout_seconds=args.timeout, on_progress=progress, check_access=False,
-                             on_start=stopper.attach)
+                             on_start=stopper.attach, timeline=timeline)
     except SyphonError as exc:  # the run's own errors carry their exit code and their one line
         logger.debug("the run failed", exc_info=True)
         return fail(closing_line(exc), log_file, exc.exit_code)
@@ -176,6 +179,8 @@ def main(argv: list[str] | None = None) -> int:
         logger.debug("the run failed", exc_info=True)
         return fail(closing_line(exc), log_file, EXIT_BATCH_FAILED)
     print("\n".join(summary.lines()))
+    if args.verbose:
+        print("\n".join(timeline.lines()))
     if stopper.requested:
         print("stopped on request at a batch boundary; the next run resumes from the tables", file=sys.stderr)
         return EXIT_OK

@@ -23,7 +23,8 @@ def test_the_transaction_app_id_is_one_per_streaming_checkpoint_and_query():
     assert checkpoint_app_id("/state/checkpoint", None) == checkpoint_app_id("/state/checkpoint", "")
 
 
-def group(queue, island, destination, outcome, first, last, n, *, reason_code=None, reason=None, since=0,
+def group(queue, island, destination, outcome, first, last, n, *, reason_code=None, reason=None,
+          since=1_800_000_009_000,
           run_id="r1", batch_id=4):
     return {"run_id": run_id, "batch_id": batch_id, "backlog_queue": queue, "island": island,
             "destination": destination, "outcome": outcome, "reason_code": reason_code, "first": first, "last": last,
@@ -40,7 +41,7 @@ def test_final_outcomes_make_one_span_per_island_and_unsent_ones_are_counted_per
         group(Q0, 1, "orders", "delivered", 5, 6, 2),
         group(Q0, 2, "payments", "unsent", 7, 7, 1, reason_code="destination_unavailable", reason="down",
               since=1_800_000_005_000),
-        group(Q1, 0, "orders", "skipped_ping", 1, 1, 1, reason_code="ping"),
+        group(Q1, 0, "orders", "skipped_ping", 1, 1, 1, reason_code="ping", since=1_800_000_002_000),
     ]
     assert combine_groups(groups) == BatchAggregate(
         spans=(RecordedSpan(Q0, 1, 3, T0 + 10, T0 + 30, 3, 2, 1, 0, 4),
@@ -48,7 +49,8 @@ def test_final_outcomes_make_one_span_per_island_and_unsent_ones_are_counted_per
                RecordedSpan(Q1, 1, 1, T0 + 10, T0 + 10, 1, 0, 0, 1, 4)),
         per_destination={("orders", Outcome.DELIVERED): 4, (NO_DESTINATION, Outcome.DEAD_LETTERED): 1,
                          ("payments", Outcome.UNSENT): 2, ("orders", Outcome.SKIPPED_PING): 1},
-        unsent={"payments": Unsent(2, ReasonCode.DESTINATION_UNAVAILABLE, "down", 1_800_000_000.0)})
+        unsent={"payments": Unsent(2, ReasonCode.DESTINATION_UNAVAILABLE, "down", 1_800_000_000.0)},
+        first_outcome_ms=1_800_000_002_000)  # the earliest final outcome: an unsent row's time is not a send
     aggregate = combine_groups(groups)
     assert (aggregate.rows, aggregate.total(Outcome.DELIVERED), aggregate.total(Outcome.UNSENT)) == (8, 4, 2)
     assert aggregate.final_unavailable == aggregate.unsent

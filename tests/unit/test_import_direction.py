@@ -156,7 +156,7 @@ def test_importing_the_package_stays_cheap_and_the_public_api_loads_on_use():
 # --- ranks: packages import only from their own rank or below ------------------------------------------
 
 RANKS = {
-    "model": 1, "config": 1, "errors": 1, "restore": 1,  # the vocabulary, the settings, pure restoring
+    "model": 1, "config": 1, "errors": 1, "timeline": 1, "restore": 1,  # the vocabulary, the settings, pure restoring
     "servicebus": 2, "storage": 2,  # the I/O of one system each
     "source": 3, "sink": 3,
     "run": 4,  # the wiring

@@ -90,6 +90,7 @@ class BatchAggregate:
     spans: tuple[RecordedSpan, ...] = ()
     per_destination: dict[tuple[str, Outcome], int] = field(default_factory=dict)  # (destination, outcome) -> n
     unsent: dict[str, Unsent] = field(default_factory=dict)
+    first_outcome_ms: int | None = None  # when the batch's first final outcome was reached (its first send)
 
     @property
     def rows(self) -> int:

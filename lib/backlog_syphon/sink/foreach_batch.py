@@ -52,6 +52,7 @@ from backlog_syphon.model import (
 from backlog_syphon.restore import redrive, rules
 from backlog_syphon.restore.queue_names import DEAD_LETTER_SUBQUEUE, is_dead_letter_queue_name
 from backlog_syphon.restore.rows import OUTCOME_ROW_ARROW_SCHEMA, OUTCOME_ROW_SCHEMA, record_batch
+from backlog_syphon.timeline import Milestone, Timeline
 from backlog_syphon.sink import batch as machine
 from backlog_syphon.sink import delivery
 from backlog_syphon.sink.batch import BatchAggregate, CrashPoint, Recovery, SinkState, Unsent
@@ -115,7 +116,8 @@ class DeliverySink:
     run's state between batches (``sink.batch.SinkState``) and what the progress reports read."""
 
     def __init__(self, config: SyphonConfig, *, run_id: str, lease_keeper, settle_in_batch: bool = False,
-                 stop_file: str | None = None,
+                 stop_file: str | None = None, timeline: Timeline | None = None,
+                 before_first_batch: Callable[[], None] | None = None,
                  clock: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.timezone.utc)):
         self.config = config
         self.run_id = run_id
@@ -128,6 +130,10 @@ class DeliverySink:
         self.stop_file = stop_file
         self.stop_marker = f"{config.storage.checkpoint_location.rstrip('/')}_stop/{run_id}"
         self.clock = clock
+        self.timeline = timeline if timeline is not None else Timeline()  # the run's, in a classic session
+        # Classic sessions: what the first batch waits for before it reads a table or sends (the lease,
+        # taken while the query starts; ``run.syphon.StartGates``); it raises what failed there.
+        self._before_first_batch = before_first_batch
         self.app_id: str | None = None  # known at the run's first batch (the checkpoint's query id)
         self.state = SinkState()
         self._purges = PurgeRunner(config.secondary)
@@ -135,7 +141,18 @@ class DeliverySink:
         self.batch_stats: dict[int, BatchStats] = {}  # read (and emptied) by the progress listener
         self.failure: BaseException | None = None  # the last batch failure (classic Spark: this process)
 
+    def __getstate__(self):
+        return {**self.__dict__, "_before_first_batch": None}  # Spark Connect: the sink runs on the server
+
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
+        self.timeline.mark(Milestone.FIRST_BATCH)
+        if self._before_first_batch is not None:
+            try:
+                self._before_first_batch()
+            except BaseException as exc:
+                self.failure = exc
+                raise
+            self._before_first_batch = None
         spark = batch.sparkSession
         if self.app_id is None:
             self.app_id = checkpoint_app_id(self.config.storage.checkpoint_location,
@@ -153,6 +170,10 @@ class DeliverySink:
             with open(self.stop_file, "a"):  # the source, next to this process, plans no more batches
                 pass
         aggregate = report.aggregate
+        if aggregate.first_outcome_ms is not None:
+            self.timeline.mark(Milestone.FIRST_SEND, aggregate.first_outcome_ms / 1000)
+        if aggregate.rows:
+            self.timeline.mark(Milestone.LAST_RECORD, again=True)
         for (destination, outcome), n in aggregate.per_destination.items():
             if outcome.is_final:
                 per = self.per_destination.setdefault(destination, {o.value: 0 for o in Outcome if o.is_final})
@@ -310,6 +331,7 @@ def combine_groups(groups: list[dict]) -> BatchAggregate:
     spans: dict[tuple, dict] = {}
     per_destination: dict[tuple[str, Outcome], int] = {}
     unsent: dict[str, Unsent] = {}
+    first_outcome_ms = None
     for group in groups:
         outcome = Outcome(group["outcome"])
         destination = group["destination"] or NO_DESTINATION
@@ -325,6 +347,7 @@ def combine_groups(groups: list[dict]) -> BatchAggregate:
             continue
         if cuts_span(outcome, group["backlog_queue"]):
             continue  # stays in its queue: counted, never settled
+        first_outcome_ms = _min(first_outcome_ms, group["since"])
         key = (group["run_id"], group["batch_id"], group["backlog_queue"], group["island"])
         span = spans.setdefault(key, {"first": group["first"], "last": group["last"],
                                       "from": group["enqueued_from"], "to": group["enqueued_to"],
@@ -339,7 +362,7 @@ def combine_groups(groups: list[dict]) -> BatchAggregate:
                      s[Outcome.DELIVERED] + s[Outcome.DEAD_LETTERED] + s[Outcome.SKIPPED_PING],
                      s[Outcome.DELIVERED], s[Outcome.DEAD_LETTERED], s[Outcome.SKIPPED_PING], batch_id)
         for (_, batch_id, queue, _), s in sorted(spans.items(), key=lambda item: (item[0][2], item[1]["first"])))
-    return BatchAggregate(recorded, per_destination, unsent)
+    return BatchAggregate(recorded, per_destination, unsent, first_outcome_ms)
 
 
 def _min(a, b):
