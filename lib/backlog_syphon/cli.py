@@ -6,7 +6,8 @@ console with ``--verbose``.
 
 Exit codes: 0 done (or stopped on request), 1 a batch failed (nothing lost: the next run resumes
 from the tables), 2 a setting is wrong (configuration, credentials, endpoint, rights), 3 another run
-holds the backlog, 4 an available-now run ended with messages left in the backlog.
+holds the backlog, 4 an available-now run ended with messages left in the backlog (never a re-drive,
+``--redrive-dead-letters``, which leaves what it does not select or cannot deliver by design).
 
 Signals: the first SIGTERM or SIGINT (a cancelled job, YARN or Kubernetes stopping the driver,
 Ctrl-C) stops the run at the next batch boundary: the batch in flight is recorded and purged, and
@@ -25,6 +26,7 @@ import threading
 
 import backlog_syphon
 from backlog_syphon.config import AVAILABLE_NOW, ConfigError, parse_overrides
+from backlog_syphon.model import RunSource
 from backlog_syphon.run.host import load_config
 
 from backlog_syphon.errors import (  # noqa: F401 - the exit codes are part of this module's interface
@@ -47,6 +49,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="override a config key (repeatable), e.g. --set run.trigger='10 seconds'")
     parser.add_argument("--dry-run", action="store_true",
                         help="peek the backlog and report what a replay would do; change nothing")
+    parser.add_argument("--redrive-dead-letters", action="store_true",
+                        help="re-drive the backlog queues' dead-letter sub-queues (run.source=dead_letters), "
+                             "filtered by the redrive.* settings; with --dry-run, show what would move")
     parser.add_argument("--remote", default=None, metavar="sc://HOST:PORT",
                         help="run over Spark Connect (default: the SPARK_REMOTE variable, if set)")
     parser.add_argument("--timeout", type=float, default=None, help="stop a continuous run after this many seconds")
@@ -124,7 +129,10 @@ def main(argv: list[str] | None = None) -> int:
     log_file = args.log_file or os.path.join(tempfile.gettempdir(), f"backlog-syphon-{os.getpid()}.log")
     configure_logging(args.log_level, log_file, args.verbose)
     try:
-        config = load_config(args.config, overrides=parse_overrides(args.set))
+        overrides = parse_overrides(args.set)
+        if args.redrive_dead_letters:
+            overrides["run.source"] = RunSource.DEAD_LETTERS.value
+        config = load_config(args.config, overrides=overrides)
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_SETTINGS
@@ -176,7 +184,8 @@ def main(argv: list[str] | None = None) -> int:
     if stopper.requested:
         print("stopped on request at a batch boundary; the next run resumes from the tables", file=sys.stderr)
         return EXIT_OK
-    if config.run.trigger == AVAILABLE_NOW and not summary.drained:
+    if config.run.trigger == AVAILABLE_NOW and not summary.drained and not config.redriving:
+        # (A re-drive leaves by design what it did not select or still cannot deliver: see the audit.)
         print("warning: messages remain in the backlog (see 'remaining' above)", file=sys.stderr)
         return EXIT_NOT_DRAINED
     return EXIT_OK

@@ -21,6 +21,9 @@ class Action(StrEnum):
     DELIVER = "deliver"
     DEAD_LETTER = "dead_letter"
     SKIP = "skip"
+    # Re-drive only: the message is not sent and stays in the dead-letter sub-queue, untouched (the
+    # re-drive's filters did not select it, or an earlier re-drive dead-lettered it again).
+    LEAVE = "leave"
 
 
 class Outcome(StrEnum):
@@ -32,10 +35,14 @@ class Outcome(StrEnum):
     # Not a final outcome: the message was not sent (its destination stayed unavailable, or the
     # send round ran out of lease). It stays in the backlog, untouched, and the batch's replay sends it.
     UNSENT = "unsent"
+    # Not a final outcome either (re-drive only): the message was seen and deliberately left in the
+    # dead-letter sub-queue (``Action.LEAVE``). Like UNSENT rows, these rows cut the recorded spans, so
+    # the purge never settles the message; they tell the audit what the re-drive saw and left.
+    NOT_SELECTED = "not_selected"
 
     @property
     def is_final(self) -> bool:
-        return self is not Outcome.UNSENT
+        return self not in (Outcome.UNSENT, Outcome.NOT_SELECTED)
 
 
 FINAL_OUTCOMES = tuple(outcome for outcome in Outcome if outcome.is_final)
@@ -67,6 +74,24 @@ class ReasonCode(StrEnum):
     # why a message is UNSENT
     DESTINATION_UNAVAILABLE = "destination_unavailable"  # refused or unreachable for all of sink.outage_wait_seconds
     ROUND_DEADLINE = "round_deadline"  # the send round ended before the lease could expire; the next round sends it
+    # why a re-drive left a dead-lettered message where it is (NOT_SELECTED)
+    FILTERED_OUT = "filtered_out"  # the redrive.* filters do not select it
+    REDRIVEN_BEFORE = "redriven_before"  # an earlier re-drive dead-lettered it again (redrive.retry_dead_lettered)
+
+
+# The reason codes a syphon run writes as a message's dead-letter reason (``redrive.reason_codes`` picks among them).
+DEAD_LETTER_REASON_CODES = (
+    ReasonCode.MISSING_PATH, ReasonCode.INVALID_LEGACY_PROPERTY, ReasonCode.INVALID_DESTINATION,
+    ReasonCode.UNDECODABLE_MESSAGE, ReasonCode.EXPIRED_IN_BACKLOG, ReasonCode.MESSAGE_TOO_LARGE,
+    ReasonCode.RESTORE_FAILED, ReasonCode.DESTINATION_NOT_FOUND, ReasonCode.UNAUTHORIZED,
+)
+
+
+class RunSource(StrEnum):
+    """What a run reads (``run.source``)."""
+
+    BACKLOG = "backlog"  # the backlog queues themselves
+    DEAD_LETTERS = "dead_letters"  # their dead-letter sub-queues: a re-drive of what was dead-lettered
 
 
 class TtlPolicy(StrEnum):
@@ -111,6 +136,10 @@ class OutcomeRecord(TypedDict):
     time_to_live_ms: int | None  # TTL given to the re-sent message
     outcome_time: datetime  # delivered (or dead-letter decided) at
     attempts: Int32
+    # A re-drive's rows: why the broker (or the syphon) had dead-lettered the message it read from a
+    # dead-letter sub-queue (its DeadLetterReason and DeadLetterErrorDescription); null for backlog rows.
+    dead_letter_reason: str | None
+    dead_letter_error_description: str | None
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,7 @@ def test_tables_are_created_by_their_first_write_with_stable_schemas(spark, tmp_
     assert tables.recorded_unsettled(spark, audit, {}) is None
     now = dt.datetime(2026, 11, 26, tzinfo=dt.timezone.utc)
     now_ms = int(now.timestamp() * 1000)
-    outcome = ("r", 0, "q0", 5, "m-5", "orders", None, "delivered", None, None, 10, now, None, None, now, 1)
+    outcome = ("r", 0, "q0", 5, "m-5", "orders", None, "delivered", None, None, 10, now, None, None, now, 1, None, None)
     for version in (0, 0, 1):  # the repeat of version 0 appends nothing
         tables.append_audit(audit, spark.createDataFrame([outcome], OUTCOME_ROW_SCHEMA), "app", version)
     rows = [CheckpointRow("q0", 1, 5, now_ms, 0, None, 1, "r", now, 1, 0, 0)]
@@ -110,3 +110,32 @@ def test_the_lease_is_a_compare_and_set_even_when_two_runs_create_its_table_at_o
     following = new_lease("ns/contoso", loser.run_id, "host", 9, now, 60, holder)  # over the row read
     assert following.epoch == 2 and tables.write_lease(spark, lease, following)
     assert tables.read_lease(spark, lease) == following
+
+
+def test_an_audit_table_an_older_version_wrote_gets_the_redrive_columns(spark, tmp_path):
+    """``dead_letter_reason`` and ``dead_letter_error_description`` were appended to the audit rows for the
+    re-drive: a table written before them gets them (nullable, null in its old rows) when a run creates
+    its tables, and takes the new rows."""
+    import datetime as dt
+
+    from pyspark.sql.types import StructType
+
+    from backlog_syphon.restore.rows import OUTCOME_ROW_SCHEMA
+
+    audit = str(tmp_path / "audit")
+    old_schema = StructType([f for f in tables.AUDIT_SCHEMA.fields
+                             if f.name not in ("dead_letter_reason", "dead_letter_error_description")])
+    now = dt.datetime(2026, 11, 26, tzinfo=dt.timezone.utc)
+    old_row = ("r", 0, "q0", 5, "m-5", "orders", None, "dead_lettered", "destination_not_found", "gone", 10, now,
+               None, None, now, 1, now.date())
+    spark.createDataFrame([old_row], old_schema).write.format("delta").partitionBy("outcome_date").save(audit)
+
+    tables.create_table(spark, audit, tables.AUDIT_SCHEMA, ("outcome_date",))
+    new_row = ("r2", 0, "q0/$DeadLetterQueue", 5, "m-5", "orders", None, "delivered", None, None, 10, now, None, None,
+               now, 1, "destination_not_found", "gone")
+    tables.append_audit(audit, spark.createDataFrame([new_row], OUTCOME_ROW_SCHEMA), "app", 0)
+
+    table = spark.read.format("delta").load(audit)
+    assert set(table.schema.fieldNames()) == set(tables.AUDIT_SCHEMA.fieldNames())
+    assert sorted((row["run_id"], row["dead_letter_reason"]) for row in table.collect()) == [
+        ("r", None), ("r2", "destination_not_found")]

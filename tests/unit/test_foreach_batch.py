@@ -105,7 +105,8 @@ def audit_row(run_id, seq, outcome, destination="orders", batch_id=4):
               "message_id": f"m{seq}", "destination": destination, "session_id": None, "outcome": outcome,
               "reason_code": "destination_unavailable" if outcome == "unsent" else None, "reason": None,
               "body_size": 10, "enqueued_time": at(T0 + 10 * seq), "scheduled_enqueue_time": None,
-              "time_to_live_ms": None, "outcome_time": at(1_800_000_000_000), "attempts": 1}
+              "time_to_live_ms": None, "outcome_time": at(1_800_000_000_000), "attempts": 1,
+              "dead_letter_reason": None, "dead_letter_error_description": None}
     return tuple(values[field.name] for field in AUDIT_ROW_SCHEMA.fields)
 
 

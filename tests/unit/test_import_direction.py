@@ -35,6 +35,7 @@ PURE_MODULES = (
     "backlog_syphon.restore.queue_names",
     "backlog_syphon.restore.rows",
     "backlog_syphon.restore.rules",
+    "backlog_syphon.restore.redrive",
     "backlog_syphon.source.planning",
     "backlog_syphon.source.options",
     "backlog_syphon.sink.delivery",
@@ -65,6 +66,7 @@ SPARK_TRANSFORMS = ("pyspark.sql.functions", "pyspark.sql.types", "pyspark.sql.C
                     "pyspark.sql.column", "pyspark.sql.dataframe")
 ALLOWED = {
     "backlog_syphon.restore.rules": SPARK_TRANSFORMS,
+    "backlog_syphon.restore.redrive": SPARK_TRANSFORMS,
     "backlog_syphon.restore.rows": ("pyspark.sql.types", "pyspark.sql.pandas.types"),
     "backlog_syphon.run.dry_run_plan": SPARK_TRANSFORMS,
 }

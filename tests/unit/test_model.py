@@ -5,7 +5,9 @@ import typing
 import pytest
 
 from backlog_syphon.model import (
+    DEAD_LETTER_REASON_CODES,
     FINAL_OUTCOMES,
+    Action,
     BatchStats,
     CheckpointRow,
     Lease,
@@ -13,6 +15,7 @@ from backlog_syphon.model import (
     OutcomeRecord,
     ReasonCode,
     RecordedSpan,
+    RunSource,
     TtlPolicy,
 )
 from backlog_syphon.restore.rows import OUTCOME_ROW_SCHEMA
@@ -20,6 +23,9 @@ from backlog_syphon.restore.rows import OUTCOME_ROW_SCHEMA
 
 def test_outcome_record_is_the_audit_row():
     assert list(typing.get_type_hints(OutcomeRecord)) == OUTCOME_ROW_SCHEMA.fieldNames()
+    # appended at the end, nullable: an older audit table gets them with ALTER TABLE ADD COLUMNS
+    assert OUTCOME_ROW_SCHEMA.fieldNames()[-2:] == ["dead_letter_reason", "dead_letter_error_description"]
+    assert all(OUTCOME_ROW_SCHEMA[name].nullable for name in OUTCOME_ROW_SCHEMA.fieldNames()[-2:])
 
 
 def test_checkpoint_and_lease_rows_match_their_tables():
@@ -30,7 +36,10 @@ def test_checkpoint_and_lease_rows_match_their_tables():
 
 
 def test_enum_values_are_the_tables_contract():
-    assert [o.value for o in Outcome] == ["delivered", "dead_lettered", "skipped_ping", "unsent"]
+    assert [o.value for o in Outcome] == ["delivered", "dead_lettered", "skipped_ping", "unsent", "not_selected"]
+    assert [s.value for s in RunSource] == ["backlog", "dead_letters"]
+    assert f"{ReasonCode.FILTERED_OUT}" == "filtered_out" and f"{ReasonCode.REDRIVEN_BEFORE}" == "redriven_before"
+    assert Action("leave") is Action.LEAVE
     assert f"{ReasonCode.MISSING_PATH}" == "missing_path" and ReasonCode("ping") is ReasonCode.PING
     assert TtlPolicy.parse("restart") is TtlPolicy.RESTART
     assert ReasonCode("quota_exceeded") is ReasonCode.QUOTA_EXCEEDED
@@ -38,9 +47,16 @@ def test_enum_values_are_the_tables_contract():
     assert f"{ReasonCode.ROUND_DEADLINE}" == "round_deadline"
 
 
-def test_unsent_is_the_only_outcome_that_is_not_final():
+def test_unsent_and_not_selected_are_the_outcomes_that_are_not_final():
     assert FINAL_OUTCOMES == (Outcome.DELIVERED, Outcome.DEAD_LETTERED, Outcome.SKIPPED_PING)
-    assert [o.is_final for o in Outcome] == [True, True, True, False]
+    assert [o.is_final for o in Outcome] == [True, True, True, False, False]
+
+
+def test_the_reason_codes_a_redrive_filters_on_are_those_the_syphon_dead_letters_with():
+    assert ReasonCode.DESTINATION_NOT_FOUND in DEAD_LETTER_REASON_CODES
+    # transient and unsent reasons never reach a dead-letter queue
+    assert not {ReasonCode.TRANSIENT, ReasonCode.ROUND_DEADLINE, ReasonCode.PING, ReasonCode.FILTERED_OUT} & set(
+        DEAD_LETTER_REASON_CODES)
 
 
 def test_ttl_policy_names_the_valid_values_when_it_refuses_one():

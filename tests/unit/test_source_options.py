@@ -43,7 +43,7 @@ def test_from_config_copies_every_setting(tmp_path):
     secret = "Endpoint=sb://h/;SharedAccessKeyName=k;SharedAccessKey=v"
     config = load_config(path, environ={"P": secret, "S": secret})
     options = SourceOptions.from_config(config, stop_file="stop")
-    assert dataclasses.astuple(options)[2:] == (4, False, 9, 30.0, False, "stop", False)
+    assert dataclasses.astuple(options)[2:] == (4, False, 9, 30.0, False, "stop", False, False)
     assert options.secondary == config.secondary
 
 

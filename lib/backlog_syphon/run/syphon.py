@@ -6,6 +6,7 @@ the query for callers that wait themselves. The dry run is ``run.dry_run``.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import logging
 import os
@@ -21,7 +22,7 @@ from pyspark.sql.streaming import StreamingQuery
 from backlog_syphon.config import AVAILABLE_NOW, SyphonConfig, trigger_options
 from backlog_syphon.errors import SettingsError
 from backlog_syphon.model import Outcome
-from backlog_syphon.restore.queue_names import backlog_queue_names
+from backlog_syphon.restore.queue_names import backlog_queue_names, dead_letter_queue_name
 from backlog_syphon.run import reports
 from backlog_syphon.run.fence import LeaseKeeper
 from backlog_syphon.run.progress import BatchStats, ProgressPoint, SyphonProgressListener, follow_progress
@@ -48,6 +49,8 @@ class RunSummary:
     remaining: dict[str, int]  # backlog queue -> messages still there
     progress: tuple[ProgressPoint, ...] = ()  # one point per micro-batch, as the listener saw it
     timeline: Timeline | None = None  # when the run reached each step (printed with --verbose)
+    # A re-drive: ``remaining`` counts the dead-letter sub-queues, where what it left stays by design.
+    redrive: bool = False
 
     @property
     def drained(self) -> bool:
@@ -61,7 +64,7 @@ class RunSummary:
                        f"{counts[Outcome.SKIPPED_PING]:>8}")
         if not self.per_destination:
             out.append("  (nothing moved)")
-        out.append(f"  {'backlog queue':<40} {'remaining':>10}")
+        out.append(f"  {'dead-letter queue' if self.redrive else 'backlog queue':<40} {'remaining':>10}")
         for queue, count in self.remaining.items():
             out.append(f"  {queue:<40} {count:>10}")
         return out
@@ -190,6 +193,24 @@ class StartGates:
             raise failure
 
 
+def run_config(config: SyphonConfig, run_id: str) -> SyphonConfig:
+    """The configuration a run works with. A re-drive reads the dead-letter sub-queues as they are when it
+    starts, from their first message, whatever earlier re-drives left there: it gets a streaming checkpoint
+    of its own (``<checkpoint_location>_redrive/<run id>``). What an interrupted re-drive recorded is
+    known from the audit and checkpoint tables, as after a deleted streaming checkpoint: not sent again,
+    and settled by the next run."""
+    if not config.redriving:
+        return config
+    location = f"{config.storage.checkpoint_location.rstrip('/')}_redrive/{run_id}"
+    return dataclasses.replace(config, storage=dataclasses.replace(config.storage, checkpoint_location=location))
+
+
+def source_queues(config: SyphonConfig) -> list[str]:
+    """The configured queues a run reads: the backlog queues, or (a re-drive) their dead-letter sub-queues."""
+    queues = backlog_queue_names(config.primary.namespace, config.backlog.queue_count)
+    return [dead_letter_queue_name(queue) for queue in queues] if config.redriving else queues
+
+
 def lease_key(config: SyphonConfig) -> str:
     """Which backlog a lease fences: the secondary namespace's endpoint and the primary namespace's name."""
     return f"{config.secondary.endpoint}/{config.primary.namespace}"
@@ -273,8 +294,9 @@ def start_syphon(spark: SparkSession, config: SyphonConfig, *, run_id: str | Non
     """
     spark.dataSource.register(BacklogDataSource)
     timeline = timeline if timeline is not None else Timeline()
-    storage = config.storage
     run_id = run_id or f"{dt.datetime.now(dt.timezone.utc):%Y%m%dT%H%M%SZ}-{uuid.uuid4().hex[:8]}"
+    config = run_config(config, run_id)
+    storage = config.storage
     keeper = LeaseKeeper(lease_table=storage.resolved_lease_table, lease_key=lease_key(config), run_id=run_id,
                          lease_seconds=config.run.lease_seconds)
 
@@ -361,7 +383,7 @@ def server_has_read_limits(spark: SparkSession) -> bool:
 def refuse_unbounded_batch(config: SyphonConfig, spark_version: str) -> None:
     """On a server that reads an available-now backlog as one batch, refuse a backlog larger than
     ``run.max_single_batch_messages`` (counted in sequence numbers, an upper bound, by a few peeks)."""
-    spans = backlog_spans(config.secondary, backlog_queue_names(config.primary.namespace, config.backlog.queue_count))
+    spans = backlog_spans(config.secondary, source_queues(config))
     total = sum(spans.values())
     limit = config.run.max_single_batch_messages
     logger.warning("Spark %s reads an available-now backlog as one batch here: about %d messages", spark_version,
@@ -401,8 +423,7 @@ def summarise_run(config: SyphonConfig, run: SyphonRun) -> RunSummary:
     from backlog_syphon.servicebus.peek import peek_counts
 
     summary = RunSummary(run_id=run.sink.run_id, per_destination=run.records.per_destination(),
-                         remaining=peek_counts(config.secondary, backlog_queue_names(config.primary.namespace,
-                                                                                       config.backlog.queue_count)),
-                         progress=tuple(run.listener.points), timeline=run.timeline)
+                         remaining=peek_counts(config.secondary, source_queues(config)),
+                         progress=tuple(run.listener.points), timeline=run.timeline, redrive=config.redriving)
     run.timeline.mark(Milestone.SUMMARISED)
     return summary

@@ -16,6 +16,16 @@ Invariants:
 - What is left is decided by looking, not by counting: after the purge, each span is settled when
   the first message at or after its first sequence number is not one of its messages
   (``span_after_peek``).
+
+A dead-letter sub-queue (a re-drive's) is purged in *passing* mode (``PurgePlan.passing``): messages
+the re-drive left there (not selected, or still undeliverable) stay, and they can lie before and
+between the recorded ones, where a receive meets them first. So a message no span holds is *kept*
+locked (not settled, its delivery count untouched) while the receives go on past it, and all kept
+messages are released together at the end; the purge stops once every recorded message still there
+was seen, a message past the plan's last sequence number came, or a receive came back empty. Locking
+them briefly is harmless there: a dead-letter queue has no maximum delivery count, never
+dead-letters, and a release does not count as a delivery. The credit is a page, not the count of
+recorded messages, since the kept ones take some of it.
 """
 
 from __future__ import annotations
@@ -41,6 +51,9 @@ class PurgePlan:
     # Some recorded messages may be gone already (settled by a run that crashed before it recorded
     # the purge): count what is still there before asking for that many.
     verify: bool = False
+    # A dead-letter sub-queue: receive past (and keep locked until the end) the messages no span holds,
+    # instead of stopping at the first (see the module docstring).
+    passing: bool = False
 
     def __post_init__(self):
         if self.expected < 0 or any(span.backlog_queue != self.queue for span in self.spans):
@@ -71,6 +84,7 @@ class PageActions:
     dead_letter: tuple[tuple[int, str, str], ...]  # (sequence number, reason code, reason)
     release: tuple[int, ...]
     stop: bool  # the head of the queue left the plan: ask for nothing more
+    keep: tuple[int, ...] = ()  # passing mode: not the plan's; keep locked, release when the purge ends
 
 
 @dataclass(frozen=True)
@@ -98,6 +112,8 @@ class PurgeProgress:
         """How many messages the next receive call may ask for; 0 means the purge is over."""
         if self.stopped:
             return 0
+        if self.plan.passing:
+            return self.page  # kept messages take some of it: the plan's count is no bound here
         return min(self.page, self.plan.expected - self.seen)
 
     def on_page(self, received: list[Identity]) -> PageActions:
@@ -105,11 +121,16 @@ class PurgeProgress:
         if not received:
             self.stopped = True  # nothing came within the wait: what is planned is not there (now)
             return PageActions((), (), (), True)
-        complete, dead_letter, release = [], [], []
+        complete, dead_letter, release, keep = [], [], [], []
+        passed_last = False
         for identity in sorted(received, key=lambda item: item[0]):
             seq = identity[0]
             if not self.plan.holds(identity):
-                release.append(seq)
+                if self.plan.passing:
+                    keep.append(seq)
+                    passed_last = passed_last or seq > self.plan.last
+                else:
+                    release.append(seq)
                 continue
             self.seen += 1
             reason = self.plan.dead_letters.get(identity)
@@ -117,9 +138,9 @@ class PurgeProgress:
                 complete.append(seq)
             else:
                 dead_letter.append((seq, reason[0], reason[1]))
-        self.released += len(release)
-        self.stopped = bool(release) or self.seen >= self.plan.expected
-        return PageActions(tuple(complete), tuple(dead_letter), tuple(release), self.stopped)
+        self.released += len(release) + len(keep)
+        self.stopped = bool(release) or passed_last or self.seen >= self.plan.expected
+        return PageActions(tuple(complete), tuple(dead_letter), tuple(release), self.stopped, tuple(keep))
 
     def on_settled(self, completed: int, dead_lettered: int) -> None:
         self.completed += completed

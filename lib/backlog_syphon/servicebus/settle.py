@@ -53,27 +53,43 @@ def _purge(receiver, plan: PurgePlan, max_wait_seconds: float) -> PurgeResult:
     if plan.verify and plan.expected:
         plan = plan.verified(peek_identities(receiver, plan.first, plan.last))
     progress = PurgeProgress(plan)
+    kept: list = []  # passing mode (a dead-letter sub-queue): locked until the end, then released
     revoke_credit(receiver)  # the link's attach gave the broker one credit of its own
-    while credit := progress.credit():
-        page = receiver.receive_messages(max_message_count=credit, max_wait_time=max_wait_seconds)
-        revoke_credit(receiver)  # a call that returns early leaves the rest of its credit open
-        by_seq = {message.sequence_number: message for message in page}
-        actions = progress.on_page([received_identity(message) for message in page])
-        for seq in actions.release:
-            release_message(receiver, by_seq[seq])
-        for seq, reason_code, reason in actions.dead_letter:
-            receiver.dead_letter_message(by_seq[seq], reason=reason_code, error_description=reason[:1024])
-        failed = complete_all(receiver, [by_seq[seq] for seq in actions.complete])
-        progress.on_settled(len(actions.complete) - len(failed), len(actions.dead_letter))
-        if actions.release:
-            logger.warning("backlog=%s purge received %d message(s) whose outcome is not recorded (sequence numbers "
-                           "%s): released untouched, not settled; the purge of this queue stops here until they "
-                           "are recorded", plan.queue, len(actions.release), list(actions.release)[:10])
+    try:
+        while credit := progress.credit():
+            page = receiver.receive_messages(max_message_count=credit, max_wait_time=max_wait_seconds)
+            revoke_credit(receiver)  # a call that returns early leaves the rest of its credit open
+            _settle_page(receiver, plan, progress, page, kept)
+    finally:
+        for message in kept:
+            try:
+                release_message(receiver, message)
+            except ServiceBusError:  # its lock ran out meanwhile: it is available again, untouched, anyway
+                logger.info("%s sequence_number=%s: lock lost before its release", plan.queue, message.sequence_number)
+        if kept:
+            logger.info("%s purge passed %d message(s) the re-drive leaves there (locked meanwhile, released "
+                        "untouched)", plan.queue, len(kept))
     # Whatever could not be settled (lock lost, not there yet) is still there: look, don't count.
     # The peeks are also the barrier behind any transfer still on its way (see revoke_credit).
     heads = {span.first: first_identity_from(receiver, span.first) for span in plan.spans}
     release_buffered(receiver)
     return progress.result(heads)
+
+
+def _settle_page(receiver, plan: PurgePlan, progress: PurgeProgress, page: list, kept: list) -> None:
+    by_seq = {message.sequence_number: message for message in page}
+    actions = progress.on_page([received_identity(message) for message in page])
+    kept.extend(by_seq[seq] for seq in actions.keep)
+    for seq in actions.release:
+        release_message(receiver, by_seq[seq])
+    for seq, reason_code, reason in actions.dead_letter:
+        receiver.dead_letter_message(by_seq[seq], reason=reason_code, error_description=reason[:1024])
+    failed = complete_all(receiver, [by_seq[seq] for seq in actions.complete])
+    progress.on_settled(len(actions.complete) - len(failed), len(actions.dead_letter))
+    if actions.release:
+        logger.warning("backlog=%s purge received %d message(s) whose outcome is not recorded (sequence numbers "
+                       "%s): released untouched, not settled; the purge of this queue stops here until they "
+                       "are recorded", plan.queue, len(actions.release), list(actions.release)[:10])
 
 
 def complete_all(receiver, messages: list) -> set[int]:

@@ -5,7 +5,8 @@ clock and the sleep, so the retry state machine is tested with fakes in millisec
 Invariants:
 - Order: rows are sent in sequence-number order per destination and session; a batched send holds
   consecutive messages of one destination and session only.
-- One row, one outcome: delivered, dead-lettered (with a reason code and text), skipped, or unsent.
+- One row, one outcome: delivered, dead-lettered (with a reason code and text), skipped, unsent, or (in
+  a re-drive) not selected.
 - No single message stops the run: a message that cannot be built (decoded, restored, encoded)
   becomes that message's dead-letter outcome, with the exception's text, and the rest goes on.
 - No destination holds the others hostage: a destination that refuses or cannot be reached is
@@ -79,6 +80,11 @@ class Delivery:
     at: float | None = None  # UNSENT: since when its destination has been failing (or the deadline)
 
 
+# What becomes of a row that is not to be delivered, by its action.
+_NOT_SENT_OUTCOMES = {Action.SKIP: Outcome.SKIPPED_PING, Action.DEAD_LETTER: Outcome.DEAD_LETTERED,
+                      Action.LEAVE: Outcome.NOT_SELECTED}
+
+
 def send_groups(rows: Iterable[Row]) -> list[list[Row]]:
     """Rows that share one batched send: same backlog queue, destination, session and partition key, in order.
 
@@ -114,7 +120,7 @@ def deliver_rows(rows: Iterable[Row], *, build: Callable[[Row], Outgoing], sende
     for group in send_groups(rows):
         first = group[0]
         if first["action"] != Action.DELIVER:
-            outcome = Outcome.SKIPPED_PING if first["action"] == Action.SKIP else Outcome.DEAD_LETTERED
+            outcome = _NOT_SENT_OUTCOMES[Action(first["action"])]
             for row in group:
                 yield Delivery(row, outcome, row["reason_code"], row["reason"], 0)
             continue

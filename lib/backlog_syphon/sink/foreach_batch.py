@@ -52,7 +52,8 @@ from backlog_syphon.model import (
     ReasonCode,
     RecordedSpan,
 )
-from backlog_syphon.restore import rules
+from backlog_syphon.restore import redrive, rules
+from backlog_syphon.restore.queue_names import DEAD_LETTER_SUBQUEUE, is_dead_letter_queue_name
 from backlog_syphon.restore.rows import OUTCOME_ROW_ARROW_SCHEMA, OUTCOME_ROW_SCHEMA, record_batch
 from backlog_syphon.timeline import Milestone, Timeline
 from backlog_syphon.sink import batch as machine
@@ -268,6 +269,9 @@ class SparkBatch:
             rows = rows.join(F.broadcast(unsent), ["backlog_queue", "sequence_number"], "left_semi")
         classified = rules.classify_messages(rows, now=now, ttl_policy=config.restore.ttl_policy,
                                              max_message_size_bytes=config.sink.max_message_size_bytes)
+        if config.redriving:
+            classified = redrive.select_for_redrive(
+                classified, config.redrive, tables.redriven_dead_letters(self.spark, config.storage.audit_table))
         cap = config.sink.max_messages_per_second
         share = cap_share(cap, concurrent_send_tasks(self.spark, classified, fallback=config.backlog.queue_count)
                           ) if cap > 0 else None
@@ -312,16 +316,26 @@ def aggregate_outcomes(outcomes: DataFrame) -> BatchAggregate:
     """Every outcome row aggregated: recorded spans, per-destination counts, unsent destinations.
 
     A span is a run of final outcomes of one queue, one batch and one attempt (run), in sequence
-    order, cut wherever a message was left unsent. One Spark job; a second, with the runs numbered,
-    only when some message was left unsent. The rest is ``combine_groups``.
+    order, cut wherever a message stays where it is (``cuts_span``). One Spark job; a second, with the
+    runs numbered, only when some message stays. The rest is ``combine_groups``.
     """
     groups = _group_outcomes(outcomes.withColumn("island", F.lit(0)))
-    if any(group["outcome"] == Outcome.UNSENT for group in groups):
+    if any(cuts_span(Outcome(group["outcome"]), group["backlog_queue"]) for group in groups):
         order = Window.partitionBy("run_id", "batch_id", "backlog_queue").orderBy("sequence_number", "enqueued_time")
-        unsent = (F.col("outcome") == Outcome.UNSENT).cast("long")
+        stays = (F.col("outcome").isin(Outcome.UNSENT, Outcome.NOT_SELECTED) | (
+            (F.col("outcome") == Outcome.DEAD_LETTERED)
+            & F.lower(F.col("backlog_queue")).endswith("/" + DEAD_LETTER_SUBQUEUE.lower()))).cast("long")
         groups = _group_outcomes(outcomes.withColumn(
-            "island", F.sum(unsent).over(order.rowsBetween(Window.unboundedPreceding, 0))))
+            "island", F.sum(stays).over(order.rowsBetween(Window.unboundedPreceding, 0))))
     return combine_groups(groups)
+
+
+def cuts_span(outcome: Outcome, backlog_queue: str) -> bool:
+    """Whether a message with this outcome stays where it is, untouched by the purge, so that no recorded
+    span may hold it: one left unsent or not selected, and one a re-drive dead-lettered again (a
+    dead-letter sub-queue cannot dead-letter, so the message stays in it). Pure."""
+    return outcome in (Outcome.UNSENT, Outcome.NOT_SELECTED) or (
+        outcome == Outcome.DEAD_LETTERED and is_dead_letter_queue_name(backlog_queue))
 
 
 def _group_outcomes(outcomes: DataFrame) -> list[dict]:
@@ -355,6 +369,8 @@ def combine_groups(groups: list[dict]) -> BatchAggregate:
             unsent[destination] = Unsent(group["n"] + (known.count if known else 0), code, reason,
                                          min(since, known.since) if known else since)
             continue
+        if cuts_span(outcome, group["backlog_queue"]):
+            continue  # stays in its queue: counted, never settled
         first_outcome_ms = _min(first_outcome_ms, group["since"])
         key = (group["run_id"], group["batch_id"], group["backlog_queue"], group["island"])
         span = spans.setdefault(key, {"first": group["first"], "last": group["last"],
@@ -382,8 +398,10 @@ def _max(a, b):
 
 
 def collect_dead_letters(outcomes: DataFrame) -> list[DeadLetterOrder]:
-    """The dead-letter outcomes among ``outcomes`` (rare: collected to the driver for the purge)."""
-    rows = (outcomes.where(F.col("outcome") == Outcome.DEAD_LETTERED)
+    """The dead-letter outcomes among ``outcomes`` (rare: collected to the driver for the purge). A re-drive's
+    are left out: its message stays in the dead-letter sub-queue, which cannot dead-letter it again."""
+    in_dead_letter_queue = F.lower(F.col("backlog_queue")).endswith("/" + DEAD_LETTER_SUBQUEUE.lower())
+    rows = (outcomes.where((F.col("outcome") == Outcome.DEAD_LETTERED) & ~in_dead_letter_queue)
             .select("backlog_queue", "sequence_number", F.unix_millis("enqueued_time").alias("enqueued_ms"),
                     "reason_code", "reason").collect())
     return [DeadLetterOrder(row["backlog_queue"], row["sequence_number"], row["enqueued_ms"],
@@ -518,7 +536,8 @@ def build_outgoing(row) -> delivery.Outgoing:
     """The restored message of a deliverable row, as the bytes to send, with the TTL its classification chose."""
     from backlog_syphon.restore.amqp_message import restore_message_bytes
 
-    return delivery.Outgoing(restore_message_bytes(row["raw_message"], row["restored_time_to_live_ms"]),
+    return delivery.Outgoing(restore_message_bytes(row["raw_message"], row["restored_time_to_live_ms"],
+                                                   from_dead_letters=is_dead_letter_queue_name(row["backlog_queue"])),
                              row["message_id"], row["session_id"], row["partition_key"])
 
 
@@ -535,4 +554,6 @@ def outcome_row(result: delivery.Delivery, run_id: str, batch_id: int, now: floa
         "body_size": row["body_size"], "enqueued_time": row["enqueued_time"],
         "scheduled_enqueue_time": row["scheduled_enqueue_time"], "time_to_live_ms": row["restored_time_to_live_ms"],
         "outcome_time": dt.datetime.fromtimestamp(at, dt.timezone.utc), "attempts": result.attempts,
+        "dead_letter_reason": row.get("dead_letter_reason"),
+        "dead_letter_error_description": row.get("dead_letter_error_description"),
     }

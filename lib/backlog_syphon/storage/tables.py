@@ -24,7 +24,8 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import DateType, StructField, StructType
 
-from backlog_syphon.model import CheckpointRow, Lease
+from backlog_syphon.model import CheckpointRow, Lease, Outcome
+from backlog_syphon.restore.queue_names import DEAD_LETTER_SUBQUEUE
 from backlog_syphon.restore.rows import OUTCOME_ROW_SCHEMA, struct_of
 
 # What the sink produces per message; the table adds the partition column ``outcome_date``.
@@ -167,6 +168,19 @@ def recorded_unsettled(spark: SparkSession, audit_table: str, checkpoint: dict[s
             mark = F.col("sequence_number") > F.lit(row.purged_through)
         above = above | ((F.col("backlog_queue") == queue) & F.coalesce(mark, F.lit(True)))
     return audit.where(above)
+
+
+def redriven_dead_letters(spark: SparkSession, audit_table: str) -> DataFrame | None:
+    """Identities (queue, sequence number, enqueue time in ms) of the messages a re-drive dead-lettered
+    again: audit rows of a dead-letter sub-queue with the outcome ``dead_lettered``. Such a message is
+    still in that sub-queue, and the next re-drive leaves it there unless asked to retry it
+    (``restore.redrive``). A DataFrame, joined by the batch, never collected; None before the audit exists."""
+    audit = existing_table(spark, audit_table)
+    if audit is None:
+        return None
+    return (audit.where((F.col("outcome") == Outcome.DEAD_LETTERED)
+                        & F.lower(F.col("backlog_queue")).endswith("/" + DEAD_LETTER_SUBQUEUE.lower()))
+            .select("backlog_queue", "sequence_number", F.unix_millis("enqueued_time").alias("enqueued_ms")))
 
 
 def append_audit(audit_table: str, outcomes: DataFrame, app_id: str, version: int) -> None:
