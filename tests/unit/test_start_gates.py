@@ -1,7 +1,6 @@
-"""``run.syphon.StartGates``: what a classic run's query may start before, and what its first batch waits
-for. Fakes for the tables, the lease table and the pre-flights; the threads are real."""
+"""``run.syphon.StartGates``: what must hold before a run's query starts. Fakes for the tables, the lease
+table and the pre-flights; the threads are real."""
 
-import threading
 from types import SimpleNamespace
 
 import pytest
@@ -42,25 +41,13 @@ def test_a_lease_held_by_another_run_is_refused_before_the_query_starts(table):
     table.row = new_lease("sb-host/contoso", "run-b", "elsewhere", 7, T0, 300)
     started, _ = gates()
     with pytest.raises(LeaseHeldError, match="run run-b on elsewhere"):
-        started.wait_until_startable()
+        started.wait()
     assert table.writes == []
 
 
-def test_the_query_may_start_while_the_lease_is_written_and_the_first_batch_waits_for_it(table, monkeypatch):
-    writing, written = threading.Event(), threading.Event()
-    write = table.write
-
-    def slow_write(spark, lease_table, lease, *, confirm=True):
-        writing.set()
-        written.wait(10)
-        return write(spark, lease_table, lease, confirm=confirm)
-
-    monkeypatch.setattr(tables, "write_lease", slow_write)
+def test_a_free_lease_is_taken_and_a_run_that_created_the_tables_knows_its_state_is_new(table):
     started, timeline = gates()
-    started.wait_until_startable()  # returns with the lease seen free, its write still in flight
-    assert writing.wait(10) and table.writes == [] and Milestone.LEASE_TAKEN not in timeline.marks
-    written.set()
-    started.wait()  # what the first batch waits for
+    started.wait()
     assert [lease.epoch for lease in table.writes] == [1] and Milestone.LEASE_TAKEN in timeline.marks
     assert started.state_is_new  # it created the tables and is the lease's first holder
 
@@ -79,13 +66,12 @@ def test_state_is_not_new_when_the_tables_existed_or_the_lease_had_a_holder_befo
     assert table.row.epoch == 2 and not started.state_is_new
 
 
-def test_an_executor_check_that_fails_stops_the_first_batch_and_gives_the_lease_back(table, monkeypatch):
+def test_an_executor_check_that_fails_starts_nothing_and_gives_the_lease_back(table, monkeypatch):
     def unreachable(spark, config):
         raise SettingsError("executors cannot reach the primary namespace")
 
     monkeypatch.setattr(probes, "executor_preflight", unreachable)
     started, _ = gates()
-    started.wait_until_startable()  # the driver's check and the lease do not wait for the executors'
     with pytest.raises(SettingsError, match="executors cannot reach"):
         started.wait()
     assert table.row.run_id == "run-a" and table.row.expires_at <= T0  # released
@@ -98,4 +84,4 @@ def test_a_driver_check_that_fails_starts_nothing(table, monkeypatch):
     monkeypatch.setattr(probes, "preflight", refused)
     started, _ = gates()
     with pytest.raises(SettingsError, match="refused the credentials"):
-        started.wait_until_startable()
+        started.wait()

@@ -11,7 +11,6 @@ import datetime as dt
 import logging
 import os
 import tempfile
-import threading
 import uuid
 from dataclasses import dataclass
 from typing import Callable
@@ -115,18 +114,13 @@ class AuditRecords:
 
 
 class StartGates:
-    """What must hold before the sink's first batch reads the state tables or sends: the tables exist,
-    this run holds the lease (kept by a heartbeat from then on), and the driver and an executor reach
-    both namespaces. They run in background threads from construction; ``wait`` joins them.
+    """What must hold before the query starts: the tables exist, this run holds the lease (kept by a
+    heartbeat from then on), and the driver and an executor reach both namespaces. The three run in
+    background threads from construction (the pre-flights' round trips overlap the lease's Delta
+    commits); ``wait`` joins them.
 
-    In a classic session the query starts as soon as the lease is seen free and the driver reached
-    both namespaces (``wait_until_startable``), so Spark's start of the query and the source's first
-    plan (peeks only: nothing is read for sending, nothing changes) overlap writing the lease and the
-    executors' check; the sink's first batch waits for all of it (``wait``) before it touches
-    anything. The common refusals (another run holds the lease, a wrong connection string) are so
-    still raised before any query starts. Where the sink runs elsewhere (Spark Connect) or the run
-    may wait for the lease, the query starts only after ``wait``: a target fixed while another run
-    still drains could never be reached.
+    The query itself does not start before the lease is taken: its streaming checkpoint is shared by
+    every run of the backlog, and two runs that both found the lease free would both write to it.
     """
 
     def __init__(self, spark: SparkSession, config: SyphonConfig, keeper: LeaseKeeper, timeline: Timeline, *,
@@ -137,8 +131,6 @@ class StartGates:
 
         self.spark, self.keeper = spark, keeper
         storage = config.storage
-        self._seen_free = threading.Event()  # set once the lease was seen free, or taking it failed before
-        self._lease_free = False
         self.state_is_new = False  # nothing was ever recorded in the state tables (``tables.create_tables``)
 
         def check_driver() -> None:
@@ -149,21 +141,14 @@ class StartGates:
             executor_preflight(spark, config)
             timeline.mark(Milestone.PREFLIGHT_DONE)
 
-        def seen_free() -> None:
-            self._lease_free = True
-            self._seen_free.set()
-
         def take_lease() -> None:
-            try:
-                created = tables.create_tables(spark, storage.audit_table, storage.checkpoint_table,
-                                               storage.resolved_lease_table)
-                timeline.mark(Milestone.TABLES_READY)
-                lease = keeper.acquire(spark, wait=config.run.wait_for_lease, on_wait=on_wait, on_free=seen_free)
-                timeline.mark(Milestone.LEASE_TAKEN)
-                self.state_is_new = {storage.audit_table, storage.checkpoint_table} <= created and lease.epoch == 1
-                keeper.start_heartbeat(spark)
-            finally:
-                self._seen_free.set()
+            created = tables.create_tables(spark, storage.audit_table, storage.checkpoint_table,
+                                           storage.resolved_lease_table)
+            timeline.mark(Milestone.TABLES_READY)
+            lease = keeper.acquire(spark, wait=config.run.wait_for_lease, on_wait=on_wait)
+            timeline.mark(Milestone.LEASE_TAKEN)
+            self.state_is_new = {storage.audit_table, storage.checkpoint_table} <= created and lease.epoch == 1
+            keeper.start_heartbeat(spark)
 
         pool = ThreadPoolExecutor(max_workers=3, thread_name_prefix="start")
         self._checks = (pool.submit(check_driver), pool.submit(check_executors))
@@ -175,15 +160,6 @@ class StartGates:
         """Once all are done: a pre-flight's failure first (it says what to fix), else the lease's."""
         failures = [future.exception() for future in (*self._checks, self._leased)]  # waits for each
         return next((failure for failure in failures if failure is not None), None)
-
-    def wait_until_startable(self) -> None:
-        """Return once the driver reached both namespaces and the lease was seen free (this run writes it
-        meanwhile); raise (``wait``) if either failed, for example because another run holds the lease."""
-        driver_check = self._checks[0]
-        driver_check.exception()
-        self._seen_free.wait()
-        if driver_check.exception() is not None or not self._lease_free:
-            self.wait()  # raises what failed
 
     def wait(self) -> None:
         """Return once all passed; else give the lease back (if it was taken) and raise the failure."""
@@ -224,7 +200,6 @@ class SyphonRun:
     sink: DeliverySink
     listener: SyphonProgressListener
     lease_keeper: LeaseKeeper
-    gates: StartGates
     stop_file: str
     records: SinkRecords | AuditRecords
     timeline: Timeline
@@ -258,7 +233,6 @@ class SyphonRun:
             self.sink.wait_for_purges()
             self.timeline.mark(Milestone.QUERY_STOPPED)
         finally:
-            self.gates.failure  # noqa: B018 - the lease is given back only once taking it has ended
             spark.streams.removeListener(self.listener)
             with ThreadPoolExecutor(max_workers=2, thread_name_prefix="finish") as pool:
                 flushed = pool.submit(self.sink.flush, spark)
@@ -286,7 +260,7 @@ def start_syphon(spark: SparkSession, config: SyphonConfig, *, run_id: str | Non
     limits for Python sources, that is before 4.2).
     ``check_access``: run the pre-flight (``servicebus.probes.preflight``) while the lease is taken, and
     start nothing if it fails (the command line runs it while Spark starts, and passes False). The
-    executors' own check (``executor_preflight``) always runs, before the first batch (see ``StartGates``).
+    executors' own check (``executor_preflight``) always runs (see ``StartGates``).
     ``log_progress``: log one line per micro-batch (off when the caller shows them itself).
     ``timeline``: where the run marks its steps (a new one, from the process's start, if None).
     Raises ``run.lease.LeaseHeldError`` when another run holds the backlog (unless ``run.wait_for_lease``,
@@ -301,15 +275,10 @@ def start_syphon(spark: SparkSession, config: SyphonConfig, *, run_id: str | Non
                          lease_seconds=config.run.lease_seconds)
 
     gates = StartGates(spark, config, keeper, timeline, check_access=check_access, on_wait=on_wait)
-    overlapped = not is_connect(spark) and not config.run.wait_for_lease
-    if overlapped:
-        gates.wait_until_startable()
-    else:
-        gates.wait()
+    gates.wait()
     stop_file = os.path.join(tempfile.gettempdir(), f"backlog-syphon-stop-{run_id}")
     sink = DeliverySink(config, run_id=run_id, lease_keeper=keeper, settle_in_batch=is_connect(spark),
-                        stop_file=stop_file, timeline=timeline, start_gates=gates if overlapped else None,
-                        state_is_new=gates.state_is_new)
+                        stop_file=stop_file, timeline=timeline, state_is_new=gates.state_is_new)
     records = AuditRecords(spark, storage.audit_table, run_id) if is_connect(spark) else SinkRecords(sink)
     listener = SyphonProgressListener(records.batch_stats, query_name=config.run.query_name, log_lines=log_progress)
     spark.streams.addListener(listener)
@@ -331,12 +300,11 @@ def start_syphon(spark: SparkSession, config: SyphonConfig, *, run_id: str | Non
                  .start())
     except BaseException:
         spark.streams.removeListener(listener)
-        gates.failure  # noqa: B018 - the lease is given back only once taking it has ended
         keeper.release(spark)
         raise
     timeline.mark(Milestone.QUERY_STARTED)
     logger.info("started run_id=%s query=%s trigger=%s", run_id, config.run.query_name, config.run.trigger)
-    return SyphonRun(query, sink, listener, keeper, gates, stop_file, records, timeline,
+    return SyphonRun(query, sink, listener, keeper, stop_file, records, timeline,
                      spark if is_connect(spark) else None)
 
 
@@ -364,10 +332,7 @@ def run_syphon(spark: SparkSession, config: SyphonConfig, *, run_id: str | None 
             raise run.sink.failure from exc
         raise
     # What is left is counted (peeks) while the last records are written.
-    summary = run.finish(spark, meanwhile=lambda: None if run.query.exception() or run.gates.failure else
-                         summarise_run(config, run))
-    if run.gates.failure is not None:  # also when no batch ran to raise it (nothing to read)
-        raise run.gates.failure
+    summary = run.finish(spark, meanwhile=lambda: None if run.query.exception() else summarise_run(config, run))
     if run.query.exception() is not None:
         # Classic Spark runs foreachBatch in this process: the sink kept its own error, exit code included.
         raise run.sink.failure or run.query.exception()

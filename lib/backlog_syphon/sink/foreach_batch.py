@@ -33,7 +33,7 @@ import logging
 import os
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Callable, Iterator, Protocol, Sequence
+from typing import Callable, Iterator, Sequence
 
 from pyspark.accumulators import AccumulatorParam
 from pyspark.sql import DataFrame, SparkSession, Window
@@ -115,22 +115,13 @@ def checkpoint_app_id(checkpoint_location: str, query_id: str | None) -> str:
     return f"backlog-syphon-{digest}"
 
 
-class StartGates(Protocol):
-    """What a classic run's first batch waits for (``run.syphon.StartGates``)."""
-
-    state_is_new: bool
-
-    def wait(self) -> None:
-        """Return once this run holds the lease and its checks passed; else raise what failed."""
-
-
 class DeliverySink:
     """Callable for ``foreachBatch``. Holds picklable settings and, in the process that runs it, the
     run's state between batches (``sink.batch.SinkState``) and what the progress reports read."""
 
     def __init__(self, config: SyphonConfig, *, run_id: str, lease_keeper, settle_in_batch: bool = False,
                  stop_file: str | None = None, timeline: Timeline | None = None,
-                 start_gates: StartGates | None = None, state_is_new: bool = False,
+                 state_is_new: bool = False,
                  clock: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.timezone.utc)):
         self.config = config
         self.run_id = run_id
@@ -144,9 +135,6 @@ class DeliverySink:
         self.stop_marker = f"{config.storage.checkpoint_location.rstrip('/')}_stop/{run_id}"
         self.clock = clock
         self.timeline = timeline if timeline is not None else Timeline()  # the run's, in a classic session
-        # Classic sessions: what the first batch waits for before it reads a table or sends (the lease,
-        # taken while the query starts; ``run.syphon.StartGates``); it raises what failed there.
-        self._start_gates = start_gates
         self.state_is_new = state_is_new  # nothing was ever recorded: the first batch reads nothing back
         self.app_id: str | None = None  # known at the run's first batch (the checkpoint's query id)
         self.state = SinkState()
@@ -155,19 +143,8 @@ class DeliverySink:
         self.batch_stats: dict[int, BatchStats] = {}  # read (and emptied) by the progress listener
         self.failure: BaseException | None = None  # the last batch failure (classic Spark: this process)
 
-    def __getstate__(self):
-        return {**self.__dict__, "_start_gates": None}  # Spark Connect: the sink runs on the server
-
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
         self.timeline.mark(Milestone.FIRST_BATCH)
-        if self._start_gates is not None:
-            try:
-                self._start_gates.wait()
-            except BaseException as exc:
-                self.failure = exc
-                raise
-            self.state_is_new = self._start_gates.state_is_new
-            self._start_gates = None
         spark = batch.sparkSession
         if self.app_id is None:
             self.app_id = checkpoint_app_id(self.config.storage.checkpoint_location,
