@@ -252,10 +252,7 @@ class _DestinationRounds:
                        destination, first_row["backlog_queue"], first_row["sequence_number"], failure.reason,
                        retry.attempts, waited)
         if waited >= self.sink.outage_wait_seconds:
-            yield from self._leave(destination, ReasonCode.DESTINATION_UNAVAILABLE,
-                                   f"destination '{destination}' stayed unavailable for "
-                                   f"{self.sink.outage_wait_seconds:.0f} s ({failure.reason}); nothing was lost: "
-                                   f"its messages stay in the backlog for the next run", retry.failing_since)
+            yield from self._leave_unavailable(destination, failure, retry.failing_since)
             return
         backoff = self.sink.max_retry_backoff_seconds
         if retry.attempts < self.sink.max_send_attempts:
@@ -277,13 +274,17 @@ class _DestinationRounds:
                        first_row["sequence_number"], failure.reason, retry.throttled, waited,
                        "none" if self.pacer.controller.rate is None else f"{self.pacer.controller.rate:.0f}")
         if waited >= self.sink.outage_wait_seconds:
-            yield from self._leave(destination, ReasonCode.DESTINATION_UNAVAILABLE,
-                                   f"destination '{destination}' stayed unavailable for "
-                                   f"{self.sink.outage_wait_seconds:.0f} s ({failure.reason}); nothing was lost: "
-                                   f"its messages stay in the backlog for the next run", retry.failing_since)
+            yield from self._leave_unavailable(destination, failure, retry.failing_since)
             return
         retry.next_try = now + min(self.sink.max_retry_backoff_seconds,
                                    self.sink.retry_backoff_seconds * 2 ** min(retry.throttled - 1, 30))
+
+    def _leave_unavailable(self, destination: str, failure: SendFailure, since: float) -> Iterator[Delivery]:
+        """Failing (or throttled) for all of ``sink.outage_wait_seconds``: its rows are left unsent."""
+        yield from self._leave(destination, ReasonCode.DESTINATION_UNAVAILABLE,
+                               f"destination '{destination}' stayed unavailable for "
+                               f"{self.sink.outage_wait_seconds:.0f} s ({failure.reason}); nothing was lost: "
+                               f"its messages stay in the backlog for the next run", since)
 
     def _done_with_group(self, destination: str) -> None:
         groups = self.waiting[destination]
