@@ -20,7 +20,10 @@ class Action(StrEnum):
 
     DELIVER = "deliver"
     DEAD_LETTER = "dead_letter"
-    SKIP = "skip"
+    SKIP = "skip"  # a ping: recorded and settled, never delivered
+    # Its destination is in ``restore.skip_destinations``: not sent, not settled, left in the backlog for a
+    # later run. Not SKIP: a ping is done with, a held message is not.
+    HOLD = "hold"
 
 
 class Outcome(StrEnum):
@@ -32,13 +35,20 @@ class Outcome(StrEnum):
     # Not a final outcome: the message was not sent (its destination stayed unavailable, or the
     # send round ran out of lease). It stays in the backlog, untouched, and the batch's replay sends it.
     UNSENT = "unsent"
+    # Not a final outcome either: its destination is in ``restore.skip_destinations``, so it was not sent
+    # and is not settled. It stays in the backlog, untouched; the next run reads it again (a run
+    # re-reads each backlog queue from its head once, when it starts) and, without the skip, sends it.
+    # Unlike UNSENT it does not fail the batch: it is what the operator asked for.
+    HELD = "held"
 
     @property
     def is_final(self) -> bool:
-        return self is not Outcome.UNSENT
+        return self not in (Outcome.UNSENT, Outcome.HELD)
 
 
 FINAL_OUTCOMES = tuple(outcome for outcome in Outcome if outcome.is_final)
+# What run summaries and progress count per destination: the final outcomes, and what was held for later.
+REPORTED_OUTCOMES = FINAL_OUTCOMES + (Outcome.HELD,)
 
 
 class ReasonCode(StrEnum):
@@ -64,6 +74,8 @@ class ReasonCode(StrEnum):
     # why a message is UNSENT
     DESTINATION_UNAVAILABLE = "destination_unavailable"  # refused or unreachable for all of sink.outage_wait_seconds
     ROUND_DEADLINE = "round_deadline"  # the send round ended before the lease could expire; the next round sends it
+    # why a message is HELD
+    DESTINATION_SKIPPED = "destination_skipped"  # restore.skip_destinations names its destination
 
 
 class TtlPolicy(StrEnum):
@@ -108,6 +120,9 @@ class OutcomeRecord(TypedDict):
     time_to_live_ms: int | None  # TTL given to the re-sent message
     outcome_time: datetime  # delivered (or dead-letter decided) at
     attempts: Int32
+    # The destination x-ms-path named when ``restore.destination_map`` renamed it (``destination`` is then
+    # the new name); null when the map did not apply. Last: columns are only ever appended to the table.
+    original_destination: str | None
 
 
 @dataclass(frozen=True)
@@ -163,6 +178,36 @@ class RecordedSpan:
 
 
 @dataclass(frozen=True)
+class HeldSpan:
+    """Where messages a batch left in a backlog queue for skipped destinations (``Outcome.HELD``) lie.
+
+    It only tells the purge that such a message at the head of the queue is expected, so the purge
+    passes over it (keeps it locked while it settles what lies behind, then releases it) instead of
+    stopping there. It never makes anything be settled: the range may also cover recorded messages
+    of other destinations, which the recorded spans settle, and merging held spans only widens it.
+    """
+
+    backlog_queue: str
+    first: int
+    last: int
+    enqueued_from_ms: int
+    enqueued_to_ms: int
+    count: int  # held outcomes in it (an upper bound of the messages: a replayed batch counts them again)
+
+    def holds(self, sequence_number: int, enqueued_ms: int | None) -> bool:
+        return (self.first <= sequence_number <= self.last and enqueued_ms is not None
+                and self.enqueued_from_ms <= enqueued_ms <= self.enqueued_to_ms)
+
+    def merged(self, other: HeldSpan | None) -> HeldSpan:
+        """One span covering both (the purge needs no more than the range)."""
+        if other is None:
+            return self
+        return HeldSpan(self.backlog_queue, min(self.first, other.first), max(self.last, other.last),
+                        min(self.enqueued_from_ms, other.enqueued_from_ms),
+                        max(self.enqueued_to_ms, other.enqueued_to_ms), self.count + other.count)
+
+
+@dataclass(frozen=True)
 class DeadLetterOrder:
     """A recorded dead-letter outcome the purge carries out in the backlog queue, by identity."""
 
@@ -212,6 +257,7 @@ class BatchStats:
     replayed: int  # outcomes recorded by an earlier, interrupted attempt of this batch
     send_seconds: float
     oldest_enqueued: dt.datetime | None  # oldest backlog enqueue time among the batch's messages
+    held: int = 0  # left in the backlog for skipped destinations (``Outcome.HELD``)
 
 
 # --- what the sink's delivery and the Service Bus senders exchange --------------------------------

@@ -5,7 +5,7 @@ import datetime as dt
 
 import pytest
 
-from backlog_syphon.model import CheckpointRow, DeadLetterOrder, RecordedSpan
+from backlog_syphon.model import CheckpointRow, DeadLetterOrder, HeldSpan, RecordedSpan
 from backlog_syphon.servicebus.purge_plan import PurgePlan, PurgeResult
 from backlog_syphon.sink.bookkeeping import (
     Unpurged,
@@ -204,3 +204,20 @@ def test_purge_mark_of_a_recreated_queue_names_no_message_of_the_old_incarnation
     marked = mark_purged(state, {"q0": result(settled=[old])}, {"q0": Unpurged((new,))}, now=NOW)
     assert marked["q0"].purged_enqueued_ms == T0 + old_last
     assert (marked["q0"].incarnation, marked["q0"].delivered_through, marked["q0"].purged_through) == (2, 20, 0)
+
+
+def test_where_messages_were_held_is_kept_for_the_run_and_given_to_every_purge_of_the_queue():
+    """Held messages stay in the backlog: a purge that settles everything recorded must still know to pass
+    them over the next time (later batches record more behind them)."""
+    q = "q0"
+    held_a = HeldSpan(q, 2, 2, T0 + 2, T0 + 2, 1)
+    held_b = HeldSpan(q, 9, 9, T0 + 9, T0 + 9, 1)
+    first = span(q, 1, 3, delivered=2)
+    unpurged = add_recorded({}, [first], held=[held_a])
+    assert purge_plans(unpurged)[q].held == held_a
+    settled = after_purge(unpurged, {q: PurgeResult(2, 0, 0, (), (first,))})
+    assert settled[q].spans == () and settled[q].held == held_a
+    assert purge_plans(settled) == {}  # nothing to settle: no purge for the held alone
+    later = span(q, 8, 10, delivered=2)
+    unpurged = add_recorded(settled, [later], held=[held_b])
+    assert purge_plans(unpurged)[q].held == HeldSpan(q, 2, 9, T0 + 2, T0 + 9, 2)

@@ -6,6 +6,9 @@ import pytest
 
 from backlog_syphon.model import (
     FINAL_OUTCOMES,
+    REPORTED_OUTCOMES,
+    Action,
+    HeldSpan,
     BatchStats,
     CheckpointRow,
     Lease,
@@ -30,7 +33,9 @@ def test_checkpoint_and_lease_rows_match_their_tables():
 
 
 def test_enum_values_are_the_tables_contract():
-    assert [o.value for o in Outcome] == ["delivered", "dead_lettered", "skipped_ping", "unsent"]
+    assert [o.value for o in Outcome] == ["delivered", "dead_lettered", "skipped_ping", "unsent", "held"]
+    assert [a.value for a in Action] == ["deliver", "dead_letter", "skip", "hold"]
+    assert f"{ReasonCode.DESTINATION_SKIPPED}" == "destination_skipped"
     assert f"{ReasonCode.MISSING_PATH}" == "missing_path" and ReasonCode("ping") is ReasonCode.PING
     assert TtlPolicy.parse("restart") is TtlPolicy.RESTART
     assert ReasonCode("quota_exceeded") is ReasonCode.QUOTA_EXCEEDED
@@ -38,9 +43,27 @@ def test_enum_values_are_the_tables_contract():
     assert f"{ReasonCode.ROUND_DEADLINE}" == "round_deadline"
 
 
-def test_unsent_is_the_only_outcome_that_is_not_final():
+def test_unsent_and_held_are_the_outcomes_that_are_not_final():
     assert FINAL_OUTCOMES == (Outcome.DELIVERED, Outcome.DEAD_LETTERED, Outcome.SKIPPED_PING)
-    assert [o.is_final for o in Outcome] == [True, True, True, False]
+    assert [o.is_final for o in Outcome] == [True, True, True, False, False]
+    assert REPORTED_OUTCOMES == FINAL_OUTCOMES + (Outcome.HELD,)
+
+
+def test_the_audit_row_ends_with_original_destination():
+    """Columns are only appended to the audit table: the new one is last (an older table gets it by ALTER)."""
+    assert OUTCOME_ROW_SCHEMA.fieldNames()[-1] == "original_destination"
+    assert OUTCOME_ROW_SCHEMA["original_destination"].nullable
+
+
+HELD = HeldSpan("q0", first=5, last=9, enqueued_from_ms=500, enqueued_to_ms=900, count=3)
+
+
+def test_held_spans_hold_by_identity_and_merge_into_one_covering_range():
+    assert HELD.holds(5, 500) and HELD.holds(9, 900) and not HELD.holds(10, 900) and not HELD.holds(7, 1_000)
+    assert not HELD.holds(7, None)
+    later = HeldSpan("q0", first=20, last=22, enqueued_from_ms=2_000, enqueued_to_ms=2_200, count=2)
+    assert HELD.merged(later) == HeldSpan("q0", 5, 22, 500, 2_200, 5)
+    assert HELD.merged(None) is HELD
 
 
 def test_ttl_policy_names_the_valid_values_when_it_refuses_one():

@@ -13,7 +13,7 @@ def audit_row(run_id, seq, destination, outcome, reason_code=None, size=10, seco
               "message_id": f"m{seq}", "destination": destination, "session_id": None, "outcome": outcome,
               "reason_code": reason_code, "reason": reason_code, "body_size": size, "enqueued_time": T0,
               "scheduled_enqueue_time": None, "time_to_live_ms": None,
-              "outcome_time": T0 + dt.timedelta(seconds=seconds), "attempts": 1}
+              "outcome_time": T0 + dt.timedelta(seconds=seconds), "attempts": 1, "original_destination": None}
     return tuple(values[field.name] for field in AUDIT_ROW_SCHEMA.fields)
 
 
@@ -47,3 +47,20 @@ def test_text_chart_scales_bars_to_the_peak():
     assert text_chart([("12:00", 10), ("12:01", 5), ("12:02", 0)], width=10) == [
         "12:00 ########## 10", "12:01 #####      5", "12:02            0"]
     assert text_chart([]) == ["(no data)"]
+
+
+def test_a_run_that_left_only_what_skipped_destinations_hold_has_drained():
+    """restore.skip_destinations is what the operator asked for: held messages do not make an available-now
+    run fail (exit code 4); anything else left does."""
+    from backlog_syphon.run.syphon import RunSummary
+
+    counts = {"delivered": 5, "dead_lettered": 0, "skipped_ping": 0, "held": 0}
+    per_destination = {"orders": counts, "payments": {**counts, "delivered": 0, "held": 3}}
+    summary = RunSummary("r1", per_destination, remaining={"q/0": 2, "q/1": 1})
+    assert summary.held == {"payments": 3} and summary.drained
+    assert not RunSummary("r1", per_destination, remaining={"q/0": 4}).drained
+    assert not RunSummary("r1", {"orders": counts}, remaining={"q/0": 1}).drained
+    lines = summary.lines()
+    assert lines[1].split()[-1] == "held" and lines[3].split()[-1] == "3"
+    assert lines[-1] == ("  left in the backlog for restore.skip_destinations: 3 message(s) (payments 3); "
+                         "a run without the skip delivers them")

@@ -66,7 +66,8 @@ def progress_line(point: ProgressPoint) -> str:
     age = "-" if stats.oldest_enqueued is None else f"{(point.at - stats.oldest_enqueued).total_seconds():.0f}s"
     rate = stats.delivered / stats.send_seconds if stats.send_seconds > 0 else 0.0
     return (f"batch {point.batch_id}: delivered {stats.delivered}, dead-lettered {stats.dead_lettered}, "
-            f"skipped {stats.skipped}, replayed {stats.replayed}; oldest message age {age}; "
+            f"skipped {stats.skipped}, " + (f"held {stats.held}, " if stats.held else "")
+            + f"replayed {stats.replayed}; oldest message age {age}; "
             f"send rate {rate:.0f} msg/s; remaining {point.remaining_total}"
             + (f" ({remaining})" if remaining else ""))
 

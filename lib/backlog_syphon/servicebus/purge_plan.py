@@ -10,6 +10,12 @@ Invariants:
 - Only recorded messages are settled. A message no span holds (a queue recreated since, a message
   that was left unsent, anything unexpected at the head of the queue) is *released*: its lock is
   dropped without raising its delivery count, and the purge stops and says so.
+- Except where messages were held for skipped destinations (``HeldSpan``): those stay in the backlog
+  for a later run, so stopping at them would leave everything recorded behind them unsettled for
+  the whole run. A message the plan's held span covers is *passed over*: kept locked (so the next
+  receive goes past it) while the purge settles what lies behind it, and released at the end of the
+  round, never settled. The I/O side ends the round before those locks could run out (an expired
+  lock would raise the delivery count).
 - Never ask for more messages than recorded ones are still there, so the broker has no credit to
   fill with messages that are not recorded. After a crash some may be gone already: such a plan is
   verified (the recorded messages still there counted by peeking, which locks nothing) first.
@@ -23,7 +29,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
-from backlog_syphon.model import RecordedSpan
+from backlog_syphon.model import HeldSpan, RecordedSpan
 
 RECEIVE_PAGE = 100  # messages asked for per receive call
 
@@ -41,6 +47,7 @@ class PurgePlan:
     # Some recorded messages may be gone already (settled by a run that crashed before it recorded
     # the purge): count what is still there before asking for that many.
     verify: bool = False
+    held: HeldSpan | None = None  # where messages for skipped destinations wait: passed over, never settled
 
     def __post_init__(self):
         if self.expected < 0 or any(span.backlog_queue != self.queue for span in self.spans):
@@ -57,6 +64,10 @@ class PurgePlan:
     def holds(self, identity: Identity) -> bool:
         return any(span.holds(*identity) for span in self.spans)
 
+    def passes_over(self, identity: Identity) -> bool:
+        """Whether ``identity`` (which no span holds) may be a message held for a skipped destination."""
+        return self.held is not None and self.held.holds(*identity)
+
     def verified(self, present: list[Identity]) -> PurgePlan:
         """The plan once the messages present in its range are known (peeked): expect only those it holds."""
         return dataclasses.replace(self, expected=sum(1 for identity in present if self.holds(identity)),
@@ -71,6 +82,7 @@ class PageActions:
     dead_letter: tuple[tuple[int, str, str], ...]  # (sequence number, reason code, reason)
     release: tuple[int, ...]
     stop: bool  # the head of the queue left the plan: ask for nothing more
+    pass_over: tuple[int, ...] = ()  # held for skipped destinations: keep locked until the round ends, then release
 
 
 @dataclass(frozen=True)
@@ -92,24 +104,34 @@ class PurgeProgress:
         self.completed = 0
         self.dead_lettered = 0
         self.released = 0
+        self.passed = 0  # held messages passed over (locked until the round ends)
+        self._passed_over: set[int] = set()
         self.stopped = plan.expected == 0
 
     def credit(self) -> int:
-        """How many messages the next receive call may ask for; 0 means the purge is over."""
+        """How many messages the next receive call may ask for; 0 means the purge is over.
+
+        Held messages may lie in front of the recorded ones: as many as the held span counts (less
+        those passed already) may be asked for on top; any that turn out to lie behind are released."""
         if self.stopped:
             return 0
-        return min(self.page, self.plan.expected - self.seen)
+        held_left = max(0, self.plan.held.count - self.passed) if self.plan.held is not None else 0
+        return min(self.page, self.plan.expected - self.seen + held_left)
+
+    def locks_running_out(self) -> None:
+        """The locks of the messages passed over are about to end: this round stops (they are released)."""
+        self.stopped = True
 
     def on_page(self, received: list[Identity]) -> PageActions:
         """``received``: the identities of the messages one receive call brought, in any order."""
         if not received:
             self.stopped = True  # nothing came within the wait: what is planned is not there (now)
             return PageActions((), (), (), True)
-        complete, dead_letter, release = [], [], []
+        complete, dead_letter, release, pass_over = [], [], [], []
         for identity in sorted(received, key=lambda item: item[0]):
             seq = identity[0]
             if not self.plan.holds(identity):
-                release.append(seq)
+                (pass_over if self.plan.passes_over(identity) else release).append(seq)
                 continue
             self.seen += 1
             reason = self.plan.dead_letters.get(identity)
@@ -118,8 +140,12 @@ class PurgeProgress:
             else:
                 dead_letter.append((seq, reason[0], reason[1]))
         self.released += len(release)
-        self.stopped = bool(release) or self.seen >= self.plan.expected
-        return PageActions(tuple(complete), tuple(dead_letter), tuple(release), self.stopped)
+        self.passed += len(pass_over)
+        # A held message that comes back was not kept locked after all: stop rather than go round again.
+        again = self._passed_over.intersection(pass_over)
+        self._passed_over.update(pass_over)
+        self.stopped = bool(release) or bool(again) or self.seen >= self.plan.expected
+        return PageActions(tuple(complete), tuple(dead_letter), tuple(release), self.stopped, tuple(pass_over))
 
     def on_settled(self, completed: int, dead_lettered: int) -> None:
         self.completed += completed

@@ -9,6 +9,7 @@ tokens here (``sdk_internals`` teaches it the AMQP types legacy clients write; `
 
 from __future__ import annotations
 
+import datetime as dt
 import logging
 
 from azure.servicebus.exceptions import MessagingEntityNotFoundError, ServiceBusError
@@ -49,18 +50,40 @@ def purge_backlog(namespace: NamespaceConfig, plan: PurgePlan, *, max_wait_secon
     return PurgeResult(0, 0, 0, (), plan.spans)
 
 
+# A round that passes over held messages ends this long before the first of their locks would (an expired
+# lock raises the delivery count; released, it does not).
+HELD_LOCK_MARGIN_SECONDS = 10.0
+
+
 def _purge(receiver, plan: PurgePlan, max_wait_seconds: float) -> PurgeResult:
     if plan.verify and plan.expected:
         plan = plan.verified(peek_identities(receiver, plan.first, plan.last))
     progress = PurgeProgress(plan)
+    passed_over: list = []  # held for skipped destinations: locked until the round ends, then released
+    try:
+        return _settle_pages(receiver, plan, progress, passed_over, max_wait_seconds)
+    finally:
+        for message in passed_over:
+            release_message(receiver, message)
+        if passed_over:
+            logger.info("backlog=%s purge passed over %d message(s) held for skipped destinations (released "
+                        "untouched)", plan.queue, len(passed_over))
+
+
+def _settle_pages(receiver, plan: PurgePlan, progress: PurgeProgress, passed_over: list,
+                  max_wait_seconds: float) -> PurgeResult:
     revoke_credit(receiver)  # the link's attach gave the broker one credit of its own
     while credit := progress.credit():
+        if passed_over and _locks_end_soon(passed_over):
+            progress.locks_running_out()
+            break
         page = receiver.receive_messages(max_message_count=credit, max_wait_time=max_wait_seconds)
         revoke_credit(receiver)  # a call that returns early leaves the rest of its credit open
         by_seq = {message.sequence_number: message for message in page}
         actions = progress.on_page([received_identity(message) for message in page])
         for seq in actions.release:
             release_message(receiver, by_seq[seq])
+        passed_over.extend(by_seq[seq] for seq in actions.pass_over)
         for seq, reason_code, reason in actions.dead_letter:
             receiver.dead_letter_message(by_seq[seq], reason=reason_code, error_description=reason[:1024])
         failed = complete_all(receiver, [by_seq[seq] for seq in actions.complete])
@@ -74,6 +97,15 @@ def _purge(receiver, plan: PurgePlan, max_wait_seconds: float) -> PurgeResult:
     heads = {span.first: first_identity_from(receiver, span.first) for span in plan.spans}
     release_buffered(receiver)
     return progress.result(heads)
+
+
+def _locks_end_soon(messages: list) -> bool:
+    """Whether the first of these received messages' locks ends within ``HELD_LOCK_MARGIN_SECONDS``."""
+    ends = [m.locked_until_utc for m in messages if getattr(m, "locked_until_utc", None) is not None]
+    if not ends:
+        return False
+    first = min(end if end.tzinfo else end.replace(tzinfo=dt.timezone.utc) for end in ends)
+    return (first - dt.datetime.now(dt.timezone.utc)).total_seconds() < HELD_LOCK_MARGIN_SECONDS
 
 
 def complete_all(receiver, messages: list) -> set[int]:

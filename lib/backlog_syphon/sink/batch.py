@@ -33,7 +33,7 @@ from enum import StrEnum
 from typing import Protocol, Sequence
 
 from backlog_syphon.errors import BatchFailedError, DestinationUnavailableError
-from backlog_syphon.model import CheckpointRow, DeadLetterOrder, Outcome, ReasonCode, RecordedSpan
+from backlog_syphon.model import CheckpointRow, DeadLetterOrder, HeldSpan, Outcome, ReasonCode, RecordedSpan
 from backlog_syphon.servicebus.purge_plan import PurgePlan, PurgeResult
 from backlog_syphon.sink import bookkeeping
 from backlog_syphon.sink.delivery import RoundLimits
@@ -71,6 +71,7 @@ class Recovery:
     unsettled: tuple[RecordedSpan, ...]  # recorded, maybe not settled (verified before purging)
     dead_letters: tuple[DeadLetterOrder, ...]
     recorded_rows_of_batch: int  # rows (final or unsent) earlier attempts of this batch recorded
+    held: tuple[HeldSpan, ...] = ()  # where earlier runs left messages for skipped destinations (above the marks)
 
 
 @dataclass(frozen=True)
@@ -90,6 +91,8 @@ class BatchAggregate:
     spans: tuple[RecordedSpan, ...] = ()
     per_destination: dict[tuple[str, Outcome], int] = field(default_factory=dict)  # (destination, outcome) -> n
     unsent: dict[str, Unsent] = field(default_factory=dict)
+    # Messages held for skipped destinations: not sent, not settled, and no reason to fail or to send again.
+    held: tuple[HeldSpan, ...] = ()
 
     @property
     def rows(self) -> int:
@@ -185,7 +188,8 @@ def run_batch(state: SinkState, ports: BatchPorts, lease: LeasePort, purges: Pur
         if state.checkpoint is None:
             recovery = ports.recover()
             state.checkpoint = dict(recovery.checkpoint)
-            state.unpurged = bookkeeping.add_recorded({}, recovery.unsettled, recovery.dead_letters, verify=True)
+            state.unpurged = bookkeeping.add_recorded({}, recovery.unsettled, recovery.dead_letters, verify=True,
+                                                      held=recovery.held)
             recorded_before = recovery.recorded_rows_of_batch
             replayed = sum(span.count for span in recovery.unsettled if span.batch_id == batch_id)
         ports.exclude([span for pending in state.unpurged.values() for span in pending.spans])
@@ -218,7 +222,7 @@ def run_batch(state: SinkState, ports: BatchPorts, lease: LeasePort, purges: Pur
         ports.record(sorted(state.checkpoint.values(), key=lambda row: row.backlog_queue),
                      batch_id * ATTEMPTS_PER_BATCH + min(recorded_before, ATTEMPTS_PER_BATCH - 1))
         state.marks_unrecorded = False
-        state.unpurged = bookkeeping.add_recorded(state.unpurged, aggregate.spans, dead_letters)
+        state.unpurged = bookkeeping.add_recorded(state.unpurged, aggregate.spans, dead_letters, held=aggregate.held)
         hooks.reached(CrashPoint.AFTER_RECORD)
         unavailable = aggregate.final_unavailable
         if unavailable:

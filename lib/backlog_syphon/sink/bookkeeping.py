@@ -10,7 +10,10 @@ purge needs. The rules:
   incarnation goes up and the marks start again;
 - the purge mark names one settled message (sequence number and enqueue time): every recorded
   message enqueued at or before it is settled, so a restart looks only above it;
-- when a purge could not settle everything, what is left is counted again (peeked) next time.
+- when a purge could not settle everything, what is left is counted again (peeked) next time;
+- where messages were held for skipped destinations is kept per queue for the whole run (one
+  merged ``HeldSpan``): they stay in the backlog, so every purge of that queue meets them again
+  and must pass over them rather than stop.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Iterable
 
-from backlog_syphon.model import CheckpointRow, DeadLetterOrder, RecordedSpan
+from backlog_syphon.model import CheckpointRow, DeadLetterOrder, HeldSpan, RecordedSpan
 from backlog_syphon.servicebus.purge_plan import PurgePlan, PurgeResult
 
 
@@ -32,6 +35,7 @@ class Unpurged:
     spans: tuple[RecordedSpan, ...] = ()
     dead_letters: tuple[DeadLetterOrder, ...] = ()
     verify: bool = False  # some may be gone already: count what is there before receiving
+    held: HeldSpan | None = None  # where messages for skipped destinations were left (the purge passes them)
 
     @property
     def count(self) -> int:
@@ -46,8 +50,10 @@ def by_queue(spans: Iterable[RecordedSpan]) -> dict[str, list[RecordedSpan]]:
 
 
 def add_recorded(unpurged: dict[str, Unpurged], spans: Iterable[RecordedSpan],
-                 dead_letters: Iterable[DeadLetterOrder] = (), *, verify: bool = False) -> dict[str, Unpurged]:
-    """Add recorded spans (and the dead-letters among them) to what is left to settle."""
+                 dead_letters: Iterable[DeadLetterOrder] = (), *, verify: bool = False,
+                 held: Iterable[HeldSpan] = ()) -> dict[str, Unpurged]:
+    """Add recorded spans (and the dead-letters among them) to what is left to settle, and where
+    messages were held for skipped destinations."""
     orders = defaultdict(list)
     for order in dead_letters:
         orders[order.backlog_queue].append(order)
@@ -55,7 +61,10 @@ def add_recorded(unpurged: dict[str, Unpurged], spans: Iterable[RecordedSpan],
     for queue, queue_spans in by_queue(spans).items():
         known = new.get(queue, Unpurged())
         new[queue] = Unpurged(known.spans + tuple(queue_spans), known.dead_letters + tuple(orders.get(queue, ())),
-                              known.verify or verify)
+                              known.verify or verify, known.held)
+    for span in held:
+        known = new.get(span.backlog_queue, Unpurged())
+        new[span.backlog_queue] = dataclasses.replace(known, held=span.merged(known.held))
     return new
 
 
@@ -63,7 +72,7 @@ def purge_plans(unpurged: dict[str, Unpurged]) -> dict[str, PurgePlan]:
     """Per queue with something recorded and not settled: what its purge settles."""
     return {queue: PurgePlan(queue, pending.spans, pending.count,
                              {(order.sequence_number, order.enqueued_ms): (order.reason_code, order.reason)
-                              for order in pending.dead_letters}, pending.verify)
+                              for order in pending.dead_letters}, pending.verify, pending.held)
             for queue, pending in sorted(unpurged.items()) if pending.spans}
 
 
@@ -81,7 +90,7 @@ def after_purge(unpurged: dict[str, Unpurged], results: dict[str, PurgeResult]) 
         spans = untouched + result.remaining
         new[queue] = Unpurged(spans, tuple(order for order in pending.dead_letters if any(
             span.holds(order.sequence_number, order.enqueued_ms) for span in spans)),
-            pending.verify or bool(result.remaining)) if spans else Unpurged()
+            pending.verify or bool(result.remaining), pending.held) if spans else Unpurged(held=pending.held)
     return new
 
 

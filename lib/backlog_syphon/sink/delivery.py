@@ -5,7 +5,8 @@ clock and the sleep, so the retry state machine is tested with fakes in millisec
 Invariants:
 - Order: rows are sent in sequence-number order per destination and session; a batched send holds
   consecutive messages of one destination and session only.
-- One row, one outcome: delivered, dead-lettered (with a reason code and text), skipped, or unsent.
+- One row, one outcome: delivered, dead-lettered (with a reason code and text), skipped, held (its
+  destination is in ``restore.skip_destinations``: never sent, left in the backlog) or unsent.
 - No single message stops the run: a message that cannot be built (decoded, restored, encoded)
   becomes that message's dead-letter outcome, with the exception's text, and the rest goes on.
 - No destination holds the others hostage: a destination that refuses or cannot be reached is
@@ -33,6 +34,10 @@ from backlog_syphon.model import Action, Outcome, Outgoing, PartialSendError, Re
 logger = logging.getLogger(__name__)
 
 Row = Mapping[str, Any]  # a classified backlog row (``restore.rows`` columns + the restore rules')
+
+# The outcome of a row the restore rules decided not to send.
+NOT_SENT_OUTCOMES = {Action.SKIP: Outcome.SKIPPED_PING, Action.DEAD_LETTER: Outcome.DEAD_LETTERED,
+                     Action.HOLD: Outcome.HELD}
 
 
 class Sender(Protocol):
@@ -98,7 +103,7 @@ def deliver_rows(rows: Iterable[Row], *, build: Callable[[Row], Outgoing], sende
     for group in send_groups(rows):
         first = group[0]
         if first["action"] != Action.DELIVER:
-            outcome = Outcome.SKIPPED_PING if first["action"] == Action.SKIP else Outcome.DEAD_LETTERED
+            outcome = NOT_SENT_OUTCOMES[Action(first["action"])]
             for row in group:
                 yield Delivery(row, outcome, row["reason_code"], row["reason"], 0)
             continue

@@ -42,8 +42,10 @@ from backlog_syphon.errors import BatchFailedError
 from backlog_syphon.model import (
     Action,
     BatchStats,
+    REPORTED_OUTCOMES,
     CheckpointRow,
     DeadLetterOrder,
+    HeldSpan,
     Outcome,
     OutcomeRecord,
     ReasonCode,
@@ -153,20 +155,21 @@ class DeliverySink:
                 pass
         aggregate = report.aggregate
         for (destination, outcome), n in aggregate.per_destination.items():
-            if outcome.is_final:
-                per = self.per_destination.setdefault(destination, {o.value: 0 for o in Outcome if o.is_final})
+            if outcome in REPORTED_OUTCOMES:
+                per = self.per_destination.setdefault(destination, {o.value: 0 for o in REPORTED_OUTCOMES})
                 per[outcome.value] += n
         if aggregate.rows or report.replayed:
             oldest = min((span.enqueued_from_ms for span in aggregate.spans), default=None)
             self.batch_stats[batch_id] = BatchStats(
                 aggregate.total(Outcome.DELIVERED), aggregate.total(Outcome.DEAD_LETTERED),
                 aggregate.total(Outcome.SKIPPED_PING), report.replayed, round(time.monotonic() - started, 2),
-                None if oldest is None else dt.datetime.fromtimestamp(oldest / 1000, dt.timezone.utc))
-            logger.info("batch_id=%s queues=%d delivered=%d dead_lettered=%d skipped=%d replayed=%d rounds=%d "
-                        "seconds=%.2f", batch_id, len({span.backlog_queue for span in aggregate.spans}),
+                None if oldest is None else dt.datetime.fromtimestamp(oldest / 1000, dt.timezone.utc),
+                held=aggregate.total(Outcome.HELD))
+            logger.info("batch_id=%s queues=%d delivered=%d dead_lettered=%d skipped=%d held=%d replayed=%d "
+                        "rounds=%d seconds=%.2f", batch_id, len({span.backlog_queue for span in aggregate.spans}),
                         aggregate.total(Outcome.DELIVERED), aggregate.total(Outcome.DEAD_LETTERED),
-                        aggregate.total(Outcome.SKIPPED_PING), report.replayed, report.rounds,
-                        time.monotonic() - started)
+                        aggregate.total(Outcome.SKIPPED_PING), aggregate.total(Outcome.HELD), report.replayed,
+                        report.rounds, time.monotonic() - started)
 
     def wait_for_purges(self) -> None:
         """At the end of a run: wait for the purge in flight, and settle what is left once more."""
@@ -214,7 +217,7 @@ class SparkBatch:
         # version must lie above theirs (rows of an older checkpoint with the same batch id only raise it).
         this_batch = tables.read_table(self.spark, storage.audit_table).where(F.col("batch_id") == self.batch_id).count()
         dead_letters = tuple(collect_dead_letters(recorded)) if aggregate.total(Outcome.DEAD_LETTERED) else ()
-        return Recovery(checkpoint, aggregate.spans, dead_letters, this_batch)
+        return Recovery(checkpoint, aggregate.spans, dead_letters, this_batch, aggregate.held)
 
     def exclude(self, spans: Sequence[RecordedSpan]) -> None:
         if spans:
@@ -228,7 +231,9 @@ class SparkBatch:
             # Broadcast: the rows keep the source's partitioning (one task per queue) and order.
             rows = rows.join(F.broadcast(unsent), ["backlog_queue", "sequence_number"], "left_semi")
         classified = rules.classify_messages(rows, now=now, ttl_policy=config.restore.ttl_policy,
-                                             max_message_size_bytes=config.sink.max_message_size_bytes)
+                                             max_message_size_bytes=config.sink.max_message_size_bytes,
+                                             destination_map=config.restore.destination_map,
+                                             skip_destinations=config.restore.skip_destinations)
         outcomes = send_on_executors(classified, config, run_id=self.sink.run_id, batch_id=self.batch_id,
                                      limits=limits)
         if self.latest is not None:
@@ -267,13 +272,13 @@ def aggregate_outcomes(outcomes: DataFrame) -> BatchAggregate:
     """Every outcome row aggregated: recorded spans, per-destination counts, unsent destinations.
 
     A span is a run of final outcomes of one queue, one batch and one attempt (run), in sequence
-    order, cut wherever a message was left unsent. One Spark job; a second, with the runs numbered,
-    only when some message was left unsent. The rest is ``combine_groups``.
+    order, cut wherever a message was left unsent or held. One Spark job; a second, with the runs
+    numbered, only when some message was left unsent or held. The rest is ``combine_groups``.
     """
     groups = _group_outcomes(outcomes.withColumn("island", F.lit(0)))
-    if any(group["outcome"] == Outcome.UNSENT for group in groups):
+    if any(not Outcome(group["outcome"]).is_final for group in groups):
         order = Window.partitionBy("run_id", "batch_id", "backlog_queue").orderBy("sequence_number", "enqueued_time")
-        unsent = (F.col("outcome") == Outcome.UNSENT).cast("long")
+        unsent = F.col("outcome").isin([outcome.value for outcome in Outcome if not outcome.is_final]).cast("long")
         groups = _group_outcomes(outcomes.withColumn(
             "island", F.sum(unsent).over(order.rowsBetween(Window.unboundedPreceding, 0))))
     return combine_groups(groups)
@@ -296,10 +301,17 @@ def combine_groups(groups: list[dict]) -> BatchAggregate:
     spans: dict[tuple, dict] = {}
     per_destination: dict[tuple[str, Outcome], int] = {}
     unsent: dict[str, Unsent] = {}
+    held: dict[tuple, HeldSpan] = {}  # (run, batch, queue) -> where its held messages lie
     for group in groups:
         outcome = Outcome(group["outcome"])
         destination = group["destination"] or NO_DESTINATION
         per_destination[(destination, outcome)] = per_destination.get((destination, outcome), 0) + group["n"]
+        if outcome == Outcome.HELD:
+            key = (group["run_id"], group["batch_id"], group["backlog_queue"])
+            found = HeldSpan(group["backlog_queue"], group["first"], group["last"], group["enqueued_from"] or 0,
+                             group["enqueued_to"] or 0, group["n"])
+            held[key] = found.merged(held.get(key))
+            continue
         if outcome == Outcome.UNSENT:
             known = unsent.get(destination)
             since = (group["since"] or 0) / 1000
@@ -323,7 +335,8 @@ def combine_groups(groups: list[dict]) -> BatchAggregate:
                      s[Outcome.DELIVERED] + s[Outcome.DEAD_LETTERED] + s[Outcome.SKIPPED_PING],
                      s[Outcome.DELIVERED], s[Outcome.DEAD_LETTERED], s[Outcome.SKIPPED_PING], batch_id)
         for (_, batch_id, queue, _), s in sorted(spans.items(), key=lambda item: (item[0][2], item[1]["first"])))
-    return BatchAggregate(recorded, per_destination, unsent)
+    return BatchAggregate(recorded, per_destination, unsent,
+                          tuple(span for _, span in sorted(held.items(), key=lambda item: (item[0][2], item[1].first))))
 
 
 def _min(a, b):
@@ -426,4 +439,5 @@ def outcome_row(result: delivery.Delivery, run_id: str, batch_id: int, now: floa
         "body_size": row["body_size"], "enqueued_time": row["enqueued_time"],
         "scheduled_enqueue_time": row["scheduled_enqueue_time"], "time_to_live_ms": row["restored_time_to_live_ms"],
         "outcome_time": dt.datetime.fromtimestamp(at, dt.timezone.utc), "attempts": result.attempts,
+        "original_destination": row.get("original_destination"),
     }
