@@ -52,9 +52,9 @@ class DryRunReport:
                    f"{sum(1 for n in self.per_queue.values() if n)} of {len(self.per_queue)} queues")
         if self.destination_map:
             out.append("  restore.destination_map (x-ms-path name -> destination sent to):")
-            sent = {(row["old_name"].lower(), row["new_name"]): row["messages"] for row in self.renamed or []}
             for old, new in sorted(self.destination_map.items()):
-                count = sum(n for (name, to), n in sent.items() if name == old.lower() and to == new)
+                # x-ms-path may spell the old name in any case: they are one entity
+                count = sum(row["messages"] for row in self.renamed or [] if row["old_name"].lower() == old.lower())
                 out.append(f"    {old} -> {new}: {count} messages")
         held = [row for row in self.per_destination if row["to_hold"]]
         if held:
