@@ -22,6 +22,11 @@ Transitions and what a crash at each leaves behind (the invariants the tests wal
   Crash point ``after_record``: nothing is re-sent.
 - ``purge``: submitted in the background (settled within the batch over Spark Connect). A failed
   purge round is logged and retried later; it never fails a batch.
+
+Messages held for skipped destinations (``Outcome.HELD``, ``restore.skip_destinations``) are recorded
+like unsent ones (their audit rows cut the spans) but neither fail the batch nor go to another round:
+they are left in the backlog on purpose. Where they lie goes to the purge (``BatchAggregate.held``), so
+it passes over them instead of stopping there.
 """
 
 from __future__ import annotations
