@@ -134,16 +134,6 @@ class RestoreConfig:
     # for a later run: a destination that must stay closed for now.
     skip_destinations: tuple[str, ...] = ()
 
-    @property
-    def renames(self) -> dict[str, str]:
-        """``destination_map`` with its keys lower-cased: what the restore rules match x-ms-path against."""
-        return {old.lower(): new for old, new in self.destination_map.items()}
-
-    @property
-    def skipped(self) -> tuple[str, ...]:
-        """``skip_destinations`` lower-cased, without repeats: what the restore rules match against."""
-        return tuple(sorted({name.lower() for name in self.skip_destinations}))
-
 
 @dataclass(frozen=True)
 class SinkConfig:

@@ -28,7 +28,7 @@ def test_tables_are_created_by_their_first_write_with_stable_schemas(spark, tmp_
     assert tables.recorded_unsettled(spark, audit, {}) is None
     now = dt.datetime(2026, 11, 26, tzinfo=dt.timezone.utc)
     now_ms = int(now.timestamp() * 1000)
-    outcome = ("r", 0, "q0", 5, "m-5", "orders", None, "delivered", None, None, 10, now, None, None, now, 1)
+    outcome = ("r", 0, "q0", 5, "m-5", "orders", None, "delivered", None, None, 10, now, None, None, now, 1, None)
     for version in (0, 0, 1):  # the repeat of version 0 appends nothing
         tables.append_audit(audit, spark.createDataFrame([outcome], OUTCOME_ROW_SCHEMA), "app", version)
     rows = [CheckpointRow("q0", 1, 5, now_ms, 0, None, 1, "r", now, 1, 0, 0)]
@@ -73,6 +73,31 @@ def test_a_checkpoint_table_of_an_older_version_reads_and_is_rewritten_with_toda
     newer = {"q0": CheckpointRow("q0", 2, 3, 1700000000000, 1, 1699999999000, 4, "r2", now, 12, 1, 0)}
     tables.write_checkpoint(spark, checkpoint, list(newer.values()), app_id="app", version=4)
     assert tables.read_checkpoint(spark, checkpoint) == newer  # columns matched by name, whatever their order
+
+
+def test_an_audit_table_of_an_older_version_gets_original_destination_and_takes_todays_rows(spark, tmp_path):
+    """``original_destination`` (restore.destination_map) is appended to an existing audit table when a run
+    starts (``create_tables``'s ALTER TABLE ADD COLUMNS); old rows read it as null, new rows fill it."""
+    import datetime as dt
+
+    from pyspark.sql.types import StructType
+
+    from backlog_syphon.restore.rows import OUTCOME_ROW_SCHEMA
+
+    audit = str(tmp_path / "audit")
+    now = dt.datetime(2026, 11, 26, tzinfo=dt.timezone.utc)
+    older = [f for f in tables.AUDIT_SCHEMA.fields if f.name != "original_destination"]  # as written before
+    old_row = ("r0", 0, "q0", 4, "m-4", "orders", None, "delivered", None, None, 10, now, None, None, now, 1,
+               now.date())
+    spark.createDataFrame([old_row], StructType(older)).write.format("delta").partitionBy("outcome_date").save(audit)
+    tables.create_tables(spark, audit, str(tmp_path / "checkpoint"), str(tmp_path / "lease"))
+    assert spark.read.format("delta").load(audit).schema.fieldNames()[-1] == "original_destination"
+    renamed = ("r1", 0, "q0", 5, "m-5", "orders", None, "delivered", None, None, 10, now, None, None, now, 1,
+               "orders-v1")
+    tables.append_audit(audit, spark.createDataFrame([renamed], OUTCOME_ROW_SCHEMA), "app", 0)
+    rows = {r["message_id"]: r for r in spark.read.format("delta").load(audit).collect()}
+    assert (rows["m-4"]["original_destination"], rows["m-5"]["original_destination"]) == (None, "orders-v1")
+    assert (rows["m-5"]["destination"], rows["m-5"]["outcome_date"]) == ("orders", now.date())
 
 
 def test_the_lease_is_a_compare_and_set_even_when_two_runs_create_its_table_at_once(spark, tmp_path):

@@ -199,10 +199,9 @@ restore:
 """)
     config = load_config(path, environ=ENV)
     assert config.restore.destination_map == {"orders-v1": "orders", "Legacy/Payments": "payments"}
-    assert config.restore.renames == {"orders-v1": "orders", "legacy/payments": "payments"}
     assert config.restore.skip_destinations == ("events",)
     env = {**ENV, "SYPHON__RESTORE__SKIP_DESTINATIONS": "[Events, audit-log]"}
-    assert load_config(path, environ=env).restore.skipped == ("audit-log", "events")
+    assert load_config(path, environ=env).restore.skip_destinations == ("Events", "audit-log")
     single = load_config(path, environ=ENV, overrides={"restore.skip_destinations": "payments",
                                                         "restore.destination_map": "{a: b}"})
     assert single.restore.skip_destinations == ("payments",) and single.restore.destination_map == {"a": "b"}
