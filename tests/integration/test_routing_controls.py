@@ -63,7 +63,7 @@ def test_a_renamed_destination_gets_its_old_names_messages_and_a_skipped_one_wai
     report = dry_run(spark, config)
     by_destination = {row["destination"]: row for row in report.per_destination}
     assert (by_destination["orders"]["messages"], by_destination["orders"]["to_deliver"]) == (14, 14)
-    assert by_destination["orders"]["renamed_from"] == ["ORDERS-V1", "orders-v1"]
+    assert by_destination["orders"]["renamed_from"] == "ORDERS-V1, orders-v1"
     assert (by_destination["payments"]["to_hold"], by_destination["payments"]["to_deliver"]) == (7, 0)
     lines = "\n".join(report.lines())
     assert "    Orders-V1 -> orders: 7 messages" in lines

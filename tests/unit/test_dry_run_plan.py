@@ -76,8 +76,8 @@ def test_the_plan_shows_renames_and_what_skipped_destinations_would_leave(spark)
                                    destination_map={"orders-v1": "orders"}, skip_destinations=["payments"])
     summary = {row["destination"]: row for row in destination_summary(classified, now=NOW).collect()}
     assert (summary["orders"]["messages"], summary["orders"]["to_deliver"], summary["orders"]["to_hold"]) == (3, 3, 0)
-    assert summary["orders"]["renamed_from"] == ["Orders-V1", "orders-v1"]
+    assert summary["orders"]["renamed_from"] == "Orders-V1, orders-v1"
     assert (summary["payments"]["to_hold"], summary["payments"]["to_deliver"]) == (2, 0)
-    assert summary["payments"]["renamed_from"] == []
+    assert summary["payments"]["renamed_from"] == ""
     assert [tuple(row) for row in renamed_destinations(classified).collect()] == [
         ("Orders-V1", "orders", 1), ("orders-v1", "orders", 1)]

@@ -73,7 +73,9 @@ def destination_summary(planned: DataFrame, *, now: datetime) -> DataFrame:
                  count_where(F.col("action") == Action.DEAD_LETTER).alias("to_dead_letter"),
                  count_where(F.col("action") == Action.SKIP).alias("to_skip"),
                  count_where(F.col("action") == Action.HOLD).alias("to_hold"),
-                 F.array_sort(F.collect_set("original_destination")).alias("renamed_from"))
+                 # the x-ms-path names restore.destination_map renamed to this one, as text (plain columns only:
+                 # the notebook shows these rows as a DataFrame)
+                 F.concat_ws(", ", F.array_sort(F.collect_set("original_destination"))).alias("renamed_from"))
             .orderBy("destination"))
 
 
