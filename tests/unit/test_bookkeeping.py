@@ -221,3 +221,16 @@ def test_where_messages_were_held_is_kept_for_the_run_and_given_to_every_purge_o
     later = span(q, 8, 10, delivered=2)
     unpurged = add_recorded(settled, [later], held=[held_b])
     assert purge_plans(unpurged)[q].held == HeldSpan(q, 2, 9, T0 + 2, T0 + 9, 2)
+
+
+def test_the_purge_mark_never_passes_a_message_held_for_a_skipped_destination():
+    """So the next run still finds the held rows above the mark (``tables.queues_with_held``) and reads
+    that queue again; settled spans before the held message still move the mark up to it."""
+    q = "q0"
+    before, after = span(q, 1, 3, delivered=3), span(q, 6, 9, delivered=4)
+    checkpoint = {q: CheckpointRow(q, 1, 9, T0 + 9, 0, None, 0, "r", EARLY, 7, 0, 0)}
+    left = add_recorded({}, [], held=[HeldSpan(q, 4, 5, T0 + 4, T0 + 5, 2)])
+    marked = mark_purged(checkpoint, {q: PurgeResult(7, 0, 0, (), (before, after))}, left, now=NOW)
+    assert (marked[q].purged_through, marked[q].purged_enqueued_ms) == (3, T0 + 3)
+    free = mark_purged(checkpoint, {q: PurgeResult(7, 0, 0, (), (before, after))}, {}, now=NOW)
+    assert (free[q].purged_through, free[q].purged_enqueued_ms) == (9, T0 + 9)

@@ -237,8 +237,16 @@ def start_syphon(spark: SparkSession, config: SyphonConfig, *, run_id: str | Non
     emulate = config.run.trigger == AVAILABLE_NOW and emulate_available_now
     if config.run.trigger == AVAILABLE_NOW and is_connect(spark) and not server_has_read_limits(spark):
         refuse_unbounded_batch(config, spark.version)
+    # Where earlier runs held messages for skipped destinations: the source reads those queues again from
+    # their first message once (what is recorded among them is dropped by identity in the sink).
+    look_back = tuple(tables.queues_with_held(spark, storage.audit_table,
+                                              tables.read_checkpoint(spark, storage.checkpoint_table)))
+    if look_back:
+        logger.info("messages held for skipped destinations wait in %d backlog queue(s): this run reads them again",
+                    len(look_back))
     stream = (spark.readStream.format(SOURCE_NAME)
-              .options(**backlog_source_options(config, stop_file=stop_file, emulate_available_now=emulate)).load())
+              .options(**backlog_source_options(config, stop_file=stop_file, emulate_available_now=emulate,
+                                                look_back=look_back)).load())
     try:
         query = (stream.writeStream.foreachBatch(sink)
                  .option("checkpointLocation", storage.checkpoint_location)

@@ -76,7 +76,6 @@ class Recovery:
     unsettled: tuple[RecordedSpan, ...]  # recorded, maybe not settled (verified before purging)
     dead_letters: tuple[DeadLetterOrder, ...]
     recorded_rows_of_batch: int  # rows (final or unsent) earlier attempts of this batch recorded
-    held: tuple[HeldSpan, ...] = ()  # where earlier runs left messages for skipped destinations (above the marks)
 
 
 @dataclass(frozen=True)
@@ -193,8 +192,9 @@ def run_batch(state: SinkState, ports: BatchPorts, lease: LeasePort, purges: Pur
         if state.checkpoint is None:
             recovery = ports.recover()
             state.checkpoint = dict(recovery.checkpoint)
-            state.unpurged = bookkeeping.add_recorded({}, recovery.unsettled, recovery.dead_letters, verify=True,
-                                                      held=recovery.held)
+            # Held rows of earlier runs are not carried into this one: the run reads those messages again
+            # (and holds them again, or sends them), and a mark held back by old rows would never move.
+            state.unpurged = bookkeeping.add_recorded({}, recovery.unsettled, recovery.dead_letters, verify=True)
             recorded_before = recovery.recorded_rows_of_batch
             replayed = sum(span.count for span in recovery.unsettled if span.batch_id == batch_id)
         ports.exclude([span for pending in state.unpurged.values() for span in pending.spans])

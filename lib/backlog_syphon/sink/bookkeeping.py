@@ -141,8 +141,12 @@ def mark_purged(state: dict[str, CheckpointRow], results: dict[str, PurgeResult]
         row = new_state.get(queue)
         if row is None or not result.settled:
             continue
-        # Messages compare by (enqueue time, sequence number): several can share a millisecond.
-        unsettled_from = min(((span.enqueued_from_ms, span.first) for span in left.get(queue, Unpurged()).spans),
+        # Messages compare by (enqueue time, sequence number): several can share a millisecond. Messages held
+        # for skipped destinations stay too: the mark never passes them, so the next run finds their audit
+        # rows above it and knows to read that queue again (``storage.tables.queues_with_held``).
+        pending = left.get(queue, Unpurged())
+        unsettled_from = min([(span.enqueued_from_ms, span.first) for span in pending.spans]
+                             + ([(pending.held.enqueued_from_ms, pending.held.first)] if pending.held else []),
                              default=None)
         candidates = [span for span in result.settled
                       if unsettled_from is None or (span.enqueued_to_ms, span.last) < unsettled_from]

@@ -217,7 +217,7 @@ class SparkBatch:
         # version must lie above theirs (rows of an older checkpoint with the same batch id only raise it).
         this_batch = tables.read_table(self.spark, storage.audit_table).where(F.col("batch_id") == self.batch_id).count()
         dead_letters = tuple(collect_dead_letters(recorded)) if aggregate.total(Outcome.DEAD_LETTERED) else ()
-        return Recovery(checkpoint, aggregate.spans, dead_letters, this_batch, aggregate.held)
+        return Recovery(checkpoint, aggregate.spans, dead_letters, this_batch)
 
     def exclude(self, spans: Sequence[RecordedSpan]) -> None:
         if spans:

@@ -38,16 +38,19 @@ class SourceOptions:
     # Spark 4.0/4.1 have no read limits for Python sources: an available-now run is played with a
     # processing-time trigger, bounded windows, and a polite stop once the target is reached.
     emulate_available_now: bool = False
+    # Backlog queues where earlier runs left messages for skipped destinations (restore.skip_destinations):
+    # the run's first window of each starts at the queue's first message (see ``planning``).
+    look_back: tuple[str, ...] = ()
 
     @classmethod
     def from_config(cls, config: SyphonConfig, *, stop_file: str | None = None,
-                    emulate_available_now: bool = False) -> SourceOptions:
+                    emulate_available_now: bool = False, look_back: tuple[str, ...] = ()) -> SourceOptions:
         return cls(primary_namespace=config.primary.namespace, secondary=config.secondary,
                    queue_count=config.backlog.queue_count, discover=config.backlog.discover,
                    max_messages_per_trigger=config.run.max_messages_per_trigger,
                    idle_probe_max_seconds=config.run.idle_probe_max_seconds,
                    available_now=config.run.trigger == AVAILABLE_NOW, stop_file=stop_file,
-                   emulate_available_now=emulate_available_now)
+                   emulate_available_now=emulate_available_now, look_back=tuple(sorted(look_back)))
 
     @property
     def configured_queues(self) -> list[str]:
@@ -72,6 +75,8 @@ class SourceOptions:
             options["stopFile"] = self.stop_file
         if self.emulate_available_now:
             options["emulateAvailableNow"] = "true"
+        if self.look_back:
+            options["lookBack"] = "\n".join(self.look_back)  # queue names hold no newline
         return options
 
     @classmethod
@@ -92,7 +97,8 @@ class SourceOptions:
                    idle_probe_max_seconds=get("idleProbeMaxSeconds", cls.idle_probe_max_seconds, float),
                    available_now=get("availableNow", cls.available_now, _boolean),
                    stop_file=options.get("stopFile") or None,
-                   emulate_available_now=get("emulateAvailableNow", cls.emulate_available_now, _boolean))
+                   emulate_available_now=get("emulateAvailableNow", cls.emulate_available_now, _boolean),
+                   look_back=tuple(filter(None, (options.get("lookBack") or "").split("\n"))))
 
 
 def _boolean(text: str) -> bool:

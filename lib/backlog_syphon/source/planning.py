@@ -226,8 +226,9 @@ def plan_windows(start: Mapping[str, object], queues: Sequence[str], budget: int
     missing = set() if missing is None else missing
     offsets = {queue: QueueOffset() for queue in queues}
     offsets.update({queue: QueueOffset.parse(value) for queue, value in start.items()})
-    # Where a queue stays if no window moves it (never carrying a look-back: that belongs to one batch).
-    unmoved = {queue: dataclasses.replace(offset, reread_from=None) for queue, offset in offsets.items()}
+    # Where a queue stays if no window moves it: exactly its start, a look back included, so that Spark
+    # sees no change (and plans no empty batch) and ``windows`` no window for it.
+    unmoved = dict(offsets)
     if target is not None:
         candidates = [queue for queue in offsets if queue in target]
     else:
@@ -328,7 +329,7 @@ class WindowPlanner:
     """
 
     def __init__(self, probe_for: Callable[[str], Probe], *, max_messages: int, available_now: bool,
-                 idle_probe_max_seconds: float):
+                 idle_probe_max_seconds: float, look_back: Collection[str] = ()):
         self.probe_for = probe_for
         self.max_messages = max_messages
         self.available_now = available_now
@@ -337,7 +338,11 @@ class WindowPlanner:
         self.last_end: dict[str, dict] | None = None  # Spark 4.0/4.1 ask for the latest offset without a start
         self.tails: dict[str, int] = {}  # queue -> end of what was in it when last probed
         self.missing: set[str] = set()  # configured queues that do not exist (warned about once)
-        self.looked_back: set[str] = set()  # queues this run has planned once (and so looked back at)
+        # Queues where earlier runs held messages for skipped destinations: looked back at once, when this
+        # run first plans them (``looked_back``). Only those: a look back elsewhere would only re-read
+        # recorded messages the purge has not settled yet.
+        self.look_back = frozenset(look_back)
+        self.looked_back: set[str] = set()
 
     @staticmethod
     def initial_offset(queues: Sequence[str]) -> dict[str, dict]:
@@ -376,7 +381,7 @@ class WindowPlanner:
         if stopping:
             return normalise_offsets(start)
         plan = plan_windows(start, queues, budget, self.probe_for, backoff=self.backoff, now=now, target=self.target,
-                            missing=self.missing, look_back=set(queues) - self.looked_back)
+                            missing=self.missing, look_back=self.look_back - self.looked_back)
         self.looked_back.update(plan.looked)
         for queue in plan.restarted:
             self.tails.pop(queue, None)
@@ -411,10 +416,13 @@ class WindowPlanner:
 
 def windows(start: Mapping[str, object], end: Mapping[str, object]) -> list[tuple[str, int, int]]:
     """``(queue, first, stop)`` of every queue with something between ``start`` and ``end``, by queue.
-    A queue whose incarnation changed is read from its beginning; an end with ``reread_from`` from there."""
+    A queue whose incarnation changed is read from its beginning; one whose end offset changed and
+    carries ``reread_from`` (a look back) from there."""
     planned = []
     for queue, value in sorted(end.items()):
         stop, begin = QueueOffset.parse(value), QueueOffset.parse(start.get(queue, 0))
+        if stop == begin:
+            continue  # unmoved (a look back it carries belonged to the batch that ended there)
         first = begin.next if begin.incarnation == stop.incarnation else 0
         if stop.reread_from is not None and begin.incarnation == stop.incarnation:
             first = stop.reread_from  # a look back at what earlier runs left below the offset

@@ -157,6 +157,19 @@ def recorded_unsettled(spark: SparkSession, audit_table: str, checkpoint: dict[s
     return audit.where(above)
 
 
+def queues_with_held(spark: SparkSession, audit_table: str, checkpoint: dict[str, CheckpointRow]) -> list[str]:
+    """Backlog queues where a run left messages for skipped destinations (``Outcome.HELD``) that may still
+    be there: held rows above the purge marks (a mark never passes a held message, see
+    ``sink.bookkeeping.mark_purged``). A run looks back at these queues once, to send them or hold them again."""
+    from backlog_syphon.model import Outcome
+
+    recorded = recorded_unsettled(spark, audit_table, checkpoint)
+    if recorded is None:
+        return []
+    held = recorded.where(F.col("outcome") == Outcome.HELD.value).select("backlog_queue").distinct()
+    return sorted(row["backlog_queue"] for row in held.collect())
+
+
 def append_audit(audit_table: str, outcomes: DataFrame, app_id: str, version: int) -> None:
     """Append a batch's outcome rows (written by the executors); the same ``version`` twice appends once.
 
