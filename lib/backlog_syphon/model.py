@@ -36,8 +36,9 @@ class Outcome(StrEnum):
     # send round ran out of lease). It stays in the backlog, untouched, and the batch's replay sends it.
     UNSENT = "unsent"
     # Not a final outcome either: its destination is in ``restore.skip_destinations``, so it was not sent
-    # and is not settled. It stays in the backlog, untouched; the next run reads it again (a run
-    # re-reads each backlog queue from its head once, when it starts) and, without the skip, sends it.
+    # and is not settled. It stays in the backlog, untouched; the next run reads it again (a run re-reads
+    # from its head, once, each backlog queue where the audit shows held messages) and, without the skip,
+    # sends it.
     # Unlike UNSENT it does not fail the batch: it is what the operator asked for.
     HELD = "held"
 

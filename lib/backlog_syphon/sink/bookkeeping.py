@@ -13,7 +13,8 @@ purge needs. The rules:
 - when a purge could not settle everything, what is left is counted again (peeked) next time;
 - where messages were held for skipped destinations is kept per queue for the whole run (one
   merged ``HeldSpan``): they stay in the backlog, so every purge of that queue meets them again
-  and must pass over them rather than stop.
+  and must pass over them rather than stop; and the purge mark never passes them, so the next run
+  finds their audit rows above it and reads those queues again.
 """
 
 from __future__ import annotations

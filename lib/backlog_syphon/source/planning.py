@@ -13,10 +13,10 @@ its first message; one below the offset that entered the backlog after every mes
 far cannot belong to the same incarnation, so the queue was recreated: its offset starts again
 from the beginning, in a new incarnation. A queue that does not exist is skipped with one warning.
 
-A run looks back once: the first time it plans a queue, a message below the offset that belongs to
-the same incarnation (older than what was read) was left there on purpose, held for a destination
-in ``restore.skip_destinations`` (or recorded and not yet settled): that window starts at the queue's
-first message instead (``QueueOffset.reread_from``), so a run without the skip delivers what an
+A run looks back once at each queue where earlier runs held messages for a destination in
+``restore.skip_destinations`` (the run finds them in the audit and passes them as ``look_back``): the
+first time it plans such a queue, if its first message lies below the offset in the same incarnation,
+that window starts there (``QueueOffset.reread_from``), so a run without the skip delivers what an
 earlier run held, and the sink drops, by identity, what is already recorded. A continuous run looks
 back only when it starts: what it holds later waits for the next run.
 
