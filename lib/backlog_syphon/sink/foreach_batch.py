@@ -40,9 +40,9 @@ from pyspark.sql import functions as F
 from backlog_syphon.config import SyphonConfig
 from backlog_syphon.errors import BatchFailedError
 from backlog_syphon.model import (
+    REPORTED_OUTCOMES,
     Action,
     BatchStats,
-    REPORTED_OUTCOMES,
     CheckpointRow,
     DeadLetterOrder,
     HeldSpan,
@@ -278,9 +278,9 @@ def aggregate_outcomes(outcomes: DataFrame) -> BatchAggregate:
     groups = _group_outcomes(outcomes.withColumn("island", F.lit(0)))
     if any(not Outcome(group["outcome"]).is_final for group in groups):
         order = Window.partitionBy("run_id", "batch_id", "backlog_queue").orderBy("sequence_number", "enqueued_time")
-        unsent = F.col("outcome").isin([outcome.value for outcome in Outcome if not outcome.is_final]).cast("long")
+        not_final = F.col("outcome").isin([outcome.value for outcome in Outcome if not outcome.is_final]).cast("long")
         groups = _group_outcomes(outcomes.withColumn(
-            "island", F.sum(unsent).over(order.rowsBetween(Window.unboundedPreceding, 0))))
+            "island", F.sum(not_final).over(order.rowsBetween(Window.unboundedPreceding, 0))))
     return combine_groups(groups)
 
 
