@@ -15,6 +15,12 @@
 # MAGIC With `conf/databricks.yaml` the notebook uses the same tables and streaming checkpoint as the bundle's
 # MAGIC jobs: pause their schedule (or let the running one finish) before replaying from here.
 # MAGIC
+# MAGIC **Re-drive dead-letters**: set `source` to `dead_letters` to read the backlog queues' dead-letter
+# MAGIC sub-queues instead (what the syphon, or the broker, dead-lettered), with the `redrive_*` filters. The dry
+# MAGIC run then shows what would move per destination and dead-letter reason; `replay` = `yes` moves it. What
+# MAGIC is not selected, or still cannot be delivered, stays in the dead-letter queue (see docs/running.md,
+# MAGIC "Re-driving dead-lettered messages").
+# MAGIC
 # MAGIC Outside Databricks the widgets take their defaults (or `SYPHON_WIDGET_<NAME>` variables):
 # MAGIC `python notebooks/replay_backlog.py` from the repository root.
 
@@ -53,6 +59,14 @@ params = widget_values([
     Widget("secondary_connection", "", "Secondary connection (secret:scope/key or env:VAR; blank: config)"),
     Widget("max_messages_per_trigger", "", "Messages per micro-batch (blank: config)"),
     Widget("ttl_policy", "config", "TTL policy", ("config", "remaining", "restart")),
+    Widget("source", "backlog", "Read the backlog, or re-drive its dead-letters", ("backlog", "dead_letters")),
+    Widget("redrive_reason_codes", "", "Re-drive: syphon reason codes (comma-separated; blank: any)"),
+    Widget("redrive_dead_letter_reasons", "", "Re-drive: broker dead-letter reasons, e.g. MaxDeliveryCountExceeded"),
+    Widget("redrive_destinations", "", "Re-drive: destinations (comma-separated; blank: any)"),
+    Widget("redrive_enqueued_after", "", "Re-drive: entered the backlog at or after (ISO 8601, with zone)"),
+    Widget("redrive_enqueued_before", "", "Re-drive: entered the backlog before (ISO 8601, with zone)"),
+    Widget("redrive_retry_dead_lettered", "no", "Re-drive: retry what an earlier re-drive dead-lettered again",
+           ("no", "yes")),
     Widget("replay", "no", "Replay after the dry run", ("no", "yes")),
 ])
 overrides = {"run.trigger": "available_now"}
@@ -63,22 +77,33 @@ for widget, key in [("primary_namespace", "primary.namespace"), ("primary_connec
         overrides[key] = params[widget].strip()
 if params["ttl_policy"] != "config":
     overrides["restore.ttl_policy"] = params["ttl_policy"]
+if params["source"] == "dead_letters":
+    overrides["run.source"] = "dead_letters"
+    for key in ("reason_codes", "dead_letter_reasons", "destinations", "enqueued_after", "enqueued_before"):
+        if params[f"redrive_{key}"].strip():
+            overrides[f"redrive.{key}"] = params[f"redrive_{key}"].strip()
+    if params["redrive_retry_dead_lettered"] == "yes":
+        overrides["redrive.retry_dead_lettered"] = "true"
 config = load_config(find_repo_file(params["config"]), overrides=overrides)
 spark = build_spark_session("backlog-syphon-replay")
-print(f"primary namespace {config.primary.namespace}; {config.backlog.queue_count} backlog queues; "
+print(f"primary namespace {config.primary.namespace}; {config.backlog.queue_count} backlog queues"
+      f"{' (re-drive of their dead-letter sub-queues)' if config.redriving else ''}; "
       f"audit table {config.storage.audit_table}")
 
 # COMMAND ----------
 
 # MAGIC %md
 # MAGIC ## Dry run: what would move
-# MAGIC Peeks every backlog queue and attaches (without sending) to every destination. Nothing changes.
+# MAGIC Peeks every backlog queue (or, re-driving, every dead-letter sub-queue) and attaches (without sending) to
+# MAGIC every destination. Nothing changes. A re-drive's plan comes per destination and dead-letter reason.
 
 # COMMAND ----------
 
 plan = dry_run(spark, config)
 print("\n".join(plan.lines()))
-if plan.per_destination:
+if plan.per_reason:
+    show(spark.createDataFrame(plan.per_reason), notebook_display)
+elif plan.per_destination:
     show(spark.createDataFrame(plan.per_destination), notebook_display)
 
 # COMMAND ----------

@@ -22,3 +22,32 @@ def spark():
     session = build_spark_session("backlog-syphon-tests", extra_conf={"spark.ui.enabled": "false"})
     yield session
     session.stop()
+
+
+# The suite runs on two pytest-xdist workers (``make test``: ``--dist worksteal``), which take tests
+# in collection order and steal from each other's tail. The tests that start Spark jobs go first,
+# the longest (as measured in a ``--durations`` run) at the very front, so that the run ends on
+# short tests instead of one long test keeping one worker busy while the other idles.
+LONGEST_FIRST = (
+    "test_spark_connect.py::",
+    "test_lease_under_starvation",
+    "test_timeout_during_a_send",
+    "test_documented_spark_submit_line",
+    "test_many_small_batches",
+    "test_recreated_backlog_queues",
+    "test_documented_walkthrough",
+    "test_a_kill_in_the_middle_of_the_sends",
+    "test_a_deleted_streaming_checkpoint",
+    "test_sigterm_during_a_send",
+    "test_notebook_replays",
+)
+
+
+def pytest_collection_modifyitems(config, items):
+    def rank(item) -> int:
+        for index, name in enumerate(LONGEST_FIRST):
+            if name in item.nodeid:
+                return index
+        return len(LONGEST_FIRST) + (0 if "integration" in item.path.parts else 1)
+
+    items.sort(key=rank)  # stable: the rest keep their order

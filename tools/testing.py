@@ -26,52 +26,78 @@ def expected_arrivals(originals) -> collections.Counter:
     return expected
 
 
-def drain_destinations(client, entities: Iterable[str], *, session_entities: Iterable[str] = (),
+def drain_destinations(connection_string: str, entities: Iterable[str], *, session_entities: Iterable[str] = (),
                        settle_seconds: float = 0.0, max_wait_seconds: float = 0.5) -> dict[str, list]:
     """Receive and delete everything in each entity: entity -> received messages, in arrival order.
 
-    ``client`` is a ``ServiceBusClient`` of the primary namespace. An entity is a queue or
-    ``topic/subscription``; those in ``session_entities`` are drained session after session (each
-    session's messages together, in order). ``settle_seconds``: keep receiving at least that long
+    ``connection_string`` is the primary namespace's. An entity is a queue or ``topic/subscription``;
+    those in ``session_entities`` are drained session by session (each session's messages together,
+    in order; see ``_drain_sessions``). ``settle_seconds``: keep receiving at least that long
     (scheduled messages appear a little later).
     """
-    from azure.servicebus import NEXT_AVAILABLE_SESSION, ServiceBusReceiveMode
-    from azure.servicebus.exceptions import OperationTimeoutError
+    from azure.servicebus import ServiceBusClient, ServiceBusReceiveMode
 
     mode = ServiceBusReceiveMode.RECEIVE_AND_DELETE
     sessions = set(session_entities)
     received: dict[str, list] = {}
-    for entity in entities:
-        messages = received[entity] = []
-        topic, _, subscription = entity.partition("/")
-        if entity in sessions:
-            while True:
-                try:
-                    with client.get_queue_receiver(entity, session_id=NEXT_AVAILABLE_SESSION, receive_mode=mode,
-                                                   max_wait_time=2) as receiver:
-                        while batch := receiver.receive_messages(max_message_count=200,
-                                                                 max_wait_time=max_wait_seconds):
-                            messages.extend(batch)
-                except OperationTimeoutError:  # no session left with messages
-                    break
-            continue
-        receiver = (client.get_subscription_receiver(topic, subscription, receive_mode=mode, prefetch_count=0)
-                    if subscription else client.get_queue_receiver(entity, receive_mode=mode, prefetch_count=0))
-        with receiver:
-            deadline = time.monotonic() + settle_seconds
-            for _ in range(10_000):  # bounded: far more rounds than messages / 200
-                batch = receiver.receive_messages(max_message_count=200, max_wait_time=max_wait_seconds)
-                messages.extend(batch)
-                if not batch and time.monotonic() >= deadline:
-                    break
+    with ServiceBusClient.from_connection_string(connection_string, retry_total=1) as client:
+        for entity in entities:
+            if entity in sessions:
+                received[entity] = _drain_sessions(connection_string, entity)
+                continue
+            messages = received[entity] = []
+            topic, _, subscription = entity.partition("/")
+            receiver = (client.get_subscription_receiver(topic, subscription, receive_mode=mode, prefetch_count=0)
+                        if subscription else client.get_queue_receiver(entity, receive_mode=mode, prefetch_count=0))
+            with receiver:
+                deadline = time.monotonic() + settle_seconds
+                for _ in range(10_000):  # bounded: far more rounds than messages / 200
+                    batch = receiver.receive_messages(max_message_count=200, max_wait_time=max_wait_seconds)
+                    messages.extend(batch)
+                    if not batch and time.monotonic() >= deadline:
+                        break
     return received
 
 
-def received_counts(client, entities: Iterable[str], *, session_entities: Iterable[str] = ("sessions-orders",),
+SESSION_DRAINERS = 6
+
+
+def _drain_sessions(connection_string: str, queue: str) -> list:
+    """Every message of a session-enabled queue, each session's together and in order.
+
+    Accepting a session and closing it again costs about a second of the SDK's link handshakes, so
+    several receivers take the next available session at once, each with a client of its own (a
+    client is not shared between threads) that does not retry: a receiver ends when no session is
+    left to accept within a second.
+    """
+    from concurrent.futures import ThreadPoolExecutor
+
+    from azure.servicebus import NEXT_AVAILABLE_SESSION, ServiceBusClient, ServiceBusReceiveMode
+    from azure.servicebus.exceptions import OperationTimeoutError
+
+    def drain(_: int) -> list:
+        messages: list = []
+        with ServiceBusClient.from_connection_string(connection_string, retry_total=0) as client:
+            while True:
+                try:
+                    with client.get_queue_receiver(queue, session_id=NEXT_AVAILABLE_SESSION, max_wait_time=1,
+                                                   receive_mode=ServiceBusReceiveMode.RECEIVE_AND_DELETE) as receiver:
+                        while batch := receiver.receive_messages(max_message_count=200, max_wait_time=0.3):
+                            messages.extend(batch)
+                except OperationTimeoutError:  # no session left with messages
+                    return messages
+
+    with ThreadPoolExecutor(max_workers=SESSION_DRAINERS, thread_name_prefix="drain-sessions") as pool:
+        return [message for drained in pool.map(drain, range(SESSION_DRAINERS)) for message in drained]
+
+
+def received_counts(connection_string: str, entities: Iterable[str], *,
+                    session_entities: Iterable[str] = ("sessions-orders",),
                     settle_seconds: float = 1.0) -> collections.Counter:
     """Drain each entity (``drain_destinations``) and count what arrived; ``sessions-orders`` of
     ``conf/emulator.yaml`` is the session-enabled one."""
-    drained = drain_destinations(client, entities, session_entities=session_entities, settle_seconds=settle_seconds)
+    drained = drain_destinations(connection_string, entities, session_entities=session_entities,
+                                 settle_seconds=settle_seconds)
     return collections.Counter({entity: len(messages) for entity, messages in drained.items()})
 
 

@@ -167,6 +167,39 @@ def test_namespace_wide_quota_refuses_every_entity(client, new_queue, emulator):
     assert emulator.stats("contoso")[q]["total"] == 1
 
 
+def test_throttled_sends_answer_server_busy_on_an_attached_link(emulator, new_queue):
+    """``mode="throttled"``: the exact condition the SDK maps to ServiceBusServerBusyError, on sends only;
+    the sender stays attached and its next send after ``set_available`` goes through."""
+    from servicebus_emulator.server import SEND_REFUSALS
+
+    assert SEND_REFUSALS["throttled"][0] == "com.microsoft:server-busy"
+    q = new_queue()
+    # no SDK retries: each send_messages is one transfer, so the counts below are exact
+    with ServiceBusClient.from_connection_string(emulator.connection_string("contoso"), retry_total=0) as client:
+        _send(client, q, "before")
+        with client.get_queue_sender(q) as s:
+            s.send_messages(ServiceBusMessage("attached first"))
+            attaches = emulator.stats("contoso")[q]["ops"]["attach"]
+            emulator.set_unavailable("contoso", mode="throttled")
+            try:
+                with pytest.raises(ServiceBusServerBusyError, match="throttled"):
+                    s.send_messages(ServiceBusMessage("single"))
+                batch = s.create_message_batch()
+                batch.add_message(ServiceBusMessage("batched"))
+                with pytest.raises(ServiceBusServerBusyError):
+                    s.send_messages(batch)
+                with client.get_queue_receiver(q) as r:                # peeks (management) go on
+                    assert [str(m) for m in r.peek_messages(max_message_count=10)] == ["before", "attached first"]
+                with client.get_topic_sender("events") as t, pytest.raises(ServiceBusServerBusyError):
+                    t.send_messages(ServiceBusMessage("topic"))          # every entity of the namespace
+            finally:
+                emulator.set_available("contoso")
+            s.send_messages(ServiceBusMessage("after"))                  # the same link, no re-attach
+            st = emulator.stats("contoso")[q]
+            assert st["ops"]["attach"] == attaches + 1                   # the peeking receiver's only
+    assert (st["in"], st["total"], st["ops"]["send"]) == (3, 3, 5)
+
+
 # ---- peek pages ----------------------------------------------------------------------------------
 
 def test_peek_fault_empty_page(client, queue, emulator):

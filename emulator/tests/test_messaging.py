@@ -252,3 +252,34 @@ def test_secondary_namespace_backlog_queue(emulator):
             (m,) = r.peek_messages(max_message_count=1)
             assert m.application_properties[b"x-ms-path"] == b"orders"
     assert emulator.stats("contoso-secondary")["contoso/x-servicebus-transfer/0"]["total"] == 1
+
+
+def test_a_dead_letter_sub_queue_addressed_by_its_path_peeks_from_a_sequence_number_receives_and_releases(
+        client, queue, emulator):
+    """What a re-drive of the syphon needs: ``<queue>/$DeadLetterQueue`` as an entity path (as the syphon
+    names it), each dead-lettered message keeping its sequence number and enqueue time, peeks from a
+    sequence number, and PeekLock receive + complete + release (a release counts no delivery)."""
+    for n in range(4):
+        _send(client, queue, ServiceBusMessage(f"m{n}"))
+    with client.get_queue_receiver(queue) as r:
+        received = r.receive_messages(max_message_count=4, max_wait_time=2)
+        original = {m.sequence_number: m.enqueued_time_utc for m in received}
+        for m in received:
+            r.dead_letter_message(m, reason="destination_not_found", error_description="no such queue")
+    dead_letters = f"{queue}/$DeadLetterQueue"
+    with client.get_queue_receiver(dead_letters) as dlq:
+        peeked = dlq.peek_messages(max_message_count=10, sequence_number=min(original) + 2)
+        assert [m.sequence_number for m in peeked] == sorted(original)[2:]
+        assert {m.sequence_number: m.enqueued_time_utc for m in peeked} == {
+            seq: original[seq] for seq in sorted(original)[2:]}
+        got = dlq.receive_messages(max_message_count=4, max_wait_time=2)
+        assert [m.sequence_number for m in got] == sorted(original)
+        assert {m.dead_letter_reason for m in got} == {"destination_not_found"}
+        dlq.complete_message(got[1])
+        for m in got[:1] + got[2:]:
+            dlq._handler.settle_messages(m._delivery_id, m._delivery_tag, "released")  # as the syphon's purge does
+    with client.get_queue_receiver(queue, sub_queue=ServiceBusSubQueue.DEAD_LETTER) as dlq:
+        left = dlq.peek_messages(max_message_count=10)
+        assert [m.sequence_number for m in left] == [seq for i, seq in enumerate(sorted(original)) if i != 1]
+        assert {m.delivery_count for m in left} == {0}
+    assert emulator.stats("contoso")[queue]["dead_letter_count"] == 3

@@ -6,7 +6,8 @@ console with ``--verbose``.
 
 Exit codes: 0 done (or stopped on request), 1 a batch failed (nothing lost: the next run resumes
 from the tables), 2 a setting is wrong (configuration, credentials, endpoint, rights), 3 another run
-holds the backlog, 4 an available-now run ended with messages left in the backlog.
+holds the backlog, 4 an available-now run ended with messages left in the backlog (never a re-drive,
+``--redrive-dead-letters``, which leaves what it does not select or cannot deliver by design).
 
 Signals: the first SIGTERM or SIGINT (a cancelled job, YARN or Kubernetes stopping the driver,
 Ctrl-C) stops the run at the next batch boundary: the batch in flight is recorded and purged, and
@@ -25,6 +26,7 @@ import threading
 
 import backlog_syphon
 from backlog_syphon.config import AVAILABLE_NOW, ConfigError, parse_overrides
+from backlog_syphon.model import RunSource
 from backlog_syphon.run.host import load_config
 
 from backlog_syphon.errors import (  # noqa: F401 - the exit codes are part of this module's interface
@@ -47,6 +49,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="override a config key (repeatable), e.g. --set run.trigger='10 seconds'")
     parser.add_argument("--dry-run", action="store_true",
                         help="peek the backlog and report what a replay would do; change nothing")
+    parser.add_argument("--redrive-dead-letters", action="store_true",
+                        help="re-drive the backlog queues' dead-letter sub-queues (run.source=dead_letters), "
+                             "filtered by the redrive.* settings; with --dry-run, show what would move")
     parser.add_argument("--remote", default=None, metavar="sc://HOST:PORT",
                         help="run over Spark Connect (default: the SPARK_REMOTE variable, if set)")
     parser.add_argument("--timeout", type=float, default=None, help="stop a continuous run after this many seconds")
@@ -124,13 +129,18 @@ def main(argv: list[str] | None = None) -> int:
     log_file = args.log_file or os.path.join(tempfile.gettempdir(), f"backlog-syphon-{os.getpid()}.log")
     configure_logging(args.log_level, log_file, args.verbose)
     try:
-        config = load_config(args.config, overrides=parse_overrides(args.set))
+        overrides = parse_overrides(args.set)
+        if args.redrive_dead_letters:
+            overrides["run.source"] = RunSource.DEAD_LETTERS.value
+        config = load_config(args.config, overrides=overrides)
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_SETTINGS
 
     from backlog_syphon.servicebus.probes import preflight
+    from backlog_syphon.timeline import Milestone, Timeline
 
+    timeline = Timeline()
     stopper = StopOnSignal()
     stopper.install()
 
@@ -153,6 +163,7 @@ def main(argv: list[str] | None = None) -> int:
 
     logger.info("backlog-syphon library from %s; log file %s", os.path.dirname(backlog_syphon.__file__), log_file)
     spark = build_spark_session(verbose=args.verbose, remote=args.remote)
+    timeline.mark(Milestone.SPARK_READY)
     checking.join()
     try:
         if args.dry_run:
@@ -160,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
             return EXIT_OK
         progress = None if args.quiet else (lambda line: print(line, file=sys.stderr, flush=True))
         summary = run_syphon(spark, config, timeout_seconds=args.timeout, on_progress=progress, check_access=False,
-                             on_start=stopper.attach)
+                             on_start=stopper.attach, timeline=timeline)
     except SyphonError as exc:  # the run's own errors carry their exit code and their one line
         logger.debug("the run failed", exc_info=True)
         return fail(closing_line(exc), log_file, exc.exit_code)
@@ -168,6 +179,8 @@ def main(argv: list[str] | None = None) -> int:
         logger.debug("the run failed", exc_info=True)
         return fail(closing_line(exc), log_file, EXIT_BATCH_FAILED)
     print("\n".join(summary.lines()))
+    if args.verbose:
+        print("\n".join(timeline.lines()))
     if stopper.requested:
         print("stopped on request at a batch boundary; the next run resumes from the tables", file=sys.stderr)
         return EXIT_OK

@@ -14,6 +14,7 @@ this module stays pure: it reads the file and the variables it is given, nothing
 from __future__ import annotations
 
 import dataclasses
+import datetime as dt
 import os
 import re
 from dataclasses import dataclass, field
@@ -23,7 +24,7 @@ from typing import Any, Callable, Mapping
 import yaml
 
 from backlog_syphon.errors import SettingsError
-from backlog_syphon.model import TtlPolicy
+from backlog_syphon.model import DEAD_LETTER_REASON_CODES, RunSource, TtlPolicy
 from backlog_syphon.restore.legacy_properties import entity_path_problem
 
 ENV_PREFIX = "SYPHON__"
@@ -122,6 +123,35 @@ class RunConfig:
     # as serverless on those versions), a run whose backlog spans more sequence numbers than this refuses
     # to start: one batch of everything makes the duplicate window the whole backlog.
     max_single_batch_messages: int = 100000
+    # What the run reads: the backlog queues, or their dead-letter sub-queues (a re-drive, filtered by
+    # the ``redrive`` section; ``jobs/syphon.py --redrive-dead-letters`` sets it).
+    source: str = RunSource.BACKLOG.value
+
+
+@dataclass(frozen=True)
+class RedriveConfig:
+    """Which dead-lettered messages a re-drive (``run.source: dead_letters``) sends again. Every filter
+    given must match (an empty one matches everything); what does not match stays where it is."""
+
+    reason_codes: tuple[str, ...] = ()  # the syphon's reason codes (model.DEAD_LETTER_REASON_CODES)
+    dead_letter_reasons: tuple[str, ...] = ()  # the broker's (or anyone's) DeadLetterReason, e.g. MaxDeliveryCountExceeded
+    destinations: tuple[str, ...] = ()  # the destination restored from x-ms-path
+    enqueued_after: str | None = None  # ISO 8601 with a time zone; entered the backlog at or after it
+    enqueued_before: str | None = None  # ... and before it
+    # An earlier re-drive dead-lettered a message again (it is still undeliverable): send it again only
+    # when asked, so repeated re-drives do not keep re-sending what keeps failing.
+    retry_dead_lettered: bool = False
+
+    @property
+    def enqueued_window(self) -> tuple[dt.datetime | None, dt.datetime | None]:
+        return (None if self.enqueued_after is None else dt.datetime.fromisoformat(self.enqueued_after),
+                None if self.enqueued_before is None else dt.datetime.fromisoformat(self.enqueued_before))
+
+    @property
+    def filters(self) -> bool:
+        """Whether any filter is set (a re-drive without one selects every dead-lettered message)."""
+        return bool(self.reason_codes or self.dead_letter_reasons or self.destinations or self.enqueued_after
+                    or self.enqueued_before)
 
 
 @dataclass(frozen=True)
@@ -142,6 +172,12 @@ class SinkConfig:
     max_retry_backoff_seconds: float = 30.0
     outage_wait_seconds: float = 600.0  # how long a batch waits for an unreachable primary before failing the run
     max_message_size_bytes: int = 256 * 1024  # Standard tier; 100 MB for Premium entities
+    # Sends to the primary per second, over all send tasks (0: no cap). A Standard namespace has about
+    # 1,000 credits a second for everyone, live producers included (docs/running.md, "Draining politely").
+    max_messages_per_second: float = 0.0
+    # After ServerBusy (or quota exceeded, or throttled) a task's rate is halved; it climbs back from
+    # the floor to its cap (or, with no cap, to where it was) over this many seconds of sending.
+    throttle_recovery_seconds: float = 30.0
 
 
 @dataclass(frozen=True)
@@ -153,6 +189,12 @@ class SyphonConfig:
     run: RunConfig = field(default_factory=RunConfig)
     restore: RestoreConfig = field(default_factory=RestoreConfig)
     sink: SinkConfig = field(default_factory=SinkConfig)
+    redrive: RedriveConfig = field(default_factory=RedriveConfig)
+
+    @property
+    def redriving(self) -> bool:
+        """Whether this run re-drives the backlog queues' dead-letter sub-queues (``run.source: dead_letters``)."""
+        return self.run.source == RunSource.DEAD_LETTERS
 
     def with_overrides(self, overrides: Mapping[str, str], origin: str = "--set") -> "SyphonConfig":
         """A copy with dotted ``section.key`` overrides applied and validated."""
@@ -170,6 +212,7 @@ _SECTIONS: dict[str, type] = {
     "run": RunConfig,
     "restore": RestoreConfig,
     "sink": SinkConfig,
+    "redrive": RedriveConfig,
 }
 _REQUIRED = ("primary.namespace", "storage.audit_table", "storage.checkpoint_table",
              "storage.checkpoint_location")
@@ -326,15 +369,19 @@ def _check_type(value: Any, annotation: str, where: str) -> Any:
         if isinstance(value, Mapping) and all(isinstance(k, str) and isinstance(v, str) for k, v in value.items()):
             return dict(value)
         expected = "a mapping of names to names, such as {old-name: new-name}"
-    elif annotation.startswith("tuple[str, ...]"):
-        if isinstance(value, str):  # a single name ("--set restore.skip_destinations=payments")
-            value = [value]
-        if isinstance(value, (list, tuple)) and all(isinstance(item, str) for item in value):
-            return tuple(value)
-        expected = "a list of names, such as [name-1, name-2]"
+    elif annotation.startswith("tuple[str"):
+        # A YAML list, or one text (from --set or a variable) with the items separated by commas.
+        items = [item.strip() for item in value.split(",")] if isinstance(value, str) else value
+        if isinstance(items, (list, tuple)) and all(isinstance(item, str) for item in items):
+            return tuple(item for item in items if item)
+        expected = "a list of texts (in YAML [a, b], or a,b)"
     elif annotation.startswith("str"):
         if isinstance(value, str):
             return value
+        if isinstance(value, dt.datetime):  # YAML reads an ISO 8601 time as one
+            if value.tzinfo is None:
+                raise ConfigError(f"{where}: a time needs its time zone, e.g. 2026-11-26T10:00:00Z")
+            return value.isoformat()
         expected = "text"
     elif annotation == "bool":
         if isinstance(value, bool):
@@ -382,7 +429,48 @@ def _validate(config: SyphonConfig, origin: str) -> None:
                           f"got '{config.restore.ttl_policy}'")
     if config.sink.max_send_attempts < 1:
         raise ConfigError(f"{origin}: sink.max_send_attempts must be at least 1")
+    if config.sink.max_messages_per_second < 0:
+        raise ConfigError(f"{origin}: sink.max_messages_per_second must be 0 (no cap) or more, "
+                          f"got {config.sink.max_messages_per_second:g}")
+    if config.sink.throttle_recovery_seconds <= 0:
+        raise ConfigError(f"{origin}: sink.throttle_recovery_seconds must be more than 0, "
+                          f"got {config.sink.throttle_recovery_seconds:g}")
     _validate_routing(config.restore, origin)
+    _validate_redrive(config, origin)
+
+
+def _validate_redrive(config: SyphonConfig, origin: str) -> None:
+    if config.run.source not in set(RunSource):
+        raise ConfigError(f"{origin}: run.source must be one of {', '.join(RunSource)}, got '{config.run.source}'")
+    redrive = config.redrive
+    if not config.redriving:
+        if redrive != RedriveConfig():
+            raise ConfigError(f"{origin}: redrive.* settings apply to a re-drive only: set run.source: dead_letters "
+                              f"(jobs/syphon.py --redrive-dead-letters) or remove them")
+        return
+    if config.run.trigger != AVAILABLE_NOW:
+        raise ConfigError(f"{origin}: a re-drive (run.source: dead_letters) reads what the dead-letter queues hold when "
+                          f"it starts: run.trigger must be 'available_now', got '{config.run.trigger}'")
+    unknown = [code for code in redrive.reason_codes if code not in DEAD_LETTER_REASON_CODES]
+    if unknown:
+        raise ConfigError(f"{origin}: redrive.reason_codes: unknown reason code '{unknown[0]}'; the syphon dead-letters "
+                          f"with {', '.join(DEAD_LETTER_REASON_CODES)} (the broker's own reasons, such as "
+                          f"MaxDeliveryCountExceeded, go in redrive.dead_letter_reasons)")
+    for key in ("enqueued_after", "enqueued_before"):
+        text = getattr(redrive, key)
+        if text is None:
+            continue
+        try:
+            parsed = dt.datetime.fromisoformat(text)
+        except ValueError:
+            raise ConfigError(f"{origin}: redrive.{key} must be an ISO 8601 time such as 2026-11-26T10:00:00Z, "
+                              f"got '{text}'") from None
+        if parsed.tzinfo is None:
+            raise ConfigError(f"{origin}: redrive.{key} needs its time zone, e.g. 2026-11-26T10:00:00Z")
+    after, before = redrive.enqueued_window
+    if after is not None and before is not None and after >= before:
+        raise ConfigError(f"{origin}: redrive.enqueued_after ({redrive.enqueued_after}) must lie before "
+                          f"redrive.enqueued_before ({redrive.enqueued_before})")
 
 
 def _validate_routing(restore: RestoreConfig, origin: str) -> None:

@@ -24,6 +24,14 @@ class Action(StrEnum):
     # Its destination is in ``restore.skip_destinations``: not sent, not settled, left in the backlog for a
     # later run. Not SKIP: a ping is done with, a held message is not.
     HOLD = "hold"
+    # Re-drive only: the message is not sent and stays in the dead-letter sub-queue, untouched (the
+    # re-drive's filters did not select it, or an earlier re-drive dead-lettered it again).
+    LEAVE = "leave"
+
+    @property
+    def stays(self) -> bool:
+        """Whether the message is left where it is on purpose (not sent, not settled): ``Outcome.stays``."""
+        return self in (Action.HOLD, Action.LEAVE)
 
 
 class Outcome(StrEnum):
@@ -35,21 +43,32 @@ class Outcome(StrEnum):
     # Not a final outcome: the message was not sent (its destination stayed unavailable, or the
     # send round ran out of lease). It stays in the backlog, untouched, and the batch's replay sends it.
     UNSENT = "unsent"
-    # Not a final outcome either: its destination is in ``restore.skip_destinations``, so it was not sent
-    # and is not settled. It stays in the backlog, untouched; the next run reads it again (a run re-reads
-    # from its head, once, each backlog queue where the audit shows held messages) and, without the skip,
-    # sends it.
-    # Unlike UNSENT it does not fail the batch: it is what the operator asked for.
+    # Not a final outcome either: its destination is in ``restore.skip_destinations`` (``Action.HOLD``), so
+    # it was not sent and is not settled. It stays in the backlog, untouched; the next run reads it again (a
+    # run re-reads from its head, once, each backlog queue where the audit shows held messages) and, without
+    # the skip, sends it.
     HELD = "held"
+    # Not a final outcome either (re-drive only): the message was seen and deliberately left in the
+    # dead-letter sub-queue (``Action.LEAVE``); the rows tell the audit what the re-drive saw and left.
+    NOT_SELECTED = "not_selected"
 
     @property
     def is_final(self) -> bool:
-        return self not in (Outcome.UNSENT, Outcome.HELD)
+        return self not in (Outcome.UNSENT, *STAYING_OUTCOMES)
+
+    @property
+    def stays(self) -> bool:
+        """Left where it is on purpose (HELD, NOT_SELECTED). Like UNSENT rows these cut the recorded spans, so
+        no purge settles the message (it passes over it); unlike UNSENT they do not fail the batch: they are
+        what the operator asked for."""
+        return self in STAYING_OUTCOMES
 
 
+# The outcomes of messages left where they are on purpose (``Outcome.stays``): never sent, never settled.
+STAYING_OUTCOMES = (Outcome.HELD, Outcome.NOT_SELECTED)
 FINAL_OUTCOMES = tuple(outcome for outcome in Outcome if outcome.is_final)
-# What run summaries and progress count per destination: the final outcomes, and what was held for later.
-REPORTED_OUTCOMES = FINAL_OUTCOMES + (Outcome.HELD,)
+# What run summaries count per destination: the final outcomes, and what was left where it is on purpose.
+REPORTED_OUTCOMES = FINAL_OUTCOMES + STAYING_OUTCOMES
 
 
 class ReasonCode(StrEnum):
@@ -69,14 +88,35 @@ class ReasonCode(StrEnum):
     UNAUTHORIZED = "unauthorized"
     # transient: retried, never a final outcome
     DESTINATION_DISABLED = "destination_disabled"
-    QUOTA_EXCEEDED = "quota_exceeded"
     AUTHENTICATION_FAILED = "authentication_failed"
     TRANSIENT = "transient"
+    # throttling: the primary is over its capacity; the sender slows down (never a final outcome)
+    SERVER_BUSY = "server_busy"
+    QUOTA_EXCEEDED = "quota_exceeded"
+    THROTTLED = "throttled"
     # why a message is UNSENT
     DESTINATION_UNAVAILABLE = "destination_unavailable"  # refused or unreachable for all of sink.outage_wait_seconds
     ROUND_DEADLINE = "round_deadline"  # the send round ended before the lease could expire; the next round sends it
     # why a message is HELD
     DESTINATION_SKIPPED = "destination_skipped"  # restore.skip_destinations names its destination
+    # why a re-drive left a dead-lettered message where it is (NOT_SELECTED)
+    FILTERED_OUT = "filtered_out"  # the redrive.* filters do not select it
+    REDRIVEN_BEFORE = "redriven_before"  # an earlier re-drive dead-lettered it again (redrive.retry_dead_lettered)
+
+
+# The reason codes a syphon run writes as a message's dead-letter reason (``redrive.reason_codes`` picks among them).
+DEAD_LETTER_REASON_CODES = (
+    ReasonCode.MISSING_PATH, ReasonCode.INVALID_LEGACY_PROPERTY, ReasonCode.INVALID_DESTINATION,
+    ReasonCode.UNDECODABLE_MESSAGE, ReasonCode.EXPIRED_IN_BACKLOG, ReasonCode.MESSAGE_TOO_LARGE,
+    ReasonCode.RESTORE_FAILED, ReasonCode.DESTINATION_NOT_FOUND, ReasonCode.UNAUTHORIZED,
+)
+
+
+class RunSource(StrEnum):
+    """What a run reads (``run.source``)."""
+
+    BACKLOG = "backlog"  # the backlog queues themselves
+    DEAD_LETTERS = "dead_letters"  # their dead-letter sub-queues: a re-drive of what was dead-lettered
 
 
 class TtlPolicy(StrEnum):
@@ -121,8 +161,12 @@ class OutcomeRecord(TypedDict):
     time_to_live_ms: int | None  # TTL given to the re-sent message
     outcome_time: datetime  # delivered (or dead-letter decided) at
     attempts: Int32
+    # A re-drive's rows: why the broker (or the syphon) had dead-lettered the message it read from a
+    # dead-letter sub-queue (its DeadLetterReason and DeadLetterErrorDescription); null for backlog rows.
+    dead_letter_reason: str | None
+    dead_letter_error_description: str | None
     # The destination x-ms-path named when ``restore.destination_map`` renamed it (``destination`` is then
-    # the new name); null when the map did not apply. Last: columns are only ever appended to the table.
+    # the new name); null when the map did not apply. Columns are only ever appended to the table.
     original_destination: str | None
 
 
@@ -249,6 +293,51 @@ class Lease:
 
 
 @dataclass(frozen=True)
+class PacingStats:
+    """How a batch's send tasks paced their sends (``sink.pacing``): what the progress line shows.
+
+    Each task reports its own; ``merge`` adds them up (tasks run at once, so the time they spent
+    slowed down is the longest of theirs, not the sum).
+    """
+
+    sent: int = 0  # messages that went through
+    first_send_at: float | None = None  # epoch seconds
+    last_send_at: float | None = None
+    throttled: int = 0  # throttling answers (ServerBusy, quota exceeded, throttled)
+    slowed_seconds: float = 0.0  # how long the sends ran below their cap (or unlimited rate) because of them
+    rate_limit: float | None = None  # messages/s the tasks were allowed at their end (None: not limited)
+    cap: float | None = None  # the caps' shares, summed (None: no cap)
+    tasks: int = 0
+
+    @property
+    def send_rate(self) -> float | None:
+        """Messages per second from the first send to the last (None: too few sends to tell)."""
+        if self.first_send_at is None or self.last_send_at is None or self.last_send_at <= self.first_send_at:
+            return None
+        return self.sent / (self.last_send_at - self.first_send_at)
+
+    def merge(self, other: PacingStats) -> PacingStats:
+        if not other.tasks:
+            return self
+        if not self.tasks:
+            return other
+        return PacingStats(
+            self.sent + other.sent, _earliest(self.first_send_at, other.first_send_at),
+            _latest(self.last_send_at, other.last_send_at), self.throttled + other.throttled,
+            max(self.slowed_seconds, other.slowed_seconds),
+            None if self.rate_limit is None or other.rate_limit is None else self.rate_limit + other.rate_limit,
+            None if self.cap is None or other.cap is None else self.cap + other.cap, self.tasks + other.tasks)
+
+
+def _earliest(a: float | None, b: float | None) -> float | None:
+    return b if a is None else a if b is None else min(a, b)
+
+
+def _latest(a: float | None, b: float | None) -> float | None:
+    return b if a is None else a if b is None else max(a, b)
+
+
+@dataclass(frozen=True)
 class BatchStats:
     """What the sink did with one micro-batch (filled on the driver by the sink, read by the progress reports)."""
 
@@ -259,6 +348,9 @@ class BatchStats:
     send_seconds: float
     oldest_enqueued: dt.datetime | None  # oldest backlog enqueue time among the batch's messages
     held: int = 0  # left in the backlog for skipped destinations (``Outcome.HELD``)
+    # the send tasks' pacing (classic Spark; None over Spark Connect, where the executors' reports do not
+    # reach the client)
+    pacing: PacingStats | None = None
 
 
 # --- what the sink's delivery and the Service Bus senders exchange --------------------------------
@@ -273,6 +365,19 @@ class Outgoing:
     partition_key: str | None
 
 
+class SendFailureClass(StrEnum):
+    """How the sink handles a send error."""
+
+    FINAL = "final"  # these messages are dead-lettered (no such destination, not authorized, too large)
+    TRANSIENT = "transient"  # retried with back-off; counts against sink.max_send_attempts
+    # the primary is over its capacity (ServerBusy, quota exceeded, throttled): the task slows down and
+    # the destination waits; it does not count against sink.max_send_attempts
+    THROTTLED = "throttled"
+
+
+THROTTLING_REASONS = frozenset({ReasonCode.SERVER_BUSY, ReasonCode.QUOTA_EXCEEDED, ReasonCode.THROTTLED})
+
+
 @dataclass(frozen=True)
 class SendFailure:
     """How a send error is handled: retried (transient) or final for the messages concerned."""
@@ -280,6 +385,12 @@ class SendFailure:
     transient: bool
     reason_code: ReasonCode
     reason: str
+
+    @property
+    def failure_class(self) -> SendFailureClass:
+        if not self.transient:
+            return SendFailureClass.FINAL
+        return SendFailureClass.THROTTLED if self.reason_code in THROTTLING_REASONS else SendFailureClass.TRANSIENT
 
 
 class PartialSendError(Exception):

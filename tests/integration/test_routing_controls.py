@@ -77,8 +77,7 @@ def test_a_renamed_destination_gets_its_old_names_messages_and_a_skipped_one_wai
     assert first.held == {"payments": 7}
     assert first.per_destination["orders"][Outcome.DELIVERED] == 14
     assert sum(first.remaining.values()) == 7
-    with ServiceBusClient.from_connection_string(emulator.connection_string(PRIMARY)) as client:
-        received = drain_destinations(client, ["orders", "payments"])
+    received = drain_destinations(emulator.connection_string(PRIMARY), ["orders", "payments"])
     assert sorted(m.message_id for m in received["orders"]) == sorted(old_ids | new_ids)
     assert received["payments"] == []
     renamed = {m.message_id: m for m in received["orders"] if m.message_id in old_ids}
@@ -107,8 +106,7 @@ def test_a_renamed_destination_gets_its_old_names_messages_and_a_skipped_one_wai
     assert second.drained and sum(second.remaining.values()) == 0, second.lines()
     assert second.per_destination == {"payments": {**dict.fromkeys(second.per_destination["payments"], 0),
                                                    Outcome.DELIVERED: 7}}
-    with ServiceBusClient.from_connection_string(emulator.connection_string(PRIMARY)) as client:
-        received = drain_destinations(client, ["orders", "payments"])
+    received = drain_destinations(emulator.connection_string(PRIMARY), ["orders", "payments"])
     assert sorted(m.message_id for m in received["payments"]) == sorted(pay_ids)
     assert [m.message_id for m in received["payments"] if m.message_id.startswith("pay-") and m.message_id != "pay-q1"
             ] == [f"pay-{i}" for i in range(6)]  # in backlog order

@@ -28,7 +28,8 @@ def test_tables_are_created_by_their_first_write_with_stable_schemas(spark, tmp_
     assert tables.recorded_unsettled(spark, audit, {}) is None
     now = dt.datetime(2026, 11, 26, tzinfo=dt.timezone.utc)
     now_ms = int(now.timestamp() * 1000)
-    outcome = ("r", 0, "q0", 5, "m-5", "orders", None, "delivered", None, None, 10, now, None, None, now, 1, None)
+    outcome = ("r", 0, "q0", 5, "m-5", "orders", None, "delivered", None, None, 10, now, None, None, now, 1, None, None,
+               None)
     for version in (0, 0, 1):  # the repeat of version 0 appends nothing
         tables.append_audit(audit, spark.createDataFrame([outcome], OUTCOME_ROW_SCHEMA), "app", version)
     rows = [CheckpointRow("q0", 1, 5, now_ms, 0, None, 1, "r", now, 1, 0, 0)]
@@ -67,12 +68,32 @@ def test_a_checkpoint_table_of_an_older_version_reads_and_is_rewritten_with_toda
     old.write.format("delta").save(checkpoint)
     read = tables.read_checkpoint(spark, checkpoint)
     assert read == {"q0": CheckpointRow("q0", 1, 9, None, 4, None, 3, "r", now, 9, 0, 0)}
-    tables.create_tables(spark, str(tmp_path / "audit"), checkpoint, str(tmp_path / "lease"))  # adds the columns
+    audit, lease = str(tmp_path / "audit"), str(tmp_path / "lease")
+    assert tables.create_tables(spark, audit, checkpoint, lease) == {audit, lease}  # adds the columns to the other
     assert set(spark.read.format("delta").load(checkpoint).schema.fieldNames()) == set(
         tables.CHECKPOINT_SCHEMA.fieldNames())
     newer = {"q0": CheckpointRow("q0", 2, 3, 1700000000000, 1, 1699999999000, 4, "r2", now, 12, 1, 0)}
     tables.write_checkpoint(spark, checkpoint, list(newer.values()), app_id="app", version=4)
     assert tables.read_checkpoint(spark, checkpoint) == newer  # columns matched by name, whatever their order
+    assert tables.create_tables(spark, audit, checkpoint, lease) == set()  # all there now
+
+
+def test_of_two_runs_creating_the_tables_at_once_each_table_is_created_by_exactly_one(spark, tmp_path):
+    """What makes a run skip reading back its new state tables (``create_tables``): only the run whose
+    CREATE made a table says it created it, however the two runs' creations interleave."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    names = [str(tmp_path / name) for name in ("audit", "checkpoint", "lease")]
+    with ThreadPoolExecutor(2) as pool:
+        created = list(pool.map(lambda _: tables.create_tables(spark, *names), range(2)))
+    assert sorted(len(each) for each in created) in ([0, 3], [1, 2])  # each table by exactly one run
+    assert created[0] | created[1] == set(names) and not created[0] & created[1]
+    for name in names:
+        assert tables.table_exists(spark, name)
+
+
+# The audit columns appended since the first version, in their order (the re-drive's, then the rename's).
+NEW_AUDIT_COLUMNS = ("dead_letter_reason", "dead_letter_error_description", "original_destination")
 
 
 def test_an_audit_table_of_an_older_version_gets_original_destination_and_takes_todays_rows(spark, tmp_path):
@@ -86,14 +107,14 @@ def test_an_audit_table_of_an_older_version_gets_original_destination_and_takes_
 
     audit = str(tmp_path / "audit")
     now = dt.datetime(2026, 11, 26, tzinfo=dt.timezone.utc)
-    older = [f for f in tables.AUDIT_SCHEMA.fields if f.name != "original_destination"]  # as written before
+    older = [f for f in tables.AUDIT_SCHEMA.fields if f.name not in NEW_AUDIT_COLUMNS]  # as written before
     old_row = ("r0", 0, "q0", 4, "m-4", "orders", None, "delivered", None, None, 10, now, None, None, now, 1,
                now.date())
     spark.createDataFrame([old_row], StructType(older)).write.format("delta").partitionBy("outcome_date").save(audit)
     tables.create_tables(spark, audit, str(tmp_path / "checkpoint"), str(tmp_path / "lease"))
-    assert spark.read.format("delta").load(audit).schema.fieldNames()[-1] == "original_destination"
+    assert spark.read.format("delta").load(audit).schema.fieldNames()[-3:] == list(NEW_AUDIT_COLUMNS)
     renamed = ("r1", 0, "q0", 5, "m-5", "orders", None, "delivered", None, None, 10, now, None, None, now, 1,
-               "orders-v1")
+               None, None, "orders-v1")
     tables.append_audit(audit, spark.createDataFrame([renamed], OUTCOME_ROW_SCHEMA), "app", 0)
     rows = {r["message_id"]: r for r in spark.read.format("delta").load(audit).collect()}
     assert (rows["m-4"]["original_destination"], rows["m-5"]["original_destination"]) == (None, "orders-v1")
@@ -119,3 +140,31 @@ def test_the_lease_is_a_compare_and_set_even_when_two_runs_create_its_table_at_o
     following = new_lease("ns/contoso", loser.run_id, "host", 9, now, 60, holder)  # over the row read
     assert following.epoch == 2 and tables.write_lease(spark, lease, following)
     assert tables.read_lease(spark, lease) == following
+
+
+def test_an_audit_table_an_older_version_wrote_gets_the_redrive_columns(spark, tmp_path):
+    """``dead_letter_reason`` and ``dead_letter_error_description`` were appended to the audit rows for the
+    re-drive: a table written before them gets them (nullable, null in its old rows) when a run creates
+    its tables, and takes the new rows."""
+    import datetime as dt
+
+    from pyspark.sql.types import StructType
+
+    from backlog_syphon.restore.rows import OUTCOME_ROW_SCHEMA
+
+    audit = str(tmp_path / "audit")
+    old_schema = StructType([f for f in tables.AUDIT_SCHEMA.fields if f.name not in NEW_AUDIT_COLUMNS])
+    now = dt.datetime(2026, 11, 26, tzinfo=dt.timezone.utc)
+    old_row = ("r", 0, "q0", 5, "m-5", "orders", None, "dead_lettered", "destination_not_found", "gone", 10, now,
+               None, None, now, 1, now.date())
+    spark.createDataFrame([old_row], old_schema).write.format("delta").partitionBy("outcome_date").save(audit)
+
+    tables.create_table(spark, audit, tables.AUDIT_SCHEMA, ("outcome_date",))
+    new_row = ("r2", 0, "q0/$DeadLetterQueue", 5, "m-5", "orders", None, "delivered", None, None, 10, now, None, None,
+               now, 1, "destination_not_found", "gone", None)
+    tables.append_audit(audit, spark.createDataFrame([new_row], OUTCOME_ROW_SCHEMA), "app", 0)
+
+    table = spark.read.format("delta").load(audit)
+    assert set(table.schema.fieldNames()) == set(tables.AUDIT_SCHEMA.fieldNames())
+    assert sorted((row["run_id"], row["dead_letter_reason"]) for row in table.collect()) == [
+        ("r", None), ("r2", "destination_not_found")]

@@ -113,13 +113,11 @@ class Backlog:
 
 def check_drained(emulator, spark, backlog: Backlog, audit_table: Path, where: str, facts: dict) -> list[int]:
     """Every check of a drained backlog (module docstring); returns the micro-batch sizes (audit rows per batch)."""
-    from azure.servicebus import ServiceBusClient
-
     from tools.testing import backlog_dead_letters, drain_destinations
 
     # Destinations: every original at least once, where it belongs; nothing else.
-    with ServiceBusClient.from_connection_string(emulator.connection_string(PRIMARY), retry_total=1) as client:
-        received = drain_destinations(client, DESTINATIONS, session_entities=[SESSION_QUEUE], settle_seconds=3)
+    received = drain_destinations(emulator.connection_string(PRIMARY), DESTINATIONS, session_entities=[SESSION_QUEUE],
+                                  settle_seconds=3)
     arrived = {entity: collections.Counter(m.message_id for m in messages) for entity, messages in received.items()}
     by_id = {message.message_id: message for message in backlog.originals}
     missing = [(mid, entity) for mid, message in by_id.items() for entity in _expected_entities(message)

@@ -65,6 +65,9 @@ def test_with_overrides_keeps_secrets(tmp_path):
     ("run:\n  trigger: sometimes\n", "run.trigger must be 'available_now' or an interval"),
     ("restore:\n  ttl_policy: forever\n", "restore.ttl_policy must be one of remaining, restart"),
     ("backlog:\n  discover: 3\n", "expected true or false"),
+    ("sink:\n  max_messages_per_second: -5\n", "sink.max_messages_per_second must be 0 (no cap) or more, got -5"),
+    ("sink:\n  max_messages_per_second: fast\n", "sink.max_messages_per_second in"),
+    ("sink:\n  throttle_recovery_seconds: 0\n", "sink.throttle_recovery_seconds must be more than 0, got 0"),
 ])
 def test_bad_values_name_the_key_and_file(tmp_path, extra, message):
     path = write(tmp_path, BASE + extra)
@@ -72,6 +75,14 @@ def test_bad_values_name_the_key_and_file(tmp_path, extra, message):
         load_config(path, environ=ENV)
     assert message in str(error.value)
     assert str(path) in str(error.value)
+
+
+def test_pacing_keys_default_to_no_cap_and_read_from_yaml_and_environment(tmp_path):
+    config = load_config(write(tmp_path, BASE), environ=ENV)
+    assert (config.sink.max_messages_per_second, config.sink.throttle_recovery_seconds) == (0.0, 30.0)
+    config = load_config(write(tmp_path, BASE + "sink:\n  max_messages_per_second: 500\n"),
+                         environ={**ENV, "SYPHON__SINK__THROTTLE_RECOVERY_SECONDS": "12.5"})
+    assert (config.sink.max_messages_per_second, config.sink.throttle_recovery_seconds) == (500.0, 12.5)
 
 
 def test_missing_required_key(tmp_path):
@@ -212,7 +223,7 @@ restore:
 
 @pytest.mark.parametrize("overrides, message", [
     ({"restore.destination_map": "[a, b]"}, "restore.destination_map in .*: expected a mapping of names"),
-    ({"restore.skip_destinations": "{a: b}"}, "restore.skip_destinations in .*: expected a list of names"),
+    ({"restore.skip_destinations": "{a: b}"}, "restore.skip_destinations in .*: expected a list of texts"),
     ({"restore.destination_map": "{orders: Orders}"}, "maps 'orders' to itself; remove that entry"),
     ({"restore.destination_map": "{a: b, A: c}"}, "names 'a' and 'A', the same entity .*keep one entry"),
     ({"restore.destination_map": "{a: b, B: c}"},

@@ -166,13 +166,18 @@ def test_a_failing_destination_is_retried_with_capped_backoff_until_it_takes_the
     assert sender.sent == [("orders", "m1"), ("orders", "m2")]
 
 
-def test_quota_exceeded_is_waited_out_and_each_message_is_delivered_once_in_order():
+def test_quota_exceeded_is_throttling_waited_out_without_spending_attempts_and_delivered_once_in_order():
     sender = FakeSender(script=[(1, QuotaExceeded()), (0, QuotaExceeded()), None])
     clock = FakeClock()
     results = run([row(seq) for seq in range(1, 5)], sender, clock=clock)
     assert sender.sent == [("orders", f"m{seq}") for seq in range(1, 5)]
     assert outcomes(results) == [(seq, Outcome.DELIVERED, None) for seq in range(1, 5)]
-    assert clock.sleeps == [1.0, 2.0]
+    assert [r.attempts for r in results] == [1, 1, 1, 1]  # throttling spends none of max_send_attempts
+    assert sender.resets == []  # the link is kept: the namespace refused, the link is fine
+    assert clock.sleeps[:2] == [1.0, 2.0]  # the destination waits, doubling from retry_backoff_seconds
+    # ... then the task, slowed down (no cap: half of the 10 msg/s floor of a reference), sends the
+    # other three one at a time instead of in one batch
+    assert len(sender.calls) == 2 + 3 and sum(clock.sleeps[2:]) > 0
 
 
 def test_a_refusing_destination_does_not_hold_the_others_and_its_messages_are_left_unsent():

@@ -6,9 +6,16 @@ from types import SimpleNamespace
 
 import pytest
 
-from backlog_syphon.model import CheckpointRow, HeldSpan, Outcome, ReasonCode, RecordedSpan
+from backlog_syphon.model import CheckpointRow, HeldSpan, Outcome, PacingStats, ReasonCode, RecordedSpan
 from backlog_syphon.sink.batch import BatchAggregate, Recovery, Unsent
-from backlog_syphon.sink.foreach_batch import NO_DESTINATION, SparkBatch, checkpoint_app_id, combine_groups
+from backlog_syphon.sink.foreach_batch import (
+    NO_DESTINATION,
+    PacingStatsParam,
+    SparkBatch,
+    checkpoint_app_id,
+    combine_groups,
+    pacing_after_round,
+)
 
 T0 = 1_700_000_000_000
 Q0, Q1 = "contoso/x-servicebus-transfer/0", "contoso/x-servicebus-transfer/1"
@@ -23,7 +30,8 @@ def test_the_transaction_app_id_is_one_per_streaming_checkpoint_and_query():
     assert checkpoint_app_id("/state/checkpoint", None) == checkpoint_app_id("/state/checkpoint", "")
 
 
-def group(queue, island, destination, outcome, first, last, n, *, reason_code=None, reason=None, since=0,
+def group(queue, island, destination, outcome, first, last, n, *, reason_code=None, reason=None,
+          since=1_800_000_009_000,
           run_id="r1", batch_id=4):
     return {"run_id": run_id, "batch_id": batch_id, "backlog_queue": queue, "island": island,
             "destination": destination, "outcome": outcome, "reason_code": reason_code, "first": first, "last": last,
@@ -40,7 +48,7 @@ def test_final_outcomes_make_one_span_per_island_and_unsent_ones_are_counted_per
         group(Q0, 1, "orders", "delivered", 5, 6, 2),
         group(Q0, 2, "payments", "unsent", 7, 7, 1, reason_code="destination_unavailable", reason="down",
               since=1_800_000_005_000),
-        group(Q1, 0, "orders", "skipped_ping", 1, 1, 1, reason_code="ping"),
+        group(Q1, 0, "orders", "skipped_ping", 1, 1, 1, reason_code="ping", since=1_800_000_002_000),
     ]
     assert combine_groups(groups) == BatchAggregate(
         spans=(RecordedSpan(Q0, 1, 3, T0 + 10, T0 + 30, 3, 2, 1, 0, 4),
@@ -48,7 +56,8 @@ def test_final_outcomes_make_one_span_per_island_and_unsent_ones_are_counted_per
                RecordedSpan(Q1, 1, 1, T0 + 10, T0 + 10, 1, 0, 0, 1, 4)),
         per_destination={("orders", Outcome.DELIVERED): 4, (NO_DESTINATION, Outcome.DEAD_LETTERED): 1,
                          ("payments", Outcome.UNSENT): 2, ("orders", Outcome.SKIPPED_PING): 1},
-        unsent={"payments": Unsent(2, ReasonCode.DESTINATION_UNAVAILABLE, "down", 1_800_000_000.0)})
+        unsent={"payments": Unsent(2, ReasonCode.DESTINATION_UNAVAILABLE, "down", 1_800_000_000.0)},
+        first_outcome_ms=1_800_000_002_000)  # the earliest final outcome: an unsent row's time is not a send
     aggregate = combine_groups(groups)
     assert (aggregate.rows, aggregate.total(Outcome.DELIVERED), aggregate.total(Outcome.UNSENT)) == (8, 4, 2)
     assert aggregate.final_unavailable == aggregate.unsent
@@ -97,7 +106,7 @@ def audit_row(run_id, seq, outcome, destination="orders", batch_id=4):
               "reason_code": "destination_unavailable" if outcome == "unsent" else None, "reason": None,
               "body_size": 10, "enqueued_time": at(T0 + 10 * seq), "scheduled_enqueue_time": None,
               "time_to_live_ms": None, "outcome_time": at(1_800_000_000_000), "attempts": 1,
-              "original_destination": None}
+              "dead_letter_reason": None, "dead_letter_error_description": None, "original_destination": None}
     return tuple(values[field.name] for field in AUDIT_ROW_SCHEMA.fields)
 
 
@@ -117,8 +126,8 @@ def test_recovery_counts_every_row_earlier_attempts_of_the_batch_recorded(spark,
                   tables.CHECKPOINT_SCHEMA)}
     monkeypatch.setattr(tables, "existing_table", lambda spark, table: frames.get(table))
     monkeypatch.setattr(tables, "read_table", lambda spark, table: frames[table])
-    sink = SimpleNamespace(config=SimpleNamespace(storage=SimpleNamespace(audit_table="/state/audit",
-                                                                         checkpoint_table="/state/checkpoint")))
+    storage = SimpleNamespace(audit_table="/state/audit", checkpoint_table="/state/checkpoint")
+    sink = SimpleNamespace(state_is_new=False, config=SimpleNamespace(storage=storage))
 
     recovery = SparkBatch(sink, spark.range(0), 4).recover()
     assert recovery.checkpoint == {Q0: checkpoint}
@@ -144,3 +153,35 @@ def test_held_messages_cut_the_spans_are_counted_and_located_but_are_neither_rec
     assert aggregate.held == (HeldSpan(Q0, 2, 6, T0 + 20, T0 + 60, 3),)
     assert aggregate.unsent == {} and aggregate.final_unavailable == {}
     assert aggregate.total(Outcome.HELD) == 3 and aggregate.per_destination[("payments", Outcome.HELD)] == 3
+
+
+def test_a_run_that_created_its_state_tables_reads_nothing_back():
+    """``state_is_new`` (the run created the tables and is the lease's first holder): the first batch's
+    recovery is empty without a single table read (the fake session would fail any)."""
+    from types import SimpleNamespace
+
+    from backlog_syphon.sink.batch import Recovery
+    from backlog_syphon.sink.foreach_batch import SparkBatch
+
+    class NoSession:
+        def __getattr__(self, name):
+            raise AssertionError(f"the recovery touched the session ({name})")
+
+    sink = SimpleNamespace(state_is_new=True, config=None)
+    batch = SimpleNamespace(sparkSession=NoSession())
+    assert SparkBatch(sink, batch, 0).recover() == Recovery({}, (), (), 0)
+
+
+def test_the_send_tasks_pacing_adds_up_per_round_and_over_the_rounds_of_a_batch():
+    param = PacingStatsParam()
+    task_a = PacingStats(sent=10, first_send_at=1.0, last_send_at=3.0, throttled=2, slowed_seconds=2.0,
+                         rate_limit=40.0, cap=50.0, tasks=1)
+    task_b = PacingStats(sent=20, first_send_at=2.0, last_send_at=4.0, throttled=0, slowed_seconds=0.0,
+                         rate_limit=50.0, cap=50.0, tasks=1)
+    first_round = param.addInPlace(param.addInPlace(param.zero(PacingStats()), task_a), task_b)
+    assert first_round == PacingStats(30, 1.0, 4.0, 2, 2.0, 90.0, 100.0, 2)
+    second_round = PacingStats(sent=5, first_send_at=10.0, last_send_at=11.0, throttled=1, slowed_seconds=1.0,
+                               rate_limit=25.0, cap=50.0, tasks=1)
+    batch = pacing_after_round(pacing_after_round(None, first_round), second_round)
+    # counts add up; one round after the other: their slowed times add up, the limit and cap are the last's
+    assert batch == PacingStats(35, 1.0, 11.0, 3, 3.0, 25.0, 50.0, 3)

@@ -1,15 +1,17 @@
 """Progress lines and backlog-behind-latest from Spark's offsets (plain values, no Spark)."""
 
+import dataclasses
 import datetime as dt
 import json
 
-from backlog_syphon.model import BatchStats
+from backlog_syphon.model import BatchStats, PacingStats
 from backlog_syphon.run.progress import (
     ProgressPoint,
     SyphonProgressListener,
     behind_latest,
     follow_progress,
     progress_line,
+    send_rate_text,
 )
 
 NOW = dt.datetime(2024, 5, 1, 12, 0, tzinfo=dt.timezone.utc)
@@ -52,6 +54,26 @@ def test_progress_line_names_counts_age_rate_and_the_queues_behind():
     line = progress_line(ProgressPoint(4, NOW, stats, {Q0: 250, Q1: 0}))
     assert line == ("batch 4: delivered 300, dead-lettered 2, skipped 1, replayed 0; oldest message age 300s; "
                     "send rate 200 msg/s; remaining 250 (0:250)")
+
+
+def test_progress_line_shows_the_tasks_measured_rate_the_cap_and_the_throttling():
+    paced = PacingStats(sent=3000, first_send_at=1000.0, last_send_at=1015.0, throttled=0, rate_limit=200.0,
+                        cap=200.0, tasks=2)
+    stats = BatchStats(delivered=3000, dead_lettered=0, skipped=0, replayed=0, send_seconds=30.0,
+                       oldest_enqueued=NOW - dt.timedelta(seconds=40), pacing=paced)
+    line = progress_line(ProgressPoint(0, NOW, stats, {Q0: 0}))
+    assert line == ("batch 0: delivered 3000, dead-lettered 0, skipped 0, replayed 0; oldest message age 40s; "
+                    "send rate 200 msg/s (cap 200); remaining 0")
+    throttled = dataclasses.replace(paced, throttled=7, slowed_seconds=12.34, rate_limit=150.0)
+    assert send_rate_text(dataclasses.replace(stats, pacing=throttled)) == (
+        "send rate 200 msg/s (cap 200), throttled 7 times, slowed for 12.3 s, now 150 msg/s")
+    uncapped = PacingStats(sent=10, first_send_at=0.0, last_send_at=2.0, throttled=1, slowed_seconds=2.0,
+                           rate_limit=None, cap=None, tasks=1)
+    assert send_rate_text(dataclasses.replace(stats, pacing=uncapped)) == (
+        "send rate 5 msg/s, throttled 1 time, slowed for 2.0 s, now unlimited")
+    # one send only (no measured span): the batch's average
+    single = PacingStats(sent=3000, first_send_at=5.0, last_send_at=5.0, tasks=1)
+    assert send_rate_text(dataclasses.replace(stats, pacing=single)) == "send rate 100 msg/s"
 
 
 def test_progress_line_of_an_empty_batch():

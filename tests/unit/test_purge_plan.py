@@ -183,7 +183,7 @@ def test_invalid_plans_are_refused(spans, expected):
         PurgePlan("q", spans, expected)
 
 
-def held(first, last, count):
+def held_span(first, last, count):
     return HeldSpan("q", first, last, T0 + first, T0 + last, count)
 
 
@@ -191,7 +191,7 @@ def test_messages_held_for_skipped_destinations_are_passed_over_and_what_lies_be
     """2, 3 and 6 are held (restore.skip_destinations): kept locked while 1, 4, 5 and 7 are completed behind
     them, never settled, and handed back (released by the I/O side at the end of the round)."""
     recorded = (span(1, 1), span(4, 5), span(7, 7))
-    plan = dataclasses.replace(plan_of(*recorded), held=held(2, 6, 3))
+    plan = dataclasses.replace(plan_of(*recorded), held=held_span(2, 6, 3))
     queue = [msg(seq) for seq in range(1, 9)]
     result, requests, actions, left = run_purge(plan, queue, page=3)
     assert [a.pass_over for a in actions if a.pass_over] == [(2, 3), (6,)]
@@ -209,14 +209,14 @@ def test_without_a_held_span_a_held_message_stops_the_purge_as_before():
 
 
 def test_a_message_outside_the_held_range_still_stops_the_purge():
-    plan = dataclasses.replace(plan_of(span(1, 1), span(5, 5)), held=held(2, 3, 2))
+    plan = dataclasses.replace(plan_of(span(1, 1), span(5, 5)), held=held_span(2, 3, 2))
     _, _, actions, _ = run_purge(plan, [msg(seq) for seq in range(1, 7)])
     assert [a.pass_over for a in actions if a.pass_over] == [(2, 3)]
     assert [a.release for a in actions if a.release] == [(4,)] and actions[-1].stop
 
 
 def test_locks_running_out_end_the_round():
-    plan = dataclasses.replace(plan_of(span(1, 1), span(5, 5)), held=held(2, 4, 3))
+    plan = dataclasses.replace(plan_of(span(1, 1), span(5, 5)), held=held_span(2, 4, 3))
     progress = PurgeProgress(plan, page=2)
     progress.on_page([msg(1), msg(2)])
     assert progress.credit() > 0
@@ -225,7 +225,25 @@ def test_locks_running_out_end_the_round():
 
 
 def test_a_held_message_that_comes_back_ends_the_round_instead_of_going_round_again():
-    plan = dataclasses.replace(plan_of(span(5, 5)), held=held(1, 2, 2))
+    plan = dataclasses.replace(plan_of(span(5, 5)), held=held_span(1, 2, 2))
     progress = PurgeProgress(plan, page=2)
     assert not progress.on_page([msg(1), msg(2)]).stop
     assert progress.on_page([msg(1)]).stop  # its lock was lost: it is at the head again
+
+
+def test_one_pass_over_for_every_message_that_stays_held_or_left_in_a_dead_letter_queue():
+    """Held messages (a backlog queue's HeldSpan) and what a re-drive leaves in a dead-letter sub-queue
+    (passing mode) go down one path: passed over, counted as passed, never released early nor settled."""
+    recorded = (span(2, 2), span(4, 4))
+    held = dataclasses.replace(plan_of(*recorded), held=held_span(1, 3, 2))
+    passing = dataclasses.replace(plan_of(*recorded), passing=True)
+    for plan in (held, passing):
+        progress = PurgeProgress(plan, page=4)
+        actions = progress.on_page([msg(seq) for seq in (1, 2, 3, 4)])
+        assert (actions.complete, actions.pass_over, actions.release, actions.stop) == ((2, 4), (1, 3), (), True)
+        assert (progress.passed, progress.released) == (2, 0)
+    # past the plan's last recorded message nothing is left to settle: the round ends at once
+    progress = PurgeProgress(dataclasses.replace(plan_of(span(2, 2), span(9, 9)), held=held_span(1, 5, 2)), page=3)
+    assert progress.on_page([msg(1), msg(2), msg(5)]).stop is False  # 9 is still ahead
+    progress = PurgeProgress(dataclasses.replace(plan_of(span(2, 2), span(4, 4)), passing=True), page=3)
+    assert progress.on_page([msg(2), msg(7)]).stop  # 4 is gone already, 7 lies past it

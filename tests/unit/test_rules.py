@@ -49,6 +49,8 @@ def backlog_row(sequence_number, **overrides):
         "scheduled_enqueue_time": None,
         "decode_problem_code": None,
         "decode_problem_reason": None,
+        "dead_letter_reason": None,
+        "dead_letter_error_description": None,
         **overrides,
     }
     return tuple(row[column] for column in BACKLOG_ROW_COLUMNS)
@@ -252,6 +254,8 @@ def test_backlog_row_values_from_a_raw_legacy_message(spark):
         "scheduled_enqueue_time": datetime(2024, 5, 1, 12, 30, tzinfo=UTC),
         "decode_problem_code": None,
         "decode_problem_reason": None,
+        "dead_letter_reason": None,
+        "dead_letter_error_description": None,
     }
     assert list(row) == list(BACKLOG_ROW_COLUMNS)
     # The values fit the schema.

@@ -92,7 +92,10 @@ class Emulator:
         ``com.microsoft:server-busy``. ``refuse`` (namespace only): the listener closes and open
         connections drop until ``set_available``. ``quota-exceeded`` / ``disabled``: senders still attach,
         and every message sent (or scheduled) to the entity is refused with ``amqp:resource-limit-exceeded``
-        / ``com.microsoft:entity-disabled``; receiving and peeking go on."""
+        / ``com.microsoft:entity-disabled``; receiving and peeking go on. ``throttled``: the same, refused
+        with ``com.microsoft:server-busy`` (status 503), as a namespace out of its throughput credits
+        answers: links stay attached, peeks and receives go on, and the next send after
+        ``set_available`` succeeds on the same link."""
         self._ns(namespace)
         self._server.call(self._server.set_unavailable, namespace, entity, mode)
 

@@ -46,12 +46,17 @@ INCOMING_CREDIT = 500
 TICK_SECONDS = 0.02                  # timer resolution: lock expiry, schedules, TTL, session waits
 
 # set_unavailable modes that let senders attach and then refuse every message, as a namespace does for
-# a full entity or one whose status is SendDisabled: mode -> (condition, description, status code)
+# a full entity, one whose status is SendDisabled, or a namespace that throttles (a Standard namespace
+# out of its credits answers sends with server-busy on links that stay attached; the SDK maps the
+# condition to ServiceBusServerBusyError): mode -> (condition, description, status code)
 SEND_REFUSALS = {
     "quota-exceeded": ("amqp:resource-limit-exceeded",
                        "The maximum entity size has been reached or exceeded for '{path}'.", 403),
     "disabled": ("com.microsoft:entity-disabled", "Messaging entity '{path}' is currently disabled for sending.",
                  400),
+    "throttled": ("com.microsoft:server-busy",
+                  "The request was terminated because the entity '{path}' is being throttled. "
+                  "Please wait 2 seconds and try again.", 503),
 }
 UNAVAILABLE_MODES = ("server-busy", "refuse", *SEND_REFUSALS)
 

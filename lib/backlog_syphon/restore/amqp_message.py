@@ -80,6 +80,12 @@ ENQUEUED_TIME_ANNOTATION = "x-opt-enqueued-time"
 PARTITION_KEY_ANNOTATION = "x-opt-partition-key"
 SCHEDULED_ENQUEUE_TIME_ANNOTATION = "x-opt-scheduled-enqueue-time"
 # Set by the broker on delivery; stale on a re-sent copy, so they are dropped.
+# The application properties Service Bus adds to a message it dead-letters: a re-drive removes them, so
+# the destination gets the message as its sender wrote it (the audit row keeps them).
+DEAD_LETTER_REASON_PROPERTY = "DeadLetterReason"
+DEAD_LETTER_DESCRIPTION_PROPERTY = "DeadLetterErrorDescription"
+DEAD_LETTER_PROPERTIES = frozenset({DEAD_LETTER_REASON_PROPERTY, DEAD_LETTER_DESCRIPTION_PROPERTY})
+
 BROKER_OWNED_ANNOTATIONS = frozenset({
     SEQUENCE_NUMBER_ANNOTATION,
     ENQUEUED_TIME_ANNOTATION,
@@ -324,14 +330,16 @@ def restored_message(decoded: DecodedMessage, fields: LegacyFields, time_to_live
     )
 
 
-def restore_message_bytes(raw: bytes, restored_time_to_live_ms: int | None) -> bytes:
+def restore_message_bytes(raw: bytes, restored_time_to_live_ms: int | None, *,
+                          from_dead_letters: bool = False) -> bytes:
     """Restore a raw backlog message for sending, with the TTL the classification chose, by splicing ``raw``.
 
     The legacy fields are decoded again from the message itself so the bytes sent can never disagree
     with the message. The whole message is checked as :func:`decode_message` checks it (data payloads
     only for their framing). Raises AmqpDecodeError if ``raw`` is not a message the codec can read and
     LegacyPropertiesError if its legacy properties cannot be restored (both are ValueErrors;
-    classification dead-letters those).
+    classification dead-letters those). ``from_dead_letters``: ``raw`` was read from a dead-letter
+    sub-queue, whose dead-letter properties (``DEAD_LETTER_PROPERTIES``) are removed too.
     """
     if restored_time_to_live_ms is not None and restored_time_to_live_ms <= 0:
         raise ValueError(f"restored_time_to_live_ms must be positive or None, got {restored_time_to_live_ms}")
@@ -392,7 +400,8 @@ def restore_message_bytes(raw: bytes, restored_time_to_live_ms: int | None) -> b
     elif properties_section is not None:
         out.append(raw[properties_section.start:properties_section.end])
 
-    kept = [raw[entry.start:entry.end] for entry in application_entries if not is_legacy_key(entry.key)]
+    kept = [raw[entry.start:entry.end] for entry in application_entries if not is_legacy_key(entry.key)
+            and not (from_dead_letters and _application_key(entry.key) in DEAD_LETTER_PROPERTIES)]
     if kept:
         out.append(encode_section(APPLICATION_PROPERTIES, encode_map_raw(kept)))
 
@@ -481,6 +490,16 @@ def _application_properties(section: Section, pairs) -> dict:
             raise AmqpDecodeError(f"application property {shown} appears more than once", section.value_start)
         result[key] = item
     return result
+
+
+def _application_key(key: Any) -> Any:
+    """An application property's key as text where it is text (a binary key as valid UTF-8 reads as one)."""
+    if type(key) is bytes:
+        try:
+            return key.decode("utf-8")
+        except UnicodeDecodeError:
+            return key
+    return key
 
 
 def _is_replaced_annotation(key: Any, replacing_schedule: bool) -> bool:

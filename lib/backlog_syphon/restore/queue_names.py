@@ -35,3 +35,20 @@ def is_backlog_queue_name(name: str, primary_namespace: str | None = None) -> bo
     if match is None:
         return False
     return primary_namespace is None or match["namespace"].lower() == primary_namespace.lower()
+
+
+# A queue's dead-letter sub-queue is addressed as the path "<queue>/$DeadLetterQueue": the SDK's
+# ``sub_queue=ServiceBusSubQueue.DEAD_LETTER`` builds the same entity path, and so does the emulator.
+# A re-drive reads it under that name, so its offsets, checkpoint rows and audit rows never mix with
+# those of the backlog queue itself.
+DEAD_LETTER_SUBQUEUE = "$DeadLetterQueue"
+
+
+def dead_letter_queue_name(queue: str) -> str:
+    """The entity path of ``queue``'s dead-letter sub-queue: ``<queue>/$DeadLetterQueue``."""
+    return f"{queue}/{DEAD_LETTER_SUBQUEUE}"
+
+
+def is_dead_letter_queue_name(name: str) -> bool:
+    """Whether ``name`` is a dead-letter sub-queue's path (compared case-insensitively, as Service Bus does)."""
+    return name.lower().endswith("/" + DEAD_LETTER_SUBQUEUE.lower())

@@ -32,7 +32,11 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from backlog_syphon.restore.amqp_message import decode_envelope
+from backlog_syphon.restore.amqp_message import (
+    DEAD_LETTER_DESCRIPTION_PROPERTY,
+    DEAD_LETTER_REASON_PROPERTY,
+    decode_envelope,
+)
 from backlog_syphon.restore.legacy_properties import LegacyFields, decode_legacy_properties, timedelta_to_ms
 from backlog_syphon.model import OutcomeRecord, ReasonCode
 
@@ -52,6 +56,10 @@ BACKLOG_ROW_SCHEMA = StructType([
     StructField("scheduled_enqueue_time", TimestampType(), True),
     StructField("decode_problem_code", StringType(), True),  # the first problem's code
     StructField("decode_problem_reason", StringType(), True),  # every problem's reason, joined with "; "
+    # A message read from a dead-letter sub-queue (a re-drive): why it was dead-lettered, as the broker
+    # keeps it in the application properties; null elsewhere.
+    StructField("dead_letter_reason", StringType(), True),
+    StructField("dead_letter_error_description", StringType(), True),
 ])
 BACKLOG_ROW_COLUMNS = tuple(BACKLOG_ROW_SCHEMA.fieldNames())
 
@@ -157,6 +165,7 @@ def backlog_row_values(
             partition_key=envelope.partition_key,
         )
         row.update(legacy_fields_to_row_values(decode_legacy_properties(envelope.application_properties)))
+        row.update(dead_letter_fields(envelope.application_properties))
     except Exception as error:  # noqa: BLE001 - one message's problem is that message's outcome
         # AmqpDecodeError, a broker annotation of the wrong type or range, or anything else this
         # message makes the decoding trip over: it is dead-lettered with the reason, never the batch.
@@ -169,6 +178,17 @@ def backlog_row_values(
             "decode_problem_reason": reason[:1024],
         }
     return {column: row[column] for column in BACKLOG_ROW_COLUMNS}
+
+
+def dead_letter_fields(application_properties) -> dict:
+    """The dead-letter reason and description a message carries (``DeadLetterReason`` and
+    ``DeadLetterErrorDescription``, which Service Bus sets when it dead-letters a message); null when absent."""
+    found = {}
+    for column, name in (("dead_letter_reason", DEAD_LETTER_REASON_PROPERTY),
+                         ("dead_letter_error_description", DEAD_LETTER_DESCRIPTION_PROPERTY)):
+        value = application_properties.get(name) if hasattr(application_properties, "get") else None
+        found[column] = None if value is None else str(value)[:1024]
+    return found
 
 
 def message_id_text(message_id) -> str | None:

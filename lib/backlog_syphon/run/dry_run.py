@@ -14,7 +14,7 @@ from pyspark.sql import functions as F
 
 from backlog_syphon.config import AVAILABLE_NOW, SyphonConfig
 from backlog_syphon.model import Action
-from backlog_syphon.restore.queue_names import backlog_queue_names
+from backlog_syphon.restore.redrive import select_for_redrive
 from backlog_syphon.restore.rules import classify_messages
 from backlog_syphon.run import dry_run_plan
 from backlog_syphon.source.data_source import SOURCE_NAME, BacklogDataSource, backlog_source_options
@@ -34,9 +34,27 @@ class DryRunReport:
     # restore.destination_map as configured ({old: new}) and the renames the backlog needs (old, new, messages)
     destination_map: dict[str, str] | None = None
     renamed: list[dict] | None = None
+    per_reason: list[dict] | None = None  # a re-drive: dry_run_plan.redrive_summary rows
+
+    def redrive_lines(self) -> list[str]:
+        """What a re-drive would move, per destination and dead-letter reason."""
+        out = ["re-drive of the dead-letter queues: what would move, per destination and dead-letter reason",
+               f"  {'destination':<28} {'dead-letter reason':<28} {'messages':>8} {'move':>6} {'stay':>6} "
+               f"{'not selected':>12}"]
+        for row in self.per_reason or []:
+            out.append(f"  {row['destination']:<28} {row['dead_letter_reason']:<28} {row['messages']:>8} "
+                       f"{row['to_move']:>6} {row['to_stay']:>6} {row['not_selected']:>12}")
+        if not self.per_reason:
+            out.append("  (the dead-letter queues are empty)")
+        out.append(f"  would move {sum(row['to_move'] for row in self.per_reason or [])} message(s); 'stay': tried "
+                   f"and still undeliverable (left in place, audited); 'not selected': left alone (redrive.* filters, "
+                   f"or dead-lettered again by an earlier re-drive)")
+        return out
 
     def lines(self) -> list[str]:
         out = ["dry run: nothing was sent, settled or written"]
+        if self.per_reason is not None:
+            out += self.redrive_lines()
         out.append(f"  {'destination':<28} {'messages':>8} {'bytes':>10} {'sessions':>8} {'scheduled':>9} "
                    f"{'expired':>7} {'deliver':>7} {'dead-letter':>11} {'skip':>5} {'held':>5}  "
                    f"oldest .. newest enqueued")
@@ -47,8 +65,10 @@ class DryRunReport:
                        f"{row['sessions']:>8} {row['scheduled']:>9} {row['expired']:>7} {row['to_deliver']:>7} "
                        f"{row['to_dead_letter']:>11} {row['to_skip']:>5} {row['to_hold']:>5}  {oldest} .. {newest}")
         if not self.per_destination:
-            out.append("  (the backlog queues are empty)")
-        out.append(f"  backlog queues: {sum(self.per_queue.values())} messages in "
+            out.append("  (the dead-letter queues are empty)" if self.per_reason is not None
+                       else "  (the backlog queues are empty)")
+        out.append(f"  {'dead-letter' if self.per_reason is not None else 'backlog'} queues: "
+                   f"{sum(self.per_queue.values())} messages in "
                    f"{sum(1 for n in self.per_queue.values() if n)} of {len(self.per_queue)} queues")
         if self.destination_map:
             out.append("  restore.destination_map (x-ms-path name -> destination sent to):")
@@ -63,7 +83,8 @@ class DryRunReport:
             for row in held:
                 out.append(f"    {row['destination']}: {row['to_hold']} messages")
         if self.dead_letter_total:
-            out.append(f"  would dead-letter {self.dead_letter_total} messages:")
+            out.append(f"  would {'leave in the dead-letter queues (still undeliverable)' if self.per_reason is not None else 'dead-letter'} "
+                       f"{self.dead_letter_total} messages:")
             for row in self.dead_letters:
                 out.append(f"    {row['backlog_queue']}#{row['sequence_number']} message_id={row['message_id']} "
                            f"destination={row['destination']} {row['reason_code']}: {row['reason']}")
@@ -90,6 +111,7 @@ def dry_run(spark: SparkSession, config: SyphonConfig, *, now: dt.datetime | Non
     Uses the same source rows and restore rules as the syphon, and attaches (without sending) a
     sender to each destination to find those the primary namespace would refuse.
     """
+    from backlog_syphon.run.syphon import source_queues
     from backlog_syphon.servicebus.probes import check_destinations
 
     now = now or dt.datetime.now(dt.timezone.utc)
@@ -98,7 +120,11 @@ def dry_run(spark: SparkSession, config: SyphonConfig, *, now: dt.datetime | Non
     classified = classify_messages(snapshot, now=now, ttl_policy=config.restore.ttl_policy,
                                    max_message_size_bytes=config.sink.max_message_size_bytes,
                                    destination_map=config.restore.destination_map,
-                                   skip_destinations=config.restore.skip_destinations).persist()
+                                   skip_destinations=config.restore.skip_destinations)
+    if config.redriving:
+        classified = select_for_redrive(classified, config.redrive,
+                                        tables.redriven_dead_letters(spark, config.storage.audit_table))
+    classified = classified.persist()
     try:
         per_queue = {row["backlog_queue"]: row["count"] for row in classified.groupBy("backlog_queue").count().collect()}
         deliverable = classified.where(F.col("action") == Action.DELIVER)
@@ -112,14 +138,15 @@ def dry_run(spark: SparkSession, config: SyphonConfig, *, now: dt.datetime | Non
         dead_letters = dry_run_plan.dead_letter_plan(planned)
         return DryRunReport(
             per_destination=[row.asDict() for row in dry_run_plan.destination_summary(planned, now=now).collect()],
-            per_queue=dict.fromkeys(backlog_queue_names(config.primary.namespace, config.backlog.queue_count), 0)
-            | per_queue,
+            per_queue=dict.fromkeys(source_queues(config), 0) | per_queue,
             dead_letters=[row.asDict() for row in dead_letters.limit(dead_letter_limit).collect()],
             dead_letter_total=dead_letters.count(),
             unchecked={d: c.failure.reason for d, c in checks.items() if c.failure is not None and c.failure.transient},
             state_tables=config.storage.resolved_lease_table, lease_holder=_current_holder(spark, config, now),
             batch_bound=batch_bound(spark, config), destination_map=dict(config.restore.destination_map),
-            renamed=[row.asDict() for row in dry_run_plan.renamed_destinations(planned).collect()])
+            renamed=[row.asDict() for row in dry_run_plan.renamed_destinations(planned).collect()],
+            per_reason=[row.asDict() for row in dry_run_plan.redrive_summary(planned).collect()]
+            if config.redriving else None)
     finally:
         classified.unpersist()
 

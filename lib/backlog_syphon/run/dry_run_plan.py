@@ -17,6 +17,7 @@ from backlog_syphon.model import Action, ReasonCode
 from backlog_syphon.restore.rules import expired_by
 
 NO_DESTINATION = "(no destination)"
+NO_REASON = "(no reason)"
 DEAD_LETTER_COLUMNS = ("backlog_queue", "sequence_number", "message_id", "destination", "reason_code", "reason")
 
 
@@ -92,3 +93,23 @@ def dead_letter_plan(planned: DataFrame) -> DataFrame:
     return (planned.where(F.col("action") == Action.DEAD_LETTER)
             .select(*DEAD_LETTER_COLUMNS)
             .orderBy("backlog_queue", "sequence_number"))
+
+
+def redrive_summary(planned: DataFrame) -> DataFrame:
+    """A re-drive's plan, one row per destination and dead-letter reason: how many messages the dead-letter
+    sub-queues hold, how many would move (be delivered), how many would be tried and stay (still
+    undeliverable: dead-lettered again, in place) and how many the re-drive would leave alone (not selected)."""
+    def count_where(condition):
+        return F.sum(F.when(condition, 1).otherwise(0)).cast("long")
+
+    return (planned
+            .withColumns({"destination": F.coalesce("destination", F.lit(NO_DESTINATION)),
+                          "dead_letter_reason": F.coalesce("dead_letter_reason", F.lit(NO_REASON))})
+            .groupBy("destination", "dead_letter_reason")
+            .agg(F.count(F.lit(1)).alias("messages"),
+                 count_where(F.col("action") == Action.DELIVER).alias("to_move"),
+                 count_where(F.col("action").isin(Action.DEAD_LETTER, Action.SKIP)).alias("to_stay"),
+                 count_where(F.col("action") == Action.LEAVE).alias("not_selected"),
+                 F.min("enqueued_time").alias("oldest_enqueued"),
+                 F.max("enqueued_time").alias("newest_enqueued"))
+            .orderBy("destination", "dead_letter_reason"))

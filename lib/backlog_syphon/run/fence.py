@@ -73,8 +73,10 @@ class LeaseKeeper:
 
     # --- taking and giving back --------------------------------------------------------------------
 
-    def acquire(self, spark: SparkSession, *, wait: bool, on_wait: Callable[[str], None] | None = None) -> Lease:
-        """Take the lease, or raise ``LeaseHeldError`` (``wait=False``), or wait until it is free."""
+    def acquire(self, spark: SparkSession, *, wait: bool, on_wait: Callable[[str], None] | None = None,
+                on_free: Callable[[], None] | None = None) -> Lease:
+        """Take the lease, or raise ``LeaseHeldError`` (``wait=False``), or wait until it is free.
+        ``on_free`` is called once the lease is first seen free, before this run writes it."""
         announced = False
         lost_races = 0
         while True:
@@ -82,6 +84,9 @@ class LeaseKeeper:
             current = self._read(spark)
             gone = current is not None and self._holder_gone(current)
             if current is None or current.is_free_for(self.run_id, now, holder_gone=gone):
+                if on_free is not None:
+                    on_free()
+                    on_free = None
                 candidate = new_lease(self.lease_key, self.run_id, self.host, self.pid, now, self.lease_seconds,
                                       current, self.process_identity)
                 if gone and current.expires_at > now:

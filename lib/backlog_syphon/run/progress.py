@@ -64,12 +64,31 @@ def progress_line(point: ProgressPoint) -> str:
     if stats is None:
         return f"batch {point.batch_id}: idle; remaining {point.remaining_total}"
     age = "-" if stats.oldest_enqueued is None else f"{(point.at - stats.oldest_enqueued).total_seconds():.0f}s"
-    rate = stats.delivered / stats.send_seconds if stats.send_seconds > 0 else 0.0
     return (f"batch {point.batch_id}: delivered {stats.delivered}, dead-lettered {stats.dead_lettered}, "
             f"skipped {stats.skipped}, " + (f"held {stats.held}, " if stats.held else "")
             + f"replayed {stats.replayed}; oldest message age {age}; "
-            f"send rate {rate:.0f} msg/s; remaining {point.remaining_total}"
+            f"{send_rate_text(stats)}; remaining {point.remaining_total}"
             + (f" ({remaining})" if remaining else ""))
+
+
+def send_rate_text(stats: BatchStats) -> str:
+    """``send rate 198 msg/s (cap 200)``, and when the primary throttled: how often, for how long, and
+    the rate allowed at the end. The send tasks' own measure (first to last send) where they reported
+    one (classic Spark); else delivered over the batch's time (Spark Connect)."""
+    pacing = stats.pacing
+    measured = pacing.send_rate if pacing is not None else None
+    if measured is None:
+        measured = stats.delivered / stats.send_seconds if stats.send_seconds > 0 else 0.0
+    text = f"send rate {measured:.0f} msg/s"
+    if pacing is None:
+        return text
+    if pacing.cap is not None:
+        text += f" (cap {pacing.cap:.0f})"
+    if pacing.throttled:
+        limit = "unlimited" if pacing.rate_limit is None else f"{pacing.rate_limit:.0f} msg/s"
+        text += (f", throttled {pacing.throttled} time{'s' if pacing.throttled != 1 else ''}, "
+                 f"slowed for {pacing.slowed_seconds:.1f} s, now {limit}")
+    return text
 
 
 class SyphonProgressListener(StreamingQueryListener):

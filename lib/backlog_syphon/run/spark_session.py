@@ -70,6 +70,11 @@ def build_spark_session(app_name: str = "backlog-syphon", master: str | None = N
         # Python): the quick compiler alone and one GC thread start it and its first Delta commits
         # about a third sooner (measured: session 4.0 s against 5.9 s, the lease 6.7 s against 8.9 s).
         "spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC",
+        # How long the JVM waits for a Python process it started (the streaming source's, a worker)
+        # to connect back. Spark's 15 s is too short for a busy driver, where starting an interpreter
+        # and importing pyspark can take longer: the query then fails with "Python worker failed to
+        # connect back" (seen at load 5 on 2 cores).
+        "spark.python.authenticate.socketTimeout": "120s",
     }
     jars = delta_jars.fetched_jars()
     if jars:

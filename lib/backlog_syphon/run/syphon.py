@@ -6,10 +6,12 @@ the query for callers that wait themselves. The dry run is ``run.dry_run``.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import logging
 import os
 import tempfile
+import threading
 import uuid
 from dataclasses import dataclass
 from typing import Callable
@@ -19,8 +21,8 @@ from pyspark.sql.streaming import StreamingQuery
 
 from backlog_syphon.config import AVAILABLE_NOW, SyphonConfig, trigger_options
 from backlog_syphon.errors import SettingsError
-from backlog_syphon.model import Outcome
-from backlog_syphon.restore.queue_names import backlog_queue_names
+from backlog_syphon.model import STAYING_OUTCOMES, Outcome
+from backlog_syphon.restore.queue_names import backlog_queue_names, dead_letter_queue_name
 from backlog_syphon.run import reports
 from backlog_syphon.run.fence import LeaseKeeper
 from backlog_syphon.run.progress import BatchStats, ProgressPoint, SyphonProgressListener, follow_progress
@@ -33,10 +35,20 @@ from backlog_syphon.source.data_source import (
     backlog_source_options,
 )
 from backlog_syphon.storage import tables
+from backlog_syphon.timeline import Milestone, Timeline
 
 logger = logging.getLogger(__name__)
 
 EMULATED_AVAILABLE_NOW_TRIGGER = "1 second"  # between batches of a played available-now run
+
+
+# The run summary's columns per destination: the reported outcomes (``model.REPORTED_OUTCOMES``) and their headings.
+SUMMARY_COLUMNS = ((Outcome.DELIVERED, "delivered"), (Outcome.DEAD_LETTERED, "dead-lettered"),
+                   (Outcome.SKIPPED_PING, "skipped"), (Outcome.HELD, "held"), (Outcome.NOT_SELECTED, "not selected"))
+
+
+def _width(heading: str) -> int:
+    return max(8, len(heading) + 1)
 
 
 @dataclass(frozen=True)
@@ -45,29 +57,48 @@ class RunSummary:
     per_destination: dict[str, dict[str, int]]  # destination -> outcome (an Outcome's value) -> count
     remaining: dict[str, int]  # backlog queue -> messages still there
     progress: tuple[ProgressPoint, ...] = ()  # one point per micro-batch, as the listener saw it
+    timeline: Timeline | None = None  # when the run reached each step (printed with --verbose)
+    # A re-drive: ``remaining`` counts the dead-letter sub-queues, where what it left stays by design.
+    redrive: bool = False
 
     @property
     def held(self) -> dict[str, int]:
         """Per destination, the messages this run left in the backlog because ``restore.skip_destinations``
         names it (``Outcome.HELD``)."""
-        return {destination: counts.get(Outcome.HELD, 0) for destination, counts in self.per_destination.items()
-                if counts.get(Outcome.HELD, 0)}
+        return self._counts(Outcome.HELD)
+
+    @property
+    def stayed(self) -> dict[str, int]:
+        """Per destination, the messages this run left where they are on purpose (``Outcome.stays``: held,
+        or not selected by a re-drive)."""
+        return {destination: sum(counts.get(outcome, 0) for outcome in STAYING_OUTCOMES)
+                for destination, counts in self.per_destination.items()
+                if any(counts.get(outcome, 0) for outcome in STAYING_OUTCOMES)}
+
+    def _counts(self, outcome: Outcome) -> dict[str, int]:
+        return {destination: counts.get(outcome, 0) for destination, counts in self.per_destination.items()
+                if counts.get(outcome, 0)}
 
     @property
     def drained(self) -> bool:
-        """Nothing is left in the backlog but what skipped destinations hold: a skip is what the operator
-        asked for, so a scheduled run that honours it has drained (exit code 0), not fallen short."""
-        return sum(self.remaining.values()) <= sum(self.held.values())
+        """Nothing is left but what this run left on purpose: a skip is what the operator asked for, so a
+        scheduled run that honours it has drained (exit code 0), not fallen short. A re-drive leaves by
+        design what it did not select or still cannot deliver (dead-lettered again, where it was), which
+        ``remaining`` counts too: it has drained once it ends (the audit says what it left)."""
+        return self.redrive or sum(self.remaining.values()) <= sum(self.stayed.values())
 
     def lines(self) -> list[str]:
         out = [f"run {self.run_id}"]
-        out.append(f"  {'destination':<32} {'delivered':>10} {'dead-lettered':>14} {'skipped':>8} {'held':>8}")
+        # NOT_SELECTED only happens in a re-drive: a backlog run's summary has no column for it.
+        columns = [(outcome, heading) for outcome, heading in SUMMARY_COLUMNS
+                   if self.redrive or outcome != Outcome.NOT_SELECTED]
+        out.append(f"  {'destination':<32}" + "".join(f" {heading:>{_width(heading)}}" for _, heading in columns))
         for destination, counts in self.per_destination.items():
-            out.append(f"  {destination:<32} {counts[Outcome.DELIVERED]:>10} {counts[Outcome.DEAD_LETTERED]:>14} "
-                       f"{counts[Outcome.SKIPPED_PING]:>8} {counts.get(Outcome.HELD, 0):>8}")
+            out.append(f"  {destination:<32}" + "".join(f" {counts.get(outcome, 0):>{_width(heading)}}"
+                                                        for outcome, heading in columns))
         if not self.per_destination:
             out.append("  (nothing moved)")
-        out.append(f"  {'backlog queue':<40} {'remaining':>10}")
+        out.append(f"  {'dead-letter queue' if self.redrive else 'backlog queue':<40} {'remaining':>10}")
         for queue, count in self.remaining.items():
             out.append(f"  {queue:<40} {count:>10}")
         held = self.held
@@ -121,6 +152,103 @@ class AuditRecords:
         return {row["destination"]: {outcome.value: row[outcome] for outcome in Outcome} for row in rows}
 
 
+class StartGates:
+    """What must hold before the sink's first batch reads the state tables or sends: the tables exist,
+    this run holds the lease (kept by a heartbeat from then on), and the driver and an executor reach
+    both namespaces. They run in background threads from construction; ``wait`` joins them.
+
+    In a classic session the query starts as soon as the lease is seen free and the driver reached
+    both namespaces (``wait_until_startable``), so Spark's start of the query and the source's first
+    plan (peeks only: nothing is read for sending, nothing changes) overlap writing the lease and the
+    executors' check; the sink's first batch waits for all of it (``wait``) before it touches
+    anything. The common refusals (another run holds the lease, a wrong connection string) are so
+    still raised before any query starts. Where the sink runs elsewhere (Spark Connect) or the run
+    may wait for the lease, the query starts only after ``wait``: a target fixed while another run
+    still drains could never be reached.
+    """
+
+    def __init__(self, spark: SparkSession, config: SyphonConfig, keeper: LeaseKeeper, timeline: Timeline, *,
+                 check_access: bool, on_wait: Callable[[str], None] | None):
+        from concurrent.futures import ThreadPoolExecutor
+
+        from backlog_syphon.servicebus.probes import executor_preflight, preflight
+
+        self.spark, self.keeper = spark, keeper
+        storage = config.storage
+        self._seen_free = threading.Event()  # set once the lease was seen free, or taking it failed before
+        self._lease_free = False
+        self.state_is_new = False  # nothing was ever recorded in the state tables (``tables.create_tables``)
+
+        def check_driver() -> None:
+            if check_access:
+                preflight(config)
+
+        def check_executors() -> None:
+            executor_preflight(spark, config)
+            timeline.mark(Milestone.PREFLIGHT_DONE)
+
+        def seen_free() -> None:
+            self._lease_free = True
+            self._seen_free.set()
+
+        def take_lease() -> None:
+            try:
+                created = tables.create_tables(spark, storage.audit_table, storage.checkpoint_table,
+                                               storage.resolved_lease_table)
+                timeline.mark(Milestone.TABLES_READY)
+                lease = keeper.acquire(spark, wait=config.run.wait_for_lease, on_wait=on_wait, on_free=seen_free)
+                timeline.mark(Milestone.LEASE_TAKEN)
+                self.state_is_new = {storage.audit_table, storage.checkpoint_table} <= created and lease.epoch == 1
+                keeper.start_heartbeat(spark)
+            finally:
+                self._seen_free.set()
+
+        pool = ThreadPoolExecutor(max_workers=3, thread_name_prefix="start")
+        self._checks = (pool.submit(check_driver), pool.submit(check_executors))
+        self._leased = pool.submit(take_lease)
+        pool.shutdown(wait=False)  # the threads end with their work
+
+    @property
+    def failure(self) -> BaseException | None:
+        """Once all are done: a pre-flight's failure first (it says what to fix), else the lease's."""
+        failures = [future.exception() for future in (*self._checks, self._leased)]  # waits for each
+        return next((failure for failure in failures if failure is not None), None)
+
+    def wait_until_startable(self) -> None:
+        """Return once the driver reached both namespaces and the lease was seen free (this run writes it
+        meanwhile); raise (``wait``) if either failed, for example because another run holds the lease."""
+        driver_check = self._checks[0]
+        driver_check.exception()
+        self._seen_free.wait()
+        if driver_check.exception() is not None or not self._lease_free:
+            self.wait()  # raises what failed
+
+    def wait(self) -> None:
+        """Return once all passed; else give the lease back (if it was taken) and raise the failure."""
+        failure = self.failure
+        if failure is not None:
+            self.keeper.release(self.spark)
+            raise failure
+
+
+def run_config(config: SyphonConfig, run_id: str) -> SyphonConfig:
+    """The configuration a run works with. A re-drive reads the dead-letter sub-queues as they are when it
+    starts, from their first message, whatever earlier re-drives left there: it gets a streaming checkpoint
+    of its own (``<checkpoint_location>_redrive/<run id>``). What an interrupted re-drive recorded is
+    known from the audit and checkpoint tables, as after a deleted streaming checkpoint: not sent again,
+    and settled by the next run."""
+    if not config.redriving:
+        return config
+    location = f"{config.storage.checkpoint_location.rstrip('/')}_redrive/{run_id}"
+    return dataclasses.replace(config, storage=dataclasses.replace(config.storage, checkpoint_location=location))
+
+
+def source_queues(config: SyphonConfig) -> list[str]:
+    """The configured queues a run reads: the backlog queues, or (a re-drive) their dead-letter sub-queues."""
+    queues = backlog_queue_names(config.primary.namespace, config.backlog.queue_count)
+    return [dead_letter_queue_name(queue) for queue in queues] if config.redriving else queues
+
+
 def lease_key(config: SyphonConfig) -> str:
     """Which backlog a lease fences: the secondary namespace's endpoint and the primary namespace's name."""
     return f"{config.secondary.endpoint}/{config.primary.namespace}"
@@ -134,8 +262,10 @@ class SyphonRun:
     sink: DeliverySink
     listener: SyphonProgressListener
     lease_keeper: LeaseKeeper
+    gates: StartGates
     stop_file: str
     records: SinkRecords | AuditRecords
+    timeline: Timeline
     spark: SparkSession | None = None  # Spark Connect: how a stop request reaches the server
     _forwarded: bool = False
 
@@ -164,7 +294,9 @@ class SyphonRun:
             if self.query.isActive:
                 self.query.stop()
             self.sink.wait_for_purges()
+            self.timeline.mark(Milestone.QUERY_STOPPED)
         finally:
+            self.gates.failure  # noqa: B018 - the lease is given back only once taking it has ended
             spark.streams.removeListener(self.listener)
             with ThreadPoolExecutor(max_workers=2, thread_name_prefix="finish") as pool:
                 flushed = pool.submit(self.sink.flush, spark)
@@ -174,6 +306,7 @@ class SyphonRun:
                 finally:
                     released.result()
                     flushed.result()
+                    self.timeline.mark(Milestone.STATE_SAVED)
             try:
                 os.unlink(self.stop_file)
             except OSError:
@@ -183,50 +316,38 @@ class SyphonRun:
 
 def start_syphon(spark: SparkSession, config: SyphonConfig, *, run_id: str | None = None,
                  log_progress: bool = True, on_wait: Callable[[str], None] | None = None,
-                 check_access: bool = True, emulate_available_now: bool | None = None) -> SyphonRun:
+                 check_access: bool = True, emulate_available_now: bool | None = None,
+                 timeline: Timeline | None = None) -> SyphonRun:
     """Take the backlog's lease and start the streaming query; the caller waits and calls ``finish``.
 
     ``emulate_available_now``: play an available-now run with bounded batches (None: where Spark lacks read
     limits for Python sources, that is before 4.2).
     ``check_access``: run the pre-flight (``servicebus.probes.preflight``) while the lease is taken, and
     start nothing if it fails (the command line runs it while Spark starts, and passes False). The
-    executors' own check (``executor_preflight``) always runs.
+    executors' own check (``executor_preflight``) always runs, before the first batch (see ``StartGates``).
     ``log_progress``: log one line per micro-batch (off when the caller shows them itself).
+    ``timeline``: where the run marks its steps (a new one, from the process's start, if None).
     Raises ``run.lease.LeaseHeldError`` when another run holds the backlog (unless ``run.wait_for_lease``,
     then it waits, telling ``on_wait`` once).
     """
-    from concurrent.futures import ThreadPoolExecutor
-
-    from backlog_syphon.servicebus.probes import executor_preflight, preflight
-
     spark.dataSource.register(BacklogDataSource)
-    storage = config.storage
+    timeline = timeline if timeline is not None else Timeline()
     run_id = run_id or f"{dt.datetime.now(dt.timezone.utc):%Y%m%dT%H%M%SZ}-{uuid.uuid4().hex[:8]}"
+    config = run_config(config, run_id)
+    storage = config.storage
     keeper = LeaseKeeper(lease_table=storage.resolved_lease_table, lease_key=lease_key(config), run_id=run_id,
                          lease_seconds=config.run.lease_seconds)
 
-    def check() -> None:
-        if check_access:
-            preflight(config)
-        executor_preflight(spark, config)
-
-    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="preflight") as pool:
-        # The pre-flights (round trips to both namespaces, from the driver and from an executor) overlap
-        # taking the lease (Delta commits).
-        checked = pool.submit(check)
-        try:
-            tables.create_tables(spark, storage.audit_table, storage.checkpoint_table, storage.resolved_lease_table)
-            keeper.acquire(spark, wait=config.run.wait_for_lease, on_wait=on_wait)
-        finally:
-            try:
-                checked.result()
-            except BaseException:
-                keeper.release(spark)
-                raise
-    keeper.start_heartbeat(spark)
+    gates = StartGates(spark, config, keeper, timeline, check_access=check_access, on_wait=on_wait)
+    overlapped = not is_connect(spark) and not config.run.wait_for_lease
+    if overlapped:
+        gates.wait_until_startable()
+    else:
+        gates.wait()
     stop_file = os.path.join(tempfile.gettempdir(), f"backlog-syphon-stop-{run_id}")
     sink = DeliverySink(config, run_id=run_id, lease_keeper=keeper, settle_in_batch=is_connect(spark),
-                        stop_file=stop_file)
+                        stop_file=stop_file, timeline=timeline, start_gates=gates if overlapped else None,
+                        state_is_new=gates.state_is_new)
     records = AuditRecords(spark, storage.audit_table, run_id) if is_connect(spark) else SinkRecords(sink)
     listener = SyphonProgressListener(records.batch_stats, query_name=config.run.query_name, log_lines=log_progress)
     spark.streams.addListener(listener)
@@ -256,22 +377,27 @@ def start_syphon(spark: SparkSession, config: SyphonConfig, *, run_id: str | Non
                  .start())
     except BaseException:
         spark.streams.removeListener(listener)
+        gates.failure  # noqa: B018 - the lease is given back only once taking it has ended
         keeper.release(spark)
         raise
+    timeline.mark(Milestone.QUERY_STARTED)
     logger.info("started run_id=%s query=%s trigger=%s", run_id, config.run.query_name, config.run.trigger)
-    return SyphonRun(query, sink, listener, keeper, stop_file, records, spark if is_connect(spark) else None)
+    return SyphonRun(query, sink, listener, keeper, gates, stop_file, records, timeline,
+                     spark if is_connect(spark) else None)
 
 
 def run_syphon(spark: SparkSession, config: SyphonConfig, *, run_id: str | None = None,
                timeout_seconds: float | None = None, on_progress: Callable[[str], None] | None = None,
-               check_access: bool = True, on_start: Callable[[SyphonRun], None] | None = None) -> RunSummary:
+               check_access: bool = True, on_start: Callable[[SyphonRun], None] | None = None,
+               timeline: Timeline | None = None) -> RunSummary:
     """Run until an available-now run has drained what was there (or the query stops); summarise.
 
     ``check_access``: see ``start_syphon``. ``on_progress`` receives one line per micro-batch, from
-    this thread, while the run goes on; ``on_start`` gets the started run (to ask it to stop).
+    this thread, while the run goes on; ``on_start`` gets the started run (to ask it to stop);
+    ``timeline``: see ``start_syphon``.
     """
     run = start_syphon(spark, config, run_id=run_id, log_progress=on_progress is None, on_wait=on_progress,
-                       check_access=check_access)
+                       check_access=check_access, timeline=timeline)
     try:
         if on_start is not None:
             on_start(run)
@@ -284,8 +410,10 @@ def run_syphon(spark: SparkSession, config: SyphonConfig, *, run_id: str | None 
             raise run.sink.failure from exc
         raise
     # What is left is counted (peeks) while the last records are written.
-    summary = run.finish(spark, meanwhile=lambda: None if run.query.exception() else summarise_run(
-        config, run))
+    summary = run.finish(spark, meanwhile=lambda: None if run.query.exception() or run.gates.failure else
+                         summarise_run(config, run))
+    if run.gates.failure is not None:  # also when no batch ran to raise it (nothing to read)
+        raise run.gates.failure
     if run.query.exception() is not None:
         # Classic Spark runs foreachBatch in this process: the sink kept its own error, exit code included.
         raise run.sink.failure or run.query.exception()
@@ -301,7 +429,7 @@ def server_has_read_limits(spark: SparkSession) -> bool:
 def refuse_unbounded_batch(config: SyphonConfig, spark_version: str) -> None:
     """On a server that reads an available-now backlog as one batch, refuse a backlog larger than
     ``run.max_single_batch_messages`` (counted in sequence numbers, an upper bound, by a few peeks)."""
-    spans = backlog_spans(config.secondary, backlog_queue_names(config.primary.namespace, config.backlog.queue_count))
+    spans = backlog_spans(config.secondary, source_queues(config))
     total = sum(spans.values())
     limit = config.run.max_single_batch_messages
     logger.warning("Spark %s reads an available-now backlog as one batch here: about %d messages", spark_version,
@@ -340,7 +468,8 @@ def backlog_spans(namespace, queues) -> dict[str, int]:
 def summarise_run(config: SyphonConfig, run: SyphonRun) -> RunSummary:
     from backlog_syphon.servicebus.peek import peek_counts
 
-    return RunSummary(run_id=run.sink.run_id, per_destination=run.records.per_destination(),
-                      remaining=peek_counts(config.secondary, backlog_queue_names(config.primary.namespace,
-                                                                                    config.backlog.queue_count)),
-                      progress=tuple(run.listener.points))
+    summary = RunSummary(run_id=run.sink.run_id, per_destination=run.records.per_destination(),
+                         remaining=peek_counts(config.secondary, source_queues(config)),
+                         progress=tuple(run.listener.points), timeline=run.timeline, redrive=config.redriving)
+    run.timeline.mark(Milestone.SUMMARISED)
+    return summary

@@ -10,15 +10,23 @@ Invariants:
 - Only recorded messages are settled. A message no span holds (a queue recreated since, a message
   that was left unsent, anything unexpected at the head of the queue) is *released*: its lock is
   dropped without raising its delivery count, and the purge stops and says so.
-- Except where messages were held for skipped destinations (``HeldSpan``): those stay in the backlog
-  for a later run, so stopping at them would leave everything recorded behind them unsettled for
-  the whole run. A message the plan's held span covers is *passed over*: kept locked (so the next
-  receive goes past it) while the purge settles what lies behind it, and released at the end of the
-  round, never settled. The I/O side ends the round before those locks could run out (an expired
-  lock would raise the delivery count).
-- Never ask for more messages than recorded ones are still there, so the broker has no credit to
-  fill with messages that are not recorded. After a crash some may be gone already: such a plan is
-  verified (the recorded messages still there counted by peeking, which locks nothing) first.
+- Except a message that *stays*: one the syphon left in the queue on purpose, which may lie before
+  and between the recorded ones, where a receive meets it first. Stopping there would leave
+  everything recorded behind it unsettled for the whole run, so such a message is *passed over*:
+  kept locked (so the next receive goes past it; not settled, its delivery count untouched) while
+  the purge settles what lies behind it, and released unchanged when the round ends. Which
+  messages may stay (``PurgePlan.passes_over``):
+  - in a backlog queue, those in the plan's ``HeldSpan`` (held for ``restore.skip_destinations``);
+  - in a dead-letter sub-queue (a re-drive's, ``PurgePlan.passing``), any message no span holds:
+    the re-drive did not select it, or an earlier re-drive dead-lettered it again.
+  The I/O side ends the round before the first of those locks could run out (in a backlog queue an
+  expired lock would raise the delivery count); a passed-over message that comes back, or one past
+  the plan's last sequence number (nothing recorded lies behind it), ends the round too.
+- Never ask for more messages than recorded ones are still there, and the ones that may stay on
+  top, so the broker has no credit to fill with messages that are not recorded. After a crash some
+  may be gone already: such a plan is verified (the recorded messages still there counted by
+  peeking, which locks nothing) first. In a dead-letter sub-queue the count of messages that stay
+  is unknown: the credit is a page there.
 - What is left is decided by looking, not by counting: after the purge, each span is settled when
   the first message at or after its first sequence number is not one of its messages
   (``span_after_peek``).
@@ -47,7 +55,9 @@ class PurgePlan:
     # Some recorded messages may be gone already (settled by a run that crashed before it recorded
     # the purge): count what is still there before asking for that many.
     verify: bool = False
-    held: HeldSpan | None = None  # where messages for skipped destinations wait: passed over, never settled
+    # Where messages that stay may lie (the module docstring): passed over, never settled.
+    held: HeldSpan | None = None  # a backlog queue's messages held for skipped destinations
+    passing: bool = False  # a dead-letter sub-queue: any message no span holds may be one that stays
 
     def __post_init__(self):
         if self.expected < 0 or any(span.backlog_queue != self.queue for span in self.spans):
@@ -65,8 +75,9 @@ class PurgePlan:
         return any(span.holds(*identity) for span in self.spans)
 
     def passes_over(self, identity: Identity) -> bool:
-        """Whether ``identity`` (which no span holds) may be a message held for a skipped destination."""
-        return self.held is not None and self.held.holds(*identity)
+        """Whether ``identity`` (which no span holds) may be a message that stays in the queue: held for a
+        skipped destination, or left in a dead-letter sub-queue by a re-drive."""
+        return self.passing or (self.held is not None and self.held.holds(*identity))
 
     def verified(self, present: list[Identity]) -> PurgePlan:
         """The plan once the messages present in its range are known (peeked): expect only those it holds."""
@@ -82,7 +93,7 @@ class PageActions:
     dead_letter: tuple[tuple[int, str, str], ...]  # (sequence number, reason code, reason)
     release: tuple[int, ...]
     stop: bool  # the head of the queue left the plan: ask for nothing more
-    pass_over: tuple[int, ...] = ()  # held for skipped destinations: keep locked until the round ends, then release
+    pass_over: tuple[int, ...] = ()  # messages that stay: keep locked until the round ends, then release
 
 
 @dataclass(frozen=True)
@@ -104,17 +115,20 @@ class PurgeProgress:
         self.completed = 0
         self.dead_lettered = 0
         self.released = 0
-        self.passed = 0  # held messages passed over (locked until the round ends)
+        self.passed = 0  # messages that stay, passed over (locked until the round ends)
         self._passed_over: set[int] = set()
         self.stopped = plan.expected == 0
 
     def credit(self) -> int:
         """How many messages the next receive call may ask for; 0 means the purge is over.
 
-        Held messages may lie in front of the recorded ones: as many as the held span counts (less
-        those passed already) may be asked for on top; any that turn out to lie behind are released."""
+        Messages that stay may lie in front of the recorded ones: as many as the held span counts (less
+        those passed already) may be asked for on top; any that turn out to lie behind are released.
+        In a dead-letter sub-queue their count is unknown: a page."""
         if self.stopped:
             return 0
+        if self.plan.passing:
+            return self.page
         held_left = max(0, self.plan.held.count - self.passed) if self.plan.held is not None else 0
         return min(self.page, self.plan.expected - self.seen + held_left)
 
@@ -141,10 +155,12 @@ class PurgeProgress:
                 dead_letter.append((seq, reason[0], reason[1]))
         self.released += len(release)
         self.passed += len(pass_over)
-        # A held message that comes back was not kept locked after all: stop rather than go round again.
+        # A passed-over message that comes back was not kept locked after all: stop rather than go round
+        # again. One past the plan's last sequence number has nothing recorded behind it.
         again = self._passed_over.intersection(pass_over)
         self._passed_over.update(pass_over)
-        self.stopped = bool(release) or bool(again) or self.seen >= self.plan.expected
+        passed_last = any(seq > self.plan.last for seq in pass_over)
+        self.stopped = bool(release) or bool(again) or passed_last or self.seen >= self.plan.expected
         return PageActions(tuple(complete), tuple(dead_letter), tuple(release), self.stopped, tuple(pass_over))
 
     def on_settled(self, completed: int, dead_lettered: int) -> None:

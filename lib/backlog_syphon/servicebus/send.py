@@ -19,6 +19,7 @@ from azure.servicebus.exceptions import (
     ServiceBusAuthenticationError,
     ServiceBusAuthorizationError,
     ServiceBusQuotaExceededError,
+    ServiceBusServerBusyError,
 )
 
 from backlog_syphon.config import NamespaceConfig
@@ -31,8 +32,13 @@ logger = logging.getLogger(__name__)
 
 def classify_send_error(exc: BaseException, destination: str) -> SendFailure:
     """Transient (retried, and waited for up to ``sink.outage_wait_seconds``) or final for these messages
-    (dead-letter)."""
+    (dead-letter). Throttling (``SendFailure.failure_class`` THROTTLED: server busy, quota exceeded,
+    throttled) is transient too, and makes the sender slow down (``sink.pacing``)."""
     name = type(exc).__name__
+    if isinstance(exc, ServiceBusServerBusyError):
+        # com.microsoft:server-busy: how a namespace out of its throughput credits answers.
+        return SendFailure(True, ReasonCode.SERVER_BUSY, f"the primary namespace is busy sending to "
+                                                         f"'{destination}' ({name})")
     if isinstance(exc, MessagingEntityNotFoundError):
         return SendFailure(False, ReasonCode.DESTINATION_NOT_FOUND,
                            f"destination '{destination}' does not exist in the primary namespace ({name})")
@@ -45,12 +51,18 @@ def classify_send_error(exc: BaseException, destination: str) -> SendFailure:
         # A disabled entity is an operator's temporary choice: wait rather than dead-letter.
         return SendFailure(True, ReasonCode.DESTINATION_DISABLED, f"destination '{destination}' is disabled ({name})")
     if isinstance(exc, ServiceBusQuotaExceededError):
-        # A full destination drains as its consumers catch up: wait rather than dead-letter.
-        return SendFailure(True, ReasonCode.QUOTA_EXCEEDED, f"destination '{destination}' is full ({name})")
+        # A full destination (or a namespace at its connection quota) drains as its consumers catch up:
+        # slow down and wait rather than dead-letter.
+        return SendFailure(True, ReasonCode.QUOTA_EXCEEDED,
+                           f"destination '{destination}' is full or the namespace's quota is exceeded ({name})")
     if isinstance(exc, ServiceBusAuthenticationError):
         # The pre-flight checked the credentials: now it is a rotated key or an expired token.
         return SendFailure(True, ReasonCode.AUTHENTICATION_FAILED,
                            f"authentication failed for the primary namespace ({name})")
+    if "throttl" in str(exc).lower():
+        # Throttling reported under another condition (the service's text says "... is being throttled").
+        return SendFailure(True, ReasonCode.THROTTLED, f"the primary namespace throttled sends to '{destination}' "
+                                                       f"({name})")
     return SendFailure(True, ReasonCode.TRANSIENT, f"{name} while sending to '{destination}'")
 
 

@@ -23,10 +23,11 @@ Transitions and what a crash at each leaves behind (the invariants the tests wal
 - ``purge``: submitted in the background (settled within the batch over Spark Connect). A failed
   purge round is logged and retried later; it never fails a batch.
 
-Messages held for skipped destinations (``Outcome.HELD``, ``restore.skip_destinations``) are recorded
-like unsent ones (their audit rows cut the spans) but neither fail the batch nor go to another round:
-they are left in the backlog on purpose. Where they lie goes to the purge (``BatchAggregate.held``), so
-it passes over them instead of stopping there.
+Messages left where they are on purpose (``Outcome.stays``: HELD for ``restore.skip_destinations``,
+NOT_SELECTED in a re-drive) are recorded like unsent ones (their audit rows cut the spans) but neither
+fail the batch nor go to another round. The purge passes over them instead of stopping there: where
+held ones lie goes to it (``BatchAggregate.held``); in a dead-letter sub-queue any message no span
+holds may be one that stays (``PurgePlan.passing``).
 """
 
 from __future__ import annotations
@@ -97,6 +98,7 @@ class BatchAggregate:
     unsent: dict[str, Unsent] = field(default_factory=dict)
     # Messages held for skipped destinations: not sent, not settled, and no reason to fail or to send again.
     held: tuple[HeldSpan, ...] = ()
+    first_outcome_ms: int | None = None  # when the batch's first final outcome was reached (its first send)
 
     @property
     def rows(self) -> int:

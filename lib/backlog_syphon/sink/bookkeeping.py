@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Iterable
 
 from backlog_syphon.model import CheckpointRow, DeadLetterOrder, HeldSpan, RecordedSpan
+from backlog_syphon.restore.queue_names import is_dead_letter_queue_name
 from backlog_syphon.servicebus.purge_plan import PurgePlan, PurgeResult
 
 
@@ -70,10 +71,12 @@ def add_recorded(unpurged: dict[str, Unpurged], spans: Iterable[RecordedSpan],
 
 
 def purge_plans(unpurged: dict[str, Unpurged]) -> dict[str, PurgePlan]:
-    """Per queue with something recorded and not settled: what its purge settles."""
+    """Per queue with something recorded and not settled: what its purge settles (a re-drive's dead-letter
+    sub-queue in passing mode: past the messages the re-drive leaves there)."""
     return {queue: PurgePlan(queue, pending.spans, pending.count,
                              {(order.sequence_number, order.enqueued_ms): (order.reason_code, order.reason)
-                              for order in pending.dead_letters}, pending.verify, pending.held)
+                              for order in pending.dead_letters}, pending.verify, pending.held,
+                             passing=is_dead_letter_queue_name(queue))
             for queue, pending in sorted(unpurged.items()) if pending.spans}
 
 

@@ -5,8 +5,9 @@ clock and the sleep, so the retry state machine is tested with fakes in millisec
 Invariants:
 - Order: rows are sent in sequence-number order per destination and session; a batched send holds
   consecutive messages of one destination and session only.
-- One row, one outcome: delivered, dead-lettered (with a reason code and text), skipped, held (its
-  destination is in ``restore.skip_destinations``: never sent, left in the backlog) or unsent.
+- One row, one outcome: delivered, dead-lettered (with a reason code and text), skipped, unsent, or left
+  where it is on purpose (``Outcome.stays``): held (its destination is in ``restore.skip_destinations``)
+  or, in a re-drive, not selected. Those are never sent.
 - No single message stops the run: a message that cannot be built (decoded, restored, encoded)
   becomes that message's dead-letter outcome, with the exception's text, and the rest goes on.
 - No destination holds the others hostage: a destination that refuses or cannot be reached is
@@ -18,6 +19,12 @@ Invariants:
   then is unsent (``ROUND_DEADLINE``) and the next round, under an extended lease, sends it.
 - A final failure (no such destination, not authorized, too large) dead-letters the messages it
   concerns: the first pending one for "too large", all pending ones of the group otherwise.
+- Politely (``sink.pacing``): sends wait for the task's ``Pacer`` (its share of
+  ``sink.max_messages_per_second``, lowered after throttling). A throttling failure (server busy,
+  quota exceeded, throttled) slows the task down and makes its destination wait (doubling from
+  ``sink.retry_backoff_seconds`` up to ``sink.max_retry_backoff_seconds``) without counting against
+  ``sink.max_send_attempts`` and without dropping the link; it is still bounded by
+  ``sink.outage_wait_seconds`` like any other failure.
 """
 
 from __future__ import annotations
@@ -29,7 +36,16 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Iterator, Mapping, Protocol, Sequence
 
 from backlog_syphon.config import SinkConfig
-from backlog_syphon.model import Action, Outcome, Outgoing, PartialSendError, ReasonCode, SendFailure
+from backlog_syphon.model import (
+    Action,
+    Outcome,
+    Outgoing,
+    PartialSendError,
+    ReasonCode,
+    SendFailure,
+    SendFailureClass,
+)
+from backlog_syphon.sink.pacing import PaceEvent, Pacer, PaceSignal
 
 logger = logging.getLogger(__name__)
 
@@ -37,7 +53,7 @@ Row = Mapping[str, Any]  # a classified backlog row (``restore.rows`` columns + 
 
 # The outcome of a row the restore rules decided not to send.
 NOT_SENT_OUTCOMES = {Action.SKIP: Outcome.SKIPPED_PING, Action.DEAD_LETTER: Outcome.DEAD_LETTERED,
-                     Action.HOLD: Outcome.HELD}
+                     Action.HOLD: Outcome.HELD, Action.LEAVE: Outcome.NOT_SELECTED}
 
 
 class Sender(Protocol):
@@ -92,10 +108,11 @@ def deliver_rows(rows: Iterable[Row], *, build: Callable[[Row], Outgoing], sende
                  classify: Callable[[BaseException, str], SendFailure], sink: SinkConfig,
                  limits: RoundLimits = RoundLimits(), clock: Callable[[], float] = time.time,
                  sleep: Callable[[float], None] = time.sleep, on_sent: Callable[[], None] = lambda: None,
-                 carry: Carry | None = None) -> Iterator[Delivery]:
+                 carry: Carry | None = None, pacer: Pacer | None = None) -> Iterator[Delivery]:
     """Deliver rows (one backlog queue's, or several) and yield one ``Delivery`` per row.
 
     ``on_sent`` is called after each send that delivered something (a test hook for crashes).
+    ``pacer``: the task's pacing (None: no cap, and still backing off on throttling).
     ``carry``: the destinations' state from the rows before these (a task delivers its window in
     chunks, ``deliver_chunks``): one that was left unsent keeps its later messages unsent too.
     """
@@ -116,15 +133,18 @@ def deliver_rows(rows: Iterable[Row], *, build: Callable[[Row], Outgoing], sende
                                f"the restored message could not be built: {type(exc).__name__}: {exc}"[:1024], 0)
         if pending:
             waiting.setdefault(first["destination"], deque()).append(pending)
+    carry = carry or Carry()
+    if carry.pacer is None:
+        carry.pacer = pacer or Pacer(None, sink.throttle_recovery_seconds, clock())
     yield from _DestinationRounds(waiting, sender=sender, classify=classify, sink=sink, limits=limits, clock=clock,
-                                  sleep=sleep, on_sent=on_sent, carry=carry or Carry()).run()
+                                  sleep=sleep, on_sent=on_sent, carry=carry).run()
 
 
-def deliver_chunks(chunks: Iterable[Iterable[Row]], **kwargs) -> Iterator[list[Delivery]]:
+def deliver_chunks(chunks: Iterable[Iterable[Row]], *, pacer: Pacer | None = None, **kwargs) -> Iterator[list[Delivery]]:
     """``deliver_rows`` over consecutive chunks of one task's rows (in sequence order), one list of
     results per chunk: a task's memory holds one chunk, not its whole window, and each destination's
-    order and state carry over from one chunk to the next."""
-    carry = Carry()
+    order and state (and the task's pacing) carry over from one chunk to the next."""
+    carry = Carry(pacer=pacer)
     for chunk in chunks:
         yield list(deliver_rows(chunk, carry=carry, **kwargs))
 
@@ -135,11 +155,13 @@ class Carry:
 
     retry: dict[str, _Retry] = field(default_factory=dict)
     left: dict[str, tuple[ReasonCode, str, float]] = field(default_factory=dict)  # destination -> why unsent
+    pacer: Pacer | None = None
 
 
 @dataclass
 class _Retry:
-    attempts: int = 0  # failures in a row
+    attempts: int = 0  # failures in a row, throttling not counted
+    throttled: int = 0  # throttling answers in a row
     failing_since: float | None = None
     next_try: float = 0.0
 
@@ -154,6 +176,7 @@ class _DestinationRounds:
         self.sender, self.classify, self.sink, self.limits = sender, classify, sink, limits
         self.clock, self.sleep, self.on_sent = clock, sleep, on_sent
         self.carry = carry
+        self.pacer: Pacer = carry.pacer
         for destination in waiting:
             carry.retry.setdefault(destination, _Retry(failing_since=limits.unavailable_since.get(destination)))
         self.retry = carry.retry
@@ -176,14 +199,22 @@ class _DestinationRounds:
                 continue
             # The ready destination whose next message came first: the backlog's order, as far as it can be kept.
             destination = min(ready, key=lambda d: self.waiting[d][0][0][0]["sequence_number"])
-            yield from self._send_next(destination, now)
+            # As many of its next messages as the pacer lets one send carry, once it lets them go.
+            largest = self.pacer.largest_send()
+            count = len(self.waiting[destination][0]) if largest is None else min(largest, len(self.waiting[destination][0]))
+            wait = self.pacer.wait(count, now)
+            if wait > 0:
+                self.sleep(max(0.0, min(now + wait, self.limits.deadline) - now))
+                continue
+            yield from self._send_next(destination, count, now)
 
-    def _send_next(self, destination: str, now: float) -> Iterator[Delivery]:
+    def _send_next(self, destination: str, count: int, now: float) -> Iterator[Delivery]:
         groups = self.waiting[destination]
         group = groups[0]
         retry = self.retry[destination]
+        self.pacer.sending(count, now)
         try:
-            sent = self.sender.send(destination, [message for _, message in group])
+            sent = self.sender.send(destination, [message for _, message in group[:count]])
             cause = None
         except PartialSendError as error:
             sent, cause = error.sent, error.cause
@@ -191,12 +222,18 @@ class _DestinationRounds:
             yield Delivery(row, Outcome.DELIVERED, None, None, retry.attempts + 1)
         group = groups[0] = group[sent:]
         if sent:
+            self.pacer.observe(PaceEvent(PaceSignal.SENT, self.clock(), sent))
             self.on_sent()
-            retry.attempts, retry.failing_since = 0, None
+            retry.attempts, retry.throttled, retry.failing_since = 0, 0, None
         if cause is None:
-            self._done_with_group(destination)
+            if not group:
+                self._done_with_group(destination)
             return
         failure = self.classify(cause, destination)
+        if failure.failure_class is SendFailureClass.THROTTLED:
+            # from when the refusal came: the SDK's own retries of a ServerBusy take a second or two
+            yield from self._throttled(destination, failure, self.clock())
+            return
         self.sender.reset(destination)
         if not failure.transient:
             # Too large: only the first pending message is at fault; the rest may still go.
@@ -224,6 +261,29 @@ class _DestinationRounds:
         if retry.attempts < self.sink.max_send_attempts:
             backoff = min(backoff, self.sink.retry_backoff_seconds * 2 ** (retry.attempts - 1))
         retry.next_try = now + backoff
+
+    def _throttled(self, destination: str, failure: SendFailure, now: float) -> Iterator[Delivery]:
+        """The primary is over its capacity: the task slows down (the pacer) and this destination waits,
+        on the same link, without spending ``sink.max_send_attempts``; ``sink.outage_wait_seconds`` still
+        bounds how long it may last."""
+        retry = self.retry[destination]
+        self.pacer.observe(PaceEvent(PaceSignal.THROTTLED, now))
+        retry.throttled += 1
+        retry.failing_since = retry.failing_since if retry.failing_since is not None else now
+        waited = now - retry.failing_since
+        first_row = self.waiting[destination][0][0][0]
+        logger.warning("destination=%s backlog=%s sequence_number=%s throttled (%s), %d in a row, for %.0f s; "
+                       "rate limit now %s msg/s", destination, first_row["backlog_queue"],
+                       first_row["sequence_number"], failure.reason, retry.throttled, waited,
+                       "none" if self.pacer.controller.rate is None else f"{self.pacer.controller.rate:.0f}")
+        if waited >= self.sink.outage_wait_seconds:
+            yield from self._leave(destination, ReasonCode.DESTINATION_UNAVAILABLE,
+                                   f"destination '{destination}' stayed unavailable for "
+                                   f"{self.sink.outage_wait_seconds:.0f} s ({failure.reason}); nothing was lost: "
+                                   f"its messages stay in the backlog for the next run", retry.failing_since)
+            return
+        retry.next_try = now + min(self.sink.max_retry_backoff_seconds,
+                                   self.sink.retry_backoff_seconds * 2 ** min(retry.throttled - 1, 30))
 
     def _done_with_group(self, destination: str) -> None:
         groups = self.waiting[destination]

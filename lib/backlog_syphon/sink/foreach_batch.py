@@ -26,14 +26,16 @@ ends a send task's first attempt after its first send, as a lost executor would.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import hashlib
 import logging
 import os
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Callable, Iterator, Sequence
+from typing import Callable, Iterator, Protocol, Sequence
 
+from pyspark.accumulators import AccumulatorParam
 from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
@@ -48,13 +50,17 @@ from backlog_syphon.model import (
     HeldSpan,
     Outcome,
     OutcomeRecord,
+    PacingStats,
     ReasonCode,
     RecordedSpan,
 )
-from backlog_syphon.restore import rules
+from backlog_syphon.restore import redrive, rules
+from backlog_syphon.restore.queue_names import DEAD_LETTER_SUBQUEUE, is_dead_letter_queue_name
 from backlog_syphon.restore.rows import OUTCOME_ROW_ARROW_SCHEMA, OUTCOME_ROW_SCHEMA, record_batch
+from backlog_syphon.timeline import Milestone, Timeline
 from backlog_syphon.sink import batch as machine
 from backlog_syphon.sink import delivery
+from backlog_syphon.sink.pacing import Pacer, cap_share
 from backlog_syphon.sink.batch import BatchAggregate, CrashPoint, Recovery, SinkState, Unsent
 from backlog_syphon.sink.purge_runner import PurgeRunner
 from backlog_syphon.storage import tables
@@ -111,12 +117,22 @@ def checkpoint_app_id(checkpoint_location: str, query_id: str | None) -> str:
     return f"backlog-syphon-{digest}"
 
 
+class StartGates(Protocol):
+    """What a classic run's first batch waits for (``run.syphon.StartGates``)."""
+
+    state_is_new: bool
+
+    def wait(self) -> None:
+        """Return once this run holds the lease and its checks passed; else raise what failed."""
+
+
 class DeliverySink:
     """Callable for ``foreachBatch``. Holds picklable settings and, in the process that runs it, the
     run's state between batches (``sink.batch.SinkState``) and what the progress reports read."""
 
     def __init__(self, config: SyphonConfig, *, run_id: str, lease_keeper, settle_in_batch: bool = False,
-                 stop_file: str | None = None,
+                 stop_file: str | None = None, timeline: Timeline | None = None,
+                 start_gates: StartGates | None = None, state_is_new: bool = False,
                  clock: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.timezone.utc)):
         self.config = config
         self.run_id = run_id
@@ -129,6 +145,11 @@ class DeliverySink:
         self.stop_file = stop_file
         self.stop_marker = f"{config.storage.checkpoint_location.rstrip('/')}_stop/{run_id}"
         self.clock = clock
+        self.timeline = timeline if timeline is not None else Timeline()  # the run's, in a classic session
+        # Classic sessions: what the first batch waits for before it reads a table or sends (the lease,
+        # taken while the query starts; ``run.syphon.StartGates``); it raises what failed there.
+        self._start_gates = start_gates
+        self.state_is_new = state_is_new  # nothing was ever recorded: the first batch reads nothing back
         self.app_id: str | None = None  # known at the run's first batch (the checkpoint's query id)
         self.state = SinkState()
         self._purges = PurgeRunner(config.secondary)
@@ -136,7 +157,19 @@ class DeliverySink:
         self.batch_stats: dict[int, BatchStats] = {}  # read (and emptied) by the progress listener
         self.failure: BaseException | None = None  # the last batch failure (classic Spark: this process)
 
+    def __getstate__(self):
+        return {**self.__dict__, "_start_gates": None}  # Spark Connect: the sink runs on the server
+
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
+        self.timeline.mark(Milestone.FIRST_BATCH)
+        if self._start_gates is not None:
+            try:
+                self._start_gates.wait()
+            except BaseException as exc:
+                self.failure = exc
+                raise
+            self.state_is_new = self._start_gates.state_is_new
+            self._start_gates = None
         spark = batch.sparkSession
         if self.app_id is None:
             self.app_id = checkpoint_app_id(self.config.storage.checkpoint_location,
@@ -154,6 +187,10 @@ class DeliverySink:
             with open(self.stop_file, "a"):  # the source, next to this process, plans no more batches
                 pass
         aggregate = report.aggregate
+        if aggregate.first_outcome_ms is not None:
+            self.timeline.mark(Milestone.FIRST_SEND, aggregate.first_outcome_ms / 1000)
+        if aggregate.rows:
+            self.timeline.mark(Milestone.LAST_RECORD, again=True)
         for (destination, outcome), n in aggregate.per_destination.items():
             if outcome in REPORTED_OUTCOMES:
                 per = self.per_destination.setdefault(destination, {o.value: 0 for o in REPORTED_OUTCOMES})
@@ -164,7 +201,7 @@ class DeliverySink:
                 aggregate.total(Outcome.DELIVERED), aggregate.total(Outcome.DEAD_LETTERED),
                 aggregate.total(Outcome.SKIPPED_PING), report.replayed, round(time.monotonic() - started, 2),
                 None if oldest is None else dt.datetime.fromtimestamp(oldest / 1000, dt.timezone.utc),
-                held=aggregate.total(Outcome.HELD))
+                held=aggregate.total(Outcome.HELD), pacing=ports.pacing)
             logger.info("batch_id=%s queues=%d delivered=%d dead_lettered=%d skipped=%d held=%d replayed=%d "
                         "rounds=%d seconds=%.2f", batch_id, len({span.backlog_queue for span in aggregate.spans}),
                         aggregate.total(Outcome.DELIVERED), aggregate.total(Outcome.DEAD_LETTERED),
@@ -205,8 +242,11 @@ class SparkBatch:
         self.spark = batch.sparkSession
         self.pending = batch
         self.latest: DataFrame | None = None  # every row sent so far, in its latest state
+        self.pacing: PacingStats | None = None  # what the send tasks reported (classic Spark only)
 
     def recover(self) -> Recovery:
+        if self.sink.state_is_new:  # this run created the tables and is the lease's first holder
+            return Recovery({}, (), (), 0)
         storage = self.sink.config.storage
         checkpoint = tables.read_checkpoint(self.spark, storage.checkpoint_table)
         recorded = tables.recorded_unsettled(self.spark, storage.audit_table, checkpoint)
@@ -234,8 +274,17 @@ class SparkBatch:
                                              max_message_size_bytes=config.sink.max_message_size_bytes,
                                              destination_map=config.restore.destination_map,
                                              skip_destinations=config.restore.skip_destinations)
+        if config.redriving:
+            classified = redrive.select_for_redrive(
+                classified, config.redrive, tables.redriven_dead_letters(self.spark, config.storage.audit_table))
+        cap = config.sink.max_messages_per_second
+        share = cap_share(cap, concurrent_send_tasks(self.spark, classified, fallback=config.backlog.queue_count)
+                          ) if cap > 0 else None
+        reports = pacing_accumulator(self.spark)
         outcomes = send_on_executors(classified, config, run_id=self.sink.run_id, batch_id=self.batch_id,
-                                     limits=limits)
+                                     limits=limits, pace_share=share, pacing_reports=reports)
+        if reports is not None:  # the tasks have run (the outcomes are checkpointed eagerly)
+            self.pacing = pacing_after_round(self.pacing, reports.value)
         if self.latest is not None:
             outcomes = self.latest.where(F.col("outcome") != Outcome.UNSENT).unionByName(outcomes)
         self.latest = outcomes
@@ -272,16 +321,27 @@ def aggregate_outcomes(outcomes: DataFrame) -> BatchAggregate:
     """Every outcome row aggregated: recorded spans, per-destination counts, unsent destinations.
 
     A span is a run of final outcomes of one queue, one batch and one attempt (run), in sequence
-    order, cut wherever a message was left unsent or held. One Spark job; a second, with the runs
-    numbered, only when some message was left unsent or held. The rest is ``combine_groups``.
+    order, cut wherever a message stays where it is (``cuts_span``). One Spark job; a second, with the
+    runs numbered, only when some message stays. The rest is ``combine_groups``.
     """
     groups = _group_outcomes(outcomes.withColumn("island", F.lit(0)))
-    if any(not Outcome(group["outcome"]).is_final for group in groups):
+    if any(cuts_span(Outcome(group["outcome"]), group["backlog_queue"]) for group in groups):
         order = Window.partitionBy("run_id", "batch_id", "backlog_queue").orderBy("sequence_number", "enqueued_time")
-        not_final = F.col("outcome").isin([outcome.value for outcome in Outcome if not outcome.is_final]).cast("long")
+        stays = (F.col("outcome").isin([outcome.value for outcome in Outcome if not outcome.is_final]) | (
+            (F.col("outcome") == Outcome.DEAD_LETTERED)
+            & F.lower(F.col("backlog_queue")).endswith("/" + DEAD_LETTER_SUBQUEUE.lower()))).cast("long")
         groups = _group_outcomes(outcomes.withColumn(
-            "island", F.sum(not_final).over(order.rowsBetween(Window.unboundedPreceding, 0))))
+            "island", F.sum(stays).over(order.rowsBetween(Window.unboundedPreceding, 0))))
     return combine_groups(groups)
+
+
+def cuts_span(outcome: Outcome, backlog_queue: str) -> bool:
+    """Whether a message with this outcome stays where it is, untouched by the purge, so that no recorded
+    span may hold it: every non-final outcome (left unsent, or on purpose: held or not selected,
+    ``Outcome.stays``), and one a re-drive dead-lettered again (a dead-letter sub-queue cannot
+    dead-letter, so the message stays in it). Pure; ``aggregate_outcomes`` says the same in Spark."""
+    return not outcome.is_final or (
+        outcome == Outcome.DEAD_LETTERED and is_dead_letter_queue_name(backlog_queue))
 
 
 def _group_outcomes(outcomes: DataFrame) -> list[dict]:
@@ -302,6 +362,7 @@ def combine_groups(groups: list[dict]) -> BatchAggregate:
     per_destination: dict[tuple[str, Outcome], int] = {}
     unsent: dict[str, Unsent] = {}
     held: dict[tuple, HeldSpan] = {}  # (run, batch, queue) -> where its held messages lie
+    first_outcome_ms = None
     for group in groups:
         outcome = Outcome(group["outcome"])
         destination = group["destination"] or NO_DESTINATION
@@ -321,6 +382,9 @@ def combine_groups(groups: list[dict]) -> BatchAggregate:
             unsent[destination] = Unsent(group["n"] + (known.count if known else 0), code, reason,
                                          min(since, known.since) if known else since)
             continue
+        if cuts_span(outcome, group["backlog_queue"]):
+            continue  # stays in its queue: counted, never settled
+        first_outcome_ms = _min(first_outcome_ms, group["since"])
         key = (group["run_id"], group["batch_id"], group["backlog_queue"], group["island"])
         span = spans.setdefault(key, {"first": group["first"], "last": group["last"],
                                       "from": group["enqueued_from"], "to": group["enqueued_to"],
@@ -336,7 +400,8 @@ def combine_groups(groups: list[dict]) -> BatchAggregate:
                      s[Outcome.DELIVERED], s[Outcome.DEAD_LETTERED], s[Outcome.SKIPPED_PING], batch_id)
         for (_, batch_id, queue, _), s in sorted(spans.items(), key=lambda item: (item[0][2], item[1]["first"])))
     return BatchAggregate(recorded, per_destination, unsent,
-                          tuple(span for _, span in sorted(held.items(), key=lambda item: (item[0][2], item[1].first))))
+                          tuple(span for _, span in sorted(held.items(), key=lambda item: (item[0][2], item[1].first))),
+                          first_outcome_ms)
 
 
 def _min(a, b):
@@ -348,22 +413,76 @@ def _max(a, b):
 
 
 def collect_dead_letters(outcomes: DataFrame) -> list[DeadLetterOrder]:
-    """The dead-letter outcomes among ``outcomes`` (rare: collected to the driver for the purge)."""
-    rows = (outcomes.where(F.col("outcome") == Outcome.DEAD_LETTERED)
+    """The dead-letter outcomes among ``outcomes`` (rare: collected to the driver for the purge). A re-drive's
+    are left out: its message stays in the dead-letter sub-queue, which cannot dead-letter it again."""
+    in_dead_letter_queue = F.lower(F.col("backlog_queue")).endswith("/" + DEAD_LETTER_SUBQUEUE.lower())
+    rows = (outcomes.where((F.col("outcome") == Outcome.DEAD_LETTERED) & ~in_dead_letter_queue)
             .select("backlog_queue", "sequence_number", F.unix_millis("enqueued_time").alias("enqueued_ms"),
                     "reason_code", "reason").collect())
     return [DeadLetterOrder(row["backlog_queue"], row["sequence_number"], row["enqueued_ms"],
                             row["reason_code"] or "undeliverable", row["reason"] or "") for row in rows]
 
 
+def pacing_after_round(before: PacingStats | None, this_round: PacingStats) -> PacingStats:
+    """A batch's pacing over its rounds: counts and times added up; the rate limit and the cap are the
+    last round's (rounds run one after the other, their tasks do not add up)."""
+    if before is None:
+        return this_round
+    merged = before.merge(this_round)
+    return dataclasses.replace(merged, rate_limit=this_round.rate_limit, cap=this_round.cap,
+                               slowed_seconds=before.slowed_seconds + this_round.slowed_seconds)
+
+
+def concurrent_send_tasks(spark: SparkSession, classified: DataFrame, *, fallback: int) -> int:
+    """How many send tasks of a round may run at once: its partitions (one per backlog queue with rows),
+    at most the cluster's task slots. ``sink.max_messages_per_second`` is shared among that many, so the
+    shares of the tasks running at any moment sum to at most the cap.
+
+    Over Spark Connect neither is known to the sink (no SparkContext, no RDD): ``fallback`` (the
+    configured ``backlog.queue_count``) is taken as the number of tasks. With dynamic allocation the
+    slots can grow while the round runs: only the partitions bound it then.
+    """
+    try:
+        context = spark.sparkContext
+        partitions = classified.rdd.getNumPartitions()
+    except Exception:  # noqa: BLE001 - Spark Connect has neither
+        return max(1, fallback)
+    if context.getConf().get("spark.dynamicAllocation.enabled", "false").lower() == "true":
+        return max(1, partitions)
+    return max(1, min(partitions, context.defaultParallelism))
+
+
+class PacingStatsParam(AccumulatorParam):
+    """Adds up the send tasks' ``PacingStats`` (``PacingStats.merge``) into one for the driver."""
+
+    def zero(self, value: PacingStats) -> PacingStats:
+        return PacingStats()
+
+    def addInPlace(self, first: PacingStats, second: PacingStats) -> PacingStats:
+        return first.merge(second)
+
+
+def pacing_accumulator(spark: SparkSession):
+    """Where the send tasks report their pacing to the driver: an accumulator on classic Spark. Over Spark
+    Connect there is none (no SparkContext where foreachBatch runs): None, and the progress line shows
+    the batch's average rate without the throttling."""
+    try:
+        context = spark.sparkContext
+    except Exception:  # noqa: BLE001 - Spark Connect
+        return None
+    return context.accumulator(PacingStats(), PacingStatsParam())
+
+
 def send_on_executors(classified: DataFrame, config: SyphonConfig, *, run_id: str, batch_id: int,
-                      limits: delivery.RoundLimits) -> DataFrame:
-    """Deliver on executors, one task per backlog queue; the outcomes checkpointed once."""
+                      limits: delivery.RoundLimits, pace_share: float | None = None,
+                      pacing_reports=None) -> DataFrame:
+    """Deliver on executors, one task per backlog queue, each at most at ``pace_share`` messages a second;
+    the outcomes checkpointed once. Each task adds its ``PacingStats`` to ``pacing_reports`` (if any)."""
     primary, sink_config = config.primary, config.sink
 
     def deliver(batches):
         yield from deliver_partition(batches, primary=primary, sink=sink_config, run_id=run_id, batch_id=batch_id,
-                                     limits=limits)
+                                     limits=limits, pace_share=pace_share, pacing_reports=pacing_reports)
 
     # localCheckpoint, not cache: a lost partition fails the batch (replayed safely) instead of
     # being computed, and so sent, a second time.
@@ -373,8 +492,10 @@ def send_on_executors(classified: DataFrame, config: SyphonConfig, *, run_id: st
 # --- executor side ------------------------------------------------------------------------------
 
 def deliver_partition(batches, *, primary, sink, run_id: str, batch_id: int, limits: delivery.RoundLimits,
+                      pace_share: float | None = None, pacing_reports=None,
                       clock: Callable[[], float] = time.time) -> Iterator:
-    """Deliver one task's rows (Arrow record batches) and yield the outcomes as Arrow record batches."""
+    """Deliver one task's rows (Arrow record batches) and yield the outcomes as Arrow record batches;
+    at the end, report the task's pacing (``pacing_reports``, an accumulator)."""
     from backlog_syphon.servicebus.send import DestinationSenders, classify_send_error
 
     mid_send = []
@@ -387,11 +508,19 @@ def deliver_partition(batches, *, primary, sink, run_id: str, batch_id: int, lim
 
     senders = DestinationSenders(primary)
     opened: set[str] = set()
+    pacer = Pacer(pace_share, sink.throttle_recovery_seconds, clock())
     for results in delivery.deliver_chunks(_chunks(batches, opened, senders), build=build_outgoing, sender=senders,
                                            classify=classify_send_error, sink=sink, limits=limits, clock=clock,
-                                           on_sent=first_send):
+                                           on_sent=first_send, pacer=pacer):
         yield record_batch([outcome_row(result, run_id, batch_id, clock()) for result in results],
                            OUTCOME_ROW_ARROW_SCHEMA)
+    stats = pacer.stats(clock())
+    if pacer.throttled_count:
+        logger.info("send task: %d sent, throttled %d times, slowed for %.1f s, rate limit at the end %s msg/s",
+                    stats.sent, stats.throttled, stats.slowed_seconds,
+                    "none" if stats.rate_limit is None else f"{stats.rate_limit:.0f}")
+    if pacing_reports is not None:
+        pacing_reports.add(stats)
 
 
 SEND_CHUNK_ROWS = 2000  # rows a send task holds as Python objects at once, whatever the window's size
@@ -422,7 +551,8 @@ def build_outgoing(row) -> delivery.Outgoing:
     """The restored message of a deliverable row, as the bytes to send, with the TTL its classification chose."""
     from backlog_syphon.restore.amqp_message import restore_message_bytes
 
-    return delivery.Outgoing(restore_message_bytes(row["raw_message"], row["restored_time_to_live_ms"]),
+    return delivery.Outgoing(restore_message_bytes(row["raw_message"], row["restored_time_to_live_ms"],
+                                                   from_dead_letters=is_dead_letter_queue_name(row["backlog_queue"])),
                              row["message_id"], row["session_id"], row["partition_key"])
 
 
@@ -439,5 +569,7 @@ def outcome_row(result: delivery.Delivery, run_id: str, batch_id: int, now: floa
         "body_size": row["body_size"], "enqueued_time": row["enqueued_time"],
         "scheduled_enqueue_time": row["scheduled_enqueue_time"], "time_to_live_ms": row["restored_time_to_live_ms"],
         "outcome_time": dt.datetime.fromtimestamp(at, dt.timezone.utc), "attempts": result.attempts,
+        "dead_letter_reason": row.get("dead_letter_reason"),
+        "dead_letter_error_description": row.get("dead_letter_error_description"),
         "original_destination": row.get("original_destination"),
     }

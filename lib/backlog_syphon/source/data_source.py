@@ -295,10 +295,11 @@ class BacklogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
 
 def backlog_queues(options: SourceOptions) -> list[str]:
-    """The configured backlog queues and, with ``discover``, every other one the namespace lists."""
+    """The configured backlog queues and, with ``discover``, every other one the namespace lists (in a
+    re-drive, their dead-letter sub-queues: the peeks address ``<queue>/$DeadLetterQueue`` as an entity)."""
     queues = set(options.configured_queues)
     if options.discover:
         from backlog_syphon.servicebus.peek import list_backlog_queues
 
-        queues.update(list_backlog_queues(options.secondary, options.primary_namespace) or [])
+        queues.update(options.entities(list_backlog_queues(options.secondary, options.primary_namespace) or []))
     return sorted(queues)

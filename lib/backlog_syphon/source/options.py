@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Mapping
 
 from backlog_syphon.config import AVAILABLE_NOW, BacklogConfig, NamespaceConfig, RunConfig, Secret, SyphonConfig
-from backlog_syphon.restore.queue_names import backlog_queue_names
+from backlog_syphon.restore.queue_names import backlog_queue_names, dead_letter_queue_name
 
 # Option names containing "secret" are redacted by Spark's default spark.redaction.regex, so the
 # connection string never shows in plans, the Spark UI or event logs.
@@ -41,6 +41,8 @@ class SourceOptions:
     # Backlog queues where earlier runs left messages for skipped destinations (restore.skip_destinations):
     # the run's first window of each starts at the queue's first message (see ``planning``).
     look_back: tuple[str, ...] = ()
+    # A re-drive: read each backlog queue's dead-letter sub-queue ("<queue>/$DeadLetterQueue") instead.
+    dead_letters: bool = False
 
     @classmethod
     def from_config(cls, config: SyphonConfig, *, stop_file: str | None = None,
@@ -50,12 +52,18 @@ class SourceOptions:
                    max_messages_per_trigger=config.run.max_messages_per_trigger,
                    idle_probe_max_seconds=config.run.idle_probe_max_seconds,
                    available_now=config.run.trigger == AVAILABLE_NOW, stop_file=stop_file,
-                   emulate_available_now=emulate_available_now, look_back=tuple(sorted(look_back)))
+                   emulate_available_now=emulate_available_now, look_back=tuple(sorted(look_back)),
+                   dead_letters=config.redriving)
 
     @property
     def configured_queues(self) -> list[str]:
-        """The backlog queues ``0..queue_count-1``, always read (discovery may add more)."""
-        return backlog_queue_names(self.primary_namespace, self.queue_count)
+        """The backlog queues ``0..queue_count-1`` (or their dead-letter sub-queues), always read (discovery
+        may add more)."""
+        return self.entities(backlog_queue_names(self.primary_namespace, self.queue_count))
+
+    def entities(self, backlog_queues: list[str]) -> list[str]:
+        """What the source reads of these backlog queues: themselves, or their dead-letter sub-queues."""
+        return [dead_letter_queue_name(queue) for queue in backlog_queues] if self.dead_letters else list(backlog_queues)
 
     def to_spark(self) -> dict[str, str]:
         """The reader options (all strings, as Spark wants them)."""
@@ -77,6 +85,8 @@ class SourceOptions:
             options["emulateAvailableNow"] = "true"
         if self.look_back:
             options["lookBack"] = "\n".join(self.look_back)  # queue names hold no newline
+        if self.dead_letters:
+            options["deadLetters"] = "true"
         return options
 
     @classmethod
@@ -98,7 +108,8 @@ class SourceOptions:
                    available_now=get("availableNow", cls.available_now, _boolean),
                    stop_file=options.get("stopFile") or None,
                    emulate_available_now=get("emulateAvailableNow", cls.emulate_available_now, _boolean),
-                   look_back=tuple(filter(None, (options.get("lookBack") or "").split("\n"))))
+                   look_back=tuple(filter(None, (options.get("lookBack") or "").split("\n"))),
+                   dead_letters=get("deadLetters", cls.dead_letters, _boolean))
 
 
 def _boolean(text: str) -> bool:

@@ -17,13 +17,15 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+import os
 import time
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import DateType, StructField, StructType
 
-from backlog_syphon.model import CheckpointRow, Lease
+from backlog_syphon.model import CheckpointRow, Lease, Outcome
+from backlog_syphon.restore.queue_names import DEAD_LETTER_SUBQUEUE
 from backlog_syphon.restore.rows import OUTCOME_ROW_SCHEMA, struct_of
 
 # What the sink produces per message; the table adds the partition column ``outcome_date``.
@@ -71,33 +73,38 @@ def _ddl(field: StructField, *, constraints: bool = True) -> str:
     return f"`{field.name}` {field.dataType.simpleString().upper()}{null}"
 
 
-def create_table(spark: SparkSession, table: str, schema: StructType, partition_by: tuple[str, ...] = ()) -> None:
+def create_table(spark: SparkSession, table: str, schema: StructType, partition_by: tuple[str, ...] = ()) -> bool:
     """Create ``table`` with exactly ``schema`` unless it exists, so its schema never depends on how its
     first writer spelled its types (a Spark Connect write declares strings with a collation, which
     other Delta readers refuse). Two runs creating it at once: one creates it, the other finds it.
-    A table an older version made gets the columns it lacks (nullable: its rows predate them)."""
+    A table an older version made gets the columns it lacks (nullable: its rows predate them).
+    True when this call created it (empty), False when it existed or another run created it."""
     existing = existing_table(spark, table)
     if existing is not None:
         missing = [f for f in schema.fields if f.name not in existing.schema.fieldNames()]
         if missing:
             spark.sql(f"ALTER TABLE {_sql_name(table)} ADD COLUMNS "
                       f"({', '.join(_ddl(f, constraints=False) for f in missing)})")
-        return
+        return False
     columns = ", ".join(_ddl(f) for f in schema.fields)
     partitioned = f" PARTITIONED BY ({', '.join(partition_by)})" if partition_by else ""
     try:
-        spark.sql(f"CREATE TABLE IF NOT EXISTS {_sql_name(table)} ({columns}) USING DELTA{partitioned}")
+        # Not "IF NOT EXISTS": whether this call created the table must be known (see create_tables).
+        spark.sql(f"CREATE TABLE {_sql_name(table)} ({columns}) USING DELTA{partitioned}")
     except Exception as exc:
         if is_commit_conflict(exc) or _created_meanwhile(spark, table, exc):
-            return
+            return False
         raise
+    return True
 
 
 def _created_meanwhile(spark: SparkSession, table: str, exc: BaseException) -> bool:
     """Whether another run created ``table`` while this one tried to. Its location can already hold
-    files before its first commit is readable ("non-empty location"): then that commit is waited for."""
+    files, or already count as a table, before its first commit is readable ("non-empty location",
+    "already exists"): then that commit is waited for."""
     condition = getattr(exc, "getCondition", lambda: None)() or ""
-    attempts = _CREATION_WAIT_POLLS if condition == "DELTA_CREATE_TABLE_WITH_NON_EMPTY_LOCATION" else 1
+    creating = condition in _CREATED_MEANWHILE_CONDITIONS or "ALREADY_EXISTS" in condition
+    attempts = _CREATION_WAIT_POLLS if creating else 1
     for attempt in range(attempts):
         if attempt:
             time.sleep(0.5)
@@ -106,17 +113,23 @@ def _created_meanwhile(spark: SparkSession, table: str, exc: BaseException) -> b
     return False
 
 
-def create_tables(spark: SparkSession, audit_table: str, checkpoint_table: str, lease_table: str) -> None:
+def create_tables(spark: SparkSession, audit_table: str, checkpoint_table: str, lease_table: str) -> set[str]:
     """Create the three tables with their declared schemas, where they do not exist yet (at once: each is
-    a few round trips to storage and none depends on another)."""
+    a few round trips to storage and none depends on another); return those this call created.
+
+    A run that created the audit and the checkpoint table, and then takes the lease as its first
+    holder (epoch 1), knows that nothing was ever recorded in them: every record is written under
+    the lease of its state tables, so a record made since the creation would have left a holder
+    before this one. Its first batch reads nothing back (``run.syphon.StartGates.state_is_new``).
+    """
     from concurrent.futures import ThreadPoolExecutor
 
     with ThreadPoolExecutor(max_workers=3, thread_name_prefix="create-table") as pool:
-        created = [pool.submit(create_table, spark, audit_table, AUDIT_SCHEMA, ("outcome_date",)),
-                   pool.submit(create_table, spark, checkpoint_table, CHECKPOINT_SCHEMA),
-                   pool.submit(create_table, spark, lease_table, LEASE_SCHEMA)]
-        for future in created:
-            future.result()
+        created = {table: pool.submit(create_table, spark, table, schema, partition_by)
+                   for table, schema, partition_by in ((audit_table, AUDIT_SCHEMA, ("outcome_date",)),
+                                                       (checkpoint_table, CHECKPOINT_SCHEMA, ()),
+                                                       (lease_table, LEASE_SCHEMA, ()))}
+        return {table for table, future in created.items() if future.result()}
 
 
 def read_checkpoint(spark: SparkSession, checkpoint_table: str) -> dict[str, CheckpointRow]:
@@ -161,13 +174,24 @@ def queues_with_held(spark: SparkSession, audit_table: str, checkpoint: dict[str
     """Backlog queues where a run left messages for skipped destinations (``Outcome.HELD``) that may still
     be there: held rows above the purge marks (a mark never passes a held message, see
     ``sink.bookkeeping.mark_purged``). A run looks back at these queues once, to send them or hold them again."""
-    from backlog_syphon.model import Outcome
-
     recorded = recorded_unsettled(spark, audit_table, checkpoint)
     if recorded is None:
         return []
-    held = recorded.where(F.col("outcome") == Outcome.HELD.value).select("backlog_queue").distinct()
+    held = recorded.where(F.col("outcome") == Outcome.HELD).select("backlog_queue").distinct()
     return sorted(row["backlog_queue"] for row in held.collect())
+
+
+def redriven_dead_letters(spark: SparkSession, audit_table: str) -> DataFrame | None:
+    """Identities (queue, sequence number, enqueue time in ms) of the messages a re-drive dead-lettered
+    again: audit rows of a dead-letter sub-queue with the outcome ``dead_lettered``. Such a message is
+    still in that sub-queue, and the next re-drive leaves it there unless asked to retry it
+    (``restore.redrive``). A DataFrame, joined by the batch, never collected; None before the audit exists."""
+    audit = existing_table(spark, audit_table)
+    if audit is None:
+        return None
+    return (audit.where((F.col("outcome") == Outcome.DEAD_LETTERED)
+                        & F.lower(F.col("backlog_queue")).endswith("/" + DEAD_LETTER_SUBQUEUE.lower()))
+            .select("backlog_queue", "sequence_number", F.unix_millis("enqueued_time").alias("enqueued_ms")))
 
 
 def append_audit(audit_table: str, outcomes: DataFrame, app_id: str, version: int) -> None:
@@ -222,8 +246,13 @@ def streaming_query_id(spark: SparkSession, checkpoint_location: str) -> str | N
     any file system the query uses, over Spark Connect too."""
     import json
 
+    metadata = checkpoint_location.rstrip("/") + "/metadata"
+    local = metadata.removeprefix("file:") if ":" not in metadata.removeprefix("file:") else None
     try:
-        line = spark.read.text(checkpoint_location.rstrip("/") + "/metadata").first()
+        if local is not None and os.path.exists(local):  # a local folder: no Spark job for one line
+            with open(local, encoding="utf-8") as handle:
+                return json.loads(handle.readline())["id"]
+        line = spark.read.text(metadata).first()
         return json.loads(line[0])["id"] if line is not None else None
     except Exception:  # noqa: BLE001 - no checkpoint yet, or unreadable: the caller falls back
         return None
@@ -281,6 +310,7 @@ def write_lease(spark: SparkSession, lease_table: str, lease: Lease, *, confirm:
 
 
 _CREATION_WAIT_POLLS = 40  # half a second apart: a first commit on slow storage
+_CREATED_MEANWHILE_CONDITIONS = ("DELTA_CREATE_TABLE_WITH_NON_EMPTY_LOCATION", "TABLE_OR_VIEW_ALREADY_EXISTS")
 _CONFLICT_CONDITIONS = ("DELTA_CONCURRENT_", "DELTA_PROTOCOL_CHANGED", "DELTA_METADATA_CHANGED")
 
 
