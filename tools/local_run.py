@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 from backlog_syphon.config import load_config
+from backlog_syphon.model import FINAL_OUTCOMES
 from tools import backlog_writer
 from tools.testing import backlog_dead_letters, expected_arrivals, received_counts
 
@@ -68,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
         summary = run_syphon(spark, config, on_progress=print)
         elapsed = time.monotonic() - started
         print("\n".join(summary.lines()))
-        moved = sum(sum(c.values()) for c in summary.per_destination.values())
+        moved = sum(c.get(outcome, 0) for c in summary.per_destination.values() for outcome in FINAL_OUTCOMES)
         print(f"moved {moved} messages in {elapsed:.1f} s ({moved / elapsed:.0f} msg/s); audit and checkpoint "
               f"tables in {state}")
 

@@ -184,8 +184,7 @@ def main(argv: list[str] | None = None) -> int:
     if stopper.requested:
         print("stopped on request at a batch boundary; the next run resumes from the tables", file=sys.stderr)
         return EXIT_OK
-    if config.run.trigger == AVAILABLE_NOW and not summary.drained and not config.redriving:
-        # (A re-drive leaves by design what it did not select or still cannot deliver: see the audit.)
+    if config.run.trigger == AVAILABLE_NOW and not summary.drained:
         print("warning: messages remain in the backlog (see 'remaining' above)", file=sys.stderr)
         return EXIT_NOT_DRAINED
     return EXIT_OK

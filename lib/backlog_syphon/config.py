@@ -25,6 +25,7 @@ import yaml
 
 from backlog_syphon.errors import SettingsError
 from backlog_syphon.model import DEAD_LETTER_REASON_CODES, RunSource, TtlPolicy
+from backlog_syphon.restore.legacy_properties import entity_path_problem
 
 ENV_PREFIX = "SYPHON__"
 AVAILABLE_NOW = "available_now"  # run.trigger: drain what is there when the run starts, then stop
@@ -156,6 +157,12 @@ class RedriveConfig:
 @dataclass(frozen=True)
 class RestoreConfig:
     ttl_policy: str = TtlPolicy.REMAINING.value  # TtlPolicy.RESTART is the legacy syphon's behaviour
+    # {old name: new name}: messages whose x-ms-path names a queue or topic renamed since go to its new
+    # name. Applied once, never transitively; names match case-insensitively, as Service Bus's do.
+    destination_map: dict[str, str] = field(default_factory=dict)
+    # Destinations (as sent, so after destination_map) whose messages stay in the backlog, untouched,
+    # for a later run: a destination that must stay closed for now.
+    skip_destinations: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -358,13 +365,17 @@ def _build(raw: dict, origin: str, resolve_secret: Callable[[Any, str], Any]) ->
 def _check_type(value: Any, annotation: str, where: str) -> Any:
     if value is None and "None" in annotation:
         return None
-    if annotation.startswith("tuple[str"):
+    if annotation.startswith("dict[str, str]"):
+        if isinstance(value, Mapping) and all(isinstance(k, str) and isinstance(v, str) for k, v in value.items()):
+            return dict(value)
+        expected = "a mapping of names to names, such as {old-name: new-name}"
+    elif annotation.startswith("tuple[str"):
         # A YAML list, or one text (from --set or a variable) with the items separated by commas.
         items = [item.strip() for item in value.split(",")] if isinstance(value, str) else value
         if isinstance(items, (list, tuple)) and all(isinstance(item, str) for item in items):
             return tuple(item for item in items if item)
-        raise ConfigError(f"{where}: expected a list of texts (in YAML [a, b], or a,b), got {type(value).__name__}")
-    if annotation.startswith("str"):
+        expected = "a list of texts (in YAML [a, b], or a,b)"
+    elif annotation.startswith("str"):
         if isinstance(value, str):
             return value
         if isinstance(value, dt.datetime):  # YAML reads an ISO 8601 time as one
@@ -424,6 +435,7 @@ def _validate(config: SyphonConfig, origin: str) -> None:
     if config.sink.throttle_recovery_seconds <= 0:
         raise ConfigError(f"{origin}: sink.throttle_recovery_seconds must be more than 0, "
                           f"got {config.sink.throttle_recovery_seconds:g}")
+    _validate_routing(config.restore, origin)
     _validate_redrive(config, origin)
 
 
@@ -459,6 +471,44 @@ def _validate_redrive(config: SyphonConfig, origin: str) -> None:
     if after is not None and before is not None and after >= before:
         raise ConfigError(f"{origin}: redrive.enqueued_after ({redrive.enqueued_after}) must lie before "
                           f"redrive.enqueued_before ({redrive.enqueued_before})")
+
+
+def _validate_routing(restore: RestoreConfig, origin: str) -> None:
+    """``restore.destination_map`` and ``restore.skip_destinations``: entity names, applied once, unambiguous.
+
+    Service Bus entity names are case-insensitive, so names are compared lower-cased. A chain (a -> b and
+    b -> c) is refused rather than followed or ignored: the map is applied once, so a message for 'a' would
+    go to 'b' while the map reads as if it went on to 'c'; saying 'a: c' is what is meant either way.
+    A skip names the destination as sent (after the map): an old name that the map renames has no
+    messages left to skip, so naming it is refused instead of silently doing nothing.
+    """
+    old_names: dict[str, str] = {}
+    for old, new in restore.destination_map.items():
+        for name in (old, new):
+            why = entity_path_problem(name)
+            if why is not None:
+                raise ConfigError(f"{origin}: restore.destination_map: {name!r} {why}; use the queue or topic "
+                                  f"path as x-ms-path names it (old) and as the primary namespace has it (new)")
+        if old.lower() == new.lower():
+            raise ConfigError(f"{origin}: restore.destination_map maps {old!r} to itself; remove that entry")
+        if old.lower() in old_names:
+            raise ConfigError(f"{origin}: restore.destination_map names {old_names[old.lower()]!r} and {old!r}, "
+                              f"the same entity (names are case-insensitive); keep one entry")
+        old_names[old.lower()] = old
+    for old, new in restore.destination_map.items():
+        if new.lower() in old_names:
+            after = restore.destination_map[old_names[new.lower()]]
+            raise ConfigError(f"{origin}: restore.destination_map maps {old!r} to {new!r} and {new!r} on to "
+                              f"{after!r}; the map is applied once, not in a chain: map {old!r} straight to the "
+                              f"name it has now")
+    for name in restore.skip_destinations:
+        why = entity_path_problem(name)
+        if why is not None:
+            raise ConfigError(f"{origin}: restore.skip_destinations: {name!r} {why}; list queue or topic paths")
+        if name.lower() in old_names:
+            new = restore.destination_map[old_names[name.lower()]]
+            raise ConfigError(f"{origin}: restore.skip_destinations names {name!r}, which restore.destination_map "
+                              f"renames to {new!r}; skips name the destination as sent: list {new!r}")
 
 
 def _check_connection_string(secret: Secret, where: str) -> None:

@@ -20,10 +20,18 @@ class Action(StrEnum):
 
     DELIVER = "deliver"
     DEAD_LETTER = "dead_letter"
-    SKIP = "skip"
+    SKIP = "skip"  # a ping: recorded and settled, never delivered
+    # Its destination is in ``restore.skip_destinations``: not sent, not settled, left in the backlog for a
+    # later run. Not SKIP: a ping is done with, a held message is not.
+    HOLD = "hold"
     # Re-drive only: the message is not sent and stays in the dead-letter sub-queue, untouched (the
     # re-drive's filters did not select it, or an earlier re-drive dead-lettered it again).
     LEAVE = "leave"
+
+    @property
+    def stays(self) -> bool:
+        """Whether the message is left where it is on purpose (not sent, not settled): ``Outcome.stays``."""
+        return self in (Action.HOLD, Action.LEAVE)
 
 
 class Outcome(StrEnum):
@@ -35,17 +43,32 @@ class Outcome(StrEnum):
     # Not a final outcome: the message was not sent (its destination stayed unavailable, or the
     # send round ran out of lease). It stays in the backlog, untouched, and the batch's replay sends it.
     UNSENT = "unsent"
+    # Not a final outcome either: its destination is in ``restore.skip_destinations`` (``Action.HOLD``), so
+    # it was not sent and is not settled. It stays in the backlog, untouched; the next run reads it again (a
+    # run re-reads from its head, once, each backlog queue where the audit shows held messages) and, without
+    # the skip, sends it.
+    HELD = "held"
     # Not a final outcome either (re-drive only): the message was seen and deliberately left in the
-    # dead-letter sub-queue (``Action.LEAVE``). Like UNSENT rows, these rows cut the recorded spans, so
-    # the purge never settles the message; they tell the audit what the re-drive saw and left.
+    # dead-letter sub-queue (``Action.LEAVE``); the rows tell the audit what the re-drive saw and left.
     NOT_SELECTED = "not_selected"
 
     @property
     def is_final(self) -> bool:
-        return self not in (Outcome.UNSENT, Outcome.NOT_SELECTED)
+        return self not in (Outcome.UNSENT, *STAYING_OUTCOMES)
+
+    @property
+    def stays(self) -> bool:
+        """Left where it is on purpose (HELD, NOT_SELECTED). Like UNSENT rows these cut the recorded spans, so
+        no purge settles the message (it passes over it); unlike UNSENT they do not fail the batch: they are
+        what the operator asked for."""
+        return self in STAYING_OUTCOMES
 
 
+# The outcomes of messages left where they are on purpose (``Outcome.stays``): never sent, never settled.
+STAYING_OUTCOMES = (Outcome.HELD, Outcome.NOT_SELECTED)
 FINAL_OUTCOMES = tuple(outcome for outcome in Outcome if outcome.is_final)
+# What run summaries count per destination: the final outcomes, and what was left where it is on purpose.
+REPORTED_OUTCOMES = FINAL_OUTCOMES + STAYING_OUTCOMES
 
 
 class ReasonCode(StrEnum):
@@ -74,6 +97,8 @@ class ReasonCode(StrEnum):
     # why a message is UNSENT
     DESTINATION_UNAVAILABLE = "destination_unavailable"  # refused or unreachable for all of sink.outage_wait_seconds
     ROUND_DEADLINE = "round_deadline"  # the send round ended before the lease could expire; the next round sends it
+    # why a message is HELD
+    DESTINATION_SKIPPED = "destination_skipped"  # restore.skip_destinations names its destination
     # why a re-drive left a dead-lettered message where it is (NOT_SELECTED)
     FILTERED_OUT = "filtered_out"  # the redrive.* filters do not select it
     REDRIVEN_BEFORE = "redriven_before"  # an earlier re-drive dead-lettered it again (redrive.retry_dead_lettered)
@@ -140,6 +165,9 @@ class OutcomeRecord(TypedDict):
     # dead-letter sub-queue (its DeadLetterReason and DeadLetterErrorDescription); null for backlog rows.
     dead_letter_reason: str | None
     dead_letter_error_description: str | None
+    # The destination x-ms-path named when ``restore.destination_map`` renamed it (``destination`` is then
+    # the new name); null when the map did not apply. Columns are only ever appended to the table.
+    original_destination: str | None
 
 
 @dataclass(frozen=True)
@@ -192,6 +220,36 @@ class RecordedSpan:
     def holds(self, sequence_number: int, enqueued_ms: int | None) -> bool:
         return (self.first <= sequence_number <= self.last and enqueued_ms is not None
                 and self.enqueued_from_ms <= enqueued_ms <= self.enqueued_to_ms)
+
+
+@dataclass(frozen=True)
+class HeldSpan:
+    """Where messages a batch left in a backlog queue for skipped destinations (``Outcome.HELD``) lie.
+
+    It only tells the purge that such a message at the head of the queue is expected, so the purge
+    passes over it (keeps it locked while it settles what lies behind, then releases it) instead of
+    stopping there. It never makes anything be settled: the range may also cover recorded messages
+    of other destinations, which the recorded spans settle, and merging held spans only widens it.
+    """
+
+    backlog_queue: str
+    first: int
+    last: int
+    enqueued_from_ms: int
+    enqueued_to_ms: int
+    count: int  # held outcomes in it (an upper bound of the messages: a replayed batch counts them again)
+
+    def holds(self, sequence_number: int, enqueued_ms: int | None) -> bool:
+        return (self.first <= sequence_number <= self.last and enqueued_ms is not None
+                and self.enqueued_from_ms <= enqueued_ms <= self.enqueued_to_ms)
+
+    def merged(self, other: HeldSpan | None) -> HeldSpan:
+        """One span covering both (the purge needs no more than the range)."""
+        if other is None:
+            return self
+        return HeldSpan(self.backlog_queue, min(self.first, other.first), max(self.last, other.last),
+                        min(self.enqueued_from_ms, other.enqueued_from_ms),
+                        max(self.enqueued_to_ms, other.enqueued_to_ms), self.count + other.count)
 
 
 @dataclass(frozen=True)
@@ -289,6 +347,7 @@ class BatchStats:
     replayed: int  # outcomes recorded by an earlier, interrupted attempt of this batch
     send_seconds: float
     oldest_enqueued: dt.datetime | None  # oldest backlog enqueue time among the batch's messages
+    held: int = 0  # left in the backlog for skipped destinations (``Outcome.HELD``)
     # the send tasks' pacing (classic Spark; None over Spark Connect, where the executors' reports do not
     # reach the client)
     pacing: PacingStats | None = None

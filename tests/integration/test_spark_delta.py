@@ -28,7 +28,8 @@ def test_tables_are_created_by_their_first_write_with_stable_schemas(spark, tmp_
     assert tables.recorded_unsettled(spark, audit, {}) is None
     now = dt.datetime(2026, 11, 26, tzinfo=dt.timezone.utc)
     now_ms = int(now.timestamp() * 1000)
-    outcome = ("r", 0, "q0", 5, "m-5", "orders", None, "delivered", None, None, 10, now, None, None, now, 1, None, None)
+    outcome = ("r", 0, "q0", 5, "m-5", "orders", None, "delivered", None, None, 10, now, None, None, now, 1, None, None,
+               None)
     for version in (0, 0, 1):  # the repeat of version 0 appends nothing
         tables.append_audit(audit, spark.createDataFrame([outcome], OUTCOME_ROW_SCHEMA), "app", version)
     rows = [CheckpointRow("q0", 1, 5, now_ms, 0, None, 1, "r", now, 1, 0, 0)]
@@ -91,6 +92,35 @@ def test_of_two_runs_creating_the_tables_at_once_each_table_is_created_by_exactl
         assert tables.table_exists(spark, name)
 
 
+# The audit columns appended since the first version, in their order (the re-drive's, then the rename's).
+NEW_AUDIT_COLUMNS = ("dead_letter_reason", "dead_letter_error_description", "original_destination")
+
+
+def test_an_audit_table_of_an_older_version_gets_original_destination_and_takes_todays_rows(spark, tmp_path):
+    """``original_destination`` (restore.destination_map) is appended to an existing audit table when a run
+    starts (``create_tables``'s ALTER TABLE ADD COLUMNS); old rows read it as null, new rows fill it."""
+    import datetime as dt
+
+    from pyspark.sql.types import StructType
+
+    from backlog_syphon.restore.rows import OUTCOME_ROW_SCHEMA
+
+    audit = str(tmp_path / "audit")
+    now = dt.datetime(2026, 11, 26, tzinfo=dt.timezone.utc)
+    older = [f for f in tables.AUDIT_SCHEMA.fields if f.name not in NEW_AUDIT_COLUMNS]  # as written before
+    old_row = ("r0", 0, "q0", 4, "m-4", "orders", None, "delivered", None, None, 10, now, None, None, now, 1,
+               now.date())
+    spark.createDataFrame([old_row], StructType(older)).write.format("delta").partitionBy("outcome_date").save(audit)
+    tables.create_tables(spark, audit, str(tmp_path / "checkpoint"), str(tmp_path / "lease"))
+    assert spark.read.format("delta").load(audit).schema.fieldNames()[-3:] == list(NEW_AUDIT_COLUMNS)
+    renamed = ("r1", 0, "q0", 5, "m-5", "orders", None, "delivered", None, None, 10, now, None, None, now, 1,
+               None, None, "orders-v1")
+    tables.append_audit(audit, spark.createDataFrame([renamed], OUTCOME_ROW_SCHEMA), "app", 0)
+    rows = {r["message_id"]: r for r in spark.read.format("delta").load(audit).collect()}
+    assert (rows["m-4"]["original_destination"], rows["m-5"]["original_destination"]) == (None, "orders-v1")
+    assert (rows["m-5"]["destination"], rows["m-5"]["outcome_date"]) == ("orders", now.date())
+
+
 def test_the_lease_is_a_compare_and_set_even_when_two_runs_create_its_table_at_once(spark, tmp_path):
     import datetime as dt
     from concurrent.futures import ThreadPoolExecutor
@@ -123,8 +153,7 @@ def test_an_audit_table_an_older_version_wrote_gets_the_redrive_columns(spark, t
     from backlog_syphon.restore.rows import OUTCOME_ROW_SCHEMA
 
     audit = str(tmp_path / "audit")
-    old_schema = StructType([f for f in tables.AUDIT_SCHEMA.fields
-                             if f.name not in ("dead_letter_reason", "dead_letter_error_description")])
+    old_schema = StructType([f for f in tables.AUDIT_SCHEMA.fields if f.name not in NEW_AUDIT_COLUMNS])
     now = dt.datetime(2026, 11, 26, tzinfo=dt.timezone.utc)
     old_row = ("r", 0, "q0", 5, "m-5", "orders", None, "dead_lettered", "destination_not_found", "gone", 10, now,
                None, None, now, 1, now.date())
@@ -132,7 +161,7 @@ def test_an_audit_table_an_older_version_wrote_gets_the_redrive_columns(spark, t
 
     tables.create_table(spark, audit, tables.AUDIT_SCHEMA, ("outcome_date",))
     new_row = ("r2", 0, "q0/$DeadLetterQueue", 5, "m-5", "orders", None, "delivered", None, None, 10, now, None, None,
-               now, 1, "destination_not_found", "gone")
+               now, 1, "destination_not_found", "gone", None)
     tables.append_audit(audit, spark.createDataFrame([new_row], OUTCOME_ROW_SCHEMA), "app", 0)
 
     table = spark.read.format("delta").load(audit)

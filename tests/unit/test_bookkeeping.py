@@ -5,7 +5,7 @@ import datetime as dt
 
 import pytest
 
-from backlog_syphon.model import CheckpointRow, DeadLetterOrder, RecordedSpan
+from backlog_syphon.model import CheckpointRow, DeadLetterOrder, HeldSpan, RecordedSpan
 from backlog_syphon.servicebus.purge_plan import PurgePlan, PurgeResult
 from backlog_syphon.sink.bookkeeping import (
     Unpurged,
@@ -204,3 +204,33 @@ def test_purge_mark_of_a_recreated_queue_names_no_message_of_the_old_incarnation
     marked = mark_purged(state, {"q0": result(settled=[old])}, {"q0": Unpurged((new,))}, now=NOW)
     assert marked["q0"].purged_enqueued_ms == T0 + old_last
     assert (marked["q0"].incarnation, marked["q0"].delivered_through, marked["q0"].purged_through) == (2, 20, 0)
+
+
+def test_where_messages_were_held_is_kept_for_the_run_and_given_to_every_purge_of_the_queue():
+    """Held messages stay in the backlog: a purge that settles everything recorded must still know to pass
+    them over the next time (later batches record more behind them)."""
+    q = "q0"
+    held_a = HeldSpan(q, 2, 2, T0 + 2, T0 + 2, 1)
+    held_b = HeldSpan(q, 9, 9, T0 + 9, T0 + 9, 1)
+    first = span(q, 1, 3, delivered=2)
+    unpurged = add_recorded({}, [first], held=[held_a])
+    assert purge_plans(unpurged)[q].held == held_a
+    settled = after_purge(unpurged, {q: PurgeResult(2, 0, 0, (), (first,))})
+    assert settled[q].spans == () and settled[q].held == held_a
+    assert purge_plans(settled) == {}  # nothing to settle: no purge for the held alone
+    later = span(q, 8, 10, delivered=2)
+    unpurged = add_recorded(settled, [later], held=[held_b])
+    assert purge_plans(unpurged)[q].held == HeldSpan(q, 2, 9, T0 + 2, T0 + 9, 2)
+
+
+def test_the_purge_mark_never_passes_a_message_held_for_a_skipped_destination():
+    """So the next run still finds the held rows above the mark (``tables.queues_with_held``) and reads
+    that queue again; settled spans before the held message still move the mark up to it."""
+    q = "q0"
+    before, after = span(q, 1, 3, delivered=3), span(q, 6, 9, delivered=4)
+    checkpoint = {q: CheckpointRow(q, 1, 9, T0 + 9, 0, None, 0, "r", EARLY, 7, 0, 0)}
+    left = add_recorded({}, [], held=[HeldSpan(q, 4, 5, T0 + 4, T0 + 5, 2)])
+    marked = mark_purged(checkpoint, {q: PurgeResult(7, 0, 0, (), (before, after))}, left, now=NOW)
+    assert (marked[q].purged_through, marked[q].purged_enqueued_ms) == (3, T0 + 3)
+    free = mark_purged(checkpoint, {q: PurgeResult(7, 0, 0, (), (before, after))}, {}, now=NOW)
+    assert (free[q].purged_through, free[q].purged_enqueued_ms) == (9, T0 + 9)

@@ -200,3 +200,41 @@ def test_connection_string_overrides_can_be_references(tmp_path):
     assert config.secondary.connection_string.source == "secret syphon/secondary"
     literal = load_config(write(tmp_path, BASE), environ=ENV, overrides={"primary.connection_string": SECRET})
     assert literal.primary.connection_string.reveal() == SECRET  # a real connection string stays a literal
+
+
+def test_destination_map_and_skip_destinations_from_yaml_environment_and_set(tmp_path):
+    path = write(tmp_path, BASE + """
+restore:
+  destination_map: {orders-v1: orders, Legacy/Payments: payments}
+  skip_destinations: [events]
+""")
+    config = load_config(path, environ=ENV)
+    assert config.restore.destination_map == {"orders-v1": "orders", "Legacy/Payments": "payments"}
+    assert config.restore.skip_destinations == ("events",)
+    env = {**ENV, "SYPHON__RESTORE__SKIP_DESTINATIONS": "[Events, audit-log]"}
+    assert load_config(path, environ=env).restore.skip_destinations == ("Events", "audit-log")
+    single = load_config(path, environ=ENV, overrides={"restore.skip_destinations": "payments",
+                                                        "restore.destination_map": "{a: b}"})
+    assert single.restore.skip_destinations == ("payments",) and single.restore.destination_map == {"a": "b"}
+    assert load_config(write(tmp_path, BASE, "plain.yaml"), environ=ENV).restore.destination_map == {}
+    assert single.with_overrides({"run.trigger": "10 seconds"}).restore.destination_map == {"a": "b"}
+    pickle.loads(pickle.dumps(single))  # executors get the config
+
+
+@pytest.mark.parametrize("overrides, message", [
+    ({"restore.destination_map": "[a, b]"}, "restore.destination_map in .*: expected a mapping of names"),
+    ({"restore.skip_destinations": "{a: b}"}, "restore.skip_destinations in .*: expected a list of texts"),
+    ({"restore.destination_map": "{orders: Orders}"}, "maps 'orders' to itself; remove that entry"),
+    ({"restore.destination_map": "{a: b, A: c}"}, "names 'a' and 'A', the same entity .*keep one entry"),
+    ({"restore.destination_map": "{a: b, B: c}"},
+     "maps 'a' to 'b' and 'b' on to 'c'; the map is applied once, not in a chain: map 'a' straight"),
+    ({"restore.destination_map": "{'x-servicebus-transfer/0': b}"}, "names a backlog queue"),
+    ({"restore.destination_map": "{a: 'sb://host/b'}"}, "'sb://host/b' must be relative to the namespace"),
+    ({"restore.destination_map": "{a: 'orders/$DeadLetterQueue'}"}, "names a sub-queue"),
+    ({"restore.skip_destinations": "['bad name']"}, "restore.skip_destinations: 'bad name' contains characters"),
+    ({"restore.destination_map": "{orders-v1: orders}", "restore.skip_destinations": "[Orders-V1]"},
+     "names 'Orders-V1', which restore.destination_map renames to 'orders'; .* list 'orders'"),
+])
+def test_routing_settings_are_refused_with_the_key_and_what_to_do(tmp_path, overrides, message):
+    with pytest.raises(ConfigError, match=message):
+        load_config(write(tmp_path, BASE), environ=ENV, overrides=overrides)

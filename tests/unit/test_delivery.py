@@ -292,3 +292,21 @@ def test_chunks_carry_a_destination_left_unsent_so_its_later_messages_never_over
     # payments' outage ran its course in the first chunk: the second never tries it (order kept), orders goes on.
     assert payments_tries > 1 and [d for d, _ in sender.calls].count("payments") == payments_tries
     assert sender.sent == [("orders", "m2"), ("orders", "m4")]
+
+
+def test_held_rows_are_never_built_nor_sent_and_the_others_go_on():
+    """``Action.HOLD`` (a destination in restore.skip_destinations): one HELD outcome each, no send, no link."""
+    sender = FakeSender()
+    built = []
+
+    def counting_build(r):
+        built.append(r["sequence_number"])
+        return build(r)
+
+    rows = [row(1), row(2, "payments", action=Action.HOLD, reason_code="destination_skipped"), row(3),
+            row(4, "payments", action=Action.HOLD, reason_code="destination_skipped")]
+    results = run(rows, sender, builder=counting_build)
+    assert sorted(outcomes(results)) == [(1, Outcome.DELIVERED, None), (2, Outcome.HELD, "destination_skipped"),
+                                         (3, Outcome.DELIVERED, None), (4, Outcome.HELD, "destination_skipped")]
+    assert sender.sent == [("orders", "m1"), ("orders", "m3")] and built == [1, 3]
+    assert all(r.attempts == 0 for r in results if r.outcome == Outcome.HELD)

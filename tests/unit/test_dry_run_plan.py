@@ -64,3 +64,20 @@ def test_destination_summary_counts_sizes_sessions_times_schedules_and_expiry(sp
     assert (summary["payments"]["messages"], summary["payments"]["to_deliver"]) == (1, 1)
     assert summary["(no destination)"]["to_dead_letter"] == 1
     assert list(summary) == sorted(summary)
+
+
+def test_the_plan_shows_renames_and_what_skipped_destinations_would_leave(spark):
+    from backlog_syphon.run.dry_run_plan import renamed_destinations
+
+    rows = [backlog_row(1, destination="orders-v1"), backlog_row(2, destination="Orders-V1"),
+            backlog_row(3, destination="orders"), backlog_row(4, destination="payments"),
+            backlog_row(5, destination="payments")]
+    classified = classify_messages(spark.createDataFrame(rows, BACKLOG_ROW_SCHEMA), now=NOW,
+                                   destination_map={"orders-v1": "orders"}, skip_destinations=["payments"])
+    summary = {row["destination"]: row for row in destination_summary(classified, now=NOW).collect()}
+    assert (summary["orders"]["messages"], summary["orders"]["to_deliver"], summary["orders"]["to_hold"]) == (3, 3, 0)
+    assert summary["orders"]["renamed_from"] == "Orders-V1, orders-v1"
+    assert (summary["payments"]["to_hold"], summary["payments"]["to_deliver"]) == (2, 0)
+    assert summary["payments"]["renamed_from"] == ""
+    assert [tuple(row) for row in renamed_destinations(classified).collect()] == [
+        ("Orders-V1", "orders", 1), ("orders-v1", "orders", 1)]

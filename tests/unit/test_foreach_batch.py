@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from backlog_syphon.model import CheckpointRow, Outcome, PacingStats, ReasonCode, RecordedSpan
+from backlog_syphon.model import CheckpointRow, HeldSpan, Outcome, PacingStats, ReasonCode, RecordedSpan
 from backlog_syphon.sink.batch import BatchAggregate, Recovery, Unsent
 from backlog_syphon.sink.foreach_batch import (
     NO_DESTINATION,
@@ -106,7 +106,7 @@ def audit_row(run_id, seq, outcome, destination="orders", batch_id=4):
               "reason_code": "destination_unavailable" if outcome == "unsent" else None, "reason": None,
               "body_size": 10, "enqueued_time": at(T0 + 10 * seq), "scheduled_enqueue_time": None,
               "time_to_live_ms": None, "outcome_time": at(1_800_000_000_000), "attempts": 1,
-              "dead_letter_reason": None, "dead_letter_error_description": None}
+              "dead_letter_reason": None, "dead_letter_error_description": None, "original_destination": None}
     return tuple(values[field.name] for field in AUDIT_ROW_SCHEMA.fields)
 
 
@@ -136,6 +136,23 @@ def test_recovery_counts_every_row_earlier_attempts_of_the_batch_recorded(spark,
     assert recovery.dead_letters == ()
     assert recovery.recorded_rows_of_batch == 6  # both attempts' rows of batch 4, below the mark or not
     assert isinstance(recovery, Recovery)
+
+
+def test_held_messages_cut_the_spans_are_counted_and_located_but_are_neither_recorded_nor_unsent():
+    """HELD (restore.skip_destinations) is not final: no span holds it (the purge never settles it), the
+    batch neither fails nor sends it again, and its place in the queue goes to the purge as a HeldSpan."""
+    groups = [
+        group(Q0, 0, "orders", "delivered", 1, 1, 1),
+        group(Q0, 1, "payments", "held", 2, 2, 1, reason_code="destination_skipped"),
+        group(Q0, 1, "orders", "delivered", 3, 3, 1),
+        group(Q0, 2, "payments", "held", 4, 6, 2, reason_code="destination_skipped"),
+        group(Q0, 2, "orders", "delivered", 5, 5, 1),
+    ]
+    aggregate = combine_groups(groups)
+    assert [(s.first, s.last, s.count) for s in aggregate.spans] == [(1, 1, 1), (3, 3, 1), (5, 5, 1)]
+    assert aggregate.held == (HeldSpan(Q0, 2, 6, T0 + 20, T0 + 60, 3),)
+    assert aggregate.unsent == {} and aggregate.final_unavailable == {}
+    assert aggregate.total(Outcome.HELD) == 3 and aggregate.per_destination[("payments", Outcome.HELD)] == 3
 
 
 def test_a_run_that_created_its_state_tables_reads_nothing_back():

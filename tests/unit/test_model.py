@@ -7,7 +7,10 @@ import pytest
 from backlog_syphon.model import (
     DEAD_LETTER_REASON_CODES,
     FINAL_OUTCOMES,
+    REPORTED_OUTCOMES,
+    STAYING_OUTCOMES,
     Action,
+    HeldSpan,
     BatchStats,
     CheckpointRow,
     Lease,
@@ -23,9 +26,11 @@ from backlog_syphon.restore.rows import OUTCOME_ROW_SCHEMA
 
 def test_outcome_record_is_the_audit_row():
     assert list(typing.get_type_hints(OutcomeRecord)) == OUTCOME_ROW_SCHEMA.fieldNames()
-    # appended at the end, nullable: an older audit table gets them with ALTER TABLE ADD COLUMNS
-    assert OUTCOME_ROW_SCHEMA.fieldNames()[-2:] == ["dead_letter_reason", "dead_letter_error_description"]
-    assert all(OUTCOME_ROW_SCHEMA[name].nullable for name in OUTCOME_ROW_SCHEMA.fieldNames()[-2:])
+    # appended at the end (the re-drive's, then the rename's), nullable: an older audit table gets them with
+    # ALTER TABLE ADD COLUMNS
+    assert OUTCOME_ROW_SCHEMA.fieldNames()[-3:] == ["dead_letter_reason", "dead_letter_error_description",
+                                                    "original_destination"]
+    assert all(OUTCOME_ROW_SCHEMA[name].nullable for name in OUTCOME_ROW_SCHEMA.fieldNames()[-3:])
 
 
 def test_checkpoint_and_lease_rows_match_their_tables():
@@ -36,10 +41,12 @@ def test_checkpoint_and_lease_rows_match_their_tables():
 
 
 def test_enum_values_are_the_tables_contract():
-    assert [o.value for o in Outcome] == ["delivered", "dead_lettered", "skipped_ping", "unsent", "not_selected"]
+    assert [o.value for o in Outcome] == ["delivered", "dead_lettered", "skipped_ping", "unsent", "held",
+                                          "not_selected"]
+    assert [a.value for a in Action] == ["deliver", "dead_letter", "skip", "hold", "leave"]
     assert [s.value for s in RunSource] == ["backlog", "dead_letters"]
+    assert f"{ReasonCode.DESTINATION_SKIPPED}" == "destination_skipped"
     assert f"{ReasonCode.FILTERED_OUT}" == "filtered_out" and f"{ReasonCode.REDRIVEN_BEFORE}" == "redriven_before"
-    assert Action("leave") is Action.LEAVE
     assert f"{ReasonCode.MISSING_PATH}" == "missing_path" and ReasonCode("ping") is ReasonCode.PING
     assert TtlPolicy.parse("restart") is TtlPolicy.RESTART
     assert ReasonCode("quota_exceeded") is ReasonCode.QUOTA_EXCEEDED
@@ -47,9 +54,24 @@ def test_enum_values_are_the_tables_contract():
     assert f"{ReasonCode.ROUND_DEADLINE}" == "round_deadline"
 
 
-def test_unsent_and_not_selected_are_the_outcomes_that_are_not_final():
+def test_unsent_and_the_outcomes_of_messages_that_stay_are_the_ones_that_are_not_final():
     assert FINAL_OUTCOMES == (Outcome.DELIVERED, Outcome.DEAD_LETTERED, Outcome.SKIPPED_PING)
-    assert [o.is_final for o in Outcome] == [True, True, True, False, False]
+    assert [o.is_final for o in Outcome] == [True, True, True, False, False, False]
+    assert STAYING_OUTCOMES == (Outcome.HELD, Outcome.NOT_SELECTED)
+    assert [o for o in Outcome if o.stays] == list(STAYING_OUTCOMES)
+    assert [a for a in Action if a.stays] == [Action.HOLD, Action.LEAVE]
+    assert REPORTED_OUTCOMES == FINAL_OUTCOMES + STAYING_OUTCOMES
+
+
+HELD = HeldSpan("q0", first=5, last=9, enqueued_from_ms=500, enqueued_to_ms=900, count=3)
+
+
+def test_held_spans_hold_by_identity_and_merge_into_one_covering_range():
+    assert HELD.holds(5, 500) and HELD.holds(9, 900) and not HELD.holds(10, 900) and not HELD.holds(7, 1_000)
+    assert not HELD.holds(7, None)
+    later = HeldSpan("q0", first=20, last=22, enqueued_from_ms=2_000, enqueued_to_ms=2_200, count=2)
+    assert HELD.merged(later) == HeldSpan("q0", 5, 22, 500, 2_200, 5)
+    assert HELD.merged(None) is HELD
 
 
 def test_the_reason_codes_a_redrive_filters_on_are_those_the_syphon_dead_letters_with():

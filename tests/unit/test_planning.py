@@ -380,3 +380,62 @@ def test_a_backlog_left_in_one_queue_still_moves_a_whole_budget_per_batch():
     plan = plan_windows({"a": 1, "b": 1}, ["a", "b"], 20, probes.__getitem__, backoff=IdleBackoff(), now=0.0,
                         target={"a": 4, "b": 15})
     assert nexts(plan.end) == {"a": 4, "b": 15}
+
+
+def test_a_run_looks_back_once_at_what_earlier_runs_left_below_each_offset():
+    """Messages 3 and 7 were held for a skipped destination (the rest of 1..20 was settled); the offset is
+    past them. The run's first plan of the queue reads from 3 (``reread_from``), later plans do not."""
+    queue = probe_over([3, 7, 21, 22])
+    planner = WindowPlanner(lambda q: queue, max_messages=100, available_now=False, idle_probe_max_seconds=900.0,
+                            look_back=["q0"])
+    start = {"q0": offset(21, 1, 200)}
+    first = planner.latest_offset(start, ["q0"], 100, now=0.0)
+    assert first == {"q0": {**offset(23, 1, 220), "reread_from": 3}}
+    assert windows(start, first) == [("q0", 3, 23)]  # from the offset log: a replay reads the same window
+    queue_later = planner.latest_offset(first, ["q0"], 100, now=1000.0)
+    assert queue_later == first  # once per run (a continuous run's later holds wait), and no empty batch
+    assert windows(first, queue_later) == []
+
+
+def test_a_look_back_is_bounded_by_the_budget_and_the_offset_then_moves_on_from_there():
+    queue = probe_over(range(1, 51))  # 1..50 still there (say 1..30 held or not yet settled), offset at 31
+    plan = plan_windows({"q0": offset(31, 1, 310)}, ["q0"], 10, {"q0": queue}.__getitem__, backoff=IdleBackoff(),
+                        now=0.0, look_back={"q0"})
+    assert plan.end == {"q0": {**offset(11, 1, 500), "reread_from": 1}}
+    assert windows({"q0": offset(31, 1, 310)}, plan.end) == [("q0", 1, 11)]
+    assert plan.looked == ("q0",)
+
+
+def test_no_look_back_where_nothing_lies_below_the_offset_or_the_queue_was_recreated():
+    level = probe_over([31, 32])
+    plan = plan_windows({"q0": offset(31, 1, 310)}, ["q0"], 10, {"q0": level}.__getitem__, backoff=IdleBackoff(),
+                        now=0.0, look_back={"q0"})
+    assert plan.end == {"q0": offset(33, 1, 320)}
+    recreated = probe_over([(1, 5_000)])
+    plan = plan_windows({"q0": offset(31, 1, 310)}, ["q0"], 10, {"q0": recreated}.__getitem__,
+                        backoff=IdleBackoff(), now=0.0, look_back={"q0"})
+    assert plan.restarted == ("q0",) and "reread_from" not in plan.end["q0"]
+
+
+def test_an_offset_with_a_look_back_that_moves_no_further_stays_as_it_is_and_reads_nothing_again():
+    """Spark sees no change, so it plans no (empty) batch; with another queue moving, no window for this one."""
+    queue = probe_over([3])
+    start = {"q0": {**offset(23, 1, 220), "reread_from": 3}, "q1": offset(5, 1, 50)}
+    plan = plan_windows(start, ["q0", "q1"], 10, {"q0": queue, "q1": probe_over([5, 6])}.__getitem__,
+                        backoff=IdleBackoff(), now=0.0)
+    assert plan.end == {"q0": {**offset(23, 1, 220), "reread_from": 3}, "q1": offset(7, 1, 60)}
+    assert windows(start, plan.end) == [("q1", 5, 7)]
+    moved = probe_over([3, 23])
+    alone = {"q0": start["q0"]}
+    plan = plan_windows(alone, ["q0"], 10, {"q0": moved}.__getitem__, backoff=IdleBackoff(), now=0.0)
+    assert plan.end == {"q0": offset(24, 1, 230)}  # moved on: the old look back is dropped
+    assert windows(alone, plan.end) == [("q0", 23, 24)]
+
+
+def test_a_planner_looks_back_only_at_the_queues_it_is_told_held_messages():
+    """Elsewhere a message below the offset is recorded and only not yet settled: re-reading it is waste."""
+    probes = {"q0": probe_over([3, 21]), "q1": probe_over([2, 21])}
+    planner = WindowPlanner(probes.__getitem__, max_messages=100, available_now=False, idle_probe_max_seconds=900.0,
+                            look_back=["q0"])
+    end = planner.latest_offset({"q0": offset(21, 1, 200), "q1": offset(21, 1, 200)}, ["q0", "q1"], 100, now=0.0)
+    assert end["q0"].get("reread_from") == 3 and "reread_from" not in end["q1"]

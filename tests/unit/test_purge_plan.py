@@ -4,7 +4,7 @@ import dataclasses
 
 import pytest
 
-from backlog_syphon.model import RecordedSpan
+from backlog_syphon.model import HeldSpan, RecordedSpan
 from backlog_syphon.servicebus.purge_plan import (
     PageActions,
     PurgePlan,
@@ -41,7 +41,7 @@ def run_purge(plan, queue, *, page=100, settle_fails=()):
     """
     progress = PurgeProgress(plan, page=page)
     remaining = list(queue)
-    requests, actions = [], []
+    requests, actions, locked = [], [], []
     while credit := progress.credit():
         requests.append(credit)
         received, remaining = remaining[:credit], remaining[credit:]
@@ -50,7 +50,10 @@ def run_purge(plan, queue, *, page=100, settle_fails=()):
         failed = [seq for seq in step.complete if seq in settle_fails]
         settled = (set(step.complete) - set(failed)) | {seq for seq, _, _ in step.dead_letter}
         progress.on_settled(len(step.complete) - len(failed), len(step.dead_letter))
-        remaining = sorted([identity for identity in received if identity[0] not in settled] + remaining)
+        locked += [identity for identity in received if identity[0] in step.pass_over]  # released at the end
+        remaining = sorted([identity for identity in received
+                            if identity[0] not in settled and identity[0] not in step.pass_over] + remaining)
+    remaining = sorted(remaining + locked)
     heads = {s.first: next((identity for identity in remaining if identity[0] >= s.first), None)
              for s in plan.spans}
     return progress.result(heads), requests, actions, remaining
@@ -178,3 +181,69 @@ def test_a_purge_reports_each_span_settled_or_left_from_what_is_still_there():
 def test_invalid_plans_are_refused(spans, expected):
     with pytest.raises(ValueError, match="invalid purge plan for q"):
         PurgePlan("q", spans, expected)
+
+
+def held_span(first, last, count):
+    return HeldSpan("q", first, last, T0 + first, T0 + last, count)
+
+
+def test_messages_held_for_skipped_destinations_are_passed_over_and_what_lies_behind_them_is_settled():
+    """2, 3 and 6 are held (restore.skip_destinations): kept locked while 1, 4, 5 and 7 are completed behind
+    them, never settled, and handed back (released by the I/O side at the end of the round)."""
+    recorded = (span(1, 1), span(4, 5), span(7, 7))
+    plan = dataclasses.replace(plan_of(*recorded), held=held_span(2, 6, 3))
+    queue = [msg(seq) for seq in range(1, 9)]
+    result, requests, actions, left = run_purge(plan, queue, page=3)
+    assert [a.pass_over for a in actions if a.pass_over] == [(2, 3), (6,)]
+    assert sorted(seq for a in actions for seq in a.complete) == [1, 4, 5, 7]
+    assert not any(a.release for a in actions)  # nothing unexpected: the purge did not stop at 2
+    assert requests[0] == 3 and sum(requests) <= 4 + 3 + 3  # the recorded ones, and at most the held ones more
+    assert result.completed == 4 and result.released == 0 and set(result.settled) == set(recorded)
+    assert [identity[0] for identity in left][:3] == [2, 3, 6]  # the held ones stay in the queue
+
+
+def test_without_a_held_span_a_held_message_stops_the_purge_as_before():
+    plan = plan_of(span(1, 1), span(3, 3))
+    _, _, actions, _ = run_purge(plan, [msg(seq) for seq in range(1, 5)])
+    assert actions[-1].release == (2,) and actions[-1].stop
+
+
+def test_a_message_outside_the_held_range_still_stops_the_purge():
+    plan = dataclasses.replace(plan_of(span(1, 1), span(5, 5)), held=held_span(2, 3, 2))
+    _, _, actions, _ = run_purge(plan, [msg(seq) for seq in range(1, 7)])
+    assert [a.pass_over for a in actions if a.pass_over] == [(2, 3)]
+    assert [a.release for a in actions if a.release] == [(4,)] and actions[-1].stop
+
+
+def test_locks_running_out_end_the_round():
+    plan = dataclasses.replace(plan_of(span(1, 1), span(5, 5)), held=held_span(2, 4, 3))
+    progress = PurgeProgress(plan, page=2)
+    progress.on_page([msg(1), msg(2)])
+    assert progress.credit() > 0
+    progress.locks_running_out()
+    assert progress.credit() == 0
+
+
+def test_a_held_message_that_comes_back_ends_the_round_instead_of_going_round_again():
+    plan = dataclasses.replace(plan_of(span(5, 5)), held=held_span(1, 2, 2))
+    progress = PurgeProgress(plan, page=2)
+    assert not progress.on_page([msg(1), msg(2)]).stop
+    assert progress.on_page([msg(1)]).stop  # its lock was lost: it is at the head again
+
+
+def test_one_pass_over_for_every_message_that_stays_held_or_left_in_a_dead_letter_queue():
+    """Held messages (a backlog queue's HeldSpan) and what a re-drive leaves in a dead-letter sub-queue
+    (passing mode) go down one path: passed over, counted as passed, never released early nor settled."""
+    recorded = (span(2, 2), span(4, 4))
+    held = dataclasses.replace(plan_of(*recorded), held=held_span(1, 3, 2))
+    passing = dataclasses.replace(plan_of(*recorded), passing=True)
+    for plan in (held, passing):
+        progress = PurgeProgress(plan, page=4)
+        actions = progress.on_page([msg(seq) for seq in (1, 2, 3, 4)])
+        assert (actions.complete, actions.pass_over, actions.release, actions.stop) == ((2, 4), (1, 3), (), True)
+        assert (progress.passed, progress.released) == (2, 0)
+    # past the plan's last recorded message nothing is left to settle: the round ends at once
+    progress = PurgeProgress(dataclasses.replace(plan_of(span(2, 2), span(9, 9)), held=held_span(1, 5, 2)), page=3)
+    assert progress.on_page([msg(1), msg(2), msg(5)]).stop is False  # 9 is still ahead
+    progress = PurgeProgress(dataclasses.replace(plan_of(span(2, 2), span(4, 4)), passing=True), page=3)
+    assert progress.on_page([msg(2), msg(7)]).stop  # 4 is gone already, 7 lies past it

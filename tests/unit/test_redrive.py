@@ -168,7 +168,7 @@ def group(queue, island, outcome, first, last, n, reason_code=None):
 
 
 def test_what_a_redrive_leaves_or_dead_letters_again_cuts_the_spans_and_is_counted():
-    assert cuts_span(Outcome.NOT_SELECTED, Q0) and cuts_span(Outcome.UNSENT, Q0)
+    assert all(cuts_span(outcome, Q0) for outcome in (Outcome.NOT_SELECTED, Outcome.HELD, Outcome.UNSENT))
     assert cuts_span(Outcome.DEAD_LETTERED, DLQ0) and not cuts_span(Outcome.DEAD_LETTERED, Q0)
     aggregate = combine_groups([
         group(DLQ0, 0, "delivered", 1, 2, 2),
@@ -213,15 +213,16 @@ def msg(seq):
     return seq, T0 + seq
 
 
-def test_passing_mode_keeps_what_no_span_holds_and_completes_the_recorded_messages_behind_it():
+def test_passing_mode_passes_over_what_no_span_holds_and_completes_the_recorded_messages_behind_it():
     spans = (RecordedSpan(DLQ0, 3, 4, T0 + 3, T0 + 4, 2), RecordedSpan(DLQ0, 6, 6, T0 + 6, T0 + 6, 1))
     progress = PurgeProgress(PurgePlan(DLQ0, spans, 3, passing=True), page=3)
     assert progress.credit() == 3  # a page: messages that stay take some of the credit
     first = progress.on_page([msg(1), msg(2), msg(3)])  # 1 and 2 stay (left by the re-drive, or earlier ones)
-    assert (first.complete, first.keep, first.release, first.stop) == ((3,), (1, 2), (), False)
+    assert (first.complete, first.pass_over, first.release, first.stop) == ((3,), (1, 2), (), False)
     second = progress.on_page([msg(5), msg(4), msg(6)])
-    assert (second.complete, second.keep, second.stop) == ((4, 6), (5,), True)  # every recorded one was seen
+    assert (second.complete, second.pass_over, second.stop) == ((4, 6), (5,), True)  # every recorded one was seen
     assert progress.credit() == 0
+    assert (progress.passed, progress.released) == (3, 0)  # passed over, released unchanged at the end
 
 
 def test_passing_mode_stops_past_the_plans_last_message_or_at_an_empty_receive():
@@ -232,7 +233,7 @@ def test_passing_mode_stops_past_the_plans_last_message_or_at_an_empty_receive()
     assert empty.on_page([]).stop
     backlog = PurgeProgress(PurgePlan(Q0, (RecordedSpan(Q0, 3, 4, T0 + 3, T0 + 4, 2),), 2))
     actions = backlog.on_page([msg(1)])  # a backlog queue's purge stops at the first unrecorded message
-    assert (actions.release, actions.keep, actions.stop) == ((1,), (), True)
+    assert (actions.release, actions.pass_over, actions.stop) == ((1,), (), True)
 
 
 # --- the message sent again -----------------------------------------------------------------------

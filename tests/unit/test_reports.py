@@ -14,7 +14,7 @@ def audit_row(run_id, seq, destination, outcome, reason_code=None, size=10, seco
               "reason_code": reason_code, "reason": reason_code, "body_size": size, "enqueued_time": T0,
               "scheduled_enqueue_time": None, "time_to_live_ms": None,
               "outcome_time": T0 + dt.timedelta(seconds=seconds), "attempts": 1, "dead_letter_reason": None,
-              "dead_letter_error_description": None}
+              "dead_letter_error_description": None, "original_destination": None}
     return tuple(values[field.name] for field in AUDIT_ROW_SCHEMA.fields)
 
 
@@ -48,3 +48,33 @@ def test_text_chart_scales_bars_to_the_peak():
     assert text_chart([("12:00", 10), ("12:01", 5), ("12:02", 0)], width=10) == [
         "12:00 ########## 10", "12:01 #####      5", "12:02            0"]
     assert text_chart([]) == ["(no data)"]
+
+
+def test_a_run_that_left_only_what_skipped_destinations_hold_has_drained():
+    """restore.skip_destinations is what the operator asked for: held messages do not make an available-now
+    run fail (exit code 4); anything else left does."""
+    from backlog_syphon.run.syphon import RunSummary
+
+    counts = {"delivered": 5, "dead_lettered": 0, "skipped_ping": 0, "held": 0}
+    per_destination = {"orders": counts, "payments": {**counts, "delivered": 0, "held": 3}}
+    summary = RunSummary("r1", per_destination, remaining={"q/0": 2, "q/1": 1})
+    assert summary.held == {"payments": 3} and summary.drained
+    assert not RunSummary("r1", per_destination, remaining={"q/0": 4}).drained
+    assert not RunSummary("r1", {"orders": counts}, remaining={"q/0": 1}).drained
+    lines = summary.lines()
+    assert lines[1].split()[-1] == "held" and lines[3].split()[-1] == "3"
+    assert lines[-1] == ("  left in the backlog for restore.skip_destinations: 3 message(s) (payments 3); "
+                         "a run without the skip delivers them")
+
+
+
+def test_what_a_run_leaves_on_purpose_held_or_not_selected_counts_as_drained_and_a_redrive_has_its_column():
+    from backlog_syphon.run.syphon import RunSummary
+
+    counts = {"delivered": 1, "dead_lettered": 0, "skipped_ping": 0, "held": 1, "not_selected": 2}
+    summary = RunSummary("r1", {"orders": counts}, remaining={"q/0": 3})
+    assert summary.stayed == {"orders": 3} and summary.drained
+    assert "not selected" not in summary.lines()[1]  # a backlog run's summary: no re-drive column
+    redrive = RunSummary("r1", {"orders": counts}, remaining={"q/0/$DeadLetterQueue": 9}, redrive=True)
+    assert redrive.drained  # what a re-drive leaves (or dead-letters again) stays by design
+    assert redrive.lines()[1].split()[-2:] == ["not", "selected"] and redrive.lines()[2].split()[-1] == "2"

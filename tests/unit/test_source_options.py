@@ -13,7 +13,8 @@ SECONDARY = NamespaceConfig(connection_string=Secret("Endpoint=sb://x/;SharedAcc
 
 def test_options_survive_the_trip_through_sparks_strings():
     options = SourceOptions("contoso", SECONDARY, queue_count=3, discover=False, max_messages_per_trigger=7,
-                            idle_probe_max_seconds=1.5, available_now=True, stop_file="/tmp/stop")
+                            idle_probe_max_seconds=1.5, available_now=True, stop_file="/tmp/stop",
+                            look_back=("contoso/x-servicebus-transfer/0", "contoso/x-servicebus-transfer/2"))
     spark_options = options.to_spark()
     assert all(isinstance(value, str) for value in spark_options.values())
     assert SECRET_OPTION in spark_options and "secret" in SECRET_OPTION  # redacted by Spark's default regex
@@ -28,6 +29,7 @@ def test_missing_options_take_the_configurations_defaults():
     assert read.max_messages_per_trigger == RunConfig().max_messages_per_trigger
     assert read.idle_probe_max_seconds == RunConfig().idle_probe_max_seconds
     assert read.available_now is False and read.stop_file is None
+    assert read.look_back == ()
     assert read.secondary == NamespaceConfig()
 
 
@@ -42,8 +44,8 @@ def test_from_config_copies_every_setting(tmp_path):
                     "run: {trigger: 10 seconds, max_messages_per_trigger: 9, idle_probe_max_seconds: 30}\n")
     secret = "Endpoint=sb://h/;SharedAccessKeyName=k;SharedAccessKey=v"
     config = load_config(path, environ={"P": secret, "S": secret})
-    options = SourceOptions.from_config(config, stop_file="stop")
-    assert dataclasses.astuple(options)[2:] == (4, False, 9, 30.0, False, "stop", False, False)
+    options = SourceOptions.from_config(config, stop_file="stop", look_back=("q/1", "q/0"))
+    assert dataclasses.astuple(options)[2:] == (4, False, 9, 30.0, False, "stop", False, ("q/0", "q/1"), False)
     assert options.secondary == config.secondary
 
 

@@ -1,4 +1,5 @@
-"""Decide, per backlog row, whether to deliver, dead-letter or skip it, and with which time to live.
+"""Decide, per backlog row, where it goes (``destination_map``), and whether to deliver, dead-letter,
+skip or hold it, and with which time to live.
 
 Pure ``DataFrame -> DataFrame`` transforms over rows shaped like ``BACKLOG_ROW_SCHEMA``, built from
 Spark column expressions only (no Python UDFs). The current time is passed in, never read here.
@@ -6,7 +7,11 @@ Spark column expressions only (no Python UDFs). The current time is passed in, n
 Invariants:
 - Every row gets exactly one action and, unless it is delivered, a stable ``reason_code`` and a
   human ``reason``: nothing is silently dropped.
-- Precedence: ping, then decode problems, then expiry in the backlog, then size.
+- Precedence: ping, then a skipped destination (held, whatever else is wrong with the message: it is
+  left untouched), then decode problems, then expiry in the backlog, then size.
+- Renaming comes first and once: ``destination`` becomes the new name (matched case-insensitively,
+  never mapped again) and ``original_destination`` keeps the name x-ms-path gave; skips are matched
+  against the destination as sent.
 - Reasons are built from decoded fields and numbers only (decode reasons never quote unsafe text,
   see :func:`backlog_syphon.restore.legacy_properties.quote`), so they carry no secrets.
 """
@@ -14,6 +19,7 @@ Invariants:
 from __future__ import annotations
 
 from datetime import datetime
+from typing import Iterable, Mapping
 
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
@@ -28,7 +34,7 @@ from backlog_syphon.model import Action, ReasonCode, TtlPolicy
 DEFAULT_TTL_POLICY = TtlPolicy.REMAINING
 
 
-CLASSIFICATION_COLUMNS = ("action", "reason_code", "reason", "restored_time_to_live_ms")
+CLASSIFICATION_COLUMNS = ("action", "reason_code", "reason", "restored_time_to_live_ms", "original_destination")
 
 
 def classify_messages(
@@ -37,8 +43,15 @@ def classify_messages(
     now: datetime,
     ttl_policy: str | TtlPolicy = DEFAULT_TTL_POLICY,
     max_message_size_bytes: int | None = None,
+    destination_map: Mapping[str, str] | None = None,
+    skip_destinations: Iterable[str] = (),
 ) -> DataFrame:
-    """Add ``action``, ``reason_code``, ``reason`` and ``restored_time_to_live_ms`` to backlog rows.
+    """Add ``action``, ``reason_code``, ``reason``, ``restored_time_to_live_ms`` and ``original_destination``
+    to backlog rows, with ``destination`` renamed by ``destination_map``.
+
+    ``destination_map``: ``{old name: new name}``, old names matched case-insensitively, applied once
+    (``config`` refuses chains); ``skip_destinations``: destinations as sent (after the map), matched
+    case-insensitively, whose messages are held (``Action.HOLD``) rather than sent.
 
     ``restored_time_to_live_ms`` is the TTL to send with, set only for rows to deliver (null there
     means no TTL). Under ``remaining`` the TTL clock starts at the later of the backlog enqueue time
@@ -63,7 +76,11 @@ def classify_messages(
         restored_ttl_ms = ttl_ms - waited_ms
         expired = expired_by(now)
 
+    df = rename_destinations(df, destination_map or {})
     is_ping = F.coalesce(F.col("content_type") == PING_CONTENT_TYPE, F.lit(False))
+    skipped = sorted({name.lower() for name in skip_destinations})
+    is_held = (F.coalesce(F.lower(F.col("destination")).isin(skipped), F.lit(False)) if skipped
+               else F.lit(False))
     # A null destination without a problem code is a source bug; dead-letter it rather than guess.
     undecoded = F.col("decode_problem_code").isNotNull() | F.col("destination").isNull()
     too_large = (
@@ -75,6 +92,9 @@ def classify_messages(
     rules = [  # (condition, action, reason_code, reason), in precedence order
         (is_ping, Action.SKIP, F.lit(ReasonCode.PING),
          F.lit(f"ping message (content type {PING_CONTENT_TYPE}); pings are never delivered")),
+        (is_held, Action.HOLD, F.lit(ReasonCode.DESTINATION_SKIPPED),
+         F.format_string("destination '%s' is in restore.skip_destinations: left in the backlog for a later run",
+                         F.col("destination"))),
         (undecoded, Action.DEAD_LETTER,
          F.coalesce(F.col("decode_problem_code"), F.lit(ReasonCode.MISSING_PATH)),
          F.coalesce(F.col("decode_problem_reason"), F.lit("no destination was decoded from x-ms-path"))),
@@ -89,12 +109,29 @@ def classify_messages(
     reason = _first_match([(condition, text) for condition, _, _, text in rules], F.lit(None))
 
     return df.select(
-        "*",
+        *[column for column in df.columns if column != "original_destination"],
         action.alias("action"),
         reason_code.cast("string").alias("reason_code"),
         reason.cast("string").alias("reason"),
         F.when(action == Action.DELIVER, restored_ttl_ms).cast("long").alias("restored_time_to_live_ms"),
+        F.col("original_destination"),
     )
+
+
+def rename_destinations(df: DataFrame, destination_map: Mapping[str, str]) -> DataFrame:
+    """``destination`` renamed by ``destination_map`` (old names matched case-insensitively, once), and
+    ``original_destination``: the name x-ms-path gave where the map renamed it, else null."""
+    destination = F.col("destination")
+    if not destination_map:
+        return df.withColumn("original_destination", F.lit(None).cast("string"))
+    lowered = F.lower(destination)
+    renamed = None
+    for old, new in sorted(destination_map.items()):
+        condition = lowered == old.lower()
+        renamed = F.when(condition, F.lit(new)) if renamed is None else renamed.when(condition, F.lit(new))
+    # Both columns come from the same decoded name, in one projection: a renamed name is never looked up again.
+    return df.withColumns({"destination": F.coalesce(renamed, destination),
+                           "original_destination": F.when(renamed.isNotNull(), destination).cast("string")})
 
 
 def expired_by(now: datetime) -> Column:

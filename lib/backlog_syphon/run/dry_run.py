@@ -31,6 +31,9 @@ class DryRunReport:
     state_tables: str = ""  # the lease table that fences runs of this backlog
     lease_holder: str | None = None  # who delivers from this backlog now, if anyone
     batch_bound: str = ""  # what bounds a run's batches here
+    # restore.destination_map as configured ({old: new}) and the renames the backlog needs (old, new, messages)
+    destination_map: dict[str, str] | None = None
+    renamed: list[dict] | None = None
     per_reason: list[dict] | None = None  # a re-drive: dry_run_plan.redrive_summary rows
 
     def redrive_lines(self) -> list[str]:
@@ -53,19 +56,32 @@ class DryRunReport:
         if self.per_reason is not None:
             out += self.redrive_lines()
         out.append(f"  {'destination':<28} {'messages':>8} {'bytes':>10} {'sessions':>8} {'scheduled':>9} "
-                   f"{'expired':>7} {'deliver':>7} {'dead-letter':>11} {'skip':>5}  oldest .. newest enqueued")
+                   f"{'expired':>7} {'deliver':>7} {'dead-letter':>11} {'skip':>5} {'held':>5}  "
+                   f"oldest .. newest enqueued")
         for row in self.per_destination:
             oldest = f"{row['oldest_enqueued']:%Y-%m-%d %H:%M:%S}" if row["oldest_enqueued"] else "-"
             newest = f"{row['newest_enqueued']:%Y-%m-%d %H:%M:%S}" if row["newest_enqueued"] else "-"
             out.append(f"  {row['destination']:<28} {row['messages']:>8} {row['body_bytes']:>10} "
                        f"{row['sessions']:>8} {row['scheduled']:>9} {row['expired']:>7} {row['to_deliver']:>7} "
-                       f"{row['to_dead_letter']:>11} {row['to_skip']:>5}  {oldest} .. {newest}")
+                       f"{row['to_dead_letter']:>11} {row['to_skip']:>5} {row['to_hold']:>5}  {oldest} .. {newest}")
         if not self.per_destination:
             out.append("  (the dead-letter queues are empty)" if self.per_reason is not None
                        else "  (the backlog queues are empty)")
         out.append(f"  {'dead-letter' if self.per_reason is not None else 'backlog'} queues: "
                    f"{sum(self.per_queue.values())} messages in "
                    f"{sum(1 for n in self.per_queue.values() if n)} of {len(self.per_queue)} queues")
+        if self.destination_map:
+            out.append("  restore.destination_map (x-ms-path name -> destination sent to):")
+            for old, new in sorted(self.destination_map.items()):
+                # x-ms-path may spell the old name in any case: they are one entity
+                count = sum(row["messages"] for row in self.renamed or [] if row["old_name"].lower() == old.lower())
+                out.append(f"    {old} -> {new}: {count} messages")
+        held = [row for row in self.per_destination if row["to_hold"]]
+        if held:
+            out.append(f"  would leave {sum(row['to_hold'] for row in held)} messages in the backlog for "
+                       f"restore.skip_destinations (untouched, for a later run):")
+            for row in held:
+                out.append(f"    {row['destination']}: {row['to_hold']} messages")
         if self.dead_letter_total:
             out.append(f"  would {'leave in the dead-letter queues (still undeliverable)' if self.per_reason is not None else 'dead-letter'} "
                        f"{self.dead_letter_total} messages:")
@@ -102,7 +118,9 @@ def dry_run(spark: SparkSession, config: SyphonConfig, *, now: dt.datetime | Non
     spark.dataSource.register(BacklogDataSource)
     snapshot = spark.read.format(SOURCE_NAME).options(**backlog_source_options(config)).load()
     classified = classify_messages(snapshot, now=now, ttl_policy=config.restore.ttl_policy,
-                                   max_message_size_bytes=config.sink.max_message_size_bytes)
+                                   max_message_size_bytes=config.sink.max_message_size_bytes,
+                                   destination_map=config.restore.destination_map,
+                                   skip_destinations=config.restore.skip_destinations)
     if config.redriving:
         classified = select_for_redrive(classified, config.redrive,
                                         tables.redriven_dead_letters(spark, config.storage.audit_table))
@@ -125,7 +143,8 @@ def dry_run(spark: SparkSession, config: SyphonConfig, *, now: dt.datetime | Non
             dead_letter_total=dead_letters.count(),
             unchecked={d: c.failure.reason for d, c in checks.items() if c.failure is not None and c.failure.transient},
             state_tables=config.storage.resolved_lease_table, lease_holder=_current_holder(spark, config, now),
-            batch_bound=batch_bound(spark, config),
+            batch_bound=batch_bound(spark, config), destination_map=dict(config.restore.destination_map),
+            renamed=[row.asDict() for row in dry_run_plan.renamed_destinations(planned).collect()],
             per_reason=[row.asDict() for row in dry_run_plan.redrive_summary(planned).collect()]
             if config.redriving else None)
     finally:

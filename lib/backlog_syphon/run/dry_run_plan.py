@@ -72,8 +72,20 @@ def destination_summary(planned: DataFrame, *, now: datetime) -> DataFrame:
                  count_where(expired_by(now)).alias("expired"),
                  count_where(F.col("action") == Action.DELIVER).alias("to_deliver"),
                  count_where(F.col("action") == Action.DEAD_LETTER).alias("to_dead_letter"),
-                 count_where(F.col("action") == Action.SKIP).alias("to_skip"))
+                 count_where(F.col("action") == Action.SKIP).alias("to_skip"),
+                 count_where(F.col("action") == Action.HOLD).alias("to_hold"),
+                 # the x-ms-path names restore.destination_map renamed to this one, as text (plain columns only:
+                 # the notebook shows these rows as a DataFrame)
+                 F.concat_ws(", ", F.array_sort(F.collect_set("original_destination"))).alias("renamed_from"))
             .orderBy("destination"))
+
+
+def renamed_destinations(planned: DataFrame) -> DataFrame:
+    """One row per name ``restore.destination_map`` renamed: old name (as x-ms-path gave it), new name, messages."""
+    return (planned.where(F.col("original_destination").isNotNull())
+            .groupBy(F.col("original_destination").alias("old_name"), F.col("destination").alias("new_name"))
+            .count().withColumnRenamed("count", "messages")
+            .orderBy("old_name", "new_name"))
 
 
 def dead_letter_plan(planned: DataFrame) -> DataFrame:

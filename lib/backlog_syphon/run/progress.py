@@ -65,7 +65,8 @@ def progress_line(point: ProgressPoint) -> str:
         return f"batch {point.batch_id}: idle; remaining {point.remaining_total}"
     age = "-" if stats.oldest_enqueued is None else f"{(point.at - stats.oldest_enqueued).total_seconds():.0f}s"
     return (f"batch {point.batch_id}: delivered {stats.delivered}, dead-lettered {stats.dead_lettered}, "
-            f"skipped {stats.skipped}, replayed {stats.replayed}; oldest message age {age}; "
+            f"skipped {stats.skipped}, " + (f"held {stats.held}, " if stats.held else "")
+            + f"replayed {stats.replayed}; oldest message age {age}; "
             f"{send_rate_text(stats)}; remaining {point.remaining_total}"
             + (f" ({remaining})" if remaining else ""))
 

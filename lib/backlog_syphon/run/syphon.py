@@ -20,7 +20,7 @@ from pyspark.sql.streaming import StreamingQuery
 
 from backlog_syphon.config import AVAILABLE_NOW, SyphonConfig, trigger_options
 from backlog_syphon.errors import SettingsError
-from backlog_syphon.model import Outcome
+from backlog_syphon.model import STAYING_OUTCOMES, Outcome
 from backlog_syphon.restore.queue_names import backlog_queue_names, dead_letter_queue_name
 from backlog_syphon.run import reports
 from backlog_syphon.run.fence import LeaseKeeper
@@ -41,6 +41,15 @@ logger = logging.getLogger(__name__)
 EMULATED_AVAILABLE_NOW_TRIGGER = "1 second"  # between batches of a played available-now run
 
 
+# The run summary's columns per destination: the reported outcomes (``model.REPORTED_OUTCOMES``) and their headings.
+SUMMARY_COLUMNS = ((Outcome.DELIVERED, "delivered"), (Outcome.DEAD_LETTERED, "dead-lettered"),
+                   (Outcome.SKIPPED_PING, "skipped"), (Outcome.HELD, "held"), (Outcome.NOT_SELECTED, "not selected"))
+
+
+def _width(heading: str) -> int:
+    return max(8, len(heading) + 1)
+
+
 @dataclass(frozen=True)
 class RunSummary:
     run_id: str
@@ -52,20 +61,49 @@ class RunSummary:
     redrive: bool = False
 
     @property
+    def held(self) -> dict[str, int]:
+        """Per destination, the messages this run left in the backlog because ``restore.skip_destinations``
+        names it (``Outcome.HELD``)."""
+        return self._counts(Outcome.HELD)
+
+    @property
+    def stayed(self) -> dict[str, int]:
+        """Per destination, the messages this run left where they are on purpose (``Outcome.stays``: held,
+        or not selected by a re-drive)."""
+        return {destination: sum(counts.get(outcome, 0) for outcome in STAYING_OUTCOMES)
+                for destination, counts in self.per_destination.items()
+                if any(counts.get(outcome, 0) for outcome in STAYING_OUTCOMES)}
+
+    def _counts(self, outcome: Outcome) -> dict[str, int]:
+        return {destination: counts.get(outcome, 0) for destination, counts in self.per_destination.items()
+                if counts.get(outcome, 0)}
+
+    @property
     def drained(self) -> bool:
-        return not any(self.remaining.values())
+        """Nothing is left but what this run left on purpose: a skip is what the operator asked for, so a
+        scheduled run that honours it has drained (exit code 0), not fallen short. A re-drive leaves by
+        design what it did not select or still cannot deliver (dead-lettered again, where it was), which
+        ``remaining`` counts too: it has drained once it ends (the audit says what it left)."""
+        return self.redrive or sum(self.remaining.values()) <= sum(self.stayed.values())
 
     def lines(self) -> list[str]:
         out = [f"run {self.run_id}"]
-        out.append(f"  {'destination':<32} {'delivered':>10} {'dead-lettered':>14} {'skipped':>8}")
+        # NOT_SELECTED only happens in a re-drive: a backlog run's summary has no column for it.
+        columns = [(outcome, heading) for outcome, heading in SUMMARY_COLUMNS
+                   if self.redrive or outcome != Outcome.NOT_SELECTED]
+        out.append(f"  {'destination':<32}" + "".join(f" {heading:>{_width(heading)}}" for _, heading in columns))
         for destination, counts in self.per_destination.items():
-            out.append(f"  {destination:<32} {counts[Outcome.DELIVERED]:>10} {counts[Outcome.DEAD_LETTERED]:>14} "
-                       f"{counts[Outcome.SKIPPED_PING]:>8}")
+            out.append(f"  {destination:<32}" + "".join(f" {counts.get(outcome, 0):>{_width(heading)}}"
+                                                        for outcome, heading in columns))
         if not self.per_destination:
             out.append("  (nothing moved)")
         out.append(f"  {'dead-letter queue' if self.redrive else 'backlog queue':<40} {'remaining':>10}")
         for queue, count in self.remaining.items():
             out.append(f"  {queue:<40} {count:>10}")
+        held = self.held
+        if held:
+            out.append(f"  left in the backlog for restore.skip_destinations: {sum(held.values())} message(s) "
+                       f"({', '.join(f'{d} {n}' for d, n in held.items())}); a run without the skip delivers them")
         return out
 
 
@@ -103,7 +141,7 @@ class AuditRecords:
         oldest = row["oldest_enqueued"]
         return BatchStats(row[Outcome.DELIVERED], row[Outcome.DEAD_LETTERED], row[Outcome.SKIPPED_PING], 0,
                           (row["last_outcome"] - row["first_outcome"]).total_seconds(),
-                          None if oldest is None else oldest.astimezone(dt.timezone.utc))
+                          None if oldest is None else oldest.astimezone(dt.timezone.utc), held=row[Outcome.HELD])
 
     def per_destination(self) -> dict[str, dict[str, int]]:
         audit = tables.existing_table(self.spark, self.audit_table)
@@ -289,8 +327,16 @@ def start_syphon(spark: SparkSession, config: SyphonConfig, *, run_id: str | Non
     emulate = config.run.trigger == AVAILABLE_NOW and emulate_available_now
     if config.run.trigger == AVAILABLE_NOW and is_connect(spark) and not server_has_read_limits(spark):
         refuse_unbounded_batch(config, spark.version)
+    # Where earlier runs held messages for skipped destinations: the source reads those queues again from
+    # their first message once (what is recorded among them is dropped by identity in the sink).
+    look_back = tuple(tables.queues_with_held(spark, storage.audit_table,
+                                              tables.read_checkpoint(spark, storage.checkpoint_table)))
+    if look_back:
+        logger.info("messages held for skipped destinations wait in %d backlog queue(s): this run reads them again",
+                    len(look_back))
     stream = (spark.readStream.format(SOURCE_NAME)
-              .options(**backlog_source_options(config, stop_file=stop_file, emulate_available_now=emulate)).load())
+              .options(**backlog_source_options(config, stop_file=stop_file, emulate_available_now=emulate,
+                                                look_back=look_back)).load())
     try:
         query = (stream.writeStream.foreachBatch(sink)
                  .option("checkpointLocation", storage.checkpoint_location)

@@ -10,22 +10,26 @@ Invariants:
 - Only recorded messages are settled. A message no span holds (a queue recreated since, a message
   that was left unsent, anything unexpected at the head of the queue) is *released*: its lock is
   dropped without raising its delivery count, and the purge stops and says so.
-- Never ask for more messages than recorded ones are still there, so the broker has no credit to
-  fill with messages that are not recorded. After a crash some may be gone already: such a plan is
-  verified (the recorded messages still there counted by peeking, which locks nothing) first.
+- Except a message that *stays*: one the syphon left in the queue on purpose, which may lie before
+  and between the recorded ones, where a receive meets it first. Stopping there would leave
+  everything recorded behind it unsettled for the whole run, so such a message is *passed over*:
+  kept locked (so the next receive goes past it; not settled, its delivery count untouched) while
+  the purge settles what lies behind it, and released unchanged when the round ends. Which
+  messages may stay (``PurgePlan.passes_over``):
+  - in a backlog queue, those in the plan's ``HeldSpan`` (held for ``restore.skip_destinations``);
+  - in a dead-letter sub-queue (a re-drive's, ``PurgePlan.passing``), any message no span holds:
+    the re-drive did not select it, or an earlier re-drive dead-lettered it again.
+  The I/O side ends the round before the first of those locks could run out (in a backlog queue an
+  expired lock would raise the delivery count); a passed-over message that comes back, or one past
+  the plan's last sequence number (nothing recorded lies behind it), ends the round too.
+- Never ask for more messages than recorded ones are still there, and the ones that may stay on
+  top, so the broker has no credit to fill with messages that are not recorded. After a crash some
+  may be gone already: such a plan is verified (the recorded messages still there counted by
+  peeking, which locks nothing) first. In a dead-letter sub-queue the count of messages that stay
+  is unknown: the credit is a page there.
 - What is left is decided by looking, not by counting: after the purge, each span is settled when
   the first message at or after its first sequence number is not one of its messages
   (``span_after_peek``).
-
-A dead-letter sub-queue (a re-drive's) is purged in *passing* mode (``PurgePlan.passing``): messages
-the re-drive left there (not selected, or still undeliverable) stay, and they can lie before and
-between the recorded ones, where a receive meets them first. So a message no span holds is *kept*
-locked (not settled, its delivery count untouched) while the receives go on past it, and all kept
-messages are released together at the end; the purge stops once every recorded message still there
-was seen, a message past the plan's last sequence number came, or a receive came back empty. Locking
-them briefly is harmless there: a dead-letter queue has no maximum delivery count, never
-dead-letters, and a release does not count as a delivery. The credit is a page, not the count of
-recorded messages, since the kept ones take some of it.
 """
 
 from __future__ import annotations
@@ -33,7 +37,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
-from backlog_syphon.model import RecordedSpan
+from backlog_syphon.model import HeldSpan, RecordedSpan
 
 RECEIVE_PAGE = 100  # messages asked for per receive call
 
@@ -51,9 +55,9 @@ class PurgePlan:
     # Some recorded messages may be gone already (settled by a run that crashed before it recorded
     # the purge): count what is still there before asking for that many.
     verify: bool = False
-    # A dead-letter sub-queue: receive past (and keep locked until the end) the messages no span holds,
-    # instead of stopping at the first (see the module docstring).
-    passing: bool = False
+    # Where messages that stay may lie (the module docstring): passed over, never settled.
+    held: HeldSpan | None = None  # a backlog queue's messages held for skipped destinations
+    passing: bool = False  # a dead-letter sub-queue: any message no span holds may be one that stays
 
     def __post_init__(self):
         if self.expected < 0 or any(span.backlog_queue != self.queue for span in self.spans):
@@ -70,6 +74,11 @@ class PurgePlan:
     def holds(self, identity: Identity) -> bool:
         return any(span.holds(*identity) for span in self.spans)
 
+    def passes_over(self, identity: Identity) -> bool:
+        """Whether ``identity`` (which no span holds) may be a message that stays in the queue: held for a
+        skipped destination, or left in a dead-letter sub-queue by a re-drive."""
+        return self.passing or (self.held is not None and self.held.holds(*identity))
+
     def verified(self, present: list[Identity]) -> PurgePlan:
         """The plan once the messages present in its range are known (peeked): expect only those it holds."""
         return dataclasses.replace(self, expected=sum(1 for identity in present if self.holds(identity)),
@@ -84,7 +93,7 @@ class PageActions:
     dead_letter: tuple[tuple[int, str, str], ...]  # (sequence number, reason code, reason)
     release: tuple[int, ...]
     stop: bool  # the head of the queue left the plan: ask for nothing more
-    keep: tuple[int, ...] = ()  # passing mode: not the plan's; keep locked, release when the purge ends
+    pass_over: tuple[int, ...] = ()  # messages that stay: keep locked until the round ends, then release
 
 
 @dataclass(frozen=True)
@@ -106,31 +115,37 @@ class PurgeProgress:
         self.completed = 0
         self.dead_lettered = 0
         self.released = 0
+        self.passed = 0  # messages that stay, passed over (locked until the round ends)
+        self._passed_over: set[int] = set()
         self.stopped = plan.expected == 0
 
     def credit(self) -> int:
-        """How many messages the next receive call may ask for; 0 means the purge is over."""
+        """How many messages the next receive call may ask for; 0 means the purge is over.
+
+        Messages that stay may lie in front of the recorded ones: as many as the held span counts (less
+        those passed already) may be asked for on top; any that turn out to lie behind are released.
+        In a dead-letter sub-queue their count is unknown: a page."""
         if self.stopped:
             return 0
         if self.plan.passing:
-            return self.page  # kept messages take some of it: the plan's count is no bound here
-        return min(self.page, self.plan.expected - self.seen)
+            return self.page
+        held_left = max(0, self.plan.held.count - self.passed) if self.plan.held is not None else 0
+        return min(self.page, self.plan.expected - self.seen + held_left)
+
+    def locks_running_out(self) -> None:
+        """The locks of the messages passed over are about to end: this round stops (they are released)."""
+        self.stopped = True
 
     def on_page(self, received: list[Identity]) -> PageActions:
         """``received``: the identities of the messages one receive call brought, in any order."""
         if not received:
             self.stopped = True  # nothing came within the wait: what is planned is not there (now)
             return PageActions((), (), (), True)
-        complete, dead_letter, release, keep = [], [], [], []
-        passed_last = False
+        complete, dead_letter, release, pass_over = [], [], [], []
         for identity in sorted(received, key=lambda item: item[0]):
             seq = identity[0]
             if not self.plan.holds(identity):
-                if self.plan.passing:
-                    keep.append(seq)
-                    passed_last = passed_last or seq > self.plan.last
-                else:
-                    release.append(seq)
+                (pass_over if self.plan.passes_over(identity) else release).append(seq)
                 continue
             self.seen += 1
             reason = self.plan.dead_letters.get(identity)
@@ -138,9 +153,15 @@ class PurgeProgress:
                 complete.append(seq)
             else:
                 dead_letter.append((seq, reason[0], reason[1]))
-        self.released += len(release) + len(keep)
-        self.stopped = bool(release) or passed_last or self.seen >= self.plan.expected
-        return PageActions(tuple(complete), tuple(dead_letter), tuple(release), self.stopped, tuple(keep))
+        self.released += len(release)
+        self.passed += len(pass_over)
+        # A passed-over message that comes back was not kept locked after all: stop rather than go round
+        # again. One past the plan's last sequence number has nothing recorded behind it.
+        again = self._passed_over.intersection(pass_over)
+        self._passed_over.update(pass_over)
+        passed_last = any(seq > self.plan.last for seq in pass_over)
+        self.stopped = bool(release) or bool(again) or passed_last or self.seen >= self.plan.expected
+        return PageActions(tuple(complete), tuple(dead_letter), tuple(release), self.stopped, tuple(pass_over))
 
     def on_settled(self, completed: int, dead_lettered: int) -> None:
         self.completed += completed

@@ -9,6 +9,7 @@ tokens here (``sdk_internals`` teaches it the AMQP types legacy clients write; `
 
 from __future__ import annotations
 
+import datetime as dt
 import logging
 
 from azure.servicebus.exceptions import MessagingEntityNotFoundError, ServiceBusError
@@ -49,26 +50,27 @@ def purge_backlog(namespace: NamespaceConfig, plan: PurgePlan, *, max_wait_secon
     return PurgeResult(0, 0, 0, (), plan.spans)
 
 
+# A round that passes over messages that stay ends this long before the first of their locks would (in a
+# backlog queue an expired lock raises the delivery count; released, it does not).
+PASS_OVER_LOCK_MARGIN_SECONDS = 10.0
+
+
 def _purge(receiver, plan: PurgePlan, max_wait_seconds: float) -> PurgeResult:
     if plan.verify and plan.expected:
         plan = plan.verified(peek_identities(receiver, plan.first, plan.last))
     progress = PurgeProgress(plan)
-    kept: list = []  # passing mode (a dead-letter sub-queue): locked until the end, then released
+    passed_over: list = []  # messages that stay (held, or left by a re-drive): locked until the round ends
     revoke_credit(receiver)  # the link's attach gave the broker one credit of its own
     try:
         while credit := progress.credit():
+            if passed_over and _locks_end_soon(passed_over):
+                progress.locks_running_out()
+                break
             page = receiver.receive_messages(max_message_count=credit, max_wait_time=max_wait_seconds)
             revoke_credit(receiver)  # a call that returns early leaves the rest of its credit open
-            _settle_page(receiver, plan, progress, page, kept)
+            _settle_page(receiver, plan, progress, page, passed_over)
     finally:
-        for message in kept:
-            try:
-                release_message(receiver, message)
-            except ServiceBusError:  # its lock ran out meanwhile: it is available again, untouched, anyway
-                logger.info("%s sequence_number=%s: lock lost before its release", plan.queue, message.sequence_number)
-        if kept:
-            logger.info("%s purge passed %d message(s) the re-drive leaves there (locked meanwhile, released "
-                        "untouched)", plan.queue, len(kept))
+        _release_passed_over(receiver, plan, passed_over)
     # Whatever could not be settled (lock lost, not there yet) is still there: look, don't count.
     # The peeks are also the barrier behind any transfer still on its way (see revoke_credit).
     heads = {span.first: first_identity_from(receiver, span.first) for span in plan.spans}
@@ -76,10 +78,10 @@ def _purge(receiver, plan: PurgePlan, max_wait_seconds: float) -> PurgeResult:
     return progress.result(heads)
 
 
-def _settle_page(receiver, plan: PurgePlan, progress: PurgeProgress, page: list, kept: list) -> None:
+def _settle_page(receiver, plan: PurgePlan, progress: PurgeProgress, page: list, passed_over: list) -> None:
     by_seq = {message.sequence_number: message for message in page}
     actions = progress.on_page([received_identity(message) for message in page])
-    kept.extend(by_seq[seq] for seq in actions.keep)
+    passed_over.extend(by_seq[seq] for seq in actions.pass_over)
     for seq in actions.release:
         release_message(receiver, by_seq[seq])
     for seq, reason_code, reason in actions.dead_letter:
@@ -90,6 +92,32 @@ def _settle_page(receiver, plan: PurgePlan, progress: PurgeProgress, page: list,
         logger.warning("backlog=%s purge received %d message(s) whose outcome is not recorded (sequence numbers "
                        "%s): released untouched, not settled; the purge of this queue stops here until they "
                        "are recorded", plan.queue, len(actions.release), list(actions.release)[:10])
+
+
+def _release_passed_over(receiver, plan: PurgePlan, passed_over: list) -> None:
+    """Release the messages that stay, unchanged. Runs in a ``finally``: it never raises, so it never masks
+    the purge's own error."""
+    for message in passed_over:
+        try:
+            release_message(receiver, message)
+        except ServiceBusError:  # its lock ran out meanwhile: it is available again, untouched, anyway
+            logger.info("%s sequence_number=%s: lock lost before its release", plan.queue, message.sequence_number)
+        except Exception as exc:  # noqa: BLE001 - a broken link: the locks end by themselves, nothing is settled
+            logger.warning("%s sequence_number=%s passed-over message not released (%s); its lock runs out",
+                           plan.queue, message.sequence_number, type(exc).__name__)
+            break
+    if passed_over:
+        logger.info("%s purge passed over %d message(s) that stay (held for skipped destinations, or left by a "
+                    "re-drive; locked meanwhile, released untouched)", plan.queue, len(passed_over))
+
+
+def _locks_end_soon(messages: list) -> bool:
+    """Whether the first of these received messages' locks ends within ``PASS_OVER_LOCK_MARGIN_SECONDS``."""
+    ends = [m.locked_until_utc for m in messages if getattr(m, "locked_until_utc", None) is not None]
+    if not ends:
+        return False
+    first = min(end if end.tzinfo else end.replace(tzinfo=dt.timezone.utc) for end in ends)
+    return (first - dt.datetime.now(dt.timezone.utc)).total_seconds() < PASS_OVER_LOCK_MARGIN_SECONDS
 
 
 def complete_all(receiver, messages: list) -> set[int]:

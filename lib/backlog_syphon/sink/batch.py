@@ -22,6 +22,12 @@ Transitions and what a crash at each leaves behind (the invariants the tests wal
   Crash point ``after_record``: nothing is re-sent.
 - ``purge``: submitted in the background (settled within the batch over Spark Connect). A failed
   purge round is logged and retried later; it never fails a batch.
+
+Messages left where they are on purpose (``Outcome.stays``: HELD for ``restore.skip_destinations``,
+NOT_SELECTED in a re-drive) are recorded like unsent ones (their audit rows cut the spans) but neither
+fail the batch nor go to another round. The purge passes over them instead of stopping there: where
+held ones lie goes to it (``BatchAggregate.held``); in a dead-letter sub-queue any message no span
+holds may be one that stays (``PurgePlan.passing``).
 """
 
 from __future__ import annotations
@@ -33,7 +39,7 @@ from enum import StrEnum
 from typing import Protocol, Sequence
 
 from backlog_syphon.errors import BatchFailedError, DestinationUnavailableError
-from backlog_syphon.model import CheckpointRow, DeadLetterOrder, Outcome, ReasonCode, RecordedSpan
+from backlog_syphon.model import CheckpointRow, DeadLetterOrder, HeldSpan, Outcome, ReasonCode, RecordedSpan
 from backlog_syphon.servicebus.purge_plan import PurgePlan, PurgeResult
 from backlog_syphon.sink import bookkeeping
 from backlog_syphon.sink.delivery import RoundLimits
@@ -90,6 +96,8 @@ class BatchAggregate:
     spans: tuple[RecordedSpan, ...] = ()
     per_destination: dict[tuple[str, Outcome], int] = field(default_factory=dict)  # (destination, outcome) -> n
     unsent: dict[str, Unsent] = field(default_factory=dict)
+    # Messages held for skipped destinations: not sent, not settled, and no reason to fail or to send again.
+    held: tuple[HeldSpan, ...] = ()
     first_outcome_ms: int | None = None  # when the batch's first final outcome was reached (its first send)
 
     @property
@@ -186,6 +194,8 @@ def run_batch(state: SinkState, ports: BatchPorts, lease: LeasePort, purges: Pur
         if state.checkpoint is None:
             recovery = ports.recover()
             state.checkpoint = dict(recovery.checkpoint)
+            # Held rows of earlier runs are not carried into this one: the run reads those messages again
+            # (and holds them again, or sends them), and a mark held back by old rows would never move.
             state.unpurged = bookkeeping.add_recorded({}, recovery.unsettled, recovery.dead_letters, verify=True)
             recorded_before = recovery.recorded_rows_of_batch
             replayed = sum(span.count for span in recovery.unsettled if span.batch_id == batch_id)
@@ -219,7 +229,7 @@ def run_batch(state: SinkState, ports: BatchPorts, lease: LeasePort, purges: Pur
         ports.record(sorted(state.checkpoint.values(), key=lambda row: row.backlog_queue),
                      batch_id * ATTEMPTS_PER_BATCH + min(recorded_before, ATTEMPTS_PER_BATCH - 1))
         state.marks_unrecorded = False
-        state.unpurged = bookkeeping.add_recorded(state.unpurged, aggregate.spans, dead_letters)
+        state.unpurged = bookkeeping.add_recorded(state.unpurged, aggregate.spans, dead_letters, held=aggregate.held)
         hooks.reached(CrashPoint.AFTER_RECORD)
         unavailable = aggregate.final_unavailable
         if unavailable:

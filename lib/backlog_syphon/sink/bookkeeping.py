@@ -10,7 +10,11 @@ purge needs. The rules:
   incarnation goes up and the marks start again;
 - the purge mark names one settled message (sequence number and enqueue time): every recorded
   message enqueued at or before it is settled, so a restart looks only above it;
-- when a purge could not settle everything, what is left is counted again (peeked) next time.
+- when a purge could not settle everything, what is left is counted again (peeked) next time;
+- where messages were held for skipped destinations is kept per queue for the whole run (one
+  merged ``HeldSpan``): they stay in the backlog, so every purge of that queue meets them again
+  and must pass over them rather than stop; and the purge mark never passes them, so the next run
+  finds their audit rows above it and reads those queues again.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Iterable
 
-from backlog_syphon.model import CheckpointRow, DeadLetterOrder, RecordedSpan
+from backlog_syphon.model import CheckpointRow, DeadLetterOrder, HeldSpan, RecordedSpan
 from backlog_syphon.restore.queue_names import is_dead_letter_queue_name
 from backlog_syphon.servicebus.purge_plan import PurgePlan, PurgeResult
 
@@ -33,6 +37,7 @@ class Unpurged:
     spans: tuple[RecordedSpan, ...] = ()
     dead_letters: tuple[DeadLetterOrder, ...] = ()
     verify: bool = False  # some may be gone already: count what is there before receiving
+    held: HeldSpan | None = None  # where messages for skipped destinations were left (the purge passes them)
 
     @property
     def count(self) -> int:
@@ -47,8 +52,10 @@ def by_queue(spans: Iterable[RecordedSpan]) -> dict[str, list[RecordedSpan]]:
 
 
 def add_recorded(unpurged: dict[str, Unpurged], spans: Iterable[RecordedSpan],
-                 dead_letters: Iterable[DeadLetterOrder] = (), *, verify: bool = False) -> dict[str, Unpurged]:
-    """Add recorded spans (and the dead-letters among them) to what is left to settle."""
+                 dead_letters: Iterable[DeadLetterOrder] = (), *, verify: bool = False,
+                 held: Iterable[HeldSpan] = ()) -> dict[str, Unpurged]:
+    """Add recorded spans (and the dead-letters among them) to what is left to settle, and where
+    messages were held for skipped destinations."""
     orders = defaultdict(list)
     for order in dead_letters:
         orders[order.backlog_queue].append(order)
@@ -56,7 +63,10 @@ def add_recorded(unpurged: dict[str, Unpurged], spans: Iterable[RecordedSpan],
     for queue, queue_spans in by_queue(spans).items():
         known = new.get(queue, Unpurged())
         new[queue] = Unpurged(known.spans + tuple(queue_spans), known.dead_letters + tuple(orders.get(queue, ())),
-                              known.verify or verify)
+                              known.verify or verify, known.held)
+    for span in held:
+        known = new.get(span.backlog_queue, Unpurged())
+        new[span.backlog_queue] = dataclasses.replace(known, held=span.merged(known.held))
     return new
 
 
@@ -65,7 +75,7 @@ def purge_plans(unpurged: dict[str, Unpurged]) -> dict[str, PurgePlan]:
     sub-queue in passing mode: past the messages the re-drive leaves there)."""
     return {queue: PurgePlan(queue, pending.spans, pending.count,
                              {(order.sequence_number, order.enqueued_ms): (order.reason_code, order.reason)
-                              for order in pending.dead_letters}, pending.verify,
+                              for order in pending.dead_letters}, pending.verify, pending.held,
                              passing=is_dead_letter_queue_name(queue))
             for queue, pending in sorted(unpurged.items()) if pending.spans}
 
@@ -84,7 +94,7 @@ def after_purge(unpurged: dict[str, Unpurged], results: dict[str, PurgeResult]) 
         spans = untouched + result.remaining
         new[queue] = Unpurged(spans, tuple(order for order in pending.dead_letters if any(
             span.holds(order.sequence_number, order.enqueued_ms) for span in spans)),
-            pending.verify or bool(result.remaining)) if spans else Unpurged()
+            pending.verify or bool(result.remaining), pending.held) if spans else Unpurged(held=pending.held)
     return new
 
 
@@ -135,8 +145,12 @@ def mark_purged(state: dict[str, CheckpointRow], results: dict[str, PurgeResult]
         row = new_state.get(queue)
         if row is None or not result.settled:
             continue
-        # Messages compare by (enqueue time, sequence number): several can share a millisecond.
-        unsettled_from = min(((span.enqueued_from_ms, span.first) for span in left.get(queue, Unpurged()).spans),
+        # Messages compare by (enqueue time, sequence number): several can share a millisecond. Messages held
+        # for skipped destinations stay too: the mark never passes them, so the next run finds their audit
+        # rows above it and knows to read that queue again (``storage.tables.queues_with_held``).
+        pending = left.get(queue, Unpurged())
+        unsettled_from = min([(span.enqueued_from_ms, span.first) for span in pending.spans]
+                             + ([(pending.held.enqueued_from_ms, pending.held.first)] if pending.held else []),
                              default=None)
         candidates = [span for span in result.settled
                       if unsettled_from is None or (span.enqueued_to_ms, span.last) < unsettled_from]

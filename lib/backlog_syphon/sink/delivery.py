@@ -5,8 +5,9 @@ clock and the sleep, so the retry state machine is tested with fakes in millisec
 Invariants:
 - Order: rows are sent in sequence-number order per destination and session; a batched send holds
   consecutive messages of one destination and session only.
-- One row, one outcome: delivered, dead-lettered (with a reason code and text), skipped, unsent, or (in
-  a re-drive) not selected.
+- One row, one outcome: delivered, dead-lettered (with a reason code and text), skipped, unsent, or left
+  where it is on purpose (``Outcome.stays``): held (its destination is in ``restore.skip_destinations``)
+  or, in a re-drive, not selected. Those are never sent.
 - No single message stops the run: a message that cannot be built (decoded, restored, encoded)
   becomes that message's dead-letter outcome, with the exception's text, and the rest goes on.
 - No destination holds the others hostage: a destination that refuses or cannot be reached is
@@ -50,6 +51,10 @@ logger = logging.getLogger(__name__)
 
 Row = Mapping[str, Any]  # a classified backlog row (``restore.rows`` columns + the restore rules')
 
+# The outcome of a row the restore rules decided not to send.
+NOT_SENT_OUTCOMES = {Action.SKIP: Outcome.SKIPPED_PING, Action.DEAD_LETTER: Outcome.DEAD_LETTERED,
+                     Action.HOLD: Outcome.HELD, Action.LEAVE: Outcome.NOT_SELECTED}
+
 
 class Sender(Protocol):
     def send(self, destination: str, messages: Sequence[Outgoing]) -> int:
@@ -78,11 +83,6 @@ class Delivery:
     reason: str | None
     attempts: int
     at: float | None = None  # UNSENT: since when its destination has been failing (or the deadline)
-
-
-# What becomes of a row that is not to be delivered, by its action.
-_NOT_SENT_OUTCOMES = {Action.SKIP: Outcome.SKIPPED_PING, Action.DEAD_LETTER: Outcome.DEAD_LETTERED,
-                      Action.LEAVE: Outcome.NOT_SELECTED}
 
 
 def send_groups(rows: Iterable[Row]) -> list[list[Row]]:
@@ -120,7 +120,7 @@ def deliver_rows(rows: Iterable[Row], *, build: Callable[[Row], Outgoing], sende
     for group in send_groups(rows):
         first = group[0]
         if first["action"] != Action.DELIVER:
-            outcome = _NOT_SENT_OUTCOMES[Action(first["action"])]
+            outcome = NOT_SENT_OUTCOMES[Action(first["action"])]
             for row in group:
                 yield Delivery(row, outcome, row["reason_code"], row["reason"], 0)
             continue

@@ -42,10 +42,12 @@ from pyspark.sql import functions as F
 from backlog_syphon.config import SyphonConfig
 from backlog_syphon.errors import BatchFailedError
 from backlog_syphon.model import (
+    REPORTED_OUTCOMES,
     Action,
     BatchStats,
     CheckpointRow,
     DeadLetterOrder,
+    HeldSpan,
     Outcome,
     OutcomeRecord,
     PacingStats,
@@ -167,20 +169,21 @@ class DeliverySink:
         if aggregate.rows:
             self.timeline.mark(Milestone.LAST_RECORD, again=True)
         for (destination, outcome), n in aggregate.per_destination.items():
-            if outcome.is_final:
-                per = self.per_destination.setdefault(destination, {o.value: 0 for o in Outcome if o.is_final})
+            if outcome in REPORTED_OUTCOMES:
+                per = self.per_destination.setdefault(destination, {o.value: 0 for o in REPORTED_OUTCOMES})
                 per[outcome.value] += n
         if aggregate.rows or report.replayed:
             oldest = min((span.enqueued_from_ms for span in aggregate.spans), default=None)
             self.batch_stats[batch_id] = BatchStats(
                 aggregate.total(Outcome.DELIVERED), aggregate.total(Outcome.DEAD_LETTERED),
                 aggregate.total(Outcome.SKIPPED_PING), report.replayed, round(time.monotonic() - started, 2),
-                None if oldest is None else dt.datetime.fromtimestamp(oldest / 1000, dt.timezone.utc), ports.pacing)
-            logger.info("batch_id=%s queues=%d delivered=%d dead_lettered=%d skipped=%d replayed=%d rounds=%d "
-                        "seconds=%.2f", batch_id, len({span.backlog_queue for span in aggregate.spans}),
+                None if oldest is None else dt.datetime.fromtimestamp(oldest / 1000, dt.timezone.utc),
+                held=aggregate.total(Outcome.HELD), pacing=ports.pacing)
+            logger.info("batch_id=%s queues=%d delivered=%d dead_lettered=%d skipped=%d held=%d replayed=%d "
+                        "rounds=%d seconds=%.2f", batch_id, len({span.backlog_queue for span in aggregate.spans}),
                         aggregate.total(Outcome.DELIVERED), aggregate.total(Outcome.DEAD_LETTERED),
-                        aggregate.total(Outcome.SKIPPED_PING), report.replayed, report.rounds,
-                        time.monotonic() - started)
+                        aggregate.total(Outcome.SKIPPED_PING), aggregate.total(Outcome.HELD), report.replayed,
+                        report.rounds, time.monotonic() - started)
 
     def wait_for_purges(self) -> None:
         """At the end of a run: wait for the purge in flight, and settle what is left once more."""
@@ -245,7 +248,9 @@ class SparkBatch:
             # Broadcast: the rows keep the source's partitioning (one task per queue) and order.
             rows = rows.join(F.broadcast(unsent), ["backlog_queue", "sequence_number"], "left_semi")
         classified = rules.classify_messages(rows, now=now, ttl_policy=config.restore.ttl_policy,
-                                             max_message_size_bytes=config.sink.max_message_size_bytes)
+                                             max_message_size_bytes=config.sink.max_message_size_bytes,
+                                             destination_map=config.restore.destination_map,
+                                             skip_destinations=config.restore.skip_destinations)
         if config.redriving:
             classified = redrive.select_for_redrive(
                 classified, config.redrive, tables.redriven_dead_letters(self.spark, config.storage.audit_table))
@@ -299,7 +304,7 @@ def aggregate_outcomes(outcomes: DataFrame) -> BatchAggregate:
     groups = _group_outcomes(outcomes.withColumn("island", F.lit(0)))
     if any(cuts_span(Outcome(group["outcome"]), group["backlog_queue"]) for group in groups):
         order = Window.partitionBy("run_id", "batch_id", "backlog_queue").orderBy("sequence_number", "enqueued_time")
-        stays = (F.col("outcome").isin(Outcome.UNSENT, Outcome.NOT_SELECTED) | (
+        stays = (F.col("outcome").isin([outcome.value for outcome in Outcome if not outcome.is_final]) | (
             (F.col("outcome") == Outcome.DEAD_LETTERED)
             & F.lower(F.col("backlog_queue")).endswith("/" + DEAD_LETTER_SUBQUEUE.lower()))).cast("long")
         groups = _group_outcomes(outcomes.withColumn(
@@ -309,9 +314,10 @@ def aggregate_outcomes(outcomes: DataFrame) -> BatchAggregate:
 
 def cuts_span(outcome: Outcome, backlog_queue: str) -> bool:
     """Whether a message with this outcome stays where it is, untouched by the purge, so that no recorded
-    span may hold it: one left unsent or not selected, and one a re-drive dead-lettered again (a
-    dead-letter sub-queue cannot dead-letter, so the message stays in it). Pure."""
-    return outcome in (Outcome.UNSENT, Outcome.NOT_SELECTED) or (
+    span may hold it: every non-final outcome (left unsent, or on purpose: held or not selected,
+    ``Outcome.stays``), and one a re-drive dead-lettered again (a dead-letter sub-queue cannot
+    dead-letter, so the message stays in it). Pure; ``aggregate_outcomes`` says the same in Spark."""
+    return not outcome.is_final or (
         outcome == Outcome.DEAD_LETTERED and is_dead_letter_queue_name(backlog_queue))
 
 
@@ -332,11 +338,18 @@ def combine_groups(groups: list[dict]) -> BatchAggregate:
     spans: dict[tuple, dict] = {}
     per_destination: dict[tuple[str, Outcome], int] = {}
     unsent: dict[str, Unsent] = {}
+    held: dict[tuple, HeldSpan] = {}  # (run, batch, queue) -> where its held messages lie
     first_outcome_ms = None
     for group in groups:
         outcome = Outcome(group["outcome"])
         destination = group["destination"] or NO_DESTINATION
         per_destination[(destination, outcome)] = per_destination.get((destination, outcome), 0) + group["n"]
+        if outcome == Outcome.HELD:
+            key = (group["run_id"], group["batch_id"], group["backlog_queue"])
+            found = HeldSpan(group["backlog_queue"], group["first"], group["last"], group["enqueued_from"] or 0,
+                             group["enqueued_to"] or 0, group["n"])
+            held[key] = found.merged(held.get(key))
+            continue
         if outcome == Outcome.UNSENT:
             known = unsent.get(destination)
             since = (group["since"] or 0) / 1000
@@ -363,7 +376,9 @@ def combine_groups(groups: list[dict]) -> BatchAggregate:
                      s[Outcome.DELIVERED] + s[Outcome.DEAD_LETTERED] + s[Outcome.SKIPPED_PING],
                      s[Outcome.DELIVERED], s[Outcome.DEAD_LETTERED], s[Outcome.SKIPPED_PING], batch_id)
         for (_, batch_id, queue, _), s in sorted(spans.items(), key=lambda item: (item[0][2], item[1]["first"])))
-    return BatchAggregate(recorded, per_destination, unsent, first_outcome_ms)
+    return BatchAggregate(recorded, per_destination, unsent,
+                          tuple(span for _, span in sorted(held.items(), key=lambda item: (item[0][2], item[1].first))),
+                          first_outcome_ms)
 
 
 def _min(a, b):
@@ -533,4 +548,5 @@ def outcome_row(result: delivery.Delivery, run_id: str, batch_id: int, now: floa
         "outcome_time": dt.datetime.fromtimestamp(at, dt.timezone.utc), "attempts": result.attempts,
         "dead_letter_reason": row.get("dead_letter_reason"),
         "dead_letter_error_description": row.get("dead_letter_error_description"),
+        "original_destination": row.get("original_destination"),
     }

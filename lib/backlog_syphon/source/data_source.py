@@ -61,10 +61,10 @@ READ_LIMITS_SUPPORTED = ReadMaxRows is not None  # Spark 4.2+
 
 
 def backlog_source_options(config: SyphonConfig, *, stop_file: str | None = None,
-                           emulate_available_now: bool = False) -> dict[str, str]:
+                           emulate_available_now: bool = False, look_back: tuple[str, ...] = ()) -> dict[str, str]:
     """The reader options for a syphon configuration (all strings, as Spark wants them)."""
-    return SourceOptions.from_config(config, stop_file=stop_file,
-                                     emulate_available_now=emulate_available_now).to_spark()
+    return SourceOptions.from_config(config, stop_file=stop_file, emulate_available_now=emulate_available_now,
+                                     look_back=look_back).to_spark()
 
 
 @dataclass(frozen=True)
@@ -208,7 +208,8 @@ class BacklogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.options = SourceOptions.from_spark(options)
         self.planner = WindowPlanner(self._probe_fn, max_messages=self.options.max_messages_per_trigger,
                                      available_now=self.options.available_now,
-                                     idle_probe_max_seconds=self.options.idle_probe_max_seconds)
+                                     idle_probe_max_seconds=self.options.idle_probe_max_seconds,
+                                     look_back=self.options.look_back)
         self._queues: list[str] | None = None
         self._discovered_at = 0.0
 

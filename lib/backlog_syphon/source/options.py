@@ -38,18 +38,22 @@ class SourceOptions:
     # Spark 4.0/4.1 have no read limits for Python sources: an available-now run is played with a
     # processing-time trigger, bounded windows, and a polite stop once the target is reached.
     emulate_available_now: bool = False
+    # Backlog queues where earlier runs left messages for skipped destinations (restore.skip_destinations):
+    # the run's first window of each starts at the queue's first message (see ``planning``).
+    look_back: tuple[str, ...] = ()
     # A re-drive: read each backlog queue's dead-letter sub-queue ("<queue>/$DeadLetterQueue") instead.
     dead_letters: bool = False
 
     @classmethod
     def from_config(cls, config: SyphonConfig, *, stop_file: str | None = None,
-                    emulate_available_now: bool = False) -> SourceOptions:
+                    emulate_available_now: bool = False, look_back: tuple[str, ...] = ()) -> SourceOptions:
         return cls(primary_namespace=config.primary.namespace, secondary=config.secondary,
                    queue_count=config.backlog.queue_count, discover=config.backlog.discover,
                    max_messages_per_trigger=config.run.max_messages_per_trigger,
                    idle_probe_max_seconds=config.run.idle_probe_max_seconds,
                    available_now=config.run.trigger == AVAILABLE_NOW, stop_file=stop_file,
-                   emulate_available_now=emulate_available_now, dead_letters=config.redriving)
+                   emulate_available_now=emulate_available_now, look_back=tuple(sorted(look_back)),
+                   dead_letters=config.redriving)
 
     @property
     def configured_queues(self) -> list[str]:
@@ -79,6 +83,8 @@ class SourceOptions:
             options["stopFile"] = self.stop_file
         if self.emulate_available_now:
             options["emulateAvailableNow"] = "true"
+        if self.look_back:
+            options["lookBack"] = "\n".join(self.look_back)  # queue names hold no newline
         if self.dead_letters:
             options["deadLetters"] = "true"
         return options
@@ -102,6 +108,7 @@ class SourceOptions:
                    available_now=get("availableNow", cls.available_now, _boolean),
                    stop_file=options.get("stopFile") or None,
                    emulate_available_now=get("emulateAvailableNow", cls.emulate_available_now, _boolean),
+                   look_back=tuple(filter(None, (options.get("lookBack") or "").split("\n"))),
                    dead_letters=get("deadLetters", cls.dead_letters, _boolean))
 
 

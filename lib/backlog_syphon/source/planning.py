@@ -13,15 +13,23 @@ its first message; one below the offset that entered the backlog after every mes
 far cannot belong to the same incarnation, so the queue was recreated: its offset starts again
 from the beginning, in a new incarnation. A queue that does not exist is skipped with one warning.
 
+A run looks back once at each queue where earlier runs held messages for a destination in
+``restore.skip_destinations`` (the run finds them in the audit and passes them as ``look_back``): the
+first time it plans such a queue, if its first message lies below the offset in the same incarnation,
+that window starts there (``QueueOffset.reread_from``), so a run without the skip delivers what an
+earlier run held, and the sink drops, by identity, what is already recorded. A continuous run looks
+back only when it starts: what it holds later waits for the next run.
+
 The probes are the only I/O, injected (``Probe``); ``WindowPlanner`` holds what the stream reader
 remembers between triggers, so the reader itself only translates between Spark and this module.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from dataclasses import dataclass, field
-from typing import Callable, Mapping, Sequence
+from typing import Callable, Collection, Mapping, Sequence
 
 from backlog_syphon.errors import BacklogQueueMissingError
 
@@ -39,16 +47,29 @@ class QueueOffset:
     incarnation: int = 1
     next: int = 0
     seen_ms: int | None = None
+    # In a batch's end offset only: that batch's window of this queue starts here, below the start
+    # offset (a run looking back at what earlier runs left in the queue). Part of the offset, so a
+    # replayed batch reads the same window.
+    reread_from: int | None = None
 
     @classmethod
     def parse(cls, value) -> QueueOffset:
         if isinstance(value, Mapping):
             return cls(int(value.get("incarnation", 1)), int(value.get("next", 0)),
-                       None if value.get("seen_ms") is None else int(value["seen_ms"]))
+                       None if value.get("seen_ms") is None else int(value["seen_ms"]),
+                       None if value.get("reread_from") is None else int(value["reread_from"]))
         return cls(next=int(value))  # an offset written by an older version
 
     def to_json(self) -> dict:
-        return {"incarnation": self.incarnation, "next": self.next, "seen_ms": self.seen_ms}
+        out = {"incarnation": self.incarnation, "next": self.next, "seen_ms": self.seen_ms}
+        if self.reread_from is not None:  # only then: offsets without it keep the form older versions wrote
+            out["reread_from"] = self.reread_from
+        return out
+
+    def left_behind(self, head: Identity | None) -> bool:
+        """Whether ``head``, the queue's first message now, lies below this offset in the same incarnation:
+        something earlier batches read is still there (held for a skipped destination, or not yet settled)."""
+        return head is not None and head[0] < self.next and not self.recreated(head)
 
     def recreated(self, head: Identity | None) -> bool:
         """Whether ``head``, the queue's first message now, shows the queue was created again."""
@@ -148,6 +169,7 @@ class WindowPlan:
     end: dict[str, dict]
     tails: dict[str, int]
     restarted: tuple[str, ...] = ()
+    looked: tuple[str, ...] = ()  # queues this plan looked at (probed): a run looks back at each once
 
 
 class _SeenProbe:
@@ -184,7 +206,7 @@ _REDISTRIBUTION_ROUNDS = 3
 
 def plan_windows(start: Mapping[str, object], queues: Sequence[str], budget: int, probe_for: Callable[[str], Probe], *,
                  backoff: IdleBackoff, now: float, target: Mapping[str, int] | None = None,
-                 missing: set[str] | None = None) -> WindowPlan:
+                 missing: set[str] | None = None, look_back: Collection[str] = ()) -> WindowPlan:
     """Plan the next batch's windows from ``start``: which queues to look at, how far each window goes.
 
     - Continuous runs look only at queues whose idle back-off is due; an available-now run (with a
@@ -197,15 +219,34 @@ def plan_windows(start: Mapping[str, object], queues: Sequence[str], budget: int
     - A window that stopped short of what it was granted reached the queue's tail; a full one costs
       one probe more when the tail is right there, about log2(backlog) when it is not (for progress reports).
     - A queue that does not exist is left out (``missing`` collects it; one warning when it goes missing).
+    - A queue in ``look_back`` whose first message lies below its offset (same incarnation) is read from
+      that message (``QueueOffset.reread_from``): what earlier runs left there (one probe more).
     ``probe_for(queue)`` gives that queue's probe (``Probe``): the only I/O, injected.
     """
     missing = set() if missing is None else missing
     offsets = {queue: QueueOffset() for queue in queues}
     offsets.update({queue: QueueOffset.parse(value) for queue, value in start.items()})
+    # Where a queue stays if no window moves it: exactly its start, a look back included, so that Spark
+    # sees no change (and plans no empty batch) and ``windows`` no window for it.
+    unmoved = dict(offsets)
     if target is not None:
         candidates = [queue for queue in offsets if queue in target]
     else:
         candidates = [queue for queue in offsets if backoff.due(queue, now)]
+    reread: dict[str, int] = {}
+    for queue in candidates:
+        offset = offsets[queue]
+        if queue not in look_back or offset.next <= 1:
+            continue
+        try:
+            head = probe_for(queue)(1)
+        except BacklogQueueMissingError:
+            continue  # the planning below finds it missing and says so
+        if offset.left_behind(head):
+            logger.info("backlog=%s holds messages below its offset %d (from %d): earlier runs left them; this "
+                        "batch reads them again (what is recorded is not sent again)", queue, offset.next, head[0])
+            reread[queue] = head[0]
+            offsets[queue] = dataclasses.replace(offset, next=head[0], reread_from=None)
     # The budget goes to the queues with something left to read; one already at its available-now
     # target is only checked for a recreation (and then gets a share of its own).
     active = [queue for queue in candidates if target is None or offsets[queue].next < target.get(queue, 0)]
@@ -258,7 +299,7 @@ def plan_windows(start: Mapping[str, object], queues: Sequence[str], budget: int
             except BacklogQueueMissingError:  # deleted meanwhile: its window so far stands
                 planned[queue].closed = True
 
-    end = dict(offsets)
+    end = dict(unmoved)
     tails: dict[str, int] = {}
     for queue, window in planned.items():
         offset = window.offset
@@ -269,8 +310,10 @@ def plan_windows(start: Mapping[str, object], queues: Sequence[str], budget: int
         backoff.record(queue, window.end > offset.next, now)
         # An offset moves only with its window: Spark plans a batch whenever an offset changes.
         if window.end > offset.next or queue in restarted:
-            end[queue] = QueueOffset(offset.incarnation, window.end, window.probe.seen_ms)
-    return WindowPlan(normalise_offsets(end), tails, tuple(restarted))
+            end[queue] = QueueOffset(offset.incarnation, window.end, window.probe.seen_ms,
+                                     reread.get(queue) if queue not in restarted else None)
+    looked = tuple(queue for queue in candidates if queue not in missing)
+    return WindowPlan(normalise_offsets(end), tails, tuple(restarted), looked)
 
 
 ALL_AVAILABLE_BUDGET = 1 << 40  # "no limit": more sequence numbers than any queue holds
@@ -286,7 +329,7 @@ class WindowPlanner:
     """
 
     def __init__(self, probe_for: Callable[[str], Probe], *, max_messages: int, available_now: bool,
-                 idle_probe_max_seconds: float):
+                 idle_probe_max_seconds: float, look_back: Collection[str] = ()):
         self.probe_for = probe_for
         self.max_messages = max_messages
         self.available_now = available_now
@@ -295,6 +338,11 @@ class WindowPlanner:
         self.last_end: dict[str, dict] | None = None  # Spark 4.0/4.1 ask for the latest offset without a start
         self.tails: dict[str, int] = {}  # queue -> end of what was in it when last probed
         self.missing: set[str] = set()  # configured queues that do not exist (warned about once)
+        # Queues where earlier runs held messages for skipped destinations: looked back at once, when this
+        # run first plans them (``looked_back``). Only those: a look back elsewhere would only re-read
+        # recorded messages the purge has not settled yet.
+        self.look_back = frozenset(look_back)
+        self.looked_back: set[str] = set()
 
     @staticmethod
     def initial_offset(queues: Sequence[str]) -> dict[str, dict]:
@@ -333,7 +381,8 @@ class WindowPlanner:
         if stopping:
             return normalise_offsets(start)
         plan = plan_windows(start, queues, budget, self.probe_for, backoff=self.backoff, now=now, target=self.target,
-                            missing=self.missing)
+                            missing=self.missing, look_back=self.look_back - self.looked_back)
+        self.looked_back.update(plan.looked)
         for queue in plan.restarted:
             self.tails.pop(queue, None)
             if self.target is not None:  # an available-now run drains what the new queue holds now
@@ -367,11 +416,16 @@ class WindowPlanner:
 
 def windows(start: Mapping[str, object], end: Mapping[str, object]) -> list[tuple[str, int, int]]:
     """``(queue, first, stop)`` of every queue with something between ``start`` and ``end``, by queue.
-    A queue whose incarnation changed is read from its beginning."""
+    A queue whose incarnation changed is read from its beginning; one whose end offset changed and
+    carries ``reread_from`` (a look back) from there."""
     planned = []
     for queue, value in sorted(end.items()):
         stop, begin = QueueOffset.parse(value), QueueOffset.parse(start.get(queue, 0))
+        if stop == begin:
+            continue  # unmoved (a look back it carries belonged to the batch that ended there)
         first = begin.next if begin.incarnation == stop.incarnation else 0
+        if stop.reread_from is not None and begin.incarnation == stop.incarnation:
+            first = stop.reread_from  # a look back at what earlier runs left below the offset
         if stop.next > first:
             planned.append((queue, first, stop.next))
     return planned
