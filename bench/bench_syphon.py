@@ -44,6 +44,10 @@ The figures:
   the driver's Python process (it calls ``run_syphon`` and runs ``foreachBatch``) and of the driver
   JVM (in local mode it hosts the executors too). The Python workers Spark starts (executor reads,
   the source's driver-side methods) are in neither. Linux only ("-" elsewhere).
+- CPU s per 1k msgs: ``utime + stime`` of the syphon's child process and every process under it (the
+  JVM, PySpark's daemon and workers), sampled every 0.2 s (``process_cpu.CpuSampler``), per 1,000
+  messages. The profile run (``--profile-messages``, 50,000 at 0 ms) lists it per kind of process and
+  per process.
 - memory: the syphon at 20,000 and 100,000 messages (latency 0, 10 queues, 5,000 per trigger):
   both peaks and their ratio (flat means within 10%).
 - idle: a continuous run (trigger "1 second") on empty backlog queues with a short
@@ -75,6 +79,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "lib"), str(ROOT / "emulator" / "src"), str(ROOT)]  # bench_emulator sits next to this file; tools/ under ROOT
 
+from process_cpu import CpuSampler  # noqa: E402  (after the path: it imports tools.testing)
+
 PRIMARY, SECONDARY = "contoso", "contoso-secondary"
 CONNECTION_ENV = {PRIMARY: "SYPHON_PRIMARY_CONNECTION_STRING", SECONDARY: "SYPHON_SECONDARY_CONNECTION_STRING"}
 BACKLOG_QUEUES = 10  # conf/emulator.yaml's backlog queues, conf/local.yaml's backlog.queue_count
@@ -104,6 +110,7 @@ class Row:
     ops_per_msg: float
     python_peak_mb: float | None
     jvm_peak_mb: float | None
+    cpu_per_1000: float
 
     def cells(self) -> list[str]:
         steady = "-" if self.steady_rate is None else f"{self.steady_rate:.0f}"
@@ -112,11 +119,12 @@ class Row:
                 f"{self.loop_rate:.0f}{'*' if self.loop_time_bound else ''}", f"{self.e2e_rate:.0f}", steady,
                 f"{self.e2e_rate / self.loop_rate:.2f}", share,
                 f"{self.ops_per_msg:.2f} / {self.loop_ops_per_msg:.2f}",
-                f"{megabytes(self.python_peak_mb, '')} / {megabytes(self.jvm_peak_mb, '')}"]
+                f"{megabytes(self.python_peak_mb, '')} / {megabytes(self.jvm_peak_mb, '')}",
+                f"{self.cpu_per_1000:.2f}"]
 
 
 COLUMNS = ["latency", "queues", "msgs", "loop msg/s", "syphon e2e msg/s", "steady msg/s", "e2e/loop",
-           "steady/ceiling", "ops/msg syphon / loop", "driver peak MB python / jvm"]
+           "steady/ceiling", "ops/msg syphon / loop", "driver peak MB python / jvm", "CPU s per 1k msgs"]
 
 
 # --- the emulator, the backlog and the counters (this process) -----------------------------------
@@ -370,7 +378,7 @@ def measure_syphon(one_way_ms: float, queues: int, messages: int, per_trigger: i
         timeout = 600 + messages / 10
         settings = {} if per_trigger is None else {"run.max_messages_per_trigger": per_trigger}
         spec = {"overrides": syphon_overrides(Path(tmp), **settings), "timeout_seconds": timeout}
-        with child_process("syphon", spec, emu, Path(tmp)) as child:
+        with child_process("syphon", spec, emu, Path(tmp)) as child, CpuSampler(child.pid) as cpu:
             result = child_result(child, "syphon", Path(tmp), timeout + 300)
         ops = broker_ops(emu) - ops_before
         arrived, (left, dead) = arrivals(emu) - arrived_before, backlog_left(emu)
@@ -380,7 +388,10 @@ def measure_syphon(one_way_ms: float, queues: int, messages: int, per_trigger: i
         failure = (f"drained={result['drained']}, destinations received {arrived} of {messages}, backlog queues "
                    f"hold {left}, {dead} dead-lettered" + "".join(f"; {n} x {why}" for why, n in reasons.items()))
     return {**result, "e2e_rate": messages / result["seconds"], "steady_rate": steady_rate(result["batches"]),
-            "ops": dict(ops), "ops_per_msg": sum(ops.values()) / messages, "failure": failure}
+            "ops": dict(ops), "ops_per_msg": sum(ops.values()) / messages, "failure": failure,
+            "cpu_per_1000": cpu.total() / messages * 1000,
+            "cpu_by_role": {role: {"processes": n, "seconds": s} for role, (n, s) in cpu.by_role().items()},
+            "cpu_processes": [asdict(p) for p in cpu.processes()]}
 
 
 def dead_letter_reasons(emu) -> collections.Counter:
@@ -522,7 +533,7 @@ def run_bench(args) -> int:
             rows.append(Row(one_way, queues, args.messages, loop["rate"], loop["moved"], loop["time_bound"],
                             loop["ops_per_msg"], syphon["e2e_rate"], syphon["steady_rate"],
                             ceilings[one_way].combined, syphon["ops_per_msg"], syphon["python_peak_mb"],
-                            syphon["jvm_peak_mb"]))
+                            syphon["jvm_peak_mb"], syphon["cpu_per_1000"]))
             figures["rows"].append({"row": asdict(rows[-1]), "loop": loop, "syphon": syphon})
 
     memory = []
@@ -534,6 +545,14 @@ def run_bench(args) -> int:
         memory.append((count, result))
     figures["memory"] = [{"messages": count, **result} for count, result in memory]
 
+    profile = None
+    if args.profile_messages:
+        profile = measure_syphon(0, BACKLOG_QUEUES, args.profile_messages, MEMORY_PER_TRIGGER, args)
+        progress(f"profile: syphon at {args.profile_messages} msgs: {profile['e2e_rate']:.0f} msg/s e2e, "
+                 f"{profile['cpu_per_1000']:.2f} CPU s per 1,000 messages; {time_split(profile)}")
+        check(f"syphon at {args.profile_messages:,} messages (profile)", profile)
+    figures["profile"] = profile
+
     idle = measure_idle(args.idle_probe_seconds, args) if args.idle_probe_seconds else None
     figures["idle"] = idle
     if idle:
@@ -542,7 +561,7 @@ def run_bench(args) -> int:
     figures["seconds"] = time.monotonic() - began
     figures["load_average"] = os.getloadavg()
     print()
-    print("\n".join(report(rows, ceilings, memory, idle, args)))
+    print("\n".join(report(rows, ceilings, memory, idle, args) + cpu_profile(profile, args)))
     print(f"bench wall time {figures['seconds'] / 60:.1f} min; load average now "
           f"{', '.join(f'{l:.2f}' for l in figures['load_average'])} on {os.cpu_count()} cores")
     figures["failures"] = failures
@@ -551,6 +570,23 @@ def run_bench(args) -> int:
     for failure in failures:
         print(f"FAILED: {failure}", file=sys.stderr, flush=True)
     return 1 if failures else 0
+
+
+def cpu_profile(profile: dict | None, args) -> list[str]:
+    """The profile run's CPU seconds per 1,000 messages, per kind of process and per process."""
+    if not profile:
+        return []
+    per_1000 = 1000 / args.profile_messages
+    steady = "-" if profile["steady_rate"] is None else f"{profile['steady_rate']:.0f} msg/s"
+    lines = [f"CPU per 1,000 messages, {args.profile_messages:,} messages at 0 ms, {BACKLOG_QUEUES} queues, "
+             f"{MEMORY_PER_TRIGGER} per trigger, the job's processes together: {profile['cpu_per_1000']:.2f} s "
+             f"(e2e {profile['e2e_rate']:.0f} msg/s; steady {steady}); by kind:"]
+    lines += [f"  {role}: {entry['seconds'] * per_1000:.3f} s over {entry['processes']} process"
+              f"{'es' if entry['processes'] > 1 else ''}" for role, entry in profile["cpu_by_role"].items()]
+    lines.append("  each process with at least 1% of the total: " + ", ".join(
+        f"{p['role']} {p['pid']} {p['seconds'] * per_1000:.3f} s" for p in profile["cpu_processes"]
+        if p["seconds"] >= 0.01 * profile["cpu_per_1000"] / per_1000))
+    return lines
 
 
 def megabytes(value: float | None, unit: str = " MB") -> str:
@@ -569,7 +605,9 @@ def report(rows: list[Row], ceilings: dict, memory: list, idle: dict | None, arg
         "steady = input rows / batch duration over the batches after the first non-empty one; ceiling = the "
         "combined rate below; ops/msg = the emulator's ops counters, both namespaces, / messages moved;",
         "driver peak: peak RSS (VmHWM) of the driver's Python process and of the driver JVM (which hosts the "
-        "executors in local mode); Spark's Python workers are in neither."]
+        "executors in local mode); Spark's Python workers are in neither;",
+        "CPU s per 1k msgs: CPU seconds of every process of the syphon's run (driver, JVM, Python workers), "
+        "sampled from /proc, per 1,000 messages."]
     lines.append(f"emulator ceiling (no Spark; one SDK client process, {args.messages} msgs of {args.body_size} B), "
                  f"at each latency (one way):")
     lines += [f"  {one_way:g} ms: {c.line()}" for one_way, c in ceilings.items()]
@@ -622,6 +660,8 @@ def parse_args(argv: list[str] | None):
                    help="backlog sizes of the memory runs (default 20000 100000; --quick none)")
     p.add_argument("--idle-probe-seconds", type=float,
                    help="run.idle_probe_max_seconds of the idle measurement, 0 to skip it (default 10; --quick 5)")
+    p.add_argument("--profile-messages", type=int,
+                   help="backlog of the CPU profile run, 0 to skip it (default 50000; --quick none)")
     p.add_argument("--body-size", type=int, default=1024, help="body bytes per message (default 1024)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--child", choices=["loop", "syphon"], help=argparse.SUPPRESS)
@@ -629,9 +669,9 @@ def parse_args(argv: list[str] | None):
     p.add_argument("--result", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     defaults = dict(messages=1000, latencies=[0.0, 2.5], queues=[BACKLOG_QUEUES], max_per_trigger=250,
-                    memory_counts=[], idle_probe_seconds=5.0) if args.quick else dict(
+                    memory_counts=[], idle_probe_seconds=5.0, profile_messages=0) if args.quick else dict(
         messages=6000, latencies=[0.0, 2.5, 10.0], queues=[BACKLOG_QUEUES, 1], memory_counts=[20000, 100000],
-        idle_probe_seconds=10.0)
+        idle_probe_seconds=10.0, profile_messages=50000)
     for name, value in defaults.items():
         if getattr(args, name) is None:
             setattr(args, name, value)

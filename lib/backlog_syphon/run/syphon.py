@@ -88,9 +88,11 @@ class RunSummary:
 
     def lines(self) -> list[str]:
         out = [f"run {self.run_id}"]
-        # NOT_SELECTED only happens in a re-drive: a backlog run's summary has no column for it.
+        # NOT_SELECTED only happens in a re-drive, HELD only under restore.skip_destinations: a run
+        # without them keeps the summary it always had.
+        held = self.held
         columns = [(outcome, heading) for outcome, heading in SUMMARY_COLUMNS
-                   if self.redrive or outcome != Outcome.NOT_SELECTED]
+                   if (outcome != Outcome.NOT_SELECTED or self.redrive) and (outcome != Outcome.HELD or held)]
         out.append(f"  {'destination':<32}" + "".join(f" {heading:>{_width(heading)}}" for _, heading in columns))
         for destination, counts in self.per_destination.items():
             out.append(f"  {destination:<32}" + "".join(f" {counts.get(outcome, 0):>{_width(heading)}}"
@@ -100,7 +102,6 @@ class RunSummary:
         out.append(f"  {'dead-letter queue' if self.redrive else 'backlog queue':<40} {'remaining':>10}")
         for queue, count in self.remaining.items():
             out.append(f"  {queue:<40} {count:>10}")
-        held = self.held
         if held:
             out.append(f"  left in the backlog for restore.skip_destinations: {sum(held.values())} message(s) "
                        f"({', '.join(f'{d} {n}' for d, n in held.items())}); a run without the skip delivers them")

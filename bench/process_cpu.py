@@ -1,0 +1,108 @@
+"""CPU seconds of a process and everything it starts, per process, sampled from /proc (Linux).
+
+The syphon's work is spread over processes that come and go: the driver's Python, the JVM, PySpark's
+worker daemon and the Python workers it forks (executor tasks, the streaming source's planner).
+``CpuSampler`` walks the tree every ``interval`` seconds and keeps each process's last
+``utime + stime``: its own CPU, never its reaped children's (those are counted as themselves), so
+nothing is counted twice. What a process spends after its last sample is missed (at most one
+interval each); Spark reuses its Python workers, so few processes are that short-lived.
+"""
+from __future__ import annotations
+
+import collections
+import os
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+from tools.testing import process_tree
+
+TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+@dataclass(frozen=True)
+class ProcessCpu:
+    pid: int
+    role: str
+    seconds: float
+
+
+def cpu_seconds(pid: int) -> float | None:
+    """``utime + stime`` of a live process, None once it is gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / TICKS  # fields 14 and 15 of proc(5), counted after the name
+
+
+def role_of(pid: int, parent: int | None, root: int, roles: dict[int, str]) -> str:
+    """What a process is, from its command line and its parent's role."""
+    if pid == root:
+        return "driver (python)"
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return "gone"
+    program = os.path.basename(argv[0].decode(errors="replace")) if argv and argv[0] else "?"
+    if program == "java":
+        return "JVM"
+    if b"pyspark.daemon" in argv:
+        return "python worker" if roles.get(parent) in ("worker daemon", "python worker") else "worker daemon"
+    if b"-m" in argv:
+        return f"python -m {argv[argv.index(b'-m') + 1].decode(errors='replace')}"
+    return program
+
+
+class CpuSampler:
+    """Samples the CPU of ``root`` and its descendants in a background thread until ``stop()``."""
+
+    def __init__(self, root: int, interval: float = 0.2):
+        self.root, self.interval = root, interval
+        self._last: dict[int, float] = {}
+        self._roles: dict[int, str] = {}
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="cpu-sampler", daemon=True)
+
+    def __enter__(self) -> "CpuSampler":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def stop(self) -> None:
+        self._done.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        while True:
+            self.sample()
+            if self._done.wait(self.interval):
+                return
+
+    def sample(self) -> None:
+        tree = {self.root: None, **process_tree(self.root)}
+        for pid, parent in tree.items():
+            seconds = cpu_seconds(pid)
+            if seconds is None:
+                continue
+            if pid not in self._roles:
+                self._roles[pid] = role_of(pid, parent, self.root, self._roles)
+            self._last[pid] = seconds
+
+    def processes(self) -> list[ProcessCpu]:
+        return sorted((ProcessCpu(pid, self._roles[pid], s) for pid, s in self._last.items()),
+                      key=lambda p: -p.seconds)
+
+    def by_role(self) -> dict[str, tuple[int, float]]:
+        """Role -> (processes, CPU seconds), most CPU first."""
+        count: collections.Counter = collections.Counter()
+        seconds: collections.Counter = collections.Counter()
+        for process in self.processes():
+            count[process.role] += 1
+            seconds[process.role] += process.seconds
+        return {role: (count[role], total) for role, total in seconds.most_common()}
+
+    def total(self) -> float:
+        return sum(self._last.values())
