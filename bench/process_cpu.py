@@ -43,8 +43,10 @@ def role_of(pid: int, parent: int | None, root: int, roles: dict[int, str]) -> s
     try:
         argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
     except OSError:
-        return "gone"
-    program = os.path.basename(argv[0].decode(errors="replace")) if argv and argv[0] else "?"
+        return roles.get(pid, "gone")
+    if not argv[0]:
+        return roles.get(pid, "?")  # a zombie: its command line is gone, its role was seen before
+    program = os.path.basename(argv[0].decode(errors="replace"))
     if program == "java":
         return "JVM"
     if b"pyspark.daemon" in argv:
@@ -87,8 +89,8 @@ class CpuSampler:
             seconds = cpu_seconds(pid)
             if seconds is None:
                 continue
-            if pid not in self._roles:
-                self._roles[pid] = role_of(pid, parent, self.root, self._roles)
+            # Asked again each time: spark-submit is a shell script until it execs the JVM.
+            self._roles[pid] = role_of(pid, parent, self.root, self._roles)
             self._last[pid] = seconds
 
     def processes(self) -> list[ProcessCpu]:
