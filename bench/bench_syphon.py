@@ -77,7 +77,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT / "lib"), str(ROOT / "emulator" / "src"), str(ROOT)]  # bench_emulator sits next to this file; tools/ under ROOT
+# bench_emulator and process_cpu sit next to this file (the script's folder is on the path); tools/ is under ROOT.
+sys.path[:0] = [str(ROOT / "lib"), str(ROOT / "emulator" / "src"), str(ROOT)]
 
 from process_cpu import CpuSampler  # noqa: E402  (after the path: it imports tools.testing)
 
@@ -322,10 +323,10 @@ def syphon_child(spec: dict) -> dict:
         jvm_peak = peak_rss_mb(spark.sparkContext._jvm.java.lang.ProcessHandle.current().pid())  # noqa: SLF001
     finally:
         spark.stop()
-    timeline = summary.timeline
+    timeline = getattr(summary, "timeline", None)  # None from a library older than the timeline (a "before" run)
+    marks = {milestone.name: timeline.seconds(milestone) for milestone in timeline.marks} if timeline else {}
     return {"seconds": end - start, "spark_start_seconds": session_ready - start,
-            "timeline": {milestone.name: timeline.seconds(milestone) for milestone in timeline.marks},
-            "process_origin": timeline.origin,
+            "timeline": marks, "process_origin": timeline.origin if timeline else None,
             "max_messages_per_trigger": config.run.max_messages_per_trigger,
             "until_query_seconds": query_started - start, "drained": summary.drained,
             "remaining": dict(summary.remaining), "batches": batches, "jvm_peak_mb": jvm_peak,
@@ -633,8 +634,8 @@ def report(rows: list[Row], ceilings: dict, memory: list, idle: dict | None, arg
         row = next((r for r in rows if r.one_way_ms == one_way and r.queues == BACKLOG_QUEUES), None)
         if row:
             share = "-" if row.steady_rate is None else f"{row.steady_rate / row.ceiling_rate:.2f}"
-            lines.append(f"targets at {one_way:g} ms, {BACKLOG_QUEUES} queues: e2e/loop {row.e2e_rate / row.loop_rate:.2f} "
-                         f"(target at least {want:g}); steady/ceiling {share} (target at least 0.5 on loopback)")
+            lines.append(f"targets at {one_way:g} ms, {BACKLOG_QUEUES} queues: e2e/loop "
+                         f"{row.e2e_rate / row.loop_rate:.2f} (target at least {want:g}); steady/ceiling {share} (target at least 0.5 on loopback)")
     lines.append("fixed costs per run (targets: process start -> first send at most 10 s, last record -> exit at most "
                  "3 s): see each syphon line above")
     return lines
