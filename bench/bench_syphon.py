@@ -635,7 +635,8 @@ def report(rows: list[Row], ceilings: dict, memory: list, idle: dict | None, arg
         if row:
             share = "-" if row.steady_rate is None else f"{row.steady_rate / row.ceiling_rate:.2f}"
             lines.append(f"targets at {one_way:g} ms, {BACKLOG_QUEUES} queues: e2e/loop "
-                         f"{row.e2e_rate / row.loop_rate:.2f} (target at least {want:g}); steady/ceiling {share} (target at least 0.5 on loopback)")
+                         f"{row.e2e_rate / row.loop_rate:.2f} (target at least {want:g}); steady/ceiling {share} "
+                         f"(target at least 0.5 on loopback)")
     lines.append("fixed costs per run (targets: process start -> first send at most 10 s, last record -> exit at most "
                  "3 s): see each syphon line above")
     return lines
