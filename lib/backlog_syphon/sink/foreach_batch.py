@@ -462,8 +462,10 @@ def send_on_executors(classified: DataFrame, config: SyphonConfig, *, run_id: st
                                      limits=limits, pace_share=pace_share, pacing_reports=pacing_reports)
 
     # localCheckpoint, not cache: a lost partition fails the batch (replayed safely) instead of
-    # being computed, and so sent, a second time.
-    return classified.mapInArrow(deliver, OUTCOME_ROW_SCHEMA).localCheckpoint(eager=True)
+    # being computed, and so sent, a second time. Then one partition: the outcome rows are small (no
+    # bodies), and every job that reads them (the aggregate, the dead letters, the audit append) pays
+    # a fixed cost per task (generated code, a Delta file and its statistics), not per row.
+    return classified.mapInArrow(deliver, OUTCOME_ROW_SCHEMA).localCheckpoint(eager=True).coalesce(1)
 
 
 # --- executor side ------------------------------------------------------------------------------
