@@ -583,7 +583,8 @@ def cpu_profile(profile: dict | None, args) -> list[str]:
              f"{MEMORY_PER_TRIGGER} per trigger, the job's processes together: {profile['cpu_per_1000']:.2f} s "
              f"(e2e {profile['e2e_rate']:.0f} msg/s; steady {steady}); by kind:"]
     lines += [f"  {role}: {entry['seconds'] * per_1000:.3f} s over {entry['processes']} process"
-              f"{'es' if entry['processes'] > 1 else ''}" for role, entry in profile["cpu_by_role"].items()]
+              f"{'es' if entry['processes'] > 1 else ''}" for role, entry in profile["cpu_by_role"].items()
+              if entry["seconds"] * per_1000 >= 0.001]  # not the shell tools spark-submit runs
     lines.append("  each process with at least 1% of the total: " + ", ".join(
         f"{p['role']} {p['pid']} {p['seconds'] * per_1000:.3f} s" for p in profile["cpu_processes"]
         if p["seconds"] >= 0.01 * profile["cpu_per_1000"] / per_1000))
