@@ -40,6 +40,11 @@ LONGEST_FIRST = (
     "test_a_deleted_streaming_checkpoint",
     "test_sigterm_during_a_send",
     "test_notebook_replays",
+    "test_a_redrive_killed_after_recording",
+    "test_dead_letters_are_redriven",
+    "test_two_runs_at_once",
+    "test_a_renamed_destination",
+    "test_a_lost_send_task",
 )
 
 

@@ -347,6 +347,9 @@ def _log_time(line: str) -> float:
     return dt.datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f").timestamp()
 
 
+STARVATION_OUTAGE_SECONDS = 30
+
+
 @pytest.mark.timeout(1500)
 def test_lease_under_starvation_never_lets_two_runs_deliver_at_once(spark, emulator, tmp_path):
     """Job A holds the lease while its send tasks wait for a server-busy primary on ``local[1]``, where
@@ -382,8 +385,9 @@ def test_lease_under_starvation_never_lets_two_runs_deliver_at_once(spark, emula
         emulator.set_unavailable(PRIMARY, mode="server-busy")
         down_since = time.monotonic()
         assert job_b.poll() is None, f"job B ended (exit {job_b.poll()}) instead of waiting:\n{tail(logs['b'])}"
-        # Down for longer than the lease (20 s): job A's send tasks hold the only task slot meanwhile.
-        time.sleep(max(0.0, 60 - (time.monotonic() - down_since)))
+        # Down for half as long again as the lease (20 s): job A's send tasks hold the only task slot
+        # meanwhile, past the lease's expiry.
+        time.sleep(max(0.0, STARVATION_OUTAGE_SECONDS - (time.monotonic() - down_since)))
         emulator.set_available(PRIMARY)
         back = time.monotonic()
         codes = {"a": finish_job(job_a, 600), "b": finish_job(job_b, 600)}
