@@ -384,10 +384,13 @@ def measure_syphon(one_way_ms: float, queues: int, messages: int, per_trigger: i
         ops = broker_ops(emu) - ops_before
         arrived, (left, dead) = arrivals(emu) - arrived_before, backlog_left(emu)
         reasons = dead_letter_reasons(emu) if dead else {}
-    failure = None
-    if not result["drained"] or arrived != messages or left or dead:
-        failure = (f"drained={result['drained']}, destinations received {arrived} of {messages}, backlog queues "
-                   f"hold {left}, {dead} dead-lettered" + "".join(f"; {n} x {why}" for why, n in reasons.items()))
+        failure = None
+        if not result["drained"] or arrived != messages or left or dead:
+            kept = Path(tempfile.gettempdir()) / f"bench-syphon-{time.strftime('%Y%m%dT%H%M%S')}.log"
+            kept.write_bytes((Path(tmp) / "syphon.log").read_bytes())  # the run's folder goes; its log stays
+            failure = (f"drained={result['drained']}, destinations received {arrived} of {messages}, backlog "
+                       f"queues hold {left}, {dead} dead-lettered"
+                       + "".join(f"; {n} x {why}" for why, n in reasons.items()) + f"; the run's log: {kept}")
     return {**result, "e2e_rate": messages / result["seconds"], "steady_rate": steady_rate(result["batches"]),
             "ops": dict(ops), "ops_per_msg": sum(ops.values()) / messages, "failure": failure,
             "cpu_per_1000": cpu.total() / messages * 1000,
