@@ -382,6 +382,14 @@ def test_a_backlog_left_in_one_queue_still_moves_a_whole_budget_per_batch():
     assert nexts(plan.end) == {"a": 4, "b": 15}
 
 
+def test_the_last_few_of_a_budget_go_to_the_first_hungry_queues_so_a_batch_takes_all_of_it():
+    # 10 over three queues: shares 4, 3, 3; "a" holds 3, and the 1 it leaves goes to "b" alone
+    probes = {"a": probe_over(range(1, 4)), "b": probe_over(range(1, 101)), "c": probe_over(range(1, 101))}
+    plan = plan_windows({"a": 1, "b": 1, "c": 1}, ["a", "b", "c"], 10, probes.__getitem__, backoff=IdleBackoff(),
+                        now=0.0)
+    assert nexts(plan.end) == {"a": 4, "b": 5, "c": 4} and sum(n - 1 for n in nexts(plan.end).values()) == 10
+
+
 def test_a_run_looks_back_once_at_what_earlier_runs_left_below_each_offset():
     """Messages 3 and 7 were held for a skipped destination (the rest of 1..20 was settled); the offset is
     past them. The run's first plan of the queue reads from 3 (``reread_from``), later plans do not."""

@@ -291,9 +291,10 @@ def plan_windows(start: Mapping[str, object], queues: Sequence[str], budget: int
         unused = budget - sum(window.end - window.offset.next for window in planned.values())
         hungry = [queue for queue, window in planned.items() if window.full and
                   (target is None or queue in restarted or window.end < target.get(queue, 0))]
-        if unused < len(hungry) or not hungry:
+        if unused < 1 or not hungry:
             break
-        for queue, grant in share_budget(unused, hungry).items():
+        # Fewer left than hungry queues: one each to the first, so that a batch takes its whole budget.
+        for queue, grant in share_budget(unused, hungry[:unused]).items():
             try:
                 extend(queue, planned[queue], grant)
             except BacklogQueueMissingError:  # deleted meanwhile: its window so far stands
