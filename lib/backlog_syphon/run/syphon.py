@@ -194,15 +194,11 @@ class StartGates:
         self._leased = pool.submit(take_lease)
         pool.shutdown(wait=False)  # the threads end with their work
 
-    @property
-    def failure(self) -> BaseException | None:
-        """Once all are done: a pre-flight's failure first (it says what to fix), else the lease's."""
-        failures = [future.exception() for future in (*self._checks, self._leased)]  # waits for each
-        return next((failure for failure in failures if failure is not None), None)
-
     def wait(self) -> None:
-        """Return once all passed; else give the lease back (if it was taken) and raise the failure."""
-        failure = self.failure
+        """Return once all passed; else give the lease back (if it was taken) and raise the failure: a
+        pre-flight's first (it says what to fix), else the lease's."""
+        failures = [future.exception() for future in (*self._checks, self._leased)]  # waits for each
+        failure = next((failure for failure in failures if failure is not None), None)
         if failure is not None:
             self.keeper.release(self.spark)
             raise failure
