@@ -157,26 +157,33 @@ def test_recreated_backlog_queues_are_drained_from_their_start(spark, emulator, 
 # --- 2. peeks that come back empty or short mid-window (invariant 11) ---------------------------
 
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize("mode", ["empty", "short"])
-def test_an_empty_or_short_peek_page_mid_window_loses_nothing(spark, emulator, tmp_path, mode):
+def test_an_empty_or_short_peek_page_mid_window_loses_nothing(spark, emulator, tmp_path):
+    """One run, two backlog queues: on the first a peek page comes back empty mid-window, on the second short."""
     from backlog_syphon.run.syphon import run_syphon
 
-    queue = _queue(0)
-    config = make_config(emulator, tmp_path, **{"backlog.queue_count": 1})
-    # 300 messages: the window [0, 301) is read in two pages of at most 250 (PEEK_PAGE_SIZE); the fault
-    # takes the first page that starts at sequence number 100 or later, in the middle of the window.
-    originals = _originals(f"peek-{mode}", 300)
-    _write(config, {0: originals})
-    emulator.inject_peek_fault(SECONDARY, queue, mode=mode, count=1, min_message_count=2, min_from_sequence=100)
+    modes = ("empty", "short")
+    # 300 messages a queue and a budget of 500 each: the window [0, 301) is read in two pages of at most
+    # 250 (PEEK_PAGE_SIZE); the fault takes the first page that starts at sequence number 100 or later,
+    # in the middle of the window.
+    config = make_config(emulator, tmp_path, **{"backlog.queue_count": len(modes),
+                                                "run.max_messages_per_trigger": 500 * len(modes)})
+    originals = {index: _originals(f"peek-{mode}", 300) for index, mode in enumerate(modes)}
+    _write(config, originals)
+    for index, mode in enumerate(modes):
+        emulator.inject_peek_fault(SECONDARY, _queue(index), mode=mode, count=1, min_message_count=2,
+                                   min_from_sequence=100)
 
     summary = run_syphon(spark, config)
-    fired = _backlog(emulator)[queue]["ops"].get("fault_peek", 0)
-    print(f"[peek {mode}] fault fired {fired} time(s), pending {emulator.faults_pending(SECONDARY, 'peek', queue)}")
-    assert emulator.faults_pending(SECONDARY, "peek", queue) == 0 and fired == 1
-    _check_exactly_once(_arrivals(emulator), originals, f"peek {mode}")
+    for index, mode in enumerate(modes):
+        queue = _queue(index)
+        fired = _backlog(emulator)[queue]["ops"].get("fault_peek", 0)
+        print(f"[peek {mode}] fault fired {fired} time(s), pending {emulator.faults_pending(SECONDARY, 'peek', queue)}")
+        assert emulator.faults_pending(SECONDARY, "peek", queue) == 0 and fired == 1, mode
+    every = [message for batch in originals.values() for message in batch]
+    _check_exactly_once(_arrivals(emulator), every, "peek empty and short")
     assert summary.drained, summary.remaining
     assert _remaining(emulator) == 0 and _dead_letters(emulator) == 0
-    _check_audit(_audit(spark, config), originals)
+    _check_audit(_audit(spark, config), every)
 
 
 # --- 3. a deleted streaming checkpoint (invariant 10) -------------------------------------------
@@ -212,33 +219,31 @@ def test_a_deleted_streaming_checkpoint_restarts_with_a_new_identity(spark, emul
 # --- 4. a failed purge round (invariant 11) -----------------------------------------------------
 
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize("operation", ["receive", "settle"])
-def test_a_failed_purge_round_is_retried_and_resends_nothing(spark, emulator, tmp_path, operation, caplog):
+def test_failed_purge_receives_and_settlements_are_retried_and_resend_nothing(spark, emulator, tmp_path, caplog):
+    """One run, two faults on two backlog queues: on the first, as many receive failures as the SDK's own
+    retries (retry_total 3) and one more, so that queue's purge round fails (the next round retries it);
+    on the second, the round's bulk completion is refused once (it falls back to one by one)."""
     from backlog_syphon.run.syphon import run_syphon
 
     caplog.set_level(logging.INFO, logger="backlog_syphon")
 
     config = make_config(emulator, tmp_path, **{"backlog.queue_count": 3, "run.max_messages_per_trigger": 30})
-    originals = _originals(f"purge-{operation}", 90)
+    originals = _originals("purge", 90)
     _write(config, {index: originals[index::3] for index in range(3)})
-    # A receive: as many failures as the SDK's own retries (retry_total 3) and one more, on one backlog
-    # queue, so its purge round fails there. A settlement: the round's bulk completion is refused once.
-    faults = 4 if operation == "receive" else 1
-    emulator.inject_fault(SECONDARY, operation, entity=_queue(0), count=faults)
+    faults = {"receive": (_queue(0), 4, "purge round failed"), "settle": (_queue(1), 1, "bulk completion failed")}
+    for operation, (queue, count, _) in faults.items():
+        emulator.inject_fault(SECONDARY, operation, entity=queue, count=count)
 
     summary = run_syphon(spark, config)
     batches = len([point for point in summary.progress if point.stats is not None])
-    fired = sum(entry["ops"].get(f"fault_{operation}", 0) for entry in _backlog(emulator).values())
-    print(f"[purge {operation}] {batches} batches; fault fired {fired} time(s); "
-          f"remaining {summary.remaining}")
-    assert emulator.faults_pending(SECONDARY, operation) == 0 and fired == faults
-    # Where the fault landed: a receive fails the purge round of that queue (retried by the next round);
-    # a refused bulk completion falls back to completing one by one within the round.
-    expected = "purge round failed" if operation == "receive" else "bulk completion failed"
-    assert any(expected in record.getMessage() for record in caplog.records), \
-        [record.getMessage() for record in caplog.records if "purge" in record.getMessage()][:5]
+    messages = [record.getMessage() for record in caplog.records]
+    for operation, (queue, count, expected) in faults.items():
+        fired = _backlog(emulator)[queue]["ops"].get(f"fault_{operation}", 0)
+        print(f"[purge {operation}] {batches} batches; fault fired {fired} time(s) on {queue}")
+        assert emulator.faults_pending(SECONDARY, operation) == 0 and fired == count
+        assert any(expected in message for message in messages), [m for m in messages if "purge" in m][:5]
     assert batches >= 3
-    _check_exactly_once(_arrivals(emulator), originals, f"purge {operation}")
+    _check_exactly_once(_arrivals(emulator), originals, "purge faults")
     assert summary.drained, summary.remaining
     assert _remaining(emulator) == 0 and _dead_letters(emulator) == 0
     for path, entry in _backlog(emulator).items():

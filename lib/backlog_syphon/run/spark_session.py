@@ -70,6 +70,13 @@ def build_spark_session(app_name: str = "backlog-syphon", master: str | None = N
         # Python): the quick compiler alone and one GC thread start it and its first Delta commits
         # about a third sooner (measured: session 4.0 s against 5.9 s, the lease 6.7 s against 8.9 s).
         "spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC",
+        # Every plan the syphon runs (a batch's bookkeeping, a Delta commit, a lease read) handles a
+        # few thousand rows at most, where compiling generated Java code per plan and task costs far
+        # more than it saves: a third of a local run's JVM samples were code generation and Janino.
+        # Interpreted evaluation (Spark's own fallback) cut the JVM's CPU for a 2,000-message run by
+        # about 15%. The messages themselves are handled in Python either way.
+        "spark.sql.codegen.wholeStage": "false",
+        "spark.sql.codegen.factoryMode": "NO_CODEGEN",
         # How long the JVM waits for a Python process it started (the streaming source's, a worker)
         # to connect back. Spark's 15 s is too short for a busy driver, where starting an interpreter
         # and importing pyspark can take longer: the query then fails with "Python worker failed to
