@@ -1,4 +1,4 @@
-"""The whole job over Spark Connect: a local Connect server with Delta, started here, and
+"""The whole job over Spark Connect: a local Connect server with Delta, started in this process, and
 ``jobs/syphon.py --remote`` as a client process that has no JVM of its own.
 
 The same backlog is drained once by a classic run and once over Connect; both must record the
@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import re
-import sys
-import time
 
 import pytest
 
@@ -20,26 +18,30 @@ from backlog_syphon.storage import tables
 from tools import backlog_writer
 from tools.testing import expected_arrivals, received_counts
 
-from .conftest import PRIMARY, ROOT, make_config
-from .helpers import read_with_deltalake, finish_job, free_port, job_command, job_env, kill_tree, start_job, tail
+from .conftest import PRIMARY, make_config
+from .helpers import read_with_deltalake, finish_job, job_command, job_env, start_job, tail
 
 
 @pytest.fixture
-def connect_server(tmp_path):
-    """``sc://127.0.0.1:PORT`` of a Connect server that lives for one test."""
-    port = free_port()
-    log = tmp_path / "connect-server.log"
-    server = start_job([sys.executable, str(ROOT / "tests/integration/connect_server.py"), str(port)],
-                       job_env(None, primary="-", secondary="-"), log)
+def connect_server(spark):
+    """``sc://127.0.0.1:PORT`` of a Connect server that lives for one test.
+
+    Spark's own Connect service, started in this process's Spark (the project's session: Delta's
+    JARs, UTC), as the Connect plugin would start it in a server of its own: the job under test is the
+    client process, which has no JVM, and a second server JVM would only add its cold start. Its
+    Python workers import this checkout's library (conftest sets PYTHONPATH), as any Connect server's
+    must (a Databricks environment installs the wheel)."""
+    jvm = spark._jvm
+    conf = jvm.org.apache.spark.SparkEnv.get().conf()  # the service reads its address from the live conf
+    conf.set("spark.connect.grpc.binding.address", "127.0.0.1")
+    conf.set("spark.connect.grpc.binding.port", "0")  # any free port: read back below
+    service = getattr(jvm.org.apache.spark.sql.connect.service, "SparkConnectService$").__getattr__("MODULE$")
+    service.start(spark.sparkContext._jsc.sc())
     try:
-        deadline = time.monotonic() + 180
-        while "ready" not in tail(log, 200000).splitlines() and time.monotonic() < deadline:
-            assert server.poll() is None, f"the Connect server ended:\n{tail(log)}"
-            time.sleep(0.5)
-        assert "ready" in tail(log, 200000).splitlines(), f"the Connect server did not start:\n{tail(log)}"
-        yield f"sc://127.0.0.1:{port}"
+        yield f"sc://127.0.0.1:{service.localPort()}"
     finally:
-        kill_tree(server)
+        unset = jvm.scala.Option.apply(None)
+        service.stop(unset, unset)
 
 
 def _outcomes(spark, audit_table, prefix: str = "") -> set[tuple]:
