@@ -36,9 +36,10 @@ $(JARS_STAMP): $(STAMP)
 
 setup: $(STAMP) $(JARS_STAMP) ## Create the virtualenv, install pinned packages, fetch Delta's JARs
 
-# The suite on TEST_WORKERS processes (pytest-xdist): its end-to-end tests spend most of their time
-# waiting on brokers, leases and triggers: on two cores, one test's waits are the other's CPU. TEST_WORKERS=0: one process.
-TEST_WORKERS ?= 2
+# The suite on TEST_WORKERS processes (pytest-xdist): its end-to-end tests spend much of their time
+# waiting on brokers, leases, triggers and outages: on two cores, one test's waits are the others' CPU
+# (with two workers a fifth of the CPU idled; three keep it busy). TEST_WORKERS=0: one process.
+TEST_WORKERS ?= 3
 test: setup ## Run the whole test suite (unit, emulator/tests, Spark/Delta integration)
 	$(PY) -m pytest -n $(TEST_WORKERS) --dist worksteal
 

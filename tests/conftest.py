@@ -24,27 +24,29 @@ def spark():
     session.stop()
 
 
-# The suite runs on two pytest-xdist workers (``make test``: ``--dist worksteal``), which take tests
-# in collection order and steal from each other's tail. The tests that start Spark jobs go first,
-# the longest (as measured in a ``--durations`` run) at the very front, so that the run ends on
-# short tests instead of one long test keeping one worker busy while the other idles.
+# The suite runs on pytest-xdist workers (``make test``: ``--dist worksteal``). Worksteal hands each
+# worker one contiguous share of the collection at the start, in order, and a worker that runs out
+# steals the second half of the longest queue. So the tests that start Spark jobs are dealt out one
+# by one to the shares' fronts, the longest (as measured in a ``--durations`` run) first: each worker
+# starts on long tests, and the run ends on short ones instead of one long test keeping one worker
+# busy while the others idle.
 LONGEST_FIRST = (
-    "test_spark_connect.py::",
     "test_lease_under_starvation",
+    "test_spark_connect.py::",
     "test_timeout_during_a_send",
-    "test_documented_spark_submit_line",
-    "test_many_small_batches",
-    "test_recreated_backlog_queues",
     "test_documented_walkthrough",
-    "test_a_kill_in_the_middle_of_the_sends",
-    "test_a_deleted_streaming_checkpoint",
-    "test_sigterm_during_a_send",
-    "test_notebook_replays",
-    "test_a_redrive_killed_after_recording",
-    "test_dead_letters_are_redriven",
     "test_two_runs_at_once",
+    "test_documented_spark_submit_line",
+    "test_sigterm_during_a_send",
     "test_a_renamed_destination",
+    "test_a_redrive_killed_after_recording",
+    "test_a_kill_in_the_middle_of_the_sends",
     "test_a_lost_send_task",
+    "test_dead_letters_are_redriven",
+    "test_recreated_backlog_queues",
+    "test_a_deleted_streaming_checkpoint",
+    "test_many_small_batches",
+    "test_notebook_replays",
 )
 
 
@@ -56,3 +58,21 @@ def pytest_collection_modifyitems(config, items):
         return len(LONGEST_FIRST) + (0 if "integration" in item.path.parts else 1)
 
     items.sort(key=rank)  # stable: the rest keep their order
+    workers = getattr(config, "workerinput", {}).get("workercount", 1)  # set in each xdist worker
+    if workers > 1:
+        items[:] = dealt_out(items, [rank(item) <= len(LONGEST_FIRST) for item in items], workers)
+
+
+def dealt_out(items: list, spark_jobs: list[bool], workers: int) -> list:
+    """``items`` reordered into the ``workers`` contiguous shares worksteal hands out (as it sizes them),
+    each share starting with every ``workers``-th of the Spark tests (already longest first), then
+    filled with the rest in order. Every worker must compute the same order, and does: it is pure."""
+    long = [item for item, spark in zip(items, spark_jobs) if spark]
+    rest = iter([item for item, spark in zip(items, spark_jobs) if not spark])
+    ordered, remaining = [], len(items)
+    for share in range(workers):
+        size = remaining // (workers - share)
+        mine = long[share::workers]
+        ordered += mine + [next(rest) for _ in range(max(0, size - len(mine)))]
+        remaining -= size
+    return ordered + list(rest)

@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from backlog_syphon.errors import LeaseLostError
+from backlog_syphon.errors import LeaseHeldError, LeaseLostError
 from backlog_syphon.model import Lease
 from backlog_syphon.run import fence
 from backlog_syphon.run.fence import LeaseKeeper, process_gone, process_identity
@@ -142,6 +142,21 @@ def test_a_lease_of_a_crashed_holder_on_this_machine_is_taken_over_at_once(table
     lease = keeper(clock, run_id="run-new").acquire(None, wait=False)
     assert (lease.run_id, lease.epoch, lease.acquired_at) == ("run-new", 5, T0)
     assert fence.process_gone(table.row.process_identity) is False  # now this process's: alive
+
+
+def test_a_lease_table_this_run_created_is_not_read_before_the_first_attempt(table, monkeypatch):
+    reads = []
+    monkeypatch.setattr(tables, "read_lease", lambda spark, lease_table: reads.append(lease_table) or table.row)
+    lease = keeper(Clock()).acquire(None, wait=False, table_created=True)
+    assert (lease.run_id, lease.epoch) == ("run-a", 1) and table.writes == [lease]
+    assert reads == []
+
+
+def test_a_run_that_took_a_just_created_lease_table_first_is_found_by_the_next_attempt(table):
+    table.row = new_lease("sb-host/contoso", "run-first", "other-host", 7, T0, LEASE_SECONDS)  # it won the creation race
+    with pytest.raises(LeaseHeldError, match="run run-first on other-host"):
+        keeper(Clock(), run_id="run-second").acquire(None, wait=False, table_created=True)
+    assert table.writes == [] and table.row.run_id == "run-first"  # its epoch-1 write failed the compare-and-set
 
 
 def test_a_lease_still_this_runs_may_record_inside_its_safety_margin():

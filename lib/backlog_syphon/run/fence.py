@@ -73,13 +73,20 @@ class LeaseKeeper:
 
     # --- taking and giving back --------------------------------------------------------------------
 
-    def acquire(self, spark: SparkSession, *, wait: bool, on_wait: Callable[[str], None] | None = None) -> Lease:
-        """Take the lease, or raise ``LeaseHeldError`` (``wait=False``), or wait until it is free."""
+    def acquire(self, spark: SparkSession, *, wait: bool, on_wait: Callable[[str], None] | None = None,
+                table_created: bool = False) -> Lease:
+        """Take the lease, or raise ``LeaseHeldError`` (``wait=False``), or wait until it is free.
+
+        ``table_created``: this run created the lease table a moment ago, so its first attempt writes
+        epoch 1 without reading the (empty) table first. A run that took the lease meanwhile makes that
+        compare-and-set fail, and the next attempt reads who holds it."""
         announced = False
         lost_races = 0
+        unread = table_created
         while True:
             now = self.clock()
-            current = self._read(spark)
+            current = None if unread else self._read(spark)
+            unread = False
             gone = current is not None and self._holder_gone(current)
             if current is None or current.is_free_for(self.run_id, now, holder_gone=gone):
                 candidate = new_lease(self.lease_key, self.run_id, self.host, self.pid, now, self.lease_seconds,

@@ -184,7 +184,8 @@ class StartGates:
             created = tables.create_tables(spark, storage.audit_table, storage.checkpoint_table,
                                            storage.resolved_lease_table)
             timeline.mark(Milestone.TABLES_READY)
-            lease = keeper.acquire(spark, wait=config.run.wait_for_lease, on_wait=on_wait)
+            lease = keeper.acquire(spark, wait=config.run.wait_for_lease, on_wait=on_wait,
+                                   table_created=storage.resolved_lease_table in created)
             timeline.mark(Milestone.LEASE_TAKEN)
             self.state_is_new = {storage.audit_table, storage.checkpoint_table} <= created and lease.epoch == 1
             keeper.start_heartbeat(spark)
@@ -325,9 +326,10 @@ def start_syphon(spark: SparkSession, config: SyphonConfig, *, run_id: str | Non
     if config.run.trigger == AVAILABLE_NOW and is_connect(spark) and not server_has_read_limits(spark):
         refuse_unbounded_batch(config, spark.version)
     # Where earlier runs held messages for skipped destinations: the source reads those queues again from
-    # their first message once (what is recorded among them is dropped by identity in the sink).
-    look_back = tuple(tables.queues_with_held(spark, storage.audit_table,
-                                              tables.read_checkpoint(spark, storage.checkpoint_table)))
+    # their first message once (what is recorded among them is dropped by identity in the sink). State
+    # this run created has no records to look at (``StartGates.state_is_new``): nothing is read.
+    look_back = () if gates.state_is_new else tuple(tables.queues_with_held(
+        spark, storage.audit_table, tables.read_checkpoint(spark, storage.checkpoint_table)))
     if look_back:
         logger.info("messages held for skipped destinations wait in %d backlog queue(s): this run reads them again",
                     len(look_back))
