@@ -409,7 +409,7 @@ def test_lease_under_starvation_never_lets_two_runs_deliver_at_once(spark, emula
     _check_audit(_audit(spark, config), originals)
 
 
-# --- 7. --timeout inside a send (invariant 9, 2), and a missing backlog queue (invariant 11), as a job --------------------------------------
+# --- 7. --timeout inside a send (invariant 9, 2) and a missing backlog queue (11), as a job -----
 
 TIMEOUT_SECONDS = 20  # from the query's start: the first send comes 5 to 35 s later on 2 busy cores
 PAUSE_SECONDS = 30  # the send task pauses this long after its first send, so the timeout falls inside

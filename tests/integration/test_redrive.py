@@ -192,10 +192,11 @@ def test_the_notebook_offers_the_redrive_with_its_dry_run(emulator, tmp_path, sp
 @pytest.mark.timeout(900)
 def test_a_redrive_killed_after_recording_is_finished_by_the_next_without_sending_anything_twice(emulator, tmp_path,
                                                                                                  spark):
-    """Crash and replay of a re-drive, with real processes: ``jobs/syphon.py --redrive-dead-letters`` is
-    killed (SIGKILL, its whole process tree) once its first batch is recorded and before that batch's purge;
-    the next re-drive (in the test's Spark), with a streaming checkpoint of its own, reads the dead-letter queues from their first
-    message again, sends only what was not recorded, and settles the killed run's messages."""
+    """Crash and replay of a re-drive: ``jobs/syphon.py --redrive-dead-letters``, a real process, is killed
+    (SIGKILL, its whole process tree) once its first batch is recorded and before that batch's purge; the
+    next re-drive (in the test's Spark), with a streaming checkpoint of its own, reads the dead-letter
+    queues from their first message again, sends only what was not recorded, and settles the killed
+    run's messages."""
     import collections
 
     from azure.servicebus import ServiceBusClient
