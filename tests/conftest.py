@@ -26,10 +26,10 @@ def spark():
 
 # The suite runs on pytest-xdist workers (``make test``: ``--dist worksteal``). Worksteal hands each
 # worker one contiguous share of the collection at the start, in order, and a worker that runs out
-# steals the second half of the longest queue. So the tests that start Spark jobs are dealt out one
-# by one to the shares' fronts, the longest (as measured in a ``--durations`` run) first: each worker
-# starts on long tests, and the run ends on short ones instead of one long test keeping one worker
-# busy while the others idle.
+# steals the second half of the longest queue. So the integration tests (most start Spark jobs) are
+# dealt out one by one to the shares' fronts, the longest (as measured in a ``--durations`` run)
+# first: each worker starts on long tests, and the run ends on short ones instead of one long test
+# keeping one worker busy while the others idle.
 LONGEST_FIRST = (
     "test_lease_under_starvation",
     "test_spark_connect.py::",
@@ -63,12 +63,12 @@ def pytest_collection_modifyitems(config, items):
         items[:] = dealt_out(items, [rank(item) <= len(LONGEST_FIRST) for item in items], workers)
 
 
-def dealt_out(items: list, spark_jobs: list[bool], workers: int) -> list:
+def dealt_out(items: list, integration: list[bool], workers: int) -> list:
     """``items`` reordered into the ``workers`` contiguous shares worksteal hands out (as it sizes them),
-    each share starting with every ``workers``-th of the Spark tests (already longest first), then
-    filled with the rest in order. Every worker must compute the same order, and does: it is pure."""
-    long = [item for item, spark in zip(items, spark_jobs) if spark]
-    rest = iter([item for item, spark in zip(items, spark_jobs) if not spark])
+    each share starting with every ``workers``-th of the integration tests (already longest first),
+    then filled with the rest in order. Every worker must compute the same order, and does: it is pure."""
+    long = [item for item, flag in zip(items, integration) if flag]
+    rest = iter([item for item, flag in zip(items, integration) if not flag])
     ordered, remaining = [], len(items)
     for share in range(workers):
         size = remaining // (workers - share)
