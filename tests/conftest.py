@@ -1,5 +1,6 @@
 """Shared fixtures: one Spark session (with Delta) for the whole run."""
 
+import itertools
 import os
 import sys
 from pathlib import Path
@@ -73,6 +74,6 @@ def dealt_out(items: list, integration: list[bool], workers: int) -> list:
     for share in range(workers):
         size = remaining // (workers - share)
         mine = long[share::workers]
-        ordered += mine + [next(rest) for _ in range(max(0, size - len(mine)))]
+        ordered += mine + list(itertools.islice(rest, max(0, size - len(mine))))
         remaining -= size
     return ordered + list(rest)
