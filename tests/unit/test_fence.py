@@ -153,7 +153,8 @@ def test_a_lease_table_this_run_created_is_not_read_before_the_first_attempt(tab
 
 
 def test_a_run_that_took_a_just_created_lease_table_first_is_found_by_the_next_attempt(table):
-    table.row = new_lease("sb-host/contoso", "run-first", "other-host", 7, T0, LEASE_SECONDS)  # it won the creation race
+    # Another run created the table at the same time, won that race and took the lease.
+    table.row = new_lease("sb-host/contoso", "run-first", "other-host", 7, T0, LEASE_SECONDS)
     with pytest.raises(LeaseHeldError, match="run run-first on other-host"):
         keeper(Clock(), run_id="run-second").acquire(None, wait=False, table_created=True)
     assert table.writes == [] and table.row.run_id == "run-first"  # its epoch-1 write failed the compare-and-set
