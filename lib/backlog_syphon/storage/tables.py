@@ -27,6 +27,7 @@ from pyspark.sql.types import DateType, StructField, StructType
 from backlog_syphon.model import CheckpointRow, Lease, Outcome
 from backlog_syphon.restore.queue_names import DEAD_LETTER_SUBQUEUE
 from backlog_syphon.restore.rows import OUTCOME_ROW_SCHEMA, struct_of
+from backlog_syphon.storage.commit_lock import commit_lock
 
 # What the sink produces per message; the table adds the partition column ``outcome_date``.
 AUDIT_ROW_SCHEMA = OUTCOME_ROW_SCHEMA
@@ -90,7 +91,8 @@ def create_table(spark: SparkSession, table: str, schema: StructType, partition_
     partitioned = f" PARTITIONED BY ({', '.join(partition_by)})" if partition_by else ""
     try:
         # Not "IF NOT EXISTS": whether this call created the table must be known (see create_tables).
-        spark.sql(f"CREATE TABLE {_sql_name(table)} ({columns}) USING DELTA{partitioned}")
+        with commit_lock(spark, table):
+            spark.sql(f"CREATE TABLE {_sql_name(table)} ({columns}) USING DELTA{partitioned}")
     except Exception as exc:
         if is_commit_conflict(exc) or _created_meanwhile(spark, table, exc):
             return False
@@ -292,10 +294,11 @@ def write_lease(spark: SparkSession, lease_table: str, lease: Lease, *, confirm:
     writer = (frame.write.format("delta").mode("overwrite")
               .option("txnAppId", f"backlog-syphon-lease:{lease.lease_key}").option("txnVersion", lease.epoch))
     try:
-        if _is_path(lease_table):
-            writer.save(lease_table)
-        else:
-            writer.saveAsTable(lease_table)
+        with commit_lock(spark, lease_table):
+            if _is_path(lease_table):
+                writer.save(lease_table)
+            else:
+                writer.saveAsTable(lease_table)
     except Exception as exc:
         # Lost the race: to a commit of the same epoch, or to a run that created the table first
         # (which surfaces as a protocol change, or as a table that already exists).

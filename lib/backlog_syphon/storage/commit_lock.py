@@ -1,0 +1,48 @@
+"""An OS lock around the commits two runs race for (creating a table, writing the lease) when the
+table is a path on this machine's file system.
+
+Delta commits version N by writing its log file only if it does not exist yet. Cloud stores and
+HDFS do that atomically; on a local file system Hadoop checks and then renames, so two processes
+committing the same version in the same instant can both pass the check. Then one's commit file
+replaces the other's, or ends up beside the other's checksum file, and the table cannot be read
+again. An exclusive ``flock`` on a file next to the table makes the runs of one host take turns.
+A file system shared between hosts (NFS) is not fenced this way: see docs/design.md, "The fence".
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+from collections.abc import Iterator
+from urllib.parse import urlparse
+
+from pyspark.sql import SparkSession
+
+
+def lock_path(table: str) -> str | None:
+    """The lock file for a table at a local path (``/data/audit``, ``var/audit``, ``file:/data/audit``):
+    a hidden file beside the table's directory. None for a catalog name or a remote store."""
+    if "/" not in table and ":" not in table:
+        return None
+    parsed = urlparse(table)
+    if parsed.scheme not in ("", "file") or (parsed.scheme == "file" and parsed.netloc not in ("", "localhost")):
+        return None
+    path = (parsed.path if parsed.scheme else table).rstrip("/")
+    parent, name = os.path.split(path)
+    return os.path.join(parent, f".{name}.commit-lock")
+
+
+@contextlib.contextmanager
+def commit_lock(spark: SparkSession, table: str) -> Iterator[None]:
+    """Hold this host's lock of ``table`` while its body commits. Nothing to hold for a remote table,
+    or under Spark Connect, whose server (not this process) makes the commit."""
+    path = lock_path(table)
+    if path is None or type(spark).__module__.startswith("pyspark.sql.connect"):
+        yield
+        return
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    # Released when the file is closed, also when this process dies.
+    with open(path, "a+b") as handle:
+        fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
+        yield
