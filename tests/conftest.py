@@ -27,53 +27,77 @@ def spark():
 
 # The suite runs on pytest-xdist workers (``make test``: ``--dist worksteal``). Worksteal hands each
 # worker one contiguous share of the collection at the start, in order, and a worker that runs out
-# steals the second half of the longest queue. So the integration tests (most start Spark jobs) are
-# dealt out one by one to the shares' fronts, the longest (as measured in a ``--durations`` run)
-# first: each worker starts on long tests, and the run ends on short ones instead of one long test
-# keeping one worker busy while the others idle.
-LONGEST_FIRST = (
-    "test_lease_under_starvation",
-    "test_spark_connect.py::",
-    "test_timeout_during_a_send",
-    "test_documented_walkthrough",
-    "test_two_runs_at_once",
-    "test_documented_spark_submit_line",
-    "test_sigterm_during_a_send",
-    "test_a_renamed_destination",
-    "test_a_redrive_killed_after_recording",
-    "test_a_kill_in_the_middle_of_the_sends",
-    "test_a_lost_send_task",
-    "test_dead_letters_are_redriven",
-    "test_recreated_backlog_queues",
-    "test_a_deleted_streaming_checkpoint",
-    "test_many_small_batches",
-    "test_notebook_replays",
-)
+# steals the second half of the longest queue: the tail, so a share's front is run by its owner. The
+# integration tests (most start Spark runs, some a job process) are therefore dealt to the shares'
+# fronts so that each share holds about the same seconds of them (longest first, each to the share
+# with the fewest so far), and the short tests fill the shares' tails, where idle workers steal them.
+# Seconds as measured on the 2-core machine with three workers (``--durations=0``); a test not
+# listed counts as a short in-process one. Only the order depends on them.
+MEASURED_SECONDS = {
+    "test_the_job_over_spark_connect_records_what_a_classic_run_records": 259,
+    "test_timeout_during_a_send_stops_at_the_batch_boundary_and_a_missing_queue_is_skipped_with_one_warning": 248,
+    "test_lease_under_starvation_never_lets_two_runs_deliver_at_once": 231,
+    "test_documented_walkthrough_from_setup_to_dry_run_and_replay": 182,
+    "test_documented_spark_submit_line_drains_the_backlog": 168,
+    "test_sigterm_during_a_send_finishes_that_batch_and_exits_0": 153,
+    "test_dead_letters_are_redriven_with_every_property_filtered_and_never_twice": 150,
+    "test_a_kill_in_the_middle_of_the_sends_loses_nothing_and_resends_at_most_that_batch": 136,
+    "test_two_runs_at_once_deliver_every_message_exactly_once": 125,
+    "test_a_deleted_streaming_checkpoint_restarts_with_a_new_identity": 110,
+    "test_a_redrive_killed_after_recording_is_finished_by_the_next_without_sending_anything_twice": 103,
+    "test_recreated_backlog_queues_are_drained_from_their_start": 98,
+    "test_many_small_batches_never_raise_a_delivery_count": 85,
+    "test_a_renamed_destination_gets_its_old_names_messages_and_a_skipped_one_waits_for_a_later_run": 73,
+    "test_notebook_replays_with_progress_summary_report_and_charts": 71,
+    "test_a_lost_send_task_is_run_again_and_resends_only_what_its_first_attempt_sent": 64,
+    "test_order_per_backlog_queue_and_per_session": 62,
+    "test_a_lease_held_elsewhere_stops_a_run_or_makes_it_wait_until_it_expires": 56,
+    "test_server_busy_slows_the_drain_loses_nothing_and_the_rate_recovers": 50,
+    "test_a_destination_unavailable_past_the_wait_fails_the_batch_and_the_replay_resends_nothing": 49,
+    "test_primary_outage_waits_then_delivers_exactly_once": 47,
+    "test_the_rate_cap_holds_over_every_5_second_window": 46,
+    "test_a_full_or_disabled_destination_waits_without_holding_others": 44,
+    "test_continuous_trigger_delivers_new_messages_promptly": 43,
+    "test_poison_messages_are_dead_lettered_with_reasons_audited_and_no_secret_shows": 40,
+    "test_failed_purge_receives_and_settlements_are_retried_and_resend_nothing": 36,
+    "test_an_available_now_run_played_without_read_limits_stays_in_bounded_batches": 36,
+    "test_an_empty_or_short_peek_page_mid_window_loses_nothing": 34,
+    "test_remaining_ttl_and_schedule": 31,
+    "test_fidelity_of_every_field_and_property": 29,
+    "test_every_body_kind_and_value_arrives_as_the_legacy_sender_wrote_it": 27,
+    "test_tables_are_created_by_their_first_write_with_stable_schemas": 20,
+    "test_the_wheel_installs_without_a_compiler_and_the_job_imports": 18,
+}
+UNLISTED_INTEGRATION_SECONDS = 8
 
 
 def pytest_collection_modifyitems(config, items):
-    def rank(item) -> int:
-        for index, name in enumerate(LONGEST_FIRST):
-            if name in item.nodeid:
-                return index
-        return len(LONGEST_FIRST) + (0 if "integration" in item.path.parts else 1)
+    def seconds(item) -> float:
+        if "integration" not in item.path.parts:
+            return 0
+        return MEASURED_SECONDS.get(getattr(item, "originalname", item.name), UNLISTED_INTEGRATION_SECONDS)
 
-    items.sort(key=rank)  # stable: the rest keep their order
+    estimates = [seconds(item) for item in items]
     workers = getattr(config, "workerinput", {}).get("workercount", 1)  # set in each xdist worker
-    if workers > 1:
-        items[:] = dealt_out(items, [rank(item) <= len(LONGEST_FIRST) for item in items], workers)
+    items[:] = dealt_out(items, estimates, max(1, workers))
 
 
-def dealt_out(items: list, integration: list[bool], workers: int) -> list:
-    """``items`` reordered into the ``workers`` contiguous shares worksteal hands out (as it sizes them),
-    each share starting with every ``workers``-th of the integration tests (already longest first),
-    then filled with the rest in order. Every worker must compute the same order, and does: it is pure."""
-    long = [item for item, flag in zip(items, integration) if flag]
-    rest = iter([item for item, flag in zip(items, integration) if not flag])
+def dealt_out(items: list, seconds: list[float], workers: int) -> list:
+    """``items`` reordered into the ``workers`` contiguous shares worksteal hands out (as it sizes them).
+    The items with ``seconds`` go to the shares' fronts, longest first, each to the share with the
+    fewest seconds so far; the others fill the shares in their order. Every worker must compute the
+    same order, and does: it is pure (ties go to the first share, and sorting is stable)."""
+    timed = sorted((index for index, value in enumerate(seconds) if value > 0), key=lambda index: -seconds[index])
+    fronts: list[list] = [[] for _ in range(workers)]
+    loads = [0.0] * workers
+    for index in timed:
+        share = loads.index(min(loads))
+        fronts[share].append(items[index])
+        loads[share] += seconds[index]
+    rest = iter([item for item, value in zip(items, seconds) if value <= 0])
     ordered, remaining = [], len(items)
     for share in range(workers):
         size = remaining // (workers - share)
-        mine = long[share::workers]
-        ordered += mine + list(itertools.islice(rest, max(0, size - len(mine))))
+        ordered += fronts[share] + list(itertools.islice(rest, max(0, size - len(fronts[share]))))
         remaining -= size
     return ordered + list(rest)

@@ -69,3 +69,11 @@ def test_different_tables_do_not_wait_for_each_other(tmp_path):
 def _enter(table, entered):
     with commit_lock(_ClassicSession(), table):
         entered.set()
+
+
+def test_a_directory_it_cannot_write_leaves_the_commit_unlocked_with_a_warning(tmp_path, caplog):
+    blocked = tmp_path / "not-a-directory"
+    blocked.write_text("a file where the table's parent directory would be")
+    with commit_lock(_ClassicSession(), str(blocked / "audit")):
+        pass
+    assert "cannot create the commit lock" in caplog.text and ".audit.commit-lock" in caplog.text

@@ -1,24 +1,28 @@
 """The suite's own order (``tests/conftest.py``, ``dealt_out``): every test kept once, and each worker's
-share starting with its turn of the integration tests, whatever the selection."""
+share starting with its part of the timed (integration) tests, balanced by their seconds, whatever
+the selection."""
 
 import pytest
 
 from tests.conftest import dealt_out
 
 
-def _items(integration: int, others: int) -> list[str]:
-    return [f"long-{n}" for n in range(integration)] + [f"short-{n}" for n in range(others)]
+def _items(timed: list[float], others: int) -> tuple[list[str], list[float]]:
+    names = [f"long-{n}" for n in range(len(timed))] + [f"short-{n}" for n in range(others)]
+    return names, list(timed) + [0] * others
 
 
-@pytest.mark.parametrize("integration, others, workers", [(5, 10, 3), (5, 0, 3), (1, 0, 3), (0, 4, 3), (7, 13, 2)])
-def test_every_test_is_kept_once(integration, others, workers):
-    items = _items(integration, others)
-    assert sorted(dealt_out(items, [item.startswith("long") for item in items], workers)) == sorted(items)
+@pytest.mark.parametrize("timed, others, workers", [
+    ([50, 40, 30, 20, 10], 10, 3), ([5, 5, 5, 5, 5], 0, 3), ([8], 0, 3), ([], 4, 3), ([9] * 7, 13, 2), ([3, 2], 5, 1)])
+def test_every_test_is_kept_once(timed, others, workers):
+    names, seconds = _items(timed, others)
+    assert sorted(dealt_out(names, seconds, workers)) == sorted(names)
 
 
-def test_each_share_starts_with_its_turn_of_the_long_tests():
-    items = _items(5, 10)  # three shares of five, as worksteal sizes them
-    assert dealt_out(items, [item.startswith("long") for item in items], 3) == [
-        "long-0", "long-3", "short-0", "short-1", "short-2",
-        "long-1", "long-4", "short-3", "short-4", "short-5",
-        "long-2", "short-6", "short-7", "short-8", "short-9"]
+def test_each_share_starts_with_long_tests_of_about_equal_seconds():
+    # Longest first, each to the share with the fewest seconds (the first of equals): 100 | 60 + 30 + 5 | 50 + 40.
+    names, seconds = _items([60, 5, 100, 40, 50, 30], 9)  # three shares of five, as worksteal sizes them
+    assert dealt_out(names, seconds, 3) == [
+        "long-2", "short-0", "short-1", "short-2", "short-3",
+        "long-0", "long-5", "long-1", "short-4", "short-5",
+        "long-4", "long-3", "short-6", "short-7", "short-8"]

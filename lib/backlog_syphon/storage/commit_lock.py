@@ -13,11 +13,14 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import logging
 import os
 from collections.abc import Iterator
 from urllib.parse import urlparse
 
 from pyspark.sql import SparkSession
+
+logger = logging.getLogger(__name__)
 
 
 def lock_path(table: str) -> str | None:
@@ -38,11 +41,17 @@ def commit_lock(spark: SparkSession, table: str) -> Iterator[None]:
     """Hold this host's lock of ``table`` while its body commits. Nothing to hold for a remote table,
     or under Spark Connect, whose server (not this process) makes the commit."""
     path = lock_path(table)
-    if path is None or type(spark).__module__.startswith("pyspark.sql.connect"):
+    handle = None
+    if path is not None and not type(spark).__module__.startswith("pyspark.sql.connect"):
+        try:
+            os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+            handle = open(path, "a+b")  # noqa: SIM115 - closed below, which also releases the lock
+        except OSError as exc:
+            # A directory this run may not write beside the table: commit as Delta alone would.
+            logger.warning("cannot create the commit lock %s (%s); committing without it", path, exc)
+    if handle is None:
         yield
         return
-    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    # Released when the file is closed, also when this process dies.
-    with open(path, "a+b") as handle:
-        fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
+    with handle:
+        fcntl.flock(handle.fileno(), fcntl.LOCK_EX)  # released when the file closes, or this process dies
         yield
