@@ -38,7 +38,9 @@ setup: $(STAMP) $(JARS_STAMP) ## Create the virtualenv, install pinned packages,
 
 # The suite on TEST_WORKERS processes (pytest-xdist): its end-to-end tests spend much of their time
 # waiting on brokers, leases, triggers and outages: on two cores, one test's waits are the others' CPU
-# (with two workers a fifth of the CPU idled; three keep it busy). TEST_WORKERS=0: one process.
+# (with two workers a fifth of the CPU idled; three keep it busy; four took longer, 20.2 against
+# 18.6 minutes, and starved Spark's Python workers past the 10 s Spark gives them to connect back).
+# TEST_WORKERS=0: one process.
 TEST_WORKERS ?= 3
 test: setup ## Run the whole test suite (unit, emulator/tests, Spark/Delta integration)
 	$(PY) -m pytest -n $(TEST_WORKERS) --dist worksteal
