@@ -79,7 +79,7 @@ def pytest_collection_modifyitems(config, items):
 
     estimates = [seconds(item) for item in items]
     workers = getattr(config, "workerinput", {}).get("workercount", 1)  # set in each xdist worker
-    items[:] = dealt_out(items, estimates, max(1, workers))
+    items[:] = dealt_out(items, estimates, workers)
 
 
 def dealt_out(items: list, seconds: list[float], workers: int) -> list:

@@ -42,6 +42,7 @@ def commit_lock(spark: SparkSession, table: str) -> Iterator[None]:
     or under Spark Connect, whose server (not this process) makes the commit."""
     path = lock_path(table)
     handle = None
+    # A Connect session's class is from pyspark.sql.connect (run.spark_session.is_connect, a rank above).
     if path is not None and not type(spark).__module__.startswith("pyspark.sql.connect"):
         try:
             os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
