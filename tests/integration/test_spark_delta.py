@@ -10,6 +10,9 @@ def test_delta_round_trip_through_the_session_builder(spark, tmp_path):
     jars = spark.conf.get("spark.jars", "")
     assert "delta-spark_" in jars and all(j in jars for j in delta_jars.fetched_jars())
     assert spark.conf.get("spark.sql.session.timeZone") == "UTC"
+    # Small plans as one job each, and local commits without a `readlink` process per rename.
+    assert spark.conf.get("spark.sql.adaptive.enabled") == "false"
+    assert spark.conf.get("spark.delta.logStore.file.impl") == "io.delta.storage.LocalLogStore"
     path = str(tmp_path / "table")
     spark.range(5).write.format("delta").save(path)
     spark.sql(f"MERGE INTO delta.`{path}` t USING (SELECT 7 AS id) s ON t.id = s.id WHEN NOT MATCHED THEN INSERT *")
