@@ -10,11 +10,15 @@ def test_delta_round_trip_through_the_session_builder(spark, tmp_path):
     jars = spark.conf.get("spark.jars", "")
     assert "delta-spark_" in jars and all(j in jars for j in delta_jars.fetched_jars())
     assert spark.conf.get("spark.sql.session.timeZone") == "UTC"
-    # Small plans as one job each, and local commits without a `readlink` process per rename.
-    assert spark.conf.get("spark.sql.adaptive.enabled") == "false"
-    assert spark.conf.get("spark.delta.logStore.file.impl") == "io.delta.storage.LocalLogStore"
+    assert spark.conf.get("spark.sql.adaptive.enabled") == "false"  # small plans: one job each
     path = str(tmp_path / "table")
     spark.range(5).write.format("delta").save(path)
+    # Local commits go through Delta's LocalLogStore (no `readlink` process per rename), as the table's
+    # log resolves it for its own path: a misspelt setting would be ignored silently.
+    jvm = spark._jvm
+    store = jvm.org.apache.spark.sql.delta.DeltaLog.forTable(spark._jsparkSession, path).store()
+    delegate = store.getDelegate(jvm.org.apache.hadoop.fs.Path(tmp_path.as_uri()))
+    assert delegate.logStoreImpl().getClass().getName() == "io.delta.storage.LocalLogStore"
     spark.sql(f"MERGE INTO delta.`{path}` t USING (SELECT 7 AS id) s ON t.id = s.id WHEN NOT MATCHED THEN INSERT *")
     assert sorted(r.id for r in spark.read.format("delta").load(path).collect()) == [0, 1, 2, 3, 4, 7]
     assert spark.sql(f"DESCRIBE DETAIL delta.`{path}`").first()["format"] == "delta"
