@@ -3,9 +3,9 @@ table is a path on this machine's file system.
 
 Delta commits version N by writing its log file only if it does not exist yet. Cloud stores and
 HDFS do that atomically; on a local file system the log store checks and then renames, so two
-processes committing the same version in the same instant can both pass the check. Then one's commit file
-replaces the other's, or ends up beside the other's checksum file, and the table cannot be read
-again. An exclusive ``flock`` on a file next to the table makes the runs of one host take turns.
+processes committing the same version in the same instant can both pass the check. Then one's
+commit file replaces the other's, or ends up beside the other's checksum file, and the table cannot
+be read again. An exclusive ``flock`` on a file next to the table makes the runs of one host take turns.
 A file system shared between hosts (NFS) is not fenced this way: see docs/design.md, "The fence".
 """
 
