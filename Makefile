@@ -34,7 +34,12 @@ $(JARS_STAMP): $(STAMP)
 	$(PY) -m backlog_syphon.run.delta_jars
 	touch $@
 
-setup: $(STAMP) $(JARS_STAMP) ## Create the virtualenv, install pinned packages, fetch Delta's JARs
+# The class archive of Spark's JVM (lib/backlog_syphon/run/class_archive.py): checked at every set-up
+# (its name follows the installed Java and JARs), built once when missing; a failure only costs speed.
+CLASS_ARCHIVE = $(1) -m backlog_syphon.run.class_archive >/dev/null || echo "local Spark JVMs start without a class archive"
+
+setup: $(STAMP) $(JARS_STAMP) ## Create the virtualenv, install pinned packages, fetch Delta's JARs, build the JVM's class archive
+	@$(call CLASS_ARCHIVE,$(PY))
 
 # The suite on TEST_WORKERS processes (pytest-xdist): its end-to-end tests spend much of their time
 # waiting on brokers, leases, triggers and outages: on two cores, one test's waits are the others' CPU
@@ -70,6 +75,7 @@ test-runtimes: $(RUNTIME_STAMPS) ## Run the end-to-end runtime scenario on each 
 	@failed=""; for r in $(RUNTIMES); do \
 	  py="$(CURDIR)/.venv-spark$$r/bin/python"; \
 	  echo "== Spark $$r: $$py"; \
+	  $(call CLASS_ARCHIVE,"$$py"); \
 	  PYSPARK_PYTHON="$$py" PYSPARK_DRIVER_PYTHON="$$py" "$$py" -m pytest tests/runtimes || failed="$$failed $$r"; \
 	done; \
 	if [ -n "$$failed" ]; then echo "test-runtimes failed on Spark:$$failed"; exit 1; fi

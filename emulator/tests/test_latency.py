@@ -10,7 +10,7 @@ from servicebus_emulator import Emulator, EmulatorConfig
 LATENCY_MS = 40
 SASL_HEADER = b"AMQP\x03\x01\x00\x00"
 CONFIG = {"namespaces": [
-    {"name": "slow", "port": 0, "latency_ms": LATENCY_MS, "queues": [{"name": "q"}, {"name": "ordered"}]},
+    {"name": "slow", "port": 0, "latency_ms": LATENCY_MS, "queues": [{"name": "q"}, {"name": "settle"}, {"name": "ordered"}]},
     {"name": "fast", "port": 0, "queues": [{"name": "q"}]},
 ]}
 
@@ -54,26 +54,27 @@ def test_each_sdk_peek_round_trip_takes_at_least_the_latency(emulator):
 
 
 def test_send_receive_and_settle_work_with_latency(emulator):
+    # A queue of its own: the tests of this module can run on different workers, each with its emulator.
     with ServiceBusClient.from_connection_string(emulator.connection_string("slow"), retry_total=0) as client:
-        with client.get_queue_sender("q") as sender:
-            sender.send_messages([ServiceBusMessage(f"m{i}") for i in range(3)])
-        with client.get_queue_receiver("q", max_wait_time=5) as receiver:
+        with client.get_queue_sender("settle") as sender:
+            sender.send_messages([ServiceBusMessage(f"m{i}") for i in range(4)])
+        with client.get_queue_receiver("settle", max_wait_time=5) as receiver:
             received = []
-            while len(received) < 4:          # "peek me" from the previous test, then m0..m2
+            while len(received) < 4:
                 received += receiver.receive_messages(max_message_count=4 - len(received), max_wait_time=5)
-            assert [str(m) for m in received] == ["peek me", "m0", "m1", "m2"]
+            assert [str(m) for m in received] == ["m0", "m1", "m2", "m3"]
             first, second, third, fourth = received
             receiver.complete_message(first)
             receiver.complete_message(second)
             receiver.dead_letter_message(third, reason="test", error_description="latency")
             receiver.abandon_message(fourth)
             (again,) = receiver.receive_messages(max_wait_time=5)
-            assert str(again) == "m2" and again.delivery_count == 1
+            assert str(again) == "m3" and again.delivery_count == 1
             receiver.complete_message(again)
-        with client.get_queue_receiver("q", sub_queue=ServiceBusSubQueue.DEAD_LETTER) as dlq:
+        with client.get_queue_receiver("settle", sub_queue=ServiceBusSubQueue.DEAD_LETTER) as dlq:
             (dead,) = dlq.peek_messages(max_message_count=5)
-            assert str(dead) == "m1" and dead.dead_letter_reason == "test"
-    stats = emulator.stats("slow")["q"]
+            assert str(dead) == "m2" and dead.dead_letter_reason == "test"
+    stats = emulator.stats("slow")["settle"]
     assert (stats["total"], stats["completed"], stats["dead_lettered"]) == (0, 3, 1)
 
 

@@ -14,11 +14,10 @@ from tools import testing
 
 from .conftest import PRIMARY, ROOT, SECONDARY
 
-# For the jobs the tests start (unless PYSPARK_SUBMIT_ARGS is set already): speed only, the same
-# code runs. Each job lives about a minute on 2 shared cores, where C2 compiler and parallel GC
-# threads cost more than they return; no Spark UI.
-JOB_SUBMIT_ARGS = ("--conf spark.ui.enabled=false "
-                   "--driver-java-options '-XX:TieredStopAtLevel=1 -XX:+UseSerialGC' pyspark-shell")
+# For the jobs the tests start (unless PYSPARK_SUBMIT_ARGS is set already): no Spark UI. The driver
+# JVM's options are the session builder's own (``spark_session.driver_java_options``, the class archive
+# included): a --driver-java-options here would replace them.
+JOB_SUBMIT_ARGS = "--conf spark.ui.enabled=false pyspark-shell"
 
 
 def job_command(tmp_path, **settings) -> list[str]:

@@ -24,6 +24,28 @@ def test_delta_round_trip_through_the_session_builder(spark, tmp_path):
     assert spark.sql(f"DESCRIBE DETAIL delta.`{path}`").first()["format"] == "delta"
 
 
+def test_the_local_driver_jvm_maps_the_class_archive_built_by_the_set_up(spark):
+    """``make setup`` built the class archive for this JVM and class path, the session builder passed it,
+    and the JVM mapped it: thousands of classes came from it (the JDK's own archive alone holds about
+    1,300). A JVM that could not use it starts normally, slower, which only this count shows."""
+    import subprocess
+    from pathlib import Path
+
+    from backlog_syphon.run import class_archive
+
+    archive = class_archive.archive_file()
+    assert archive is not None and archive.is_file(), f"no class archive: run `make setup` ({archive})"
+    jvm = spark._jvm
+    arguments = list(jvm.java.lang.management.ManagementFactory.getRuntimeMXBean().getInputArguments())
+    assert f"-XX:SharedArchiveFile={archive}" in arguments
+    jcmd = Path(jvm.java.lang.System.getProperty("java.home"), "bin", "jcmd")
+    counters = subprocess.run([str(jcmd), str(jvm.java.lang.ProcessHandle.current().pid()), "PerfCounter.print"],
+                              capture_output=True, text=True, timeout=60, check=True).stdout
+    shared = int(next(line for line in counters.splitlines()
+                      if line.startswith("java.cls.sharedLoadedClasses=")).split("=")[1])
+    assert shared > 5000, f"only {shared} classes came from a shared archive"
+
+
 def test_tables_are_created_by_their_first_write_with_stable_schemas(spark, tmp_path):
     import datetime as dt
 

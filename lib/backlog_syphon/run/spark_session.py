@@ -8,7 +8,7 @@ import sys
 
 from pyspark.sql import SparkSession
 
-from backlog_syphon.run import delta_jars
+from backlog_syphon.run import class_archive, delta_jars
 
 logger = logging.getLogger(__name__)
 
@@ -16,6 +16,10 @@ _DELTA_CONFS = {
     "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
     "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
 }
+# The driver JVM of a local run does little heavy computing (the messages are handled in Python):
+# the quick compiler alone and one GC thread start it and its first Delta commits about a third
+# sooner (measured: session 4.0 s against 5.9 s, the lease 6.7 s against 8.9 s).
+DRIVER_JAVA_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 
 
 def build_spark_session(app_name: str = "backlog-syphon", master: str | None = None,
@@ -66,10 +70,6 @@ def build_spark_session(app_name: str = "backlog-syphon", master: str | None = N
         # Delta rebuilds a table's snapshot with 50 tasks by default; the syphon's tables are
         # small, and on a 2-core machine that alone doubled the cost of every commit.
         "spark.databricks.delta.snapshotPartitions": "2",
-        # The driver JVM of a local run does little heavy computing (the messages are handled in
-        # Python): the quick compiler alone and one GC thread start it and its first Delta commits
-        # about a third sooner (measured: session 4.0 s against 5.9 s, the lease 6.7 s against 8.9 s).
-        "spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC",
         # Every plan the syphon runs (a batch's bookkeeping, a Delta commit, a lease read) handles a
         # few thousand rows at most, where compiling generated Java code per plan and task costs far
         # more than it saves: a third of a local run's JVM samples were code generation and Janino.
@@ -104,11 +104,22 @@ def build_spark_session(app_name: str = "backlog-syphon", master: str | None = N
         logger.info("no pre-fetched Delta JARs; Spark will resolve io.delta:%s:%s", artifact, version)
         confs["spark.jars.packages"] = f"io.delta:{artifact}:{version}"
     confs.update(extra_conf or {})
+    confs.setdefault("spark.driver.extraJavaOptions",
+                     driver_java_options(class_path_extended="spark.driver.extraClassPath" in confs))
     for key, value in confs.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel(log_level)
     return spark
+
+
+def driver_java_options(*, class_path_extended: bool = False) -> str:
+    """``DRIVER_JAVA_OPTIONS``, with the class archive ``make setup`` built for this JVM and class path
+    (``run.class_archive``) where there is one. None is used where the class path is extended
+    (``spark.driver.extraClassPath``, ``SPARK_CLASSPATH``), which the archive would not match."""
+    extended = class_path_extended or os.environ.get("SPARK_CLASSPATH")
+    archive = None if extended else class_archive.java_option()
+    return f"{DRIVER_JAVA_OPTIONS} {archive}" if archive else DRIVER_JAVA_OPTIONS
 
 
 def is_connect(spark: SparkSession) -> bool:
