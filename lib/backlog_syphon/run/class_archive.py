@@ -48,8 +48,8 @@ def fingerprint() -> str | None:
     """What an archive depends on: the JVM build (its ``libjvm.so``, by path, size and time), pyspark's
     JARs and Delta's. None where no JVM library is found (then no archive is used)."""
     home = _java_home()
-    libjvm = next((p for p in (home / "lib" / "server" / "libjvm.so",) if p.exists()), None) if home else None
-    if libjvm is None:
+    libjvm = home / "lib" / "server" / "libjvm.so" if home else None
+    if libjvm is None or not libjvm.exists():
         return None
     import pyspark
 
@@ -88,8 +88,8 @@ def build(cache: Path = DEFAULT_CACHE) -> Path:
           file=sys.stderr)
     with tempfile.TemporaryDirectory(dir=cache) as work:
         written = Path(work, archive.name)
-        result = subprocess.run([sys.executable, "-m", "backlog_syphon.run.class_archive", _TRAINING_FLAG, str(written), work],
-                                capture_output=True, text=True, timeout=600)
+        training = [sys.executable, "-m", "backlog_syphon.run.class_archive", _TRAINING_FLAG, str(written), work]
+        result = subprocess.run(training, capture_output=True, text=True, timeout=600)
         if result.returncode != 0 or not written.is_file():
             tail = "\n".join((result.stdout + result.stderr).strip().splitlines()[-8:])
             raise RuntimeError(f"the training run wrote no class archive:\n{tail}")
@@ -106,7 +106,7 @@ def _train(archive: str, work: str) -> None:
     from pyspark import SparkContext
     from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 
-    from backlog_syphon.run.spark_session import build_spark_session
+    from backlog_syphon.run.spark_session import DRIVER_JAVA_OPTIONS, build_spark_session
 
     class Counter(DataSource):
         @classmethod
@@ -138,8 +138,9 @@ def _train(archive: str, work: str) -> None:
             .save(f"{work}/table")
         frame.sparkSession.read.format("delta").load(f"{work}/table").groupBy("n").count().collect()
 
-    spark = build_spark_session("backlog-syphon-class-archive", extra_conf={
-        "spark.ui.enabled": "false", "spark.driver.extraJavaOptions": _jvm_options(f"-XX:ArchiveClassesAtExit={archive}")})
+    dump = f"{DRIVER_JAVA_OPTIONS} -XX:ArchiveClassesAtExit={archive}"
+    spark = build_spark_session("backlog-syphon-class-archive",
+                                extra_conf={"spark.ui.enabled": "false", "spark.driver.extraJavaOptions": dump})
     gateway = SparkContext._gateway
     spark.sql(f"CREATE TABLE delta.`{work}/created` (a STRING NOT NULL, d DATE) USING DELTA PARTITIONED BY (d)")
     spark.createDataFrame([("x", None)], "a string, d date").write.format("delta").mode("overwrite") \
@@ -152,12 +153,6 @@ def _train(archive: str, work: str) -> None:
     # The JVM writes the archive as it exits, which it does once its standard input closes.
     gateway.proc.stdin.close()
     gateway.proc.wait(timeout=300)
-
-
-def _jvm_options(extra: str) -> str:
-    from backlog_syphon.run.spark_session import DRIVER_JAVA_OPTIONS
-
-    return f"{DRIVER_JAVA_OPTIONS} {extra}"
 
 
 def main(argv: list[str] | None = None) -> int:
