@@ -115,7 +115,7 @@ def build_spark_session(app_name: str = "backlog-syphon", master: str | None = N
 
 def driver_java_options(*, class_path_extended: bool = False) -> str:
     """``DRIVER_JAVA_OPTIONS``, with the class archive ``make setup`` built for this JVM and class path
-    (``run.class_archive``) where there is one. None is used where the class path is extended
+    (``run.class_archive``) where there is one. No archive is used where the class path is extended
     (``spark.driver.extraClassPath``, ``SPARK_CLASSPATH``), which the archive would not match."""
     extended = class_path_extended or os.environ.get("SPARK_CLASSPATH")
     archive = None if extended else class_archive.java_option()
