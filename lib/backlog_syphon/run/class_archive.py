@@ -30,9 +30,11 @@ import sys
 import tempfile
 from pathlib import Path
 
+import pyspark
+
 from backlog_syphon.run import delta_jars
 
-DEFAULT_CACHE = Path(__file__).resolve().parents[3] / ".cache" / "jvm"  # <repo>/lib/backlog_syphon/run/
+DEFAULT_CACHE = delta_jars.DEFAULT_CACHE.parent / "jvm"  # <repo>/.cache/jvm, beside the Delta JARs
 _TRAINING_FLAG = "--train"
 
 
@@ -51,8 +53,6 @@ def fingerprint() -> str | None:
     libjvm = home / "lib" / "server" / "libjvm.so" if home else None
     if libjvm is None or not libjvm.exists():
         return None
-    import pyspark
-
     stat = libjvm.stat()
     parts = [str(libjvm), str(stat.st_size), str(int(stat.st_mtime)), pyspark.__version__]
     parts += sorted(str(p) for p in (Path(pyspark.__file__).parent / "jars").glob("*.jar"))
@@ -61,8 +61,6 @@ def fingerprint() -> str | None:
 
 
 def archive_file(cache: Path = DEFAULT_CACHE) -> Path | None:
-    import pyspark
-
     key = fingerprint()
     return cache / f"spark-{pyspark.__version__}-{key}.jsa" if key else None
 

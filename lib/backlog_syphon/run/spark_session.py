@@ -104,8 +104,9 @@ def build_spark_session(app_name: str = "backlog-syphon", master: str | None = N
         logger.info("no pre-fetched Delta JARs; Spark will resolve io.delta:%s:%s", artifact, version)
         confs["spark.jars.packages"] = f"io.delta:{artifact}:{version}"
     confs.update(extra_conf or {})
-    confs.setdefault("spark.driver.extraJavaOptions",
-                     driver_java_options(class_path_extended="spark.driver.extraClassPath" in confs))
+    if "spark.driver.extraJavaOptions" not in confs:  # a caller's own options replace the syphon's
+        confs["spark.driver.extraJavaOptions"] = driver_java_options(
+            class_path_extended="spark.driver.extraClassPath" in confs)
     for key, value in confs.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
