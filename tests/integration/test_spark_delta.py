@@ -7,8 +7,16 @@ from backlog_syphon.run.lease import new_lease
 
 
 def test_delta_round_trip_through_the_session_builder(spark, tmp_path):
-    jars = spark.conf.get("spark.jars", "")
-    assert "delta-spark_" in jars and all(j in jars for j in delta_jars.fetched_jars())
+    # One local JVM: Delta's JARs sit on the driver's class path, where the class archive covers them.
+    class_path = spark.conf.get("spark.driver.extraClassPath", "")
+    assert "delta-spark_" in class_path and all(j in class_path for j in delta_jars.fetched_jars())
+    loader = spark._jvm.java.lang.Class.forName("io.delta.sql.DeltaSparkSessionExtension").getClassLoader()
+    assert loader.equals(spark._jvm.java.lang.ClassLoader.getSystemClassLoader())
+    # Streaming checkpoint files are renamed through the FileSystem API (no process per file); the
+    # class sits in another package from Spark 4.1 on, and a wrong name would only fail the query.
+    manager = spark.conf.get("spark.sql.streaming.checkpointFileManagerClass")
+    assert manager.endswith(".FileSystemBasedCheckpointFileManager")
+    spark._jvm.java.lang.Class.forName(manager)
     assert spark.conf.get("spark.sql.session.timeZone") == "UTC"
     assert spark.conf.get("spark.sql.adaptive.enabled") == "false"  # small plans: one job each
     path = str(tmp_path / "table")

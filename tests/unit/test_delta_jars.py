@@ -118,3 +118,39 @@ def test_session_without_prefetched_jars_asks_spark_for_the_same_coordinates(mon
     spark_session.build_spark_session()
     assert builder.conf["spark.jars.packages"] == "io.delta:delta-spark_2.13:4.0.1"
     assert "spark.jars" not in builder.conf
+
+
+def _build_with_fetched_jars(monkeypatch, **kwargs) -> dict:
+    builder = _RecordingBuilder()
+    monkeypatch.setattr(spark_session, "SparkSession", types.SimpleNamespace(builder=builder,
+                                                                             getActiveSession=lambda: None))
+    monkeypatch.setattr(delta_jars, "fetched_jars", lambda cache=None: ["/c/delta-spark.jar", "/c/delta-storage.jar"])
+    monkeypatch.setattr(spark_session, "driver_java_options",
+                        lambda class_path_extended=False: "extended" if class_path_extended else "archive")
+    for name in ("SPARK_REMOTE", "DATABRICKS_RUNTIME_VERSION", "PYSPARK_GATEWAY_PORT", "SPARK_MASTER",
+                 "SYPHON_SPARK_MASTER"):
+        monkeypatch.delenv(name, raising=False)
+    spark_session.build_spark_session(**kwargs)
+    return builder.conf
+
+
+@pytest.mark.parametrize("master", [None, "local", "local[1]", "local[2,2]", "local[*]"])
+def test_a_single_jvm_session_has_the_delta_jars_on_the_drivers_class_path(monkeypatch, master):
+    conf = _build_with_fetched_jars(monkeypatch, master=master)
+    assert conf["spark.driver.extraClassPath"] == "/c/delta-spark.jar:/c/delta-storage.jar"
+    assert "spark.jars" not in conf
+    assert conf["spark.driver.extraJavaOptions"] == "archive"  # the archive covers that class path
+
+
+@pytest.mark.parametrize("master", ["local-cluster[2,1,1024]", "spark://host:7077"])
+def test_a_session_with_executor_jvms_ships_the_delta_jars_to_them(monkeypatch, master):
+    conf = _build_with_fetched_jars(monkeypatch, master=master)
+    assert conf["spark.jars"] == "/c/delta-spark.jar,/c/delta-storage.jar"
+    assert "spark.driver.extraClassPath" not in conf
+
+
+def test_a_callers_own_class_path_keeps_spark_jars_and_drops_the_archive(monkeypatch):
+    conf = _build_with_fetched_jars(monkeypatch, extra_conf={"spark.driver.extraClassPath": "/mine.jar"})
+    assert conf["spark.jars"] == "/c/delta-spark.jar,/c/delta-storage.jar"
+    assert conf["spark.driver.extraClassPath"] == "/mine.jar"
+    assert conf["spark.driver.extraJavaOptions"] == "extended"

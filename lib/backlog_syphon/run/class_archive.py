@@ -36,6 +36,9 @@ from backlog_syphon.run import delta_jars
 
 DEFAULT_CACHE = delta_jars.DEFAULT_CACHE.parent / "jvm"  # <repo>/.cache/jvm, beside the Delta JARs
 _TRAINING_FLAG = "--train"
+# How the session builder lays out the class path (Delta's JARs after pyspark's own, on the driver's
+# class path): an archive made for another layout would not match it.
+_LAYOUT = "delta-on-driver-class-path"
 
 
 def _java_home() -> Path | None:
@@ -54,7 +57,7 @@ def fingerprint() -> str | None:
     if libjvm is None or not libjvm.exists():
         return None
     stat = libjvm.stat()
-    parts = [str(libjvm), str(stat.st_size), str(int(stat.st_mtime)), pyspark.__version__]
+    parts = [_LAYOUT, str(libjvm), str(stat.st_size), str(int(stat.st_mtime)), pyspark.__version__]
     parts += sorted(str(p) for p in (Path(pyspark.__file__).parent / "jars").glob("*.jar"))
     parts += delta_jars.fetched_jars()
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]

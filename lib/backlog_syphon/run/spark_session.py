@@ -6,6 +6,7 @@ import logging
 import os
 import sys
 
+import pyspark
 from pyspark.sql import SparkSession
 
 from backlog_syphon.run import class_archive, delta_jars
@@ -61,7 +62,8 @@ def build_spark_session(app_name: str = "backlog-syphon", master: str | None = N
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     builder = SparkSession.builder.appName(app_name)
     if master or not os.environ.get("SPARK_MASTER"):
-        builder = builder.master(master or os.environ.get("SYPHON_SPARK_MASTER", "local[2]"))
+        master = master or os.environ.get("SYPHON_SPARK_MASTER", "local[2]")
+        builder = builder.master(master)
     confs = {
         **_DELTA_CONFS,
         "spark.sql.session.timeZone": "UTC",
@@ -90,6 +92,12 @@ def build_spark_session(app_name: str = "backlog-syphon", master: str | None = N
         # commits that two runs race for take turns under ``storage.commit_lock``. Cloud schemes
         # keep their own log stores.
         "spark.delta.logStore.file.impl": "io.delta.storage.LocalLogStore",
+        # The same for the files written whole then renamed into place: the streaming checkpoint's
+        # offsets and commits, and each Delta commit's checksum file. Spark's default manager renames
+        # through FileContext as well (four `readlink` processes per file, about 90 per run, at some
+        # 25 ms of the JVM's CPU each); this one renames through the FileSystem API. Its check for an
+        # existing target is as good as FileContext's, and one run at a time writes a checkpoint (the lease).
+        "spark.sql.streaming.checkpointFileManagerClass": _file_system_checkpoint_manager(),
         # How long the JVM waits for a Python process it started (the streaming source's, a worker)
         # to connect back. Spark's 15 s is too short for a busy driver, where starting an interpreter
         # and importing pyspark can take longer: the query then fails with "Python worker failed to
@@ -97,7 +105,13 @@ def build_spark_session(app_name: str = "backlog-syphon", master: str | None = N
         "spark.python.authenticate.socketTimeout": "120s",
     }
     jars = delta_jars.fetched_jars()
-    if jars:
+    caller_class_path = "spark.driver.extraClassPath" in (extra_conf or {})
+    if jars and _single_jvm(master) and not caller_class_path:
+        # One JVM runs driver and executors: the JARs go on its class path, where the class archive
+        # covers Delta's classes too (it cannot cover those of the loader ``spark.jars`` adds, and
+        # that one copies each JAR to a scratch folder first).
+        confs["spark.driver.extraClassPath"] = os.pathsep.join(jars)
+    elif jars:
         confs["spark.jars"] = ",".join(jars)
     else:
         artifact, version = delta_jars.delta_coordinates()
@@ -105,13 +119,24 @@ def build_spark_session(app_name: str = "backlog-syphon", master: str | None = N
         confs["spark.jars.packages"] = f"io.delta:{artifact}:{version}"
     confs.update(extra_conf or {})
     if "spark.driver.extraJavaOptions" not in confs:  # a caller's own options replace the syphon's
-        confs["spark.driver.extraJavaOptions"] = driver_java_options(
-            class_path_extended="spark.driver.extraClassPath" in confs)
+        confs["spark.driver.extraJavaOptions"] = driver_java_options(class_path_extended=caller_class_path)
     for key, value in confs.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel(log_level)
     return spark
+
+
+def _file_system_checkpoint_manager() -> str:
+    """Spark's FileSystem-based checkpoint file manager, in the package of the installed Spark (4.1 moved it)."""
+    version = tuple(int(part) for part in pyspark.__version__.split(".")[:2])
+    package = "org.apache.spark.sql.execution.streaming" + (".checkpointing" if version >= (4, 1) else "")
+    return f"{package}.FileSystemBasedCheckpointFileManager"
+
+
+def _single_jvm(master: str | None) -> bool:
+    """Whether ``master`` runs the executors in the driver's JVM: ``local``, ``local[N]``, ``local[N,F]``."""
+    return master is not None and (master == "local" or master.startswith("local["))
 
 
 def driver_java_options(*, class_path_extended: bool = False) -> str:

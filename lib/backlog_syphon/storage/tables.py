@@ -20,13 +20,14 @@ import logging
 import os
 import time
 
+import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import DateType, StructField, StructType
 
 from backlog_syphon.model import CheckpointRow, Lease, Outcome
 from backlog_syphon.restore.queue_names import DEAD_LETTER_SUBQUEUE
-from backlog_syphon.restore.rows import OUTCOME_ROW_SCHEMA, struct_of
+from backlog_syphon.restore.rows import OUTCOME_ROW_SCHEMA, arrow_schema, record_batch, struct_of
 from backlog_syphon.storage.commit_lock import commit_lock
 
 # What the sink produces per message; the table adds the partition column ``outcome_date``.
@@ -217,9 +218,7 @@ def write_checkpoint(spark: SparkSession, checkpoint_table: str, rows: list[Chec
     The table is tiny and the sink is its only writer, so an overwrite is both simpler and several
     times faster than a MERGE. With ``app_id``/``version`` a repeated write is skipped.
     """
-    ordered = sorted(rows, key=lambda row: row.backlog_queue)
-    frame = spark.createDataFrame([tuple(getattr(row, name) for name in CHECKPOINT_SCHEMA.fieldNames())
-                                   for row in ordered], CHECKPOINT_SCHEMA)
+    frame = local_frame(spark, sorted(rows, key=lambda row: row.backlog_queue), CHECKPOINT_SCHEMA)
     writer = frame.write.format("delta").mode("overwrite")
     if app_id is not None:
         writer = writer.option("txnAppId", app_id).option("txnVersion", version)
@@ -227,6 +226,16 @@ def write_checkpoint(spark: SparkSession, checkpoint_table: str, rows: list[Chec
         writer.save(checkpoint_table)
     else:
         writer.saveAsTable(checkpoint_table)
+
+
+def local_frame(spark: SparkSession, records: list, schema: StructType) -> DataFrame:
+    """A few records (dataclasses with ``schema``'s fields) as a DataFrame, handed to Spark as Arrow.
+
+    Not as a list of tuples: classic pyspark has a Python worker re-pickle such a list in the tasks that
+    read it, and the first one of a session starts a Python daemon (about a second of CPU)."""
+    arrow = arrow_schema(schema)
+    batch = record_batch([{name: getattr(record, name) for name in schema.fieldNames()} for record in records], arrow)
+    return spark.createDataFrame(pa.Table.from_batches([batch], arrow), schema)
 
 
 def write_marker(spark: SparkSession, path: str) -> None:
@@ -289,7 +298,7 @@ def write_lease(spark: SparkSession, lease_table: str, lease: Lease, *, confirm:
     row read back says which. (A plain overwrite costs a fraction of a MERGE; the lease table serves
     one backlog, whose state tables it sits next to, so the row replaces the table's content.)
     """
-    frame = spark.createDataFrame([tuple(getattr(lease, name) for name in LEASE_SCHEMA.fieldNames())], LEASE_SCHEMA)
+    frame = local_frame(spark, [lease], LEASE_SCHEMA)
     # The table holds the lease of the one backlog its state tables serve: the row replaces it whole.
     writer = (frame.write.format("delta").mode("overwrite")
               .option("txnAppId", f"backlog-syphon-lease:{lease.lease_key}").option("txnVersion", lease.epoch))
