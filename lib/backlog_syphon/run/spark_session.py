@@ -141,8 +141,8 @@ def _single_jvm(master: str | None) -> bool:
 
 def driver_java_options(*, class_path_extended: bool = False) -> str:
     """``DRIVER_JAVA_OPTIONS``, with the class archive ``make setup`` built for this JVM and class path
-    (``run.class_archive``) where there is one. No archive is used where the class path is extended
-    (``spark.driver.extraClassPath``, ``SPARK_CLASSPATH``), which the archive would not match."""
+    (``run.class_archive``) where there is one. No archive is used where the caller extends the class
+    path (its own ``spark.driver.extraClassPath``, ``SPARK_CLASSPATH``), which the archive would not match."""
     extended = class_path_extended or os.environ.get("SPARK_CLASSPATH")
     archive = None if extended else class_archive.java_option()
     return f"{DRIVER_JAVA_OPTIONS} {archive}" if archive else DRIVER_JAVA_OPTIONS
