@@ -127,11 +127,16 @@ def build_spark_session(app_name: str = "backlog-syphon", master: str | None = N
     return spark
 
 
+def spark_line(version: str) -> tuple[int, int]:
+    """A Spark version's (major, minor): "4.1.0" -> (4, 1)."""
+    major, minor = version.split(".")[:2]
+    return int(major), int(minor)
+
+
 def _file_system_checkpoint_manager() -> str:
     """Spark's FileSystem-based checkpoint file manager, in the package of the installed Spark (4.1 moved it)."""
-    version = tuple(int(part) for part in pyspark.__version__.split(".")[:2])
-    package = "org.apache.spark.sql.execution.streaming" + (".checkpointing" if version >= (4, 1) else "")
-    return f"{package}.FileSystemBasedCheckpointFileManager"
+    moved = spark_line(pyspark.__version__) >= (4, 1)
+    return f"org.apache.spark.sql.execution.streaming{'.checkpointing' if moved else ''}.FileSystemBasedCheckpointFileManager"
 
 
 def _single_jvm(master: str | None) -> bool:

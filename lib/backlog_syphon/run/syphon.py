@@ -25,7 +25,7 @@ from backlog_syphon.restore.queue_names import backlog_queue_names, dead_letter_
 from backlog_syphon.run import reports
 from backlog_syphon.run.fence import LeaseKeeper
 from backlog_syphon.run.progress import BatchStats, ProgressPoint, SyphonProgressListener, follow_progress
-from backlog_syphon.run.spark_session import is_connect
+from backlog_syphon.run.spark_session import is_connect, spark_line
 from backlog_syphon.sink.foreach_batch import DeliverySink
 from backlog_syphon.source.data_source import (
     READ_LIMITS_SUPPORTED,
@@ -386,8 +386,7 @@ def run_syphon(spark: SparkSession, config: SyphonConfig, *, run_id: str | None 
 
 def server_has_read_limits(spark: SparkSession) -> bool:
     """Whether the (Connect) server's Spark bounds Python streaming sources' batches: 4.2 and later."""
-    major, minor = (int(part) for part in spark.version.split(".")[:2])
-    return (major, minor) >= (4, 2)
+    return spark_line(spark.version) >= (4, 2)
 
 
 def refuse_unbounded_batch(config: SyphonConfig, spark_version: str) -> None:
