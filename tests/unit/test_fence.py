@@ -165,3 +165,42 @@ def test_a_lease_still_this_runs_may_record_inside_its_safety_margin():
     holder.lease = new_lease("k", "r1", "h", 1, T0, 100)
     holder.clock = lambda: T0 + dt.timedelta(seconds=90)  # past the sending margin, not expired
     holder.confirm_held(None)  # no extension needed to record: nobody else can hold it yet
+
+
+def test_on_free_is_told_each_time_the_lease_is_found_free_before_the_write_and_never_while_held(table, monkeypatch):
+    """What a run reads in ``on_free`` is what the last holder left: it is called once the lease is free
+    (here: after waiting for the holder to give it back) and before this run's compare-and-set."""
+    from types import SimpleNamespace
+
+    clock = Clock()
+    table.row = new_lease("sb-host/contoso", "run-b", "elsewhere", 7, T0, LEASE_SECONDS)
+    events = []
+
+    def holder_gives_back(seconds):
+        events.append("waited")
+        table.row = fence.released(table.row, clock())
+
+    monkeypatch.setattr(fence, "time", SimpleNamespace(sleep=holder_gives_back))
+    lease = keeper(clock).acquire(None, wait=True, on_free=lambda: events.append(("free", len(table.writes))))
+    assert events == ["waited", ("free", 0)]  # not while run-b held it; before this run's write
+    assert table.writes == [lease] and lease.run_id == "run-a"
+
+
+def test_on_free_is_told_again_after_a_lost_race(table):
+    """Another run wrote the epoch first: what was read for the first attempt is stale, and the next
+    free lease is announced again (here it is that run's, so this one is refused)."""
+    rival = new_lease("sb-host/contoso", "run-b", "elsewhere", 7, T0, LEASE_SECONDS)
+    calls = []
+
+    def race():
+        calls.append(1)
+        if len(calls) == 1:
+            table.row = rival
+
+    with pytest.raises(LeaseHeldError):
+        keeper(Clock()).acquire(None, wait=False, on_free=race)
+    assert calls == [1] and table.row is rival and table.writes == []
+
+    table.row = fence.released(rival, T0)
+    keeper(Clock()).acquire(None, wait=False, on_free=race)
+    assert len(calls) == 2 and table.row.run_id == "run-a"

@@ -110,10 +110,14 @@ def audit_row(run_id, seq, outcome, destination="orders", batch_id=4):
     return tuple(values[field.name] for field in AUDIT_ROW_SCHEMA.fields)
 
 
-def test_recovery_counts_every_row_earlier_attempts_of_the_batch_recorded(spark, monkeypatch):
+@pytest.mark.parametrize("read_at_start", [False, True], ids=["table-read", "read-at-start"])
+def test_recovery_counts_every_row_earlier_attempts_of_the_batch_recorded(spark, monkeypatch, read_at_start):
     """An attempt's Delta transaction version is the number of rows earlier attempts of its batch recorded
     (``Recovery.recorded_rows_of_batch``), so that it is above every earlier attempt's: Delta skips a
-    write whose version is not above the last one. Rows below the purge mark count too."""
+    write whose version is not above the last one. Rows below the purge mark count too.
+
+    ``read_at_start``: the run read the checkpoint rows at its start (``DeliverySink.checkpoint_at_start``),
+    and the recovery uses them without reading the checkpoint table again (it is not there to read)."""
     from backlog_syphon.storage import tables
 
     checkpoint = CheckpointRow(Q0, 1, 4, T0 + 40, 2, T0 + 20, 4, "r2", at(1_800_000_000_000), 3, 0, 0)
@@ -124,10 +128,13 @@ def test_recovery_counts_every_row_earlier_attempts_of_the_batch_recorded(spark,
               "/state/checkpoint": spark.createDataFrame(
                   [tuple(getattr(checkpoint, name) for name in tables.CHECKPOINT_SCHEMA.fieldNames())],
                   tables.CHECKPOINT_SCHEMA)}
+    if read_at_start:
+        del frames["/state/checkpoint"]
     monkeypatch.setattr(tables, "existing_table", lambda spark, table: frames.get(table))
     monkeypatch.setattr(tables, "read_table", lambda spark, table: frames[table])
     storage = SimpleNamespace(audit_table="/state/audit", checkpoint_table="/state/checkpoint")
-    sink = SimpleNamespace(state_is_new=False, config=SimpleNamespace(storage=storage))
+    sink = SimpleNamespace(state_is_new=False, config=SimpleNamespace(storage=storage),
+                           checkpoint_at_start={Q0: checkpoint} if read_at_start else None)
 
     recovery = SparkBatch(sink, spark.range(0), 4).recover()
     assert recovery.checkpoint == {Q0: checkpoint}

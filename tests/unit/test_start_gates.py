@@ -1,6 +1,7 @@
 """``run.syphon.StartGates``: what must hold before a run's query starts. Fakes for the tables, the lease
 table and the pre-flights; the threads are real."""
 
+import datetime as dt
 from types import SimpleNamespace
 
 import pytest
@@ -25,6 +26,8 @@ def table(monkeypatch):
     monkeypatch.setattr(tables, "read_lease", table.read)
     monkeypatch.setattr(tables, "write_lease", table.write)
     monkeypatch.setattr(tables, "create_tables", lambda spark, *names: set(names))  # all three new
+    monkeypatch.setattr(tables, "read_checkpoint", lambda spark, checkpoint_table: {})
+    monkeypatch.setattr(tables, "queues_with_held", lambda spark, audit_table, checkpoint: [])
     monkeypatch.setattr(probes, "preflight", lambda config: None)
     monkeypatch.setattr(probes, "executor_preflight", lambda spark, config: None)
     return table
@@ -85,3 +88,101 @@ def test_a_driver_check_that_fails_starts_nothing(table, monkeypatch):
     started, _ = gates()
     with pytest.raises(SettingsError, match="refused the credentials"):
         started.wait()
+
+
+def test_a_run_on_existing_state_reads_it_once_the_lease_is_free_and_keeps_what_it_read(table, monkeypatch):
+    """The checkpoint rows and the queues with held messages are read while the lease's commit is
+    written, after the lease was found free (so as the last holder left them), and only once."""
+    from backlog_syphon.model import CheckpointRow
+    from backlog_syphon.run.syphon import StateAtStart
+
+    row = CheckpointRow("contoso/x-servicebus-transfer/0", 1, 4, T0, 2, T0, 4, "r1", T0, 3, 0, 0)
+    reads = []
+
+    def read_checkpoint(spark, checkpoint_table):
+        reads.append(("checkpoint", checkpoint_table, len(table.writes)))
+        return {row.backlog_queue: row}
+
+    def queues_with_held(spark, audit_table, checkpoint):
+        reads.append(("held", audit_table, checkpoint == {row.backlog_queue: row}))
+        return ["contoso/x-servicebus-transfer/0"]
+
+    monkeypatch.setattr(tables, "create_tables", lambda spark, audit, checkpoint, lease: set())  # all there
+    monkeypatch.setattr(tables, "read_checkpoint", read_checkpoint)
+    monkeypatch.setattr(tables, "queues_with_held", queues_with_held)
+    table.row = new_lease("sb-host/contoso", "run-b", "elsewhere", 7, T0 - dt.timedelta(seconds=600), 300)  # expired
+    started, _ = gates()
+    started.wait()
+    assert table.row.run_id == "run-a" and not started.state_is_new
+    assert started.state_at_start == StateAtStart({row.backlog_queue: row}, ("contoso/x-servicebus-transfer/0",))
+    assert reads[0][:2] == ("checkpoint", "/state/checkpoint") and reads[1] == ("held", "/state/audit", True)
+    assert len(reads) == 2
+
+
+def test_state_this_run_created_is_not_read(table, monkeypatch):
+    def no_reads(*args):
+        raise AssertionError("a new state was read")
+
+    monkeypatch.setattr(tables, "read_checkpoint", no_reads)
+    monkeypatch.setattr(tables, "queues_with_held", no_reads)
+    started, _ = gates()
+    started.wait()
+    assert started.state_is_new and started.state_at_start.look_back == () and started.state_at_start.checkpoint == {}
+
+
+def test_a_failed_state_read_starts_nothing_and_gives_the_lease_back(table, monkeypatch):
+    def unreadable(spark, checkpoint_table):
+        raise OSError("the checkpoint table cannot be read")
+
+    monkeypatch.setattr(tables, "create_tables", lambda spark, audit, checkpoint, lease: set())
+    monkeypatch.setattr(tables, "read_checkpoint", unreadable)
+    started, _ = gates()
+    with pytest.raises(OSError, match="cannot be read"):
+        started.wait()
+    assert table.row.run_id == "run-a" and table.row.expires_at <= T0  # released
+
+
+class _Recorder:
+    """A run's end, as events: the query, the sink's purges and flush, the lease's release."""
+
+    def __init__(self, flush_fails=False):
+        self.events = []
+        self.flush_fails = flush_fails
+        self.isActive = True
+        self.streams = SimpleNamespace(removeListener=lambda listener: self.events.append("listener removed"))
+
+    def stop(self):
+        self.events.append("query stopped")
+
+    def wait_for_purges(self):
+        self.events.append("purges settled")
+
+    def flush(self, spark):
+        import time
+
+        time.sleep(0.05)  # a commit that takes a while: the release must still wait for it
+        self.events.append("purge marks recorded")
+        if self.flush_fails:
+            raise OSError("the checkpoint table cannot be written")
+
+    def release(self, spark):
+        self.events.append("lease released")
+
+
+@pytest.mark.parametrize("flush_fails", [False, True])
+def test_a_run_gives_the_lease_back_only_after_its_purge_marks_are_recorded(flush_fails):
+    """The next run reads the state tables once it finds the lease free: a purge-mark commit landing after
+    the release could overwrite that run's newer marks. A failed flush still gives the lease back."""
+    from backlog_syphon.run.syphon import SyphonRun
+
+    end = _Recorder(flush_fails)
+    run = SyphonRun(query=end, sink=end, listener=None, lease_keeper=end, stop_file="/nonexistent/stop",
+                    records=None, timeline=Timeline(origin=0.0))
+    if flush_fails:
+        with pytest.raises(OSError, match="cannot be written"):
+            run.finish(end, meanwhile=lambda: end.events.append("summarised"))
+    else:
+        assert run.finish(end, meanwhile=lambda: "summary") == "summary"
+    events = [event for event in end.events if event != "summarised"]
+    assert events == ["query stopped", "purges settled", "listener removed", "purge marks recorded", "lease released"]
+    assert Milestone.STATE_SAVED in run.timeline.marks or flush_fails

@@ -74,12 +74,15 @@ class LeaseKeeper:
     # --- taking and giving back --------------------------------------------------------------------
 
     def acquire(self, spark: SparkSession, *, wait: bool, on_wait: Callable[[str], None] | None = None,
-                table_created: bool = False) -> Lease:
+                table_created: bool = False, on_free: Callable[[], None] | None = None) -> Lease:
         """Take the lease, or raise ``LeaseHeldError`` (``wait=False``), or wait until it is free.
 
         ``table_created``: this run created the lease table a moment ago, so its first attempt writes
         epoch 1 without reading the (empty) table first. A run that took the lease meanwhile makes that
-        compare-and-set fail, and the next attempt reads who holds it."""
+        compare-and-set fail, and the next attempt reads who holds it.
+        ``on_free``: called each time the lease is found free, just before this run writes it. The state
+        tables are then as the last holder left them (it gives the lease back only once all its writes
+        are done), and stay so if the write succeeds: nobody else held the lease in between."""
         announced = False
         lost_races = 0
         unread = table_created
@@ -93,6 +96,8 @@ class LeaseKeeper:
                                       current, self.process_identity)
                 if gone and current.expires_at > now:
                     logger.warning("%s crashed (its process is gone): taking its lease over", current.holder)
+                if on_free is not None:
+                    on_free()
                 if tables.write_lease(spark, self.lease_table, candidate):
                     with self._lock:
                         self.lease = candidate

@@ -20,7 +20,7 @@ from pyspark.sql.streaming import StreamingQuery
 
 from backlog_syphon.config import AVAILABLE_NOW, SyphonConfig, trigger_options
 from backlog_syphon.errors import SettingsError
-from backlog_syphon.model import STAYING_OUTCOMES, Outcome
+from backlog_syphon.model import STAYING_OUTCOMES, CheckpointRow, Outcome
 from backlog_syphon.restore.queue_names import backlog_queue_names, dead_letter_queue_name
 from backlog_syphon.run import reports
 from backlog_syphon.run.fence import LeaseKeeper
@@ -152,11 +152,30 @@ class AuditRecords:
         return {row["destination"]: {outcome.value: row[outcome] for outcome in Outcome} for row in rows}
 
 
+@dataclass(frozen=True)
+class StateAtStart:
+    """What the state tables held when this run found the lease free: the checkpoint rows (the first
+    batch recovers from them) and the backlog queues where earlier runs left messages held for skipped
+    destinations (``tables.queues_with_held``: the source reads them again from their first message)."""
+
+    checkpoint: dict[str, CheckpointRow]
+    look_back: tuple[str, ...]
+
+    @classmethod
+    def read(cls, spark: SparkSession, storage) -> StateAtStart:
+        checkpoint = tables.read_checkpoint(spark, storage.checkpoint_table)
+        return cls(checkpoint, tuple(tables.queues_with_held(spark, storage.audit_table, checkpoint)))
+
+
+NOTHING_RECORDED = StateAtStart({}, ())
+
+
 class StartGates:
     """What must hold before the query starts: the tables exist, this run holds the lease (kept by a
     heartbeat from then on), and the driver and an executor reach both namespaces. The three run in
     background threads from construction (the pre-flights' round trips overlap the lease's Delta
-    commits); ``wait`` joins them.
+    commits); ``wait`` joins them. The state tables are read (``state_at_start``) while the lease's
+    commit is written: from the moment the lease is found free nobody else writes them.
 
     The query itself does not start before the lease is taken: its streaming checkpoint is shared by
     every run of the backlog, and two runs that both found the lease free would both write to it.
@@ -164,13 +183,14 @@ class StartGates:
 
     def __init__(self, spark: SparkSession, config: SyphonConfig, keeper: LeaseKeeper, timeline: Timeline, *,
                  check_access: bool, on_wait: Callable[[str], None] | None):
-        from concurrent.futures import ThreadPoolExecutor
+        from concurrent.futures import Future, ThreadPoolExecutor
 
         from backlog_syphon.servicebus.probes import executor_preflight, preflight
 
         self.spark, self.keeper = spark, keeper
         storage = config.storage
         self.state_is_new = False  # nothing was ever recorded in the state tables (``tables.create_tables``)
+        self.state_at_start = NOTHING_RECORDED
 
         def check_driver() -> None:
             if check_access:
@@ -184,11 +204,24 @@ class StartGates:
             created = tables.create_tables(spark, storage.audit_table, storage.checkpoint_table,
                                            storage.resolved_lease_table)
             timeline.mark(Milestone.TABLES_READY)
-            lease = keeper.acquire(spark, wait=config.run.wait_for_lease, on_wait=on_wait,
-                                   table_created=storage.resolved_lease_table in created)
-            timeline.mark(Milestone.LEASE_TAKEN)
-            self.state_is_new = {storage.audit_table, storage.checkpoint_table} <= created and lease.epoch == 1
-            keeper.start_heartbeat(spark)
+            tables_new = {storage.audit_table, storage.checkpoint_table} <= created
+            reads: list[Future] = []  # one per time the lease was found free: the last one counts
+            reader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="state-read")
+            try:
+                lease = keeper.acquire(
+                    spark, wait=config.run.wait_for_lease, on_wait=on_wait,
+                    table_created=storage.resolved_lease_table in created,
+                    on_free=None if tables_new else lambda: reads.append(reader.submit(StateAtStart.read, spark,
+                                                                                       storage)))
+                timeline.mark(Milestone.LEASE_TAKEN)
+                self.state_is_new = tables_new and lease.epoch == 1
+                keeper.start_heartbeat(spark)
+                if reads:
+                    self.state_at_start = reads[-1].result()
+                elif not self.state_is_new:  # this run created the tables, but the lease had a holder before
+                    self.state_at_start = StateAtStart.read(spark, storage)
+            finally:
+                reader.shutdown(wait=False)
 
         pool = ThreadPoolExecutor(max_workers=3, thread_name_prefix="start")
         self._checks = (pool.submit(check_driver), pool.submit(check_executors))
@@ -242,6 +275,15 @@ class SyphonRun:
     spark: SparkSession | None = None  # Spark Connect: how a stop request reaches the server
     _forwarded: bool = False
 
+    def _save_then_release(self, spark: SparkSession) -> None:
+        """The purge marks' commit, then the lease's: the next run may start reading the state tables as
+        soon as it finds the lease free (``StartGates``), and a commit of this run's that landed after
+        its own would put back purge marks older than that run's."""
+        try:
+            self.sink.flush(spark)
+        finally:
+            self.lease_keeper.release(spark)
+
     def request_stop(self) -> None:
         """Stop after the batch in flight: no new batch is planned from now on (see the source). Safe in
         a signal handler: it only writes a local file (``stop_requested`` forwards it to a Connect server)."""
@@ -260,7 +302,7 @@ class SyphonRun:
 
     def finish(self, spark: SparkSession, *, meanwhile: Callable[[], object] | None = None):
         """Stop the query if it still runs, wait for its last purge, then record the purge marks and
-        give the lease back (two Delta commits, at once) while ``meanwhile`` runs; return its result."""
+        give the lease back while ``meanwhile`` runs; return its result."""
         from concurrent.futures import ThreadPoolExecutor
 
         try:
@@ -270,14 +312,12 @@ class SyphonRun:
             self.timeline.mark(Milestone.QUERY_STOPPED)
         finally:
             spark.streams.removeListener(self.listener)
-            with ThreadPoolExecutor(max_workers=2, thread_name_prefix="finish") as pool:
-                flushed = pool.submit(self.sink.flush, spark)
-                released = pool.submit(self.lease_keeper.release, spark)
+            with ThreadPoolExecutor(max_workers=1, thread_name_prefix="finish") as pool:
+                saved = pool.submit(self._save_then_release, spark)
                 try:
                     result = meanwhile() if meanwhile is not None else None
                 finally:
-                    released.result()
-                    flushed.result()
+                    saved.result()
                     self.timeline.mark(Milestone.STATE_SAVED)
             try:
                 os.unlink(self.stop_file)
@@ -314,7 +354,8 @@ def start_syphon(spark: SparkSession, config: SyphonConfig, *, run_id: str | Non
     gates.wait()
     stop_file = os.path.join(tempfile.gettempdir(), f"backlog-syphon-stop-{run_id}")
     sink = DeliverySink(config, run_id=run_id, lease_keeper=keeper, settle_in_batch=is_connect(spark),
-                        stop_file=stop_file, timeline=timeline, state_is_new=gates.state_is_new)
+                        stop_file=stop_file, timeline=timeline, state_is_new=gates.state_is_new,
+                        checkpoint_at_start=gates.state_at_start.checkpoint)
     records = AuditRecords(spark, storage.audit_table, run_id) if is_connect(spark) else SinkRecords(sink)
     listener = SyphonProgressListener(records.batch_stats, query_name=config.run.query_name, log_lines=log_progress)
     spark.streams.addListener(listener)
@@ -326,10 +367,8 @@ def start_syphon(spark: SparkSession, config: SyphonConfig, *, run_id: str | Non
     if config.run.trigger == AVAILABLE_NOW and is_connect(spark) and not server_has_read_limits(spark):
         refuse_unbounded_batch(config, spark.version)
     # Where earlier runs held messages for skipped destinations: the source reads those queues again from
-    # their first message once (what is recorded among them is dropped by identity in the sink). State
-    # this run created has no records to look at (``StartGates.state_is_new``): nothing is read.
-    look_back = () if gates.state_is_new else tuple(tables.queues_with_held(
-        spark, storage.audit_table, tables.read_checkpoint(spark, storage.checkpoint_table)))
+    # their first message once (what is recorded among them is dropped by identity in the sink).
+    look_back = gates.state_at_start.look_back
     if look_back:
         logger.info("messages held for skipped destinations wait in %d backlog queue(s): this run reads them again",
                     len(look_back))

@@ -123,7 +123,7 @@ class DeliverySink:
 
     def __init__(self, config: SyphonConfig, *, run_id: str, lease_keeper, settle_in_batch: bool = False,
                  stop_file: str | None = None, timeline: Timeline | None = None,
-                 state_is_new: bool = False,
+                 state_is_new: bool = False, checkpoint_at_start: dict[str, CheckpointRow] | None = None,
                  clock: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.timezone.utc)):
         self.config = config
         self.run_id = run_id
@@ -138,6 +138,9 @@ class DeliverySink:
         self.clock = clock
         self.timeline = timeline if timeline is not None else Timeline()  # the run's, in a classic session
         self.state_is_new = state_is_new  # nothing was ever recorded: the first batch reads nothing back
+        # The checkpoint rows as the run read them once it held the lease (``run.syphon.StateAtStart``): the
+        # first batch recovers from them instead of reading the table again. None: it reads the table.
+        self.checkpoint_at_start = checkpoint_at_start
         self.app_id: str | None = None  # known at the run's first batch (the checkpoint's query id)
         self.state = SinkState()
         self._purges = PurgeRunner(config.secondary)
@@ -225,7 +228,9 @@ class SparkBatch:
         if self.sink.state_is_new:  # this run created the tables and is the lease's first holder
             return Recovery({}, (), (), 0)
         storage = self.sink.config.storage
-        checkpoint = tables.read_checkpoint(self.spark, storage.checkpoint_table)
+        checkpoint = self.sink.checkpoint_at_start
+        if checkpoint is None:
+            checkpoint = tables.read_checkpoint(self.spark, storage.checkpoint_table)
         recorded = tables.recorded_unsettled(self.spark, storage.audit_table, checkpoint)
         if recorded is None:  # no audit table yet: nothing was ever recorded
             return Recovery(checkpoint, (), (), 0)
