@@ -165,6 +165,9 @@ class _Recorder:
         if self.flush_fails:
             raise OSError("the checkpoint table cannot be written")
 
+    def stop_heartbeat(self):
+        self.events.append("heartbeat stopped")
+
     def release(self, spark):
         self.events.append("lease released")
 
@@ -172,7 +175,8 @@ class _Recorder:
 @pytest.mark.parametrize("flush_fails", [False, True])
 def test_a_run_gives_the_lease_back_only_after_its_purge_marks_are_recorded(flush_fails):
     """The next run reads the state tables once it finds the lease free: a purge-mark commit landing after
-    the release could overwrite that run's newer marks. A failed flush still gives the lease back."""
+    the release could overwrite that run's newer marks. The heartbeat stops before that commit (one that
+    hangs lets the lease expire), and a failed one still gives the lease back."""
     from backlog_syphon.run.syphon import SyphonRun
 
     end = _Recorder(flush_fails)
@@ -184,5 +188,6 @@ def test_a_run_gives_the_lease_back_only_after_its_purge_marks_are_recorded(flus
     else:
         assert run.finish(end, meanwhile=lambda: "summary") == "summary"
     events = [event for event in end.events if event != "summarised"]
-    assert events == ["query stopped", "purges settled", "listener removed", "purge marks recorded", "lease released"]
+    assert events == ["query stopped", "purges settled", "listener removed", "heartbeat stopped", "purge marks recorded",
+                      "lease released"]
     assert Milestone.STATE_SAVED in run.timeline.marks or flush_fails

@@ -278,7 +278,9 @@ class SyphonRun:
     def _save_then_release(self, spark: SparkSession) -> None:
         """The purge marks' commit, then the lease's: the next run may start reading the state tables as
         soon as it finds the lease free (``StartGates``), and a commit of this run's that landed after
-        its own would put back purge marks older than that run's."""
+        its own would put back purge marks older than that run's. The heartbeat stops first: a commit
+        that hangs does not keep the lease from expiring."""
+        self.lease_keeper.stop_heartbeat()
         try:
             self.sink.flush(spark)
         finally:
