@@ -275,17 +275,6 @@ class SyphonRun:
     spark: SparkSession | None = None  # Spark Connect: how a stop request reaches the server
     _forwarded: bool = False
 
-    def _save_then_release(self, spark: SparkSession) -> None:
-        """The purge marks' commit, then the lease's: the next run may start reading the state tables as
-        soon as it finds the lease free (``StartGates``), and a commit of this run's that landed after
-        its own would put back purge marks older than that run's. The heartbeat stops first: a commit
-        that hangs does not keep the lease from expiring."""
-        self.lease_keeper.stop_heartbeat()
-        try:
-            self.sink.flush(spark)
-        finally:
-            self.lease_keeper.release(spark)
-
     def request_stop(self) -> None:
         """Stop after the batch in flight: no new batch is planned from now on (see the source). Safe in
         a signal handler: it only writes a local file (``stop_requested`` forwards it to a Connect server)."""
@@ -327,6 +316,17 @@ class SyphonRun:
                 pass
         return result
 
+    def _save_then_release(self, spark: SparkSession) -> None:
+        """The purge marks' commit, then the lease's: the next run may start reading the state tables as
+        soon as it finds the lease free (``StartGates``), and a commit of this run's that landed after
+        its own would put back purge marks older than that run's. The heartbeat stops first: a commit
+        that hangs does not keep the lease from expiring."""
+        self.lease_keeper.stop_heartbeat()
+        try:
+            self.sink.flush(spark)
+        finally:
+            self.lease_keeper.release(spark)
+
 
 def start_syphon(spark: SparkSession, config: SyphonConfig, *, run_id: str | None = None,
                  log_progress: bool = True, on_wait: Callable[[str], None] | None = None,
@@ -355,9 +355,11 @@ def start_syphon(spark: SparkSession, config: SyphonConfig, *, run_id: str | Non
     gates = StartGates(spark, config, keeper, timeline, check_access=check_access, on_wait=on_wait)
     gates.wait()
     stop_file = os.path.join(tempfile.gettempdir(), f"backlog-syphon-stop-{run_id}")
+    # The checkpoint rows read at the start serve the first batch only where the sink lives in this
+    # process for the whole run; a Connect server's copy of the sink reads the table itself.
     sink = DeliverySink(config, run_id=run_id, lease_keeper=keeper, settle_in_batch=is_connect(spark),
                         stop_file=stop_file, timeline=timeline, state_is_new=gates.state_is_new,
-                        checkpoint_at_start=gates.state_at_start.checkpoint)
+                        checkpoint_at_start=None if is_connect(spark) else gates.state_at_start.checkpoint)
     records = AuditRecords(spark, storage.audit_table, run_id) if is_connect(spark) else SinkRecords(sink)
     listener = SyphonProgressListener(records.batch_stats, query_name=config.run.query_name, log_lines=log_progress)
     spark.streams.addListener(listener)

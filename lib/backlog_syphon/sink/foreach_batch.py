@@ -138,8 +138,9 @@ class DeliverySink:
         self.clock = clock
         self.timeline = timeline if timeline is not None else Timeline()  # the run's, in a classic session
         self.state_is_new = state_is_new  # nothing was ever recorded: the first batch reads nothing back
-        # The checkpoint rows as the run read them once it held the lease (``run.syphon.StateAtStart``): the
-        # first batch recovers from them instead of reading the table again. None: it reads the table.
+        # The checkpoint rows as the run read them at its start (``run.syphon.StateAtStart``), when it found
+        # the lease free: its first batch recovers from them instead of reading the table again. None: it
+        # reads the table.
         self.checkpoint_at_start = checkpoint_at_start
         self.app_id: str | None = None  # known at the run's first batch (the checkpoint's query id)
         self.state = SinkState()
