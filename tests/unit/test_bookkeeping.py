@@ -224,7 +224,7 @@ def test_where_messages_were_held_is_kept_for_the_run_and_given_to_every_purge_o
 
 
 def test_the_purge_mark_never_passes_a_message_held_for_a_skipped_destination():
-    """So the next run still finds the held rows above the mark (``tables.queues_with_held``) and reads
+    """So the next run still finds the held rows above the mark (``foreach_batch.read_recovery``) and reads
     that queue again; settled spans before the held message still move the mark up to it."""
     q = "q0"
     before, after = span(q, 1, 3, delivered=3), span(q, 6, 9, delivered=4)

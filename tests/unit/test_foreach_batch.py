@@ -15,6 +15,7 @@ from backlog_syphon.sink.foreach_batch import (
     checkpoint_app_id,
     combine_groups,
     pacing_after_round,
+    read_recovery,
 )
 
 T0 = 1_700_000_000_000
@@ -116,8 +117,9 @@ def test_recovery_counts_every_row_earlier_attempts_of_the_batch_recorded(spark,
     (``Recovery.recorded_rows_of_batch``), so that it is above every earlier attempt's: Delta skips a
     write whose version is not above the last one. Rows below the purge mark count too.
 
-    ``read_at_start``: the run read the checkpoint rows at its start (``DeliverySink.checkpoint_at_start``),
-    and the recovery uses them without reading the checkpoint table again (it is not there to read)."""
+    ``read_at_start``: the run read the tables at its start (``read_recovery``, ``DeliverySink.recovery_at_start``),
+    and the first batch uses that without reading the checkpoint table again (it is not there to read);
+    only its own batch's rows are counted then."""
     from backlog_syphon.storage import tables
 
     checkpoint = CheckpointRow(Q0, 1, 4, T0 + 40, 2, T0 + 20, 4, "r2", at(1_800_000_000_000), 3, 0, 0)
@@ -128,13 +130,15 @@ def test_recovery_counts_every_row_earlier_attempts_of_the_batch_recorded(spark,
               "/state/checkpoint": spark.createDataFrame(
                   [tuple(getattr(checkpoint, name) for name in tables.CHECKPOINT_SCHEMA.fieldNames())],
                   tables.CHECKPOINT_SCHEMA)}
-    if read_at_start:
-        del frames["/state/checkpoint"]
     monkeypatch.setattr(tables, "existing_table", lambda spark, table: frames.get(table))
     monkeypatch.setattr(tables, "read_table", lambda spark, table: frames[table])
     storage = SimpleNamespace(audit_table="/state/audit", checkpoint_table="/state/checkpoint")
-    sink = SimpleNamespace(state_is_new=False, config=SimpleNamespace(storage=storage),
-                           checkpoint_at_start={Q0: checkpoint} if read_at_start else None)
+    at_start = None
+    if read_at_start:
+        at_start, held_in = read_recovery(spark, storage)
+        assert held_in == () and at_start.recorded_rows_of_batch == 0
+        del frames["/state/checkpoint"]  # the first batch must not read it again
+    sink = SimpleNamespace(state_is_new=False, config=SimpleNamespace(storage=storage), recovery_at_start=at_start)
 
     recovery = SparkBatch(sink, spark.range(0), 4).recover()
     assert recovery.checkpoint == {Q0: checkpoint}
@@ -143,6 +147,31 @@ def test_recovery_counts_every_row_earlier_attempts_of_the_batch_recorded(spark,
     assert recovery.dead_letters == ()
     assert recovery.recorded_rows_of_batch == 6  # both attempts' rows of batch 4, below the mark or not
     assert isinstance(recovery, Recovery)
+
+
+def test_the_start_finds_the_queues_where_held_messages_lie_above_the_purge_marks(spark, monkeypatch):
+    """Held rows above a queue's purge mark (or of a queue without a checkpoint row) make the run read
+    that queue again from its first message; held rows below the mark are settled history."""
+    from backlog_syphon.storage import tables
+
+    checkpoint = CheckpointRow(Q0, 1, 4, T0 + 40, 2, T0 + 20, 4, "r2", at(1_800_000_000_000), 3, 0, 0)
+    audit = [audit_row("r1", 1, "held"), audit_row("r1", 2, "delivered"), audit_row("r1", 3, "delivered")]
+    other = list(audit_row("r1", 1, "held"))
+    other[tables.AUDIT_ROW_SCHEMA.fieldNames().index("backlog_queue")] = Q1
+    frames = {"/state/audit": spark.createDataFrame(audit + [tuple(other)], tables.AUDIT_ROW_SCHEMA),
+              "/state/checkpoint": spark.createDataFrame(
+                  [tuple(getattr(checkpoint, name) for name in tables.CHECKPOINT_SCHEMA.fieldNames())],
+                  tables.CHECKPOINT_SCHEMA)}
+    monkeypatch.setattr(tables, "existing_table", lambda spark, table: frames.get(table))
+    storage = SimpleNamespace(audit_table="/state/audit", checkpoint_table="/state/checkpoint")
+    recovery, held_in = read_recovery(spark, storage)
+    assert held_in == (Q1,)  # Q0's held message 1 lies below its mark (message 2)
+    assert [(span.backlog_queue, span.first, span.last) for span in recovery.unsettled] == [(Q0, 3, 3)]
+
+    frames["/state/audit"] = spark.createDataFrame(audit + [audit_row("r1", 4, "held")], tables.AUDIT_ROW_SCHEMA)
+    assert read_recovery(spark, storage)[1] == (Q0,)  # above the mark: read again
+    del frames["/state/audit"]
+    assert read_recovery(spark, storage) == (Recovery({Q0: checkpoint}, (), (), 0), ())  # no audit yet
 
 
 def test_held_messages_cut_the_spans_are_counted_and_located_but_are_neither_recorded_nor_unsent():

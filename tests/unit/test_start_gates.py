@@ -8,8 +8,10 @@ import pytest
 
 from backlog_syphon.errors import LeaseHeldError, SettingsError
 from backlog_syphon.run.lease import new_lease
+from backlog_syphon.run import syphon
 from backlog_syphon.run.syphon import StartGates
 from backlog_syphon.servicebus import probes
+from backlog_syphon.sink.batch import Recovery
 from backlog_syphon.storage import tables
 from backlog_syphon.timeline import Milestone, Timeline
 
@@ -26,8 +28,7 @@ def table(monkeypatch):
     monkeypatch.setattr(tables, "read_lease", table.read)
     monkeypatch.setattr(tables, "write_lease", table.write)
     monkeypatch.setattr(tables, "create_tables", lambda spark, *names: set(names))  # all three new
-    monkeypatch.setattr(tables, "read_checkpoint", lambda spark, checkpoint_table: {})
-    monkeypatch.setattr(tables, "queues_with_held", lambda spark, audit_table, checkpoint: [])
+    monkeypatch.setattr(syphon, "read_recovery", lambda spark, storage: (Recovery({}, (), (), 0), ()))
     monkeypatch.setattr(probes, "preflight", lambda config: None)
     monkeypatch.setattr(probes, "executor_preflight", lambda spark, config: None)
     return table
@@ -91,51 +92,44 @@ def test_a_driver_check_that_fails_starts_nothing(table, monkeypatch):
 
 
 def test_a_run_on_existing_state_reads_it_once_the_lease_is_free_and_keeps_what_it_read(table, monkeypatch):
-    """The checkpoint rows and the queues with held messages are read while the lease's commit is
-    written, after the lease was found free (so as the last holder left them), and only once."""
-    from backlog_syphon.model import CheckpointRow
+    """What the first batch recovers from and the queues with held messages are read while the lease's
+    commit is written, after the lease was found free (so as the last holder left them), and only once."""
     from backlog_syphon.run.syphon import StateAtStart
 
-    row = CheckpointRow("contoso/x-servicebus-transfer/0", 1, 4, T0, 2, T0, 4, "r1", T0, 3, 0, 0)
+    recovery = Recovery({"contoso/x-servicebus-transfer/0": None}, (), (), 0)
     reads = []
 
-    def read_checkpoint(spark, checkpoint_table):
-        reads.append(("checkpoint", checkpoint_table, len(table.writes)))
-        return {row.backlog_queue: row}
-
-    def queues_with_held(spark, audit_table, checkpoint):
-        reads.append(("held", audit_table, checkpoint == {row.backlog_queue: row}))
-        return ["contoso/x-servicebus-transfer/0"]
+    def read_recovery(spark, storage):
+        reads.append((storage.checkpoint_table, storage.audit_table, table.row.run_id, len(table.writes)))
+        return recovery, ("contoso/x-servicebus-transfer/0",)
 
     monkeypatch.setattr(tables, "create_tables", lambda spark, audit, checkpoint, lease: set())  # all there
-    monkeypatch.setattr(tables, "read_checkpoint", read_checkpoint)
-    monkeypatch.setattr(tables, "queues_with_held", queues_with_held)
+    monkeypatch.setattr(syphon, "read_recovery", read_recovery)
     table.row = new_lease("sb-host/contoso", "run-b", "elsewhere", 7, T0 - dt.timedelta(seconds=600), 300)  # expired
     started, _ = gates()
     started.wait()
     assert table.row.run_id == "run-a" and not started.state_is_new
-    assert started.state_at_start == StateAtStart({row.backlog_queue: row}, ("contoso/x-servicebus-transfer/0",))
-    assert reads[0][:2] == ("checkpoint", "/state/checkpoint") and reads[1] == ("held", "/state/audit", True)
-    assert len(reads) == 2
+    assert started.state_at_start == StateAtStart(recovery, ("contoso/x-servicebus-transfer/0",))
+    assert reads == [("/state/checkpoint", "/state/audit", "run-b", 0)]  # once, before this run's write
 
 
 def test_state_this_run_created_is_not_read(table, monkeypatch):
     def no_reads(*args):
         raise AssertionError("a new state was read")
 
-    monkeypatch.setattr(tables, "read_checkpoint", no_reads)
-    monkeypatch.setattr(tables, "queues_with_held", no_reads)
+    monkeypatch.setattr(syphon, "read_recovery", no_reads)
     started, _ = gates()
     started.wait()
-    assert started.state_is_new and started.state_at_start.look_back == () and started.state_at_start.checkpoint == {}
+    assert started.state_is_new and started.state_at_start.look_back == ()
+    assert started.state_at_start.recovery == Recovery({}, (), (), 0)
 
 
 def test_a_failed_state_read_starts_nothing_and_gives_the_lease_back(table, monkeypatch):
-    def unreadable(spark, checkpoint_table):
+    def unreadable(spark, storage):
         raise OSError("the checkpoint table cannot be read")
 
     monkeypatch.setattr(tables, "create_tables", lambda spark, audit, checkpoint, lease: set())
-    monkeypatch.setattr(tables, "read_checkpoint", unreadable)
+    monkeypatch.setattr(syphon, "read_recovery", unreadable)
     started, _ = gates()
     with pytest.raises(OSError, match="cannot be read"):
         started.wait()

@@ -20,13 +20,14 @@ from pyspark.sql.streaming import StreamingQuery
 
 from backlog_syphon.config import AVAILABLE_NOW, SyphonConfig, trigger_options
 from backlog_syphon.errors import SettingsError
-from backlog_syphon.model import STAYING_OUTCOMES, CheckpointRow, Outcome
+from backlog_syphon.model import STAYING_OUTCOMES, Outcome
 from backlog_syphon.restore.queue_names import backlog_queue_names, dead_letter_queue_name
 from backlog_syphon.run import reports
 from backlog_syphon.run.fence import LeaseKeeper
 from backlog_syphon.run.progress import BatchStats, ProgressPoint, SyphonProgressListener, follow_progress
 from backlog_syphon.run.spark_session import is_connect, spark_line
-from backlog_syphon.sink.foreach_batch import DeliverySink
+from backlog_syphon.sink.batch import Recovery
+from backlog_syphon.sink.foreach_batch import DeliverySink, read_recovery
 from backlog_syphon.source.data_source import (
     READ_LIMITS_SUPPORTED,
     SOURCE_NAME,
@@ -154,20 +155,19 @@ class AuditRecords:
 
 @dataclass(frozen=True)
 class StateAtStart:
-    """What the state tables held when this run found the lease free: the checkpoint rows (the first
-    batch recovers from them) and the backlog queues where earlier runs left messages held for skipped
-    destinations (``tables.queues_with_held``: the source reads them again from their first message)."""
+    """What the state tables held when this run found the lease free (``read_recovery``): what its first
+    batch recovers from, and the backlog queues where earlier runs left messages held for skipped
+    destinations (the source reads them again from their first message)."""
 
-    checkpoint: dict[str, CheckpointRow]
+    recovery: Recovery
     look_back: tuple[str, ...]
 
     @classmethod
     def read(cls, spark: SparkSession, storage) -> StateAtStart:
-        checkpoint = tables.read_checkpoint(spark, storage.checkpoint_table)
-        return cls(checkpoint, tuple(tables.queues_with_held(spark, storage.audit_table, checkpoint)))
+        return cls(*read_recovery(spark, storage))
 
 
-NOTHING_RECORDED = StateAtStart({}, ())
+NOTHING_RECORDED = StateAtStart(Recovery({}, (), (), 0), ())
 
 
 class StartGates:
@@ -355,11 +355,11 @@ def start_syphon(spark: SparkSession, config: SyphonConfig, *, run_id: str | Non
     gates = StartGates(spark, config, keeper, timeline, check_access=check_access, on_wait=on_wait)
     gates.wait()
     stop_file = os.path.join(tempfile.gettempdir(), f"backlog-syphon-stop-{run_id}")
-    # The checkpoint rows read at the start serve the first batch only where the sink lives in this
-    # process for the whole run; a Connect server's copy of the sink reads the table itself.
+    # What the start read serves the first batch only where the sink lives in this process for the whole
+    # run; a Connect server's copy of the sink reads the tables itself.
     sink = DeliverySink(config, run_id=run_id, lease_keeper=keeper, settle_in_batch=is_connect(spark),
                         stop_file=stop_file, timeline=timeline, state_is_new=gates.state_is_new,
-                        checkpoint_at_start=None if is_connect(spark) else gates.state_at_start.checkpoint)
+                        recovery_at_start=None if is_connect(spark) else gates.state_at_start.recovery)
     records = AuditRecords(spark, storage.audit_table, run_id) if is_connect(spark) else SinkRecords(sink)
     listener = SyphonProgressListener(records.batch_stats, query_name=config.run.query_name, log_lines=log_progress)
     spark.streams.addListener(listener)

@@ -147,7 +147,7 @@ def mark_purged(state: dict[str, CheckpointRow], results: dict[str, PurgeResult]
             continue
         # Messages compare by (enqueue time, sequence number): several can share a millisecond. Messages held
         # for skipped destinations stay too: the mark never passes them, so the next run finds their audit
-        # rows above it and knows to read that queue again (``storage.tables.queues_with_held``).
+        # rows above it and knows to read that queue again (``sink.foreach_batch.read_recovery``).
         pending = left.get(queue, Unpurged())
         unsettled_from = min([(span.enqueued_from_ms, span.first) for span in pending.spans]
                              + ([(pending.held.enqueued_from_ms, pending.held.first)] if pending.held else []),

@@ -123,7 +123,7 @@ class DeliverySink:
 
     def __init__(self, config: SyphonConfig, *, run_id: str, lease_keeper, settle_in_batch: bool = False,
                  stop_file: str | None = None, timeline: Timeline | None = None,
-                 state_is_new: bool = False, checkpoint_at_start: dict[str, CheckpointRow] | None = None,
+                 state_is_new: bool = False, recovery_at_start: Recovery | None = None,
                  clock: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.timezone.utc)):
         self.config = config
         self.run_id = run_id
@@ -138,10 +138,9 @@ class DeliverySink:
         self.clock = clock
         self.timeline = timeline if timeline is not None else Timeline()  # the run's, in a classic session
         self.state_is_new = state_is_new  # nothing was ever recorded: the first batch reads nothing back
-        # The checkpoint rows as the run read them at its start (``run.syphon.StateAtStart``), when it found
-        # the lease free: its first batch recovers from them instead of reading the table again. None: it
-        # reads the table.
-        self.checkpoint_at_start = checkpoint_at_start
+        # What the tables said at the run's start (``read_recovery``), read when it found the lease free: its
+        # first batch recovers from it instead of reading the tables again. None: it reads them.
+        self.recovery_at_start = recovery_at_start
         self.app_id: str | None = None  # known at the run's first batch (the checkpoint's query id)
         self.state = SinkState()
         self._purges = PurgeRunner(config.secondary)
@@ -229,18 +228,14 @@ class SparkBatch:
         if self.sink.state_is_new:  # this run created the tables and is the lease's first holder
             return Recovery({}, (), (), 0)
         storage = self.sink.config.storage
-        checkpoint = self.sink.checkpoint_at_start
-        if checkpoint is None:
-            checkpoint = tables.read_checkpoint(self.spark, storage.checkpoint_table)
-        recorded = tables.recorded_unsettled(self.spark, storage.audit_table, checkpoint)
-        if recorded is None:  # no audit table yet: nothing was ever recorded
-            return Recovery(checkpoint, (), (), 0)
-        aggregate = aggregate_outcomes(recorded)
+        recovery = self.sink.recovery_at_start
+        if recovery is None:
+            recovery, _ = read_recovery(self.spark, storage)
         # Every row earlier attempts of this batch recorded, settled or not: the attempt's transaction
         # version must lie above theirs (rows of an older checkpoint with the same batch id only raise it).
-        this_batch = tables.read_table(self.spark, storage.audit_table).where(F.col("batch_id") == self.batch_id).count()
-        dead_letters = tuple(collect_dead_letters(recorded)) if aggregate.total(Outcome.DEAD_LETTERED) else ()
-        return Recovery(checkpoint, aggregate.spans, dead_letters, this_batch)
+        audit = tables.existing_table(self.spark, storage.audit_table)
+        this_batch = 0 if audit is None else audit.where(F.col("batch_id") == self.batch_id).count()
+        return dataclasses.replace(recovery, recorded_rows_of_batch=this_batch)
 
     def exclude(self, spans: Sequence[RecordedSpan]) -> None:
         if spans:
@@ -288,6 +283,21 @@ class SparkBatch:
                                        app_id=app_id, version=version))
             for future in futures:
                 future.result()
+
+
+def read_recovery(spark: SparkSession, storage) -> tuple[Recovery, tuple[str, ...]]:
+    """What the tables say is recorded and may still be in the backlog, in one read of each: the recovery
+    of a run's first batch (without that batch's own rows: ``recorded_rows_of_batch`` is 0), and the
+    backlog queues where it includes messages held for skipped destinations, which the run reads again
+    from their first message (a purge mark never passes a held message, ``bookkeeping.mark_purged``)."""
+    checkpoint = tables.read_checkpoint(spark, storage.checkpoint_table)
+    recorded = tables.recorded_unsettled(spark, storage.audit_table, checkpoint)
+    if recorded is None:  # no audit table yet: nothing was ever recorded
+        return Recovery(checkpoint, (), (), 0), ()
+    aggregate = aggregate_outcomes(recorded)
+    dead_letters = tuple(collect_dead_letters(recorded)) if aggregate.total(Outcome.DEAD_LETTERED) else ()
+    held_in = tuple(sorted({span.backlog_queue for span in aggregate.held}))
+    return Recovery(checkpoint, aggregate.spans, dead_letters, 0), held_in
 
 
 def held_by_any(spans: Sequence[RecordedSpan]):

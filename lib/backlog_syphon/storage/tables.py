@@ -173,17 +173,6 @@ def recorded_unsettled(spark: SparkSession, audit_table: str, checkpoint: dict[s
     return audit.where(above)
 
 
-def queues_with_held(spark: SparkSession, audit_table: str, checkpoint: dict[str, CheckpointRow]) -> list[str]:
-    """Backlog queues where a run left messages for skipped destinations (``Outcome.HELD``) that may still
-    be there: held rows above the purge marks (a mark never passes a held message, see
-    ``sink.bookkeeping.mark_purged``). A run looks back at these queues once, to send them or hold them again."""
-    recorded = recorded_unsettled(spark, audit_table, checkpoint)
-    if recorded is None:
-        return []
-    held = recorded.where(F.col("outcome") == Outcome.HELD).select("backlog_queue").distinct()
-    return sorted(row["backlog_queue"] for row in held.collect())
-
-
 def redriven_dead_letters(spark: SparkSession, audit_table: str) -> DataFrame | None:
     """Identities (queue, sequence number, enqueue time in ms) of the messages a re-drive dead-lettered
     again: audit rows of a dead-letter sub-queue with the outcome ``dead_lettered``. Such a message is
