@@ -94,8 +94,6 @@ def test_a_driver_check_that_fails_starts_nothing(table, monkeypatch):
 def test_a_run_on_existing_state_reads_it_once_the_lease_is_free_and_keeps_what_it_read(table, monkeypatch):
     """What the first batch recovers from and the queues with held messages are read while the lease's
     commit is written, after the lease was found free (so as the last holder left them), and only once."""
-    from backlog_syphon.run.syphon import StateAtStart
-
     recovery = Recovery({"contoso/x-servicebus-transfer/0": None}, (), (), 0)
     reads = []
 
@@ -109,7 +107,7 @@ def test_a_run_on_existing_state_reads_it_once_the_lease_is_free_and_keeps_what_
     started, _ = gates()
     started.wait()
     assert table.row.run_id == "run-a" and not started.state_is_new
-    assert started.state_at_start == StateAtStart(recovery, ("contoso/x-servicebus-transfer/0",))
+    assert (started.recovery, started.look_back) == (recovery, ("contoso/x-servicebus-transfer/0",))
     assert reads == [("/state/checkpoint", "/state/audit", "run-b", 0)]  # once, before this run's write
 
 
@@ -120,8 +118,8 @@ def test_state_this_run_created_is_not_read(table, monkeypatch):
     monkeypatch.setattr(syphon, "read_recovery", no_reads)
     started, _ = gates()
     started.wait()
-    assert started.state_is_new and started.state_at_start.look_back == ()
-    assert started.state_at_start.recovery == Recovery({}, (), (), 0)
+    assert started.state_is_new and started.look_back == ()
+    assert started.recovery == Recovery({}, (), (), 0)
 
 
 def test_a_failed_state_read_starts_nothing_and_gives_the_lease_back(table, monkeypatch):

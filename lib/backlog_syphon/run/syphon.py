@@ -26,7 +26,7 @@ from backlog_syphon.run import reports
 from backlog_syphon.run.fence import LeaseKeeper
 from backlog_syphon.run.progress import BatchStats, ProgressPoint, SyphonProgressListener, follow_progress
 from backlog_syphon.run.spark_session import is_connect, spark_line
-from backlog_syphon.sink.batch import Recovery
+from backlog_syphon.sink.batch import NOTHING_RECORDED, Recovery
 from backlog_syphon.sink.foreach_batch import DeliverySink, read_recovery
 from backlog_syphon.source.data_source import (
     READ_LIMITS_SUPPORTED,
@@ -153,29 +153,13 @@ class AuditRecords:
         return {row["destination"]: {outcome.value: row[outcome] for outcome in Outcome} for row in rows}
 
 
-@dataclass(frozen=True)
-class StateAtStart:
-    """What the state tables held when this run found the lease free (``read_recovery``): what its first
-    batch recovers from, and the backlog queues where earlier runs left messages held for skipped
-    destinations (the source reads them again from their first message)."""
-
-    recovery: Recovery
-    look_back: tuple[str, ...]
-
-    @classmethod
-    def read(cls, spark: SparkSession, storage) -> StateAtStart:
-        return cls(*read_recovery(spark, storage))
-
-
-NOTHING_RECORDED = StateAtStart(Recovery({}, (), (), 0), ())
-
-
 class StartGates:
     """What must hold before the query starts: the tables exist, this run holds the lease (kept by a
     heartbeat from then on), and the driver and an executor reach both namespaces. The three run in
     background threads from construction (the pre-flights' round trips overlap the lease's Delta
-    commits); ``wait`` joins them. The state tables are read (``state_at_start``) while the lease's
-    commit is written: from the moment the lease is found free nobody else writes them.
+    commits); ``wait`` joins them. The state tables are read (``read_recovery``: ``recovery`` and
+    ``look_back``) while the lease's commit is written: from the moment the lease is found free nobody
+    else writes them.
 
     The query itself does not start before the lease is taken: its streaming checkpoint is shared by
     every run of the backlog, and two runs that both found the lease free would both write to it.
@@ -190,7 +174,10 @@ class StartGates:
         self.spark, self.keeper = spark, keeper
         storage = config.storage
         self.state_is_new = False  # nothing was ever recorded in the state tables (``tables.create_tables``)
-        self.state_at_start = NOTHING_RECORDED
+        # What the first batch recovers from, and the queues where earlier runs held messages for skipped
+        # destinations (the source reads them again from their first message).
+        self.recovery: Recovery = NOTHING_RECORDED
+        self.look_back: tuple[str, ...] = ()
 
         def check_driver() -> None:
             if check_access:
@@ -211,15 +198,15 @@ class StartGates:
                 lease = keeper.acquire(
                     spark, wait=config.run.wait_for_lease, on_wait=on_wait,
                     table_created=storage.resolved_lease_table in created,
-                    on_free=None if tables_new else lambda: reads.append(reader.submit(StateAtStart.read, spark,
+                    on_free=None if tables_new else lambda: reads.append(reader.submit(read_recovery, spark,
                                                                                        storage)))
                 timeline.mark(Milestone.LEASE_TAKEN)
                 self.state_is_new = tables_new and lease.epoch == 1
                 keeper.start_heartbeat(spark)
                 if reads:
-                    self.state_at_start = reads[-1].result()
+                    self.recovery, self.look_back = reads[-1].result()
                 elif not self.state_is_new:  # this run created the tables, but the lease had a holder before
-                    self.state_at_start = StateAtStart.read(spark, storage)
+                    self.recovery, self.look_back = read_recovery(spark, storage)
             finally:
                 reader.shutdown(wait=False)
 
@@ -359,7 +346,7 @@ def start_syphon(spark: SparkSession, config: SyphonConfig, *, run_id: str | Non
     # run; a Connect server's copy of the sink reads the tables itself.
     sink = DeliverySink(config, run_id=run_id, lease_keeper=keeper, settle_in_batch=is_connect(spark),
                         stop_file=stop_file, timeline=timeline, state_is_new=gates.state_is_new,
-                        recovery_at_start=None if is_connect(spark) else gates.state_at_start.recovery)
+                        recovery_at_start=None if is_connect(spark) else gates.recovery)
     records = AuditRecords(spark, storage.audit_table, run_id) if is_connect(spark) else SinkRecords(sink)
     listener = SyphonProgressListener(records.batch_stats, query_name=config.run.query_name, log_lines=log_progress)
     spark.streams.addListener(listener)
@@ -372,7 +359,7 @@ def start_syphon(spark: SparkSession, config: SyphonConfig, *, run_id: str | Non
         refuse_unbounded_batch(config, spark.version)
     # Where earlier runs held messages for skipped destinations: the source reads those queues again from
     # their first message once (what is recorded among them is dropped by identity in the sink).
-    look_back = gates.state_at_start.look_back
+    look_back = gates.look_back
     if look_back:
         logger.info("messages held for skipped destinations wait in %d backlog queue(s): this run reads them again",
                     len(look_back))

@@ -79,6 +79,9 @@ class Recovery:
     recorded_rows_of_batch: int  # rows (final or unsent) earlier attempts of this batch recorded
 
 
+NOTHING_RECORDED = Recovery({}, (), (), 0)  # state a run created: no checkpoint rows, nothing unsettled
+
+
 @dataclass(frozen=True)
 class Unsent:
     """Messages of one destination a round left unsent."""

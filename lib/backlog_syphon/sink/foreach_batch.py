@@ -61,7 +61,7 @@ from backlog_syphon.timeline import Milestone, Timeline
 from backlog_syphon.sink import batch as machine
 from backlog_syphon.sink import delivery
 from backlog_syphon.sink.pacing import Pacer, cap_share
-from backlog_syphon.sink.batch import BatchAggregate, CrashPoint, Recovery, SinkState, Unsent
+from backlog_syphon.sink.batch import NOTHING_RECORDED, BatchAggregate, CrashPoint, Recovery, SinkState, Unsent
 from backlog_syphon.sink.purge_runner import PurgeRunner
 from backlog_syphon.storage import tables
 
@@ -226,7 +226,7 @@ class SparkBatch:
 
     def recover(self) -> Recovery:
         if self.sink.state_is_new:  # this run created the tables and is the lease's first holder
-            return Recovery({}, (), (), 0)
+            return NOTHING_RECORDED
         storage = self.sink.config.storage
         recovery = self.sink.recovery_at_start
         if recovery is None:
