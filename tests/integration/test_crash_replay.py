@@ -66,23 +66,18 @@ def _job_command(tmp_path) -> list[str]:
 
 def _highest_sequence_numbers(emulator) -> dict[str, int]:
     """Per backlog queue with messages: the highest sequence number (peeked, nothing removed)."""
-    from azure.servicebus import ServiceBusClient
+    from tools.testing import read_queues
 
-    highest = {}
-    with ServiceBusClient.from_connection_string(emulator.connection_string(SECONDARY), retry_total=1) as client:
-        for index in range(10):
-            queue = f"{PRIMARY}/x-servicebus-transfer/{index}"
-            with client.get_queue_receiver(queue) as receiver:
-                seq, last = 1, None
-                while True:
-                    page = receiver.peek_messages(max_message_count=250, sequence_number=seq)
-                    if not page:
-                        break
-                    last = page[-1].sequence_number
-                    seq = last + 1
-                if last is not None:
-                    highest[queue] = last
-    return highest
+    def highest(receiver) -> int | None:
+        seq, last = 1, None
+        while page := receiver.peek_messages(max_message_count=250, sequence_number=seq):
+            last = page[-1].sequence_number
+            seq = last + 1
+        return last
+
+    queues = [f"{PRIMARY}/x-servicebus-transfer/{index}" for index in range(10)]
+    found = read_queues(emulator.connection_string(SECONDARY), queues, highest)
+    return {queue: last for queue, last in found.items() if last is not None}
 
 
 def _send_counters(emulator) -> dict[str, tuple[int, int]]:

@@ -30,6 +30,7 @@ import pytest
 import yaml
 
 from tools.backlog_writer import OriginalMessage, write_backlog
+from tools.testing import backlog_dead_letters
 
 from .conftest import PRIMARY, ROOT, SECONDARY, make_config
 from .helpers import (drain_destinations, finish_job, free_port, job_command, job_env, kill_tree, start_job, tail,
@@ -232,7 +233,7 @@ def strict_emulator():
 
 @pytest.mark.timeout(900)
 def test_many_small_batches_never_raise_a_delivery_count(strict_emulator, tmp_path, spark):
-    from azure.servicebus import ServiceBusClient, ServiceBusSubQueue
+    from azure.servicebus import ServiceBusClient
 
     from backlog_syphon.run.syphon import start_syphon
 
@@ -279,12 +280,9 @@ def test_many_small_batches_never_raise_a_delivery_count(strict_emulator, tmp_pa
     print(f"\n[purge] {batches} batches; delivery counts seen in the backlog: {dict(counts_seen)}")
     assert batches >= len(originals) // 10  # 10 per trigger at most: many small batches
     assert counts_seen and set(counts_seen) == {0}, f"a backlog message was delivered more than once: {counts_seen}"
-    dead = []
-    with ServiceBusClient.from_connection_string(emulator.connection_string(SECONDARY)) as client:
-        for index in range(10):
-            with client.get_queue_receiver(f"{PRIMARY}/x-servicebus-transfer/{index}",
-                                           sub_queue=ServiceBusSubQueue.DEAD_LETTER) as receiver:
-                dead += receiver.peek_messages(max_message_count=100)
+    dead = [message for messages in backlog_dead_letters(
+        emulator.connection_string(SECONDARY), [f"{PRIMARY}/x-servicebus-transfer/{index}" for index in range(10)]
+    ).values() for message in messages]
     assert not dead, f"dead-lettered: {[m.dead_letter_reason for m in dead][:5]}"
     arrivals = _arrivals(emulator)
     assert set(arrivals) == {message.message_id for message in originals} and set(arrivals.values()) == {1}

@@ -412,7 +412,9 @@ def test_lease_under_starvation_never_lets_two_runs_deliver_at_once(spark, emula
 # --- 7. --timeout inside a send (invariant 9, 2) and a missing backlog queue (11), as a job -----
 
 TIMEOUT_SECONDS = 20  # from the query's start: the first send comes 5 to 35 s later on 2 busy cores
-PAUSE_SECONDS = 30  # the send task pauses this long after its first send, so the timeout falls inside
+# The send task pauses after its first send, so that the timeout falls inside: at most this long, and
+# the test ends the pause once the stop has been requested.
+PAUSE_SECONDS = 30
 
 
 @pytest.mark.timeout(900)
@@ -435,9 +437,19 @@ def test_timeout_during_a_send_stops_at_the_batch_boundary_and_a_missing_queue_i
     job = start_job(command, env, tmp_path / "job.log")
     paused_at: list[float] = []
 
+    def stop_time() -> float | None:
+        """When the job's --timeout requests the stop: TIMEOUT_SECONDS after the query started (its log says
+        when), checked once a second; None before the query has started."""
+        logged = [line for line in tail(tmp_path / "job.log", 200000).splitlines() if "started run_id=" in line]
+        return _log_time(logged[0]) + TIMEOUT_SECONDS + 1 if logged else None
+
     def watch() -> None:
         if wait_for(lambda: marker.exists() or job.poll() is not None, 600, interval=0.1) and marker.exists():
             paused_at.append(time.time())
+            # The pause is there for the timeout to fall into: once the stop has surely been requested
+            # (with a margin), removing the marker lets the send go on (rather than wait out the pause).
+            wait_for(lambda: job.poll() is not None or (stop_time() or float("inf")) + 2 <= time.time(), 600)
+            marker.unlink(missing_ok=True)
 
     watcher = threading.Thread(target=watch, daemon=True)
     watcher.start()
@@ -458,7 +470,7 @@ def test_timeout_during_a_send_stops_at_the_batch_boundary_and_a_missing_queue_i
     print(f"[missing] lines naming the missing queue: {missing}")
     assert len(missing) == 1, output[-6000:]
     assert "Traceback" not in output, output[-6000:]
-    assert marker.exists(), "the batch never reached its send"
+    assert paused_at, "the batch never reached its send"
     assert started and batches and stop_at < batches[0][0], \
         f"the timeout did not fall inside the first batch: {started}, {batches}"
     assert [batch for _, batch in batches] == ["batch_id=0"], f"the run went on past the batch in flight: {batches}"

@@ -64,8 +64,8 @@ def _most_in_a_window(times: list[float], window: float) -> int:
 
 
 def _no_dead_letters(emulator, config) -> None:
-    for index in range(BACKLOG_QUEUES):
-        assert backlog_dead_letters(config.secondary, f"{PRIMARY}/x-servicebus-transfer/{index}") == []
+    queues = [f"{PRIMARY}/x-servicebus-transfer/{index}" for index in range(BACKLOG_QUEUES)]
+    assert backlog_dead_letters(config.secondary, queues) == {queue: [] for queue in queues}
     stats = emulator.stats(PRIMARY)
     assert all(stats[destination].get("dead_letter_count", 0) == 0 for destination in DESTINATIONS)
     backlog = emulator.stats(SECONDARY)

@@ -21,6 +21,7 @@ import pytest
 from backlog_syphon.cli import main as cli_main
 from backlog_syphon.run.syphon import run_syphon
 from backlog_syphon.storage import tables
+from tools.testing import backlog_dead_letters
 
 from .conftest import PRIMARY, ROOT, SECONDARY, make_config
 from .test_fidelity_matrix import (
@@ -43,12 +44,10 @@ CREATED_LATER = "created-later"  # does not exist when the backlog is drained
 STILL_MISSING = "still-missing"  # exists only before the third re-drive
 
 
-def _peek_dead_letters(emulator, queue: str) -> list:
-    from azure.servicebus import ServiceBusClient, ServiceBusSubQueue
-
-    with ServiceBusClient.from_connection_string(emulator.connection_string(SECONDARY), retry_total=1) as client:
-        with client.get_queue_receiver(queue, sub_queue=ServiceBusSubQueue.DEAD_LETTER) as receiver:
-            return list(receiver.peek_messages(max_message_count=500))
+def _peek_dead_letters(emulator, *queues: str) -> list:
+    """What the queues' dead-letter sub-queues hold, queue after queue (peeked at once)."""
+    found = backlog_dead_letters(emulator.connection_string(SECONDARY), queues, max_count=500)
+    return [message for queue in queues for message in found[queue]]
 
 
 def _activity(emulator) -> dict:
@@ -218,7 +217,7 @@ def test_a_redrive_killed_after_recording_is_finished_by_the_next_without_sendin
                     poison = str(message.message_id) == "poison"  # as the broker would, after failed deliveries
                     receiver.dead_letter_message(message, reason="MaxDeliveryCountExceeded" if poison else
                                                  "destination_not_found", error_description="test")
-    assert sum(len(_peek_dead_letters(emulator, queue)) for queue in written) == count + 1
+    assert len(_peek_dead_letters(emulator, *written)) == count + 1
 
     command = job_command(tmp_path, run__max_messages_per_trigger=25, redrive__reason_codes="destination_not_found")
     command.append("--redrive-dead-letters")
@@ -235,7 +234,7 @@ def test_a_redrive_killed_after_recording_is_finished_by_the_next_without_sendin
     restarted = collections.Counter(str(m.message_id) for m in drain_destinations(emulator, ["orders"])["orders"])
 
     assert killed + restarted == collections.Counter(f"redrive-{n:03d}" for n in range(count))  # each once
-    assert [str(m.message_id) for queue in written for m in _peek_dead_letters(emulator, queue)] == ["poison"]
+    assert [str(m.message_id) for m in _peek_dead_letters(emulator, *written)] == ["poison"]
     audit = tables.read_table(spark, str(tmp_path / "audit"))
     delivered = collections.Counter(row["message_id"] for row in audit.where("outcome = 'delivered'").collect())
     assert delivered == collections.Counter(f"redrive-{n:03d}" for n in range(count))

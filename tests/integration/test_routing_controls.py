@@ -8,7 +8,6 @@ messages that are delivered, so the purge has to pass over them to settle the ot
 """
 
 import pytest
-from azure.servicebus import ServiceBusClient
 
 from backlog_syphon.model import Outcome, ReasonCode
 from backlog_syphon.restore.queue_names import backlog_queue_name
@@ -16,7 +15,7 @@ from backlog_syphon.run.dry_run import dry_run
 from backlog_syphon.run.syphon import run_syphon
 from backlog_syphon.storage import tables
 from tools.backlog_writer import OriginalMessage, send_legacy_backlog
-from tools.testing import drain_destinations
+from tools.testing import drain_destinations, read_queues
 
 from .conftest import PRIMARY, SECONDARY, make_config
 
@@ -40,12 +39,8 @@ def _backlog() -> dict[str, list[OriginalMessage]]:
 
 def _backlog_messages(emulator, queues) -> dict[str, list]:
     """What each backlog queue holds, peeked (nothing locked or counted)."""
-    with ServiceBusClient.from_connection_string(emulator.connection_string(SECONDARY)) as client:
-        out = {}
-        for queue in queues:
-            with client.get_queue_receiver(queue) as receiver:
-                out[queue] = receiver.peek_messages(max_message_count=100, sequence_number=1)
-        return out
+    return read_queues(emulator.connection_string(SECONDARY), queues,
+                       lambda receiver: receiver.peek_messages(max_message_count=100, sequence_number=1))
 
 
 @pytest.mark.timeout(900)

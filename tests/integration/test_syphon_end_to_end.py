@@ -14,12 +14,14 @@ from backlog_syphon.run.syphon import run_syphon
 from backlog_syphon.servicebus.peek import peek_raw
 from tools import backlog_writer
 from tools.backlog_writer import OriginalMessage
-from tools.testing import backlog_dead_letters, drain_destinations
+from tools.testing import backlog_dead_letters, drain_destinations, read_queues
 
 from backlog_syphon.storage import tables
 
 from .helpers import read_with_deltalake
 from .conftest import PRIMARY
+
+BACKLOG_QUEUES = [backlog_queue_name(PRIMARY, index) for index in range(10)]
 
 RECEIVE_AND_DELETE = ServiceBusReceiveMode.RECEIVE_AND_DELETE
 TYPED_PROPERTIES = {
@@ -122,7 +124,7 @@ def test_remaining_ttl_and_schedule(emulator, syphon_config, spark):
             scheduled_copy = decode_message(raw)
             assert scheduled_copy.properties.message_id == "scheduled-1"
             assert scheduled_copy.scheduled_enqueue_time == later_on
-    dead = [m for q in range(10) for m in backlog_dead_letters(syphon_config.secondary, backlog_queue_name(PRIMARY, q))]
+    dead = [m for messages in backlog_dead_letters(syphon_config.secondary, BACKLOG_QUEUES).values() for m in messages]
     assert [(m.message_id, m.dead_letter_reason) for m in dead] == [("expired-1", "expired_in_backlog")]
 
 
@@ -130,23 +132,21 @@ def test_order_per_backlog_queue_and_per_session(emulator, syphon_config, spark)
     originals = backlog_writer.realistic_backlog(240, seed=3, body_size=64)
     originals = [m for m in originals if m.scheduled_enqueue_time is None]
     written = backlog_writer.write_backlog(syphon_config.secondary, PRIMARY, originals, queue_count=10, seed=3)
-    backlog_order = {}
-    with ServiceBusClient.from_connection_string(emulator.connection_string("contoso-secondary")) as client:
-        for queue in written:
-            with client.get_queue_receiver(queue) as receiver:
-                backlog_order[queue] = [decode_message(raw).properties.message_id
-                                        for raw in peek_raw(receiver, 1, 1000)]
+    backlog_order = read_queues(emulator.connection_string("contoso-secondary"), written, lambda receiver: [
+        decode_message(raw).properties.message_id for raw in peek_raw(receiver, 1, 1000)])
     queue_of = {mid: queue for queue, ids in backlog_order.items() for mid in ids}
 
     config = syphon_config.with_overrides({"run.max_messages_per_trigger": "150"})  # two batches
     summary = run_syphon(spark, config)
     assert summary.drained
 
+    drained = drain_destinations(emulator.connection_string(PRIMARY), ["orders", "payments", "sessions-orders"],
+                                 session_entities=["sessions-orders"])
     arrived = defaultdict(list)  # destination -> message ids in arrival order
     sessions = defaultdict(list)
     for destination in ("orders", "payments"):
-        arrived[destination] = [m.message_id for m in drain_queue(emulator, destination)]
-    for message in drain_queue(emulator, "sessions-orders", session=True):
+        arrived[destination] = [m.message_id for m in drained[destination]]
+    for message in drained["sessions-orders"]:
         sessions[message.session_id].append(message.message_id)
         arrived["sessions-orders"].append(message.message_id)
     for destination, ids in arrived.items():
@@ -179,11 +179,12 @@ def test_poison_messages_are_dead_lettered_with_reasons_audited_and_no_secret_sh
 
     summary = run_syphon(spark, syphon_config)
     assert summary.drained
-    assert [m.message_id for m in drain_queue(emulator, "orders")] == [f"good-{i}" for i in range(5)]
-    assert drain_queue(emulator, "small") == []
+    drained = drain_destinations(emulator.connection_string(PRIMARY), ["orders", "small"])
+    assert [m.message_id for m in drained["orders"]] == [f"good-{i}" for i in range(5)]
+    assert drained["small"] == []
 
     expected = {message.message_id: reason for message, reason in poison}
-    dead = [m for q in range(10) for m in backlog_dead_letters(syphon_config.secondary, backlog_queue_name(PRIMARY, q))]
+    dead = [m for messages in backlog_dead_letters(syphon_config.secondary, BACKLOG_QUEUES).values() for m in messages]
     assert {m.message_id: m.dead_letter_reason for m in dead} == expected
     assert all(m.dead_letter_error_description for m in dead)
     assert all("x-ms-path" in {k.decode() if isinstance(k, bytes) else k for k in m.application_properties}
