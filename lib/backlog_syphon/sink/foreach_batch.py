@@ -20,7 +20,8 @@ with the batch size.
 
 ``SYPHON_FAULT_PAUSE_AT=<crash point>`` (``sink.batch.CrashPoint``) makes the process stop there
 (writing the file named by ``SYPHON_FAULT_MARKER``) so a test can SIGKILL it; with
-``SYPHON_FAULT_PAUSE_SECONDS`` it goes on after that long instead. ``SYPHON_FAULT_LOSE_TASK_AT=mid_send``
+``SYPHON_FAULT_PAUSE_SECONDS`` it goes on after that long instead, or as soon as the test removes the
+marker. ``SYPHON_FAULT_LOSE_TASK_AT=mid_send``
 ends a send task's first attempt after its first send, as a lost executor would.
 """
 
@@ -74,7 +75,8 @@ _paused_at: set[str] = set()
 def fault_point(point: str) -> None:
     """Test hook: park the process at ``point`` so a test can kill it there (no-op unless configured).
 
-    With ``SYPHON_FAULT_PAUSE_SECONDS`` the process pauses that long, once, and goes on.
+    With ``SYPHON_FAULT_PAUSE_SECONDS`` the process pauses that long, once, and goes on; sooner if
+    the marker file is removed (a test that has seen what it waited for need not wait out the pause).
     """
     wanted = os.environ.get("SYPHON_FAULT_PAUSE_AT")
     if wanted != point or point in _paused_at:
@@ -86,7 +88,9 @@ def fault_point(point: str) -> None:
     pause = os.environ.get("SYPHON_FAULT_PAUSE_SECONDS")
     if pause:
         _paused_at.add(point)
-        time.sleep(float(pause))
+        until = time.monotonic() + float(pause)
+        while time.monotonic() < until and (not marker or os.path.exists(marker)):
+            time.sleep(0.1)
         return
     while True:
         time.sleep(3600)
