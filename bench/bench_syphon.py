@@ -40,7 +40,7 @@ The figures:
   before the mover's process starts to its exit, / messages moved. They count what the emulator
   did: a batched send counts ``send`` and ``send_batch``, a bulk completion ``update_disposition``
   once and ``complete`` per message, a receive one per message delivered, plus link attaches.
-- driver peak MB: the peak resident set (``VmHWM`` in /proc, read just before the session stops) of
+- driver peak MB: the peak resident set (``VmHWM`` in /proc, read once ``run_syphon`` has returned) of
   the driver's Python process (it calls ``run_syphon`` and runs ``foreachBatch``) and of the driver
   JVM (in local mode it hosts the executors too). The Python workers Spark starts (executor reads,
   the source's driver-side methods) are in neither. Linux only ("-" elsewhere).
@@ -313,16 +313,16 @@ def syphon_child(spec: dict) -> dict:
 
     start = time.perf_counter()
     spark = build_spark_session("bench-syphon", extra_conf={"spark.sql.streaming.numRecentProgressUpdates": "100000"})
-    try:
-        session_ready = time.perf_counter()
-        summary = run_syphon(spark, config, timeout_seconds=spec["timeout_seconds"], on_start=on_start)
-        end = time.perf_counter()
-        run, query_started = started[0]
-        batches = [{"batch_id": p.batchId, "rows": p.numInputRows, "ms": p.batchDuration,
-                    "duration_ms": dict(p.durationMs)} for p in run.query.recentProgress]
-        jvm_peak = peak_rss_mb(spark.sparkContext._jvm.java.lang.ProcessHandle.current().pid())  # noqa: SLF001
-    finally:
-        spark.stop()
+    session_ready = time.perf_counter()
+    summary = run_syphon(spark, config, timeout_seconds=spec["timeout_seconds"], on_start=on_start)
+    end = time.perf_counter()
+    returned_at = time.time()
+    run, query_started = started[0]
+    batches = [{"batch_id": p.batchId, "rows": p.numInputRows, "ms": p.batchDuration,
+                "duration_ms": dict(p.durationMs)} for p in run.query.recentProgress]
+    jvm_peak = peak_rss_mb(spark.sparkContext._jvm.java.lang.ProcessHandle.current().pid())  # noqa: SLF001
+    # No spark.stop(): like jobs/syphon.py, the child leaves its JVM to end with it (the JVM exits
+    # once this process has, on the end of its input), so "last record -> exit" is the job's own.
     timeline = getattr(summary, "timeline", None)  # None from a library older than the timeline (a "before" run)
     marks = {milestone.name: timeline.seconds(milestone) for milestone in timeline.marks} if timeline else {}
     return {"seconds": end - start, "spark_start_seconds": session_ready - start,
@@ -330,7 +330,7 @@ def syphon_child(spec: dict) -> dict:
             "max_messages_per_trigger": config.run.max_messages_per_trigger,
             "until_query_seconds": query_started - start, "drained": summary.drained,
             "remaining": dict(summary.remaining), "batches": batches, "jvm_peak_mb": jvm_peak,
-            "python_peak_mb": peak_rss_mb("self")}
+            "python_peak_mb": peak_rss_mb("self"), "returned_at": returned_at}
 
 
 def peak_rss_mb(pid: int | str) -> float | None:
@@ -381,6 +381,7 @@ def measure_syphon(one_way_ms: float, queues: int, messages: int, per_trigger: i
         spec = {"overrides": syphon_overrides(Path(tmp), **settings), "timeout_seconds": timeout}
         with child_process("syphon", spec, emu, Path(tmp)) as child, CpuSampler(child.pid) as cpu:
             result = child_result(child, "syphon", Path(tmp), timeout + 300)
+            cpu.wait_for_exit()  # the JVM ends after the child: its CPU until then is the run's too
         ops = broker_ops(emu) - ops_before
         arrived, (left, dead) = arrivals(emu) - arrived_before, backlog_left(emu)
         reasons = dead_letter_reasons(emu) if dead else {}
@@ -435,13 +436,15 @@ def time_split(result: dict) -> str:
 
 def fixed_costs(result: dict) -> str:
     """From the run's timeline (``RunSummary.timeline``): process start to the first message sent, and the
-    last batch's record to the process's exit (as this process saw it end), with the steps between."""
+    last batch's record to the process's exit (as this process saw it end, less the child's bench-only
+    work after ``run_syphon`` returned), with the steps between."""
     marks = result.get("timeline") or {}
     first_send, last_record = marks.get("FIRST_SEND"), marks.get("LAST_RECORD")
     steps = ", ".join(f"{name.lower()} {seconds:.1f}" for name, seconds in sorted(marks.items(), key=lambda m: m[1]))
     out = "process start -> first send " + ("-" if first_send is None else f"{first_send:.1f} s")
     if last_record is not None and "exited_at" in result:
-        out += f", last record -> exit {result['exited_at'] - result['process_origin'] - last_record:.1f} s"
+        exit_at = result["exited_at"] - result["process_origin"] - result.get("bench_only_seconds", 0.0)
+        out += f", last record -> exit {exit_at - last_record:.1f} s"
     return f"{out} (timeline, s from process start: {steps})"
 
 
@@ -488,6 +491,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.child:
         result = (loop_child if args.child == "loop" else syphon_child)(json.loads(args.spec))
+        if "returned_at" in result:  # what the bench alone did after the run (progress, peaks): not the job's
+            result["bench_only_seconds"] = time.time() - result["returned_at"]
         Path(args.result).write_text(json.dumps(result))
         return 0
     try:

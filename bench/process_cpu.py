@@ -5,13 +5,16 @@ worker daemon and the Python workers it forks (executor tasks, the streaming sou
 ``CpuSampler`` walks the tree every ``interval`` seconds and keeps each process's last
 ``utime + stime``: its own CPU, never its reaped children's (those are counted as themselves), so
 nothing is counted twice. What a process spends after its last sample is missed (at most one
-interval each); Spark reuses its Python workers, so few processes are that short-lived.
+interval each); Spark reuses its Python workers, so few processes are that short-lived. A process
+seen once stays followed when its parent exits (the JVM of a driver that has exited, while it shuts
+down): ``wait_for_exit`` waits for those before the last sample.
 """
 from __future__ import annotations
 
 import collections
 import os
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,13 +30,23 @@ class ProcessCpu:
     seconds: float
 
 
-def cpu_seconds(pid: int) -> float | None:
-    """``utime + stime`` of a live process, None once it is gone."""
+def _stat(pid: int) -> list[str] | None:
+    """proc(5)'s stat fields of a process after its name (the state first), None once it is gone."""
     try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     except OSError:
         return None
-    return (int(fields[11]) + int(fields[12])) / TICKS  # fields 14 and 15 of proc(5), counted after the name
+
+
+def cpu_seconds(pid: int) -> float | None:
+    """``utime + stime`` of a live process, None once it is gone."""
+    fields = _stat(pid)
+    return None if fields is None else (int(fields[11]) + int(fields[12])) / TICKS  # fields 14 and 15 of proc(5)
+
+
+def running(pid: int) -> bool:
+    fields = _stat(pid)
+    return fields is not None and fields[0] != "Z"
 
 
 def role_of(pid: int, parent: int | None, root: int, roles: dict[int, str]) -> str:
@@ -85,13 +98,21 @@ class CpuSampler:
 
     def sample(self) -> None:
         tree = {self.root: None, **process_tree(self.root)}
-        for pid, parent in tree.items():
+        for pid in [*tree, *(pid for pid in list(self._last) if pid not in tree)]:
             seconds = cpu_seconds(pid)
             if seconds is None:
                 continue
-            # Asked again each time: spark-submit is a shell script until it execs the JVM.
-            self._roles[pid] = role_of(pid, parent, self.root, self._roles)
+            if pid in tree:  # asked again each time: spark-submit is a shell script until it execs the JVM
+                self._roles[pid] = role_of(pid, tree[pid], self.root, self._roles)
             self._last[pid] = seconds
+
+    def wait_for_exit(self, timeout: float = 60.0) -> None:
+        """Wait (at most ``timeout`` s) until every process seen has exited, e.g. a JVM that shuts
+        down after the driver that started it has gone; then take the last sample."""
+        deadline = time.monotonic() + timeout
+        while any(running(pid) for pid in list(self._last)) and time.monotonic() < deadline:
+            time.sleep(self.interval)
+        self.sample()
 
     def processes(self) -> list[ProcessCpu]:
         return sorted((ProcessCpu(pid, self._roles[pid], s) for pid, s in self._last.items()),
