@@ -88,14 +88,11 @@ def legacy_backlog_bytes(original: OriginalMessage) -> bytes:
 
 
 def send_legacy_backlog(secondary, per_queue: dict[str, list[OriginalMessage]]) -> None:
-    """Send each queue's originals, in order, as legacy backlog copies (batched).
-
-    The queues are written at once, each by a client of its own (a client is not shared between
-    threads): a queue costs about a second of link handshakes however few messages it gets."""
-    from concurrent.futures import ThreadPoolExecutor
-
+    """Send each queue's originals, in order, as legacy backlog copies (batched); the queues at once
+    (``tools.testing.each_at_once``)."""
     from backlog_syphon.servicebus.clients import open_client
     from backlog_syphon.servicebus.send import send_encoded
+    from tools.testing import each_at_once
 
     def send(queue: str) -> None:
         with open_client(secondary, role="secondary") as client, client.get_queue_sender(queue) as sender:
@@ -103,8 +100,7 @@ def send_legacy_backlog(secondary, per_queue: dict[str, list[OriginalMessage]]) 
                                            for o in per_queue[queue])):
                 pass
 
-    with ThreadPoolExecutor(max_workers=max(1, len(per_queue)), thread_name_prefix="write-backlog") as pool:
-        list(pool.map(send, per_queue))  # re-raises the first queue's error
+    each_at_once(per_queue, send, name="write-backlog")
 
 
 def write_backlog(secondary, primary_namespace: str, messages: Iterable[OriginalMessage], *, queue_count: int = 10,

@@ -9,8 +9,9 @@ from __future__ import annotations
 import collections
 import os
 import time
-from typing import Any, Callable, Iterable, TypeVar
+from typing import Any, Callable, Hashable, Iterable, TypeVar
 
+K = TypeVar("K", bound=Hashable)
 T = TypeVar("T")
 
 
@@ -28,6 +29,21 @@ def expected_arrivals(originals) -> collections.Counter:
     return expected
 
 
+def each_at_once(items: Iterable[K], work: Callable[[K], T], *, name: str) -> dict[K, T]:
+    """``work(item)`` for each distinct item, all at once, one thread each: item -> what it returned
+    (the first error is raised again).
+
+    The tools below give each entity a client of its own (a client is not shared between threads):
+    an entity costs about a second and a half of link handshakes however little it holds, so one
+    after another five destinations took 10 s to drain, ten backlog queues as long to peek, and a
+    realistic backlog 7 s to write."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    items = list(dict.fromkeys(items))
+    with ThreadPoolExecutor(max_workers=max(1, len(items)), thread_name_prefix=name) as pool:
+        return dict(zip(items, pool.map(work, items)))
+
+
 def drain_destinations(connection_string: str, entities: Iterable[str], *, session_entities: Iterable[str] = (),
                        settle_seconds: float = 0.0, max_wait_seconds: float = 0.5) -> dict[str, list]:
     """Receive and delete everything in each entity: entity -> received messages, in arrival order.
@@ -35,15 +51,8 @@ def drain_destinations(connection_string: str, entities: Iterable[str], *, sessi
     ``connection_string`` is the primary namespace's. An entity is a queue or ``topic/subscription``;
     those in ``session_entities`` are drained session by session (each session's messages together,
     in order; see ``_drain_sessions``). ``settle_seconds``: keep receiving at least that long
-    (scheduled messages appear a little later).
-
-    The entities are drained at once, each by a client of its own (a client is not shared between
-    threads): an entity costs about 1.5 s of link handshakes and a last empty receive however little
-    it holds, which one entity after another made 10 s for conf/emulator.yaml's five destinations.
+    (scheduled messages appear a little later). The entities are drained at once (``each_at_once``).
     """
-    from concurrent.futures import ThreadPoolExecutor
-
-    entities = list(dict.fromkeys(entities))
     sessions = set(session_entities)
 
     def drain(entity: str) -> list:
@@ -51,8 +60,7 @@ def drain_destinations(connection_string: str, entities: Iterable[str], *, sessi
             return _drain_sessions(connection_string, entity)
         return _drain_entity(connection_string, entity, settle_seconds, max_wait_seconds)
 
-    with ThreadPoolExecutor(max_workers=max(1, len(entities)), thread_name_prefix="drain") as pool:
-        return dict(zip(entities, pool.map(drain, entities)))
+    return each_at_once(entities, drain, name="drain")
 
 
 def _drain_entity(connection_string: str, entity: str, settle_seconds: float, max_wait_seconds: float) -> list:
@@ -122,16 +130,12 @@ def read_queues(namespace, queues: Iterable[str], read: Callable[[Any], T], *,
                 dead_letters: bool = False) -> dict[str, T]:
     """``read(receiver)`` on each queue (or its dead-letter sub-queue): queue -> what it returned.
 
-    ``namespace``: a connection string or a ``NamespaceConfig``. The queues are read at once, each by
-    a client of its own (a client is not shared between threads): a queue costs about a second of link
-    handshakes, which one queue after another made ten backlog queues ten seconds."""
-    from concurrent.futures import ThreadPoolExecutor
-
+    ``namespace``: a connection string or a ``NamespaceConfig``. The queues are read at once
+    (``each_at_once``)."""
     from azure.servicebus import ServiceBusClient, ServiceBusSubQueue
 
     from backlog_syphon.servicebus.clients import open_client
 
-    queues = list(dict.fromkeys(queues))
     sub_queue = ServiceBusSubQueue.DEAD_LETTER if dead_letters else None
 
     def one(queue: str) -> T:
@@ -140,8 +144,7 @@ def read_queues(namespace, queues: Iterable[str], read: Callable[[Any], T], *,
         with client, client.get_queue_receiver(queue, sub_queue=sub_queue) as receiver:
             return read(receiver)
 
-    with ThreadPoolExecutor(max_workers=max(1, len(queues)), thread_name_prefix="read-queues") as pool:
-        return dict(zip(queues, pool.map(one, queues)))
+    return each_at_once(queues, one, name="read-queues")
 
 
 def backlog_dead_letters(namespace, queues: Iterable[str], max_count: int = 1000) -> dict[str, list]:
