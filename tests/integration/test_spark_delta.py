@@ -179,6 +179,18 @@ def test_the_lease_is_a_compare_and_set_even_when_two_runs_create_its_table_at_o
     assert tables.read_lease(spark, lease) == following
 
 
+def test_the_tables_rewritten_whole_are_created_with_a_long_checkpoint_interval(spark, tmp_path):
+    names = [str(tmp_path / name) for name in ("audit", "checkpoint", "lease")]
+    tables.create_tables(spark, *names)
+
+    def interval(table):
+        properties = {row["key"]: row["value"] for row in spark.sql(f"SHOW TBLPROPERTIES delta.`{table}`").collect()}
+        return properties.get("delta.checkpointInterval")
+
+    assert [interval(table) for table in names] == [None, "50", "50"]  # the audit table keeps Delta's default
+    assert dict(tables.REWRITTEN_TABLE_PROPERTIES) == {"delta.checkpointInterval": "50"}
+
+
 def test_an_audit_table_an_older_version_wrote_gets_the_redrive_columns(spark, tmp_path):
     """``dead_letter_reason`` and ``dead_letter_error_description`` were appended to the audit rows for the
     re-drive: a table written before them gets them (nullable, null in its old rows) when a run creates
