@@ -91,11 +91,12 @@ def send_legacy_backlog(secondary, per_queue: dict[str, list[OriginalMessage]]) 
     """Send each queue's originals, in order, as legacy backlog copies (batched); the queues at once
     (``tools.testing.each_at_once``)."""
     from backlog_syphon.servicebus.clients import open_client
+    from backlog_syphon.servicebus.sdk_internals import prompt
     from backlog_syphon.servicebus.send import send_encoded
     from tools.testing import each_at_once
 
     def send(queue: str) -> None:
-        with open_client(secondary, role="secondary") as client, client.get_queue_sender(queue) as sender:
+        with open_client(secondary, role="secondary") as client, prompt(client.get_queue_sender(queue)) as sender:
             for _ in send_encoded(sender, (Outgoing(legacy_backlog_bytes(o), o.message_id, None, o.partition_key)
                                            for o in per_queue[queue])):
                 pass

@@ -33,10 +33,9 @@ def each_at_once(items: Iterable[K], work: Callable[[K], T], *, name: str) -> di
     """``work(item)`` for each distinct item, all at once, one thread each: item -> what it returned
     (the first error is raised again).
 
-    The tools below give each entity a client of its own (a client is not shared between threads):
-    an entity costs about a second and a half of link handshakes however little it holds, so one
-    after another five destinations took 10 s to drain, ten backlog queues as long to peek, and a
-    realistic backlog 7 s to write."""
+    The tools below give each entity a client of its own (a client is not shared between threads),
+    and its links open and close without the SDK's idle waits (``sdk_internals.prompt``): what is left
+    per entity is mostly waiting on the emulator (a last empty receive), which overlaps."""
     from concurrent.futures import ThreadPoolExecutor
 
     items = list(dict.fromkeys(items))
@@ -66,12 +65,14 @@ def drain_destinations(connection_string: str, entities: Iterable[str], *, sessi
 def _drain_entity(connection_string: str, entity: str, settle_seconds: float, max_wait_seconds: float) -> list:
     from azure.servicebus import ServiceBusClient, ServiceBusReceiveMode
 
+    from backlog_syphon.servicebus.sdk_internals import prompt
+
     mode = ServiceBusReceiveMode.RECEIVE_AND_DELETE
     messages: list = []
     topic, _, subscription = entity.partition("/")
     with ServiceBusClient.from_connection_string(connection_string, retry_total=1) as client:
-        receiver = (client.get_subscription_receiver(topic, subscription, receive_mode=mode, prefetch_count=0)
-                    if subscription else client.get_queue_receiver(entity, receive_mode=mode, prefetch_count=0))
+        receiver = prompt(client.get_subscription_receiver(topic, subscription, receive_mode=mode, prefetch_count=0)
+                          if subscription else client.get_queue_receiver(entity, receive_mode=mode, prefetch_count=0))
         with receiver:
             deadline = time.monotonic() + settle_seconds
             for _ in range(10_000):  # bounded: far more rounds than messages / 200
@@ -83,15 +84,14 @@ def _drain_entity(connection_string: str, entity: str, settle_seconds: float, ma
 
 
 # As many as the sessions tools.backlog_writer.realistic_backlog spreads over: each takes one session and
-# then waits a second for another, so 100 messages in 20 sessions took 10 s with 6 drainers, 4 s with 20.
+# then waits up to a second for another (100 messages in 20 sessions: 3.6 s with 6 drainers, 1.9 s with 20).
 SESSION_DRAINERS = 20
 
 
 def _drain_sessions(connection_string: str, queue: str) -> list:
     """Every message of a session-enabled queue, each session's together and in order.
 
-    Accepting a session and closing it again costs about a second of the SDK's link handshakes, so
-    several receivers take the next available session at once, each with a client of its own (a
+    Several receivers take the next available session at once, each with a client of its own (a
     client is not shared between threads) that does not retry: a receiver ends when no session is
     left to accept within a second.
     """
@@ -100,13 +100,15 @@ def _drain_sessions(connection_string: str, queue: str) -> list:
     from azure.servicebus import NEXT_AVAILABLE_SESSION, ServiceBusClient, ServiceBusReceiveMode
     from azure.servicebus.exceptions import OperationTimeoutError
 
+    from backlog_syphon.servicebus.sdk_internals import prompt
+
     def drain(_: int) -> list:
         messages: list = []
         with ServiceBusClient.from_connection_string(connection_string, retry_total=0) as client:
             while True:
                 try:
-                    with client.get_queue_receiver(queue, session_id=NEXT_AVAILABLE_SESSION, max_wait_time=1,
-                                                   receive_mode=ServiceBusReceiveMode.RECEIVE_AND_DELETE) as receiver:
+                    with prompt(client.get_queue_receiver(queue, session_id=NEXT_AVAILABLE_SESSION, max_wait_time=1,
+                                                          receive_mode=ServiceBusReceiveMode.RECEIVE_AND_DELETE)) as receiver:
                         while batch := receiver.receive_messages(max_message_count=200, max_wait_time=0.3):
                             messages.extend(batch)
                 except OperationTimeoutError:  # no session left with messages
@@ -135,13 +137,14 @@ def read_queues(namespace, queues: Iterable[str], read: Callable[[Any], T], *,
     from azure.servicebus import ServiceBusClient, ServiceBusSubQueue
 
     from backlog_syphon.servicebus.clients import open_client
+    from backlog_syphon.servicebus.sdk_internals import prompt
 
     sub_queue = ServiceBusSubQueue.DEAD_LETTER if dead_letters else None
 
     def one(queue: str) -> T:
         client = (ServiceBusClient.from_connection_string(namespace, retry_total=1) if isinstance(namespace, str)
                   else open_client(namespace, role="secondary"))
-        with client, client.get_queue_receiver(queue, sub_queue=sub_queue) as receiver:
+        with client, prompt(client.get_queue_receiver(queue, sub_queue=sub_queue)) as receiver:
             return read(receiver)
 
     return each_at_once(queues, one, name="read-queues")

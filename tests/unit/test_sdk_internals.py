@@ -158,3 +158,13 @@ def test_check_sdk_names_a_private_attribute_that_is_gone(monkeypatch):
 def test_check_sdk_names_another_version_first(monkeypatch):
     monkeypatch.setattr(azure.servicebus, "__version__", "7.99.0")
     assert sdk_internals.check_sdk()[0] == "azure-servicebus 7.99.0 is installed; the syphon is pinned to 7.15.0"
+
+
+def test_prompt_leaves_anything_but_an_sdk_handler_as_it_is():
+    from backlog_syphon.servicebus.sdk_internals import prompt
+
+    class StandIn:
+        pass
+
+    stand_in = StandIn()
+    assert prompt(stand_in) is stand_in and vars(stand_in) == {}

@@ -29,7 +29,7 @@ from backlog_syphon.restore.legacy_properties import decode_legacy_properties
 from backlog_syphon.restore.queue_names import backlog_queue_name
 from backlog_syphon.servicebus.clients import ServiceBusAccessError, open_client
 from backlog_syphon.servicebus.peek import peek_raw
-from backlog_syphon.servicebus.sdk_internals import attach
+from backlog_syphon.servicebus.sdk_internals import attach, prompt
 from backlog_syphon.servicebus.send import classify_send_error
 from backlog_syphon.model import SendFailure
 
@@ -52,7 +52,7 @@ def check_destinations(namespace: NamespaceConfig, destinations: Iterable[str]) 
     with open_client(namespace, role="primary", retry_total=0) as client:
         for destination in sorted(set(destinations)):
             try:
-                with client.get_queue_sender(destination) as sender:
+                with prompt(client.get_queue_sender(destination)) as sender:
                     checks[destination] = DestinationCheck(sender.create_message_batch().max_size_in_bytes, None)
             except Exception as exc:  # noqa: BLE001 - reported, not raised: the dry run changes nothing
                 checks[destination] = DestinationCheck(None, classify_send_error(exc, destination))
@@ -130,7 +130,7 @@ def _preflight_secondary(namespace: NamespaceConfig, queue_names: list[str]) -> 
         with open_client(namespace, role="secondary", retry_total=0) as client:
             for queue_name in queue_names:
                 try:
-                    with client.get_queue_receiver(queue_name) as receiver:
+                    with prompt(client.get_queue_receiver(queue_name)) as receiver:
                         page = peek_raw(receiver, 1, 1)
                     break
                 except BacklogQueueMissingError:
@@ -151,7 +151,7 @@ def _preflight_secondary(namespace: NamespaceConfig, queue_names: list[str]) -> 
 def _preflight_primary(namespace: NamespaceConfig, destination: str) -> None:
     try:
         with open_client(namespace, role="primary", retry_total=0) as client:
-            with client.get_queue_sender(destination) as sender:
+            with prompt(client.get_queue_sender(destination)) as sender:
                 attach(sender)  # attaching the link is the check; nothing is sent
     except (MessagingEntityNotFoundError, ServiceBusServerBusyError):
         return  # authenticated; a missing destination is its messages' problem, a busy primary is waited for
@@ -195,7 +195,7 @@ def _attach_problem(namespace: NamespaceConfig, role: str, timeout_seconds: floa
     def attach_probe() -> None:
         try:
             with open_client(namespace, role=role, retry_total=0) as client:
-                with client.get_queue_sender(PREFLIGHT_PROBE_ENTITY) as sender:
+                with prompt(client.get_queue_sender(PREFLIGHT_PROBE_ENTITY)) as sender:
                     attach(sender)
         except (MessagingEntityNotFoundError, ServiceBusServerBusyError):
             return  # reached and authenticated; the probe entity need not exist, a busy namespace is waited for

@@ -45,12 +45,14 @@ from __future__ import annotations
 import logging
 import queue as queue_module
 import struct
+import time
 from decimal import Decimal
 
 import azure.servicebus
 from azure.servicebus import ServiceBusMessageBatch, ServiceBusReceiver, ServiceBusSender
 from azure.servicebus._common import constants as sdk_constants
 from azure.servicebus._pyamqp import _decode as sdk_decode
+from azure.servicebus._pyamqp.client import AMQPClient
 from azure.servicebus._pyamqp.types import TYPE, VALUE, AMQPTypes
 
 from backlog_syphon.restore.amqp_codec import Decimal32, Decimal64, Decimal128
@@ -68,6 +70,9 @@ REQUIRED_ATTRIBUTES = (
     (ServiceBusReceiver, "_open"),
     (ServiceBusSender, "_open"),
     (ServiceBusSender, "_open_with_retry"),
+    (ServiceBusSender, "_create_handler"),
+    (ServiceBusReceiver, "_create_handler"),
+    (AMQPClient, "client_ready"),
     (sdk_constants, "_BATCH_MESSAGE_OVERHEAD_COST"),
     (sdk_constants, "REQUEST_RESPONSE_PEEK_OPERATION"),
     (sdk_constants, "MGMT_REQUEST_FROM_SEQUENCE_NUMBER"),
@@ -132,6 +137,56 @@ def attach(handler) -> None:
 def open_with_retry(handler) -> None:
     """Open a handler the way its first operation would (with the SDK's retries)."""
     handler._open_with_retry()
+
+
+# The SDK reads one frame of a link's handshake per call of its client's ``client_ready`` and naps this
+# long between calls (sender and receiver ``_open``, ``SendClient._send_message_impl``).
+SDK_HANDSHAKE_NAP_SECONDS = 0.05
+
+
+def prompt(handler):
+    """``handler`` (a sender or receiver, not opened yet), made to open and close without the SDK's idle
+    waits; returns it. Nothing else about it changes: the frames, the retries, the errors are the SDK's.
+
+    - Opening: a link's handshake is about ten frames (SASL, open, begin, the two CBS links, the token,
+      the attach), and the SDK naps 50 ms after reading each, so a link took half a second to open on
+      any network. Here each ``client_ready`` call goes on reading frames as they arrive for those
+      50 ms (a read blocks until a frame comes, at most the transport's read timeout), so a link opens
+      in its round trips.
+    - Closing (also the close of a failed open): the client sends the detach, end and close frames at
+      once, then joins its keep-alive thread, which sleeps in whole seconds: half a second on average,
+      per link. Here the join is left out: the thread sees the client closed when it wakes, and ends
+      (a daemon thread).
+    """
+    if not isinstance(handler, (ServiceBusSender, ServiceBusReceiver)):
+        return handler  # not the SDK's (a test's stand-in)
+    create_handler = handler._create_handler
+
+    def create_prompt_handler(*args, **kwargs):
+        create_handler(*args, **kwargs)
+        client = handler._handler
+        client_ready, close = client.client_ready, client.close
+
+        def ready_within_a_nap() -> bool:
+            until = time.monotonic() + SDK_HANDSHAKE_NAP_SECONDS
+            for _ in range(_FRAMES_PER_NAP):  # bounded: a closed connection answers at once, without a read
+                if client_ready():
+                    return True
+                if time.monotonic() >= until:
+                    break
+            return False
+
+        def close_without_joining() -> None:
+            client._keep_alive_thread = None
+            close()
+
+        client.client_ready, client.close = ready_within_a_nap, close_without_joining
+
+    handler._create_handler = create_prompt_handler
+    return handler
+
+
+_FRAMES_PER_NAP = 16
 
 
 # --- batches of already-encoded messages ---------------------------------------------------------
