@@ -93,7 +93,9 @@ def _drain_sessions(connection_string: str, queue: str) -> list:
 
     Several receivers take the next available session at once, each with a client of its own (a
     client is not shared between threads) that does not retry: a receiver ends when no session is
-    left to accept within a second.
+    left to accept within a second. They lock and complete (not receive-and-delete): a message the
+    emulator sends after a receiver's last empty receive, just as it closes, goes back to the queue
+    for the next receiver instead of being lost with the link.
     """
     from concurrent.futures import ThreadPoolExecutor
 
@@ -108,8 +110,10 @@ def _drain_sessions(connection_string: str, queue: str) -> list:
             while True:
                 try:
                     with prompt(client.get_queue_receiver(queue, session_id=NEXT_AVAILABLE_SESSION, max_wait_time=1,
-                                                          receive_mode=ServiceBusReceiveMode.RECEIVE_AND_DELETE)) as receiver:
+                                                          receive_mode=ServiceBusReceiveMode.PEEK_LOCK)) as receiver:
                         while batch := receiver.receive_messages(max_message_count=200, max_wait_time=0.3):
+                            for message in batch:
+                                receiver.complete_message(message)
                             messages.extend(batch)
                 except OperationTimeoutError:  # no session left with messages
                     return messages

@@ -142,6 +142,7 @@ def open_with_retry(handler) -> None:
 # The SDK reads one frame of a link's handshake per call of its client's ``client_ready`` and naps this
 # long between calls (sender and receiver ``_open``, ``SendClient._send_message_impl``).
 SDK_HANDSHAKE_NAP_SECONDS = 0.05
+_FRAMES_PER_NAP = 16  # what one nap's worth of reading may take at most (a handshake is about ten)
 
 
 def prompt(handler):
@@ -184,9 +185,6 @@ def prompt(handler):
 
     handler._create_handler = create_prompt_handler
     return handler
-
-
-_FRAMES_PER_NAP = 16
 
 
 # --- batches of already-encoded messages ---------------------------------------------------------
