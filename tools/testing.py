@@ -45,7 +45,7 @@ def each_at_once(items: Iterable[K], work: Callable[[K], T], *, name: str) -> di
 
 def drain_destinations(connection_string: str, entities: Iterable[str], *, session_entities: Iterable[str] = (),
                        settle_seconds: float = 0.0, max_wait_seconds: float = 0.5) -> dict[str, list]:
-    """Receive and delete everything in each entity: entity -> received messages, in arrival order.
+    """Take everything out of each entity: entity -> received messages, in arrival order.
 
     ``connection_string`` is the primary namespace's. An entity is a queue or ``topic/subscription``;
     those in ``session_entities`` are drained session by session (each session's messages together,
@@ -97,8 +97,6 @@ def _drain_sessions(connection_string: str, queue: str) -> list:
     emulator sends after a receiver's last empty receive, just as it closes, goes back to the queue
     for the next receiver instead of being lost with the link.
     """
-    from concurrent.futures import ThreadPoolExecutor
-
     from azure.servicebus import NEXT_AVAILABLE_SESSION, ServiceBusClient, ServiceBusReceiveMode
     from azure.servicebus.exceptions import OperationTimeoutError
 
@@ -118,8 +116,8 @@ def _drain_sessions(connection_string: str, queue: str) -> list:
                 except OperationTimeoutError:  # no session left with messages
                     return messages
 
-    with ThreadPoolExecutor(max_workers=SESSION_DRAINERS, thread_name_prefix="drain-sessions") as pool:
-        return [message for drained in pool.map(drain, range(SESSION_DRAINERS)) for message in drained]
+    drained = each_at_once(range(SESSION_DRAINERS), drain, name="drain-sessions")
+    return [message for messages in drained.values() for message in messages]
 
 
 def received_counts(connection_string: str, entities: Iterable[str], *,
@@ -154,11 +152,12 @@ def read_queues(namespace, queues: Iterable[str], read: Callable[[Any], T], *,
     return each_at_once(queues, one, name="read-queues")
 
 
-def backlog_dead_letters(namespace, queues: Iterable[str], max_count: int = 1000) -> dict[str, list]:
-    """Peek backlog queues' dead-letter sub-queues: queue -> its dead-lettered messages (``namespace``:
-    the secondary's connection string or ``NamespaceConfig``)."""
-    return read_queues(namespace, queues, lambda receiver: list(receiver.peek_messages(max_message_count=max_count)),
-                       dead_letters=True)
+def backlog_dead_letters(namespace, queues: Iterable[str], max_count: int = 1000) -> list:
+    """Peek backlog queues' dead-letter sub-queues (at once): their messages, queue after queue
+    (``namespace``: the secondary's connection string or ``NamespaceConfig``)."""
+    found = read_queues(namespace, queues, lambda receiver: list(receiver.peek_messages(max_message_count=max_count)),
+                        dead_letters=True)
+    return [message for messages in found.values() for message in messages]
 
 
 def process_tree(pid: int) -> dict[int, int]:

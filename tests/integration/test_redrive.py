@@ -46,8 +46,7 @@ STILL_MISSING = "still-missing"  # exists only before the third re-drive
 
 def _peek_dead_letters(emulator, *queues: str) -> list:
     """What the queues' dead-letter sub-queues hold, queue after queue (peeked at once)."""
-    found = backlog_dead_letters(emulator.connection_string(SECONDARY), queues, max_count=500)
-    return [message for queue in queues for message in found[queue]]
+    return backlog_dead_letters(emulator.connection_string(SECONDARY), queues, max_count=500)
 
 
 def _activity(emulator) -> dict:

@@ -124,7 +124,7 @@ def test_remaining_ttl_and_schedule(emulator, syphon_config, spark):
             scheduled_copy = decode_message(raw)
             assert scheduled_copy.properties.message_id == "scheduled-1"
             assert scheduled_copy.scheduled_enqueue_time == later_on
-    dead = [m for messages in backlog_dead_letters(syphon_config.secondary, BACKLOG_QUEUES).values() for m in messages]
+    dead = backlog_dead_letters(syphon_config.secondary, BACKLOG_QUEUES)
     assert [(m.message_id, m.dead_letter_reason) for m in dead] == [("expired-1", "expired_in_backlog")]
 
 
@@ -184,7 +184,7 @@ def test_poison_messages_are_dead_lettered_with_reasons_audited_and_no_secret_sh
     assert drained["small"] == []
 
     expected = {message.message_id: reason for message, reason in poison}
-    dead = [m for messages in backlog_dead_letters(syphon_config.secondary, BACKLOG_QUEUES).values() for m in messages]
+    dead = backlog_dead_letters(syphon_config.secondary, BACKLOG_QUEUES)
     assert {m.message_id: m.dead_letter_reason for m in dead} == expected
     assert all(m.dead_letter_error_description for m in dead)
     assert all("x-ms-path" in {k.decode() if isinstance(k, bytes) else k for k in m.application_properties}

@@ -139,7 +139,7 @@ def check_drained(emulator, spark, backlog: Backlog, audit_table: Path, where: s
     stats = emulator.stats(SECONDARY)
     left = {queue: stats[queue]["total"] for queue in backlog.written if stats[queue]["total"]}
     assert not left, f"{where}: backlog queues not empty: {left}"
-    dead = [m for messages in backlog_dead_letters(backlog.config.secondary, backlog.written).values() for m in messages]
+    dead = backlog_dead_letters(backlog.config.secondary, backlog.written)
     expected_dead = {message.message_id: str(reason) for message, reason in backlog.poison}
     assert {m.message_id: m.dead_letter_reason for m in dead} == expected_dead, f"{where}: dead-letters"
     assert len(dead) == len(backlog.poison), f"{where}: a poison message was dead-lettered twice"

@@ -97,14 +97,14 @@ def create_table(spark: SparkSession, table: str, schema: StructType, partition_
                       f"({', '.join(_ddl(f, constraints=False) for f in missing)})")
         return False
     columns = ", ".join(_ddl(f) for f in schema.fields)
-    partitioned = f" PARTITIONED BY ({', '.join(partition_by)})" if partition_by else ""
+    clauses = f" PARTITIONED BY ({', '.join(partition_by)})" if partition_by else ""
     settings = ", ".join(f"'{key}' = '{value}'" for key, value in properties)
     if settings:
-        partitioned += f" TBLPROPERTIES ({settings})"
+        clauses += f" TBLPROPERTIES ({settings})"
     try:
         # Not "IF NOT EXISTS": whether this call created the table must be known (see create_tables).
         with commit_lock(spark, table):
-            spark.sql(f"CREATE TABLE {_sql_name(table)} ({columns}) USING DELTA{partitioned}")
+            spark.sql(f"CREATE TABLE {_sql_name(table)} ({columns}) USING DELTA{clauses}")
     except Exception as exc:
         if is_commit_conflict(exc) or _created_meanwhile(spark, table, exc):
             return False
