@@ -25,6 +25,7 @@ class Milestone(StrEnum):
     TABLES_READY = "state tables ready"
     LEASE_TAKEN = "lease taken"
     PREFLIGHT_DONE = "namespaces and executors checked"
+    SOURCE_READY = "source registered, planners started"
     QUERY_STARTED = "streaming query started"
     FIRST_BATCH = "first batch started"
     FIRST_SEND = "first message sent"

@@ -31,6 +31,7 @@ def table(monkeypatch):
     monkeypatch.setattr(syphon, "read_recovery", lambda spark, storage: (Recovery({}, (), (), 0), ()))
     monkeypatch.setattr(probes, "preflight", lambda config: None)
     monkeypatch.setattr(probes, "executor_preflight", lambda spark, config: None)
+    monkeypatch.setattr(syphon, "start_planners", lambda spark: None)
     return table
 
 
@@ -54,6 +55,22 @@ def test_a_free_lease_is_taken_and_a_run_that_created_the_tables_knows_its_state
     started.wait()
     assert [lease.epoch for lease in table.writes] == [1] and Milestone.LEASE_TAKEN in timeline.marks
     assert started.state_is_new  # it created the tables and is the lease's first holder
+
+
+def test_the_gates_wait_for_the_source_and_its_planners(table, monkeypatch):
+    import threading
+
+    release = threading.Event()
+    planned = []
+    monkeypatch.setattr(syphon, "start_planners", lambda spark: (release.wait(5), planned.append(spark)))
+    started, timeline = gates()
+    waiting = threading.Thread(target=started.wait)
+    waiting.start()
+    waiting.join(0.3)
+    assert waiting.is_alive() and Milestone.SOURCE_READY not in timeline.marks  # the query may not start yet
+    release.set()
+    waiting.join(5)
+    assert not waiting.is_alive() and planned == [None] and Milestone.SOURCE_READY in timeline.marks
 
 
 def test_state_is_not_new_when_the_tables_existed_or_the_lease_had_a_holder_before(table, monkeypatch):

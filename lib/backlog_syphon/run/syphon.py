@@ -33,6 +33,7 @@ from backlog_syphon.source.data_source import (
     SOURCE_NAME,
     BacklogDataSource,
     backlog_source_options,
+    start_planners,
 )
 from backlog_syphon.storage import tables
 from backlog_syphon.timeline import Milestone, Timeline
@@ -155,9 +156,10 @@ class AuditRecords:
 
 class StartGates:
     """What must hold before the query starts: the tables exist, this run holds the lease (kept by a
-    heartbeat from then on), and the driver and an executor reach both namespaces. The three run in
-    background threads from construction (the pre-flights' round trips overlap the lease's Delta
-    commits); ``wait`` joins them. The state tables are read (``read_recovery``: ``recovery`` and
+    heartbeat from then on), the driver and an executor reach both namespaces, and the source is
+    registered, with Spark's Python processes for planning it started (``start_planners``). The four run
+    in background threads from construction (the pre-flights' round trips and the Python starts overlap
+    the lease's Delta commits); ``wait`` joins them. The state tables are read (``read_recovery``: ``recovery`` and
     ``look_back``) while the lease's commit is written: from the moment the lease is found free nobody
     else writes them.
 
@@ -187,6 +189,13 @@ class StartGates:
             executor_preflight(spark, config)
             timeline.mark(Milestone.PREFLIGHT_DONE)
 
+        def prepare_source() -> None:
+            if is_connect(spark):  # the server plans the source: nothing here to start early
+                spark.dataSource.register(BacklogDataSource)
+            else:
+                start_planners(spark)
+            timeline.mark(Milestone.SOURCE_READY)
+
         def take_lease() -> None:
             created = tables.create_tables(spark, storage.audit_table, storage.checkpoint_table,
                                            storage.resolved_lease_table)
@@ -210,8 +219,8 @@ class StartGates:
             finally:
                 reader.shutdown(wait=False)
 
-        pool = ThreadPoolExecutor(max_workers=3, thread_name_prefix="start")
-        self._checks = (pool.submit(check_driver), pool.submit(check_executors))
+        pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="start")
+        self._checks = (pool.submit(check_driver), pool.submit(check_executors), pool.submit(prepare_source))
         self._leased = pool.submit(take_lease)
         pool.shutdown(wait=False)  # the threads end with their work
 
@@ -331,7 +340,6 @@ def start_syphon(spark: SparkSession, config: SyphonConfig, *, run_id: str | Non
     Raises ``run.lease.LeaseHeldError`` when another run holds the backlog (unless ``run.wait_for_lease``,
     then it waits, telling ``on_wait`` once).
     """
-    spark.dataSource.register(BacklogDataSource)
     timeline = timeline if timeline is not None else Timeline()
     run_id = run_id or f"{dt.datetime.now(dt.timezone.utc):%Y%m%dT%H%M%SZ}-{uuid.uuid4().hex[:8]}"
     config = run_config(config, run_id)

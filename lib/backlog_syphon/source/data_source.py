@@ -67,6 +67,27 @@ def backlog_source_options(config: SyphonConfig, *, stop_file: str | None = None
                                      look_back=look_back).to_spark()
 
 
+# A batch read of no queue at all: nothing is listed or peeked, and planning it starts Spark's Python
+# planner processes (``start_planners``).
+_NO_QUEUE_OPTIONS = {"primaryNamespace": "no-queue", "queueCount": "0", "discover": "false"}
+
+
+def start_planners(spark) -> None:
+    """Register the source and have Spark start the Python processes it creates and plans a Python source
+    in, by planning a batch read of no queue (no task runs, nothing is peeked).
+
+    Spark starts each such process the first time a session needs it: one to look up installed sources
+    (at the first registration), one to create a source, one to plan its reads. Each is a Python start
+    with pyarrow's and this library's imports, about a second on a small machine, and a query's start
+    would wait for them one after the other. Started here, alongside the run's other start-up work, they
+    stay, and the query's own steps reuse them (``spark.python.worker.reuse``, on by default)."""
+    spark.dataSource.register(BacklogDataSource)
+    try:
+        spark.read.format(SOURCE_NAME).options(**_NO_QUEUE_OPTIONS).load().rdd.getNumPartitions()
+    except Exception as exc:  # noqa: BLE001 - only time is at stake: the query starts them itself
+        logger.info("Spark's Python planners were not started early (%s); the query starts them", type(exc).__name__)
+
+
 @dataclass(frozen=True)
 class BacklogWindow(InputPartition):
     """Messages ``start <= sequence number < end`` of one backlog queue (``batch_queues``: every queue
