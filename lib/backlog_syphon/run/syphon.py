@@ -159,9 +159,9 @@ class StartGates:
     heartbeat from then on), the driver and an executor reach both namespaces, and the source is
     registered, with Spark's Python processes for planning it started (``start_planners``). The four run
     in background threads from construction (the pre-flights' round trips and the Python starts overlap
-    the lease's Delta commits); ``wait`` joins them. The state tables are read (``read_recovery``: ``recovery`` and
-    ``look_back``) while the lease's commit is written: from the moment the lease is found free nobody
-    else writes them.
+    the lease's Delta commits); ``wait`` joins them. The state tables are read (``read_recovery``:
+    ``recovery`` and ``look_back``) while the lease's commit is written: from the moment the lease is
+    found free nobody else writes them.
 
     The query itself does not start before the lease is taken: its streaming checkpoint is shared by
     every run of the backlog, and two runs that both found the lease free would both write to it.
