@@ -164,12 +164,13 @@ def test_order_per_backlog_queue_and_per_session(emulator, syphon_config, spark)
 
 
 def test_the_source_planners_start_on_a_read_of_no_queue(spark, monkeypatch):
-    """What a run's start does beside its lease (``start_planners``): the source is registered and a batch
+    """What a run's start does beside its lease (``start_planners``), once the source is registered: a batch
     read of no queue is planned, which starts Spark's Python planner processes, once per application.
     It runs no Spark job and opens no connection (its options name no namespace), and it succeeded (a
     failure is only logged, and leaves the application unmarked)."""
     from backlog_syphon.source import data_source
 
+    spark.dataSource.register(data_source.BacklogDataSource)
     monkeypatch.setattr(data_source, "_PLANNERS_STARTED", set())  # as in a new application
     store = spark.sparkContext._jsc.sc().statusStore()
     jobs = store.jobsList(None).size()

@@ -20,6 +20,7 @@ from .test_fence import T0, Clock, LeaseTable, keeper
 STORAGE = SimpleNamespace(audit_table="/state/audit", checkpoint_table="/state/checkpoint",
                           resolved_lease_table="/state/lease")
 CONFIG = SimpleNamespace(storage=STORAGE, run=SimpleNamespace(wait_for_lease=False))
+SPARK = SimpleNamespace(dataSource=SimpleNamespace(register=lambda source: None))  # all else is patched below
 
 
 @pytest.fixture
@@ -39,7 +40,7 @@ def gates(clock=None) -> tuple[StartGates, Timeline]:
     timeline = Timeline(origin=0.0)
     holder = keeper(clock or Clock())
     holder.start_heartbeat = lambda spark: None
-    return StartGates(None, CONFIG, holder, timeline, check_access=True, on_wait=None), timeline
+    return StartGates(SPARK, CONFIG, holder, timeline, check_access=True, on_wait=None), timeline
 
 
 def test_a_lease_held_by_another_run_is_refused_before_the_query_starts(table):
@@ -70,7 +71,7 @@ def test_the_gates_wait_for_the_source_and_its_planners(table, monkeypatch):
     assert waiting.is_alive() and Milestone.SOURCE_READY not in timeline.marks  # the query may not start yet
     release.set()
     waiting.join(5)
-    assert not waiting.is_alive() and planned == [None] and Milestone.SOURCE_READY in timeline.marks
+    assert not waiting.is_alive() and planned == [SPARK] and Milestone.SOURCE_READY in timeline.marks
 
 
 def test_state_is_not_new_when_the_tables_existed_or_the_lease_had_a_holder_before(table, monkeypatch):

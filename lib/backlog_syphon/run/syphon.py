@@ -190,9 +190,8 @@ class StartGates:
             timeline.mark(Milestone.PREFLIGHT_DONE)
 
         def prepare_source() -> None:
-            if is_connect(spark):  # the server plans the source: nothing here to start early
-                spark.dataSource.register(BacklogDataSource)
-            else:
+            spark.dataSource.register(BacklogDataSource)
+            if not is_connect(spark):  # a Connect server plans the source itself: nothing here to start early
                 start_planners(spark)
             timeline.mark(Milestone.SOURCE_READY)
 

@@ -76,8 +76,8 @@ _PLANNERS_STARTED: set[str] = set()
 
 
 def start_planners(spark) -> None:
-    """Register the source and have Spark start the Python processes it creates and plans a Python source
-    in, by planning a batch read of no queue (no task runs, nothing is peeked).
+    """Have Spark start the Python processes it creates and plans a Python source in, by planning a batch
+    read of no queue (no task runs, nothing is peeked). The source must be registered in ``spark``.
 
     Spark starts each such process the first time a session needs it: one to look up installed sources
     (at the first registration), one to create a source, one to plan its reads. Each is a Python start
@@ -85,7 +85,6 @@ def start_planners(spark) -> None:
     would wait for them one after the other. Started here, alongside the run's other start-up work, they
     stay, and the query's own steps reuse them (``spark.python.worker.reuse``, on by default): once per
     Spark application."""
-    spark.dataSource.register(BacklogDataSource)
     application = spark.sparkContext.applicationId
     if application in _PLANNERS_STARTED:
         return
