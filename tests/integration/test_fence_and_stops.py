@@ -3,15 +3,15 @@
 Against the emulator, with real jobs (``jobs/syphon.py`` subprocesses) where a process boundary
 matters (two runs at once, a killed holder, signals, exit codes) and in-process otherwise:
 - two runs started together on one configuration: one delivers, the other exits with the fence
-  message; every message arrives exactly once (``payments`` has no duplicate detection: counted);
+  message; SIGTERM during the delivering one's send: that batch is finished, recorded and purged,
+  the job exits 0, and the next run sends nothing twice; every message arrives exactly once
+  (``payments`` has no duplicate detection: counted);
 - (a holder killed with SIGKILL mid-send, taken over at once by the next run, which re-sends at most
   the killed batch: ``test_crash_replay.py``);
 - a lease held by a run elsewhere: a run exits at once naming the holder, or (``run.wait_for_lease``)
   waits until the lease expires and then delivers;
 - a wrong secondary key, a wrong primary key, an endpoint where nothing listens: exit 2 within
   30 s with one line that names the setting; the key never shows; the backlog is untouched;
-- SIGTERM during a batch's send: the batch is finished, recorded and purged, the job exits 0, and
-  the next run sends nothing twice;
 - a continuous run of many small batches while messages keep arriving, on backlog queues that
   dead-letter at the second delivery: nothing is ever delivered twice by the broker (every message
   in the backlog always has delivery count 0), nothing is dead-lettered.
@@ -61,25 +61,74 @@ def _job_config(emulator, tmp_path):
     return make_config(emulator, tmp_path)
 
 
-# --- two runs at once -----------------------------------------------------------------------------
+# --- two runs at once, and a polite stop -----------------------------------------------------------
+
+# How long the delivering job's send may stay paused: long enough to outlast the other job's start on a
+# loaded machine, short enough for its lease (120 s, extended by commits that need a task slot).
+PAUSE_SECONDS = "90"
+
 
 @pytest.mark.timeout(900)
-def test_two_runs_at_once_deliver_every_message_exactly_once(emulator, tmp_path):
-    config = _job_config(emulator, tmp_path)
-    originals = _originals("twice", 400)
-    write_backlog(config.secondary, PRIMARY, originals, queue_count=10)
-    command = job_command(tmp_path, run__max_messages_per_trigger=100)
-    jobs = [start_job(command, job_env(emulator), tmp_path / f"job{n}.log") for n in (1, 2)]
-    codes = [finish_job(job, 600) for job in jobs]
-    logs = [tail(tmp_path / f"job{n}.log", 20000) for n in (1, 2)]
+def test_two_runs_at_once_one_delivers_and_sigterm_ends_it_after_its_batch(emulator, tmp_path, spark):
+    """Two jobs started together on one configuration: one takes the lease and pauses inside its first
+    batch's send; the other exits 3 with the fence message. Then SIGTERM (to the driver only, as a
+    runner stopping it would): the job finishes that batch, records and purges it, and exits 0. The
+    next run delivers the rest, and every message arrives exactly once."""
+    from backlog_syphon.run.syphon import run_syphon
+    from backlog_syphon.storage import tables
 
-    assert sorted(codes) == [0, 3], f"exit codes {codes}:\n{logs[0][-3000:]}\n---\n{logs[1][-3000:]}"
-    loser = logs[codes.index(3)]
-    assert FENCE_MESSAGE in loser and "holds the lease" in loser and "run.wait_for_lease=true" in loser
-    assert "Traceback" not in loser
-    arrivals = _arrivals(emulator)
-    assert set(arrivals) == {message.message_id for message in originals}
-    assert set(arrivals.values()) == {1}, f"delivered twice: {[m for m, n in arrivals.items() if n > 1][:10]}"
+    config = _job_config(emulator, tmp_path)
+    originals = _originals("twice", 300)
+    written = write_backlog(config.secondary, PRIMARY, originals, queue_count=10)
+    command = job_command(tmp_path, run__max_messages_per_trigger=100)
+    markers = {n: tmp_path / f"marker{n}" for n in (1, 2)}
+    logs = {n: tmp_path / f"job{n}.log" for n in (1, 2)}
+    jobs = {n: start_job(command, job_env(emulator, {
+        "SYPHON_FAULT_PAUSE_AT": "mid_send", "SYPHON_FAULT_PAUSE_SECONDS": PAUSE_SECONDS,
+        "SYPHON_FAULT_MARKER": str(markers[n])}), logs[n]) for n in (1, 2)}
+
+    def paused() -> list[int]:
+        return [n for n, marker in markers.items() if marker.exists() and marker.read_text().strip()]
+
+    try:
+        assert wait_for(lambda: (paused() and any(job.poll() is not None for job in jobs.values()))
+                        or all(job.poll() is not None for job in jobs.values()), 300), \
+            f"{tail(logs[1])}\n---\n{tail(logs[2])}"
+        codes = {n: job.poll() for n, job in jobs.items()}
+        assert len(paused()) == 1, f"exit codes {codes}:\n{tail(logs[1])}\n---\n{tail(logs[2])}"
+        winner = paused()[0]
+        loser = 3 - winner
+        assert codes == {winner: None, loser: 3}, f"exit codes {codes}:\n{tail(logs[loser])}"
+        os.kill(jobs[winner].pid, signal.SIGTERM)
+        markers[winner].unlink()  # the send goes on once the stop is requested
+        code = finish_job(jobs[winner], 300)
+    finally:
+        for job in jobs.values():
+            if job.poll() is None:
+                kill_tree(job)
+    fenced = tail(logs[loser], 20000)
+    assert FENCE_MESSAGE in fenced and "holds the lease" in fenced and "run.wait_for_lease=true" in fenced
+    assert "Traceback" not in fenced
+    output = tail(logs[winner], 20000)
+    assert code == 0, output[-4000:]
+    assert "SIGTERM: stopping after the batch in flight" in output and "stopped on request" in output
+
+    audit = tables.read_table(spark, config.storage.audit_table).collect()
+    assert {row["batch_id"] for row in audit} == {0}, "the run went on past the batch in flight"
+    checkpoint = {row["backlog_queue"]: row for row in tables.read_table(
+        spark, config.storage.checkpoint_table).collect()}
+    assert checkpoint and all(row["purged_through"] == row["delivered_through"] for row in checkpoint.values())
+    first = _arrivals(emulator)
+    assert set(first.values()) == {1} and len(first) == len(audit) < len(originals)
+    assert sum(entry["total"] for entry in _backlog(emulator).values()) == len(originals) - len(audit)
+
+    # The next run (in this process: what matters is what the stopped one left behind).
+    assert run_syphon(spark, config).drained
+    second = _arrivals(emulator)
+    assert set(second.values()) == {1}
+    assert not set(first) & set(second), "the next run sent again what the stopped run had delivered"
+    assert set(first) | set(second) == {message.message_id for message in originals}
+    assert sum(written.values()) == len(originals)
     assert all(entry["total"] == 0 for entry in _backlog(emulator).values())
 
 
@@ -170,49 +219,6 @@ def test_wrong_credentials_or_endpoint_end_the_run_in_seconds_with_one_line(emul
         assert not touched, f"{path} was touched: {touched}"
     assert not any(entry.get("dead_letter_count") for entry in _backlog(emulator).values())
     assert emulator.stats(PRIMARY)[DESTINATION]["in"] == 0
-
-
-# --- a polite stop --------------------------------------------------------------------------------
-
-@pytest.mark.timeout(900)
-def test_sigterm_during_a_send_finishes_that_batch_and_exits_0(emulator, tmp_path, spark):
-    from backlog_syphon.run.syphon import run_syphon
-    from backlog_syphon.storage import tables
-
-    config = _job_config(emulator, tmp_path)
-    originals = _originals("polite", 300)
-    written = write_backlog(config.secondary, PRIMARY, originals, queue_count=10)
-    command = job_command(tmp_path, run__max_messages_per_trigger=100)
-    marker = tmp_path / "marker"
-    job = start_job(command, job_env(emulator, {"SYPHON_FAULT_PAUSE_AT": "mid_send", "SYPHON_FAULT_PAUSE_SECONDS": "6",
-                                                "SYPHON_FAULT_MARKER": str(marker)}), tmp_path / "job.log")
-    try:
-        assert wait_for(lambda: marker.exists() and marker.read_text().strip() or job.poll() is not None, 300)
-        assert job.poll() is None, tail(tmp_path / "job.log")
-        os.kill(job.pid, signal.SIGTERM)  # the driver only, as a runner stopping it would
-        code = finish_job(job, 300)
-    finally:
-        if job.poll() is None:
-            kill_tree(job)
-    output = tail(tmp_path / "job.log", 20000)
-    assert code == 0, output[-4000:]
-    assert "SIGTERM: stopping after the batch in flight" in output and "stopped on request" in output
-
-    audit = tables.read_table(spark, config.storage.audit_table).collect()
-    assert {row["batch_id"] for row in audit} == {0}, "the run went on past the batch in flight"
-    checkpoint = {row["backlog_queue"]: row for row in tables.read_table(
-        spark, config.storage.checkpoint_table).collect()}
-    assert checkpoint and all(row["purged_through"] == row["delivered_through"] for row in checkpoint.values())
-    first = _arrivals(emulator)
-    assert len(first) == len(audit) < len(originals)
-    assert sum(entry["total"] for entry in _backlog(emulator).values()) == len(originals) - len(audit)
-
-    # The next run (in this process: what matters is what the stopped one left behind).
-    assert run_syphon(spark, config).drained
-    second = _arrivals(emulator)
-    assert not set(first) & set(second), "the next run sent again what the stopped run had delivered"
-    assert set(first) | set(second) == {message.message_id for message in originals}
-    assert sum(written.values()) == len(originals)
 
 
 # --- the purge in a long continuous run -----------------------------------------------------------

@@ -4,7 +4,7 @@ streaming checkpoint, failed purge rounds, destinations full or disabled, a leas
 
 In-process (the session's Spark) wherever no process boundary matters; real jobs (``jobs/syphon.py``)
 for what is the command line's (its output, exit codes, ``--timeout``) or needs its own Spark
-(``local[1]``, two runs at once). Re-sends are counted by MessageId at destinations without duplicate
+(``local[1]``). Re-sends are counted by MessageId at destinations without duplicate
 detection (``payments``, ``small``); each test checks that every message arrived exactly once, that
 the backlog queues are empty at the end, that nothing was dead-lettered, and that the audit holds
 exactly one final outcome row per message. Counts and durations are printed (``-s`` shows them).
@@ -321,7 +321,7 @@ def test_a_destination_unavailable_past_the_wait_fails_the_batch_and_the_replay_
     assert exit_code == 1, f"the error run_syphon raised carries no exit code: {type(failed.value).__name__}"
 
 
-# --- 6. the lease under starvation (invariant 7, the fence), two jobs on local[1] --------------
+# --- 6. the lease under starvation (invariant 7, the fence): a job on local[1] and a run waiting ----
 
 def _log_time(line: str) -> float:
     """Epoch seconds of a job's log line (``%(asctime)s``: local time, milliseconds after a comma)."""
@@ -335,74 +335,89 @@ STARVATION_OUTAGE_SECONDS = 30
 
 @pytest.mark.timeout(1500)
 def test_lease_under_starvation_never_lets_two_runs_deliver_at_once(spark, emulator, tmp_path):
-    """Job A holds the lease while its send tasks wait for a server-busy primary on ``local[1]``, where
-    they hold the only task slot that a lease extension (a Delta commit) needs; job B waits for the
-    lease (``run.wait_for_lease``). The primary stays down for longer than the lease (20 s).
+    """Job A (a process of its own on ``local[1]``) holds the lease while its send tasks wait for a
+    server-busy primary, holding the only task slot that a lease extension (a Delta commit) needs; run
+    B (in this process: all it needs is to want the same lease) waits for the lease
+    (``run.wait_for_lease``). The primary stays down for longer than the lease (20 s).
 
     The primary goes down once A holds the lease and B waits for it, both past their pre-flights, so
     the fence is exercised whatever the pre-flight makes of a busy primary. (A run started while the
     primary is down waits for it: ``test_outage_and_continuous.py``.)"""
-    config = make_config(emulator, tmp_path)
+    from backlog_syphon.errors import LeaseLostError
+    from backlog_syphon.run.syphon import run_syphon
+
+    settings = {"backlog.queue_count": 3, "run.lease_seconds": 20, "run.max_messages_per_trigger": 30,
+                "sink.outage_wait_seconds": 300, "sink.retry_backoff_seconds": 0.2,
+                "sink.max_retry_backoff_seconds": 1}
+    config = make_config(emulator, tmp_path, **settings)
     originals = _originals("starved", 150, destinations=("payments",))
     _write(config, {index: originals[index::3] for index in range(3)})
-    settings = dict(backlog__queue_count=3, run__lease_seconds=20, run__max_messages_per_trigger=30,
-                    sink__outage_wait_seconds=300, sink__retry_backoff_seconds=0.2,
-                    sink__max_retry_backoff_seconds=1)
     env = job_env(emulator, {"PYSPARK_SUBMIT_ARGS": f"--master local[1] {JOB_SUBMIT_ARGS}",
                              "SYPHON_SPARK_MASTER": "local[1]"})
-    logs = {name: tmp_path / f"job-{name}.log" for name in ("a", "b")}
+    log_a = tmp_path / "job-a.log"
+    progress_b: list[str] = []
+    ended_b: dict[str, object] = {}
+    started_b: list = []  # run B's handle, to stop it if the test fails first
 
-    def says(name: str, text: str):
-        return lambda: logs[name].exists() and text in logs[name].read_text(errors="replace")
+    def run_b() -> None:
+        try:
+            ended_b["summary"] = run_syphon(spark, config.with_overrides({"run.wait_for_lease": "true"}),
+                                            on_progress=progress_b.append, on_start=started_b.append)
+        except BaseException as exc:  # noqa: BLE001 - judged by the test below
+            ended_b["error"] = exc
 
     started = time.monotonic()
-    job_a = start_job(job_command(tmp_path, **settings), env, logs["a"])
-    job_b = None
+    job_a = start_job(job_command(tmp_path, **{key.replace(".", "__"): value for key, value in settings.items()}),
+                      env, log_a)
+    runner_b = threading.Thread(target=run_b, name="run-b", daemon=True)
     try:
-        assert wait_for(lambda: says("a", "took the lease")() or job_a.poll() is not None, 300), tail(logs["a"])
-        assert job_a.poll() is None, f"job A ended (exit {job_a.poll()}) before the stream started:\n{tail(logs['a'])}"
-        down_since = time.monotonic()
-        job_b = start_job(job_command(tmp_path, **settings, run__wait_for_lease="true"), env, logs["b"])
-        assert wait_for(lambda: says("b", "waiting for the lease")() or job_b.poll() is not None, 300), \
-            tail(logs["b"])
+        assert wait_for(lambda: "took the lease" in log_a.read_text(errors="replace") or job_a.poll() is not None,
+                        300), tail(log_a)
+        assert job_a.poll() is None, f"job A ended (exit {job_a.poll()}) before the stream started:\n{tail(log_a)}"
+        runner_b.start()
+        assert wait_for(lambda: any(line.startswith("waiting for the lease") for line in progress_b)
+                        or not runner_b.is_alive(), 300), f"run B: {ended_b} {progress_b}"
         emulator.set_unavailable(PRIMARY, mode="server-busy")
         down_since = time.monotonic()
-        assert job_b.poll() is None, f"job B ended (exit {job_b.poll()}) instead of waiting:\n{tail(logs['b'])}"
+        assert runner_b.is_alive(), f"run B ended instead of waiting: {ended_b} {progress_b}"
         # Down for half as long again as the lease (20 s): job A's send tasks hold the only task slot
         # meanwhile, past the lease's expiry.
-        time.sleep(max(0.0, STARVATION_OUTAGE_SECONDS - (time.monotonic() - down_since)))
+        time.sleep(STARVATION_OUTAGE_SECONDS)
         emulator.set_available(PRIMARY)
         back = time.monotonic()
-        codes = {"a": finish_job(job_a, 600), "b": finish_job(job_b, 600)}
+        code_a = finish_job(job_a, 600)
+        runner_b.join(600)
+        assert not runner_b.is_alive(), "run B did not end within 600 s of the primary's return"
     finally:
         emulator.set_available(PRIMARY)
-        for job in (job_a, job_b):
-            if job is not None and job.poll() is None:
-                finish_job(job, 1)
-    outputs = {name: path.read_text(errors="replace") for name, path in logs.items()}
+        if job_a.poll() is None:
+            finish_job(job_a, 1)
+        if runner_b.is_alive():  # the session is this worker's: no run may outlive its test
+            for run in started_b:
+                run.request_stop()
+            runner_b.join(120)
+    output_a = log_a.read_text(errors="replace")
     arrivals = _arrivals(emulator, ("payments",))
     twice = {key: n for key, n in arrivals.items() if n > 1}
-    events = {name: [line[:220] for line in text.splitlines()
-                     if line[:4].isdigit() and any(word in line for word in (
-                         "took the lease", "round", "batch_id=", "LeaseLost", "could not extend"))]
-              for name, text in outputs.items()}
-    print(f"[starvation] exit codes {codes}; primary down {back - down_since:.0f} s, back "
+    events_a = [line[:220] for line in output_a.splitlines() if line[:4].isdigit() and any(
+        word in line for word in ("took the lease", "round", "batch_id=", "LeaseLost", "could not extend"))]
+    error_b = ended_b.get("error")
+    outcome_b = f"raised {error_b!r}" if error_b is not None else f"drained={ended_b['summary'].drained}"
+    print(f"[starvation] job A exit {code_a}, run B {outcome_b}; primary down {back - down_since:.0f} s, back "
           f"{back - started:.0f} s after start; arrived {len(arrivals)} of {len(originals)}, duplicates "
           f"{len(twice)}, remaining {_remaining(emulator)}")
-    for name in ("a", "b"):
-        print(f"[starvation] job {name}:\n  " + "\n  ".join(events[name][:30]))
-    detail = "\n".join(f"--- job {name} (exit {codes[name]}) ---\n{outputs[name][-5000:]}" for name in ("a", "b"))
+    print("[starvation] job A:\n  " + "\n  ".join(events_a[:30]))
+    print("[starvation] run B:\n  " + "\n  ".join(progress_b[:30]))
+    detail = f"--- job A (exit {code_a}) ---\n{output_a[-5000:]}\n--- run B ({outcome_b}) ---\n" + "\n".join(progress_b)
     assert not twice, f"{len(twice)} message(s) delivered twice: {sorted(twice.items())[:10]}\n{detail}"
-    # Each job either drained (0) or stopped sending because it could not keep the lease (1, a
-    # LeaseLostError): on a starved machine both may stop, which is safe. What is left then is
-    # delivered by the next run, and nothing either job delivered is sent again.
-    assert set(codes.values()) <= {0, 1}, detail
-    lost = [name for name, code in codes.items() if code == 1]
-    assert all("LeaseLostError" in outputs[name] for name in lost), detail
-    if 0 not in codes.values():
-        from backlog_syphon.run.syphon import run_syphon
-
-        assert run_syphon(spark, config.with_overrides({"backlog.queue_count": "3"})).drained
+    # Each run either drained (A exits 0) or stopped sending because it could not keep the lease (A
+    # exits 1 on a LeaseLostError; B raises it): on a starved machine both may stop, which is safe.
+    # What is left then is delivered by the next run, and nothing either run delivered is sent again.
+    assert code_a in (0, 1), detail
+    assert code_a == 0 or "LeaseLostError" in output_a, detail
+    assert isinstance(error_b, LeaseLostError) if error_b is not None else ended_b["summary"].drained, detail
+    if code_a != 0 and error_b is not None:
+        assert run_syphon(spark, config).drained
         arrivals.update(_arrivals(emulator, ("payments",)))
     _check_exactly_once(arrivals, originals, "starvation")
     assert _remaining(emulator) == 0 and _dead_letters(emulator) == 0, detail

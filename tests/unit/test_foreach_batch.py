@@ -2,6 +2,8 @@
 transaction app id, and what a run's first batch recovers from the tables (on small in-memory frames)."""
 
 import datetime as dt
+import os
+import threading
 from types import SimpleNamespace
 
 import pytest
@@ -221,3 +223,30 @@ def test_the_send_tasks_pacing_adds_up_per_round_and_over_the_rounds_of_a_batch(
     batch = pacing_after_round(pacing_after_round(None, first_round), second_round)
     # counts add up; one round after the other: their slowed times add up, the limit and cap are the last's
     assert batch == PacingStats(35, 1.0, 11.0, 3, 3.0, 25.0, 50.0, 3)
+
+
+def test_a_paused_fault_point_goes_on_once_its_marker_is_removed_and_never_pauses_again(tmp_path, monkeypatch):
+    from backlog_syphon.sink import foreach_batch
+
+    marker = tmp_path / "marker"
+    monkeypatch.setenv("SYPHON_FAULT_PAUSE_AT", "mid_send")
+    monkeypatch.setenv("SYPHON_FAULT_PAUSE_SECONDS", "60")
+    monkeypatch.setenv("SYPHON_FAULT_MARKER", str(marker))
+    monkeypatch.setattr(foreach_batch, "_paused_at", set())
+    foreach_batch.fault_point("after_send")  # not the point asked for: goes on
+    assert not marker.exists()
+
+    paused = threading.Thread(target=foreach_batch.fault_point, args=("mid_send",), daemon=True)
+    paused.start()
+    deadline = dt.datetime.now() + dt.timedelta(seconds=10)
+    while not (marker.exists() and marker.read_text()) and dt.datetime.now() < deadline:
+        paused.join(0.05)
+    assert marker.read_text() == f"mid_send {os.getpid()}\n" and paused.is_alive()
+    marker.unlink()  # the test's "go on"
+    paused.join(5)
+    assert not paused.is_alive()
+
+    # Another Python worker reaching the point later: no pause, and the marker stays removed.
+    monkeypatch.setattr(foreach_batch, "_paused_at", set())
+    foreach_batch.fault_point("mid_send")
+    assert not marker.exists()

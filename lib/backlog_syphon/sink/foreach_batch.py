@@ -77,15 +77,21 @@ def fault_point(point: str) -> None:
 
     With ``SYPHON_FAULT_PAUSE_SECONDS`` the process pauses that long, once, and goes on; sooner if
     the marker file is removed (a test that has seen what it waited for need not wait out the pause).
+    Once removed, the marker stays removed: Python workers that reach the point later (another task's
+    worker, started after the first) go on without pausing.
     """
     wanted = os.environ.get("SYPHON_FAULT_PAUSE_AT")
     if wanted != point or point in _paused_at:
         return
     marker = os.environ.get("SYPHON_FAULT_MARKER")
+    pause = os.environ.get("SYPHON_FAULT_PAUSE_SECONDS")
     if marker:
+        if pause and os.path.exists(f"{marker}.paused") and not os.path.exists(marker):
+            return  # released by the test
         with open(marker, "a") as handle:
             handle.write(f"{wanted} {os.getpid()}\n")
-    pause = os.environ.get("SYPHON_FAULT_PAUSE_SECONDS")
+        if pause:
+            open(f"{marker}.paused", "a").close()
     if pause:
         _paused_at.add(point)
         until = time.monotonic() + float(pause)
