@@ -147,7 +147,9 @@ def test_recreated_backlog_queues_are_drained_from_their_start(spark, emulator, 
     assert summary.drained, summary.remaining
     assert _remaining(emulator) == 0 and _dead_letters(emulator) == 0
     checkpoint = tables.read_checkpoint(spark, config.storage.checkpoint_table)
-    print(f"[recreated] checkpoint: {[(q, r.incarnation, r.delivered_through, r.purged_through) for q, r in sorted(checkpoint.items())]}")
+    marks = [(queue, row.incarnation, row.delivered_through, row.purged_through)
+             for queue, row in sorted(checkpoint.items())]
+    print(f"[recreated] checkpoint: {marks}")
     assert {queue: row.incarnation for queue, row in checkpoint.items()} == {_queue(i): 2 for i in range(3)}
     assert all(row.delivered_through == 60 for row in checkpoint.values())
     rows = _check_audit(_audit(spark, config), first_all + second_all)
