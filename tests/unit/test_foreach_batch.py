@@ -9,6 +9,7 @@ from types import SimpleNamespace
 import pytest
 
 from backlog_syphon.model import CheckpointRow, HeldSpan, Outcome, PacingStats, ReasonCode, RecordedSpan
+from backlog_syphon.sink import foreach_batch
 from backlog_syphon.sink.batch import BatchAggregate, Recovery, Unsent
 from backlog_syphon.sink.foreach_batch import (
     NO_DESTINATION,
@@ -226,8 +227,6 @@ def test_the_send_tasks_pacing_adds_up_per_round_and_over_the_rounds_of_a_batch(
 
 
 def test_a_paused_fault_point_goes_on_once_its_marker_is_removed_and_never_pauses_again(tmp_path, monkeypatch):
-    from backlog_syphon.sink import foreach_batch
-
     marker = tmp_path / "marker"
     monkeypatch.setenv("SYPHON_FAULT_PAUSE_AT", "mid_send")
     monkeypatch.setenv("SYPHON_FAULT_PAUSE_SECONDS", "60")
