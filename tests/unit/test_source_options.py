@@ -81,3 +81,30 @@ def test_the_pool_closes_a_namespaces_client_with_its_last_link(monkeypatch):
     assert peek_0.closed and not settle_0.closed and not client.closed  # the purge's link still uses it
     pool.close(SECONDARY, "secondary", [("receiver", "settle", "q0")])
     assert settle_0.closed and client.closed
+
+
+def test_the_planners_start_once_per_application_and_a_failed_start_is_tried_again(monkeypatch):
+    from types import SimpleNamespace
+
+    from backlog_syphon.source import data_source
+
+    monkeypatch.setattr(data_source, "_PLANNERS_STARTED", set())
+    planned: list[str] = []
+
+    def session(application: str, fails: bool):
+        def load():
+            planned.append(application)
+            if fails:
+                raise RuntimeError("no Python planner here")
+            return SimpleNamespace(rdd=SimpleNamespace(getNumPartitions=lambda: 0))
+        reader = SimpleNamespace(format=lambda name: SimpleNamespace(options=lambda **options: SimpleNamespace(
+            load=load)))
+        return SimpleNamespace(sparkContext=SimpleNamespace(applicationId=application), read=reader)
+
+    data_source.start_planners(session("app-1", fails=True))  # only logged: the query starts them itself
+    assert data_source._PLANNERS_STARTED == set()
+    data_source.start_planners(session("app-1", fails=False))
+    data_source.start_planners(session("app-1", fails=False))  # a warm session's next run: not planned again
+    data_source.start_planners(session("app-2", fails=False))  # a new application plans again
+    assert planned == ["app-1", "app-1", "app-2"]
+    assert data_source._PLANNERS_STARTED == {"app-1", "app-2"}
