@@ -11,6 +11,7 @@ import datetime as dt
 import logging
 import os
 import tempfile
+import time
 import uuid
 from dataclasses import dataclass
 from typing import Callable
@@ -373,13 +374,13 @@ def start_syphon(spark: SparkSession, config: SyphonConfig, *, run_id: str | Non
     stream = (spark.readStream.format(SOURCE_NAME)
               .options(**backlog_source_options(config, stop_file=stop_file, emulate_available_now=emulate,
                                                 look_back=look_back)).load())
+    writer = (stream.writeStream.foreachBatch(sink)
+              .option("checkpointLocation", storage.checkpoint_location)
+              .queryName(config.run.query_name)
+              .trigger(**(trigger_options(EMULATED_AVAILABLE_NOW_TRIGGER) if emulate
+                          else trigger_options(config.run.trigger))))
     try:
-        query = (stream.writeStream.foreachBatch(sink)
-                 .option("checkpointLocation", storage.checkpoint_location)
-                 .queryName(config.run.query_name)
-                 .trigger(**(trigger_options(EMULATED_AVAILABLE_NOW_TRIGGER) if emulate
-                             else trigger_options(config.run.trigger)))
-                 .start())
+        query = start_query(writer.start)
     except BaseException:
         spark.streams.removeListener(listener)
         keeper.release(spark)
@@ -388,6 +389,29 @@ def start_syphon(spark: SparkSession, config: SyphonConfig, *, run_id: str | Non
     logger.info("started run_id=%s query=%s trigger=%s", run_id, config.run.query_name, config.run.trigger)
     return SyphonRun(query, sink, listener, keeper, stop_file, records, timeline,
                      spark if is_connect(spark) else None)
+
+
+# Spark waits a fixed 10 s (no setting changes it) for the Python process it starts for a streaming
+# query's ``foreachBatch`` under Spark Connect; on a busy driver the start then fails before the query
+# exists, with nothing read, sent or recorded, and a second try usually finds the driver less busy.
+PYTHON_CONNECT_BACK_FAILURE = "Python worker failed to connect back"
+QUERY_START_ATTEMPTS = 3
+
+
+def start_query(start: Callable[[], StreamingQuery], *, attempts: int = QUERY_START_ATTEMPTS,
+                sleep: Callable[[float], None] = time.sleep) -> StreamingQuery:
+    """``start()``, tried again (after 2 s, then 4 s) when it failed only because Spark's Python process
+    did not connect back in time; any other failure, or the last, is raised."""
+    for attempt in range(1, attempts):
+        try:
+            return start()
+        except Exception as exc:  # noqa: BLE001 - only the one failure below is tried again
+            if PYTHON_CONNECT_BACK_FAILURE not in str(exc):
+                raise
+            logger.warning("the streaming query did not start (%s, attempt %d of %d): the driver is busy; "
+                           "trying again", PYTHON_CONNECT_BACK_FAILURE, attempt, attempts)
+            sleep(2.0 * attempt)
+    return start()
 
 
 def run_syphon(spark: SparkSession, config: SyphonConfig, *, run_id: str | None = None,
