@@ -9,6 +9,7 @@ here can raise a backlog message's delivery count.
 from __future__ import annotations
 
 import logging
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Iterable
 
@@ -42,6 +43,32 @@ def first_identity_from(receiver, from_sequence_number: int) -> tuple[int, int |
     or None when there is none (one cheap peek, nothing locked)."""
     page = peek_raw(receiver, max(1, from_sequence_number), 1)
     return broker_identity(page[0]) if page else None
+
+
+_PROBE_THREADS = 32  # probes of different queues at once: each waits on its own link, nearly all of it on the network
+_probe_pool: ThreadPoolExecutor | None = None
+_probe_pool_lock = threading.Lock()
+
+
+def probe_at_once(namespace: NamespaceConfig, asks: dict[str, int]) -> dict[str, object]:
+    """``first_identity_from`` in each queue of ``asks`` (queue -> sequence number), in parallel on the queues'
+    pooled peek links; a queue that does not exist answers its ``BacklogQueueMissingError``. Other failures
+    raise. One round trip of time for any number of queues (``source.planning.ProbeAtOnce``)."""
+    global _probe_pool
+
+    def probe(queue: str):
+        try:
+            with pooled_receiver(namespace, queue) as receiver:
+                return first_identity_from(receiver, asks[queue])
+        except BacklogQueueMissingError as missing:
+            return missing
+
+    if len(asks) <= 1:
+        return {queue: probe(queue) for queue in asks}
+    with _probe_pool_lock:
+        if _probe_pool is None:
+            _probe_pool = ThreadPoolExecutor(max_workers=_PROBE_THREADS, thread_name_prefix="probe")
+    return dict(zip(asks, _probe_pool.map(probe, asks)))
 
 
 def peek_identities(receiver, first: int, last: int) -> list[tuple[int, int | None]]:

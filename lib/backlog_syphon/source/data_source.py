@@ -235,7 +235,7 @@ class BacklogSnapshotReader(DataSourceReader):
 class BacklogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def __init__(self, options):
         self.options = SourceOptions.from_spark(options)
-        self.planner = WindowPlanner(self._probe_fn, max_messages=self.options.max_messages_per_trigger,
+        self.planner = WindowPlanner(self._probe_at_once, max_messages=self.options.max_messages_per_trigger,
                                      available_now=self.options.available_now,
                                      idle_probe_max_seconds=self.options.idle_probe_max_seconds,
                                      look_back=self.options.look_back)
@@ -251,13 +251,12 @@ class BacklogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return ReadMaxRows(self.options.max_messages_per_trigger) if ReadMaxRows is not None else None
 
     def prepareForTriggerAvailableNow(self) -> None:
-        logger.info("available-now target: %s", self.planner.prepare_available_now(self._backlog_queues()))
+        self.planner.prepare_available_now()  # the target is fixed by the next plan, from its start offsets
 
     def latestOffset(self, start: dict | None = None, limit=None) -> dict:
         stopping = bool(self.options.stop_file) and os.path.exists(self.options.stop_file)
         if self.options.emulate_available_now:
-            if self.planner.target is None:
-                self.prepareForTriggerAvailableNow()
+            self.planner.prepare_available_now()
             budget = self.options.max_messages_per_trigger
         else:
             budget = self.planner.budget(
@@ -266,6 +265,9 @@ class BacklogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 limits_supported=ReadMaxRows is not None)
         end = self.planner.latest_offset(start, self._backlog_queues(), budget, now=time.monotonic(),
                                          stopping=stopping)
+        count = self.planner.last_count
+        if count.probes:
+            logger.debug("planned %s: %d probes in %d rounds", end, count.probes, count.rounds)
         if self.options.emulate_available_now and not stopping and self.planner.reached_target(end):
             # Everything there at the start is planned: stop once the batches in flight are done.
             logger.info("available-now target reached: the run stops after the batch in flight")
@@ -274,8 +276,10 @@ class BacklogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return end
 
     def reportLatestOffset(self) -> dict | None:
-        """Each queue's tail as last probed (Spark 4.2+ shows it as the source's ``latestOffset``)."""
-        return self.planner.reported_latest()
+        """Each queue's backlog as last probed (Spark 4.2+ shows it as the source's ``latestOffset`` in
+        ``lastProgress`` and to listeners): its tail, what is left behind the planned end, and the age of
+        its oldest message; nothing is probed for it (``WindowPlanner.reported_latest``)."""
+        return self.planner.reported_latest(int(time.time() * 1000))
 
     def partitions(self, start: dict, end: dict):
         self.planner.resume(end)
@@ -312,15 +316,11 @@ class BacklogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             open_peek_receivers(self.options.secondary, self._queues)
         return self._queues
 
-    def _probe_fn(self, queue: str):
-        from backlog_syphon.servicebus.clients import pooled_receiver
-        from backlog_syphon.servicebus.peek import first_identity_from
+    def _probe_at_once(self, asks: dict[str, int]) -> dict:
+        """One probe in each of several queues, in parallel on their pooled peek links."""
+        from backlog_syphon.servicebus.peek import probe_at_once
 
-        def probe(sequence_number: int):
-            with pooled_receiver(self.options.secondary, queue) as receiver:
-                return first_identity_from(receiver, sequence_number)
-
-        return probe
+        return probe_at_once(self.options.secondary, asks)
 
 
 def backlog_queues(options: SourceOptions) -> list[str]:

@@ -5,23 +5,37 @@ Offsets are ``{backlog queue name: {"incarnation": n, "next": next sequence numb
 reads as the first incarnation). A window ``[start, end)`` of one queue is immutable once planned
 (new messages always get higher sequence numbers), so a replayed batch peeks exactly the same
 messages again. Window ends are found with single-message probes ("first message at or after x")
-instead of downloading the messages twice.
+instead of downloading the messages twice. A window is closed only at an end a probe proved: no
+message was at or after it, or one was past it (sequence numbers only grow, so none can appear
+before it later).
 
 Sequence numbers mean something only within one incarnation of a queue: a queue deleted and
-created again numbers from 1 again. Before each window, a probe from the queue's start finds
-its first message; one below the offset that entered the backlog after every message probed so
-far cannot belong to the same incarnation, so the queue was recreated: its offset starts again
-from the beginning, in a new incarnation. A queue that does not exist is skipped with one warning.
+created again numbers from 1 again. Every plan probes each queue's first message (its *head*); a
+head below the offset that entered the backlog after every message probed so far cannot belong to
+the same incarnation, so the queue was recreated: its offset starts again from the beginning, in a
+new incarnation. A queue that does not exist is skipped with one warning.
 
 A run looks back once at each queue where earlier runs held messages for a destination in
 ``restore.skip_destinations`` (the run finds them in the audit and passes them as ``look_back``): the
-first time it plans such a queue, if its first message lies below the offset in the same incarnation,
-that window starts there (``QueueOffset.reread_from``), so a run without the skip delivers what an
+first time it plans such a queue, if its head lies below the offset in the same incarnation, that
+window starts there (``QueueOffset.reread_from``), so a run without the skip delivers what an
 earlier run held, and the sink drops, by identity, what is already recorded. A continuous run looks
 back only when it starts: what it holds later waits for the next run.
 
-The probes are the only I/O, injected (``Probe``); ``WindowPlanner`` holds what the stream reader
-remembers between triggers, so the reader itself only translates between Spark and this module.
+**Round trips.** Every probe is a round trip to the secondary namespace, which after a failover is
+a region away (30-80 ms). So a plan costs a constant number of probes per queue, whatever the
+number of batches before it, and probes every queue at once: each queue's planning is a *search*
+(a generator that yields the sequence number it wants probed and is sent the answer), and
+``run_searches`` sends one round of every search's next probe together (``ProbeAtOnce``: the I/O
+side runs them in parallel on pooled links). Per queue and batch: the head (also its oldest
+message's age, for reports); where the window starts, only when neither the head nor the last
+plan tells; where it ends: one probe, none when an available-now target bounds it. What the planner
+learns between batches (``QueueHints``: the tail last seen, the message found at the last window's
+end) only saves probes: windows are still closed where a probe proved it, a recreated queue is
+still found by its head, and a window read short is still confirmed by the executor.
+
+``WindowPlanner`` holds what the stream reader remembers between triggers, so the reader itself
+only translates between Spark and this module.
 """
 
 from __future__ import annotations
@@ -29,7 +43,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 from dataclasses import dataclass, field
-from typing import Callable, Collection, Mapping, Sequence
+from typing import Callable, Collection, Generator, Mapping, Sequence
 
 from backlog_syphon.errors import BacklogQueueMissingError
 
@@ -37,6 +51,10 @@ logger = logging.getLogger(__name__)
 
 Identity = tuple  # (sequence number, enqueue time in ms or None) of a message
 Probe = Callable[[int], "Identity | None"]  # the first message at or after x, or None when there is none
+# One probe per queue, all at once: each answer is an identity, None, or the queue's BacklogQueueMissingError.
+ProbeAtOnce = Callable[[Mapping[str, int]], Mapping[str, "Identity | None | BacklogQueueMissingError"]]
+# A search yields the sequence number it wants probed, is sent the answer, and returns its result.
+Search = Generator[int, "Identity | None", object]
 
 
 @dataclass(frozen=True)
@@ -83,39 +101,177 @@ def position(value) -> int:
     return QueueOffset.parse(value).next
 
 
-def window_end(start: int, budget: int, probe: Probe) -> int:
-    """End (exclusive) of the next window from ``start`` holding at most ``budget`` sequence numbers.
+# --- searches: one queue's probes, one at a time --------------------------------------------------
 
-    Returns ``start`` when nothing is there. Costs 2 probes when the queue holds more than the
-    budget, and about log2(budget) when the window reaches the queue's tail.
-    """
-    found = probe(start)
+GALLOP_FIRST_STEP = 64  # a tail search probes 64 past a known message first, then 8 times further each time
+GALLOP_FACTOR = 8
+
+
+@dataclass
+class ProbeCount:
+    """The round trips of a plan: probes, and rounds of probes sent together (the time they cost)."""
+
+    probes: int = 0
+    rounds: int = 0
+
+    def add(self, other: ProbeCount) -> None:
+        self.probes += other.probes
+        self.rounds += other.rounds
+
+
+def run_searches(searches: Mapping[str, Search], probe_at_once: ProbeAtOnce, count: ProbeCount,
+                 seen: dict[str, list] | None = None) -> dict[str, object]:
+    """Run one search per queue, all at once: each round probes the next sequence number of every search
+    still going, together. A search's result is what it returns, or its queue's ``BacklogQueueMissingError``
+    (when the search does not handle it). ``seen`` collects every identity probed, per queue."""
+    results: dict[str, object] = {}
+    asks: dict[str, int] = {}
+
+    def advance(queue: str, answer=None) -> None:
+        search = searches[queue]
+        try:
+            if isinstance(answer, BacklogQueueMissingError):
+                asks[queue] = search.throw(answer)
+            else:
+                asks[queue] = search.send(answer)
+        except StopIteration as stop:
+            results[queue] = stop.value
+        except BacklogQueueMissingError as missing:
+            results[queue] = missing
+
+    for queue in searches:
+        advance(queue)
+    while asks:
+        round_asks = dict(asks)
+        asks.clear()
+        answers = probe_at_once(round_asks)
+        count.rounds += 1
+        count.probes += len(round_asks)
+        for queue in round_asks:
+            answer = answers[queue]
+            if seen is not None and isinstance(answer, tuple):
+                seen.setdefault(queue, []).append(answer)
+            advance(queue, answer)
+    return results
+
+
+def probe_one_at_a_time(probe_for: Callable[[str], Probe]) -> ProbeAtOnce:
+    """A ``ProbeAtOnce`` made of single probes, one after the other."""
+    def probe_at_once(asks: Mapping[str, int]) -> dict:
+        answers = {}
+        for queue, sequence_number in asks.items():
+            try:
+                answers[queue] = probe_for(queue)(sequence_number)
+            except BacklogQueueMissingError as missing:
+                answers[queue] = missing
+        return answers
+
+    return probe_at_once
+
+
+def probe_once(sequence_number: int) -> Search:
+    """The first message at or after ``sequence_number`` (one probe)."""
+    return (yield sequence_number)
+
+
+def search_tail(known: Identity) -> Search:
+    """The end (exclusive) of everything in a queue, from a message ``known`` to be there: a gallop (64
+    past it, then 8 times further each time) until nothing is found, then halving. About
+    log8(n) + log2(n) probes for a tail n messages on; a handful when it is near."""
+    lo, step = known[0], GALLOP_FIRST_STEP
+    while True:
+        found = yield lo + step
+        if found is None:
+            return (yield from _halve(lo, lo + step))
+        lo, step = found[0], step * GALLOP_FACTOR
+
+
+def search_tail_from(end: int) -> Search:
+    """The end of everything in a queue now, from ``end``, an end seen before (nothing was at or after it,
+    something before it was) or 0: one probe when nothing came since."""
+    found = yield end
     if found is None:
-        return start
-    first = found[0]
-    limit = first + max(1, budget)
-    if probe(limit) is not None:
-        return limit
-    lo, hi = first, limit  # a message exists at lo; none at or after hi
+        return end
+    return (yield from search_tail(found))
+
+
+def _halve(lo: int, hi: int) -> Search:
+    """The end of the messages between ``lo`` (one is there) and ``hi`` (none was at or after it)."""
     while hi - lo > 1:
         mid = (lo + hi) // 2
-        found = probe(mid)
+        found = yield mid
         if found is None:
             hi = mid
         else:
-            lo = found[0]
+            lo = found[0]  # past hi only if messages arrived meanwhile: the end then follows this one
     return lo + 1
 
 
-def tail_end(start: int, probe: Probe, chunk: int = 1 << 20) -> int:
-    """End (exclusive) of everything in the queue now: the target of an available-now run."""
-    end = start
-    while True:
-        next_end = window_end(end, chunk, probe)
-        if next_end == end:
-            return end
-        end = next_end
+UNKNOWN = object()  # the first message of a window: not known without a probe
 
+
+@dataclass(frozen=True)
+class WindowEnd:
+    """Where a window search ended."""
+
+    end: int
+    full: bool  # a message lies at or past ``end``: the queue holds more than the window
+    first: int | None = None  # the window's first message (None: nothing in it)
+    after: Identity | None = None  # when full and probed: the first message at or after ``end``
+    tail: int | None = None  # the queue's end, when the window reached it (probed)
+
+
+def search_window(start: int, grant: int, first, *, tail_hint: int | None = None, bound: int | None = None
+                  ) -> Search:
+    """The end of the window from ``start`` holding at most ``grant`` sequence numbers from its first message.
+
+    ``first``: the first message at or after ``start`` when known (``UNKNOWN``: probe it; None: none).
+    ``bound``: an available-now target: a message at ``bound - 1`` or later was there when it was
+    fixed, so the window closes at ``min(first + grant, bound)`` without a probe.
+    ``tail_hint``: the queue's end as last seen. A window that reaches it costs one probe when the
+    queue has not grown since; one that finds it grew gallops from there (about log2 of the growth).
+    Without a hint, one probe at ``first + grant`` tells whether the queue holds more, and a tail
+    inside the window is found by halving.
+    """
+    if first is UNKNOWN:
+        first = yield start
+    if first is None:
+        return WindowEnd(start, False)
+    limit = first[0] + max(1, grant)
+    if bound is not None:
+        return WindowEnd(max(start, min(limit, bound)), limit < bound, first[0])
+    lo = first[0]
+    grew = tail_hint is not None and lo >= tail_hint  # the window starts past the tail last seen
+    if tail_hint is not None and lo < tail_hint <= limit:
+        found = yield tail_hint
+        if found is None:
+            return WindowEnd(tail_hint, False, first[0], tail=tail_hint)
+        if found[0] >= limit:
+            return WindowEnd(limit, True, first[0], after=found)
+        lo, grew = found[0], True
+    step = GALLOP_FIRST_STEP
+    while grew and lo + step < limit:
+        found = yield lo + step
+        if found is None:
+            end = yield from _halve(lo, lo + step)
+            return WindowEnd(end, False, first[0], tail=end)
+        if found[0] >= limit:
+            return WindowEnd(limit, True, first[0], after=found)
+        lo, step = found[0], step * GALLOP_FACTOR
+    found = yield limit
+    if found is not None:
+        return WindowEnd(limit, True, first[0], after=found)
+    end = yield from _halve(lo, limit)
+    return WindowEnd(end, False, first[0], tail=end)
+
+
+def tail_end(start: int, probe: Probe) -> int:
+    """End (exclusive) of everything in the queue now, from ``start`` (see ``search_tail_from``): one queue,
+    its probes one after the other."""
+    return run_searches({"queue": search_tail_from(start)}, probe_one_at_a_time(lambda _: probe), ProbeCount())["queue"]
+
+
+# --- budgets --------------------------------------------------------------------------------------
 
 def share_budget(total: int, queues: list[str]) -> dict[str, int]:
     """Split a batch's message budget evenly over the queues that have data.
@@ -127,6 +283,26 @@ def share_budget(total: int, queues: list[str]) -> dict[str, int]:
         return {}
     each, extra = divmod(total, len(queues))
     return {queue: max(1, each + (1 if index < extra else 0)) for index, queue in enumerate(queues)}
+
+
+def split_budget(total: int, demands: Mapping[str, int | None]) -> dict[str, int]:
+    """Share ``total`` over queues that each hold at most their demand (None: not known): none gets more
+    than its demand, and what one cannot use goes evenly to the others (a backlog left in one queue of
+    ten still fills a batch). Every queue gets at least 1, as in ``share_budget``."""
+    grants: dict[str, int] = {}
+    open_queues = [queue for queue, demand in demands.items() if demand is None or demand > 0]
+    left = total
+    while open_queues:
+        shares = share_budget(left, open_queues)
+        capped = [queue for queue in open_queues if demands[queue] is not None and demands[queue] <= shares[queue]]
+        if not capped:
+            grants.update(shares)
+            break
+        for queue in capped:
+            grants[queue] = demands[queue]
+            left -= demands[queue]
+        open_queues = [queue for queue in open_queues if queue not in capped]
+    return grants
 
 
 @dataclass
@@ -161,6 +337,32 @@ def normalise_offsets(offsets: Mapping[str, QueueOffset]) -> dict[str, dict]:
             else offsets[queue].to_json() for queue in sorted(offsets)}
 
 
+# --- a batch's plan ---------------------------------------------------------------------------------
+
+TAIL_REFRESH_SECONDS = 30.0  # a queue's tail beyond its window is probed again for reports after this long
+_REDISTRIBUTION_ROUNDS = 3
+
+
+@dataclass
+class QueueHints:
+    """What earlier plans learnt about one incarnation of a queue: saves probes, decides nothing."""
+
+    incarnation: int
+    tail: int | None = None  # the queue's end when last seen (nothing at or after it then)
+    tail_seen_at: float | None = None  # when (the planner's clock)
+    after: tuple[int, Identity] | None = None  # (x, the first message at or after x) at the last window's end
+    head: Identity | None = None  # the queue's first message when last probed (None: it was empty)
+    # The newest enqueue time probed in this incarnation, anywhere in the queue (what a recreated queue's
+    # messages come after): a window closed without a probe (at its target) still moves ``seen_ms`` past
+    # every message it holds.
+    newest_ms: int | None = None
+
+    def saw(self, identities) -> None:
+        times = [identity[1] for identity in identities if identity[1] is not None]
+        if times:
+            self.newest_ms = max(times + ([self.newest_ms] if self.newest_ms is not None else []))
+
+
 @dataclass(frozen=True)
 class WindowPlan:
     """The next micro-batch: each queue's offset at the window's end, and each probed queue's tail as
@@ -170,19 +372,7 @@ class WindowPlan:
     tails: dict[str, int]
     restarted: tuple[str, ...] = ()
     looked: tuple[str, ...] = ()  # queues this plan looked at (probed): a run looks back at each once
-
-
-class _SeenProbe:
-    """A probe that remembers the newest enqueue time it saw (for the offset's ``seen_ms``)."""
-
-    def __init__(self, probe: Probe, seen_ms: int | None):
-        self.probe, self.seen_ms = probe, seen_ms
-
-    def __call__(self, sequence_number: int) -> Identity | None:
-        found = self.probe(sequence_number)
-        if found is not None and found[1] is not None:
-            self.seen_ms = found[1] if self.seen_ms is None else max(self.seen_ms, found[1])
-        return found
+    count: ProbeCount = field(default_factory=ProbeCount)  # the plan's round trips
 
 
 @dataclass
@@ -190,40 +380,42 @@ class _Window:
     """One queue's window while a batch is planned."""
 
     offset: QueueOffset
-    probe: _SeenProbe
     end: int
-    granted: int  # sequence numbers the window was allowed
+    used: int  # sequence numbers from its first message to its end (what counts against the budget)
+    full: bool
+    after: Identity | None
+    bound: int | None  # its available-now target (None: unbounded)
     closed: bool = False  # the queue went missing meanwhile: the window stays as it is
 
     @property
-    def full(self) -> bool:
-        """The window used all it was granted: the queue may hold more."""
-        return not self.closed and self.end - self.offset.next >= self.granted
+    def hungry(self) -> bool:
+        return self.full and not self.closed and (self.bound is None or self.end < self.bound)
 
 
-_REDISTRIBUTION_ROUNDS = 3
-
-
-def plan_windows(start: Mapping[str, object], queues: Sequence[str], budget: int, probe_for: Callable[[str], Probe], *,
+def plan_windows(start: Mapping[str, object], queues: Sequence[str], budget: int, probe_at_once: ProbeAtOnce, *,
                  backoff: IdleBackoff, now: float, target: Mapping[str, int] | None = None,
-                 missing: set[str] | None = None, look_back: Collection[str] = ()) -> WindowPlan:
+                 missing: set[str] | None = None, look_back: Collection[str] = (),
+                 hints: dict[str, QueueHints] | None = None) -> WindowPlan:
     """Plan the next batch's windows from ``start``: which queues to look at, how far each window goes.
 
     - Continuous runs look only at queues whose idle back-off is due; an available-now run (with a
       ``target``) at every queue of its target (one at its target costs one probe: it may have been
       recreated), and never past the target.
-    - Each queue looked at is first checked for a recreation (its first message, one probe).
-    - The budget is shared evenly over the queues looked at; what a queue leaves unused (it held
-      less than its share) goes to the queues that filled theirs, in a few rounds, so a backlog
-      left in one queue of ten still moves a whole budget per batch.
-    - A window that stopped short of what it was granted reached the queue's tail; a full one costs
-      one probe more when the tail is right there, about log2(backlog) when it is not (for progress reports).
+    - Round 1 probes every queue's head: a recreated queue starts again in a new incarnation, a
+      queue in ``look_back`` whose head lies below its offset (same incarnation) is read from that
+      message (``QueueOffset.reread_from``), and an empty one backs off.
+    - The budget is shared over the queues with something to read, none getting more than it is
+      known to hold (an available-now target, the tail last seen); what is left after the windows
+      are found goes to the queues that filled theirs, in a few rounds.
     - A queue that does not exist is left out (``missing`` collects it; one warning when it goes missing).
-    - A queue in ``look_back`` whose first message lies below its offset (same incarnation) is read from
-      that message (``QueueOffset.reread_from``): what earlier runs left there (one probe more).
-    ``probe_for(queue)`` gives that queue's probe (``Probe``): the only I/O, injected.
+    - ``hints`` (updated here) carries what the plans learn between batches; a queue's tail is
+      reported from it, probed again when the window passed it or it is ``TAIL_REFRESH_SECONDS`` old.
+    ``probe_at_once`` is the only I/O, injected; every search of one round goes to it together.
     """
     missing = set() if missing is None else missing
+    hints = {} if hints is None else hints
+    count = ProbeCount()
+    seen: dict[str, list] = {}
     offsets = {queue: QueueOffset() for queue in queues}
     offsets.update({queue: QueueOffset.parse(value) for queue, value in start.items()})
     # Where a queue stays if no window moves it: exactly its start, a look back included, so that Spark
@@ -233,88 +425,173 @@ def plan_windows(start: Mapping[str, object], queues: Sequence[str], budget: int
         candidates = [queue for queue in offsets if queue in target]
     else:
         candidates = [queue for queue in offsets if backoff.due(queue, now)]
-    reread: dict[str, int] = {}
-    for queue in candidates:
-        offset = offsets[queue]
-        if queue not in look_back or offset.next <= 1:
-            continue
-        try:
-            head = probe_for(queue)(1)
-        except BacklogQueueMissingError:
-            continue  # the planning below finds it missing and says so
-        if offset.left_behind(head):
-            logger.info("backlog=%s holds messages below its offset %d (from %d): earlier runs left them; this "
-                        "batch reads them again (what is recorded is not sent again)", queue, offset.next, head[0])
-            reread[queue] = head[0]
-            offsets[queue] = dataclasses.replace(offset, next=head[0], reread_from=None)
-    # The budget goes to the queues with something left to read; one already at its available-now
-    # target is only checked for a recreation (and then gets a share of its own).
-    active = [queue for queue in candidates if target is None or offsets[queue].next < target.get(queue, 0)]
-    shares = share_budget(budget, active)
+
+    heads = run_searches({queue: probe_once(1) for queue in candidates}, probe_at_once, count, seen)
     restarted: list[str] = []
-
-    def extend(queue: str, window: _Window, grant: int) -> None:
-        end = window_end(window.end, grant, window.probe)
-        if target is not None and queue not in restarted:
-            end = min(end, max(window.offset.next, target.get(queue, end)))
-        window.end, window.granted = max(window.end, end), window.granted + grant
-
-    planned: dict[str, _Window] = {}
+    reread: dict[str, int] = {}
+    firsts: dict[str, object] = {}
     for queue in candidates:
-        offset = offsets[queue]
-        probe = _SeenProbe(probe_for(queue), offset.seen_ms)
-        try:
-            if offset.next > 1 and offset.recreated(probe.probe(1)):
-                logger.warning("backlog=%s was recreated (it numbers from 1 again, with messages enqueued after "
-                               "every one read before): reading it from its start, incarnation %d",
-                               queue, offset.incarnation + 1)
-                offset = QueueOffset(offset.incarnation + 1, 0, None)
-                probe.seen_ms = None
-                restarted.append(queue)
-            if queue not in shares and queue not in restarted:
-                continue  # at its target, and the same queue as before: nothing to plan
-            window = planned[queue] = _Window(offset, probe, offset.next, 0)
-            extend(queue, window, shares.get(queue) or max(1, budget // (len(active) + 1)))
-        except BacklogQueueMissingError:
+        head = heads[queue]
+        if isinstance(head, BacklogQueueMissingError):
             if queue not in missing:
                 logger.warning("backlog=%s does not exist: skipped (the other backlog queues drain); it is read "
                                "as soon as it exists", queue)
                 missing.add(queue)
             backoff.record(queue, False, now)
-            planned.pop(queue, None)
             continue
         if queue in missing:
             logger.info("backlog=%s exists again", queue)
             missing.discard(queue)
+        offset = offsets[queue]
+        if offset.next > 1 and offset.recreated(head):
+            logger.warning("backlog=%s was recreated (it numbers from 1 again, with messages enqueued after "
+                           "every one read before): reading it from its start, incarnation %d",
+                           queue, offset.incarnation + 1)
+            offset = QueueOffset(offset.incarnation + 1, 0, None)
+            restarted.append(queue)
+        elif queue in look_back and offset.next > 1 and offset.left_behind(head):
+            logger.info("backlog=%s holds messages below its offset %d (from %d): earlier runs left them; this "
+                        "batch reads them again (what is recorded is not sent again)", queue, offset.next, head[0])
+            reread[queue] = head[0]
+            offset = dataclasses.replace(offset, next=head[0], reread_from=None)
+        offsets[queue] = offset
+        hint = hints.get(queue)
+        if hint is None or hint.incarnation != offset.incarnation:
+            hint = hints[queue] = QueueHints(offset.incarnation)
+        hint.head = head
+        hint.saw(seen.get(queue, ()))
+        if head is None:
+            firsts[queue] = None
+        elif head[0] >= offset.next:
+            firsts[queue] = head  # nothing left below the offset: the head is where the window starts
+        elif hint.after is not None and hint.after[0] == offset.next:
+            firsts[queue] = hint.after[1]
+        else:
+            firsts[queue] = UNKNOWN
+
+    def bound_of(queue: str) -> int | None:
+        return None if target is None or queue in restarted else target.get(queue, 0)
+
+    empty = [queue for queue, first in firsts.items() if first is None]
+    demands: dict[str, int | None] = {}
+    for queue, first in firsts.items():
+        bound, offset, hint = bound_of(queue), offsets[queue], hints[queue]
+        from_ = offset.next if first is UNKNOWN or first is None else first[0]
+        if first is None or (bound is not None and offset.next >= bound):
+            demands[queue] = 0  # empty, or at its available-now target: only checked for a recreation
+        elif bound is not None:
+            demands[queue] = max(1, bound - from_)
+        elif hint.tail is not None and hint.tail > from_:
+            demands[queue] = hint.tail - from_  # may have grown: a full window asks for more below
+        else:
+            demands[queue] = None
+    grants = split_budget(budget, demands)
+
+    planned: dict[str, _Window] = {}
+    found = run_searches({queue: search_window(offsets[queue].next, grant, firsts[queue],
+                                               tail_hint=hints[queue].tail, bound=bound_of(queue))
+                          for queue, grant in grants.items()}, probe_at_once, count, seen)
+    for queue, result in found.items():
+        if isinstance(result, BacklogQueueMissingError):  # deleted since its head was probed
+            backoff.record(queue, False, now)
+            continue
+        planned[queue] = _Window(offsets[queue], result.end, _used(result), result.full, result.after, bound_of(queue))
+        _learn(hints[queue], result, now)
 
     for _ in range(_REDISTRIBUTION_ROUNDS):
-        unused = budget - sum(window.end - window.offset.next for window in planned.values())
-        hungry = [queue for queue, window in planned.items() if window.full and
-                  (target is None or queue in restarted or window.end < target.get(queue, 0))]
+        unused = budget - sum(window.used for window in planned.values())
+        hungry = [queue for queue, window in planned.items() if window.hungry]
         if unused < 1 or not hungry:
             break
         # Fewer left than hungry queues: one each to the first, so that a batch takes its whole budget.
-        for queue, grant in share_budget(unused, hungry[:unused]).items():
-            try:
-                extend(queue, planned[queue], grant)
-            except BacklogQueueMissingError:  # deleted meanwhile: its window so far stands
-                planned[queue].closed = True
+        more = run_searches({queue: search_window(planned[queue].end, grant, planned[queue].after or UNKNOWN,
+                                                  tail_hint=hints[queue].tail, bound=planned[queue].bound)
+                             for queue, grant in share_budget(unused, hungry[:unused]).items()},
+                            probe_at_once, count, seen)
+        for queue, result in more.items():
+            window = planned[queue]
+            if isinstance(result, BacklogQueueMissingError):  # deleted meanwhile: its window so far stands
+                window.closed = True
+                continue
+            window.used += _used(result)
+            window.end, window.full, window.after = max(window.end, result.end), result.full, result.after
+            _learn(hints[queue], result, now)
 
+    for queue in empty:
+        bound = bound_of(queue)
+        if bound is not None and offsets[queue].next < bound:
+            # Nothing at all left before its available-now target (emptied by someone else): the offset
+            # moves there, or the run would wait for it forever.
+            planned[queue] = _Window(offsets[queue], bound, 0, False, None, bound)
+        else:
+            backoff.record(queue, False, now)
+    tails = _tails(planned, hints, restarted, target, probe_at_once, count, seen, now)
+    for queue in empty:
+        tails.setdefault(queue, offsets[queue].next)
+    for queue, identities in seen.items():
+        if queue in hints and queue not in missing:
+            hints[queue].saw(identities)
     end = dict(unmoved)
-    tails: dict[str, int] = {}
     for queue, window in planned.items():
         offset = window.offset
-        try:
-            tails[queue] = tail_end(window.end, window.probe) if window.full else window.end
-        except BacklogQueueMissingError:
-            tails[queue] = window.end
         backoff.record(queue, window.end > offset.next, now)
         # An offset moves only with its window: Spark plans a batch whenever an offset changes.
         if window.end > offset.next or queue in restarted:
-            end[queue] = QueueOffset(offset.incarnation, window.end, window.probe.seen_ms,
+            hint = hints[queue]
+            newest = max((ms for ms in (offset.seen_ms, hint.newest_ms) if ms is not None), default=None)
+            end[queue] = QueueOffset(offset.incarnation, window.end, newest,
                                      reread.get(queue) if queue not in restarted else None)
     looked = tuple(queue for queue in candidates if queue not in missing)
-    return WindowPlan(normalise_offsets(end), tails, tuple(restarted), looked)
+    return WindowPlan(normalise_offsets(end), tails, tuple(restarted), looked, count)
+
+
+def _used(result: WindowEnd) -> int:
+    """Sequence numbers a window search took from the budget: from its first message to its end."""
+    return 0 if result.first is None else max(0, result.end - result.first)
+
+
+def _learn(hint: QueueHints, result: WindowEnd, now: float) -> None:
+    """What a window search tells about its queue for the next plans."""
+    if result.tail is not None:
+        hint.tail, hint.tail_seen_at = result.tail, now
+    if result.after is not None:
+        hint.after = (result.end, result.after)
+        if hint.tail is not None and hint.tail <= result.after[0]:
+            hint.tail = None  # the queue grew past the tail last seen
+
+
+def _tails(planned: dict[str, _Window], hints: dict[str, QueueHints], restarted: list[str],
+           target: Mapping[str, int] | None, probe_at_once: ProbeAtOnce, count: ProbeCount, seen: dict,
+           now: float) -> dict[str, int]:
+    """Each planned queue's tail, for reports (and, for a queue recreated during an available-now run, its
+    new target): from the hints, probed again only when the window passed the tail last seen or it is
+    ``TAIL_REFRESH_SECONDS`` old. Under a target the rest of a queue beyond it does not matter."""
+    tails: dict[str, int] = {}
+    searches: dict[str, Search] = {}
+    for queue, window in planned.items():
+        hint = hints[queue]
+        if not window.full:
+            tails[queue] = max(window.end, hint.tail or 0)
+            continue
+        if target is not None and queue not in restarted:
+            tails[queue] = max(window.end, hint.tail or 0, target.get(queue, 0))
+            continue
+        fresh = hint.tail_seen_at is not None and now - hint.tail_seen_at < TAIL_REFRESH_SECONDS
+        if hint.tail is not None and hint.tail > window.end and fresh:
+            tails[queue] = hint.tail
+        elif hint.tail is not None and hint.tail > window.end:
+            searches[queue] = search_tail_from(hint.tail)
+        elif window.after is not None:
+            searches[queue] = search_tail(window.after)
+        else:
+            searches[queue] = search_tail_from(window.end)
+    for queue, tail in run_searches(searches, probe_at_once, count, seen).items():
+        if isinstance(tail, BacklogQueueMissingError):
+            tails[queue] = planned[queue].end
+            continue
+        hints[queue].tail, hints[queue].tail_seen_at = tail, now
+        tails[queue] = max(tail, planned[queue].end)
+    return tails
 
 
 ALL_AVAILABLE_BUDGET = 1 << 40  # "no limit": more sequence numbers than any queue holds
@@ -322,23 +599,27 @@ ALL_AVAILABLE_BUDGET = 1 << 40  # "no limit": more sequence numbers than any que
 
 class WindowPlanner:
     """The stream reader's driver-side planning: its start, the available-now target, each queue's
-    window end per trigger, and each queue's tail as last seen (for progress reports).
+    window end per trigger, and each queue's tail and head as last seen (for progress reports).
 
-    ``probe_for(queue)`` gives that queue's probe. ``max_messages`` bounds a batch unless Spark passes
-    its own read limit; ``available_now`` without a read limit from Spark (Spark 4.0/4.1) means one
-    batch of everything, since those versions have no available-now target for Python sources.
+    ``probe_at_once`` probes one sequence number in each of several queues, together.
+    ``max_messages`` bounds a batch unless Spark passes its own read limit; ``available_now`` without
+    a read limit from Spark (Spark 4.0/4.1) means one batch of everything, since those versions have
+    no available-now target for Python sources.
     """
 
-    def __init__(self, probe_for: Callable[[str], Probe], *, max_messages: int, available_now: bool,
+    def __init__(self, probe_at_once: ProbeAtOnce, *, max_messages: int, available_now: bool,
                  idle_probe_max_seconds: float, look_back: Collection[str] = ()):
-        self.probe_for = probe_for
+        self.probe_at_once = probe_at_once
         self.max_messages = max_messages
         self.available_now = available_now
         self.backoff = IdleBackoff(max_seconds=idle_probe_max_seconds)
         self.target: dict[str, int] | None = None  # available-now: stop here
+        self.target_wanted = False  # an available-now run: the target is fixed by the next plan
         self.last_end: dict[str, dict] | None = None  # Spark 4.0/4.1 ask for the latest offset without a start
         self.tails: dict[str, int] = {}  # queue -> end of what was in it when last probed
+        self.hints: dict[str, QueueHints] = {}
         self.missing: set[str] = set()  # configured queues that do not exist (warned about once)
+        self.last_count = ProbeCount()  # the last plan's round trips (the target's included)
         # Queues where earlier runs held messages for skipped destinations: looked back at once, when this
         # run first plans them (``looked_back``). Only those: a look back elsewhere would only re-read
         # recorded messages the purge has not settled yet.
@@ -349,17 +630,32 @@ class WindowPlanner:
     def initial_offset(queues: Sequence[str]) -> dict[str, dict]:
         return normalise_offsets({queue: QueueOffset() for queue in queues})
 
-    def prepare_available_now(self, queues: Sequence[str]) -> dict[str, int]:
-        """Fix the target of an available-now run: every queue's tail now (a missing queue: nothing)."""
+    def prepare_available_now(self) -> None:
+        """An available-now run: the next plan fixes the target, every queue's tail then (its probes start
+        at the batch's start offsets, so a drained backlog costs one probe per queue)."""
+        self.target_wanted = True
+
+    def fix_target(self, start: Mapping[str, object], queues: Sequence[str], count: ProbeCount) -> dict[str, int]:
+        """Every queue's tail now, all queues at once, each searched from its offset (a missing queue: 0)."""
+        offsets = {queue: QueueOffset.parse(start.get(queue, 0)) for queue in queues}
+        seen: dict[str, list] = {}
+        tails = run_searches({queue: search_tail_from(offsets[queue].next) for queue in queues}, self.probe_at_once,
+                             count, seen)
         self.target = {}
         for queue in queues:
-            try:
-                self.target[queue] = tail_end(0, self.probe_for(queue))
-            except BacklogQueueMissingError:
+            tail = tails[queue]
+            if isinstance(tail, BacklogQueueMissingError):
                 if queue not in self.missing:
                     logger.warning("backlog=%s does not exist: skipped (the other backlog queues drain)", queue)
                     self.missing.add(queue)
-                self.target[queue] = 0
+                tail = 0
+            else:
+                hint = self.hints.get(queue)
+                if hint is None or hint.incarnation != offsets[queue].incarnation:
+                    hint = self.hints[queue] = QueueHints(offsets[queue].incarnation)
+                hint.saw(seen.get(queue, ()))  # the target's messages: a window closed at it holds none newer
+            self.target[queue] = tail
+        logger.info("available-now target: %s (%d probes in %d rounds)", self.target, count.probes, count.rounds)
         return self.target
 
     def budget(self, *, max_rows: int | None = None, all_available: bool = False,
@@ -381,8 +677,14 @@ class WindowPlanner:
             start = self.last_end or self.initial_offset(queues)
         if stopping:
             return normalise_offsets(start)
-        plan = plan_windows(start, queues, budget, self.probe_for, backoff=self.backoff, now=now, target=self.target,
-                            missing=self.missing, look_back=self.look_back - self.looked_back)
+        count = ProbeCount()
+        if self.target_wanted and self.target is None:
+            self.fix_target(start, queues, count)
+        plan = plan_windows(start, queues, budget, self.probe_at_once, backoff=self.backoff, now=now,
+                            target=self.target, missing=self.missing, look_back=self.look_back - self.looked_back,
+                            hints=self.hints)
+        count.add(plan.count)
+        self.last_count = count
         self.looked_back.update(plan.looked)
         for queue in plan.restarted:
             self.tails.pop(queue, None)
@@ -407,12 +709,22 @@ class WindowPlanner:
         return all(queue in self.missing or position(end.get(queue, 0)) >= through
                    for queue, through in self.target.items())
 
-    def reported_latest(self) -> dict[str, int] | None:
-        """Each queue's tail as last probed (never behind the planned end), or None before any probe."""
+    def reported_latest(self, now_ms: int) -> dict[str, dict] | None:
+        """Each queue's backlog as last probed, or None before any probe: its tail (``next``, never behind the
+        planned end), the sequence numbers left behind the planned end (``remaining``, an upper bound), and
+        the age of its oldest message (``oldest_age_seconds``, the head's; messages delivered and not yet
+        settled included). Nothing here costs a probe."""
         if not self.tails:
             return None
         ends = self.last_end or {}
-        return {queue: max(tail, position(ends.get(queue, 0))) for queue, tail in sorted(self.tails.items())}
+        reported = {}
+        for queue, tail in sorted(self.tails.items()):
+            planned = position(ends.get(queue, 0))
+            head = self.hints[queue].head if queue in self.hints else None
+            oldest = None if head is None or head[1] is None else max(0.0, (now_ms - head[1]) / 1000)
+            reported[queue] = {"next": max(tail, planned), "remaining": max(0, tail - planned),
+                               "oldest_age_seconds": None if oldest is None else round(oldest, 1)}
+        return reported
 
 
 def windows(start: Mapping[str, object], end: Mapping[str, object]) -> list[tuple[str, int, int]]:
