@@ -1,64 +1,66 @@
-"""The syphon against a plain SDK loop at real network latency, with the emulator's ceiling, memory and idle cost.
+"""The syphon where a real failover puts it, against competent plain SDK loops and the emulator's ceiling.
 
     PYTHONPATH=lib:emulator/src PYSPARK_PYTHON=$PWD/.venv/bin/python \\
-        .venv/bin/python bench/bench_syphon.py [--quick] [--json PATH]
+        .venv/bin/python bench/bench_syphon.py [--quick] [--rows NAME ...] [--json PATH] [--library PATH]
 
-Every measurement gets a fresh emulator of conf/emulator.yaml, run in this process on ephemeral
-ports on 127.0.0.1 with the row's latency, and a legacy backlog written before any clock starts
-(``backlog_writer.realistic_backlog`` with 1 KB bodies, ``write_backlog`` over 10 backlog queues,
-or with 1 all into queue 0). The movers run in child processes, which get the two connection
-strings by environment (the variables conf/local.yaml reads):
+After a failover the backlog queues live in the secondary namespace, a region away from the job
+(30-80 ms), while the primary is near (1-3 ms). So the rows run at that *geometry*: the emulator
+adds a latency per namespace (the secondary 25 ms one way, the primary 1 ms), and today's symmetric
+rows (0 and 10 ms on both) stay for comparison. Every measurement gets a fresh emulator of
+conf/emulator.yaml, run in this process on ephemeral ports on 127.0.0.1, and a legacy backlog
+written before any clock starts (``backlog_writer.realistic_backlog`` over 10 backlog queues, a tenth
+of it for the session queue unless the row says otherwise). The movers run in child processes,
+which get the two connection strings by environment (the variables conf/local.yaml reads):
 
-- plain loop: one process, one client per namespace; per backlog queue, PeekLock receives of 100,
-  then for each message one ``send_messages`` of its body to ``x-ms-path`` with the session id of
-  ``x-ms-sessionid``, then ``complete_message`` for each. It knows how many messages each queue
-  holds (what an operator reads from the queue) and never asks for more, so it never waits on an
-  empty or short queue. It is bounded by time (``--loop-seconds``): it stops after the page in
-  flight, and its rate is what it moved in the time it ran.
 - syphon: a fresh Python driver and JVM per run: ``build_spark_session``, then ``run_syphon``
-  (available-now) with conf/local.yaml as a new user has it (``--max-per-trigger`` overrides its
-  ``run.max_messages_per_trigger``) and Delta state in a temporary folder.
-- emulator ceiling: ``bench_emulator.ceiling`` at each latency: the same broker work (batched send,
-  peeks of 250, PeekLock receives of 100 with one bulk completion each) from one SDK client process.
+  (available-now) with conf/local.yaml as a new user has it, Delta state in a temporary folder.
+- loop (threads): the competent plain loop: one thread per backlog queue, each with its own
+  PeekLock receiver (prefetch 100) and senders; pages of 100; each page's messages sent batched per
+  destination and session (consecutive runs, in order), then each message completed. It knows how
+  many messages each queue holds and never asks for more.
+- loop (single): the same work in one thread, queue after queue, one send per message (today's
+  baseline).
+Both loops are bounded by time (``--loop-seconds``): each stops after the page in flight, and its
+rate is what it moved in the time it ran.
+- emulator ceiling: ``bench_emulator.ceiling`` at each namespace's latency: batched sends at the
+  primary's, peeks of 250 and PeekLock receives of 100 with one bulk completion each at the
+  secondary's, combined as ``1 / (1/send + 1/peek + 1/(receive+complete))``.
 
-The figures:
+The rows (``--rows``): ``30k`` (30,000 x 1 KB), ``200k`` (200,000 x 1 KB, the steady state),
+``skewed`` (30,000, 80% of them in one queue), ``sessions`` (30,000 for the session queue, 500
+sessions over the 10 queues, interleaved), ``64k`` (20,000 x 64 KB), ``30k-0ms`` and ``30k-10ms``
+(symmetric). The figures per row:
 
-- latency: one way; the emulator adds twice this to every client round trip (its ``latency_ms``).
-- loop msg/s: messages the loop moved / its wall time (clients opened included); ``*`` marks a
-  loop that stopped at its time bound.
-- syphon e2e msg/s: messages / time from just before the Spark session is built to the return of
-  ``run_syphon`` (JVM start, Delta tables, pre-flight, every batch and the closing count of what is
-  left in the backlog queues).
-- steady msg/s: input rows / ``batchDuration`` summed over the batches after the first non-empty
-  one (``query.recentProgress``); the first batch carries the JIT warm-up and first table reads.
-  "-" when the run had a single non-empty batch. With 6,000 messages and 5,000 per trigger that
-  is one batch of 1,000, so per-batch costs weigh more than in a long run; the memory runs' steady
-  rates (full batches of 5,000) show the long-run figure at 0 ms.
-- e2e/loop: syphon e2e / loop at the same latency and queue count.
-- steady/ceiling: steady / the emulator's combined ceiling at the same latency (see bench_emulator).
-- ops/msg: the emulator's ``ops`` counters summed over both namespaces and every entity, from just
-  before the mover's process starts to its exit, / messages moved. They count what the emulator
-  did: a batched send counts ``send`` and ``send_batch``, a bulk completion ``update_disposition``
-  once and ``complete`` per message, a receive one per message delivered, plus link attaches.
-- driver peak MB: the peak resident set (``VmHWM`` in /proc, read once ``run_syphon`` has returned) of
-  the driver's Python process (it calls ``run_syphon`` and runs ``foreachBatch``) and of the driver
-  JVM (in local mode it hosts the executors too). The Python workers Spark starts (executor reads,
-  the source's driver-side methods) are in neither. Linux only ("-" elsewhere).
-- CPU s per 1k msgs: ``utime + stime`` of the syphon's child process and every process under it (the
-  JVM, PySpark's daemon and workers), sampled every 0.2 s (``process_cpu.CpuSampler``), per 1,000
-  messages. The profile run (``--profile-messages``, 50,000 at 0 ms) lists it per kind of process and
-  per process.
-- memory: the syphon at 20,000 and 100,000 messages (latency 0, 10 queues, 5,000 per trigger):
-  both peaks and their ratio (flat means within 10%).
-- idle: a continuous run (trigger "1 second") on empty backlog queues with a short
-  ``run.idle_probe_max_seconds``; after a warm-up of three probe intervals, the broker operations
-  over six intervals, per backlog queue per hour; checked against one peek per queue per interval,
-  then projected to ``RunConfig().idle_probe_max_seconds`` by the ratio of the two intervals.
+- e2e msg/s: messages / time from just before the Spark session is built to the return of
+  ``run_syphon``; ``/threads`` and ``/single``: that over each loop's rate in the same row.
+- cycle msg/s: the steady rate of the whole batch cycle: the input rows of the non-empty batches
+  after the first / the time from the start of the second to the end of the last (Spark's progress
+  timestamps and durations): planning, reading, sending, recording, and the gaps between batches.
+- send msg/s: the send step alone: delivered / the time from a batch's first send to its last (the
+  sink's own measure), over the same batches; cycle/send is their ratio.
+- between s: the mean time per batch outside ``foreachBatch`` (from one trigger's start to the next's,
+  less the first one's ``addBatch``); lease->1st s: from the lease taken to the first batch started
+  (the run's timeline).
+- probes/batch: single-message peeks (the emulator's ``peek_one``), what planning costs, over the
+  non-empty batches (the available-now target's search and the pre-flight included);
+  rt/batch: every request the broker answered (management requests, transfers sent, link attaches)
+  over the same batches.
+- commits/batch: Delta commits to the audit and checkpoint tables (their ``_delta_log``, less the
+  creation) over the non-empty batches; the lease's are listed per run.
+- CPU s/1k: ``utime + stime`` of the syphon's child process and every process under it (the JVM,
+  PySpark's daemon and workers), sampled every 0.2 s (``process_cpu.CpuSampler``), per 1,000
+  messages; the detail lines give it per kind of process.
+- cycle/ceiling: cycle msg/s over the emulator's combined ceiling at the row's geometry.
+
+Also measured: one Delta commit of each kind on this machine (``--commit-samples``), the syphon's
+memory at 20,000 and 100,000 messages (0 ms), the CPU profile at 50,000 (0 ms), and the broker
+operations of an idle continuous run. ``--library PATH`` runs the syphon from another checkout's
+``lib`` (a "before" run of the same bench on the same machine).
 
 A syphon run that does not end drained with every message arrived at its destination (the
-emulator's counters) fails the bench: its figures are still shown, with what went wrong (the
-dead-letter reasons, peeked), and the bench exits 1 at the end. A loop whose arrivals differ from
-what it reports, a child that crashes or times out, stop the bench at once (exit 1).
+emulator's counters) fails the bench: its figures are still shown, with what went wrong, and the
+bench exits 1 at the end. A loop whose arrivals differ from what it reports, a child that crashes
+or times out, stop the bench at once (exit 1).
 """
 from __future__ import annotations
 
@@ -68,12 +70,14 @@ import json
 import logging
 import os
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -88,6 +92,12 @@ BACKLOG_QUEUES = 10  # conf/emulator.yaml's backlog queues, conf/local.yaml's ba
 RECEIVE_PAGE = 100
 IDLE_TRIGGER = "1 second"
 MEMORY_PER_TRIGGER = 5000
+STATE_TABLES = ("audit", "checkpoint", "checkpoint_lease")
+# Broker operations that are one request and its answer each (a receive is counted per message delivered,
+# a settlement inside a bulk update_disposition per message: neither is a round trip of its own).
+ROUND_TRIP_OPS = ("peek", "update_disposition", "renew_lock", "renew_session_lock", "receive_by_sequence_number",
+                  "get_session_state", "set_session_state", "schedule_message", "cancel_scheduled_message",
+                  "send", "attach")
 
 
 class BenchFailure(RuntimeError):
@@ -95,61 +105,81 @@ class BenchFailure(RuntimeError):
 
 
 @dataclass(frozen=True)
-class Row:
-    """One latency and queue count: the loop, the syphon and the ceiling measured in this run."""
+class Geometry:
+    """One-way latencies: the secondary namespace (the backlog) and the primary (the destinations)."""
 
-    one_way_ms: float
-    queues: int
+    secondary_ms: float
+    primary_ms: float
+
+    def label(self) -> str:
+        if self.secondary_ms == self.primary_ms:
+            return f"{self.secondary_ms:g} ms"
+        return f"{self.secondary_ms:g}/{self.primary_ms:g} ms"
+
+    def emulator_latency(self) -> dict[str, float]:
+        """The emulator's latency per namespace: it delays what it sends, so a round trip takes it once."""
+        return {SECONDARY: 2 * self.secondary_ms, PRIMARY: 2 * self.primary_ms}
+
+
+FAR = Geometry(25.0, 1.0)
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
     messages: int
-    loop_rate: float
-    loop_moved: int
-    loop_time_bound: bool
-    loop_ops_per_msg: float
-    e2e_rate: float
-    steady_rate: float | None
-    ceiling_rate: float
-    ops_per_msg: float
-    python_peak_mb: float | None
-    jvm_peak_mb: float | None
-    cpu_per_1000: float
+    geometry: Geometry
+    body_size: int = 1024
+    session_share: float = 0.1
+    sessions: int = 20
+    first_queue_share: float | None = None  # a skewed backlog: that share in queue 0
+    loops: tuple[str, ...] = ("threads",)
+    time_commits: bool = False  # time single Delta commits in this row's syphon process, after its run
 
-    def cells(self) -> list[str]:
-        steady = "-" if self.steady_rate is None else f"{self.steady_rate:.0f}"
-        share = "-" if self.steady_rate is None else f"{self.steady_rate / self.ceiling_rate:.2f}"
-        return [f"{self.one_way_ms:g} ms", str(self.queues), str(self.messages),
-                f"{self.loop_rate:.0f}{'*' if self.loop_time_bound else ''}", f"{self.e2e_rate:.0f}", steady,
-                f"{self.e2e_rate / self.loop_rate:.2f}", share,
-                f"{self.ops_per_msg:.2f} / {self.loop_ops_per_msg:.2f}",
-                f"{megabytes(self.python_peak_mb, '')} / {megabytes(self.jvm_peak_mb, '')}",
-                f"{self.cpu_per_1000:.2f}"]
+    def describe(self) -> str:
+        shape = [f"{self.messages:,} x {self.body_size // 1024 if self.body_size >= 1024 else self.body_size}"
+                 f"{' KB' if self.body_size >= 1024 else ' B'}"]
+        if self.first_queue_share:
+            shape.append(f"{self.first_queue_share:.0%} in one queue")
+        if self.session_share >= 1:
+            shape.append(f"{self.sessions} sessions")
+        return ", ".join(shape) + f", {self.geometry.label()}"
 
 
-COLUMNS = ["latency", "queues", "msgs", "loop msg/s", "syphon e2e msg/s", "steady msg/s", "e2e/loop",
-           "steady/ceiling", "ops/msg syphon / loop", "driver peak MB python / jvm", "CPU s per 1k msgs"]
+SCENARIOS = {
+    "30k": Scenario("30k", 30_000, FAR, loops=("threads", "single"), time_commits=True),
+    "200k": Scenario("200k", 200_000, FAR),
+    "skewed": Scenario("skewed", 30_000, FAR, first_queue_share=0.8),
+    "sessions": Scenario("sessions", 30_000, FAR, session_share=1.0, sessions=500),
+    "64k": Scenario("64k", 20_000, FAR, body_size=64 * 1024),
+    "30k-0ms": Scenario("30k-0ms", 30_000, Geometry(0.0, 0.0), loops=("threads", "single")),
+    "30k-10ms": Scenario("30k-10ms", 30_000, Geometry(10.0, 10.0), loops=("threads", "single")),
+}
+QUICK_MESSAGES = 3_000
 
 
 # --- the emulator, the backlog and the counters (this process) -----------------------------------
 
 @contextmanager
-def backlog_emulator(one_way_ms: float, messages: int, queues: int, args):
-    """A fresh emulator whose backlog queues hold ``messages`` legacy messages over ``queues`` queues."""
+def backlog_emulator(scenario: Scenario | None, geometry: Geometry, args):
+    """A fresh emulator at ``geometry`` whose backlog queues hold ``scenario``'s backlog (none: empty)."""
     from tools.backlog_writer import realistic_backlog, write_backlog
     from backlog_syphon.config import load_config as load_syphon_config
     from servicebus_emulator import Emulator, load_config
 
     with Emulator(load_config(ROOT / "conf/emulator.yaml"), ports={PRIMARY: 0, SECONDARY: 0},
-                  latency_ms=2 * one_way_ms) as emu:
-        if messages:
+                  latency_ms=geometry.emulator_latency()) as emu:
+        written = {}
+        if scenario is not None and scenario.messages:
             config = load_syphon_config(ROOT / "conf/local.yaml", environ=connection_env(emu))
+            backlog = realistic_backlog(scenario.messages, seed=args.seed, body_size=scenario.body_size,
+                                        session_share=scenario.session_share, sessions=scenario.sessions)
             with batch_headroom():
-                written = write_backlog(config.secondary, config.primary.namespace,
-                                        realistic_backlog(messages, seed=args.seed, body_size=args.body_size),
-                                        queue_count=queues, seed=args.seed)
-            if backlog_left(emu) != (messages, 0):
+                written = write_backlog(config.secondary, config.primary.namespace, backlog, queue_count=BACKLOG_QUEUES,
+                                        seed=args.seed, first_queue_share=scenario.first_queue_share)
+            if backlog_left(emu) != (scenario.messages, 0):
                 raise BenchFailure(f"the backlog holds {backlog_left(emu)} (stored, dead-lettered) after "
-                                   f"writing {messages} messages")
-        else:
-            written = {}
+                                   f"writing {scenario.messages} messages")
         yield emu, written
 
 
@@ -160,8 +190,7 @@ def batch_headroom(headroom_bytes: int = 1024):
     azure-servicebus 7.15.0 counts a batch's size before it sets the envelope's own properties (the
     first message's MessageId and SessionId), and the backlog writer keeps the same count, so a batch
     filled to within a few bytes of the limit is refused (``MessageSizeExceededError``). Only the
-    backlog writing (never measured) runs here; the movers run in their own processes, untouched
-    (the syphon's own batched sends are measured as they are).
+    backlog writing (never measured) runs here; the movers run in their own processes, untouched.
     """
     from azure.servicebus import ServiceBusSender
 
@@ -213,14 +242,14 @@ def backlog_left(emu) -> tuple[int, int]:
 # --- child processes ------------------------------------------------------------------------------
 
 @contextmanager
-def child_process(role: str, spec: dict, emu, workdir: Path):
-    """This script as ``role`` (loop or syphon) with ``spec``; its output goes to ``<role>.log``.
+def child_process(role: str, spec: dict, emu, workdir: Path, library: Path | None = None):
+    """This script as ``role`` with ``spec``; its output goes to ``<role>.log``.
 
     The child runs in its own session (so that its JVM goes with it): on any error here, a timeout
     or Ctrl-C included, the whole group is killed.
     """
-    env = {**os.environ, **connection_env(emu),
-           "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT / "lib"), str(ROOT / "emulator" / "src"),
+    env = {**os.environ, **(connection_env(emu) if emu is not None else {}),
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(library or ROOT / "lib"), str(ROOT / "emulator" / "src"),
                                                        os.environ.get("PYTHONPATH")])),
            "PYSPARK_PYTHON": os.environ.get("PYSPARK_PYTHON", sys.executable)}
     command = [sys.executable, __file__, "--child", role, "--spec", json.dumps(spec),
@@ -255,45 +284,93 @@ def log_tail(workdir: Path, role: str, lines: int = 40) -> str:
     return "\n".join((workdir / f"{role}.log").read_text(errors="replace").splitlines()[-lines:])
 
 
+def _text(value) -> str | None:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def _restored(message):
+    """A backlog message as its sender meant it, as a plain loop would build it: body, MessageId,
+    session, and the application properties without the legacy x-ms-* ones."""
+    from azure.servicebus import ServiceBusMessage
+
+    properties = {_text(k): v for k, v in (message.application_properties or {}).items()}
+    destination = _text(properties.get("x-ms-path"))
+    session = _text(properties.get("x-ms-sessionid"))
+    kept = {k: v for k, v in properties.items() if not k.startswith("x-ms-")}
+    return destination, session, ServiceBusMessage(b"".join(message.body), session_id=session,
+                                                   message_id=message.message_id, application_properties=kept)
+
+
+def move_queue(backlog, primary, queue: str, count: int, deadline: float, *, batched: bool) -> int:
+    """One backlog queue, page by page (PeekLock, prefetch 100): send each page's messages (``batched``:
+    consecutive messages for the same destination and session in one send), then complete each one."""
+    from azure.servicebus import ServiceBusReceiveMode
+
+    moved, senders = 0, {}
+    try:
+        with backlog.get_queue_receiver(queue, receive_mode=ServiceBusReceiveMode.PEEK_LOCK,
+                                        prefetch_count=RECEIVE_PAGE) as receiver:
+            left = count
+            while left and time.perf_counter() < deadline:
+                page = receiver.receive_messages(max_message_count=min(RECEIVE_PAGE, left), max_wait_time=5)
+                if not page:
+                    raise BenchFailure(f"loop: {queue} gave nothing with {left} messages left")
+                run_key, run = None, []
+                for message in page:
+                    destination, session, restored = _restored(message)
+                    if destination not in senders:
+                        senders[destination] = primary.get_queue_sender(destination)
+                    if not batched:
+                        senders[destination].send_messages(restored)
+                        continue
+                    if (destination, session) != run_key and run:
+                        senders[run_key[0]].send_messages(run)
+                        run = []
+                    run_key = (destination, session)
+                    run.append(restored)
+                if run:
+                    senders[run_key[0]].send_messages(run)
+                for message in page:
+                    receiver.complete_message(message)
+                moved += len(page)
+                left -= len(page)
+    finally:
+        for sender in senders.values():
+            sender.close()
+    return moved
+
+
 def loop_child(spec: dict) -> dict:
-    """The plain SDK loop (child process): receive 100, send each restored message, complete each."""
-    from azure.servicebus import ServiceBusClient, ServiceBusMessage, ServiceBusReceiveMode
+    """A plain SDK loop (child process): ``threads`` (a thread per queue, batched sends) or ``single``."""
+    from azure.servicebus import ServiceBusClient
 
     start = time.perf_counter()
     deadline = start + spec["max_seconds"]
-    moved = 0
+    threaded = spec["kind"] == "threads"
+    moved: dict[str, int] = {}
+    errors: list[BaseException] = []
     with ServiceBusClient.from_connection_string(os.environ[CONNECTION_ENV[SECONDARY]]) as backlog, \
             ServiceBusClient.from_connection_string(os.environ[CONNECTION_ENV[PRIMARY]]) as primary:
-        senders = {}
-        try:
+        def run(queue: str, count: int) -> None:
+            try:
+                moved[queue] = move_queue(backlog, primary, queue, count, deadline, batched=threaded)
+            except BaseException as exc:  # noqa: BLE001 - raised below, after the other threads
+                errors.append(exc)
+
+        if threaded:
+            threads = [threading.Thread(target=run, args=item, name=f"loop-{item[0]}")
+                       for item in spec["written"].items()]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join()
+        else:
             for queue, count in spec["written"].items():
-                if time.perf_counter() >= deadline:
-                    break
-                with backlog.get_queue_receiver(queue, receive_mode=ServiceBusReceiveMode.PEEK_LOCK) as receiver:
-                    left = count
-                    while left and time.perf_counter() < deadline:
-                        page = receiver.receive_messages(max_message_count=min(RECEIVE_PAGE, left), max_wait_time=5)
-                        if not page:
-                            raise BenchFailure(f"loop: {queue} gave nothing with {left} messages left")
-                        for message in page:
-                            properties = {_text(k): v for k, v in message.application_properties.items()}
-                            destination = _text(properties["x-ms-path"])
-                            if destination not in senders:
-                                senders[destination] = primary.get_queue_sender(destination)
-                            senders[destination].send_messages(ServiceBusMessage(
-                                b"".join(message.body), session_id=_text(properties.get("x-ms-sessionid"))))
-                        for message in page:
-                            receiver.complete_message(message)
-                        moved += len(page)
-                        left -= len(page)
-        finally:
-            for sender in senders.values():
-                sender.close()
-    return {"moved": moved, "seconds": time.perf_counter() - start}
-
-
-def _text(value) -> str | None:
-    return value.decode() if isinstance(value, bytes) else value
+                if time.perf_counter() < deadline:
+                    run(queue, count)
+    if errors:
+        raise errors[0]
+    return {"moved": sum(moved.values()), "seconds": time.perf_counter() - start}
 
 
 def syphon_child(spec: dict) -> dict:
@@ -318,19 +395,50 @@ def syphon_child(spec: dict) -> dict:
     end = time.perf_counter()
     returned_at = time.time()
     run, query_started = started[0]
-    batches = [{"batch_id": p.batchId, "rows": p.numInputRows, "ms": p.batchDuration,
+    batches = [{"batch_id": p.batchId, "rows": p.numInputRows, "ms": p.batchDuration, "timestamp": p.timestamp,
                 "duration_ms": dict(p.durationMs)} for p in run.query.recentProgress]
+    # The send step of each batch, as its send tasks measured it (from the first send to the last).
+    sends = [{"batch_id": point.batch_id, "sent": point.stats.pacing.sent,
+              "send_seconds": point.stats.pacing.last_send_at - point.stats.pacing.first_send_at}
+             for point in summary.progress if point.stats is not None and point.stats.pacing is not None
+             and point.stats.pacing.first_send_at is not None and point.stats.pacing.last_send_at is not None]
     jvm_peak = peak_rss_mb(spark.sparkContext._jvm.java.lang.ProcessHandle.current().pid())  # noqa: SLF001
+    timeline = getattr(summary, "timeline", None)  # None from a library older than the timeline
+    marks = {milestone.name: timeline.seconds(milestone) for milestone in timeline.marks} if timeline else {}
+    state = Path(config.storage.checkpoint_table).parent
+    commits = delta_commits(state)  # before any commit timed below
+    commit_ms = time_commits(spark, config) if spec.get("time_commits") else None
     # No spark.stop(): like jobs/syphon.py, the child leaves its JVM to end with it (the JVM exits
     # once this process has, on the end of its input), so "last record -> exit" is the job's own.
-    timeline = getattr(summary, "timeline", None)  # None from a library older than the timeline (a "before" run)
-    marks = {milestone.name: timeline.seconds(milestone) for milestone in timeline.marks} if timeline else {}
     return {"seconds": end - start, "spark_start_seconds": session_ready - start,
             "timeline": marks, "process_origin": timeline.origin if timeline else None,
             "max_messages_per_trigger": config.run.max_messages_per_trigger,
             "until_query_seconds": query_started - start, "drained": summary.drained,
-            "remaining": dict(summary.remaining), "batches": batches, "jvm_peak_mb": jvm_peak,
-            "python_peak_mb": peak_rss_mb("self"), "returned_at": returned_at}
+            "remaining": dict(summary.remaining), "batches": batches, "sends": sends, "jvm_peak_mb": jvm_peak,
+            "python_peak_mb": peak_rss_mb("self"), "returned_at": returned_at, "commits": commits,
+            "commit_ms": commit_ms}
+
+
+def time_commits(spark, config, samples: int = 7) -> dict[str, float]:
+    """Median milliseconds of one Delta commit of each kind the syphon makes, on this machine's disk: the
+    checkpoint table's rewrite and an audit append of 1,000 rows (the tables the run just wrote)."""
+    from pyspark.sql import functions as F
+
+    from backlog_syphon.storage import tables
+
+    checkpoint = list(tables.read_checkpoint(spark, config.storage.checkpoint_table).values())
+    audit = tables.existing_table(spark, config.storage.audit_table).limit(1000).drop("outcome_date").localCheckpoint()
+    audit.count()
+    timings: dict[str, list[float]] = {"checkpoint rewrite": [], "audit append (1,000 rows)": []}
+    for sample in range(samples):
+        began = time.perf_counter()
+        tables.write_checkpoint(spark, config.storage.checkpoint_table, checkpoint)
+        timings["checkpoint rewrite"].append(time.perf_counter() - began)
+        began = time.perf_counter()
+        tables.append_audit(config.storage.audit_table, audit.withColumn("batch_id", F.lit(-1 - sample).cast("long")),
+                            "bench-commit-timing", sample)
+        timings["audit append (1,000 rows)"].append(time.perf_counter() - began)
+    return {kind: statistics.median(values[1:]) * 1000 for kind, values in timings.items()}
 
 
 def peak_rss_mb(pid: int | str) -> float | None:
@@ -356,47 +464,52 @@ def syphon_overrides(workdir: Path, **settings) -> dict[str, str]:
             **{key: str(value) for key, value in settings.items()}}
 
 
-def measure_loop(one_way_ms: float, queues: int, args) -> dict:
-    with backlog_emulator(one_way_ms, args.messages, queues, args) as (emu, written), \
+def measure_loop(kind: str, scenario: Scenario, args) -> dict:
+    with backlog_emulator(scenario, scenario.geometry, args) as (emu, written), \
             tempfile.TemporaryDirectory(prefix="bench-loop-") as tmp:
-        ops_before, arrived_before = broker_ops(emu), arrivals(emu)
-        with child_process("loop", {"written": written, "max_seconds": args.loop_seconds}, emu, Path(tmp)) as child:
+        arrived_before = arrivals(emu)
+        spec = {"kind": kind, "written": written, "max_seconds": args.loop_seconds}
+        with child_process("loop", spec, emu, Path(tmp)) as child:
             result = child_result(child, "loop", Path(tmp), args.loop_seconds + 300)
-        ops = broker_ops(emu) - ops_before
         arrived, (left, dead) = arrivals(emu) - arrived_before, backlog_left(emu)
     moved = result["moved"]
-    if arrived != moved or left != args.messages - moved or dead:
-        raise BenchFailure(f"loop: reports {moved} moved, destinations received {arrived}, backlog holds {left} "
-                           f"and {dead} dead-lettered (of {args.messages})")
+    if arrived != moved or left != scenario.messages - moved or dead:
+        raise BenchFailure(f"loop ({kind}): reports {moved} moved, destinations received {arrived}, backlog holds "
+                           f"{left} and {dead} dead-lettered (of {scenario.messages})")
     return {"rate": moved / result["seconds"], "moved": moved, "seconds": result["seconds"],
-            "time_bound": moved < args.messages, "ops": dict(ops), "ops_per_msg": sum(ops.values()) / moved}
+            "time_bound": moved < scenario.messages}
 
 
-def measure_syphon(one_way_ms: float, queues: int, messages: int, per_trigger: int | None, args) -> dict:
-    with backlog_emulator(one_way_ms, messages, queues, args) as (emu, _), \
+def delta_commits(state: Path) -> dict[str, int]:
+    """Commits to each state table since its creation (its ``_delta_log`` JSON files, less the first)."""
+    return {table: max(0, len(list((state / table / "_delta_log").glob("*.json"))) - 1) for table in STATE_TABLES}
+
+
+def measure_syphon(scenario: Scenario, args, *, per_trigger: int | None = None) -> dict:
+    with backlog_emulator(scenario, scenario.geometry, args) as (emu, _), \
             tempfile.TemporaryDirectory(prefix="bench-syphon-") as tmp:
         ops_before, arrived_before = broker_ops(emu), arrivals(emu)
-        timeout = 600 + messages / 10
+        timeout = 600 + scenario.messages / 10
         settings = {} if per_trigger is None else {"run.max_messages_per_trigger": per_trigger}
-        spec = {"overrides": syphon_overrides(Path(tmp), **settings), "timeout_seconds": timeout}
-        with child_process("syphon", spec, emu, Path(tmp)) as child, CpuSampler(child.pid) as cpu:
+        spec = {"overrides": syphon_overrides(Path(tmp), **settings), "timeout_seconds": timeout,
+                "time_commits": scenario.time_commits}
+        with child_process("syphon", spec, emu, Path(tmp), args.library) as child, CpuSampler(child.pid) as cpu:
             result = child_result(child, "syphon", Path(tmp), timeout + 300)
             cpu.wait_for_exit()  # the JVM ends after the child: its CPU until then is the run's too
         ops = broker_ops(emu) - ops_before
         arrived, (left, dead) = arrivals(emu) - arrived_before, backlog_left(emu)
         reasons = dead_letter_reasons(emu) if dead else {}
         failure = None
-        if not result["drained"] or arrived != messages or left or dead:
+        if not result["drained"] or arrived != scenario.messages or left or dead:
             kept = Path(tempfile.gettempdir()) / f"bench-syphon-{time.strftime('%Y%m%dT%H%M%S')}.log"
             kept.write_bytes((Path(tmp) / "syphon.log").read_bytes())  # the run's folder goes; its log stays
-            failure = (f"drained={result['drained']}, destinations received {arrived} of {messages}, backlog "
+            failure = (f"drained={result['drained']}, destinations received {arrived} of {scenario.messages}, backlog "
                        f"queues hold {left}, {dead} dead-lettered"
                        + "".join(f"; {n} x {why}" for why, n in reasons.items()) + f"; the run's log: {kept}")
-    return {**result, "e2e_rate": messages / result["seconds"], "steady_rate": steady_rate(result["batches"]),
-            "ops": dict(ops), "ops_per_msg": sum(ops.values()) / messages, "failure": failure,
-            "cpu_per_1000": cpu.total() / messages * 1000,
+    return {**result, "e2e_rate": scenario.messages / result["seconds"], "ops": dict(ops),
+            "failure": failure, "cpu_per_1000": cpu.total() / scenario.messages * 1000,
             "cpu_by_role": {role: {"processes": n, "seconds": s} for role, (n, s) in cpu.by_role().items()},
-            "cpu_processes": [asdict(p) for p in cpu.processes()]}
+            "cpu_processes": [asdict(p) for p in cpu.processes()], **cycle_figures(result)}
 
 
 def dead_letter_reasons(emu) -> collections.Counter:
@@ -412,12 +525,45 @@ def dead_letter_reasons(emu) -> collections.Counter:
     return reasons
 
 
-def steady_rate(batches: list[dict]) -> float | None:
-    """Rows per second of batch time over the non-empty batches after the first non-empty one."""
-    later = [b for b in sorted(batches, key=lambda b: b["batch_id"]) if b["rows"]][1:]
-    if not later:
-        return None
-    return sum(b["rows"] for b in later) / (sum(b["ms"] for b in later) / 1000)
+def _epoch_ms(timestamp: str) -> float:
+    import datetime as dt
+
+    return dt.datetime.fromisoformat(timestamp.replace("Z", "+00:00")).timestamp() * 1000
+
+
+def cycle_figures(result: dict) -> dict:
+    """The batch cycle's steady figures (see the module docstring) from Spark's progress and the sink's sends."""
+    busy = [b for b in sorted(result["batches"], key=lambda b: b["batch_id"]) if b["rows"]]
+    later = busy[1:]
+    figures: dict = {"busy_batches": len(busy), "cycle_rate": None, "send_rate": None, "between_seconds": None,
+                     "between_max_seconds": None}
+    if later:
+        began = _epoch_ms(later[0]["timestamp"])
+        ended = _epoch_ms(later[-1]["timestamp"]) + later[-1]["ms"]
+        figures["cycle_rate"] = sum(b["rows"] for b in later) / max(1e-3, (ended - began) / 1000)
+        starts = [_epoch_ms(b["timestamp"]) for b in busy]
+        gaps = [(next_start - start) / 1000 - batch["duration_ms"].get("addBatch", 0) / 1000
+                for batch, start, next_start in zip(busy, starts, starts[1:])]
+        if gaps:
+            figures["between_seconds"] = statistics.mean(gaps)
+            figures["between_max_seconds"] = max(gaps)
+    later_ids = {b["batch_id"] for b in later}
+    sends = [s for s in result.get("sends", ()) if s["batch_id"] in later_ids and s["send_seconds"] > 0]
+    if sends:
+        figures["send_rate"] = sum(s["sent"] for s in sends) / sum(s["send_seconds"] for s in sends)
+    marks = result.get("timeline") or {}
+    if "LEASE_TAKEN" in marks and "FIRST_BATCH" in marks:
+        figures["lease_to_first_batch_seconds"] = marks["FIRST_BATCH"] - marks["LEASE_TAKEN"]
+    return figures
+
+
+def per_batch(result: dict) -> dict:
+    """Probes, round trips and commits per non-empty batch."""
+    batches = max(1, result["busy_batches"])
+    ops = result["ops"]
+    return {"probes": ops.get("peek_one", 0) / batches,
+            "round_trips": sum(ops.get(kind, 0) for kind in ROUND_TRIP_OPS) / batches,
+            "commits": (result["commits"]["audit"] + result["commits"]["checkpoint"]) / batches}
 
 
 def time_split(result: dict) -> str:
@@ -427,17 +573,15 @@ def time_split(result: dict) -> str:
     for batch in result["batches"]:
         steps.update({step: ms for step, ms in batch["duration_ms"].items() if step != "triggerExecution"})
     by_step = ", ".join(f"{step} {ms / 1000:.1f}" for step, ms in steps.most_common() if ms >= 100)
-    busy = sum(1 for b in result["batches"] if b["rows"])
     return (f"spark start {result['spark_start_seconds']:.1f} s, set-up before the query "
-            f"{result['until_query_seconds'] - result['spark_start_seconds']:.1f} s, {busy} non-empty of "
-            f"{len(result['batches'])} batches {batches_s:.1f} s ({by_step}), between and after the batches "
+            f"{result['until_query_seconds'] - result['spark_start_seconds']:.1f} s, {result['busy_batches']} non-empty "
+            f"of {len(result['batches'])} batches {batches_s:.1f} s ({by_step}), between and after the batches "
             f"{result['seconds'] - result['until_query_seconds'] - batches_s:.1f} s; {fixed_costs(result)}")
 
 
 def fixed_costs(result: dict) -> str:
-    """From the run's timeline (``RunSummary.timeline``): process start to the first message sent, and the
-    last batch's record to the process's exit (as this process saw it end, less the child's bench-only
-    work after ``run_syphon`` returned), with the steps between."""
+    """From the run's timeline: process start to the first message sent, and the last batch's record to the
+    process's exit (as this process saw it end, less the child's bench-only work), with the steps between."""
     marks = result.get("timeline") or {}
     first_send, last_record = marks.get("FIRST_SEND"), marks.get("LAST_RECORD")
     steps = ", ".join(f"{name.lower()} {seconds:.1f}" for name, seconds in sorted(marks.items(), key=lambda m: m[1]))
@@ -451,13 +595,13 @@ def fixed_costs(result: dict) -> str:
 def measure_idle(probe_max: float, args) -> dict:
     """Broker operations of a continuous run on empty backlog queues, over six probe intervals after warm-up."""
     warm_up, window = 3 * probe_max, 6 * probe_max
-    with backlog_emulator(0, 0, BACKLOG_QUEUES, args) as (emu, _), \
+    with backlog_emulator(None, Geometry(0.0, 0.0), args) as (emu, _), \
             tempfile.TemporaryDirectory(prefix="bench-idle-") as tmp:
         workdir = Path(tmp)
         spec = {"overrides": syphon_overrides(workdir, **{"run.trigger": IDLE_TRIGGER,
                                                            "run.idle_probe_max_seconds": probe_max}),
                 "timeout_seconds": warm_up + window + 10}
-        with child_process("syphon", spec, emu, workdir) as child:
+        with child_process("syphon", spec, emu, workdir, args.library) as child:
             deadline = time.monotonic() + 600
             while not (workdir / "started").exists():
                 if child.poll() is not None or time.monotonic() > deadline:
@@ -479,11 +623,73 @@ def measure_idle(probe_max: float, args) -> dict:
             "projected_per_queue_hour": per_queue_hour * probe_max / default}
 
 
+# --- the ceiling at a geometry --------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class GeometryCeiling:
+    """The emulator's ceiling where each operation meets its namespace's latency."""
+
+    geometry: Geometry
+    body_size: int
+    send: float  # at the primary's latency
+    peek: float  # at the secondary's
+    receive_complete: float  # at the secondary's
+
+    @property
+    def combined(self) -> float:
+        return 1 / (1 / self.send + 1 / self.peek + 1 / self.receive_complete)
+
+    def line(self) -> str:
+        return (f"{self.geometry.label()}, {self.body_size} B: send {self.send:.0f} (primary), peek {self.peek:.0f}, "
+                f"receive+complete {self.receive_complete:.0f} (secondary), combined {self.combined:.0f} msg/s")
+
+
+def geometry_ceilings(scenarios: list[Scenario], messages: int) -> dict[tuple, GeometryCeiling]:
+    """``bench_emulator.ceiling`` at every round trip the rows need, combined per geometry and body size."""
+    from bench_emulator import ceiling
+
+    at: dict[tuple[float, int], object] = {}
+    out = {}
+    for scenario in scenarios:
+        geometry, size = scenario.geometry, scenario.body_size
+        for one_way in (geometry.primary_ms, geometry.secondary_ms):
+            if (one_way, size) not in at:
+                at[(one_way, size)] = ceiling(2 * one_way, min(messages, scenario.messages), size)
+        near, far = at[(geometry.primary_ms, size)], at[(geometry.secondary_ms, size)]
+        out[(geometry, size)] = GeometryCeiling(geometry, size, near.send, far.peek, far.receive_complete)
+    return out
+
+
 # --- the whole bench ------------------------------------------------------------------------------
 
-def format_table(rows: list[Row]) -> list[str]:
-    cells = [COLUMNS] + [row.cells() for row in rows]
-    widths = [max(len(line[i]) for line in cells) for i in range(len(COLUMNS))]
+COLUMNS = ["row", "geometry", "e2e msg/s", "loop thr", "loop 1", "/thr", "/1", "cycle", "send", "cyc/send",
+           "between s", "lease>1st s", "probes/b", "rt/b", "commits/b", "CPU s/1k", "cyc/ceil"]
+
+
+def row_cells(scenario: Scenario, syphon: dict, loops: dict, ceiling: GeometryCeiling) -> list[str]:
+    def rate(value):
+        return "-" if value is None else f"{value:.0f}"
+
+    def ratio(a, b):
+        return "-" if a is None or not b else f"{a / b:.2f}"
+
+    def seconds(value):
+        return "-" if value is None else f"{value:.2f}"
+
+    threads, single = loops.get("threads"), loops.get("single")
+    counts = per_batch(syphon)
+    loop_cell = lambda loop: "-" if loop is None else f"{loop['rate']:.0f}{'*' if loop['time_bound'] else ''}"  # noqa: E731
+    return [scenario.name, scenario.geometry.label(), rate(syphon["e2e_rate"]), loop_cell(threads), loop_cell(single),
+            ratio(syphon["e2e_rate"], threads and threads["rate"]), ratio(syphon["e2e_rate"], single and single["rate"]),
+            rate(syphon["cycle_rate"]), rate(syphon["send_rate"]), ratio(syphon["cycle_rate"], syphon["send_rate"]),
+            seconds(syphon["between_seconds"]), seconds(syphon.get("lease_to_first_batch_seconds")),
+            f"{counts['probes']:.1f}", f"{counts['round_trips']:.0f}", f"{counts['commits']:.2f}",
+            f"{syphon['cpu_per_1000']:.2f}", ratio(syphon["cycle_rate"], ceiling.combined)]
+
+
+def format_table(header: list[str], rows: list[list[str]]) -> list[str]:
+    cells = [header] + rows
+    widths = [max(len(line[i]) for line in cells) for i in range(len(header))]
     return ["  ".join(cell.ljust(width) for cell, width in zip(line, widths)).rstrip() for line in cells]
 
 
@@ -503,14 +709,14 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run_bench(args) -> int:
-    from bench_emulator import ceiling
-
     began = time.monotonic()
-    per_trigger = args.max_per_trigger or "conf/local.yaml's"
-    print(f"bench_syphon: {args.messages} messages of {args.body_size} B, latencies (one way) "
-          f"{', '.join(f'{l:g} ms' for l in args.latencies)}, backlog queues {args.queues}; syphon with "
-          f"{per_trigger} messages per trigger; loop bounded at {args.loop_seconds:g} s; "
-          f"load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores", flush=True)
+    scenarios = [SCENARIOS[name] for name in args.rows]
+    if args.quick:
+        scenarios = [replace(s, messages=min(s.messages, QUICK_MESSAGES)) for s in scenarios]
+    print(f"bench_syphon: rows {', '.join(s.name + ' (' + s.describe() + ')' for s in scenarios)}; syphon "
+          f"{'from ' + str(args.library) if args.library else 'from this checkout'} with "
+          f"{args.max_per_trigger or 'conf/local.yaml'}'s messages per trigger; loops bounded at "
+          f"{args.loop_seconds:g} s; load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores", flush=True)
 
     def progress(text: str) -> None:
         print(f"[{time.monotonic() - began:6.0f} s] {text}", flush=True)
@@ -522,32 +728,43 @@ def run_bench(args) -> int:
             failures.append(f"{run}: {result['failure']}")
             progress(f"VERIFICATION FAILED: {failures[-1]}")
 
-    ceilings = {}
-    for one_way in args.latencies:
-        ceilings[one_way] = ceiling(2 * one_way, args.messages, args.body_size)
-        progress(f"emulator ceiling at {one_way:g} ms: {ceilings[one_way].line()}")
-    figures = {"args": vars(args), "ceilings": {str(k): asdict(v) | {"combined": v.combined}
-                                                 for k, v in ceilings.items()}, "rows": []}
-    rows = []
-    for queues in args.queues:
-        for one_way in args.latencies:
-            loop = measure_loop(one_way, queues, args)
-            progress(f"loop {one_way:g} ms, {queues} queues: {loop['moved']} msgs in {loop['seconds']:.1f} s = "
-                     f"{loop['rate']:.0f} msg/s")
-            syphon = measure_syphon(one_way, queues, args.messages, args.max_per_trigger, args)
-            progress(f"syphon {one_way:g} ms, {queues} queues: {args.messages} msgs in {syphon['seconds']:.1f} s "
-                     f"= {syphon['e2e_rate']:.0f} msg/s ({syphon['max_messages_per_trigger']} per trigger); "
-                     f"{time_split(syphon)}")
-            check(f"syphon at {one_way:g} ms, {queues} queues", syphon)
-            rows.append(Row(one_way, queues, args.messages, loop["rate"], loop["moved"], loop["time_bound"],
-                            loop["ops_per_msg"], syphon["e2e_rate"], syphon["steady_rate"],
-                            ceilings[one_way].combined, syphon["ops_per_msg"], syphon["python_peak_mb"],
-                            syphon["jvm_peak_mb"], syphon["cpu_per_1000"]))
-            figures["rows"].append({"row": asdict(rows[-1]), "loop": loop, "syphon": syphon})
+    ceilings = geometry_ceilings(scenarios, args.ceiling_messages)
+    for ceiling in ceilings.values():
+        progress(f"emulator ceiling at {ceiling.line()}")
+    figures: dict = {"args": {k: str(v) for k, v in vars(args).items()}, "rows": [],
+                     "ceilings": [asdict(c) | {"combined": c.combined} for c in ceilings.values()]}
+    table, details = [], []
+    for scenario in scenarios:
+        loops = {}
+        for kind in scenario.loops:
+            loops[kind] = measure_loop(kind, scenario, args)
+            progress(f"{scenario.name}: loop ({kind}): {loops[kind]['moved']} msgs in {loops[kind]['seconds']:.1f} s "
+                     f"= {loops[kind]['rate']:.0f} msg/s")
+        syphon = measure_syphon(scenario, args, per_trigger=args.max_per_trigger)
+        counts = per_batch(syphon)
+        progress(f"{scenario.name}: syphon: {scenario.messages} msgs in {syphon['seconds']:.1f} s = "
+                 f"{syphon['e2e_rate']:.0f} msg/s; {time_split(syphon)}")
+        check(f"syphon, row {scenario.name}", syphon)
+        ceiling = ceilings[(scenario.geometry, scenario.body_size)]
+        table.append(row_cells(scenario, syphon, loops, ceiling))
+        details.append(f"  {scenario.name} ({scenario.describe()}): commits audit {syphon['commits']['audit']}, checkpoint "
+                       f"{syphon['commits']['checkpoint']}, lease {syphon['commits']['checkpoint_lease']} over "
+                       f"{syphon['busy_batches']} batches; probes {syphon['ops'].get('peek_one', 0)}, round trips "
+                       f"{counts['round_trips'] * max(1, syphon['busy_batches']):.0f}; between batches max "
+                       f"{syphon['between_max_seconds'] or 0:.2f} s; CPU per 1k by process: "
+                       + ", ".join(f"{role} {entry['seconds'] * 1000 / scenario.messages:.2f}"
+                                   for role, entry in syphon["cpu_by_role"].items()
+                                   if entry["seconds"] * 1000 / scenario.messages >= 0.01))
+        if syphon.get("commit_ms"):
+            details.append("  one Delta commit on this machine's disk (median of 6): " + ", ".join(
+                f"{kind} {ms:.0f} ms" for kind, ms in syphon["commit_ms"].items()))
+        figures["rows"].append({"scenario": asdict(scenario), "syphon": syphon, "loops": loops,
+                                "ceiling": ceiling.combined})
 
     memory = []
     for count in args.memory_counts:
-        result = measure_syphon(0, BACKLOG_QUEUES, count, MEMORY_PER_TRIGGER, args)
+        scenario = Scenario(f"memory {count}", count, Geometry(0.0, 0.0))
+        result = measure_syphon(scenario, args, per_trigger=MEMORY_PER_TRIGGER)
         progress(f"memory: syphon at {count} msgs: python {megabytes(result['python_peak_mb'])}, jvm "
                  f"{megabytes(result['jvm_peak_mb'])}; {result['e2e_rate']:.0f} msg/s e2e; {time_split(result)}")
         check(f"syphon at {count:,} messages", result)
@@ -556,7 +773,8 @@ def run_bench(args) -> int:
 
     profile = None
     if args.profile_messages:
-        profile = measure_syphon(0, BACKLOG_QUEUES, args.profile_messages, MEMORY_PER_TRIGGER, args)
+        scenario = Scenario("profile", args.profile_messages, Geometry(0.0, 0.0), session_share=0.2)
+        profile = measure_syphon(scenario, args, per_trigger=MEMORY_PER_TRIGGER)
         progress(f"profile: syphon at {args.profile_messages} msgs: {profile['e2e_rate']:.0f} msg/s e2e, "
                  f"{profile['cpu_per_1000']:.2f} CPU s per 1,000 messages; {time_split(profile)}")
         check(f"syphon at {args.profile_messages:,} messages (profile)", profile)
@@ -568,11 +786,12 @@ def run_bench(args) -> int:
         progress(f"idle: {sum(idle['ops'].values())} broker ops in {idle['window_seconds']:g} s: {idle['ops']}")
 
     figures["seconds"] = time.monotonic() - began
-    figures["load_average"] = os.getloadavg()
     print()
-    print("\n".join(report(rows, ceilings, memory, idle, args) + cpu_profile(profile, args)))
+    print("\n".join(format_table(COLUMNS, table)))
+    print("\n".join(legend(args) + details + ["emulator ceilings:"] + [f"  {c.line()}" for c in ceilings.values()]
+                    + memory_lines(memory) + idle_lines(idle) + cpu_profile(profile, args)))
     print(f"bench wall time {figures['seconds'] / 60:.1f} min; load average now "
-          f"{', '.join(f'{l:.2f}' for l in figures['load_average'])} on {os.cpu_count()} cores")
+          f"{', '.join(f'{l:.2f}' for l in os.getloadavg())} on {os.cpu_count()} cores")
     figures["failures"] = failures
     if args.json:
         args.json.write_text(json.dumps(figures, indent=2, default=str))
@@ -581,15 +800,50 @@ def run_bench(args) -> int:
     return 1 if failures else 0
 
 
+def legend(args) -> list[str]:
+    return [
+        "geometry: one-way latency of the secondary/primary namespace (one figure: both); e2e: from just before the "
+        "Spark session is built to the return of run_syphon; loop thr / loop 1: the plain loops (a thread per queue "
+        f"with batched sends / one thread), * = stopped at their {args.loop_seconds:g} s bound; /thr, /1: e2e over them;",
+        "cycle: steady rate of the whole batch cycle (batches after the first); send: the send step alone; between s: "
+        "mean time per batch outside foreachBatch; lease>1st s: lease taken to first batch started;",
+        "probes/b, rt/b, commits/b: single-message peeks, broker requests, Delta commits (audit + checkpoint) per "
+        "non-empty batch; CPU s/1k: every process of the run, per 1,000 messages; cyc/ceil: cycle over the emulator's "
+        "combined ceiling at the row's geometry."]
+
+
+def memory_lines(memory: list) -> list[str]:
+    lines = []
+    for count, result in memory:
+        lines.append(f"memory: driver peak at {count:,} messages (0 ms, {BACKLOG_QUEUES} queues, {MEMORY_PER_TRIGGER} per "
+                     f"trigger): python {megabytes(result['python_peak_mb'])}, jvm {megabytes(result['jvm_peak_mb'])}; "
+                     f"e2e {result['e2e_rate']:.0f} msg/s")
+    if len(memory) == 2 and all(r[key] for _, r in memory for key in ("python_peak_mb", "jvm_peak_mb")):
+        (small_count, small), (large_count, large) = memory
+        lines.append(f"memory: ratio of the peaks at {large_count:,} / {small_count:,} messages: python "
+                     f"{large['python_peak_mb'] / small['python_peak_mb']:.2f}, jvm "
+                     f"{large['jvm_peak_mb'] / small['jvm_peak_mb']:.2f} (target: both within 0.90..1.10)")
+    return lines
+
+
+def idle_lines(idle: dict | None) -> list[str]:
+    if not idle:
+        return []
+    return [f"idle: broker ops per backlog queue per hour: {idle['per_queue_hour']:.0f} measured with "
+            f"run.idle_probe_max_seconds={idle['probe_max_seconds']:g} over {idle['window_seconds']:g} s (one peek per "
+            f"queue per interval would be {idle['expected_per_queue_hour']:.0f}: "
+            f"{'matches' if idle['matches'] else 'DOES NOT MATCH, so the projection does not hold'}); projected for the "
+            f"default {idle['default_probe_max_seconds']:g} s: {idle['projected_per_queue_hour']:.1f} (target: at most 4)"]
+
+
 def cpu_profile(profile: dict | None, args) -> list[str]:
     """The profile run's CPU seconds per 1,000 messages, per kind of process and per process."""
     if not profile:
         return []
     per_1000 = 1000 / args.profile_messages
-    steady = "-" if profile["steady_rate"] is None else f"{profile['steady_rate']:.0f} msg/s"
     lines = [f"CPU per 1,000 messages, {args.profile_messages:,} messages at 0 ms, {BACKLOG_QUEUES} queues, "
              f"{MEMORY_PER_TRIGGER} per trigger, the job's processes together: {profile['cpu_per_1000']:.2f} s "
-             f"(e2e {profile['e2e_rate']:.0f} msg/s; steady {steady}); by kind:"]
+             f"(e2e {profile['e2e_rate']:.0f} msg/s); by kind:"]
     lines += [f"  {role}: {entry['seconds'] * per_1000:.3f} s over {entry['processes']} process"
               f"{'es' if entry['processes'] > 1 else ''}" for role, entry in profile["cpu_by_role"].items()
               if entry["seconds"] * per_1000 >= 0.001]  # not the shell tools spark-submit runs
@@ -603,91 +857,38 @@ def megabytes(value: float | None, unit: str = " MB") -> str:
     return "-" if value is None else f"{value:.0f}{unit}"
 
 
-def report(rows: list[Row], ceilings: dict, memory: list, idle: dict | None, args) -> list[str]:
-    lines = format_table(rows)
-    if any(row.loop_time_bound for row in rows):
-        lines.append(f"* the loop stopped at its {args.loop_seconds:g} s bound: "
-                     + ", ".join(f"{r.loop_moved} of {r.messages} moved at {r.one_way_ms:g} ms, {r.queues} queues"
-                                 for r in rows if r.loop_time_bound))
-    lines += [
-        "latency is one way (the emulator adds twice this to each round trip); e2e counts from just before the "
-        "Spark session is built to the return of run_syphon;",
-        "steady = input rows / batch duration over the batches after the first non-empty one; ceiling = the "
-        "combined rate below; ops/msg = the emulator's ops counters, both namespaces, / messages moved;",
-        "driver peak: peak RSS (VmHWM) of the driver's Python process and of the driver JVM (which hosts the "
-        "executors in local mode); Spark's Python workers are in neither;",
-        "CPU s per 1k msgs: CPU seconds of every process of the syphon's run (driver, JVM, Python workers), "
-        "sampled from /proc, per 1,000 messages."]
-    lines.append(f"emulator ceiling (no Spark; one SDK client process, {args.messages} msgs of {args.body_size} B), "
-                 f"at each latency (one way):")
-    lines += [f"  {one_way:g} ms: {c.line()}" for one_way, c in ceilings.items()]
-    for count, result in memory:
-        steady = "-" if result["steady_rate"] is None else f"{result['steady_rate']:.0f} msg/s"
-        lines.append(f"memory: driver peak at {count:,} messages (0 ms, {BACKLOG_QUEUES} queues, "
-                     f"{MEMORY_PER_TRIGGER} per trigger): python {megabytes(result['python_peak_mb'])}, jvm "
-                     f"{megabytes(result['jvm_peak_mb'])}; e2e {result['e2e_rate']:.0f} msg/s, steady {steady}")
-    if len(memory) == 2 and all(r[key] for _, r in memory for key in ("python_peak_mb", "jvm_peak_mb")):
-        (small_count, small), (large_count, large) = memory
-        lines.append(f"memory: ratio of the peaks at {large_count:,} / {small_count:,} messages: python "
-                     f"{large['python_peak_mb'] / small['python_peak_mb']:.2f}, jvm "
-                     f"{large['jvm_peak_mb'] / small['jvm_peak_mb']:.2f} (target: both within 0.90..1.10)")
-    if idle:
-        lines.append(
-            f"idle: broker ops per backlog queue per hour: {idle['per_queue_hour']:.0f} measured with "
-            f"run.idle_probe_max_seconds={idle['probe_max_seconds']:g} over {idle['window_seconds']:g} s "
-            f"(one peek per queue per interval would be {idle['expected_per_queue_hour']:.0f}: "
-            f"{'matches' if idle['matches'] else 'DOES NOT MATCH, so the projection does not hold'}); projected "
-            f"for the default {idle['default_probe_max_seconds']:g} s: {idle['projected_per_queue_hour']:.1f} "
-            f"(measured x {idle['probe_max_seconds']:g} / {idle['default_probe_max_seconds']:g}; target: at most 4)")
-    for one_way, want in ((2.5, 4.0), (0.0, 1.0)):
-        row = next((r for r in rows if r.one_way_ms == one_way and r.queues == BACKLOG_QUEUES), None)
-        if row:
-            share = "-" if row.steady_rate is None else f"{row.steady_rate / row.ceiling_rate:.2f}"
-            lines.append(f"targets at {one_way:g} ms, {BACKLOG_QUEUES} queues: e2e/loop "
-                         f"{row.e2e_rate / row.loop_rate:.2f} (target at least {want:g}); steady/ceiling {share} "
-                         f"(target at least 0.5 on loopback)")
-    lines.append("fixed costs per run (targets: process start -> first send at most 10 s, last record -> exit at most "
-                 "3 s): see each syphon line above")
-    return lines
-
-
 def parse_args(argv: list[str] | None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0],
-                                epilog="Default: the full matrix (about half an hour on 2 cores).")
+                                epilog="Default: every row, memory, profile and idle runs (about an hour on 2 cores).")
     p.add_argument("--quick", action="store_true",
-                   help="smoke run of a few minutes: 1,000 messages, 0 and 2.5 ms, 10 queues, no memory runs, "
-                        "a short idle measurement")
+                   help=f"smoke run of a few minutes: at most {QUICK_MESSAGES:,} messages per row in batches of 1,000, "
+                        "the 30k and 30k-0ms rows, no memory or profile runs, a short idle measurement")
+    p.add_argument("--rows", nargs="+", choices=list(SCENARIOS), help="the rows to run (default: all)")
     p.add_argument("--json", type=Path, help="also write every figure to this file")
-    p.add_argument("--messages", type=int, help="backlog messages per row (default 6000; --quick 1000)")
-    p.add_argument("--latencies", type=float, nargs="+", metavar="MS",
-                   help="one-way latencies (default 0 2.5 10; --quick 0 2.5)")
-    p.add_argument("--queues", type=int, nargs="+", choices=[1, BACKLOG_QUEUES],
-                   help="backlog queues the backlog is spread over (default 10 1; --quick 10)")
-    p.add_argument("--max-per-trigger", type=int,
-                   help="syphon run.max_messages_per_trigger in the table's runs (default: conf/local.yaml's; "
-                        "--quick 250, so that 1,000 messages make several batches)")
-    p.add_argument("--loop-seconds", type=float, default=60.0, help="time bound of the plain loop (default 60)")
+    p.add_argument("--library", type=Path,
+                   help="run the syphon from this lib folder (another checkout's, for before/after figures)")
+    p.add_argument("--max-per-trigger", type=int, help="syphon run.max_messages_per_trigger (default: conf/local.yaml's)")
+    p.add_argument("--loop-seconds", type=float, default=60.0, help="time bound of the plain loops (default 60)")
+    p.add_argument("--ceiling-messages", type=int, default=10_000, help="messages of each ceiling measurement")
     p.add_argument("--memory-counts", type=int, nargs="*",
                    help="backlog sizes of the memory runs (default 20000 100000; --quick none)")
     p.add_argument("--idle-probe-seconds", type=float,
                    help="run.idle_probe_max_seconds of the idle measurement, 0 to skip it (default 10; --quick 5)")
     p.add_argument("--profile-messages", type=int,
                    help="backlog of the CPU profile run, 0 to skip it (default 50000; --quick none)")
-    p.add_argument("--body-size", type=int, default=1024, help="body bytes per message (default 1024)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--child", choices=["loop", "syphon"], help=argparse.SUPPRESS)
     p.add_argument("--spec", help=argparse.SUPPRESS)
     p.add_argument("--result", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
-    defaults = dict(messages=1000, latencies=[0.0, 2.5], queues=[BACKLOG_QUEUES], max_per_trigger=250,
-                    memory_counts=[], idle_probe_seconds=5.0, profile_messages=0) if args.quick else dict(
-        messages=6000, latencies=[0.0, 2.5, 10.0], queues=[BACKLOG_QUEUES, 1], memory_counts=[20000, 100000],
-        idle_probe_seconds=10.0, profile_messages=50000)
+    defaults = dict(rows=["30k", "30k-0ms"], memory_counts=[], idle_probe_seconds=5.0, profile_messages=0,
+                    ceiling_messages=QUICK_MESSAGES, max_per_trigger=1000) if args.quick else dict(
+        rows=list(SCENARIOS), memory_counts=[20000, 100000], idle_probe_seconds=10.0, profile_messages=50000)
     for name, value in defaults.items():
-        if getattr(args, name) is None:
+        if getattr(args, name, None) is None or (name == "ceiling_messages" and args.quick):
             setattr(args, name, value)
-    if args.messages < 1 or (args.max_per_trigger or 1) < 1 or min(args.latencies) < 0:
-        p.error("--messages and --max-per-trigger must be positive, latencies at least 0")
+    if args.library is not None:
+        args.library = args.library.resolve()
     return args
 
 

@@ -105,33 +105,48 @@ def send_legacy_backlog(secondary, per_queue: dict[str, list[OriginalMessage]]) 
 
 
 def write_backlog(secondary, primary_namespace: str, messages: Iterable[OriginalMessage], *, queue_count: int = 10,
-                  senders: int = 40, seed: int = 0, raw_overrides: dict | None = None) -> dict[str, int]:
+                  senders: int = 40, seed: int = 0, raw_overrides: dict | None = None,
+                  first_queue_share: float | None = None) -> dict[str, int]:
     """Send ``messages`` to the backlog queues as legacy clients would; returns count per queue.
 
     A message's sender is chosen by its destination and session (so a session stays in one queue)
     or, without a session, by its position in chunks; each sender sticks to one random queue.
+    ``first_queue_share``: about that share of the senders' messages go to queue 0 instead (a skewed
+    backlog, as when one busy sender kept writing through the outage).
     """
     rng = random.Random(seed)
     sender_queue = [backlog_queue_name(primary_namespace, rng.randrange(queue_count)) for _ in range(senders)]
     per_queue: dict[str, list[OriginalMessage]] = defaultdict(list)
     for index, message in enumerate(messages):
         key = (message.destination, message.session_id) if message.session_id else index // 50
-        per_queue[sender_queue[zlib.crc32(str(key).encode()) % senders]].append(message)
+        digest = zlib.crc32(str(key).encode())
+        if first_queue_share is not None and (digest >> 8) % 1000 < first_queue_share * 1000:
+            per_queue[backlog_queue_name(primary_namespace, 0)].append(message)
+        else:
+            per_queue[sender_queue[digest % senders]].append(message)
     send_legacy_backlog(secondary, per_queue)
     return {queue: len(batch) for queue, batch in sorted(per_queue.items())}
 
 
-def realistic_backlog(count: int, *, seed: int = 0, body_size: int = 512,
-                      now: dt.datetime | None = None) -> list[OriginalMessage]:
+def realistic_backlog(count: int, *, seed: int = 0, body_size: int = 512, now: dt.datetime | None = None,
+                      sessions: int = 20, session_share: float | None = None) -> list[OriginalMessage]:
     """A mix like a real outage leaves: plain queues, a session queue, a topic, TTLs and schedules.
 
-    Destinations are those of ``conf/emulator.yaml``'s primary namespace.
+    Destinations are those of ``conf/emulator.yaml``'s primary namespace. A fifth of the messages go
+    to the session queue (``session_share`` otherwise), over ``sessions`` sessions, interleaved; the
+    other destinations keep their proportions among the rest.
     """
     rng = random.Random(seed)
     now = now or dt.datetime.now(dt.timezone.utc)
     result = []
     for index in range(count):
         roll = rng.random()
+        if session_share is not None:  # the same mix with the session queue's share (0.65..0.85 below) changed
+            if roll < session_share:
+                roll = 0.65 + 0.2 * roll / session_share
+            else:
+                spread = (roll - session_share) / (1 - session_share) * 0.8
+                roll = spread if spread < 0.65 else spread + 0.2
         body = bytes(rng.getrandbits(8) for _ in range(8)) + (f"message {index} ".encode() * body_size)[:body_size]
         common = dict(body=body, message_id=f"msg-{seed}-{index}", content_type="application/octet-stream",
                       application_properties={"index": index, "source": "backlog-writer"})
@@ -140,7 +155,8 @@ def realistic_backlog(count: int, *, seed: int = 0, body_size: int = 512,
         elif roll < 0.65:
             result.append(OriginalMessage("payments", time_to_live=dt.timedelta(days=1), **common))
         elif roll < 0.85:
-            result.append(OriginalMessage("sessions-orders", session_id=f"customer-{rng.randrange(20)}", **common))
+            result.append(OriginalMessage("sessions-orders", session_id=f"customer-{rng.randrange(sessions)}",
+                                          **common))
         elif roll < 0.97:
             region = rng.choice(["eu", "us"])
             common["application_properties"] = {**common["application_properties"], "region": region}

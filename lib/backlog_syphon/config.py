@@ -100,6 +100,11 @@ class StorageConfig:
     checkpoint_table: str = ""
     checkpoint_location: str = ""  # Spark streaming checkpoint folder
     lease_table: str = ""  # which run may deliver; default: the checkpoint table's name + "_lease"
+    # How often a run rewrites the checkpoint table while it goes on (0: after every batch). Each batch
+    # commits its audit rows; the checkpoint rows are a shortcut over them (where a restart starts
+    # reading), so rewriting them less often saves a commit per batch (about a second on cloud storage)
+    # and costs a run that crashed only a longer read of the audit. A run's clean end always writes them.
+    checkpoint_interval_seconds: float = 60.0
 
     @property
     def resolved_lease_table(self) -> str:
@@ -415,6 +420,9 @@ def _validate(config: SyphonConfig, origin: str) -> None:
             _check_connection_string(ns.connection_string, f"{name}.connection_string")
     if config.backlog.queue_count < 1:
         raise ConfigError(f"{origin}: backlog.queue_count must be at least 1")
+    if config.storage.checkpoint_interval_seconds < 0:
+        raise ConfigError(f"{origin}: storage.checkpoint_interval_seconds must be 0 (after every batch) or more, "
+                          f"got {config.storage.checkpoint_interval_seconds:g}")
     if config.run.lease_seconds < 1:
         raise ConfigError(f"{origin}: run.lease_seconds must be at least 1")
     if config.run.max_single_batch_messages < 1:

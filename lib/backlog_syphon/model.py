@@ -193,6 +193,10 @@ class CheckpointRow:
     delivered_count: int
     dead_lettered_count: int
     skipped_count: int
+    # Set in every row by the last write of a run that ended cleanly (after its last send and settlement):
+    # that run's lease is free from then on, without a commit of its own (``run.fence``). None while a
+    # run goes on, and in tables older versions wrote.
+    ended_run_id: str | None = None
 
 
 @dataclass(frozen=True)

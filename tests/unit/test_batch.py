@@ -235,13 +235,14 @@ class Tables:
         return Recovery(dict(self.checkpoint), aggregate(recorded).spans, tuple(dead_letter_orders(recorded)),
                         sum(row["batch_id"] == batch_id for row in self.audit))
 
-    def record(self, outcomes: list[dict], checkpoint: list[CheckpointRow], version: int) -> None:
+    def record(self, outcomes: list[dict], checkpoint: list[CheckpointRow] | None, version: int) -> None:
         if self.versions and version <= self.versions[-1]:
             self.skipped.append(version)
             return
         self.versions.append(version)
         self.audit.extend(outcomes)
-        self.checkpoint = {row.backlog_queue: row for row in checkpoint}
+        if checkpoint is not None:
+            self.checkpoint = {row.backlog_queue: row for row in checkpoint}
 
     def final_outcomes(self) -> Counter:
         """How many final outcome rows each message has."""
@@ -397,7 +398,7 @@ class FakeBatch:
     def dead_letters(self) -> list[DeadLetterOrder]:
         return dead_letter_orders(self.latest or [])
 
-    def record(self, checkpoint: list[CheckpointRow], version: int) -> None:
+    def record(self, checkpoint: list[CheckpointRow] | None, version: int) -> None:
         self.world.tables.record(list(self.latest or []), checkpoint, version)
 
 
@@ -417,18 +418,19 @@ class Run:
         self.purges = Purges(world.backlog, failing_purges)
         self.batches: list[FakeBatch] = []
 
-    def batch(self, rows: list[dict], batch_id: int, *, settle_now: bool = False):
+    def batch(self, rows: list[dict], batch_id: int, *, settle_now: bool = False, now: dt.datetime = NOW,
+              checkpoint_every: float = 0.0):
         ports = FakeBatch(self.world, rows, batch_id, self.run_id, self.hooks)
         self.batches.append(ports)
-        return run_batch(self.state, ports, self.lease, self.purges, batch_id=batch_id, run_id=self.run_id, now=NOW,
-                         settle_now=settle_now, hooks=self.hooks)
+        return run_batch(self.state, ports, self.lease, self.purges, batch_id=batch_id, run_id=self.run_id, now=now,
+                         settle_now=settle_now, hooks=self.hooks, checkpoint_every=checkpoint_every)
 
     def finish(self) -> None:
-        """``DeliverySink.flush``: settle what is left, then record the last purge marks."""
+        """``DeliverySink.flush``: settle what is left, then write the final checkpoint rows."""
         finish(self.state, self.purges, NOW)
-        if self.state.marks_unrecorded and self.state.checkpoint:
-            self.world.tables.checkpoint = dict(self.state.checkpoint)
-            self.state.marks_unrecorded = False
+        rows = self.state.final_checkpoint(self.run_id)
+        if rows is not None:
+            self.world.tables.checkpoint = {row.backlog_queue: row for row in rows}
 
 
 def usual_backlog(world: World) -> list[Message]:
@@ -501,6 +503,37 @@ def test_successive_batches_of_one_run_purge_what_the_one_before_recorded():
     assert world.tables.checkpoint[Q0].purged_through == 2  # the first batch's mark, recorded with the second
     run.finish()
     assert world.tables.checkpoint[Q0].purged_through == 3
+
+
+def test_the_checkpoint_rows_are_rewritten_only_when_due_and_a_crash_between_costs_a_longer_read_only():
+    """One commit per batch (the audit append); the checkpoint rows every ``checkpoint_every`` seconds and
+    at the run's clean end, naming it as ended. A run that dies between two rewrites leaves older marks:
+    the next run reads more audit rows above them, verifies those messages by peeking, and sends nothing
+    again."""
+    world = World()
+    run = Run(world, "r1")
+    first = world.backlog.add(Q0, "orders", "orders")
+    run.batch(world.backlog.read(first), 0, checkpoint_every=60)
+    assert world.tables.checkpoint == {} and len(world.tables.versions) == 1  # the audit only
+    second = world.backlog.add(Q0, "payments")
+    run.batch(world.backlog.read(second), 1, now=NOW + dt.timedelta(seconds=61), checkpoint_every=60)
+    assert world.tables.checkpoint[Q0].delivered_through == 3  # due: written with the audit append
+    assert world.tables.checkpoint[Q0].purged_through == 2 and world.tables.checkpoint[Q0].ended_run_id is None
+    third = world.backlog.add(Q0, "orders", "payments")
+    run.batch(world.backlog.read(third), 2, now=NOW + dt.timedelta(seconds=70), checkpoint_every=60)
+    assert world.tables.checkpoint[Q0].delivered_through == 3  # not due yet: the table lags ...
+    assert world.backlog.left() == {}  # ... though everything is delivered, recorded and settled
+
+    # The run dies here (no clean end). The next one finds the audit rows above the older marks.
+    after = Run(world, "r2")
+    later = world.backlog.add(Q0, "orders")
+    after.batch(world.backlog.read(later), 3, now=NOW + dt.timedelta(seconds=80), checkpoint_every=60)
+    after.finish()
+    assert world.destinations.resent == 0 and sorted(world.destinations.arrivals) == ["0:1", "0:2", "0:3", "0:4",
+                                                                                      "0:5", "0:6"]
+    row = world.tables.checkpoint[Q0]
+    assert (row.delivered_through, row.purged_through, row.ended_run_id) == (6, 6, "r2")
+    assert world.backlog.left() == {}
 
 
 # --- a purge round that fails ----------------------------------------------------------------------

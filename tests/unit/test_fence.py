@@ -204,3 +204,46 @@ def test_on_free_is_told_again_after_a_lost_race(table):
     table.row = fence.released(rival, T0)
     keeper(Clock()).acquire(None, wait=False, on_free=race)
     assert len(calls) == 2 and table.row.run_id == "run-a"
+
+
+def test_a_lease_whose_run_ended_cleanly_is_taken_at_once_and_another_runs_is_not(table, monkeypatch):
+    """A run that ends cleanly writes no lease row: its final checkpoint rows name it as ended. A run
+    that finds the lease still running reads the checkpoint table: the holder it names is free at once;
+    any other holder (or none named) still fences."""
+    clock = Clock()
+    first = LeaseKeeper(lease_table="/state/lease", lease_key="sb-host/contoso", run_id="run-a",
+                        lease_seconds=LEASE_SECONDS, checkpoint_table="/state/checkpoint", clock=clock)
+    first.acquire(None, wait=False)
+    first.forget()  # its last commit was the checkpoint table's, naming it as ended
+    assert len(table.writes) == 1 and first.lease is None
+    ended = {"run": None}
+    reads = []
+    monkeypatch.setattr(tables, "ended_run", lambda spark, checkpoint_table: reads.append(checkpoint_table)
+                        or ended["run"])
+    clock.at(10)
+    second = LeaseKeeper(lease_table="/state/lease", lease_key="sb-host/contoso", run_id="run-b",
+                         lease_seconds=LEASE_SECONDS, checkpoint_table="/state/checkpoint", clock=clock)
+    with pytest.raises(LeaseHeldError, match="run run-a"):
+        second.acquire(None, wait=False)  # nothing names run-a as ended (it may still be writing)
+    ended["run"] = "run-a"
+    taken = second.acquire(None, wait=False)
+    assert (taken.epoch, taken.run_id) == (2, "run-b") and reads == ["/state/checkpoint"] * 2
+    ended["run"] = "run-z"  # a stale final write of some older run frees nobody else's lease
+    third = LeaseKeeper(lease_table="/state/lease", lease_key="sb-host/contoso", run_id="run-c",
+                        lease_seconds=LEASE_SECONDS, checkpoint_table="/state/checkpoint", clock=clock)
+    with pytest.raises(LeaseHeldError, match="run run-b"):
+        third.acquire(None, wait=False)
+    assert fence.current_holder(None, "/state/lease", "/state/checkpoint", clock.now).run_id == "run-b"
+    ended["run"] = "run-b"
+    assert fence.current_holder(None, "/state/lease", "/state/checkpoint", clock.now) is None
+
+
+def test_a_run_checks_it_still_holds_the_lease_before_its_last_commit(table):
+    clock = Clock()
+    holder = keeper(clock)
+    holder.acquire(None, wait=False)
+    assert holder.holds(None) and len(table.writes) == 1  # its own copy is good: nothing read or written
+    clock.at(130)  # expired meanwhile (a hung commit, say)
+    assert holder.holds(None)  # still the row's holder: nobody took it
+    table.row = new_lease("sb-host/contoso", "run-b", "h", 1, clock.now, LEASE_SECONDS, table.row)
+    assert not holder.holds(None)

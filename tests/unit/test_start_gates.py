@@ -155,9 +155,10 @@ def test_a_failed_state_read_starts_nothing_and_gives_the_lease_back(table, monk
 class _Recorder:
     """A run's end, as events: the query, the sink's purges and flush, the lease's release."""
 
-    def __init__(self, flush_fails=False):
+    def __init__(self, flush: str = "rows", holds: bool = True):
         self.events = []
-        self.flush_fails = flush_fails
+        self.flush_result = flush  # "rows": the final rows were written; "none": nothing to write; "fails"
+        self.still_held = holds
         self.isActive = True
         self.streams = SimpleNamespace(removeListener=lambda listener: self.events.append("listener removed"))
 
@@ -167,37 +168,50 @@ class _Recorder:
     def wait_for_purges(self):
         self.events.append("purges settled")
 
+    def holds(self, spark):
+        return self.still_held
+
     def flush(self, spark):
         import time
 
-        time.sleep(0.05)  # a commit that takes a while: the release must still wait for it
-        self.events.append("purge marks recorded")
-        if self.flush_fails:
+        time.sleep(0.05)  # a commit that takes a while: nothing of the run's may follow it
+        if self.flush_result == "fails":
             raise OSError("the checkpoint table cannot be written")
+        if self.flush_result == "none":
+            return False
+        self.events.append("final checkpoint rows written, naming the run as ended")
+        return True
 
     def stop_heartbeat(self):
         self.events.append("heartbeat stopped")
 
+    def forget(self):
+        self.events.append("lease forgotten")
+
     def release(self, spark):
-        self.events.append("lease released")
+        self.events.append("lease row released")
 
 
-@pytest.mark.parametrize("flush_fails", [False, True])
-def test_a_run_gives_the_lease_back_only_after_its_purge_marks_are_recorded(flush_fails):
-    """The next run reads the state tables once it finds the lease free: a purge-mark commit landing after
-    the release could overwrite that run's newer marks. The heartbeat stops before that commit (one that
-    hangs lets the lease expire), and a failed one still gives the lease back."""
+@pytest.mark.parametrize("flush, holds, last", [
+    ("rows", True, ["final checkpoint rows written, naming the run as ended", "lease forgotten"]),  # one commit
+    ("none", True, ["lease row released"]),  # nothing to write (Spark Connect): the lease's own commit
+    ("fails", True, ["lease row released"]),  # a failed write still gives the lease back
+    ("rows", False, ["lease row released"]),  # the lease was taken over: no final write lands after it
+])
+def test_a_run_ends_with_one_commit_that_records_its_marks_and_gives_the_lease_back(flush, holds, last):
+    """The next run reads the state tables once it finds the lease free: the run's final checkpoint rows,
+    which name it as ended, are its last commit and free the lease; nothing of the run's lands after them.
+    The heartbeat stops before that commit (one that hangs lets the lease expire)."""
     from backlog_syphon.run.syphon import SyphonRun
 
-    end = _Recorder(flush_fails)
+    end = _Recorder(flush, holds)
     run = SyphonRun(query=end, sink=end, listener=None, lease_keeper=end, stop_file="/nonexistent/stop",
                     records=None, timeline=Timeline(origin=0.0))
-    if flush_fails:
+    if flush == "fails":
         with pytest.raises(OSError, match="cannot be written"):
             run.finish(end, meanwhile=lambda: end.events.append("summarised"))
     else:
         assert run.finish(end, meanwhile=lambda: "summary") == "summary"
     events = [event for event in end.events if event != "summarised"]
-    assert events == ["query stopped", "purges settled", "listener removed", "heartbeat stopped", "purge marks recorded",
-                      "lease released"]
-    assert Milestone.STATE_SAVED in run.timeline.marks or flush_fails
+    assert events == ["query stopped", "purges settled", "listener removed", "heartbeat stopped"] + last
+    assert Milestone.STATE_SAVED in run.timeline.marks or flush == "fails"

@@ -50,6 +50,8 @@ def _peek(server, ctx, e: Entity, body):
         return 204, None
     if fault is not None:               # "short": only the first message of the page
         count = 1
+    if count == 1:
+        e.ops["peek_one"] += 1  # a single-message peek: how clients probe for where messages are
     msgs = e.peek(start, count, _session_id(body))
     if not msgs:
         return 204, None

@@ -166,10 +166,12 @@ def batch_bound(spark: SparkSession, config: SyphonConfig) -> str:
 
 def _current_holder(spark: SparkSession, config: SyphonConfig, now: dt.datetime) -> str | None:
     """Who holds the backlog's lease now (the dry run only reads: a missing lease table means nobody)."""
+    from backlog_syphon.run.fence import current_holder
+
     try:
-        lease = tables.read_lease(spark, config.storage.resolved_lease_table)
+        lease = current_holder(spark, config.storage.resolved_lease_table, config.storage.checkpoint_table, now)
     except Exception:  # noqa: BLE001 - no lease table yet: no run has taken the lease
         return None
-    if lease is None or lease.expires_at <= now:
+    if lease is None:
         return None
     return f"{lease.holder} (lease until {lease.expires_at:%Y-%m-%d %H:%M:%S} UTC)"

@@ -6,6 +6,12 @@ while the run lives, and the sink asks ``send_deadline`` before each send round 
 it extends the lease when due and says until when the round's tasks may send (the lease's expiry
 less a safety margin). If the lease could not be extended and is close to expiring, or another run
 holds it, the batch fails (``LeaseLostError``) without sending, recording or purging more.
+
+A run that ends cleanly gives its lease back with its last commit, the checkpoint table's final
+rewrite, whose rows name it as ended (``CheckpointRow.ended_run_id``): it sends, settles and writes
+nothing after that commit, so a run that finds the lease held by a run the checkpoint table names
+as ended may take it at once, as from a holder proven gone. Only a run without checkpoint rows to
+write (nothing read; Spark Connect) writes a released lease row instead.
 """
 
 from __future__ import annotations
@@ -47,8 +53,9 @@ class LeaseKeeper:
     """This run's lease on one backlog. Picklable (the lease and settings travel, the thread does not)."""
 
     def __init__(self, *, lease_table: str, lease_key: str, run_id: str, lease_seconds: float,
-                 clock: Callable[[], dt.datetime] = utc_now):
+                 checkpoint_table: str | None = None, clock: Callable[[], dt.datetime] = utc_now):
         self.lease_table = lease_table
+        self.checkpoint_table = checkpoint_table  # where a holder that ended cleanly says so
         self.lease_key = lease_key
         self.run_id = run_id
         self.lease_seconds = lease_seconds
@@ -90,12 +97,15 @@ class LeaseKeeper:
             now = self.clock()
             current = None if unread else self._read(spark)
             unread = False
-            gone = current is not None and self._holder_gone(current)
-            if current is None or current.is_free_for(self.run_id, now, holder_gone=gone):
+            ended = current is not None and self._holder_ended(spark, current, now)
+            gone = current is not None and not ended and self._holder_gone(current)
+            if current is None or current.is_free_for(self.run_id, now, holder_gone=gone or ended):
                 candidate = new_lease(self.lease_key, self.run_id, self.host, self.pid, now, self.lease_seconds,
                                       current, self.process_identity)
                 if gone and current.expires_at > now:
                     logger.warning("%s crashed (its process is gone): taking its lease over", current.holder)
+                elif ended:
+                    logger.info("%s ended cleanly (the checkpoint table says so): its lease is free", current.holder)
                 if on_free is not None:
                     on_free()
                 if tables.write_lease(spark, self.lease_table, candidate):
@@ -124,10 +134,35 @@ class LeaseKeeper:
                 f"backlog are configured; give each backlog its own")
         return current
 
+    def _holder_ended(self, spark: SparkSession, lease: Lease, now: dt.datetime) -> bool:
+        """Whether the holder of a lease that is still running ended cleanly: the checkpoint table's last
+        rewrite names it (read only then: a released or expired lease needs no proof)."""
+        if lease.run_id == self.run_id or lease.expires_at <= now or not self.checkpoint_table:
+            return False
+        return tables.ended_run(spark, self.checkpoint_table) == lease.run_id
+
     def _holder_gone(self, lease: Lease) -> bool:
         """Proof that the holder crashed: it ran in this machine's boot and pid namespace, and no process
         with its pid and start time exists any more."""
         return lease.run_id != self.run_id and process_gone(lease.process_identity)
+
+    def holds(self, spark: SparkSession) -> bool:
+        """Whether this run still holds the lease (read only when its own copy has expired); nothing is
+        written: for the run's last commit, which must not land after another run took over."""
+        lease = self.lease
+        if lease is None:
+            return False
+        if lease.expires_at > self.clock():
+            return True
+        current = self._read(spark)
+        return current is not None and current.run_id == self.run_id and current.epoch == lease.epoch
+
+    def forget(self) -> None:
+        """The lease was given back by the run's last commit (the checkpoint table names it as ended):
+        drop it without a write of its own."""
+        self.stop_heartbeat()
+        with self._lock:
+            self.lease = None
 
     def release(self, spark: SparkSession) -> None:
         """Give the lease back so a waiting run can start at once (best effort: it expires anyway)."""
@@ -235,6 +270,18 @@ class LeaseKeeper:
                 return
             except Exception as exc:  # noqa: BLE001 - storage hiccup: the next beat tries again
                 logger.warning("could not extend the lease (%s); trying again in %.0f s", type(exc).__name__, interval)
+
+
+def current_holder(spark: SparkSession, lease_table: str, checkpoint_table: str | None,
+                   now: dt.datetime) -> Lease | None:
+    """The lease if a run holds it at ``now`` (not released, not expired, and its run not named as ended by
+    the checkpoint table); None when the backlog is free. Reads only: for the dry run and the status."""
+    lease = tables.read_lease(spark, lease_table)
+    if lease is None or lease.expires_at <= now:
+        return None
+    if checkpoint_table and tables.ended_run(spark, checkpoint_table) == lease.run_id:
+        return None
+    return lease
 
 
 def process_identity(pid: int) -> str | None:

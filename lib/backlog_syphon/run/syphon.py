@@ -313,15 +313,20 @@ class SyphonRun:
         return result
 
     def _save_then_release(self, spark: SparkSession) -> None:
-        """The purge marks' commit, then the lease's: the next run may start reading the state tables as
-        soon as it finds the lease free (``StartGates``), and a commit of this run's that landed after
-        its own would put back purge marks older than that run's. The heartbeat stops first: a commit
-        that hangs does not keep the lease from expiring."""
+        """The run's last commit: the checkpoint rows with the last purge marks, naming this run as ended,
+        which gives the lease back too (``run.fence``): one commit, the last of the run, so none of its
+        commits lands after the next run started reading the state tables (``StartGates``). Written only
+        while the lease is still this run's. Without rows to write, the lease is given back by itself.
+        The heartbeat stops first: a commit that hangs does not keep the lease from expiring."""
         self.lease_keeper.stop_heartbeat()
+        released = False
         try:
-            self.sink.flush(spark)
+            released = self.lease_keeper.holds(spark) and self.sink.flush(spark)
         finally:
-            self.lease_keeper.release(spark)
+            if released:
+                self.lease_keeper.forget()
+            else:
+                self.lease_keeper.release(spark)
 
 
 def start_syphon(spark: SparkSession, config: SyphonConfig, *, run_id: str | None = None,
@@ -345,7 +350,7 @@ def start_syphon(spark: SparkSession, config: SyphonConfig, *, run_id: str | Non
     config = run_config(config, run_id)
     storage = config.storage
     keeper = LeaseKeeper(lease_table=storage.resolved_lease_table, lease_key=lease_key(config), run_id=run_id,
-                         lease_seconds=config.run.lease_seconds)
+                         lease_seconds=config.run.lease_seconds, checkpoint_table=storage.checkpoint_table)
 
     gates = StartGates(spark, config, keeper, timeline, check_access=check_access, on_wait=on_wait)
     gates.wait()

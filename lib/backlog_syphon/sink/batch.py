@@ -16,9 +16,13 @@ Transitions and what a crash at each leaves behind (the invariants the tests wal
   ``after_send``: a crash there re-sends, on replay, what was sent and not recorded (the duplicate
   window; MessageIds are kept).
 - ``fence`` again: a batch whose lease was lost neither records nor purges.
-- ``record``: the audit append and the checkpoint write, together, idempotent per attempt. Also a
-  batch that failed to deliver some messages (a destination unavailable past the wait) records
-  what it delivered first, so its replay re-sends nothing that was delivered; then it fails.
+- ``record``: the audit append, idempotent per attempt: the batch's one commit. The checkpoint rows
+  (each queue's marks, a shortcut over the audit) are rewritten with it only when
+  ``checkpoint_every`` has passed since they last were (``checkpoint_due``), and always at the run's
+  clean end (``final_checkpoint``). A crash in between costs the next run a longer read of the
+  audit (the rows above older marks, whose messages it verifies by peeking): nothing is re-sent or
+  lost. Also a batch that failed to deliver some messages (a destination unavailable past the wait)
+  records what it delivered first, so its replay re-sends nothing that was delivered; then it fails.
   Crash point ``after_record``: nothing is re-sent.
 - ``purge``: submitted in the background (settled within the batch over Spark Connect). A failed
   purge round is logged and retried later; it never fails a batch.
@@ -32,6 +36,7 @@ holds may be one that stays (``PurgePlan.passing``).
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import logging
 from dataclasses import dataclass, field
@@ -128,8 +133,9 @@ class BatchPorts(Protocol):
     def dead_letters(self) -> list[DeadLetterOrder]:
         """The batch's recorded dead-letter outcomes (asked for only when there are some)."""
 
-    def record(self, checkpoint: list[CheckpointRow], version: int) -> None:
-        """Append the final outcomes to the audit and rewrite the checkpoint table, idempotently on ``version``."""
+    def record(self, checkpoint: list[CheckpointRow] | None, version: int) -> None:
+        """Append the final outcomes to the audit, idempotently on ``version``, and rewrite the checkpoint
+        table with ``checkpoint`` unless it is None."""
 
 
 class LeasePort(Protocol):
@@ -168,15 +174,28 @@ class SinkState:
 
     checkpoint: dict[str, CheckpointRow] | None = None
     unpurged: dict[str, bookkeeping.Unpurged] = field(default_factory=dict)
-    marks_unrecorded: bool = False  # purge marks newer than the checkpoint table
+    checkpoint_unrecorded: bool = False  # the checkpoint rows moved on since the table was last written
+    checkpoint_written_at: dt.datetime | None = None  # when this run last wrote (or first read) the table
 
     def apply_purges(self, results: dict[str, PurgeResult], now: dt.datetime) -> None:
         if not results or self.checkpoint is None:
             return
         self.unpurged = bookkeeping.after_purge(self.unpurged, results)
         marked = bookkeeping.mark_purged(self.checkpoint, results, self.unpurged, now=now)
-        self.marks_unrecorded = self.marks_unrecorded or marked != self.checkpoint
+        self.checkpoint_unrecorded = self.checkpoint_unrecorded or marked != self.checkpoint
         self.checkpoint = marked
+
+    def checkpoint_due(self, now: dt.datetime, every_seconds: float) -> bool:
+        """Whether the record step rewrites the checkpoint table too: ``every_seconds`` after it last did."""
+        return self.checkpoint_written_at is None or (now - self.checkpoint_written_at).total_seconds() >= every_seconds
+
+    def final_checkpoint(self, run_id: str) -> list[CheckpointRow] | None:
+        """The rows a run's clean end writes (None: it has none): every queue's marks, each row naming the
+        run as ended (``CheckpointRow.ended_run_id``), so that this one commit also frees its lease."""
+        if not self.checkpoint:
+            return None
+        return [dataclasses.replace(row, ended_run_id=run_id)
+                for row in sorted(self.checkpoint.values(), key=lambda row: row.backlog_queue)]
 
 
 @dataclass(frozen=True)
@@ -188,8 +207,10 @@ class BatchReport:
 
 
 def run_batch(state: SinkState, ports: BatchPorts, lease: LeasePort, purges: PurgePort, *, batch_id: int,
-              run_id: str, now: dt.datetime, settle_now: bool = False, hooks: Hooks = NoHooks()) -> BatchReport:
-    """Run one micro-batch; raise ``BatchFailedError`` naming the step and the cause."""
+              run_id: str, now: dt.datetime, settle_now: bool = False, hooks: Hooks = NoHooks(),
+              checkpoint_every: float = 0.0) -> BatchReport:
+    """Run one micro-batch; raise ``BatchFailedError`` naming the step and the cause. ``checkpoint_every``:
+    seconds between rewrites of the checkpoint table (0: every batch records it)."""
     step = Step.RECOVER
     try:
         recorded_before = 0
@@ -197,6 +218,7 @@ def run_batch(state: SinkState, ports: BatchPorts, lease: LeasePort, purges: Pur
         if state.checkpoint is None:
             recovery = ports.recover()
             state.checkpoint = dict(recovery.checkpoint)
+            state.checkpoint_written_at = now  # as read: the table says what the rows say
             # Held rows of earlier runs are not carried into this one: the run reads those messages again
             # (and holds them again, or sends them), and a mark held back by old rows would never move.
             state.unpurged = bookkeeping.add_recorded({}, recovery.unsettled, recovery.dead_letters, verify=True)
@@ -229,9 +251,12 @@ def run_batch(state: SinkState, ports: BatchPorts, lease: LeasePort, purges: Pur
         state.apply_purges(purges.finished(), now)
         state.checkpoint = bookkeeping.advance_checkpoint(state.checkpoint, aggregate.spans, batch_id=batch_id,
                                                           run_id=run_id, now=now)
-        ports.record(sorted(state.checkpoint.values(), key=lambda row: row.backlog_queue),
+        rewrite = state.checkpoint_due(now, checkpoint_every)
+        ports.record(sorted(state.checkpoint.values(), key=lambda row: row.backlog_queue) if rewrite else None,
                      batch_id * ATTEMPTS_PER_BATCH + min(recorded_before, ATTEMPTS_PER_BATCH - 1))
-        state.marks_unrecorded = False
+        state.checkpoint_unrecorded = not rewrite
+        if rewrite:
+            state.checkpoint_written_at = now
         state.unpurged = bookkeeping.add_recorded(state.unpurged, aggregate.spans, dead_letters, held=aggregate.held)
         hooks.reached(CrashPoint.AFTER_RECORD)
         unavailable = aggregate.final_unavailable

@@ -11,8 +11,9 @@ Per batch (the order and its failure cases are ``sink.batch``'s):
   once, so no later step can recompute (and so re-send) them;
 - aggregate: one Spark job turns every row's latest outcome into recorded spans, per-destination
   counts and the unsent destinations (``aggregate_outcomes``, the one place this is computed);
-- record: the executors append the outcomes to the audit table while the driver rewrites the
-  checkpoint table, both idempotent on the attempt's transaction version;
+- record: the executors append the outcomes to the audit table, idempotent on the attempt's
+  transaction version (the batch's one commit); when ``storage.checkpoint_interval_seconds`` has
+  passed, the driver rewrites the checkpoint table meanwhile;
 - purge: in the background (``sink.purge_runner``).
 
 The driver handles aggregates only: no message passes through it, so its memory does not grow
@@ -152,6 +153,9 @@ class DeliverySink:
         # first batch recovers from it instead of reading the tables again. None: it reads them.
         self.recovery_at_start = recovery_at_start
         self.app_id: str | None = None  # known at the run's first batch (the checkpoint's query id)
+        # Over Spark Connect the sink's copy in the server ends with the query, before the run's end could
+        # write its rows: there every batch rewrites the checkpoint table.
+        self.checkpoint_every = 0.0 if settle_in_batch else config.storage.checkpoint_interval_seconds
         self.state = SinkState()
         self._purges = PurgeRunner(config.secondary)
         self.per_destination: dict[str, dict[str, int]] = {}  # this run's outcomes, for the summary
@@ -169,7 +173,8 @@ class DeliverySink:
         lease = _SessionLease(self.lease_keeper, spark)
         try:
             report = machine.run_batch(self.state, ports, lease, self._purges, batch_id=batch_id, run_id=self.run_id,
-                                       now=self.clock(), settle_now=self.settle_in_batch, hooks=EnvFaultHooks())
+                                       now=self.clock(), settle_now=self.settle_in_batch, hooks=EnvFaultHooks(),
+                                       checkpoint_every=self.checkpoint_every)
         except BatchFailedError as exc:
             self.failure = exc
             raise
@@ -202,12 +207,18 @@ class DeliverySink:
         """At the end of a run: wait for the purge in flight, and settle what is left once more."""
         machine.finish(self.state, self._purges, self.clock())
 
-    def flush(self, spark: SparkSession) -> None:
-        """Record the last purge marks in the checkpoint table (when the query has ended)."""
+    def flush(self, spark: SparkSession) -> bool:
+        """The run's clean end (the query has ended, nothing more is sent or settled): write the checkpoint
+        rows with the last purge marks, each naming this run as ended, which frees its lease too
+        (``run.fence``). False when there are no rows to write (nothing was read; or over Spark Connect,
+        where they live in the server): the lease must then be given back by itself."""
         machine.finish(self.state, self._purges, self.clock())
-        if self.state.marks_unrecorded and self.state.checkpoint:
-            tables.write_checkpoint(spark, self.config.storage.checkpoint_table, list(self.state.checkpoint.values()))
-            self.state.marks_unrecorded = False
+        rows = self.state.final_checkpoint(self.run_id)
+        if rows is None:
+            return False
+        tables.write_checkpoint(spark, self.config.storage.checkpoint_table, rows)
+        self.state.checkpoint_unrecorded = False
+        return True
 
 
 class _SessionLease:
@@ -281,16 +292,17 @@ class SparkBatch:
     def dead_letters(self) -> list[DeadLetterOrder]:
         return collect_dead_letters(self.latest)
 
-    def record(self, checkpoint: list[CheckpointRow], version: int) -> None:
-        """The audit append (executors) and the checkpoint write (a tiny table) at once: each is
-        idempotent on ``version``, so their order does not matter for a replay."""
+    def record(self, checkpoint: list[CheckpointRow] | None, version: int) -> None:
+        """The audit append (executors) and, when given, the checkpoint write (a tiny table) at once: each
+        is idempotent on ``version``, so their order does not matter for a replay."""
         storage, app_id = self.sink.config.storage, self.sink.app_id
         with ThreadPoolExecutor(max_workers=2, thread_name_prefix="record") as pool:
             futures = []
             if self.latest is not None:
                 futures.append(pool.submit(tables.append_audit, storage.audit_table, self.latest, app_id, version))
-            futures.append(pool.submit(tables.write_checkpoint, self.spark, storage.checkpoint_table, checkpoint,
-                                       app_id=app_id, version=version))
+            if checkpoint is not None:
+                futures.append(pool.submit(tables.write_checkpoint, self.spark, storage.checkpoint_table, checkpoint,
+                                           app_id=app_id, version=version))
             for future in futures:
                 future.result()
 

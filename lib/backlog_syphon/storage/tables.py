@@ -38,7 +38,8 @@ logger = logging.getLogger(__name__)
 
 CHECKPOINT_SCHEMA = struct_of(CheckpointRow)
 # Columns a checkpoint table written by an older version lacks, with what they mean there.
-_CHECKPOINT_DEFAULTS = {"incarnation": 1, "delivered_enqueued_ms": None, "purged_enqueued_ms": None}
+_CHECKPOINT_DEFAULTS = {"incarnation": 1, "delivered_enqueued_ms": None, "purged_enqueued_ms": None,
+                        "ended_run_id": None}
 LEASE_SCHEMA = struct_of(Lease)
 # The checkpoint and lease tables are rewritten whole (a row per queue, one row) by a commit per batch
 # and a few per run. Delta writes a checkpoint of a table's log every ``checkpointInterval`` commits
@@ -159,6 +160,16 @@ def read_checkpoint(spark: SparkSession, checkpoint_table: str) -> dict[str, Che
         values = {name: values[name] for name in CHECKPOINT_SCHEMA.fieldNames()}
         rows[row["backlog_queue"]] = CheckpointRow(**{**values, "updated_at": _utc(values["updated_at"])})
     return rows
+
+
+def ended_run(spark: SparkSession, checkpoint_table: str) -> str | None:
+    """The run whose clean end last rewrote the checkpoint table (``CheckpointRow.ended_run_id``), or None
+    (a run goes on, or crashed, or the table is older or empty)."""
+    table = existing_table(spark, checkpoint_table)
+    if table is None or "ended_run_id" not in table.columns:
+        return None
+    row = table.select("ended_run_id").limit(1).first()
+    return None if row is None else row["ended_run_id"]
 
 
 def recorded_unsettled(spark: SparkSession, audit_table: str, checkpoint: dict[str, CheckpointRow]) -> DataFrame | None:
