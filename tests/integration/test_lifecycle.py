@@ -224,7 +224,8 @@ def test_a_deleted_streaming_checkpoint_restarts_with_a_new_identity(spark, emul
 def test_failed_purge_receives_and_settlements_are_retried_and_resend_nothing(spark, emulator, tmp_path, caplog):
     """One run, two faults on two backlog queues: on the first, as many receive failures as the SDK's own
     retries (retry_total 3) and one more, so that queue's purge round fails (the next round retries it);
-    on the second, the round's bulk completion is refused once (it falls back to one by one)."""
+    on the second, the round's bulk completion is refused once for a lost lock (it is split in two and
+    each half completed in one request: never one message at a time)."""
     from backlog_syphon.run.syphon import run_syphon
 
     caplog.set_level(logging.INFO, logger="backlog_syphon")
@@ -232,7 +233,8 @@ def test_failed_purge_receives_and_settlements_are_retried_and_resend_nothing(sp
     config = make_config(emulator, tmp_path, **{"backlog.queue_count": 3, "run.max_messages_per_trigger": 30})
     originals = _originals("purge", 90)
     _write(config, {index: originals[index::3] for index in range(3)})
-    faults = {"receive": (_queue(0), 4, "purge round failed"), "settle": (_queue(1), 1, "bulk completion failed")}
+    faults = {"receive": (_queue(0), 4, "purge round failed"),
+              "settle": (_queue(1), 1, "refused for a lost lock: split and tried again")}
     for operation, (queue, count, _) in faults.items():
         emulator.inject_fault(SECONDARY, operation, entity=queue, count=count)
 
@@ -250,6 +252,9 @@ def test_failed_purge_receives_and_settlements_are_retried_and_resend_nothing(sp
     assert _remaining(emulator) == 0 and _dead_letters(emulator) == 0
     for path, entry in _backlog(emulator).items():
         assert entry["ops"].get("abandon", 0) == 0, (path, entry["ops"])
+    # Every completion went in bulk: the refused one and its two halves, then one per purge page.
+    settled = _backlog(emulator)[_queue(1)]["ops"]
+    assert settled.get("update_disposition", 0) <= batches + 3 and settled["complete"] == len(originals) // 3
     _check_audit(_audit(spark, config), originals)
 
 

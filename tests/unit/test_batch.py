@@ -21,7 +21,7 @@ import pytest
 from backlog_syphon.config import SinkConfig
 from backlog_syphon.errors import BatchFailedError, DestinationUnavailableError, LeaseLostError
 from backlog_syphon.model import Action, CheckpointRow, DeadLetterOrder, Outcome, ReasonCode
-from backlog_syphon.servicebus.purge_plan import PurgePlan, PurgeProgress, PurgeResult
+from backlog_syphon.servicebus.purge_plan import BulkCompletion, PurgePlan, PurgeProgress, PurgeResult
 from backlog_syphon.sink.batch import (
     ATTEMPTS_PER_BATCH,
     BatchAggregate,
@@ -101,6 +101,8 @@ class Backlog:
         self.released: list[tuple[str, int]] = []  # received by a purge, not recorded, given back
         self.overasked: list[tuple[str, int, int]] = []  # (queue, expected, recorded ones still there)
         self.created_ms: dict[str, int] = defaultdict(lambda: T0)  # message n enters at created + 10 n
+        self.losing_locks: set[tuple[str, int]] = set()  # (queue, sequence number) whose next completion fails
+        self.settle_requests = 0
 
     def add(self, queue: str, *destinations: str | None, sessions=None) -> list[Message]:
         start, created = self.numbered[queue] + 1, self.created_ms[queue]
@@ -109,6 +111,21 @@ class Backlog:
         self.numbered[queue] += len(added)
         self.queues[queue].extend(added)
         return added
+
+    def complete(self, queue: str, sequence_numbers) -> list[int]:
+        """``settle.complete_all``: bulk requests split on a lost lock (``BulkCompletion``). A message in
+        ``losing_locks`` loses its lock once (a request holding it is refused; it is available again)."""
+        completion = BulkCompletion(sequence_numbers, deadline=float("inf"))
+        while (request := completion.next_request(0.0)) is not None:
+            lost = [seq for seq in request if (queue, seq) in self.losing_locks]
+            if lost:
+                if len(request) == 1:
+                    self.losing_locks.discard((queue, request[0]))
+                completion.lock_lost(request)
+            else:
+                completion.succeeded(request)
+            self.settle_requests += 1
+        return completion.completed
 
     def recreate(self, queue: str, created_ms: int) -> None:
         """The queue deleted (with what it held) and created again: it numbers from 1 again."""
@@ -136,10 +153,11 @@ class Backlog:
             page = held[:credit]  # the broker hands over the head of the queue
             actions = progress.on_page([m.identity for m in page])
             self.released += [(plan.queue, seq) for seq in actions.release]
-            gone = set(actions.complete) | {seq for seq, _, _ in actions.dead_letter}
+            completed = self.complete(plan.queue, actions.complete)
+            gone = set(completed) | {seq for seq, _, _ in actions.dead_letter}
             self.dead_lettered += [(plan.queue, seq, code) for seq, code, _ in actions.dead_letter]
             held[:] = [m for m in held if m.seq not in gone]
-            progress.on_settled(len(actions.complete), len(actions.dead_letter))
+            progress.on_settled(len(completed), len(actions.dead_letter))
         heads = {span.first: next((m.identity for m in held if m.seq >= span.first), None) for span in plan.spans}
         return progress.result(heads)
 
@@ -534,6 +552,21 @@ def test_the_checkpoint_rows_are_rewritten_only_when_due_and_a_crash_between_cos
     row = world.tables.checkpoint[Q0]
     assert (row.delivered_through, row.purged_through, row.ended_run_id) == (6, 6, "r2")
     assert world.backlog.left() == {}
+
+
+def test_a_lock_lost_in_the_last_round_is_settled_by_the_runs_end_which_leaves_the_backlog_drained():
+    """A bulk completion refused for one lost lock is split: the rest of the page is completed at once, in a
+    few requests; the message whose lock was lost is available again and the run's end settles it."""
+    world = World()
+    run = Run(world, "r1")
+    window = world.backlog.add(Q0, *["orders"] * 100)
+    world.backlog.losing_locks = {(Q0, 37)}
+    run.batch(world.backlog.read(window), 0)
+    assert world.backlog.left() == {Q0: [37]}  # everything else completed in the same round ...
+    assert world.backlog.settle_requests <= 2 * 7 + 1  # ... splitting the refused request, never one by one
+    run.finish()
+    assert world.backlog.left() == {} and world.destinations.resent == 0
+    assert world.tables.checkpoint[Q0].purged_through == 100
 
 
 # --- a purge round that fails ----------------------------------------------------------------------

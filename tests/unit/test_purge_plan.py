@@ -6,10 +6,12 @@ import pytest
 
 from backlog_syphon.model import HeldSpan, RecordedSpan
 from backlog_syphon.servicebus.purge_plan import (
+    BulkCompletion,
     PageActions,
     PurgePlan,
     PurgeProgress,
     PurgeResult,
+    settle_page_size,
     span_after_peek,
 )
 
@@ -247,3 +249,66 @@ def test_one_pass_over_for_every_message_that_stays_held_or_left_in_a_dead_lette
     assert progress.on_page([msg(1), msg(2), msg(5)]).stop is False  # 9 is still ahead
     progress = PurgeProgress(dataclasses.replace(plan_of(span(2, 2), span(4, 4)), passing=True), page=3)
     assert progress.on_page([msg(2), msg(7)]).stop  # 4 is gone already, 7 lies past it
+
+
+# --- settling within the locks ------------------------------------------------------------------------
+
+def complete_with(completion: BulkCompletion, lost: set, *, clock=lambda: 0.0, broken=False) -> list[tuple]:
+    """Drive a ``BulkCompletion`` against a broker that refuses a request holding a lost lock (and, like the
+    emulator, settles nothing of a refused request); returns the requests made."""
+    requests = []
+    while (request := completion.next_request(clock())) is not None:
+        requests.append(request)
+        if broken:
+            completion.stop()
+        elif lost.intersection(request):
+            completion.lock_lost(request)
+        else:
+            completion.succeeded(request)
+    return requests
+
+
+def test_a_bulk_completion_that_succeeds_is_one_request():
+    completion = BulkCompletion(range(1, 101), deadline=60.0)
+    assert complete_with(completion, set()) == [tuple(range(1, 101))]
+    assert sorted(completion.completed) == list(range(1, 101)) and completion.unsettled == []
+
+
+@pytest.mark.parametrize("lost", [{37}, {1, 100}, {5, 6, 7}])
+def test_a_bulk_completion_refused_for_a_lost_lock_is_split_never_walked_one_by_one(lost):
+    completion = BulkCompletion(range(1, 101), deadline=60.0)
+    requests = complete_with(completion, lost)
+    assert sorted(completion.completed) == sorted(set(range(1, 101)) - lost)  # every other message completed
+    assert sorted(completion.lost) == sorted(lost) and completion.left == []  # the lost ones come back later
+    assert len(requests) <= 1 + 2 * len(lost) * 7  # about 2 log2(100) per lost lock, not 100 round trips
+
+
+def test_nothing_is_sent_once_the_locks_are_about_to_end_and_a_broken_link_ends_it():
+    now = {"t": 0.0}
+
+    def clock():
+        now["t"] += 1.0  # each request takes a second
+        return now["t"]
+
+    completion = BulkCompletion(range(1, 101), deadline=4.5)
+    requests = complete_with(completion, {10, 60}, clock=clock)
+    assert len(requests) == 4  # then the deadline: nothing more goes out
+    assert sorted(completion.completed + completion.unsettled) == list(range(1, 101))
+    assert completion.left and not set(completion.completed) & {10, 60}
+
+    broken = BulkCompletion(range(1, 11), deadline=60.0)
+    assert complete_with(broken, set(), broken=True) == [tuple(range(1, 11))]
+    assert sorted(broken.left) == list(range(1, 11)) and broken.completed == []
+
+
+@pytest.mark.parametrize("lock, round_trip, page", [
+    (None, None, 100),  # nothing measured yet: a full page
+    (60.0, 0.05, 100),  # a region away: the worst split of 100 takes 10 s of a 60 s lock
+    (60.0, 0.5, 15),  # a slow link: smaller pages, so that even one by one they end inside the locks
+    (30.0, 5.0, 1),
+])
+def test_pages_are_sized_to_settle_well_inside_their_locks(lock, round_trip, page):
+    assert settle_page_size(lock, round_trip) == page
+    progress = PurgeProgress(plan_of(span(1, 500)))
+    progress.measured(lock, round_trip)
+    assert progress.credit() == page

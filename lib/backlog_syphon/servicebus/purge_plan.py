@@ -30,6 +30,10 @@ Invariants:
 - What is left is decided by looking, not by counting: after the purge, each span is settled when
   the first message at or after its first sequence number is not one of its messages
   (``span_after_peek``).
+- Settling never outlives the locks: a page is no larger than what the round trip lets settle
+  well inside the lock (``settle_page_size``), and a bulk completion that fails is split and tried
+  again within the locks (``BulkCompletion``), never walked one message at a time past them; what a
+  lost lock left is received again by the next round.
 """
 
 from __future__ import annotations
@@ -39,7 +43,67 @@ from dataclasses import dataclass, field
 
 from backlog_syphon.model import HeldSpan, RecordedSpan
 
-RECEIVE_PAGE = 100  # messages asked for per receive call
+RECEIVE_PAGE = 100  # messages asked for per receive call, at most
+# A page's settlement may take this share of its locks' time, at most: a bulk completion that has to be
+# split down to single messages costs about two round trips per message.
+SETTLE_SHARE_OF_LOCK = 1 / 4
+# Nothing is settled this close to the first of a page's locks ending: a request then could arrive after it.
+LOCK_MARGIN_SECONDS = 5.0
+
+
+def settle_page_size(lock_seconds: float | None, round_trip_seconds: float | None) -> int:
+    """Messages to receive per call so that settling them, even one by one in the worst split
+    (``BulkCompletion``), ends well inside their locks at the measured round trip (unknown: a full page)."""
+    if not lock_seconds or not round_trip_seconds:
+        return RECEIVE_PAGE
+    return max(1, min(RECEIVE_PAGE, int(lock_seconds * SETTLE_SHARE_OF_LOCK / (2 * round_trip_seconds))))
+
+
+class BulkCompletion:
+    """Completing received messages in as few requests as possible, within their locks.
+
+    All of them in one request first. A request refused because a lock was lost (one of its messages
+    was settled already, or its lock ran out) is split in two and each half tried again, down to single
+    messages, whose refusal is final: their lock is lost, and the next round receives them again. Any
+    other failure ends it (the link is broken; the locks end by themselves). No request goes out once
+    ``deadline`` (epoch seconds: the first lock's end less a margin) has passed: what is left is
+    received again too. So a failed request costs about log2(n) requests more, never n round trips.
+    """
+
+    def __init__(self, items, deadline: float):
+        self._pending: list[tuple] = [tuple(items)] if items else []
+        self.deadline = deadline
+        self.completed: list = []
+        self.lost: list = []  # refused one by one: their lock is lost
+        self.left: list = []  # not tried: the deadline passed, or the link broke
+
+    def next_request(self, now: float) -> tuple | None:
+        """The next items to complete in one request, or None when done."""
+        if self._pending and now >= self.deadline:
+            self.stop()
+        return self._pending[-1] if self._pending else None
+
+    def succeeded(self, request: tuple) -> None:
+        self._pending.remove(request)
+        self.completed.extend(request)
+
+    def lock_lost(self, request: tuple) -> None:
+        self._pending.remove(request)
+        if len(request) == 1:
+            self.lost.extend(request)
+        else:  # the second half is tried first: the last pushed is the next asked for
+            half = len(request) // 2
+            self._pending += [request[half:], request[:half]]
+
+    def stop(self) -> None:
+        """Send nothing more (the link broke, or the locks are about to end)."""
+        for request in self._pending:
+            self.left.extend(request)
+        self._pending.clear()
+
+    @property
+    def unsettled(self) -> list:
+        return self.lost + self.left
 
 Identity = tuple[int, int | None]  # (sequence number, enqueue time in ms) of a message in one queue
 
@@ -106,11 +170,13 @@ class PurgeResult:
 
 
 class PurgeProgress:
-    """The purge of one queue as a state machine: ``credit`` -> receive -> ``on_page`` -> ... -> ``result``."""
+    """The purge of one queue as a state machine: ``credit`` -> receive -> ``on_page`` -> ... -> ``result``;
+    ``measured`` sizes the next pages to the locks and round trips seen (``settle_page_size``)."""
 
     def __init__(self, plan: PurgePlan, page: int = RECEIVE_PAGE):
         self.plan = plan
         self.page = page
+        self.max_page = page
         self.seen = 0
         self.completed = 0
         self.dead_lettered = 0
@@ -131,6 +197,11 @@ class PurgeProgress:
             return self.page
         held_left = max(0, self.plan.held.count - self.passed) if self.plan.held is not None else 0
         return min(self.page, self.plan.expected - self.seen + held_left)
+
+    def measured(self, lock_seconds: float | None, round_trip_seconds: float | None) -> None:
+        """A page was received with locks of ``lock_seconds`` and settled at ``round_trip_seconds`` a request:
+        the next pages are sized to settle well inside their locks."""
+        self.page = min(self.max_page, settle_page_size(lock_seconds, round_trip_seconds))
 
     def locks_running_out(self) -> None:
         """The locks of the messages passed over are about to end: this round stops (they are released)."""

@@ -11,14 +11,21 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+import time
 
-from azure.servicebus.exceptions import MessagingEntityNotFoundError, ServiceBusError
+from azure.servicebus.exceptions import MessageLockLostError, MessagingEntityNotFoundError, ServiceBusError
 
 from backlog_syphon.config import NamespaceConfig
 from backlog_syphon.errors import BacklogQueueMissingError
 from backlog_syphon.servicebus.clients import pooled_receiver
 from backlog_syphon.servicebus.peek import first_identity_from, peek_identities
-from backlog_syphon.servicebus.purge_plan import PurgePlan, PurgeProgress, PurgeResult
+from backlog_syphon.servicebus.purge_plan import (
+    LOCK_MARGIN_SECONDS,
+    BulkCompletion,
+    PurgePlan,
+    PurgeProgress,
+    PurgeResult,
+)
 from backlog_syphon.servicebus.sdk_internals import (
     complete_by_lock_tokens,
     received_identity,
@@ -67,8 +74,9 @@ def _purge(receiver, plan: PurgePlan, max_wait_seconds: float) -> PurgeResult:
                 progress.locks_running_out()
                 break
             page = receiver.receive_messages(max_message_count=credit, max_wait_time=max_wait_seconds)
+            received_at = time.time()
             revoke_credit(receiver)  # a call that returns early leaves the rest of its credit open
-            _settle_page(receiver, plan, progress, page, passed_over)
+            _settle_page(receiver, plan, progress, page, passed_over, received_at)
     finally:
         _release_passed_over(receiver, plan, passed_over)
     # Whatever could not be settled (lock lost, not there yet) is still there: look, don't count.
@@ -78,16 +86,23 @@ def _purge(receiver, plan: PurgePlan, max_wait_seconds: float) -> PurgeResult:
     return progress.result(heads)
 
 
-def _settle_page(receiver, plan: PurgePlan, progress: PurgeProgress, page: list, passed_over: list) -> None:
+def _settle_page(receiver, plan: PurgePlan, progress: PurgeProgress, page: list, passed_over: list,
+                 received_at: float) -> None:
     by_seq = {message.sequence_number: message for message in page}
     actions = progress.on_page([received_identity(message) for message in page])
     passed_over.extend(by_seq[seq] for seq in actions.pass_over)
     for seq in actions.release:
         release_message(receiver, by_seq[seq])
-    for seq, reason_code, reason in actions.dead_letter:
-        receiver.dead_letter_message(by_seq[seq], reason=reason_code, error_description=reason[:1024])
-    failed = complete_all(receiver, [by_seq[seq] for seq in actions.complete])
-    progress.on_settled(len(actions.complete) - len(failed), len(actions.dead_letter))
+    lock_ends = first_lock_end(page)
+    deadline = (lock_ends or received_at + 60.0) - LOCK_MARGIN_SECONDS
+    began = time.monotonic()
+    dead_lettered = dead_letter_all(receiver, [(by_seq[seq], code, reason) for seq, code, reason in actions.dead_letter],
+                                    deadline)
+    failed, requests = complete_all(receiver, [by_seq[seq] for seq in actions.complete], deadline)
+    progress.on_settled(len(actions.complete) - len(failed), dead_lettered)
+    requests += len(actions.dead_letter)
+    if requests:
+        progress.measured(None if lock_ends is None else lock_ends - received_at, (time.monotonic() - began) / requests)
     if actions.release:
         logger.warning("backlog=%s purge received %d message(s) whose outcome is not recorded (sequence numbers "
                        "%s): released untouched, not settled; the purge of this queue stops here until they "
@@ -120,24 +135,55 @@ def _locks_end_soon(messages: list) -> bool:
     return (first - dt.datetime.now(dt.timezone.utc)).total_seconds() < PASS_OVER_LOCK_MARGIN_SECONDS
 
 
-def complete_all(receiver, messages: list) -> set[int]:
-    """Complete received messages with one management request instead of one round trip each.
+def first_lock_end(messages: list) -> float | None:
+    """When the first of these received messages' locks ends (epoch seconds), if the broker said."""
+    ends = [m.locked_until_utc for m in messages if getattr(m, "locked_until_utc", None) is not None]
+    if not ends:
+        return None
+    return min(end if end.tzinfo else end.replace(tzinfo=dt.timezone.utc) for end in ends).timestamp()
 
-    If the bulk request fails, each message is completed on its own. Returns the sequence numbers
-    that could not be completed (their locks were lost).
-    """
-    if not messages:
-        return set()
-    try:
-        complete_by_lock_tokens(receiver, [m.lock_token for m in messages])
-        return set()
-    except ServiceBusError as exc:
-        logger.info("bulk completion failed (%s); completing one by one", type(exc).__name__)
-    failed = set()
-    for message in messages:
+
+def complete_all(receiver, messages: list, deadline: float, *, clock=time.time) -> tuple[set[int], int]:
+    """Complete received messages with one management request instead of one round trip each; a request
+    refused for a lost lock is split and tried again, and nothing is sent after ``deadline``
+    (``purge_plan.BulkCompletion``). Returns the sequence numbers not completed (a lost lock, the
+    deadline, a broken link: the next round receives them again) and the requests made."""
+    by_seq = {message.sequence_number: message for message in messages}
+    completion = BulkCompletion(sorted(by_seq), deadline)
+    requests = 0
+    while (request := completion.next_request(clock())) is not None:
+        requests += 1
         try:
-            receiver.complete_message(message)
+            complete_by_lock_tokens(receiver, [by_seq[seq].lock_token for seq in request])
+        except MessageLockLostError:
+            if len(request) > 1:
+                logger.info("bulk completion of %d message(s) refused for a lost lock: split and tried again",
+                            len(request))
+            completion.lock_lost(request)
         except ServiceBusError as exc:
-            logger.warning("sequence_number=%s not completed (%s)", message.sequence_number, type(exc).__name__)
-            failed.add(message.sequence_number)
-    return failed
+            logger.info("bulk completion of %d message(s) failed (%s); the rest is received again by the next round",
+                        len(request), type(exc).__name__)
+            completion.stop()
+        else:
+            completion.succeeded(request)
+    if completion.unsettled:
+        logger.info("%d of %d message(s) not completed (lock lost %d, not tried before their locks end or after a "
+                    "failure %d) in %d request(s); the next round receives them again", len(completion.unsettled),
+                    len(messages), len(completion.lost), len(completion.left), requests)
+    return set(completion.unsettled), requests
+
+
+def dead_letter_all(receiver, orders: list, deadline: float, *, clock=time.time) -> int:
+    """Dead-letter received messages with their reasons, one request each (each its own reason), while their
+    locks last; one whose lock was lost is received again by the next round. Returns how many were."""
+    done = 0
+    for message, reason_code, reason in orders:
+        if clock() >= deadline:
+            break
+        try:
+            receiver.dead_letter_message(message, reason=reason_code, error_description=reason[:1024])
+            done += 1
+        except MessageLockLostError:
+            logger.info("sequence_number=%s not dead-lettered (lock lost); the next round receives it again",
+                        message.sequence_number)
+    return done

@@ -282,10 +282,20 @@ def run_batch(state: SinkState, ports: BatchPorts, lease: LeasePort, purges: Pur
         raise BatchFailedError(batch_id, step, exc) from exc
 
 
+FINAL_PURGE_ROUNDS = 3  # at a run's end, while each round still settles something
+
+
 def finish(state: SinkState, purges: PurgePort, now: dt.datetime) -> None:
-    """At the end of a run: wait for the purge in flight, then settle what is still left once more."""
+    """At the end of a run: wait for the purge in flight, then settle what is still left, in a few more
+    rounds as long as each settles something: a message whose lock was lost in a round is available
+    again at once, and a run whose messages all arrived should not end with them in the backlog."""
     state.apply_purges(purges.wait(), now)
-    plans = bookkeeping.purge_plans(state.unpurged)
-    if plans:
+    for _ in range(FINAL_PURGE_ROUNDS):
+        plans = bookkeeping.purge_plans(state.unpurged)
+        if not plans:
+            return
         purges.submit(plans)
-        state.apply_purges(purges.wait(), now)
+        results = purges.wait()
+        state.apply_purges(results, now)
+        if not any(result.completed or result.dead_lettered or result.settled for result in results.values()):
+            return  # nothing moved: what is left waits for the next run
