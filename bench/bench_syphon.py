@@ -499,6 +499,9 @@ def measure_syphon(scenario: Scenario, args, *, per_trigger: int | None = None) 
         ops = broker_ops(emu) - ops_before
         arrived, (left, dead) = arrivals(emu) - arrived_before, backlog_left(emu)
         reasons = dead_letter_reasons(emu) if dead else {}
+        if args.keep_logs:
+            args.keep_logs.mkdir(parents=True, exist_ok=True)
+            (args.keep_logs / f"syphon-{scenario.name}.log").write_bytes((Path(tmp) / "syphon.log").read_bytes())
         failure = None
         if not result["drained"] or arrived != scenario.messages or left or dead:
             kept = Path(tempfile.gettempdir()) / f"bench-syphon-{time.strftime('%Y%m%dT%H%M%S')}.log"
@@ -867,6 +870,7 @@ def parse_args(argv: list[str] | None):
     p.add_argument("--json", type=Path, help="also write every figure to this file")
     p.add_argument("--library", type=Path,
                    help="run the syphon from this lib folder (another checkout's, for before/after figures)")
+    p.add_argument("--keep-logs", type=Path, help="copy each syphon run's log into this folder")
     p.add_argument("--max-per-trigger", type=int, help="syphon run.max_messages_per_trigger (default: conf/local.yaml's)")
     p.add_argument("--loop-seconds", type=float, default=60.0, help="time bound of the plain loops (default 60)")
     p.add_argument("--ceiling-messages", type=int, default=10_000, help="messages of each ceiling measurement")

@@ -35,6 +35,7 @@ import logging
 import os
 import time
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from typing import Callable, Iterator, Sequence
 
 from pyspark.accumulators import AccumulatorParam
@@ -161,6 +162,7 @@ class DeliverySink:
         self.per_destination: dict[str, dict[str, int]] = {}  # this run's outcomes, for the summary
         self.batch_stats: dict[int, BatchStats] = {}  # read (and emptied) by the progress listener
         self.failure: BaseException | None = None  # the last batch failure (classic Spark: this process)
+        self._classifiers: dict[tuple, rules.Classifier] = {}  # by the rows' columns (``classifier``)
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
         self.timeline.mark(Milestone.FIRST_BATCH)
@@ -198,10 +200,25 @@ class DeliverySink:
                 None if oldest is None else dt.datetime.fromtimestamp(oldest / 1000, dt.timezone.utc),
                 held=aggregate.total(Outcome.HELD), pacing=ports.pacing)
             logger.info("batch_id=%s queues=%d delivered=%d dead_lettered=%d skipped=%d held=%d replayed=%d "
-                        "rounds=%d seconds=%.2f", batch_id, len({span.backlog_queue for span in aggregate.spans}),
+                        "rounds=%d seconds=%.2f (%s)", batch_id, len({span.backlog_queue for span in aggregate.spans}),
                         aggregate.total(Outcome.DELIVERED), aggregate.total(Outcome.DEAD_LETTERED),
                         aggregate.total(Outcome.SKIPPED_PING), aggregate.total(Outcome.HELD), report.replayed,
-                        report.rounds, time.monotonic() - started)
+                        report.rounds, time.monotonic() - started,
+                        ", ".join(f"{step} {seconds:.2f}" for step, seconds in ports.seconds.items()))
+
+    def classifier(self, columns: list[str]) -> rules.Classifier:
+        """The restore rules for this run's rows, built once in the process that runs the batches."""
+        key = tuple(columns)
+        if key not in self._classifiers:
+            restore = self.config.restore
+            self._classifiers[key] = rules.Classifier(
+                columns, ttl_policy=restore.ttl_policy, max_message_size_bytes=self.config.sink.max_message_size_bytes,
+                destination_map=restore.destination_map, skip_destinations=restore.skip_destinations)
+        return self._classifiers[key]
+
+    def __getstate__(self):
+        # Column expressions belong to the process that built them: a copy (Spark Connect's) builds its own.
+        return {**self.__dict__, "_classifiers": {}}
 
     def wait_for_purges(self) -> None:
         """At the end of a run: wait for the purge in flight, and settle what is left once more."""
@@ -244,8 +261,21 @@ class SparkBatch:
         self.pending = batch
         self.latest: DataFrame | None = None  # every row sent so far, in its latest state
         self.pacing: PacingStats | None = None  # what the send tasks reported (classic Spark only)
+        self.seconds: dict[str, float] = {}  # where the batch's time went, per step (logged with the batch)
+
+    @contextmanager
+    def timed(self, step: str):
+        began = time.monotonic()
+        try:
+            yield
+        finally:
+            self.seconds[step] = self.seconds.get(step, 0.0) + time.monotonic() - began
 
     def recover(self) -> Recovery:
+        with self.timed("recover"):
+            return self._recover()
+
+    def _recover(self) -> Recovery:
         if self.sink.state_is_new:  # this run created the tables and is the lease's first holder
             return NOTHING_RECORDED
         storage = self.sink.config.storage
@@ -260,43 +290,50 @@ class SparkBatch:
 
     def exclude(self, spans: Sequence[RecordedSpan]) -> None:
         if spans:
-            self.pending = self.pending.where(~held_by_any(spans))
+            with self.timed("exclude"):
+                self.pending = self.pending.where(~held_by_any(spans))
 
     def send_round(self, limits: delivery.RoundLimits) -> BatchAggregate:
+        with self.timed("plan"):
+            classified, share, reports = self._prepare_round()
+        with self.timed("read+send"):
+            outcomes = send_on_executors(classified, self.sink.config, run_id=self.sink.run_id, batch_id=self.batch_id,
+                                         limits=limits, pace_share=share, pacing_reports=reports)
+        if reports is not None:  # the tasks have run (the outcomes are checkpointed eagerly)
+            self.pacing = pacing_after_round(self.pacing, reports.value)
+        if self.latest is not None:
+            outcomes = self.latest.where(F.col("outcome") != Outcome.UNSENT).unionByName(outcomes)
+        self.latest = outcomes
+        with self.timed("aggregate"):
+            return aggregate_outcomes(outcomes)
+
+    def _prepare_round(self):
+        """The round's rows classified (column expressions), the send tasks' share of the rate cap, and
+        where they report their pacing."""
         config, now = self.sink.config, self.sink.clock()
         rows = self.pending
         if self.latest is not None:  # a later round: only what the last one left unsent
             unsent = self.latest.where(F.col("outcome") == Outcome.UNSENT).select("backlog_queue", "sequence_number")
             # Broadcast: the rows keep the source's partitioning (one task per queue) and order.
             rows = rows.join(F.broadcast(unsent), ["backlog_queue", "sequence_number"], "left_semi")
-        classified = rules.classify_messages(rows, now=now, ttl_policy=config.restore.ttl_policy,
-                                             max_message_size_bytes=config.sink.max_message_size_bytes,
-                                             destination_map=config.restore.destination_map,
-                                             skip_destinations=config.restore.skip_destinations)
+        classified = self.sink.classifier(rows.columns)(rows, now=now)
         if config.redriving:
             classified = redrive.select_for_redrive(
                 classified, config.redrive, tables.redriven_dead_letters(self.spark, config.storage.audit_table))
         cap = config.sink.max_messages_per_second
         share = cap_share(cap, concurrent_send_tasks(self.spark, classified, fallback=config.backlog.queue_count)
                           ) if cap > 0 else None
-        reports = pacing_accumulator(self.spark)
-        outcomes = send_on_executors(classified, config, run_id=self.sink.run_id, batch_id=self.batch_id,
-                                     limits=limits, pace_share=share, pacing_reports=reports)
-        if reports is not None:  # the tasks have run (the outcomes are checkpointed eagerly)
-            self.pacing = pacing_after_round(self.pacing, reports.value)
-        if self.latest is not None:
-            outcomes = self.latest.where(F.col("outcome") != Outcome.UNSENT).unionByName(outcomes)
-        self.latest = outcomes
-        return aggregate_outcomes(outcomes)
+        return classified, share, pacing_accumulator(self.spark)
 
     def dead_letters(self) -> list[DeadLetterOrder]:
-        return collect_dead_letters(self.latest)
+        with self.timed("dead letters"):
+            return collect_dead_letters(self.latest)
 
     def record(self, checkpoint: list[CheckpointRow] | None, version: int) -> None:
         """The audit append (executors) and, when given, the checkpoint write (a tiny table) at once: each
         is idempotent on ``version``, so their order does not matter for a replay."""
         storage, app_id = self.sink.config.storage, self.sink.app_id
-        with ThreadPoolExecutor(max_workers=2, thread_name_prefix="record") as pool:
+        with self.timed("record"), ThreadPoolExecutor(max_workers=2, thread_name_prefix="record") as pool:
             futures = []
             if self.latest is not None:
                 futures.append(pool.submit(tables.append_audit, storage.audit_table, self.latest, app_id, version))
@@ -323,13 +360,17 @@ def read_recovery(spark: SparkSession, storage) -> tuple[Recovery, tuple[str, ..
 
 
 def held_by_any(spans: Sequence[RecordedSpan]):
-    """A column: true for rows one of ``spans`` holds (same queue, sequence number and enqueue time inside)."""
-    seq, enqueued = F.col("sequence_number"), F.unix_millis("enqueued_time")
-    held = F.lit(False)
-    for span in spans:
-        held = held | ((F.col("backlog_queue") == span.backlog_queue) & seq.between(span.first, span.last)
-                       & enqueued.between(span.enqueued_from_ms, span.enqueued_to_ms))
-    return F.coalesce(held, F.lit(False))
+    """A column: true for rows one of ``spans`` holds (same queue, sequence number and enqueue time inside).
+
+    Written as one SQL expression: built with column functions it cost a dozen calls into the JVM per
+    span (a fifth of a second for twenty spans) at every batch."""
+    def quoted(text: str) -> str:
+        return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+    held = " OR ".join(f"(backlog_queue = {quoted(span.backlog_queue)} AND sequence_number BETWEEN {int(span.first)} "
+                       f"AND {int(span.last)} AND unix_millis(enqueued_time) BETWEEN {int(span.enqueued_from_ms)} AND "
+                       f"{int(span.enqueued_to_ms)})" for span in spans)
+    return F.expr(f"coalesce({held or 'false'}, false)")
 
 
 def aggregate_outcomes(outcomes: DataFrame) -> BatchAggregate:
@@ -503,7 +544,30 @@ def send_on_executors(classified: DataFrame, config: SyphonConfig, *, run_id: st
     # being computed, and so sent, a second time. Then one partition: the outcome rows are small (no
     # bodies), and every job that reads them (the aggregate, the dead letters, the audit append) pays
     # a fixed cost per task (generated code, a Delta file and its statistics), not per row.
-    return classified.mapInArrow(deliver, OUTCOME_ROW_SCHEMA).localCheckpoint(eager=True).coalesce(1)
+    with arrow_batch_rows(classified.sparkSession, SEND_INPUT_BATCH_ROWS):
+        return classified.mapInArrow(deliver, OUTCOME_ROW_SCHEMA).localCheckpoint(eager=True).coalesce(1)
+
+
+# Rows a send task is handed per Arrow batch: a peek page's worth, so that it starts sending once its
+# first page is read, and the next page is read while it sends. With Spark's default (10,000) a task read
+# its whole window, a round trip to the far namespace per page, before its first send.
+SEND_INPUT_BATCH_ROWS = 250
+_ARROW_BATCH_ROWS = "spark.sql.execution.arrow.maxRecordsPerBatch"
+
+
+@contextmanager
+def arrow_batch_rows(spark: SparkSession, rows: int):
+    """Spark's Arrow batch size set to ``rows`` for the jobs started meanwhile, then put back (a session
+    setting: the syphon's own jobs run one at a time)."""
+    before = spark.conf.get(_ARROW_BATCH_ROWS, None)
+    spark.conf.set(_ARROW_BATCH_ROWS, str(rows))
+    try:
+        yield
+    finally:
+        if before is None:
+            spark.conf.unset(_ARROW_BATCH_ROWS)
+        else:
+            spark.conf.set(_ARROW_BATCH_ROWS, before)
 
 
 # --- executor side ------------------------------------------------------------------------------
@@ -544,24 +608,18 @@ SEND_CHUNK_ROWS = 2000  # rows a send task holds as Python objects at once, what
 
 
 def _chunks(batches, opened: set[str], senders) -> Iterator[list[dict]]:
-    """A task's Arrow batches as lists of at most ``SEND_CHUNK_ROWS`` rows, in order; the senders of
-    each chunk's new destinations opened at once before it is delivered."""
-    chunk: list[dict] = []
-
-    def ready(rows: list[dict]) -> list[dict]:
-        new = {row["destination"] for row in rows if row["action"] == Action.DELIVER} - opened
-        if new:
-            senders.open(new)
-            opened.update(new)
-        return rows
-
+    """A task's Arrow batches as lists of at most ``SEND_CHUNK_ROWS`` rows, in order, each as soon as it
+    arrives (what arrives next is read meanwhile); the senders of each chunk's new destinations opened
+    at once before it is delivered."""
     for batch in batches:
-        chunk.extend(batch.to_pylist())
-        while len(chunk) >= SEND_CHUNK_ROWS:
-            yield ready(chunk[:SEND_CHUNK_ROWS])
-            chunk = chunk[SEND_CHUNK_ROWS:]
-    if chunk:
-        yield ready(chunk)
+        rows = batch.to_pylist()
+        for start in range(0, len(rows), SEND_CHUNK_ROWS):
+            chunk = rows[start:start + SEND_CHUNK_ROWS]
+            new = {row["destination"] for row in chunk if row["action"] == Action.DELIVER} - opened
+            if new:
+                senders.open(new)
+                opened.update(new)
+            yield chunk
 
 
 def build_outgoing(row) -> delivery.Outgoing:
