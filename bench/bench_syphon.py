@@ -41,8 +41,10 @@ sessions over the 10 queues, interleaved), ``64k`` (20,000 x 64 KB), ``30k-0ms``
 - between s: the mean time per batch outside ``foreachBatch`` (from one trigger's start to the next's,
   less the first one's ``addBatch``); lease->1st s: from the lease taken to the first batch started
   (the run's timeline).
-- probes/batch: single-message peeks (the emulator's ``peek_one``), what planning costs, over the
-  non-empty batches (the available-now target's search and the pre-flight included);
+- probes/batch: what planning a batch costs: the most probes (single-message peeks, each a round trip
+  to the secondary) any plan after the first took, as the source reports them with its latest offset
+  (the first plan also fixes the available-now target); from a library that does not report them,
+  the emulator's ``peek_one`` count over the non-empty batches (the start's probes included);
   rt/batch: every request the broker answered (management requests, transfers sent, link attaches)
   over the same batches.
 - commits/batch: Delta commits to the audit and checkpoint tables (their ``_delta_log``, less the
@@ -396,7 +398,7 @@ def syphon_child(spec: dict) -> dict:
     returned_at = time.time()
     run, query_started = started[0]
     batches = [{"batch_id": p.batchId, "rows": p.numInputRows, "ms": p.batchDuration, "timestamp": p.timestamp,
-                "duration_ms": dict(p.durationMs)} for p in run.query.recentProgress]
+                "duration_ms": dict(p.durationMs), "plan": planned_with(p)} for p in run.query.recentProgress]
     # The send step of each batch, as its send tasks measured it (from the first send to the last).
     sends = [{"batch_id": point.batch_id, "sent": point.stats.pacing.sent,
               "send_seconds": point.stats.pacing.last_send_at - point.stats.pacing.first_send_at}
@@ -417,6 +419,15 @@ def syphon_child(spec: dict) -> dict:
             "remaining": dict(summary.remaining), "batches": batches, "sends": sends, "jvm_peak_mb": jvm_peak,
             "python_peak_mb": peak_rss_mb("self"), "returned_at": returned_at, "commits": commits,
             "commit_ms": commit_ms}
+
+
+def planned_with(progress) -> dict | None:
+    """The probes and rounds of the plan behind a batch, as the source reports them with its latest offset
+    (Spark 4.2+; None from a library that does not)."""
+    try:
+        return json.loads(progress.sources[0].latestOffset).get("(last plan)")
+    except (IndexError, TypeError, ValueError, AttributeError):
+        return None
 
 
 def time_commits(spark, config, samples: int = 7) -> dict[str, float]:
@@ -561,10 +572,13 @@ def cycle_figures(result: dict) -> dict:
 
 
 def per_batch(result: dict) -> dict:
-    """Probes, round trips and commits per non-empty batch."""
+    """Probes, round trips and commits per non-empty batch. Probes: the most any plan after the first took,
+    as the source reports them; else every single-message peek of the run (the start's too) per batch."""
     batches = max(1, result["busy_batches"])
     ops = result["ops"]
-    return {"probes": ops.get("peek_one", 0) / batches,
+    plans = [b["plan"]["probes"] for b in sorted(result["batches"], key=lambda b: b["batch_id"])[1:]
+             if b.get("plan")]
+    return {"probes": max(plans) if plans else ops.get("peek_one", 0) / batches,
             "round_trips": sum(ops.get(kind, 0) for kind in ROUND_TRIP_OPS) / batches,
             "commits": (result["commits"]["audit"] + result["commits"]["checkpoint"]) / batches}
 
@@ -810,8 +824,8 @@ def legend(args) -> list[str]:
         f"with batched sends / one thread), * = stopped at their {args.loop_seconds:g} s bound; /thr, /1: e2e over them;",
         "cycle: steady rate of the whole batch cycle (batches after the first); send: the send step alone; between s: "
         "mean time per batch outside foreachBatch; lease>1st s: lease taken to first batch started;",
-        "probes/b, rt/b, commits/b: single-message peeks, broker requests, Delta commits (audit + checkpoint) per "
-        "non-empty batch; CPU s/1k: every process of the run, per 1,000 messages; cyc/ceil: cycle over the emulator's "
+        "probes/b: the most probes a plan after the first took (the source's report); rt/b, commits/b: broker "
+        "requests, Delta commits (audit + checkpoint) per non-empty batch; CPU s/1k: every process of the run, per 1,000 messages; cyc/ceil: cycle over the emulator's "
         "combined ceiling at the row's geometry."]
 
 

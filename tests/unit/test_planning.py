@@ -230,7 +230,9 @@ def test_planner_starts_at_zero_and_plans_from_its_last_end_when_spark_gives_no_
     # tails as last probed, what is left behind the planned end, and the oldest message's age (its head's)
     assert planner.reported_latest(now_ms=10_010) == {
         QUEUES[0]: {"next": 31, "remaining": 13, "oldest_age_seconds": 10.0},
-        QUEUES[1]: {"next": 4, "remaining": 0, "oldest_age_seconds": 10.0}}
+        QUEUES[1]: {"next": 4, "remaining": 0, "oldest_age_seconds": 10.0},
+        "(last plan)": {"probes": planner.last_count.probes, "rounds": planner.last_count.rounds}}
+    assert 0 < planner.last_count.rounds <= planner.last_count.probes <= 2 * 3
 
 
 def test_planner_plans_nothing_new_once_a_stop_is_requested():

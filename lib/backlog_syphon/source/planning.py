@@ -595,6 +595,7 @@ def _tails(planned: dict[str, _Window], hints: dict[str, QueueHints], restarted:
 
 
 ALL_AVAILABLE_BUDGET = 1 << 40  # "no limit": more sequence numbers than any queue holds
+PLAN_KEY = "(last plan)"  # in the reported latest offset: the probes and rounds of the plan behind it
 
 
 class WindowPlanner:
@@ -713,7 +714,8 @@ class WindowPlanner:
         """Each queue's backlog as last probed, or None before any probe: its tail (``next``, never behind the
         planned end), the sequence numbers left behind the planned end (``remaining``, an upper bound), and
         the age of its oldest message (``oldest_age_seconds``, the head's; messages delivered and not yet
-        settled included). Nothing here costs a probe."""
+        settled included); and under ``PLAN_KEY`` (no queue is named so) what the last plan cost. Nothing
+        here costs a probe."""
         if not self.tails:
             return None
         ends = self.last_end or {}
@@ -724,6 +726,7 @@ class WindowPlanner:
             oldest = None if head is None or head[1] is None else max(0.0, (now_ms - head[1]) / 1000)
             reported[queue] = {"next": max(tail, planned), "remaining": max(0, tail - planned),
                                "oldest_age_seconds": None if oldest is None else round(oldest, 1)}
+        reported[PLAN_KEY] = {"probes": self.last_count.probes, "rounds": self.last_count.rounds}
         return reported
 
 
