@@ -88,7 +88,7 @@ emulator: setup ## Run the local Service Bus emulator in the foreground (Ctrl-C 
 
 # BENCH_ARGS=--quick: a smoke run of a few minutes; `$(PY) bench/bench_syphon.py --help` lists the rest.
 BENCH_ARGS ?=
-bench: setup ## Benchmarks: the AMQP codec, then the syphon against a plain SDK loop at 0, 2.5 and 10 ms (~30 min)
+bench: setup ## Benchmarks: the AMQP codec, then the syphon at a failover's latencies against plain SDK loops (~1 h)
 	$(PY) bench/bench_codec.py
 	$(PY) bench/bench_syphon.py $(BENCH_ARGS)
 

@@ -83,8 +83,9 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+LIBRARY_ENV = "BENCH_SYPHON_LIBRARY"  # a child's syphon library (``--library``), before this checkout's
 # bench_emulator and process_cpu sit next to this file (the script's folder is on the path); tools/ is under ROOT.
-sys.path[:0] = [str(ROOT / "lib"), str(ROOT / "emulator" / "src"), str(ROOT)]
+sys.path[:0] = [os.environ.get(LIBRARY_ENV) or str(ROOT / "lib"), str(ROOT / "emulator" / "src"), str(ROOT)]
 
 from process_cpu import CpuSampler  # noqa: E402  (after the path: it imports tools.testing)
 
@@ -250,7 +251,7 @@ def child_process(role: str, spec: dict, emu, workdir: Path, library: Path | Non
     The child runs in its own session (so that its JVM goes with it): on any error here, a timeout
     or Ctrl-C included, the whole group is killed.
     """
-    env = {**os.environ, **(connection_env(emu) if emu is not None else {}),
+    env = {**os.environ, **(connection_env(emu) if emu is not None else {}), LIBRARY_ENV: str(library or ""),
            "PYTHONPATH": os.pathsep.join(filter(None, [str(library or ROOT / "lib"), str(ROOT / "emulator" / "src"),
                                                        os.environ.get("PYTHONPATH")])),
            "PYSPARK_PYTHON": os.environ.get("PYSPARK_PYTHON", sys.executable)}

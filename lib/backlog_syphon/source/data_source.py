@@ -13,8 +13,11 @@
 - Batches are bounded by ``maxMessagesPerTrigger`` (read limits on Spark 4.2+, own capping
   before); ``availableNow`` runs stop at the tail seen when the run started.
 - Idle queues are probed with exponential back-off (``planning.IdleBackoff``).
-- ``reportLatestOffset`` gives each queue's tail as last seen, so ``lastProgress`` shows the
-  backlog still behind each queue's offset (like Kafka's ``*OffsetsBehindLatest``).
+- Planning costs a constant number of probes per queue and batch, all queues probed at once
+  (``planning.run_searches`` over ``servicebus.peek.probe_at_once``): the backlog is a region away.
+- ``reportLatestOffset`` gives each queue's tail, what is left behind the planned end and its oldest
+  message's age, as last probed, so ``lastProgress`` shows the backlog (like Kafka's
+  ``*OffsetsBehindLatest``), and the probes the last plan took.
 - A polite stop: once the file named by the ``stopFile`` option exists, no new batch is planned
   (``latestOffset`` returns its start), so the batch in flight is the last one; an available-now run
   then ends by itself.
@@ -285,7 +288,9 @@ class BacklogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.planner.resume(end)
         planned = windows(start, end)
         queues = tuple(queue for queue, _, _ in planned)
-        return [BacklogWindow(queue, first, stop, queues) for queue, first, stop in planned]
+        # The largest windows first: a batch waits for its longest send task, which should not start last.
+        return [BacklogWindow(queue, first, stop, queues)
+                for queue, first, stop in sorted(planned, key=lambda window: window[1] - window[2])]
 
     def commit(self, end: dict) -> None:
         # Settlement happens in the sink after delivery is recorded: Spark calls commit() only once
