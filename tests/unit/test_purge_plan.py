@@ -312,3 +312,14 @@ def test_pages_are_sized_to_settle_well_inside_their_locks(lock, round_trip, pag
     progress = PurgeProgress(plan_of(span(1, 500)))
     progress.measured(lock, round_trip)
     assert progress.credit() == page
+
+
+def test_a_page_whose_locks_are_all_gone_stops_after_a_few_requests_not_two_per_message():
+    completion = BulkCompletion(range(1, 101), deadline=60.0)
+    requests = complete_with(completion, set(range(1, 101)))
+    assert completion.all_lost and completion.completed == []
+    assert len(requests) <= 2 * 7 + 1  # one path down the halves and a little more, then it gives up
+    assert sorted(completion.unsettled) == list(range(1, 101))
+    single = BulkCompletion(range(1, 101), deadline=60.0)
+    complete_with(single, {1, 2})  # two lost locks side by side: still split to the end
+    assert not single.all_lost and sorted(single.lost) == [1, 2] and len(single.completed) == 98

@@ -75,7 +75,12 @@ class BulkCompletion:
         self.deadline = deadline
         self.completed: list = []
         self.lost: list = []  # refused one by one: their lock is lost
-        self.left: list = []  # not tried: the deadline passed, or the link broke
+        self.left: list = []  # not tried: the deadline passed, the link broke, or every lock seemed gone
+        # Refusals in a row a few lost locks explain (each costs one path down the halves); past that,
+        # every lock seems gone (the link that took them lost them all): no use splitting further.
+        self._refusals_allowed = 2 * max(1, len(self._pending[0]) if self._pending else 1).bit_length()
+        self._refusals = 0
+        self.all_lost = False
 
     def next_request(self, now: float) -> tuple | None:
         """The next items to complete in one request, or None when done."""
@@ -86,14 +91,19 @@ class BulkCompletion:
     def succeeded(self, request: tuple) -> None:
         self._pending.remove(request)
         self.completed.extend(request)
+        self._refusals = 0
 
     def lock_lost(self, request: tuple) -> None:
         self._pending.remove(request)
+        self._refusals += 1
         if len(request) == 1:
             self.lost.extend(request)
         else:  # the second half is tried first: the last pushed is the next asked for
             half = len(request) // 2
             self._pending += [request[half:], request[:half]]
+        if self._refusals > self._refusals_allowed:
+            self.all_lost = True
+            self.stop()
 
     def stop(self) -> None:
         """Send nothing more (the link broke, or the locks are about to end)."""

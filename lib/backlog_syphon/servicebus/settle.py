@@ -98,8 +98,11 @@ def _settle_page(receiver, plan: PurgePlan, progress: PurgeProgress, page: list,
     began = time.monotonic()
     dead_lettered = dead_letter_all(receiver, [(by_seq[seq], code, reason) for seq, code, reason in actions.dead_letter],
                                     deadline)
-    failed, requests = complete_all(receiver, [by_seq[seq] for seq in actions.complete], deadline)
-    progress.on_settled(len(actions.complete) - len(failed), dead_lettered)
+    completion, requests = complete_all(receiver, [by_seq[seq] for seq in actions.complete], deadline)
+    if completion.all_lost:
+        raise LocksLostError(f"backlog={plan.queue}: every lock of a page of {len(actions.complete)} message(s) was "
+                             f"refused; the link that took them is closed, the next round receives them again")
+    progress.on_settled(len(completion.completed), dead_lettered)
     requests += len(actions.dead_letter)
     if requests:
         progress.measured(None if lock_ends is None else lock_ends - received_at, (time.monotonic() - began) / requests)
@@ -143,11 +146,17 @@ def first_lock_end(messages: list) -> float | None:
     return min(end if end.tzinfo else end.replace(tzinfo=dt.timezone.utc) for end in ends).timestamp()
 
 
-def complete_all(receiver, messages: list, deadline: float, *, clock=time.time) -> tuple[set[int], int]:
+class LocksLostError(RuntimeError):
+    """Every lock a page held was refused: the link that took them lost them all. The round ends and the
+    link is closed (a fresh one next time); the next round receives those messages again."""
+
+
+def complete_all(receiver, messages: list, deadline: float, *, clock=time.time) -> tuple[BulkCompletion, int]:
     """Complete received messages with one management request instead of one round trip each; a request
     refused for a lost lock is split and tried again, and nothing is sent after ``deadline``
-    (``purge_plan.BulkCompletion``). Returns the sequence numbers not completed (a lost lock, the
-    deadline, a broken link: the next round receives them again) and the requests made."""
+    (``purge_plan.BulkCompletion``). Returns the completion (what was completed; what was not: a lost
+    lock, the deadline, a broken link, every lock gone, all received again by the next round) and the
+    requests made."""
     by_seq = {message.sequence_number: message for message in messages}
     completion = BulkCompletion(sorted(by_seq), deadline)
     requests = 0
@@ -167,10 +176,10 @@ def complete_all(receiver, messages: list, deadline: float, *, clock=time.time) 
         else:
             completion.succeeded(request)
     if completion.unsettled:
-        logger.info("%d of %d message(s) not completed (lock lost %d, not tried before their locks end or after a "
-                    "failure %d) in %d request(s); the next round receives them again", len(completion.unsettled),
-                    len(messages), len(completion.lost), len(completion.left), requests)
-    return set(completion.unsettled), requests
+        logger.info("%d of %d message(s) not completed (lock lost %d, not tried before their locks end, after a "
+                    "failure or once every lock seemed gone %d) in %d request(s); the next round receives them again",
+                    len(completion.unsettled), len(messages), len(completion.lost), len(completion.left), requests)
+    return completion, requests
 
 
 def dead_letter_all(receiver, orders: list, deadline: float, *, clock=time.time) -> int:
