@@ -323,3 +323,12 @@ def test_a_page_whose_locks_are_all_gone_stops_after_a_few_requests_not_two_per_
     single = BulkCompletion(range(1, 101), deadline=60.0)
     complete_with(single, {1, 2})  # two lost locks side by side: still split to the end
     assert not single.all_lost and sorted(single.lost) == [1, 2] and len(single.completed) == 98
+
+
+def test_a_message_received_twice_in_one_page_is_settled_once_by_its_latest_delivery():
+    from backlog_syphon.servicebus.purge_plan import latest_of_each
+
+    assert latest_of_each([5, 6, 7]) == ([0, 1, 2], [])
+    # 6 came back (its earlier delivery's lock given up) after 7: the later copy is kept, the earlier given back
+    assert latest_of_each([5, 6, 7, 6]) == ([0, 2, 3], [1])
+    assert latest_of_each([9, 9, 9]) == ([2], [0, 1])

@@ -59,6 +59,16 @@ def settle_page_size(lock_seconds: float | None, round_trip_seconds: float | Non
     return max(1, min(RECEIVE_PAGE, int(lock_seconds * SETTLE_SHARE_OF_LOCK / (2 * round_trip_seconds))))
 
 
+def latest_of_each(sequence_numbers: list[int]) -> tuple[list[int], list[int]]:
+    """Positions in a received page to settle and to give back: each message once, its latest delivery
+    (the last in the page). Under load a page can hold a message twice, an earlier delivery whose lock was
+    given up beside its redelivery; settling both would send one lock token twice in one request, which
+    the broker refuses whole."""
+    last = {seq: position for position, seq in enumerate(sequence_numbers)}
+    keep = sorted(last.values())
+    return keep, [position for position in range(len(sequence_numbers)) if last[sequence_numbers[position]] != position]
+
+
 class BulkCompletion:
     """Completing received messages in as few requests as possible, within their locks.
 

@@ -25,6 +25,7 @@ from backlog_syphon.servicebus.purge_plan import (
     PurgePlan,
     PurgeProgress,
     PurgeResult,
+    latest_of_each,
 )
 from backlog_syphon.servicebus.sdk_internals import (
     complete_by_lock_tokens,
@@ -88,6 +89,7 @@ def _purge(receiver, plan: PurgePlan, max_wait_seconds: float) -> PurgeResult:
 
 def _settle_page(receiver, plan: PurgePlan, progress: PurgeProgress, page: list, passed_over: list,
                  received_at: float) -> None:
+    page = latest_deliveries(receiver, plan.queue, page)
     by_seq = {message.sequence_number: message for message in page}
     actions = progress.on_page([received_identity(message) for message in page])
     passed_over.extend(by_seq[seq] for seq in actions.pass_over)
@@ -136,6 +138,22 @@ def _locks_end_soon(messages: list) -> bool:
         return False
     first = min(end if end.tzinfo else end.replace(tzinfo=dt.timezone.utc) for end in ends)
     return (first - dt.datetime.now(dt.timezone.utc)).total_seconds() < PASS_OVER_LOCK_MARGIN_SECONDS
+
+
+def latest_deliveries(receiver, queue: str, page: list) -> list:
+    """``page`` with each message once, its latest delivery (``purge_plan.latest_of_each``); the earlier
+    ones are given back (a no-op for a lock already gone)."""
+    keep, stale = latest_of_each([message.sequence_number for message in page])
+    if not stale:
+        return page
+    logger.info("backlog=%s received %d message(s) twice in one page (sequence numbers %s): only the latest "
+                "delivery of each is settled", queue, len(stale), sorted({page[i].sequence_number for i in stale})[:10])
+    for position in stale:
+        try:
+            release_message(receiver, page[position])
+        except Exception:  # noqa: BLE001 - its lock is gone already: nothing to give back
+            logger.debug("releasing an earlier delivery failed", exc_info=True)
+    return [page[position] for position in keep]
 
 
 def first_lock_end(messages: list) -> float | None:

@@ -459,7 +459,6 @@ def plan_windows(start: Mapping[str, object], queues: Sequence[str], budget: int
         if hint is None or hint.incarnation != offset.incarnation:
             hint = hints[queue] = QueueHints(offset.incarnation)
         hint.head = head
-        hint.saw(seen.get(queue, ()))
         if head is None:
             firsts[queue] = None
         elif head[0] >= offset.next:
