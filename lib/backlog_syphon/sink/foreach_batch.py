@@ -221,7 +221,7 @@ class DeliverySink:
         return {**self.__dict__, "_classifiers": {}}
 
     def wait_for_purges(self) -> None:
-        """At the end of a run: wait for the purge in flight, and settle what is left once more."""
+        """At the end of a run: wait for the purge in flight, and settle what is left (``sink.batch.finish``)."""
         machine.finish(self.state, self._purges, self.clock())
 
     def flush(self, spark: SparkSession) -> bool:
