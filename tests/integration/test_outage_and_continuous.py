@@ -13,6 +13,7 @@ import collections
 import json
 import time
 
+from backlog_syphon.source.planning import PLAN_KEY
 from tools.backlog_writer import OriginalMessage, write_backlog
 
 from .conftest import PRIMARY, SECONDARY, make_config
@@ -137,7 +138,12 @@ def test_continuous_trigger_delivers_new_messages_promptly(spark, emulator, tmp_
         assert query.isActive, f"query failed: {query.exception()}"
         # The source reports each queue's tail as its latest offset: nothing is left behind it.
         last_source = query.lastProgress["sources"][0]
-        assert set(json.loads(last_source["latestOffset"])) == set(json.loads(last_source["endOffset"]))
+        latest = json.loads(last_source["latestOffset"])
+        plan = latest.pop(PLAN_KEY)
+        assert set(latest) == set(json.loads(last_source["endOffset"]))
+        assert all(queue["remaining"] == 0 for queue in latest.values()), latest
+        # An idle continuous plan costs a probe or two per queue, not a search.
+        assert 0 < plan["probes"] <= 2 * len(latest), plan
     finally:
         _stop(run, spark)
     _assert_exactly_once(emulator, originals)
