@@ -246,3 +246,17 @@ def test_the_pre_flight_ends_the_job_with_one_line_naming_what_to_grant_or_use(t
         assert_no_secret(output, "the job's output")
         assert backlog_totals(emulator) == before
         assert all(entry["in"] == 0 for entry in emulator.stats(PRIMARY).values())
+
+
+def test_a_credential_that_cannot_get_a_token_is_named_by_the_pre_flight(tmp_path, monkeypatch):
+    from backlog_syphon.servicebus.probes import PreflightError, preflight
+
+    for name in ("AZURE_FEDERATED_TOKEN_FILE", "AZURE_CLIENT_ID", "AZURE_TENANT_ID"):
+        monkeypatch.delenv(name, raising=False)  # no Kubernetes here: workload identity has no token file
+    with aad_emulator() as emulator:
+        config = aad_config(emulator, tmp_path, **{"secondary.credential": "workload_identity"})
+        with pytest.raises(PreflightError) as failed:
+            preflight(config)
+    line = str(failed.value)
+    assert line.startswith("secondary.credential (workload_identity) could not get an Azure AD token (")
+    assert line.endswith("set token_file (or AZURE_FEDERATED_TOKEN_FILE), client_id and tenant_id")

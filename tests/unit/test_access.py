@@ -146,3 +146,34 @@ def test_a_process_builds_one_credential_per_setting():
                                                                        secret=Secret("a", "other source")))
     assert credential_for(settings) is not credential_for(CredentialConfig("custom", factory="m:f",
                                                                            secret=Secret("b", "t")))
+
+
+def test_each_kind_builds_azure_identitys_credential_without_a_request():
+    import azure.identity as identity
+
+    from backlog_syphon.servicebus.credentials import build_credential
+
+    built = {kind: build_credential(settings) for kind, settings in {
+        "default": CredentialConfig(),
+        "service_principal": CredentialConfig("service_principal", tenant_id="00000000-0000-0000-0000-000000000001",
+                                              client_id="c", client_secret=Secret("s", "t")),
+        "managed_identity": CredentialConfig("managed_identity", client_id="mi"),
+        "workload_identity": CredentialConfig("workload_identity", tenant_id="t", client_id="c",
+                                              token_file="/var/run/secrets/azure/tokens/azure-identity-token"),
+    }.items()}
+    assert isinstance(built["default"], identity.DefaultAzureCredential)
+    assert isinstance(built["service_principal"], identity.ClientSecretCredential)
+    assert isinstance(built["managed_identity"], identity.ManagedIdentityCredential)
+    assert isinstance(built["workload_identity"], identity.WorkloadIdentityCredential)
+
+
+def test_kinds_that_cannot_be_built_here_say_why():
+    from backlog_syphon.servicebus.credentials import build_credential
+
+    with pytest.raises(NoTokenError, match="no Databricks service credential 'sb-syphon' in this process"):
+        build_credential(CredentialConfig("databricks_service_credential", name="sb-syphon"))
+    with pytest.raises(NoTokenError, match=r"cannot load the factory no_such_module:make \(ModuleNotFoundError\)"):
+        build_credential(CredentialConfig("custom", factory="no_such_module:make"))
+    made = build_credential(CredentialConfig("custom", factory="servicebus_emulator.aad:credential",
+                                             options={"principal": "p"}, secret=Secret("key", "t")))
+    assert made.principal == "p"
