@@ -16,7 +16,7 @@ from backlog_syphon.config import NamespaceConfig
 from backlog_syphon.model import AccessRight, CredentialKind
 
 # The service's answer when a token or key lacks a right ("Unauthorized access. 'Send' claim(s) are
-# required to perform this operation. Resource: 'sb://...'"): a missing role, not a passing state.
+# required to perform this operation. Resource: 'sb://...'"): a role to grant, not a passing state.
 MISSING_CLAIM_MARK = "claim(s) are required"
 # How Service Bus refuses a SAS token on a namespace whose local (shared key) authentication is off.
 LOCAL_AUTH_DISABLED_MARK = "LocalAuthDisabled"

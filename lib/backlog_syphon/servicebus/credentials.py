@@ -70,12 +70,6 @@ class CachingCredential:
                         self._settings.describe(), token.expires_on - now)
             return token
 
-    def close(self) -> None:
-        with self._lock:
-            inner, self._inner = self._inner, None
-        if inner is not None and hasattr(inner, "close"):
-            inner.close()
-
     def __repr__(self) -> str:
         return f"CachingCredential({self._settings.describe()})"
 
