@@ -43,11 +43,22 @@ def each_at_once(items: Iterable[K], work: Callable[[K], T], *, name: str) -> di
         return dict(zip(items, pool.map(work, items)))
 
 
-def drain_destinations(connection_string: str, entities: Iterable[str], *, session_entities: Iterable[str] = (),
+def client_for(namespace, *, retry_total: int = 1):
+    """A ServiceBusClient for a connection string or a ``NamespaceConfig`` (Azure AD too)."""
+    from azure.servicebus import ServiceBusClient
+
+    from backlog_syphon.servicebus.clients import open_client
+
+    if isinstance(namespace, str):
+        return ServiceBusClient.from_connection_string(namespace, retry_total=retry_total)
+    return open_client(namespace, retry_total=retry_total)
+
+
+def drain_destinations(connection_string, entities: Iterable[str], *, session_entities: Iterable[str] = (),
                        settle_seconds: float = 0.0, max_wait_seconds: float = 0.5) -> dict[str, list]:
     """Take everything out of each entity: entity -> received messages, in arrival order.
 
-    ``connection_string`` is the primary namespace's. An entity is a queue or ``topic/subscription``;
+    ``connection_string`` is the primary namespace's (or its ``NamespaceConfig``). An entity is a queue or ``topic/subscription``;
     those in ``session_entities`` are drained session by session (each session's messages together,
     in order; see ``_drain_sessions``). ``settle_seconds``: keep receiving at least that long
     (scheduled messages appear a little later). The entities are drained at once (``each_at_once``).
@@ -62,15 +73,15 @@ def drain_destinations(connection_string: str, entities: Iterable[str], *, sessi
     return each_at_once(entities, drain, name="drain")
 
 
-def _drain_entity(connection_string: str, entity: str, settle_seconds: float, max_wait_seconds: float) -> list:
-    from azure.servicebus import ServiceBusClient, ServiceBusReceiveMode
+def _drain_entity(connection_string, entity: str, settle_seconds: float, max_wait_seconds: float) -> list:
+    from azure.servicebus import ServiceBusReceiveMode
 
     from backlog_syphon.servicebus.sdk_internals import prompt
 
     mode = ServiceBusReceiveMode.RECEIVE_AND_DELETE
     messages: list = []
     topic, _, subscription = entity.partition("/")
-    with ServiceBusClient.from_connection_string(connection_string, retry_total=1) as client:
+    with client_for(connection_string) as client:
         receiver = prompt(client.get_subscription_receiver(topic, subscription, receive_mode=mode, prefetch_count=0)
                           if subscription else client.get_queue_receiver(entity, receive_mode=mode, prefetch_count=0))
         with receiver:
@@ -88,7 +99,7 @@ def _drain_entity(connection_string: str, entity: str, settle_seconds: float, ma
 SESSION_DRAINERS = 20
 
 
-def _drain_sessions(connection_string: str, queue: str) -> list:
+def _drain_sessions(connection_string, queue: str) -> list:
     """Every message of a session-enabled queue, each session's together and in order.
 
     Several receivers take the next available session at once, each with a client of its own (a
@@ -97,14 +108,14 @@ def _drain_sessions(connection_string: str, queue: str) -> list:
     emulator sends after a receiver's last empty receive, just as it closes, goes back to the queue
     for the next receiver instead of being lost with the link.
     """
-    from azure.servicebus import NEXT_AVAILABLE_SESSION, ServiceBusClient, ServiceBusReceiveMode
+    from azure.servicebus import NEXT_AVAILABLE_SESSION, ServiceBusReceiveMode
     from azure.servicebus.exceptions import OperationTimeoutError
 
     from backlog_syphon.servicebus.sdk_internals import prompt
 
     def drain(_: int) -> list:
         messages: list = []
-        with ServiceBusClient.from_connection_string(connection_string, retry_total=0) as client:
+        with client_for(connection_string, retry_total=0) as client:
             while True:
                 try:
                     with prompt(client.get_queue_receiver(queue, session_id=NEXT_AVAILABLE_SESSION, max_wait_time=1,
@@ -120,7 +131,7 @@ def _drain_sessions(connection_string: str, queue: str) -> list:
     return [message for messages in drained.values() for message in messages]
 
 
-def received_counts(connection_string: str, entities: Iterable[str], *,
+def received_counts(connection_string, entities: Iterable[str], *,
                     session_entities: Iterable[str] = ("sessions-orders",),
                     settle_seconds: float = 1.0) -> collections.Counter:
     """Drain each entity (``drain_destinations``) and count what arrived; ``sessions-orders`` of
@@ -136,17 +147,14 @@ def read_queues(namespace, queues: Iterable[str], read: Callable[[Any], T], *,
 
     ``namespace``: a connection string or a ``NamespaceConfig``. The queues are read at once
     (``each_at_once``)."""
-    from azure.servicebus import ServiceBusClient, ServiceBusSubQueue
+    from azure.servicebus import ServiceBusSubQueue
 
-    from backlog_syphon.servicebus.clients import open_client
     from backlog_syphon.servicebus.sdk_internals import prompt
 
     sub_queue = ServiceBusSubQueue.DEAD_LETTER if dead_letters else None
 
     def one(queue: str) -> T:
-        client = (ServiceBusClient.from_connection_string(namespace, retry_total=1) if isinstance(namespace, str)
-                  else open_client(namespace, role="secondary"))
-        with client, prompt(client.get_queue_receiver(queue, sub_queue=sub_queue)) as receiver:
+        with client_for(namespace) as client, prompt(client.get_queue_receiver(queue, sub_queue=sub_queue)) as receiver:
             return read(receiver)
 
     return each_at_once(queues, one, name="read-queues")

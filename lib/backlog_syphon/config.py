@@ -4,9 +4,10 @@ Sources, later ones winning: a YAML file (``conf/*.yaml``), environment variable
 ``SYPHON__<SECTION>__<KEY>``, then ``--set section.key=value`` flags. Unknown keys and wrong types
 are errors that name the key and where it came from.
 
-Secrets: connection strings are given as ``{env: VAR}``, ``{secret: scope/key}`` (Databricks
-secret scope) or, for a one-off run, literally; either way they end up in a ``Secret`` whose repr
-and str are masked, and no error message ever includes a value that could be one. Secret scopes are
+Secrets: connection strings (and an Azure AD credential's client secret) are given as ``{env: VAR}``,
+``{secret: scope/key}`` (Databricks secret scope) or, for a one-off run, literally; either way they end
+up in a ``Secret`` whose repr and str are masked (also once pickled to executors), and no error message
+ever includes a value that could be one. Secret scopes are
 read by the ``secret_reader`` the caller passes (``run.host.load_config`` passes Databricks' own), so
 this module stays pure: it reads the file and the variables it is given, nothing else.
 """
@@ -15,6 +16,8 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import hashlib
+import json
 import os
 import re
 from dataclasses import dataclass, field
@@ -24,13 +27,14 @@ from typing import Any, Callable, Mapping
 import yaml
 
 from backlog_syphon.errors import SettingsError
-from backlog_syphon.model import DEAD_LETTER_REASON_CODES, RunSource, TtlPolicy
+from backlog_syphon.model import DEAD_LETTER_REASON_CODES, CredentialKind, RunSource, TtlPolicy
 from backlog_syphon.restore.legacy_properties import entity_path_problem
 
 ENV_PREFIX = "SYPHON__"
 AVAILABLE_NOW = "available_now"  # run.trigger: drain what is there when the run starts, then stop
 SECRET_SCOPES_NEED_DATABRICKS = "{secret: scope/key} references need Databricks (dbutils.secrets); use {env: VAR} elsewhere"
 _INTERVAL = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(second|seconds|minute|minutes|hour|hours)\s*$")
+_FACTORY = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")  # module.path:callable
 
 
 class ConfigError(SettingsError, ValueError):
@@ -65,11 +69,74 @@ class Secret:
 
 
 @dataclass(frozen=True)
+class CredentialConfig:
+    """Where a namespace's Azure AD tokens come from (``<namespace>.credential``). Which fields a kind
+    takes is ``CREDENTIAL_FIELDS``; the only secrets (``client_secret``, ``secret``) are ``Secret``s."""
+
+    kind: str = CredentialKind.DEFAULT.value
+    tenant_id: str | None = None
+    client_id: str | None = None  # an app registration's, or a user-assigned managed identity's
+    client_secret: Secret | None = None  # service_principal
+    name: str | None = None  # databricks_service_credential: the Unity Catalog service credential's name
+    token_file: str | None = None  # workload_identity: the federated token file (default AZURE_FEDERATED_TOKEN_FILE)
+    factory: str | None = None  # custom: "module:callable", called once per process with options (and secret)
+    options: dict[str, Any] = field(default_factory=dict)  # custom: keyword arguments, not secret
+    secret: Secret | None = None  # custom: passed as the keyword argument ``secret``
+
+    @property
+    def the_secret(self) -> Secret | None:
+        return self.client_secret or self.secret
+
+    @property
+    def public(self) -> dict[str, Any]:
+        """The settings that are not secret (those set), e.g. for the source's options."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+                if f.name not in ("client_secret", "secret") and getattr(self, f.name) not in (None, {})}
+
+    @property
+    def cache_key(self) -> tuple[str, str]:
+        """Identifies the credential in a process's cache without holding its secret: the public settings,
+        and a hash of the secret."""
+        secret = self.the_secret.reveal() if self.the_secret is not None else ""
+        return json.dumps(self.public, sort_keys=True, default=str), hashlib.sha256(secret.encode()).hexdigest()
+
+    def describe(self) -> str:
+        """For operators' lines: the kind and what tells it apart, never a secret."""
+        detail = {CredentialKind.SERVICE_PRINCIPAL: self.client_id, CredentialKind.MANAGED_IDENTITY: self.client_id,
+                  CredentialKind.WORKLOAD_IDENTITY: self.client_id,
+                  CredentialKind.DATABRICKS_SERVICE_CREDENTIAL: self.name, CredentialKind.CUSTOM: self.factory}
+        shown = detail.get(self.kind)
+        return f"{self.kind} '{shown}'" if shown else self.kind
+
+
+# Per kind: (required fields, optional fields). Secrets are fields too: client_secret, secret.
+CREDENTIAL_FIELDS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    CredentialKind.DEFAULT: ((), ()),
+    CredentialKind.SERVICE_PRINCIPAL: (("tenant_id", "client_id", "client_secret"), ()),
+    CredentialKind.MANAGED_IDENTITY: ((), ("client_id",)),
+    CredentialKind.WORKLOAD_IDENTITY: ((), ("tenant_id", "client_id", "token_file")),
+    CredentialKind.DATABRICKS_SERVICE_CREDENTIAL: (("name",), ()),
+    CredentialKind.CUSTOM: (("factory",), ("options", "secret")),
+}
+
+
+@dataclass(frozen=True)
 class NamespaceConfig:
-    """How to reach one namespace: a SAS connection string, or Azure AD with a host name."""
+    """How to reach one namespace: a SAS connection string, or Azure AD with a host name and a credential."""
 
     connection_string: Secret | None = None
     fully_qualified_namespace: str | None = None  # e.g. contoso.servicebus.windows.net (Azure AD)
+    credential: CredentialConfig | None = None  # Azure AD: where tokens come from (none: kind default)
+    # Azure AD against a local emulator: plain AMQP to the port in fully_qualified_namespace ("127.0.0.1:5672"),
+    # no TLS and no administration API (what UseDevelopmentEmulator=true means in a connection string).
+    use_development_emulator: bool = False
+
+    @property
+    def azure_ad(self) -> CredentialConfig | None:
+        """The Azure AD credential (kind ``default`` when none is configured); None with a connection string."""
+        if self.connection_string is not None:
+            return None
+        return self.credential or CredentialConfig()
 
     @property
     def endpoint(self) -> str:
@@ -297,7 +364,9 @@ def _apply_override(raw: dict, dotted: str, text: str, origin: str) -> None:
     # keep secrets verbatim (a connection string is not YAML). "env:VAR" and "secret:scope/key"
     # are references (a connection string starts with "Endpoint=", so they cannot be one).
     value: Any = text
-    if "connection_string" in key:
+    if key == "credential" and text.strip() in set(CredentialKind):
+        value = {"kind": text.strip()}  # --set primary.credential=managed_identity
+    elif "connection_string" in key:
         kind, sep, name = text.strip().partition(":")
         if sep and kind in ("env", "secret") and name and "=" not in name:
             value = {kind: name}
@@ -327,8 +396,8 @@ class _SecretResolver:
         if isinstance(ref, dict) and set(ref) == {"env"} and isinstance(ref["env"], str):
             name = ref["env"]
             if not self.environ.get(name):
-                raise ConfigError(f"{where}: environment variable {name} is not set (or empty); export it "
-                                  f"with the connection string, or point {where} at another source")
+                raise ConfigError(f"{where}: environment variable {name} is not set (or empty); export it, or "
+                                  f"point {where} at another source")
             return Secret(self.environ[name], f"env {name}")
         if isinstance(ref, dict) and set(ref) == {"secret"} and isinstance(ref["secret"], str):
             scope, sep, key = ref["secret"].partition("/")
@@ -343,8 +412,8 @@ class _SecretResolver:
                 raise
             except Exception as exc:  # noqa: BLE001 - the reader's own errors may carry anything
                 raise ConfigError(f"{where}: cannot read secret {scope}/{key} ({type(exc).__name__})") from None
-        raise ConfigError(f"{where}: expected a connection string reference {{env: VAR}} or "
-                          f"{{secret: scope/key}}, got a {type(ref).__name__}")
+        raise ConfigError(f"{where}: expected a secret reference {{env: VAR}} or {{secret: scope/key}}, got a "
+                          f"{type(ref).__name__}")
 
 
 def _build(raw: dict, origin: str, resolve_secret: Callable[[Any, str], Any]) -> SyphonConfig:
@@ -359,12 +428,55 @@ def _build(raw: dict, origin: str, resolve_secret: Callable[[Any, str], Any]) ->
                                   f"{', '.join(known)}")
             if key == "connection_string":
                 values[key] = None if value is None else resolve_secret(value, where)
+            elif key == "credential":
+                values[key] = None if value is None else _credential(value, f"{name}.credential", origin,
+                                                                     resolve_secret)
             else:
                 values[key] = _check_type(value, known[key].type, where)
         sections[name] = cls(**values)
     config = SyphonConfig(**sections)
     _validate(config, origin)
     return config
+
+
+def _credential(value: Any, key: str, origin: str, resolve_secret: Callable[[Any, str], Any]) -> CredentialConfig:
+    """``<namespace>.credential``: a mapping with ``kind`` and that kind's fields (``CREDENTIAL_FIELDS``)."""
+    if isinstance(value, CredentialConfig):
+        return value
+    kinds = ", ".join(CredentialKind)
+    if not isinstance(value, Mapping):
+        raise ConfigError(f"{key} in {origin}: expected a mapping such as {{kind: managed_identity}} (kinds: {kinds})")
+    kind = value.get("kind")
+    if kind not in set(CredentialKind):
+        raise ConfigError(f"{key}.kind in {origin}: must be one of {kinds}, got {kind!r}")
+    required, optional = CREDENTIAL_FIELDS[kind]
+    for name in value:
+        if name != "kind" and name not in required + optional:
+            takes = ", ".join(required + optional) or "no other setting"
+            raise ConfigError(f"{key}.{name} in {origin}: not a setting of a {kind} credential; it takes {takes}")
+    for name in required:
+        if value.get(name) in (None, ""):
+            raise ConfigError(f"{key}.{name} in {origin}: a {kind} credential needs it")
+    fields: dict[str, Any] = {"kind": kind}
+    for name, given in value.items():
+        where = f"{key}.{name} in {origin}"
+        if name == "kind" or given is None:
+            continue
+        if name in ("client_secret", "secret"):
+            fields[name] = resolve_secret(given, where)
+        elif name == "options":
+            if not (isinstance(given, Mapping) and all(isinstance(k, str) and isinstance(v, (str, int, float, bool))
+                                                       for k, v in given.items())):
+                raise ConfigError(f"{where}: expected a mapping of keyword arguments to plain values (text, "
+                                  f"numbers, true/false); give secrets as 'secret'")
+            fields[name] = dict(given)
+        elif not isinstance(given, str) or not given.strip():
+            raise ConfigError(f"{where}: expected text, got {type(given).__name__}")
+        else:
+            fields[name] = given.strip()
+    if kind == CredentialKind.CUSTOM and not _FACTORY.match(fields["factory"]):
+        raise ConfigError(f"{key}.factory in {origin}: expected 'module.path:callable', got {fields['factory']!r}")
+    return CredentialConfig(**fields)
 
 
 def _check_type(value: Any, annotation: str, where: str) -> Any:
@@ -413,9 +525,21 @@ def _validate(config: SyphonConfig, origin: str) -> None:
             raise ConfigError(f"{origin}: '{dotted}' is required")
     for name in ("primary", "secondary"):
         ns = getattr(config, name)
+        if ns.connection_string is not None and (ns.fully_qualified_namespace or ns.credential is not None):
+            raise ConfigError(f"{origin}: '{name}' has connection_string and Azure AD settings (fully_qualified_namespace, "
+                              f"credential): keep one way in")
+        if ns.credential is not None and not ns.fully_qualified_namespace:
+            raise ConfigError(f"{origin}: '{name}.credential' goes with '{name}.fully_qualified_namespace', the "
+                              f"namespace's host name (such as contoso.servicebus.windows.net)")
         if ns.connection_string is None and not ns.fully_qualified_namespace:
             raise ConfigError(f"{origin}: '{name}' needs connection_string ({{env: VAR}} or {{secret: scope/key}}) "
-                              f"or fully_qualified_namespace (Azure AD)")
+                              f"or fully_qualified_namespace and credential (Azure AD)")
+        if ns.use_development_emulator and not ns.fully_qualified_namespace:
+            raise ConfigError(f"{origin}: '{name}.use_development_emulator' applies to Azure AD "
+                              f"(fully_qualified_namespace); a connection string says UseDevelopmentEmulator=true itself")
+        if ns.fully_qualified_namespace and "://" in ns.fully_qualified_namespace:
+            raise ConfigError(f"{origin}: '{name}.fully_qualified_namespace' is a host name (and port), such as "
+                              f"contoso.servicebus.windows.net, without a scheme")
         if ns.connection_string is not None:
             _check_connection_string(ns.connection_string, f"{name}.connection_string")
     if config.backlog.queue_count < 1:

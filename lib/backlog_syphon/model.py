@@ -119,6 +119,30 @@ class RunSource(StrEnum):
     DEAD_LETTERS = "dead_letters"  # their dead-letter sub-queues: a re-drive of what was dead-lettered
 
 
+class CredentialKind(StrEnum):
+    """Where an Azure AD token for a namespace comes from (``<namespace>.credential.kind``)."""
+
+    DEFAULT = "default"  # azure-identity's DefaultAzureCredential: environment, workload identity, managed identity, ...
+    SERVICE_PRINCIPAL = "service_principal"  # a tenant, a client id and a client secret
+    MANAGED_IDENTITY = "managed_identity"  # the machine's (system-assigned, or a user-assigned one by client id)
+    WORKLOAD_IDENTITY = "workload_identity"  # a federated token file (Kubernetes)
+    DATABRICKS_SERVICE_CREDENTIAL = "databricks_service_credential"  # a Unity Catalog service credential, by name
+    CUSTOM = "custom"  # a "module:callable" of one's own that returns a token credential
+
+
+class AccessRight(StrEnum):
+    """What Service Bus checks a token or key for, and the narrowest Azure role that grants it."""
+
+    SEND = "Send"
+    LISTEN = "Listen"
+    MANAGE = "Manage"
+
+    @property
+    def role(self) -> str:
+        return {AccessRight.SEND: "Azure Service Bus Data Sender", AccessRight.LISTEN: "Azure Service Bus Data Receiver",
+                AccessRight.MANAGE: "Azure Service Bus Data Owner"}[self]
+
+
 class TtlPolicy(StrEnum):
     """How a restored message's time to live treats the time it spent in the backlog (``restore.ttl_policy``)."""
 

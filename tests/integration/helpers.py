@@ -20,8 +20,8 @@ from .conftest import PRIMARY, ROOT, SECONDARY
 JOB_SUBMIT_ARGS = "--conf spark.ui.enabled=false pyspark-shell"
 
 
-def job_command(tmp_path, **settings) -> list[str]:
-    """``jobs/syphon.py`` on conf/local.yaml with state in ``tmp_path``; ``settings`` are ``--set`` keys
+def job_command(tmp_path, config: str = "conf/local.yaml", **settings) -> list[str]:
+    """``jobs/syphon.py`` on ``config`` with state in ``tmp_path``; ``settings`` are ``--set`` keys
     with ``__`` for the dot (``run__trigger="10 seconds"``)."""
     values = {
         "storage.audit_table": tmp_path / "audit",
@@ -30,7 +30,7 @@ def job_command(tmp_path, **settings) -> list[str]:
         "run.trigger": "available_now",
     }
     values.update({key.replace("__", "."): value for key, value in settings.items()})
-    command = [sys.executable, "jobs/syphon.py", "--config", "conf/local.yaml"]
+    command = [sys.executable, "jobs/syphon.py", "--config", config]
     for key, value in values.items():
         command += ["--set", f"{key}={value}"]
     return command

@@ -238,3 +238,112 @@ restore:
 def test_routing_settings_are_refused_with_the_key_and_what_to_do(tmp_path, overrides, message):
     with pytest.raises(ConfigError, match=message):
         load_config(write(tmp_path, BASE), environ=ENV, overrides=overrides)
+
+
+# --- Azure AD credentials -------------------------------------------------------------------------
+
+SP_SECRET = "sp-Secret~Value.123"
+AAD = """
+primary:
+  namespace: contoso
+  fully_qualified_namespace: contoso.servicebus.windows.net
+  credential: {credential}
+secondary:
+  fully_qualified_namespace: contoso-dr.servicebus.windows.net
+  credential: {{kind: databricks_service_credential, name: servicebus-syphon}}
+storage:
+  audit_table: /tmp/t/audit
+  checkpoint_table: /tmp/t/checkpoint
+  checkpoint_location: /tmp/t/cp
+"""
+
+
+def aad(tmp_path, credential: str, **kwargs):
+    return load_config(write(tmp_path, AAD.format(credential=credential)), environ={"SP": SP_SECRET}, **kwargs)
+
+
+@pytest.mark.parametrize("credential, expected", [
+    ("{kind: default}", {"kind": "default"}),
+    ("{kind: service_principal, tenant_id: t-1, client_id: c-1, client_secret: {env: SP}}",
+     {"kind": "service_principal", "tenant_id": "t-1", "client_id": "c-1"}),
+    ("{kind: managed_identity}", {"kind": "managed_identity"}),
+    ("{kind: managed_identity, client_id: mi-1}", {"kind": "managed_identity", "client_id": "mi-1"}),
+    ("{kind: workload_identity, token_file: /var/run/token}", {"kind": "workload_identity",
+                                                              "token_file": "/var/run/token"}),
+    ("{kind: custom, factory: 'pkg.mod:make', options: {principal: p, lifetime_seconds: 60}, secret: {env: SP}}",
+     {"kind": "custom", "factory": "pkg.mod:make", "options": {"principal": "p", "lifetime_seconds": 60}}),
+])
+def test_each_credential_kind_loads_with_its_settings(tmp_path, credential, expected):
+    config = aad(tmp_path, credential)
+    assert config.primary.credential.public == expected
+    assert config.primary.azure_ad == config.primary.credential
+    assert config.secondary.credential.describe() == "databricks_service_credential 'servicebus-syphon'"
+
+
+def test_a_credentials_secret_is_masked_everywhere_also_pickled_for_executors(tmp_path):
+    config = aad(tmp_path, "{kind: service_principal, tenant_id: t, client_id: c, client_secret: {env: SP}}")
+    assert config.primary.credential.client_secret.reveal() == SP_SECRET
+    shipped = pickle.loads(pickle.dumps(config))  # what the sink's closures carry to executors
+    assert shipped.primary.credential.client_secret.reveal() == SP_SECRET
+    for text in (repr(config), str(config), repr(shipped), config.primary.credential.describe(),
+                 str(config.primary.credential.cache_key)):
+        assert SP_SECRET not in text
+    rotated = aad(tmp_path, "{kind: service_principal, tenant_id: t, client_id: c, client_secret: rotated}")
+    assert rotated.primary.credential.cache_key != config.primary.credential.cache_key
+    assert config.with_overrides({"run.trigger": "5 seconds"}).primary.credential == config.primary.credential
+
+
+def test_without_a_credential_azure_ad_uses_the_default_kind(tmp_path):
+    text = BASE.replace("connection_string: {env: PRIMARY_CS}", "fully_qualified_namespace: contoso.servicebus.windows.net")
+    config = load_config(write(tmp_path, text), environ=ENV)
+    assert config.primary.credential is None and config.primary.azure_ad.kind == "default"
+    assert config.secondary.azure_ad is None  # a connection string
+
+
+def test_a_credential_can_be_set_from_the_command_line_and_the_environment(tmp_path):
+    config = aad(tmp_path, "{kind: default}", overrides={"primary.credential": "managed_identity"})
+    assert config.primary.credential.public == {"kind": "managed_identity"}
+    environ = {"SP": SP_SECRET, "SYPHON__PRIMARY__CREDENTIAL": "{kind: managed_identity, client_id: mi-2}"}
+    config = load_config(write(tmp_path, AAD.format(credential="{kind: default}")), environ=environ)
+    assert config.primary.credential.client_id == "mi-2"
+
+
+@pytest.mark.parametrize("credential, message", [
+    ("{kind: certificate}", "primary.credential.kind in .*: must be one of default, service_principal, "
+                            "managed_identity, workload_identity, databricks_service_credential, custom"),
+    ("{kind: service_principal, tenant_id: t, client_id: c}",
+     "primary.credential.client_secret in .*: a service_principal credential needs it"),
+    ("{kind: service_principal, tenant_id: t, client_id: c, client_secret: {env: NOT_SET}}",
+     "primary.credential.client_secret in .*: environment variable NOT_SET is not set"),
+    ("{kind: managed_identity, tenant_id: t}",
+     "primary.credential.tenant_id in .*: not a setting of a managed_identity credential; it takes client_id"),
+    ("{kind: databricks_service_credential}", "primary.credential.name in .*: a databricks_service_credential "
+                                              "credential needs it"),
+    ("{kind: custom, factory: not-a-factory}", "primary.credential.factory in .*: expected 'module.path:callable'"),
+    ("{kind: custom, factory: 'a:b', options: {key: [1]}}", "primary.credential.options in .*: expected a mapping"),
+    ("managed_identity", "primary.credential in .*: expected a mapping such as {kind: managed_identity}"),
+])
+def test_bad_credentials_name_the_key_and_what_to_write(tmp_path, credential, message):
+    with pytest.raises(ConfigError, match=message):
+        aad(tmp_path, credential)
+
+
+@pytest.mark.parametrize("change, message", [
+    (("fully_qualified_namespace: contoso.servicebus.windows.net", "connection_string: {env: SP}"),
+     "'primary' has connection_string and Azure AD settings"),
+    (("  fully_qualified_namespace: contoso.servicebus.windows.net\n", ""),
+     "'primary.credential' goes with 'primary.fully_qualified_namespace'"),
+    (("contoso.servicebus.windows.net", "sb://contoso.servicebus.windows.net"),
+     "'primary.fully_qualified_namespace' is a host name"),
+])
+def test_azure_ad_settings_that_do_not_go_together_are_refused(tmp_path, change, message):
+    text = AAD.format(credential="{kind: default}").replace(*change)
+    with pytest.raises(ConfigError, match=message):
+        load_config(write(tmp_path, text), environ={"SP": "Endpoint=sb://x;SharedAccessKeyName=k;SharedAccessKey=v"})
+
+
+def test_use_development_emulator_goes_with_azure_ad_only(tmp_path):
+    config = aad(tmp_path, "{kind: default}", overrides={"primary.use_development_emulator": "true"})
+    assert config.primary.use_development_emulator is True
+    with pytest.raises(ConfigError, match="'primary.use_development_emulator' applies to Azure AD"):
+        load_config(write(tmp_path, BASE), environ=ENV, overrides={"primary.use_development_emulator": "true"})

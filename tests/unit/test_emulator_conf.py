@@ -22,3 +22,13 @@ def test_project_config_has_both_namespaces():
     for q in backlog:
         assert (q.lock_duration_seconds, q.max_delivery_count, q.dead_lettering_on_message_expiration,
                 q.requires_session) == (60, 2147483647, True, False)
+
+
+def test_the_azure_ad_config_has_the_same_entities_with_keys_refused_and_least_roles():
+    plain, aad = load_config(ROOT / "conf" / "emulator.yaml"), load_config(ROOT / "conf" / "emulator-azure-ad.yaml")
+    for ours, theirs in zip(aad.namespaces, plain.namespaces):
+        assert (ours.name, ours.port, ours.queues, ours.topics) == (theirs.name, theirs.port, theirs.queues, theirs.topics)
+        assert ours.local_auth is False and ours.azure_ad is not None
+    roles = {ns.name: {(a.principal, a.role, a.scope) for a in ns.azure_ad.role_assignments} for ns in aad.namespaces}
+    assert ("backlog-syphon", "Azure Service Bus Data Sender", "") in roles["contoso"]
+    assert ("backlog-syphon", "Azure Service Bus Data Receiver", "") in roles["contoso-secondary"]

@@ -43,6 +43,7 @@ PURE_MODULES = (
     "backlog_syphon.sink.bookkeeping",
     "backlog_syphon.sink.batch",
     "backlog_syphon.servicebus.purge_plan",
+    "backlog_syphon.servicebus.access",
     "backlog_syphon.run.lease",
     "backlog_syphon.run.dry_run_plan",
 )

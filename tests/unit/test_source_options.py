@@ -108,3 +108,21 @@ def test_the_planners_start_once_per_application_and_a_failed_start_is_tried_aga
     data_source.start_planners(session("app-2", fails=False))  # a new application plans again
     assert planned == ["app-1", "app-1", "app-2"]
     assert data_source._PLANNERS_STARTED == {"app-1", "app-2"}
+
+
+def test_an_azure_ad_credential_travels_with_its_secret_only_under_a_redacted_option():
+    from backlog_syphon.config import CredentialConfig
+
+    for credential in (CredentialConfig("service_principal", tenant_id="t", client_id="c",
+                                        client_secret=Secret("sp-secret-value", "test")),
+                       CredentialConfig("custom", factory="m:f", options={"principal": "p", "lifetime_seconds": 60},
+                                        secret=Secret("signing-key-value", "test")),
+                       CredentialConfig("databricks_service_credential", name="sb")):
+        secondary = NamespaceConfig(fully_qualified_namespace="127.0.0.1:5673", credential=credential,
+                                    use_development_emulator=True)
+        spark_options = SourceOptions("contoso", secondary).to_spark()
+        secret = credential.the_secret
+        shown = {key: value for key, value in spark_options.items() if "secret" not in key}
+        assert secret is None or secret.reveal() not in str(shown)
+        read = SourceOptions.from_spark(spark_options).secondary
+        assert read == secondary and read.credential.cache_key == credential.cache_key

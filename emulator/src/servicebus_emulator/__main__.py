@@ -90,8 +90,9 @@ def main(argv: Optional[list] = None) -> int:
     try:
         for ns in cfg.namespaces:
             latency = emu.latency_ms(ns.name)
-            print(f"servicebus-emulator: namespace {ns.name} ready on {ns.host}:{emu.port(ns.name)} "
-                  f"{emu.connection_string(ns.name, mask=not args.show_secrets)}"
+            way_in = (emu.connection_string(ns.name, mask=not args.show_secrets) if ns.local_auth else
+                      "(Azure AD only: tokens signed with its azure_ad.signing_key)")
+            print(f"servicebus-emulator: namespace {ns.name} ready on {ns.host}:{emu.port(ns.name)} {way_in}"
                   f"{f' (latency {latency:g} ms per frame sent)' if latency else ''}", flush=True)
         if args.ready_file:
             _write_json(args.ready_file, emu.connection_strings())

@@ -70,6 +70,26 @@ class TopicConfig:
 
 
 @dataclass(frozen=True)
+class RoleAssignment:
+    """An Azure role a principal holds on the namespace (``scope`` empty) or on one entity (a queue or
+    topic path; it covers the entity's subscriptions and sub-queues)."""
+    principal: str
+    role: str                           # one of aad.ROLES
+    scope: str = ""
+
+
+@dataclass(frozen=True)
+class AzureAdConfig:
+    """Azure AD for a namespace: tokens signed with ``signing_key`` (see ``aad``) and what their principals
+    may do."""
+    signing_key: str
+    role_assignments: Tuple[RoleAssignment, ...] = ()
+
+    def __repr__(self) -> str:          # the key never shows in a log or an error
+        return f"AzureAdConfig(signing_key=<masked>, role_assignments={self.role_assignments!r})"
+
+
+@dataclass(frozen=True)
 class NamespaceConfig:
     name: str
     host: str = "127.0.0.1"
@@ -78,6 +98,8 @@ class NamespaceConfig:
     queues: Tuple[QueueConfig, ...] = ()
     topics: Tuple[TopicConfig, ...] = ()
     latency_ms: float = 0.0             # added to every frame the emulator sends on this namespace
+    local_auth: bool = True             # False: SAS tokens are refused, as with disableLocalAuth
+    azure_ad: Optional[AzureAdConfig] = None
 
 
 _ENTITY_KEYS = {
@@ -206,7 +228,8 @@ def _no_duplicates(names, where):
 
 def _namespace_from_dict(d, where) -> NamespaceConfig:
     d = _mapping(d, where)
-    _unknown(d, {"name", "host", "port", "sas_keys", "queues", "topics", "latency_ms"}, where)
+    _unknown(d, {"name", "host", "port", "sas_keys", "queues", "topics", "latency_ms", "local_auth", "azure_ad"},
+             where)
     host = _check_type(d.get("host", "127.0.0.1"), str, f"{where}.host")
     port = _check_type(d.get("port", 5672), int, f"{where}.port")
     if not 0 <= port <= 65535:
@@ -221,8 +244,37 @@ def _namespace_from_dict(d, where) -> NamespaceConfig:
     topics = tuple(_topic_from_dict(t, f"{where}.topics[{i}]")
                    for i, t in enumerate(_list(d.get("topics"), f"{where}.topics")))
     _no_duplicates([e.name for e in queues + topics], f"{where}.queues/topics")
+    local_auth = _check_type(d.get("local_auth", True), bool, f"{where}.local_auth")
+    azure_ad = _azure_ad(d["azure_ad"], f"{where}.azure_ad") if d.get("azure_ad") is not None else None
+    if not local_auth and azure_ad is None:
+        raise ConfigError(f"{where}.local_auth: false needs an azure_ad section (else nothing could sign in)")
     return NamespaceConfig(name=_name(d, where), host=host, port=port, sas_keys=dict(keys),
-                           queues=queues, topics=topics, latency_ms=float(latency_ms))
+                           queues=queues, topics=topics, latency_ms=float(latency_ms), local_auth=local_auth,
+                           azure_ad=azure_ad)
+
+
+def _azure_ad(value, where) -> AzureAdConfig:
+    from .aad import ROLES
+
+    d = _mapping(value, where)
+    _unknown(d, {"signing_key", "role_assignments"}, where)
+    key = d.get("signing_key")
+    if not isinstance(key, str) or not key:
+        raise ConfigError(f"{where}.signing_key: required, a non-empty string (the test key tokens are signed with)")
+    assignments = []
+    for i, item in enumerate(_list(d.get("role_assignments"), f"{where}.role_assignments")):
+        at = f"{where}.role_assignments[{i}]"
+        item = _mapping(item, at)
+        _unknown(item, {"principal", "role", "scope"}, at)
+        principal = item.get("principal")
+        if not isinstance(principal, str) or not principal:
+            raise ConfigError(f"{at}.principal: required, a non-empty string (a token's oid)")
+        role = item.get("role")
+        if role not in ROLES:
+            raise ConfigError(f"{at}.role: must be one of {', '.join(ROLES)}, got {role!r}")
+        scope = _check_type(item.get("scope", ""), str, f"{at}.scope").strip("/")
+        assignments.append(RoleAssignment(principal, role, scope))
+    return AzureAdConfig(key, tuple(assignments))
 
 
 def check_latency_ms(value, where) -> float:

@@ -86,7 +86,25 @@ class Emulator:
             return out
         return self._server.call(collect)
 
+    def auth_stats(self, namespace: str) -> Dict[str, int]:
+        """Put-tokens the namespace took (``sas``, ``jwt``: Azure AD) and ``refused``, since it started."""
+        return self._server.call(lambda: dict(self._ns(namespace).auth_counts))
+
     # ---- faults and test helpers ----------------------------------------------------------------
+    def assign_role(self, namespace: str, principal: str, role: str, scope: str = "") -> None:
+        """Give ``principal`` an Azure role on the namespace (``scope`` empty) or one entity, as
+        ``az role assignment create`` does; links attached from then on get its rights (the namespace
+        needs an ``azure_ad`` section)."""
+        from .aad import ROLES
+        from .config import RoleAssignment
+
+        if role not in ROLES:
+            raise ValueError(f"role must be one of {', '.join(ROLES)}, got {role!r}")
+        ns = self._ns(namespace)
+        if ns.cfg.azure_ad is None:
+            raise ValueError(f"namespace {namespace!r} has no azure_ad section")
+        self._server.call(ns.role_assignments.append, RoleAssignment(principal, role, scope.strip("/")))
+
     def set_unavailable(self, namespace: str, entity: Optional[str] = None, mode: str = "server-busy") -> None:
         """``server-busy``: attaches, sends and management on the entity (or namespace) fail with
         ``com.microsoft:server-busy``. ``refuse`` (namespace only): the listener closes and open

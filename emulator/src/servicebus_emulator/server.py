@@ -22,7 +22,8 @@ import socket
 import threading
 import time
 import uuid
-from collections import deque
+from collections import Counter, deque
+from datetime import datetime, timezone
 from concurrent.futures import Future
 from typing import Any, Deque, Dict, List, Optional, Tuple
 from urllib.parse import parse_qs, quote_plus, unquote
@@ -30,7 +31,7 @@ from urllib.parse import parse_qs, quote_plus, unquote
 from proton import (Collector, Condition, Connection, Delivery, Disposition, Event, Link, Message,
                     Terminus, Transport, symbol)
 
-from . import codec, management
+from . import aad, codec, management
 from .broker import (PING_CONTENT_TYPE, BrokerError, Content, Entity, Topic, any_rule_matches,
                      is_batch_envelope, now_ms)
 from .faults import Faults
@@ -72,6 +73,10 @@ def _condition(name: str, description: str) -> Condition:
     return Condition(symbol(name), description, _info())
 
 
+# Management operations that need Send; every other one needs Listen (as on Service Bus).
+SEND_OPERATIONS = ("schedule-message", "cancel-scheduled-message")
+
+
 def entity_path(address: Optional[str]) -> str:
     """``amqps://host:port/a/b`` -> ``a/b``; bare node paths are returned as they are."""
     addr = address or ""
@@ -98,6 +103,8 @@ class Namespace:
         self.refusals: Dict[Optional[str], str] = {}   # lower-case path (None = every entity) -> mode
         self.deleted: Dict[str, Any] = {}              # lower-case name -> settings of a deleted queue
         self.faults = Faults()
+        self.auth_counts: Counter = Counter()          # put-tokens taken (sas, jwt) and refused
+        self.role_assignments = list(cfg.azure_ad.role_assignments) if cfg.azure_ad else []
         for q in cfg.queues:
             self.add_queue(q)
         for t in cfg.topics:
@@ -164,12 +171,58 @@ class Namespace:
         condition, description, status = SEND_REFUSALS[mode]
         return BrokerError(condition, description.format(path=f"{self.name}/{path}"), status)
 
+    def described(self, text: str, path: str) -> str:
+        """A status description as the service writes them: the text, then where and when."""
+        stamp = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S")
+        return f"{text} TrackingId:{uuid.uuid4().hex}, SystemTracker:{self.name}:{path}, Timestamp:{stamp}"
+
+    def rights(self, principal: Optional[str], path: str) -> frozenset:
+        """What a token's principal may do on ``path`` (lower case): a SAS token (no principal) everything,
+        an Azure AD one what its role assignments on the namespace or on the entity grant."""
+        if principal is None:
+            return frozenset((aad.SEND, aad.LISTEN, aad.MANAGE))
+        granted: set = set()
+        for assignment in self.role_assignments:
+            scope = assignment.scope.lower()
+            if assignment.principal == principal and (not scope or path == scope or path.startswith(scope + "/")):
+                granted |= aad.ROLES[assignment.role]
+        return frozenset(granted)
+
+    def refusal(self, conn: "Conn", path: str, right: str) -> Optional[BrokerError]:
+        """Why ``conn`` may not use ``right`` on ``path`` now, or None. Only namespaces with ``azure_ad``
+        check rights: a token put for the entity (or an entity above it, or the namespace) that has not
+        expired, and whose principal holds the right there."""
+        if self.cfg.azure_ad is None:
+            return None
+        lower = path.lower()
+        now = time.time()
+        grants = [grant for audience, grant in conn.grants.items()
+                  if not audience or lower == audience or lower.startswith(audience + "/")]
+        if grants and all(grant.expires_on <= now for grant in grants):
+            return BrokerError("amqp:unauthorized-access", self.described(
+                f"Unauthorized access. The token for '{path}' has expired: put a new one on $cbs before it "
+                f"expires.", lower), 401)
+        if not any(right in self.rights(grant.principal, lower) for grant in grants if grant.expires_on > now):
+            return BrokerError("amqp:unauthorized-access", self.described(
+                f"Unauthorized access. '{right}' claim(s) are required to perform this operation. Resource: "
+                f"'sb://{self.host}:{self.port}/{lower}'.", lower), 401)
+        return None
+
     def all_entities(self):
         seen = set()
         for e in self.entities.values():
             if id(e) not in seen:
                 seen.add(id(e))
                 yield e
+
+
+class Grant:
+    """A token put on a connection for an audience: who (None for a SAS token: every right) until when."""
+
+    __slots__ = ("principal", "expires_on")
+
+    def __init__(self, principal: Optional[str], expires_on: float):
+        self.principal, self.expires_on = principal, expires_on
 
 
 class LinkCtx:
@@ -199,6 +252,7 @@ class Conn:
         self.transport.bind(self.connection)
         self.links: List[LinkCtx] = []
         self.reply_links: Dict[str, Link] = {}
+        self.grants: Dict[str, Grant] = {}                  # lower-case audience entity path ("" = namespace)
         self.want_write = False
         self.dead = False
         self.latency = ns.latency_ms / 1000.0              # seconds; 0 = write output at once
@@ -572,6 +626,9 @@ class Server:
                     return self._reject(link, "amqp:not-allowed",
                                         f"Cannot send to '{path}': not a queue or topic.")
                 return self._reject(link, "amqp:not-found", not_found(ns, path).description)
+            refusal = ns.refusal(c, path, aad.SEND)
+            if refusal is not None:
+                return self._reject(link, refusal.condition, refusal.description)
             if ns.is_busy(lower):
                 return self._reject(link, "com.microsoft:server-busy", "The entity is unavailable (server busy).")
             size = target.settings.max_message_size_kb * 1024
@@ -583,6 +640,9 @@ class Server:
         entity = ns.entities.get(lower)
         if entity is None:
             return self._reject(link, "amqp:not-found", not_found(ns, path).description)
+        refusal = ns.refusal(c, path, aad.LISTEN)
+        if refusal is not None:
+            return self._reject(link, refusal.condition, refusal.description)
         if ns.is_busy(lower):
             return self._reject(link, "com.microsoft:server-busy", "The entity is unavailable (server busy).")
         ctx = LinkCtx("recv", c, link, path, entity)
@@ -694,9 +754,10 @@ class Server:
         if link.credit < INCOMING_CREDIT // 2:
             link.flow(INCOMING_CREDIT - link.credit)
         if ctx.kind == "send":
-            error = None
+            error = ctx.conn.ns.refusal(ctx.conn, ctx.path, aad.SEND)
             try:
-                self._send(ctx.conn.ns, ctx.target, raw)
+                if error is None:
+                    self._send(ctx.conn.ns, ctx.target, raw)
             except BrokerError as exc:
                 error = exc
             if error is not None:
@@ -794,6 +855,11 @@ class Server:
         if ctx.closed or ctx.conn.dead:
             return
         ns = ctx.conn.ns
+        if link.credit > 0 and not link.drain_mode:
+            refusal = ns.refusal(ctx.conn, ctx.path, aad.LISTEN)
+            if refusal is not None:   # a token that expired while the link was open
+                self._detach(ctx, refusal.condition, refusal.description)
+                return
         if not ns.is_busy(entity.path):
             while link.credit > 0:
                 m = entity.next_available(ctx.session)
@@ -932,7 +998,7 @@ class Server:
         msg_id = codec.owned(req.id)
         reply_to = (req.reply_to or "").lower()
         if ctx.kind == "cbs-in":
-            code, desc = self._put_token(ctx.conn.ns, props, body)
+            code, desc = self._put_token(ctx.conn, props, body)
             resp = Message(correlation_id=msg_id, properties={"status-code": code, "status-description": desc})
             link = ctx.conn.reply_links.get("$cbs")
         else:
@@ -954,30 +1020,58 @@ class Server:
         link.advance()
         d.settle()
 
-    def _put_token(self, ns: Namespace, props: Dict, token) -> tuple:
+    def _put_token(self, conn: Conn, props: Dict, token) -> tuple:
+        ns = conn.ns
         if codec.as_text(props.get("operation")) != "put-token":
             return 501, "amqp:not-implemented: only put-token is supported"
-        if not ns.cfg.sas_keys:
-            return 200, "OK"
         token = codec.as_text(token) or ""
-        if not token.startswith("SharedAccessSignature "):
-            return 401, "Unauthorized: not a SharedAccessSignature token"
+        audience = entity_path(codec.as_text(props.get("name"))).lower()
+        if token.startswith("SharedAccessSignature "):
+            if not ns.cfg.local_auth:
+                ns.auth_counts["refused"] += 1
+                return 401, ns.described("LocalAuthDisabled: Authorization failed because SAS authentication has "
+                                         "been disabled for the namespace.", audience or "$cbs")
+            code, desc, expires_on = self._check_sas(ns, token)
+            principal = None
+        elif ns.cfg.azure_ad is not None:
+            try:
+                claims = aad.verify_token(ns.cfg.azure_ad.signing_key, token)
+                code, desc, expires_on, principal = 200, "OK", claims.expires_on, claims.principal
+            except aad.TokenRefused as exc:
+                code, desc = 401, ns.described(str(exc), audience or "$cbs")
+        elif ns.cfg.sas_keys:
+            code, desc = 401, "Unauthorized: not a SharedAccessSignature token"
+        else:
+            return 200, "OK"
+        if code != 200:
+            ns.auth_counts["refused"] += 1
+            return code, desc
+        ns.auth_counts["sas" if principal is None else "jwt"] += 1
+        conn.grants[audience] = Grant(principal, expires_on)
+        return 200, "OK"
+
+    @staticmethod
+    def _check_sas(ns: Namespace, token: str) -> tuple:
+        """(status code, description, expiry) of a SAS token; without configured keys any is taken."""
         fields = {k: v[0] for k, v in parse_qs(token[len("SharedAccessSignature "):]).items()}
+        try:
+            expires_on = int(fields.get("se", "0"))
+        except ValueError:
+            return 401, "Unauthorized: malformed expiry", 0
+        if not ns.cfg.sas_keys:
+            return 200, "OK", expires_on
         name = unquote(fields.get("skn", ""))
         key = ns.cfg.sas_keys.get(name)
         if key is None:
-            return 401, f"Unauthorized: unknown SharedAccessKeyName '{name}'"
-        sr, se, sig = fields.get("sr", ""), fields.get("se", "0"), fields.get("sig", "")
-        expected = base64.b64encode(hmac.new(key.encode(), f"{quote_plus(sr)}\n{se}".encode(),
+            return 401, f"Unauthorized: unknown SharedAccessKeyName '{name}'", 0
+        sr, sig = fields.get("sr", ""), fields.get("sig", "")
+        expected = base64.b64encode(hmac.new(key.encode(), f"{quote_plus(sr)}\n{expires_on}".encode(),
                                              hashlib.sha256).digest()).decode()
         if not hmac.compare_digest(expected, sig):
-            return 401, "Unauthorized: the SAS signature does not match the configured key"
-        try:
-            if int(se) < time.time():
-                return 401, "Unauthorized: the SAS token has expired"
-        except ValueError:
-            return 401, "Unauthorized: malformed expiry"
-        return 200, "OK"
+            return 401, "Unauthorized: the SAS signature does not match the configured key", 0
+        if expires_on < time.time():
+            return 401, "Unauthorized: the SAS token has expired", 0
+        return 200, "OK", expires_on
 
     def _management(self, ctx: LinkCtx, op: str, body: Dict, props: Dict):
         ns = ctx.conn.ns
@@ -987,7 +1081,11 @@ class Server:
         if ns.is_busy(target.path):
             raise BrokerError("com.microsoft:server-busy", "The entity is unavailable (server busy).", 503)
         # a settlement fault takes update-disposition before a fault on every management operation
-        fault = ns.faults.take("settle", target) if management.operation_name(op) == "update-disposition" else None
+        name = management.operation_name(op)
+        refusal = ns.refusal(ctx.conn, target.path, aad.SEND if name in SEND_OPERATIONS else aad.LISTEN)
+        if refusal is not None:
+            raise refusal
+        fault = ns.faults.take("settle", target) if name == "update-disposition" else None
         fault = fault or ns.faults.take("management", target)
         if fault is not None:
             raise fault.error()

@@ -4,8 +4,9 @@ Every SDK sender or receiver opens its own AMQP connection: a handshake of about
 close (``sdk_internals.prompt`` takes the SDK's idle waits out of both, which were about a second per
 link on any network). Like Spark's Kafka connector pools its consumers, executors
 and the driver keep them open per process and reuse them across tasks and batches; a link that
-fails is discarded and reopened on next use. Connection strings never appear in an exception or
-log line raised from here.
+fails is discarded and reopened on next use. Clients of a namespace with Azure AD share the
+process's credential (``credentials.credential_for``), so its token is taken once per process.
+Connection strings never appear in an exception or log line raised from here.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from azure.servicebus import ServiceBusClient, ServiceBusReceiveMode
 from backlog_syphon.config import NamespaceConfig
 from backlog_syphon.errors import SettingsError
 from backlog_syphon.servicebus import sdk_internals
+from backlog_syphon.servicebus.credentials import credential_for
 
 logger = logging.getLogger(__name__)
 
@@ -35,24 +37,17 @@ class ServiceBusAccessError(SettingsError):
 
 def open_client(namespace: NamespaceConfig, *, retry_total: int = 3, role: str = "namespace") -> ServiceBusClient:
     """A ServiceBusClient for a namespace config; the caller closes it (``with``)."""
+    retries = {"retry_total": retry_total, "retry_backoff_factor": 0.5, "retry_backoff_max": 10}
     if namespace.connection_string is not None:
         try:
-            return ServiceBusClient.from_connection_string(
-                namespace.connection_string.reveal(), retry_total=retry_total, retry_backoff_factor=0.5,
-                retry_backoff_max=10)
+            return ServiceBusClient.from_connection_string(namespace.connection_string.reveal(), **retries)
         except (ValueError, TypeError) as exc:
             # The SDK's message can quote the string it failed to parse: never pass it on.
             raise ServiceBusAccessError(
                 f"the {role} connection string (from {namespace.connection_string.source}) is not valid: "
                 f"{type(exc).__name__}; check Endpoint, SharedAccessKeyName and SharedAccessKey") from None
-    try:
-        from azure.identity import DefaultAzureCredential
-    except ImportError:
-        raise ServiceBusAccessError(
-            f"the {role} namespace uses Azure AD (fully_qualified_namespace) but azure-identity is not "
-            f"installed: pip install 'backlog-syphon[azure-ad]'") from None
-    return ServiceBusClient(namespace.fully_qualified_namespace, DefaultAzureCredential(),
-                            retry_total=retry_total)
+    return ServiceBusClient(namespace.fully_qualified_namespace, credential_for(namespace.azure_ad), **retries,
+                            **sdk_internals.emulator_client_options(namespace.use_development_emulator))
 
 
 class _HandlerPool:
@@ -67,7 +62,9 @@ class _HandlerPool:
     @staticmethod
     def _namespace_key(namespace: NamespaceConfig, role: str) -> tuple:
         secret = namespace.connection_string.reveal() if namespace.connection_string else ""
-        return role, namespace.fully_qualified_namespace, hashlib.sha256(secret.encode()).hexdigest()
+        credential = namespace.azure_ad.cache_key if namespace.azure_ad is not None else None
+        return (role, namespace.fully_qualified_namespace, hashlib.sha256(secret.encode()).hexdigest(), credential,
+                namespace.use_development_emulator)
 
     def get(self, namespace: NamespaceConfig, role: str, key: tuple, make: Callable[[ServiceBusClient], Any]):
         client_key = self._namespace_key(namespace, role)

@@ -19,7 +19,9 @@ from backlog_syphon.config import NamespaceConfig
 from backlog_syphon.errors import BacklogQueueMissingError
 from backlog_syphon.restore.amqp_codec import broker_identity
 from backlog_syphon.restore.queue_names import is_backlog_queue_name
+from backlog_syphon.servicebus.access import discovery_refused, discovery_skipped_line
 from backlog_syphon.servicebus.clients import pooled_receiver
+from backlog_syphon.servicebus.credentials import credential_for
 from backlog_syphon.servicebus.sdk_internals import entity_name, peek_stored_bytes
 
 logger = logging.getLogger(__name__)
@@ -90,11 +92,15 @@ def peek_sequence_numbers(receiver, first: int, last: int) -> list[int]:
     return [seq for seq, _ in peek_identities(receiver, first, last)]
 
 
-def list_backlog_queues(namespace: NamespaceConfig, primary_namespace: str) -> list[str] | None:
-    """Every backlog queue of ``primary_namespace``, via the administration API; None if unreachable.
+_DISCOVERY_REFUSAL_TOLD = []  # the warning that discovery is not granted is given once per process
 
-    The local emulator (and a connection string without Manage rights) has no administration
-    endpoint; the caller then falls back to ``0..queue_count-1``.
+
+def list_backlog_queues(namespace: NamespaceConfig, primary_namespace: str) -> list[str] | None:
+    """Every backlog queue of ``primary_namespace``, via the administration API; None if unavailable.
+
+    The local emulator has no administration endpoint, and listing queues needs Manage (Azure Service
+    Bus Data Owner), which a least-privilege identity lacks: the caller then reads
+    ``0..queue_count-1``. A refusal is said once, as a warning (``access.discovery_skipped_line``).
     """
     try:
         from azure.servicebus.management import ServiceBusAdministrationClient
@@ -102,13 +108,20 @@ def list_backlog_queues(namespace: NamespaceConfig, primary_namespace: str) -> l
             if "UseDevelopmentEmulator=true" in namespace.connection_string.reveal():
                 return None  # the administration client always uses https; the emulator has none
             admin = ServiceBusAdministrationClient.from_connection_string(namespace.connection_string.reveal())
+        elif namespace.use_development_emulator:
+            return None
         else:
-            from azure.identity import DefaultAzureCredential
-            admin = ServiceBusAdministrationClient(namespace.fully_qualified_namespace, DefaultAzureCredential())
+            admin = ServiceBusAdministrationClient(namespace.fully_qualified_namespace,
+                                                   credential_for(namespace.azure_ad))
         with admin:
             return sorted(q.name for q in admin.list_queues() if is_backlog_queue_name(q.name, primary_namespace))
     except Exception as exc:  # noqa: BLE001 - discovery is best effort by design
-        logger.info("backlog queue discovery unavailable (%s); using the configured queue count", type(exc).__name__)
+        if discovery_refused(getattr(exc, "status_code", None)) and not _DISCOVERY_REFUSAL_TOLD:
+            _DISCOVERY_REFUSAL_TOLD.append(True)
+            logger.warning(discovery_skipped_line(namespace, "secondary"))
+        else:
+            logger.info("backlog queue discovery unavailable (%s); using the configured queue count",
+                        type(exc).__name__)
         return None
 
 

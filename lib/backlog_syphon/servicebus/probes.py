@@ -3,8 +3,9 @@ dry run's destination checks.
 
 Both attach links without using them: attaching is what fails for wrong credentials, a missing
 entity or a missing right, and an attached sender tells the largest message its destination takes.
-Failures become one plain line naming the setting to fix (``PreflightError``) or a ``SendFailure``
-per destination; connection strings never appear in them.
+Failures become one plain line naming the setting to fix, or the role to grant and where
+(``PreflightError``, lines from ``access``), or a ``SendFailure`` per destination; connection
+strings, keys and tokens never appear in them.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import logging
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
-from typing import Iterable
+from typing import Callable, Iterable, TypeVar
 
 from azure.servicebus.exceptions import (
     MessagingEntityNotFoundError,
@@ -26,12 +27,19 @@ from backlog_syphon.config import NamespaceConfig, SyphonConfig
 from backlog_syphon.errors import BacklogQueueMissingError, SettingsError
 from backlog_syphon.restore.amqp_message import decode_message
 from backlog_syphon.restore.legacy_properties import decode_legacy_properties
-from backlog_syphon.restore.queue_names import backlog_queue_name
+from backlog_syphon.restore.queue_names import backlog_queue_names, dead_letter_queue_name
+from backlog_syphon.servicebus.access import (
+    LOCAL_AUTH_DISABLED_MARK,
+    AccessFailure,
+    Refusal,
+    refusal_line,
+)
 from backlog_syphon.servicebus.clients import ServiceBusAccessError, open_client
+from backlog_syphon.servicebus.credentials import NoTokenError
 from backlog_syphon.servicebus.peek import peek_raw
-from backlog_syphon.servicebus.sdk_internals import attach, prompt
+from backlog_syphon.servicebus.sdk_internals import attach, prompt, token_refusal
 from backlog_syphon.servicebus.send import classify_send_error
-from backlog_syphon.model import SendFailure
+from backlog_syphon.model import AccessRight, SendFailure
 
 logger = logging.getLogger(__name__)
 
@@ -61,115 +69,186 @@ def check_destinations(namespace: NamespaceConfig, destinations: Iterable[str]) 
 
 PREFLIGHT_TIMEOUT_SECONDS = 20.0
 PREFLIGHT_PROBE_ENTITY = "backlog-syphon-preflight"  # a sender attach to it proves auth even when absent
+K = TypeVar("K")
+T = TypeVar("T")
 
 
 class PreflightError(SettingsError):
     """A namespace cannot be used as configured; the message is one line naming the setting to fix."""
 
 
+def refusal_of(exc: BaseException) -> Refusal | None:
+    """What an SDK error says about access (None: it is about something else, such as the network)."""
+    for cause in _causes(exc):
+        if isinstance(cause, NoTokenError):
+            return Refusal(AccessFailure.NO_TOKEN, str(cause))
+    if isinstance(exc, ServiceBusAuthenticationError):
+        description = token_refusal(exc)
+        failure = AccessFailure.LOCAL_AUTH_DISABLED if LOCAL_AUTH_DISABLED_MARK in description else \
+            AccessFailure.TOKEN_REFUSED
+        return Refusal(failure, description or type(exc).__name__)
+    if isinstance(exc, ServiceBusAuthorizationError):
+        return Refusal(AccessFailure.MISSING_RIGHT, str(exc))
+    return None
+
+
+def _causes(exc: BaseException):
+    """The error and what it wraps: the SDK keeps the exception a credential raised as ``inner_exception``."""
+    seen: list[BaseException] = []
+    todo = [exc]
+    while todo and len(seen) < 10:
+        current = todo.pop()
+        if current is None or any(current is known for known in seen):
+            continue
+        seen.append(current)
+        todo += [getattr(current, "inner_exception", None), current.__cause__, current.__context__]
+    return seen
+
+
 def preflight(config: SyphonConfig, *, timeout_seconds: float = PREFLIGHT_TIMEOUT_SECONDS) -> None:
     """Check both namespaces before the stream starts; raise ``PreflightError`` with what to fix.
 
-    Authenticates to the secondary namespace and peeks one message of a backlog queue (a peek locks
-    nothing), then authenticates to the primary namespace and attaches a sender link to a destination
-    (the first backlog message's, when there is one), without sending. Nothing is sent, locked or
-    settled. Bounded in time: a namespace that does not answer is reported, not waited for.
+    Authenticates to the secondary namespace and peeks one message of every configured backlog queue
+    (at once; a peek locks nothing), so a right missing on one queue is named; then authenticates to the
+    primary namespace and attaches a sender to the destination of each queue's first message (or to a
+    probe entity when the backlog is empty), without sending. A destination that alone refuses Send is
+    a warning (its messages will be dead-lettered with the reason); every destination refusing it is an
+    error. Nothing is sent, locked or settled. Bounded in time: a namespace that does not answer is
+    reported, not waited for.
     """
-    queue_names = [backlog_queue_name(config.primary.namespace, index) for index in range(config.backlog.queue_count)]
+    queues = backlog_queue_names(config.primary.namespace, config.backlog.queue_count)
+    if config.redriving:
+        queues = [dead_letter_queue_name(queue) for queue in queues]
     pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="preflight")
     stage = ["secondary"]
 
     def check() -> None:
-        destination = _preflight_secondary(config.secondary, queue_names)
+        destinations = _preflight_secondary(config.secondary, queues)
         stage[0] = "primary"
-        _preflight_primary(config.primary, destination or PREFLIGHT_PROBE_ENTITY)
+        _preflight_primary(config.primary, destinations)
 
     try:
         pool.submit(check).result(timeout=timeout_seconds)
     except FutureTimeout:
         namespace = getattr(config, stage[0])
         raise PreflightError(
-            f"the {stage[0]} namespace ({namespace.endpoint}) did not answer within {timeout_seconds:.0f} s: check the "
-            f"Endpoint in {_setting(namespace, stage[0])} and that this machine can reach it (AMQP, TCP port "
+            f"the {stage[0]} namespace ({namespace.endpoint}) did not answer within {timeout_seconds:.0f} s: check "
+            f"{_address_setting(namespace, stage[0])} and that this machine can reach it (AMQP, TCP port "
             f"5671)") from None
     finally:
         pool.shutdown(wait=False)
 
 
-def _setting(namespace: NamespaceConfig, role: str) -> str:
-    return f"{role}.connection_string" if namespace.connection_string is not None else \
-        f"{role}.fully_qualified_namespace"
+def _address_setting(namespace: NamespaceConfig, role: str) -> str:
+    if namespace.connection_string is not None:
+        return f"the Endpoint in {role}.connection_string"
+    return f"{role}.fully_qualified_namespace"
 
 
-def _preflight_failure(exc: BaseException, namespace: NamespaceConfig, role: str, entity: str, right: str
-                       ) -> PreflightError:
-    setting = _setting(namespace, role)
-    where = f"the {role} namespace ({namespace.endpoint})"
-    name = type(exc).__name__
-    if isinstance(exc, ServiceBusAuthenticationError):
-        return PreflightError(f"{where} refused the credentials ({name}): check SharedAccessKeyName and "
-                              f"SharedAccessKey in {setting}")
-    if isinstance(exc, ServiceBusAuthorizationError):
-        return PreflightError(f"{where} does not allow '{right}' on '{entity}' ({name}): give the key in "
-                              f"{setting} the {right} right")
-    if isinstance(exc, MessagingEntityNotFoundError):
-        return PreflightError(f"{where} has none of the backlog queues '{entity}'..: check primary.namespace (the "
-                              f"backlog queues are <primary.namespace>/x-servicebus-transfer/<N>) and {setting}")
-    if isinstance(exc, ServiceBusAccessError):
-        return PreflightError(str(exc))
-    return PreflightError(f"cannot reach {where} ({name}): check the Endpoint in {setting} and that this "
-                          f"machine can reach it")
+def _each_at_once(items: list[K], work: Callable[[K], T]) -> dict[K, T]:
+    with ThreadPoolExecutor(max_workers=max(1, min(32, len(items))), thread_name_prefix="preflight-link") as pool:
+        return dict(zip(items, pool.map(work, items)))
 
 
-def _preflight_secondary(namespace: NamespaceConfig, queue_names: list[str]) -> str | None:
-    """Authenticate and peek one message of the first backlog queue that exists; return its destination
-    (x-ms-path) if it has a readable one. Missing queues are the run's to skip; all of them missing
-    means the backlog is configured wrong."""
-    page = None
+def _raise_first(failures: dict[str, BaseException], namespace: NamespaceConfig, role: str, right: AccessRight,
+                 *, missing_right_is_error: bool = True) -> list[str]:
+    """Raise the ``PreflightError`` the failures call for, in order of what to fix first: the way in (local
+    auth, key, token), then missing rights (unless ``missing_right_is_error`` is false), then the network.
+    Returns the entities that only lack ``right``."""
+    refusals = {entity: refusal_of(exc) for entity, exc in failures.items()}
+    for entity, refusal in refusals.items():
+        if refusal is not None and refusal.failure is not AccessFailure.MISSING_RIGHT:
+            logger.debug("pre-flight of the %s namespace failed on %s", role, entity, exc_info=failures[entity])
+            raise PreflightError(refusal_line(refusal, namespace, role, right, [entity]))
+    lacking = [entity for entity, refusal in refusals.items() if refusal is not None]
+    if lacking and missing_right_is_error:
+        raise PreflightError(refusal_line(Refusal(AccessFailure.MISSING_RIGHT), namespace, role, right, lacking))
+    for entity, exc in failures.items():
+        if refusals[entity] is None:
+            logger.debug("pre-flight of the %s namespace failed on %s", role, entity, exc_info=exc)
+            if isinstance(exc, ServiceBusAccessError):
+                raise PreflightError(str(exc))
+            raise PreflightError(f"cannot reach the {role} namespace ({namespace.endpoint}) ({type(exc).__name__}): "
+                                 f"check {_address_setting(namespace, role)} and that this machine can reach it")
+    return lacking
+
+
+def _preflight_secondary(namespace: NamespaceConfig, queues: list[str]) -> list[str]:
+    """Peek the first message of every queue at once; return the destinations (x-ms-path) of those
+    messages that have a readable one. Missing queues are the run's to skip; all of them missing means
+    the backlog is configured wrong."""
     try:
         with open_client(namespace, role="secondary", retry_total=0) as client:
-            for queue_name in queue_names:
+            def peek_first(queue: str):
                 try:
-                    with prompt(client.get_queue_receiver(queue_name)) as receiver:
-                        page = peek_raw(receiver, 1, 1)
-                    break
-                except BacklogQueueMissingError:
-                    continue
-            else:
-                raise MessagingEntityNotFoundError(message="no backlog queue exists")
-    except Exception as exc:  # noqa: BLE001 - every failure becomes one plain line
-        logger.debug("pre-flight of the secondary namespace failed", exc_info=True)
-        raise _preflight_failure(exc, namespace, "secondary", queue_names[0], "Listen") from None
-    if not page:
-        return None
+                    with prompt(client.get_queue_receiver(queue)) as receiver:
+                        return peek_raw(receiver, 1, 1)
+                except (BacklogQueueMissingError, MessagingEntityNotFoundError):
+                    return None
+                except Exception as exc:  # noqa: BLE001 - judged with the others' below
+                    return exc
+
+            results = _each_at_once(queues, peek_first)
+    except ServiceBusAccessError as exc:
+        raise PreflightError(str(exc)) from None
+    _raise_first({queue: r for queue, r in results.items() if isinstance(r, BaseException)}, namespace, "secondary",
+                 AccessRight.LISTEN)
+    pages = [page for page in results.values() if page is not None]
+    if not pages:
+        raise PreflightError(f"the secondary namespace ({namespace.endpoint}) has none of the backlog queues "
+                             f"'{queues[0]}'..: check primary.namespace (the backlog queues are "
+                             f"<primary.namespace>/x-servicebus-transfer/<N>) and {_address_setting(namespace, 'secondary')}")
+    return sorted({destination for page in pages if page for destination in [_destination(page[0])] if destination})
+
+
+def _destination(raw: bytes) -> str | None:
     try:
-        return decode_legacy_properties(decode_message(page[0]).application_properties).destination
+        return decode_legacy_properties(decode_message(raw).application_properties).destination
     except ValueError:
         return None  # a message the run will dead-letter; it says nothing about access
 
 
-def _preflight_primary(namespace: NamespaceConfig, destination: str) -> None:
+def _preflight_primary(namespace: NamespaceConfig, destinations: list[str]) -> None:
+    """Attach a sender to each destination at once (to the probe entity when there is none): nothing is sent."""
+    targets = destinations or [PREFLIGHT_PROBE_ENTITY]
     try:
         with open_client(namespace, role="primary", retry_total=0) as client:
-            with prompt(client.get_queue_sender(destination)) as sender:
-                attach(sender)  # attaching the link is the check; nothing is sent
-    except (MessagingEntityNotFoundError, ServiceBusServerBusyError):
-        return  # authenticated; a missing destination is its messages' problem, a busy primary is waited for
-    except Exception as exc:  # noqa: BLE001 - every failure becomes one plain line
-        logger.debug("pre-flight of the primary namespace failed", exc_info=True)
-        raise _preflight_failure(exc, namespace, "primary", destination, "Send") from None
+            def attach_sender(destination: str):
+                try:
+                    with prompt(client.get_queue_sender(destination)) as sender:
+                        attach(sender)  # attaching the link is the check; nothing is sent
+                except (MessagingEntityNotFoundError, ServiceBusServerBusyError):
+                    pass  # authenticated; a missing destination is its messages' problem, a busy primary is waited for
+                except Exception as exc:  # noqa: BLE001 - judged with the others' below
+                    return exc
+                return None
+
+            results = _each_at_once(targets, attach_sender)
+    except ServiceBusAccessError as exc:
+        raise PreflightError(str(exc)) from None
+    failures = {destination: r for destination, r in results.items() if r is not None}
+    # The probe entity need not be granted anything (roles may be scoped to the destinations); some
+    # destinations refusing Send is theirs alone: their messages are dead-lettered with the reason.
+    lacking = _raise_first(failures, namespace, "primary", AccessRight.SEND,
+                           missing_right_is_error=bool(destinations) and len(failures) == len(destinations))
+    if lacking and destinations:
+        logger.warning("%s; until then their messages are dead-lettered (reason unauthorized)",
+                       refusal_line(Refusal(AccessFailure.MISSING_RIGHT), namespace, "primary", AccessRight.SEND,
+                                    lacking))
 
 
-EXECUTOR_PROBE_SCHEMA = "role string, endpoint string, problem string"
+EXECUTOR_PROBE_SCHEMA = "role string, endpoint string, problem string, refusal string"
 
 
 def executor_preflight(spark, config: SyphonConfig, *, timeout_seconds: float = PREFLIGHT_TIMEOUT_SECONDS) -> None:
-    """Check from an executor, not only from the driver, that both namespaces can be reached: one tiny
-    Spark task attaches a sender link to each (nothing is sent). Raise ``PreflightError`` naming the
-    namespace an executor cannot reach.
+    """Check from an executor, not only from the driver, that both namespaces can be reached and take its
+    credentials: one tiny Spark task attaches a sender link to each (nothing is sent). Raise
+    ``PreflightError`` naming the namespace an executor cannot reach or get into.
 
     On Databricks serverless, code on executors (the source's reads, the sends) may reach the internet
-    only where the workspace's serverless network policy allows it, which the driver cannot see.
+    only where the workspace's serverless network policy allows it, which the driver cannot see; and
+    a credential may work on the driver only (a Databricks service credential where executors cannot
+    use it, a managed identity of the driver's machine).
     """
     namespaces = (("primary", config.primary), ("secondary", config.secondary))
 
@@ -178,11 +257,15 @@ def executor_preflight(spark, config: SyphonConfig, *, timeout_seconds: float = 
 
         for _ in batches:
             pass
-        rows = [{"role": role, "endpoint": namespace.endpoint,
-                 "problem": _attach_problem(namespace, role, timeout_seconds)} for role, namespace in namespaces]
+        rows = []
+        for role, namespace in namespaces:
+            problem, refusal = _attach_problem(namespace, role, timeout_seconds)
+            rows.append({"role": role, "endpoint": namespace.endpoint, "problem": problem, "refusal": refusal})
         yield pa.RecordBatch.from_pylist(rows)
 
     for row in spark.range(1).mapInArrow(probe, EXECUTOR_PROBE_SCHEMA).collect():
+        if row["refusal"]:
+            raise PreflightError(row["refusal"])
         if row["problem"]:
             raise PreflightError(
                 f"executors cannot reach the {row['role']} namespace {row['endpoint']} ({row['problem']}): on "
@@ -190,8 +273,9 @@ def executor_preflight(spark, config: SyphonConfig, *, timeout_seconds: float = 
                 f"cluster's workers reach it (AMQP, TCP port 5671)")
 
 
-def _attach_problem(namespace: NamespaceConfig, role: str, timeout_seconds: float) -> str | None:
-    """None when a sender link attaches (or the probe entity is simply not there); else what went wrong."""
+def _attach_problem(namespace: NamespaceConfig, role: str, timeout_seconds: float) -> tuple[str | None, str | None]:
+    """(network problem, access refusal line): both None when a sender link attaches, the probe entity is
+    simply not there, or it is there and only the Send right is missing (the token or key was taken)."""
     def attach_probe() -> None:
         try:
             with open_client(namespace, role=role, retry_total=0) as client:
@@ -203,10 +287,16 @@ def _attach_problem(namespace: NamespaceConfig, role: str, timeout_seconds: floa
     pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="executor-probe")
     try:
         pool.submit(attach_probe).result(timeout=timeout_seconds)
-        return None
+        return None, None
     except FutureTimeout:
-        return f"no answer within {timeout_seconds:.0f} s"
+        return f"no answer within {timeout_seconds:.0f} s", None
     except Exception as exc:  # noqa: BLE001 - reported by name only: never the connection string
-        return type(exc).__name__
+        refusal = refusal_of(exc)
+        if refusal is None:
+            return type(exc).__name__, None
+        if refusal.failure is AccessFailure.MISSING_RIGHT:
+            return None, None
+        return None, refusal_line(refusal, namespace, role, AccessRight.SEND, [PREFLIGHT_PROBE_ENTITY],
+                                  on_executors=True)
     finally:
         pool.shutdown(wait=False)

@@ -127,6 +127,26 @@ def entity_name(handler) -> str:
     return handler._entity_name
 
 
+# --- clients and their errors ----------------------------------------------------------------------
+
+def emulator_client_options(plain_amqp: bool) -> dict:
+    """``ServiceBusClient`` keywords for a token credential against a local emulator: ``use_tls=False`` (what
+    a ``UseDevelopmentEmulator=true`` connection string sets) makes the client speak plain AMQP to the
+    port given in the fully qualified namespace, instead of TLS on 5671. An undocumented keyword of the
+    client (``_common/_configuration.py``)."""
+    return {"use_tls": False} if plain_amqp else {}
+
+
+def token_refusal(exc: BaseException) -> str:
+    """What the service answered a refused put-token (its ``status-description``, e.g. "LocalAuthDisabled:
+    ..."), which ``ServiceBusAuthenticationError`` does not say itself: it is kept by the SDK's inner
+    ``TokenAuthFailure``. '' when there is none."""
+    description = getattr(getattr(exc, "inner_exception", None), "status_description", None)
+    if isinstance(description, bytes):
+        description = description.decode("utf-8", "replace")
+    return description or ""
+
+
 # --- opening links -------------------------------------------------------------------------------
 
 def attach(handler) -> None:

@@ -23,9 +23,10 @@ from azure.servicebus.exceptions import (
 )
 
 from backlog_syphon.config import NamespaceConfig
+from backlog_syphon.servicebus.access import is_missing_claim
 from backlog_syphon.servicebus.clients import discard_sender, open_in_parallel, pooled_sender
 from backlog_syphon.servicebus.sdk_internals import add_encoded_to_batch
-from backlog_syphon.model import Outgoing, PartialSendError, ReasonCode, SendFailure
+from backlog_syphon.model import AccessRight, Outgoing, PartialSendError, ReasonCode, SendFailure
 
 logger = logging.getLogger(__name__)
 
@@ -46,7 +47,13 @@ def classify_send_error(exc: BaseException, destination: str) -> SendFailure:
         return SendFailure(False, ReasonCode.MESSAGE_TOO_LARGE,
                            f"the restored message is larger than '{destination}' accepts ({name})")
     if isinstance(exc, ServiceBusAuthorizationError):
-        return SendFailure(False, ReasonCode.UNAUTHORIZED, f"not authorized to send to '{destination}' ({name})")
+        if is_missing_claim(str(exc)):  # the service's answer for a missing role (or a key without Send)
+            return SendFailure(False, ReasonCode.UNAUTHORIZED,
+                               f"the primary namespace refused {AccessRight.SEND} on '{destination}': grant "
+                               f"{AccessRight.SEND.role} on it, or use a key with the {AccessRight.SEND} right ({name})")
+        # Anything else (a token that expired on the link): a new link gets a new token.
+        return SendFailure(True, ReasonCode.AUTHENTICATION_FAILED,
+                           f"the primary namespace refused the link's token for '{destination}' ({name})")
     if isinstance(exc, MessagingEntityDisabledError):
         # A disabled entity is an operator's temporary choice: wait rather than dead-letter.
         return SendFailure(True, ReasonCode.DESTINATION_DISABLED, f"destination '{destination}' is disabled ({name})")

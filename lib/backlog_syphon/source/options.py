@@ -10,15 +10,26 @@ every value has a setting behind it; where an option is absent anyway (a user's 
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Mapping
 
-from backlog_syphon.config import AVAILABLE_NOW, BacklogConfig, NamespaceConfig, RunConfig, Secret, SyphonConfig
+from backlog_syphon.config import (
+    AVAILABLE_NOW,
+    BacklogConfig,
+    CredentialConfig,
+    NamespaceConfig,
+    RunConfig,
+    Secret,
+    SyphonConfig,
+)
+from backlog_syphon.model import CredentialKind
 from backlog_syphon.restore.queue_names import backlog_queue_names, dead_letter_queue_name
 
 # Option names containing "secret" are redacted by Spark's default spark.redaction.regex, so the
-# connection string never shows in plans, the Spark UI or event logs.
+# connection string (or the Azure AD credential's secret) never shows in plans, the Spark UI or event logs.
 SECRET_OPTION = "connection_string_secret"
+CREDENTIAL_SECRET_OPTION = "credential_secret"
 
 _BACKLOG, _RUN = BacklogConfig(), RunConfig()
 
@@ -79,6 +90,13 @@ class SourceOptions:
             options[SECRET_OPTION] = self.secondary.connection_string.reveal()
         if self.secondary.fully_qualified_namespace:
             options["fullyQualifiedNamespace"] = self.secondary.fully_qualified_namespace
+        credential = self.secondary.credential
+        if credential is not None:
+            options["credential"] = json.dumps(credential.public, sort_keys=True)  # not secret: kind, ids, names
+            if credential.the_secret is not None:
+                options[CREDENTIAL_SECRET_OPTION] = credential.the_secret.reveal()
+        if self.secondary.use_development_emulator:
+            options["useDevelopmentEmulator"] = "true"
         if self.stop_file:
             options["stopFile"] = self.stop_file
         if self.emulate_available_now:
@@ -94,7 +112,9 @@ class SourceOptions:
         """Read the options back (Spark's option map: look-ups only, its keys' case may differ)."""
         secret = options.get(SECRET_OPTION)
         secondary = NamespaceConfig(connection_string=Secret(secret, "source option") if secret else None,
-                                    fully_qualified_namespace=options.get("fullyQualifiedNamespace") or None)
+                                    fully_qualified_namespace=options.get("fullyQualifiedNamespace") or None,
+                                    credential=_credential(options),
+                                    use_development_emulator=_boolean(options.get("useDevelopmentEmulator") or ""))
 
         def get(name: str, default, parse):
             text = options.get(name)
@@ -110,6 +130,17 @@ class SourceOptions:
                    emulate_available_now=get("emulateAvailableNow", cls.emulate_available_now, _boolean),
                    look_back=tuple(filter(None, (options.get("lookBack") or "").split("\n"))),
                    dead_letters=get("deadLetters", cls.dead_letters, _boolean))
+
+
+def _credential(options: Mapping[str, str]) -> CredentialConfig | None:
+    public = options.get("credential")
+    if not public:
+        return None
+    fields = json.loads(public)
+    secret = options.get(CREDENTIAL_SECRET_OPTION)
+    if secret:  # the kind's one secret field: a service principal's client secret, a custom factory's secret
+        fields["secret" if fields["kind"] == CredentialKind.CUSTOM else "client_secret"] = Secret(secret, "source option")
+    return CredentialConfig(**fields)
 
 
 def _boolean(text: str) -> bool:
