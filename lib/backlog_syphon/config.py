@@ -24,7 +24,7 @@ from typing import Any, Callable, Mapping
 import yaml
 
 from backlog_syphon.errors import SettingsError
-from backlog_syphon.model import DEAD_LETTER_REASON_CODES, RunSource, TtlPolicy
+from backlog_syphon.model import DEAD_LETTER_REASON_CODES, LogFormat, RunSource, TtlPolicy
 from backlog_syphon.restore.legacy_properties import entity_path_problem
 
 ENV_PREFIX = "SYPHON__"
@@ -100,10 +100,15 @@ class StorageConfig:
     checkpoint_table: str = ""
     checkpoint_location: str = ""  # Spark streaming checkpoint folder
     lease_table: str = ""  # which run may deliver; default: the checkpoint table's name + "_lease"
+    runs_table: str = ""  # one row per run; default: the checkpoint table's name + "_runs"
 
     @property
     def resolved_lease_table(self) -> str:
         return self.lease_table or self.checkpoint_table.rstrip("/") + "_lease"
+
+    @property
+    def resolved_runs_table(self) -> str:
+        return self.runs_table or self.checkpoint_table.rstrip("/") + "_runs"
 
 
 @dataclass(frozen=True)
@@ -126,6 +131,8 @@ class RunConfig:
     # What the run reads: the backlog queues, or their dead-letter sub-queues (a re-drive, filtered by
     # the ``redrive`` section; ``jobs/syphon.py --redrive-dead-letters`` sets it).
     source: str = RunSource.BACKLOG.value
+    # How the command line writes its log lines: text, or one JSON object per line (``--log-format``).
+    log_format: str = LogFormat.TEXT.value
 
 
 @dataclass(frozen=True)
@@ -427,6 +434,8 @@ def _validate(config: SyphonConfig, origin: str) -> None:
     if config.restore.ttl_policy not in set(TtlPolicy):
         raise ConfigError(f"{origin}: restore.ttl_policy must be one of {', '.join(TtlPolicy)}, "
                           f"got '{config.restore.ttl_policy}'")
+    if config.run.log_format not in set(LogFormat):
+        raise ConfigError(f"{origin}: run.log_format must be one of {', '.join(LogFormat)}, got '{config.run.log_format}'")
     if config.sink.max_send_attempts < 1:
         raise ConfigError(f"{origin}: sink.max_send_attempts must be at least 1")
     if config.sink.max_messages_per_second < 0:

@@ -63,6 +63,18 @@ def peek_sequence_numbers(receiver, first: int, last: int) -> list[int]:
     return [seq for seq, _ in peek_identities(receiver, first, last)]
 
 
+def administration_client(namespace: NamespaceConfig):
+    """A ``ServiceBusAdministrationClient`` for the namespace (the caller closes it), or None for the local
+    emulator, which has no administration endpoint (the client always uses https)."""
+    from azure.servicebus.management import ServiceBusAdministrationClient
+    if namespace.connection_string is not None:
+        if "UseDevelopmentEmulator=true" in namespace.connection_string.reveal():
+            return None
+        return ServiceBusAdministrationClient.from_connection_string(namespace.connection_string.reveal())
+    from azure.identity import DefaultAzureCredential
+    return ServiceBusAdministrationClient(namespace.fully_qualified_namespace, DefaultAzureCredential())
+
+
 def list_backlog_queues(namespace: NamespaceConfig, primary_namespace: str) -> list[str] | None:
     """Every backlog queue of ``primary_namespace``, via the administration API; None if unreachable.
 
@@ -70,14 +82,9 @@ def list_backlog_queues(namespace: NamespaceConfig, primary_namespace: str) -> l
     endpoint; the caller then falls back to ``0..queue_count-1``.
     """
     try:
-        from azure.servicebus.management import ServiceBusAdministrationClient
-        if namespace.connection_string is not None:
-            if "UseDevelopmentEmulator=true" in namespace.connection_string.reveal():
-                return None  # the administration client always uses https; the emulator has none
-            admin = ServiceBusAdministrationClient.from_connection_string(namespace.connection_string.reveal())
-        else:
-            from azure.identity import DefaultAzureCredential
-            admin = ServiceBusAdministrationClient(namespace.fully_qualified_namespace, DefaultAzureCredential())
+        admin = administration_client(namespace)
+        if admin is None:
+            return None
         with admin:
             return sorted(q.name for q in admin.list_queues() if is_backlog_queue_name(q.name, primary_namespace))
     except Exception as exc:  # noqa: BLE001 - discovery is best effort by design

@@ -67,13 +67,15 @@ class PreflightError(SettingsError):
     """A namespace cannot be used as configured; the message is one line naming the setting to fix."""
 
 
-def preflight(config: SyphonConfig, *, timeout_seconds: float = PREFLIGHT_TIMEOUT_SECONDS) -> None:
+def preflight(config: SyphonConfig, *, timeout_seconds: float = PREFLIGHT_TIMEOUT_SECONDS,
+              primary: bool = True) -> None:
     """Check both namespaces before the stream starts; raise ``PreflightError`` with what to fix.
 
     Authenticates to the secondary namespace and peeks one message of a backlog queue (a peek locks
-    nothing), then authenticates to the primary namespace and attaches a sender link to a destination
-    (the first backlog message's, when there is one), without sending. Nothing is sent, locked or
-    settled. Bounded in time: a namespace that does not answer is reported, not waited for.
+    nothing), then (unless ``primary`` is False: the status command reads the secondary only)
+    authenticates to the primary namespace and attaches a sender link to a destination (the first
+    backlog message's, when there is one), without sending. Nothing is sent, locked or settled.
+    Bounded in time: a namespace that does not answer is reported, not waited for.
     """
     queue_names = [backlog_queue_name(config.primary.namespace, index) for index in range(config.backlog.queue_count)]
     pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="preflight")
@@ -81,6 +83,8 @@ def preflight(config: SyphonConfig, *, timeout_seconds: float = PREFLIGHT_TIMEOU
 
     def check() -> None:
         destination = _preflight_secondary(config.secondary, queue_names)
+        if not primary:
+            return
         stage[0] = "primary"
         _preflight_primary(config.primary, destination or PREFLIGHT_PROBE_ENTITY)
 
