@@ -166,7 +166,9 @@ def test_status_runs_table_and_alerts_through_a_backlogs_life(spark, emulator, t
     [stalled] = sql.alert("backlog_syphon_stalled")
     assert (stalled["run_id"], stalled["waiting"]) == (third.run_id, 5)
 
-    # 4. A destination that refuses past the wait: the run fails at its batch, with exit code 1.
+    # 4. A destination that refuses past the wait: the run fails at its batch, with exit code 1, and its
+    # row counts what the batch delivered to the others before it failed.
+    write(_messages("fourth", "payments", 3), seed=4)
     emulator.set_unavailable(PRIMARY, "orders", mode="quota-exceeded")
     try:
         with pytest.raises(Exception) as failed:
@@ -175,13 +177,13 @@ def test_status_runs_table_and_alerts_through_a_backlogs_life(spark, emulator, t
         emulator.set_available(PRIMARY, "orders")
     fourth = runs()[-1]
     assert "orders" in str(failed.value)
-    assert (fourth.exit_code, fourth.remaining, fourth.remaining_total) == (1, None, None)
+    assert (fourth.exit_code, fourth.delivered, fourth.remaining, fourth.remaining_total) == (1, 3, None, None)
     assert fourth.closing_line.startswith("batch ") and "Nothing was lost" in fourth.closing_line
     [last] = sql.alert("backlog_syphon_last_run")
     assert (last["run_id"], last["exit_code"]) == (fourth.run_id, 1)
 
     # 5. A poison message: dead-lettered; the rest delivered.
-    write(_messages("poison", None, 1), seed=4)
+    write(_messages("poison", None, 1), seed=5)
     assert run_syphon(spark, config).drained
     dead = status(spark, config)
     assert (dead.verdict.state, dead.verdict.exit_code, dead.verdict.line) == (
@@ -197,7 +199,7 @@ def test_status_runs_table_and_alerts_through_a_backlogs_life(spark, emulator, t
     assert len(dashboard["runs"]) == 5 and sorted(row["exit_code"] for row in dashboard["runs"]) == [0, 0, 0, 1, 4]
     assert {row["backlog_queue"]: row["messages_left"] for row in dashboard["remaining"]} == fifth.remaining
     assert [(row["reason_code"], row["messages"]) for row in dashboard["dead_letter_reasons"]] == [("missing_path", 1)]
-    assert sum(row["messages"] for row in dashboard["moved"] if row["outcome"] == "delivered") == 35
+    assert sum(row["messages"] for row in dashboard["moved"] if row["outcome"] == "delivered") == 20 + 4 + 6 + 3 + 5
     assert dashboard["oldest_age"] and {row["backlog_queue"] for row in dashboard["progress"]} <= set(fifth.remaining)
 
     # 6. A live run holds the lease: the status says who, since when, and touches nothing.

@@ -54,13 +54,12 @@ class RunRecorder:
                 on_start(run)
         return started
 
-    def ended(self, summary) -> RunEnd:
+    def ended(self, summary) -> None:
         """The run ran through (``summary``: ``run.syphon.RunSummary``)."""
-        end = summary_end(summary, self.config.run.trigger)
-        self._append(end, summary.per_destination, summary.remaining, [point.stats for point in summary.progress])
-        return end
+        self._append(summary_end(summary, self.config.run.trigger), summary.per_destination, summary.remaining,
+                     [point.stats for point in summary.progress])
 
-    def failed(self, exc: BaseException) -> RunEnd:
+    def failed(self, exc: BaseException) -> None:
         """The run raised ``exc``. What it recorded is read from the audit table (a failed batch records
         what it delivered before it fails, which the sink's own counts leave out); what it left is not
         counted (the status command does)."""
@@ -76,7 +75,6 @@ class RunRecorder:
                 logger.warning("run_id=%s: what the failed run recorded is not in its runs-table row (%s)",
                                self.run_id, type(read_failure).__name__)
         self._append(end, per_destination, None, batches)
-        return end
 
     def _append(self, end: RunEnd, per_destination, remaining, batches) -> None:
         row = run_row(run_id=self.run_id, source=self.config.run.source, trigger=self.config.run.trigger,
