@@ -221,7 +221,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.dry_run:
             lines = dry_run(spark, config).lines()
-            output.result(lines, "dry run: nothing was sent, settled or written", event="dry_run", lines=lines)
+            output.result(lines, "dry run: nothing was sent, settled or written", event="dry_run", plan=lines)
             return EXIT_OK
         if args.status:
             report = status(spark, config)
