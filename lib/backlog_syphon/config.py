@@ -435,7 +435,8 @@ def _validate(config: SyphonConfig, origin: str) -> None:
         raise ConfigError(f"{origin}: restore.ttl_policy must be one of {', '.join(TtlPolicy)}, "
                           f"got '{config.restore.ttl_policy}'")
     if config.run.log_format not in set(LogFormat):
-        raise ConfigError(f"{origin}: run.log_format must be one of {', '.join(LogFormat)}, got '{config.run.log_format}'")
+        raise ConfigError(f"{origin}: run.log_format must be one of {', '.join(LogFormat)}, "
+                          f"got '{config.run.log_format}'")
     if config.sink.max_send_attempts < 1:
         raise ConfigError(f"{origin}: sink.max_send_attempts must be at least 1")
     if config.sink.max_messages_per_second < 0:

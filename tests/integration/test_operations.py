@@ -120,7 +120,8 @@ def test_status_runs_table_and_alerts_through_a_backlogs_life(spark, emulator, t
     assert all(q.count.exact and q.count.oldest_enqueued is not None for q in waiting.backlog if q.count.messages)
     assert run_syphon(spark, config, job=job).drained
     drained = status(spark, config)
-    assert (drained.verdict.state, drained.verdict.exit_code, drained.verdict.line) == (BacklogState.DRAINED, 0, "drained")
+    assert (drained.verdict.state, drained.verdict.exit_code, drained.verdict.line) == (
+        BacklogState.DRAINED, 0, "drained")
     assert drained.lease is not None and drained.lease.expires_at == drained.lease.renewed_at  # released
     assert sum(q.checkpoint.delivered_count for q in drained.backlog if q.checkpoint) == 20
     [first] = runs()

@@ -8,7 +8,8 @@ import pytest
 
 from backlog_syphon.model import BrokerCount
 from backlog_syphon.restore.amqp_message import DecodedMessage
-from backlog_syphon.servicebus.counts import EXACT_COUNT_LIMIT, UNREADABLE, dead_letter_reason, last_sequence_number, survey
+from backlog_syphon.servicebus.counts import (EXACT_COUNT_LIMIT, UNREADABLE, dead_letter_reason, last_sequence_number,
+                                              survey)
 
 ENQUEUED = dt.datetime(2026, 11, 27, 12, 0, tzinfo=dt.timezone.utc)
 
@@ -72,7 +73,8 @@ def test_the_last_sequence_number_is_found_across_gaps():
 
 def test_the_administration_apis_count_is_taken_and_one_peek_gives_the_age():
     queue = Queue(range(1, 500))
-    assert survey(queue.peek, known=499, reasons=False) == BrokerCount(499, True, ENQUEUED + dt.timedelta(seconds=1), {})
+    assert survey(queue.peek, known=499, reasons=False) == BrokerCount(
+        499, True, ENQUEUED + dt.timedelta(seconds=1), {})
     assert queue.peeks == 1
 
 

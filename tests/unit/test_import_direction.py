@@ -146,7 +146,8 @@ def test_importing_the_package_stays_cheap_and_the_public_api_loads_on_use():
 
     check = ("import sys, backlog_syphon\n"
              "assert not [m for m in sys.modules if m.startswith(('pyspark', 'azure', 'delta'))], 'eager import'\n"
-             "assert sorted(backlog_syphon.__all__) == ['SyphonConfig', 'dry_run', 'load_config', 'run_syphon', 'status']\n"
+             "assert sorted(backlog_syphon.__all__) == ['SyphonConfig', 'dry_run', 'load_config', 'run_syphon', "
+             "'status']\n"
              "from backlog_syphon import SyphonConfig, load_config\n"
              "from backlog_syphon.config import SyphonConfig as Config\n"
              "assert SyphonConfig is Config and callable(load_config)\n")

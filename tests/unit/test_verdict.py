@@ -84,8 +84,8 @@ def count(messages=0, *, exact=True, oldest_minutes=None, reasons=None, complete
 
 
 def mark(queue, minutes_ago=180, through=40):
-    return CheckpointRow(queue, 1, through, None, through, None, 3, "earlier-run", NOW - dt.timedelta(minutes=minutes_ago),
-                         through, 0, 0)
+    return CheckpointRow(queue, 1, through, None, through, None, 3, "earlier-run",
+                         NOW - dt.timedelta(minutes=minutes_ago), through, 0, 0)
 
 
 def report(backlog=(), dead=(), lease=None, runs=(), held=None):
@@ -101,7 +101,8 @@ def test_a_backlog_with_nothing_in_it_is_drained():
 
 def test_messages_that_nobody_delivers_wait_with_the_time_of_the_last_progress():
     waiting = report([QueueStatus(Q0, count(12, oldest_minutes=200), mark(Q0)), QueueStatus(Q1, count(3))]).verdict
-    assert (waiting.state, waiting.exit_code, waiting.line) == (BacklogState.WAITING, 4, "15 waiting, last progress 3 h ago")
+    assert (waiting.state, waiting.exit_code, waiting.line) == (
+        BacklogState.WAITING, 4, "15 waiting, last progress 3 h ago")
     bound = report([QueueStatus(Q0, count(5000, exact=False))], [QueueStatus(DLQ0, count(1, reasons={"x": 1}))]).verdict
     assert bound.line == "at most 5000 waiting, last progress never; dead-letters: 1 (x 1)"
 
@@ -147,7 +148,8 @@ def test_the_report_shows_queues_marks_lease_runs_and_ends_with_the_verdict():
     run = RunRow("20261127T110000Z-ab", "backlog", "available_now", "11", "22", NOW, NOW, 0, "drained", 40, 1, 0, 0, 0,
                  {Q0: 0}, 0, 1, 0.0)
     text = report([QueueStatus(Q0, count(), mark(Q0)), QueueStatus(Q1, count(120, exact=False, oldest_minutes=30))],
-                  [QueueStatus(DLQ0, count(1, oldest_minutes=5, reasons={"missing_path": 1})), QueueStatus(DLQ1, count())],
+                  [QueueStatus(DLQ0, count(1, oldest_minutes=5, reasons={"missing_path": 1})),
+                   QueueStatus(DLQ1, count())],
                   runs=[run]).lines()
     assert text[0].startswith("backlog status at 2026-11-27 12:00:00 UTC (read only")
     assert text[2].split() == [Q0, "0", "-", "1", "40", "40", "2026-11-27", "09:00:00", "(3", "h", "ago)"]

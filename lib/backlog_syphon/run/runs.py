@@ -70,7 +70,8 @@ class RunRecorder:
         if self.run is not None:  # its query started: it may have recorded something
             batches = [point.stats for point in self.run.listener.points]
             try:
-                per_destination = AuditRecords(self.spark, self.config.storage.audit_table, self.run_id).per_destination()
+                audit = AuditRecords(self.spark, self.config.storage.audit_table, self.run_id)
+                per_destination = audit.per_destination()
             except Exception as read_failure:  # noqa: BLE001 - the row is still worth writing without them
                 logger.warning("run_id=%s: what the failed run recorded is not in its runs-table row (%s)",
                                self.run_id, type(read_failure).__name__)

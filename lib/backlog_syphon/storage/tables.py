@@ -354,8 +354,8 @@ def held_by_destination(spark: SparkSession, audit_table: str, checkpoint: dict[
     """Per destination among ``destinations`` (names as sent, compared case-insensitively), the messages
     whose latest outcome is ``held``: left in the backlog on purpose, and not sent since. Only rows above
     the purge marks are read (``recorded_unsettled``): the marks never pass a held message."""
-    rows = recorded_unsettled(spark, audit_table, checkpoint)
-    if rows is None or not destinations:
+    rows = recorded_unsettled(spark, audit_table, checkpoint) if destinations else None
+    if rows is None:
         return {}
     latest = (rows.groupBy("backlog_queue", "sequence_number", "enqueued_time")
               .agg(F.max_by("outcome", "outcome_time").alias("outcome"),
