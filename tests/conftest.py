@@ -35,10 +35,10 @@ def spark():
 # listed counts as a short in-process one. Only the order depends on them.
 MEASURED_SECONDS = {
     "test_the_job_over_spark_connect_records_what_a_classic_run_records": 192,
+    "test_status_runs_table_and_alerts_through_a_backlogs_life": 180,
     "test_timeout_during_a_send_stops_at_the_batch_boundary_and_a_missing_queue_is_skipped_with_one_warning": 164,
     "test_lease_under_starvation_never_lets_two_runs_deliver_at_once": 150,
     "test_dead_letters_are_redriven_with_every_property_filtered_and_never_twice": 143,
-    "test_status_runs_table_and_alerts_through_a_backlogs_life": 100,
     "test_documented_walkthrough_from_setup_to_dry_run_and_replay": 138,
     "test_documented_spark_submit_line_drains_the_backlog": 135,
     "test_a_kill_in_the_middle_of_the_sends_loses_nothing_and_resends_at_most_that_batch": 133,
