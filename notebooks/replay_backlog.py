@@ -7,8 +7,8 @@
 # MAGIC
 # MAGIC 1. Set the widgets: the config file, and optionally the namespace pair (connection strings as
 # MAGIC    `secret:<scope>/<key>` or `env:<VAR>` references, never pasted).
-# MAGIC 2. Run all: the **dry run** shows what would move and what would be dead-lettered. Nothing moves
-# MAGIC    while `replay` is `no`.
+# MAGIC 2. Run all: the **status** says whether the backlog is drained and, if not, why not; the **dry run**
+# MAGIC    shows what would move and what would be dead-lettered. Nothing moves while `replay` is `no`.
 # MAGIC 3. Set `replay` to `yes` and run all again: progress shows one line per micro-batch, then a summary,
 # MAGIC    the audit report and charts.
 # MAGIC
@@ -39,6 +39,7 @@ if importlib.util.find_spec("backlog_syphon") is None:
 
 from backlog_syphon.run import reports
 from backlog_syphon.run.dry_run import dry_run
+from backlog_syphon.run.status import status
 from backlog_syphon.run.host import (Widget, default_config_path, find_repo_file, load_config, show, stop_here,
                                      widget_values)
 from backlog_syphon.run.spark_session import build_spark_session
@@ -89,6 +90,17 @@ spark = build_spark_session("backlog-syphon-replay")
 print(f"primary namespace {config.primary.namespace}; {config.backlog.queue_count} backlog queues"
       f"{' (re-drive of their dead-letter sub-queues)' if config.redriving else ''}; "
       f"audit table {config.storage.audit_table}")
+
+# COMMAND ----------
+
+# MAGIC %md
+# MAGIC ## Status: is the backlog drained, and if not, why not
+# MAGIC What each backlog queue and dead-letter sub-queue holds now, where the tables say the syphon is, who
+# MAGIC holds the lease, the last runs, and a verdict (the same as `jobs/syphon.py --status`). Changes nothing.
+
+# COMMAND ----------
+
+print("\n".join(status(spark, config).lines()))
 
 # COMMAND ----------
 

@@ -35,6 +35,7 @@ def spark():
 # listed counts as a short in-process one. Only the order depends on them.
 MEASURED_SECONDS = {
     "test_the_job_over_spark_connect_records_what_a_classic_run_records": 192,
+    "test_status_runs_table_and_alerts_through_a_backlogs_life": 180,
     "test_timeout_during_a_send_stops_at_the_batch_boundary_and_a_missing_queue_is_skipped_with_one_warning": 164,
     "test_lease_under_starvation_never_lets_two_runs_deliver_at_once": 150,
     "test_dead_letters_are_redriven_with_every_property_filtered_and_never_twice": 143,
@@ -63,6 +64,7 @@ MEASURED_SECONDS = {
     "test_a_full_or_disabled_destination_waits_without_holding_others": 27,
     "test_an_empty_or_short_peek_page_mid_window_loses_nothing": 21,
     "test_the_wheel_installs_without_a_compiler_and_the_job_imports": 20,
+    "test_json_logs_carry_the_ids_and_the_status_command_exits_with_its_verdict": 15,
     "test_poison_messages_are_dead_lettered_with_reasons_audited_and_no_secret_shows": 19,
     "test_every_body_kind_and_value_arrives_as_the_legacy_sender_wrote_it": 18,
     "test_remaining_ttl_and_schedule": 17,

@@ -3,8 +3,9 @@
 Starts the emulator (both namespaces of ``conf/emulator.yaml``, on free ports), writes a
 realistic legacy backlog plus a few poison messages, runs the syphon with ``available_now``,
 prints its summary, checks that every destination got what it should and that the poison
-messages were dead-lettered with their reasons, then stops the emulator. Exit 0 only if all
-checks pass.
+messages were dead-lettered with their reasons, prints the backlog's status (what
+``jobs/syphon.py --status`` prints: drained, with the poison messages in the dead-letter queues),
+then stops the emulator. Exit 0 only if all checks pass.
 """
 
 from __future__ import annotations
@@ -39,8 +40,10 @@ def main(argv: list[str] | None = None) -> int:
 
     from servicebus_emulator import Emulator, load_config as load_emulator_config
 
+    from backlog_syphon.model import BacklogState
     from backlog_syphon.run.spark_session import build_spark_session
     from backlog_syphon.run.dry_run import dry_run
+    from backlog_syphon.run.status import status as backlog_status
     from backlog_syphon.run.syphon import run_syphon
 
     emulator_config = load_emulator_config(args.emulator_config)
@@ -91,6 +94,11 @@ def main(argv: list[str] | None = None) -> int:
             failures.append("dead-letter reasons")
         if not summary.drained:
             failures.append("backlog not drained")
+        print("status (what jobs/syphon.py --status prints for these tables):")
+        report = backlog_status(spark, config)
+        print("\n".join(report.lines()))
+        if report.verdict.state != BacklogState.DEAD_LETTERS:  # drained, but for the poison messages
+            failures.append("status")
         spark.stop()
     if failures:
         print(f"FAILED: {', '.join(failures)}")

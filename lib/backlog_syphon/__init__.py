@@ -4,11 +4,12 @@ on Spark Structured Streaming, with every outcome recorded in Delta tables.
 The public API, loaded on first use so that ``import backlog_syphon`` stays cheap and imports no
 pyspark (Spark's Python workers import this package too)::
 
-    from backlog_syphon import dry_run, load_config, run_syphon
+    from backlog_syphon import dry_run, load_config, run_syphon, status
 
     config = load_config("conf/local.yaml")
     print("\\n".join(dry_run(spark, config).lines()))
     summary = run_syphon(spark, config)
+    print("\\n".join(status(spark, config).lines()))
 
 Packages: ``restore`` (pure restore rules and AMQP codec), ``source`` (the ``servicebus-backlog``
 data source), ``sink`` (the ``foreachBatch`` sink), ``servicebus`` (all Service Bus I/O),
@@ -23,6 +24,7 @@ import importlib
 _PUBLIC = {
     "run_syphon": "backlog_syphon.run.syphon",
     "dry_run": "backlog_syphon.run.dry_run",
+    "status": "backlog_syphon.run.status",  # is the backlog drained, and if not, why not (changes nothing)
     "load_config": "backlog_syphon.run.host",  # config.load_config, with Databricks' secret scopes where they exist
     "SyphonConfig": "backlog_syphon.config",
 }

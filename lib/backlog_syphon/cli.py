@@ -8,6 +8,12 @@ Exit codes: 0 done (or stopped on request), 1 a batch failed (nothing lost: the 
 from the tables), 2 a setting is wrong (configuration, credentials, endpoint, rights), 3 another run
 holds the backlog, 4 an available-now run ended with messages left in the backlog (never a re-drive,
 ``--redrive-dead-letters``, which leaves what it does not select or cannot deliver by design).
+``--status`` reads and changes nothing, and exits in the same family: 0 drained, 3 a run holds the
+lease now, 4 messages wait, 5 the backlog is drained but its dead-letter sub-queues are not
+(``run.verdict``).
+
+``--log-format json`` (or ``run.log_format: json``): every line the command writes is one JSON object on
+stderr (``run.logs``), its results (run summary, status, dry run) included, and stdout stays empty.
 
 Signals: the first SIGTERM or SIGINT (a cancelled job, YARN or Kubernetes stopping the driver,
 Ctrl-C) stops the run at the next batch boundary: the batch in flight is recorded and purged, and
@@ -17,6 +23,7 @@ the run exits 0. A second one stops the process at once.
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 import logging
 import os
 import signal
@@ -25,18 +32,13 @@ import tempfile
 import threading
 
 import backlog_syphon
-from backlog_syphon.config import AVAILABLE_NOW, ConfigError, parse_overrides
-from backlog_syphon.model import RunSource
+from backlog_syphon.config import ConfigError, parse_overrides
+from backlog_syphon.model import JobIds, LogFormat, RunSource, new_run_id
+from backlog_syphon.run import logs
 from backlog_syphon.run.host import load_config
+from backlog_syphon.run.verdict import failure_end
 
-from backlog_syphon.errors import (  # noqa: F401 - the exit codes are part of this module's interface
-    BATCH_FAILED_MARK,
-    EXIT_BATCH_FAILED,
-    EXIT_NOT_DRAINED,
-    EXIT_OK,
-    EXIT_SETTINGS,
-    SyphonError,
-)
+from backlog_syphon.errors import EXIT_OK, EXIT_SETTINGS, SyphonError
 
 logger = logging.getLogger("backlog_syphon")
 
@@ -47,8 +49,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--config", required=True, help="YAML file, e.g. conf/local.yaml")
     parser.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
                         help="override a config key (repeatable), e.g. --set run.trigger='10 seconds'")
-    parser.add_argument("--dry-run", action="store_true",
-                        help="peek the backlog and report what a replay would do; change nothing")
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument("--dry-run", action="store_true",
+                      help="peek the backlog and report what a replay would do; change nothing")
+    mode.add_argument("--status", action="store_true",
+                      help="is the backlog drained, and if not, why not: the broker's counts, the tables' marks, "
+                           "the lease, the last runs and a verdict; change nothing (exit 0 drained, 3 a run holds "
+                           "the lease, 4 messages wait, 5 dead-letters wait)")
     parser.add_argument("--redrive-dead-letters", action="store_true",
                         help="re-drive the backlog queues' dead-letter sub-queues (run.source=dead_letters), "
                              "filtered by the redrive.* settings; with --dry-run, show what would move")
@@ -60,6 +67,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--log-file", default=os.environ.get("SYPHON_LOG_FILE"),
                         help="where the full log goes, tracebacks included (default: a file in the temp folder)")
     parser.add_argument("--log-level", default="INFO")
+    parser.add_argument("--log-format", choices=[f.value for f in LogFormat], default=None,
+                        help="text, or json: one JSON object per line with the run's ids (default: run.log_format)")
+    parser.add_argument("--job-id", default=None, help="the Databricks job's id ({{job.id}}), for the runs table "
+                        "and the logs")
+    parser.add_argument("--job-run-id", default=None, help="the Databricks job run's id ({{job.run_id}}), for the "
+                        "runs table and the logs")
     return parser
 
 
@@ -75,13 +88,17 @@ class _NoTraceback(logging.Formatter):
             record.exc_info, record.exc_text, record.stack_info = saved
 
 
-def configure_logging(level: str, log_file: str, verbose: bool) -> None:
+def configure_logging(level: str, log_file: str, verbose: bool, log_format: str = LogFormat.TEXT) -> None:
     fmt = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+    json_lines = log_format == LogFormat.JSON
     console = logging.StreamHandler(sys.stderr)
-    console.setFormatter(logging.Formatter(fmt) if verbose else _NoTraceback(fmt))
+    if json_lines:
+        console.setFormatter(logs.JsonFormatter(tracebacks=verbose))
+    else:
+        console.setFormatter(logging.Formatter(fmt) if verbose else _NoTraceback(fmt))
     console.setLevel(level.upper())
     to_file = logging.FileHandler(log_file, encoding="utf-8")
-    to_file.setFormatter(logging.Formatter(fmt))
+    to_file.setFormatter(logs.JsonFormatter() if json_lines else logging.Formatter(fmt))
     to_file.setLevel(logging.DEBUG)
     root = logging.getLogger()
     root.setLevel(logging.DEBUG)
@@ -90,10 +107,41 @@ def configure_logging(level: str, log_file: str, verbose: bool) -> None:
         logging.getLogger(noisy).setLevel(logging.WARNING)
 
 
+class Output:
+    """Where the command's own lines go: for people, results on stdout and notes and errors on stderr;
+    with ``--log-format json``, each as one JSON object on stderr, through the log (its fields say what
+    the text says), and nothing on stdout."""
+
+    def __init__(self, json_lines: bool):
+        self.json_lines = json_lines
+
+    def result(self, lines: list[str], message: str, **fields) -> None:
+        if self.json_lines:
+            logger.info("%s", message, extra=fields)
+        else:
+            print("\n".join(lines))
+
+    def note(self, line: str) -> None:
+        """A line on stderr. Safe in a signal handler: it bypasses the log's locks."""
+        if self.json_lines:
+            line = logs.json_line(logs.record_fields("WARNING", logger.name, line))
+        print(line, file=sys.stderr, flush=True)
+
+    def fail(self, message: str, log_file: str | None, code: int) -> int:
+        if self.json_lines:
+            logger.error("%s", message, extra={"event": "failed", "exit_code": code, "log_file": log_file})
+        else:
+            print(f"error: {message}", file=sys.stderr)
+            if log_file:
+                print(f"(details in {log_file})", file=sys.stderr)
+        return code
+
+
 class StopOnSignal:
     """First SIGTERM/SIGINT: stop at the next batch boundary. Second: stop at once."""
 
-    def __init__(self):
+    def __init__(self, output: Output):
+        self.output = output
         self.run = None
         self.requested = False
 
@@ -109,39 +157,39 @@ class StopOnSignal:
     def _handle(self, signum, _frame) -> None:
         name = signal.Signals(signum).name
         if self.requested:
-            print(f"{name} again: stopping now; the next run resumes from the tables", file=sys.stderr, flush=True)
+            self.output.note(f"{name} again: stopping now; the next run resumes from the tables")
             os._exit(128 + signum)
         self.requested = True
-        print(f"{name}: stopping after the batch in flight (send it again to stop at once)", file=sys.stderr,
-              flush=True)
+        self.output.note(f"{name}: stopping after the batch in flight (send it again to stop at once)")
         if self.run is not None:
             self.run.request_stop()
-
-
-def fail(message: str, log_file: str, code: int) -> int:
-    print(f"error: {message}", file=sys.stderr)
-    print(f"(details in {log_file})", file=sys.stderr)
-    return code
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     log_file = args.log_file or os.path.join(tempfile.gettempdir(), f"backlog-syphon-{os.getpid()}.log")
-    configure_logging(args.log_level, log_file, args.verbose)
+    configure_logging(args.log_level, log_file, args.verbose, args.log_format or LogFormat.TEXT)
+    output = Output(args.log_format == LogFormat.JSON)
+    job = JobIds(args.job_id, args.job_run_id)
+    running = not (args.dry_run or args.status)
+    run_id = new_run_id(dt.datetime.now(dt.timezone.utc)) if running else None
+    logs.set_context(run_id=run_id, job_id=job.job_id, job_run_id=job.job_run_id)
     try:
         overrides = parse_overrides(args.set)
         if args.redrive_dead_letters:
             overrides["run.source"] = RunSource.DEAD_LETTERS.value
         config = load_config(args.config, overrides=overrides)
     except ConfigError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return EXIT_SETTINGS
+        return output.fail(str(exc), None, EXIT_SETTINGS)
+    if args.log_format is None and config.run.log_format != LogFormat.TEXT:
+        configure_logging(args.log_level, log_file, args.verbose, config.run.log_format)
+        output = Output(config.run.log_format == LogFormat.JSON)
 
     from backlog_syphon.servicebus.probes import preflight
     from backlog_syphon.timeline import Milestone, Timeline
 
     timeline = Timeline()
-    stopper = StopOnSignal()
+    stopper = StopOnSignal(output)
     stopper.install()
 
     def check_access() -> None:
@@ -149,59 +197,56 @@ def main(argv: list[str] | None = None) -> int:
             preflight(config)
         except SyphonError as exc:
             # Say it at once, even while Spark is still starting: the JVM ends with this process.
-            code = fail(str(exc), log_file, EXIT_SETTINGS)
+            code = output.fail(str(exc), log_file, EXIT_SETTINGS)
             logging.shutdown()
             os._exit(code)
 
-    # The pre-flight (a few round trips to each namespace) runs while Spark starts.
+    # The pre-flight (a few round trips to each namespace) runs while Spark starts. The status command
+    # reads the secondary namespace only, and checks it itself.
     checking = threading.Thread(target=check_access, name="preflight", daemon=True)
-    checking.start()
+    if not args.status:
+        checking.start()
 
     from backlog_syphon.run.spark_session import build_spark_session
     from backlog_syphon.run.dry_run import dry_run
+    from backlog_syphon.run.runs import summary_end
+    from backlog_syphon.run.status import status
     from backlog_syphon.run.syphon import run_syphon
 
     logger.info("backlog-syphon library from %s; log file %s", os.path.dirname(backlog_syphon.__file__), log_file)
     spark = build_spark_session(verbose=args.verbose, remote=args.remote)
     timeline.mark(Milestone.SPARK_READY)
-    checking.join()
+    if not args.status:
+        checking.join()
     try:
         if args.dry_run:
-            print("\n".join(dry_run(spark, config).lines()))
+            lines = dry_run(spark, config).lines()
+            output.result(lines, "dry run: nothing was sent, settled or written", event="dry_run", plan=lines)
             return EXIT_OK
-        progress = None if args.quiet else (lambda line: print(line, file=sys.stderr, flush=True))
-        summary = run_syphon(spark, config, timeout_seconds=args.timeout, on_progress=progress, check_access=False,
-                             on_start=stopper.attach, timeline=timeline)
-    except SyphonError as exc:  # the run's own errors carry their exit code and their one line
+        if args.status:
+            report = status(spark, config)
+            verdict = report.verdict
+            output.result(report.lines(), f"status: {verdict.line}", event="status", **report.as_dict())
+            return verdict.exit_code
+        # In JSON the listener logs each batch's line with its facts as fields (``progress_fields``).
+        progress = None if args.quiet or output.json_lines else (
+            lambda line: print(line, file=sys.stderr, flush=True))
+        summary = run_syphon(spark, config, run_id=run_id, timeout_seconds=args.timeout, on_progress=progress,
+                             check_access=False, on_start=stopper.attach, timeline=timeline, job=job)
+    except Exception as exc:  # noqa: BLE001 - the run's own errors carry their exit code and their one line;
+        # anything else is Spark's streaming exception around a batch failure (Connect)
         logger.debug("the run failed", exc_info=True)
-        return fail(closing_line(exc), log_file, exc.exit_code)
-    except Exception as exc:  # noqa: BLE001 - Spark's streaming exception around a batch failure (Connect)
-        logger.debug("the run failed", exc_info=True)
-        return fail(closing_line(exc), log_file, EXIT_BATCH_FAILED)
-    print("\n".join(summary.lines()))
+        end = failure_end(exc)
+        return output.fail(end.line, log_file, end.exit_code)
+    end = summary_end(summary, config.run.trigger)
+    output.result(summary.lines(), f"run summary: {end.line}", event="run_summary",
+                  per_destination=summary.per_destination, remaining=summary.remaining, exit_code=end.exit_code,
+                  closing_line=end.line)
     if args.verbose:
-        print("\n".join(timeline.lines()))
-    if stopper.requested:
-        print("stopped on request at a batch boundary; the next run resumes from the tables", file=sys.stderr)
-        return EXIT_OK
-    if config.run.trigger == AVAILABLE_NOW and not summary.drained:
-        print("warning: messages remain in the backlog (see 'remaining' above)", file=sys.stderr)
-        return EXIT_NOT_DRAINED
-    return EXIT_OK
-
-
-def closing_line(exc: BaseException) -> str:
-    """The one line that ends a failed run. A batch failure says its batch, step and cause, and that
-    nothing was lost; Spark Connect hands the client only its text, where the sink's line is found."""
-    text = str(exc)
-    at = text.rfind(BATCH_FAILED_MARK)
-    if at >= 0:
-        line = text[at + len(BATCH_FAILED_MARK):].strip().splitlines()[0]
-        return (f"{line}. Nothing was lost: the next run resumes safely from the audit and checkpoint tables")
-    if isinstance(exc, SyphonError):
-        return text
-    first = (text.strip().splitlines() or [""])[0][:300]
-    return f"the run failed: {type(exc).__name__}" + (f": {first}" if first else "")
+        output.result(timeline.lines(), "timeline", event="timeline", timeline=timeline.lines()[1:])
+    if summary.stopped or end.exit_code != EXIT_OK:
+        output.note(("warning: " if end.exit_code != EXIT_OK else "") + end.line)
+    return end.exit_code
 
 
 def run() -> None:

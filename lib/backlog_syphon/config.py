@@ -27,7 +27,7 @@ from typing import Any, Callable, Mapping
 import yaml
 
 from backlog_syphon.errors import SettingsError
-from backlog_syphon.model import DEAD_LETTER_REASON_CODES, CredentialKind, RunSource, TtlPolicy
+from backlog_syphon.model import DEAD_LETTER_REASON_CODES, CredentialKind, LogFormat, RunSource, TtlPolicy
 from backlog_syphon.restore.legacy_properties import entity_path_problem
 
 ENV_PREFIX = "SYPHON__"
@@ -172,10 +172,15 @@ class StorageConfig:
     # reading), so rewriting them less often saves a commit per batch (about a second on cloud storage)
     # and costs a run that crashed only a longer read of the audit. A run's clean end always writes them.
     checkpoint_interval_seconds: float = 60.0
+    runs_table: str = ""  # one row per run; default: the checkpoint table's name + "_runs"
 
     @property
     def resolved_lease_table(self) -> str:
         return self.lease_table or self.checkpoint_table.rstrip("/") + "_lease"
+
+    @property
+    def resolved_runs_table(self) -> str:
+        return self.runs_table or self.checkpoint_table.rstrip("/") + "_runs"
 
 
 @dataclass(frozen=True)
@@ -198,6 +203,8 @@ class RunConfig:
     # What the run reads: the backlog queues, or their dead-letter sub-queues (a re-drive, filtered by
     # the ``redrive`` section; ``jobs/syphon.py --redrive-dead-letters`` sets it).
     source: str = RunSource.BACKLOG.value
+    # How the command line writes its log lines: text, or one JSON object per line (``--log-format``).
+    log_format: str = LogFormat.TEXT.value
 
 
 @dataclass(frozen=True)
@@ -559,6 +566,9 @@ def _validate(config: SyphonConfig, origin: str) -> None:
     if config.restore.ttl_policy not in set(TtlPolicy):
         raise ConfigError(f"{origin}: restore.ttl_policy must be one of {', '.join(TtlPolicy)}, "
                           f"got '{config.restore.ttl_policy}'")
+    if config.run.log_format not in set(LogFormat):
+        raise ConfigError(f"{origin}: run.log_format must be one of {', '.join(LogFormat)}, "
+                          f"got '{config.run.log_format}'")
     if config.sink.max_send_attempts < 1:
         raise ConfigError(f"{origin}: sink.max_send_attempts must be at least 1")
     if config.sink.max_messages_per_second < 0:

@@ -13,6 +13,7 @@ EXIT_BATCH_FAILED = 1  # a micro-batch failed; the next run resumes safely from 
 EXIT_SETTINGS = 2  # a setting is wrong: configuration, credentials, endpoint or rights
 EXIT_LEASE_HELD = 3  # another run is delivering from this backlog
 EXIT_NOT_DRAINED = 4  # the run ended with messages still in the backlog
+EXIT_DEAD_LETTERS = 5  # the status command: the backlog is drained, its dead-letter sub-queues are not
 
 
 class SyphonError(Exception):

@@ -9,6 +9,7 @@ the values are part of the audit table's contract. Pure: no I/O, nothing but the
 from __future__ import annotations
 
 import datetime as dt
+import uuid
 from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
@@ -143,6 +144,22 @@ class AccessRight(StrEnum):
                 AccessRight.MANAGE: "Azure Service Bus Data Owner"}[self]
 
 
+class LogFormat(StrEnum):
+    """How the command line writes its log lines (``run.log_format``, ``--log-format``)."""
+
+    TEXT = "text"  # for people: a line of text each
+    JSON = "json"  # for log pipelines: one JSON object per line, the run's ids on each (``run.logs``)
+
+
+class BacklogState(StrEnum):
+    """The status command's verdict on a backlog (``run.verdict``), most urgent first."""
+
+    LEASE_HELD = "lease_held"  # a run holds the lease now: it is draining (or a continuous run waits for more)
+    WAITING = "waiting"  # messages wait in the backlog queues that no run is delivering
+    DEAD_LETTERS = "dead_letters"  # the backlog is drained, but its dead-letter sub-queues hold messages
+    DRAINED = "drained"  # nothing waits (but what restore.skip_destinations holds on purpose)
+
+
 class TtlPolicy(StrEnum):
     """How a restored message's time to live treats the time it spent in the backlog (``restore.ttl_policy``)."""
 
@@ -221,6 +238,64 @@ class CheckpointRow:
     # that run's lease is free from then on, without a commit of its own (``run.fence``). None while a
     # run goes on, and in tables older versions wrote.
     ended_run_id: str | None = None
+
+
+def new_run_id(now: dt.datetime) -> str:
+    """A run's id: when it started (so ids sort by time), and a random part."""
+    return f"{now:%Y%m%dT%H%M%SZ}-{uuid.uuid4().hex[:8]}"
+
+
+@dataclass(frozen=True)
+class JobIds:
+    """The Databricks job and job run a run belongs to (the task parameters ``{{job.id}}`` and
+    ``{{job.run_id}}``); None outside a job. Not secrets: they name where to look in the jobs UI."""
+
+    job_id: str | None = None
+    job_run_id: str | None = None
+
+
+@dataclass(frozen=True)
+class RunRow:
+    """One run of the syphon as a whole: a row of the runs table, appended once the run has ended (after
+    it gave the lease back), whether it drained, left messages or failed (``run.runs``)."""
+
+    run_id: str
+    source: str  # a RunSource's value: the backlog queues, or their dead-letter sub-queues (a re-drive)
+    trigger: str  # run.trigger: available_now, or an interval such as "30 seconds"
+    job_id: str | None
+    job_run_id: str | None
+    started_at: datetime
+    ended_at: datetime
+    exit_code: Int32  # what the command line exits with (errors.EXIT_*)
+    closing_line: str  # the run's last line: why it ended, and what to do
+    # What the run recorded, per outcome (Outcome values), over every destination.
+    delivered: int
+    dead_lettered: int
+    skipped: int
+    held: int
+    not_selected: int
+    # Per backlog queue (a re-drive: per dead-letter sub-queue), the messages left when the run ended,
+    # peeked then; null when the run did not count them (it failed, or never started its query).
+    remaining: dict[str, int] | None
+    remaining_total: int | None
+    batches: int  # micro-batches that handled messages
+    # How long the send tasks ran below their cap because the primary throttled, summed over the
+    # batches; null where their reports do not reach the driver (Spark Connect).
+    throttled_seconds: float | None
+
+
+@dataclass(frozen=True)
+class BrokerCount:
+    """What one backlog queue (or dead-letter sub-queue) holds now, as the status command reads it
+    from the broker (``servicebus.counts``)."""
+
+    messages: int
+    exact: bool  # False: an upper bound (the span of sequence numbers from the first message to the last)
+    oldest_enqueued: datetime | None  # when the first message entered it
+    # Dead-letter sub-queues: DeadLetterReason -> messages, among the first ones (all when ``reasons_complete``).
+    reasons: dict[str, int]
+    reasons_complete: bool = True
+    exists: bool = True
 
 
 @dataclass(frozen=True)

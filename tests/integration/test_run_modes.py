@@ -106,6 +106,8 @@ def test_notebook_stops_after_the_dry_run_by_default(emulator, notebook_env, spa
 
     assert stopped.value.code == 0
     out = capsys.readouterr().out
+    # The status first: what waits, and that no run has recorded anything yet.
+    assert out.index(f"verdict: {len(originals)} waiting, last progress never") < out.index("dry run:")
     assert "dry run: nothing was sent, settled or written" in out
     assert f"backlog queues: {len(originals)} messages" in out
     assert "dry run only: set the 'replay' widget to 'yes'" in out

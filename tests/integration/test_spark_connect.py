@@ -81,8 +81,12 @@ def test_the_job_over_spark_connect_records_what_a_classic_run_records(emulator,
     assert _outcomes(spark, connect_audit, "again-") == _outcomes(spark, classic.storage.audit_table)
     assert len(tables.read_table(spark, connect_audit).collect()) == len(originals)
     # Tables first written over Connect: any Delta reader reads them, with plain column types.
-    for name in ("audit", "checkpoint", "checkpoint_lease"):
+    for name in ("audit", "checkpoint", "checkpoint_lease", "checkpoint_runs"):
         assert "collate" not in " ".join(read_with_deltalake(state / name).values()).lower()
+    # The run's row: what it moved, read from the audit there; the send tasks' throttling stays on the server.
+    [row] = tables.read_runs(spark, str(state / "checkpoint_runs"), 5)
+    assert (row.exit_code, row.delivered + row.dead_lettered, row.remaining_total, row.throttled_seconds) == (
+        0, len(originals), 0, None)
     checkpoint = tables.read_checkpoint(spark, str(state / "checkpoint"))
     assert sum(row.delivered_count + row.dead_lettered_count for row in checkpoint.values()) == len(originals)
 

@@ -68,6 +68,7 @@ def test_with_overrides_keeps_secrets(tmp_path):
     ("sink:\n  max_messages_per_second: -5\n", "sink.max_messages_per_second must be 0 (no cap) or more, got -5"),
     ("sink:\n  max_messages_per_second: fast\n", "sink.max_messages_per_second in"),
     ("sink:\n  throttle_recovery_seconds: 0\n", "sink.throttle_recovery_seconds must be more than 0, got 0"),
+    ("run:\n  log_format: xml\n", "run.log_format must be one of text, json, got 'xml'"),
 ])
 def test_bad_values_name_the_key_and_file(tmp_path, extra, message):
     path = write(tmp_path, BASE + extra)
@@ -83,6 +84,16 @@ def test_pacing_keys_default_to_no_cap_and_read_from_yaml_and_environment(tmp_pa
     config = load_config(write(tmp_path, BASE + "sink:\n  max_messages_per_second: 500\n"),
                          environ={**ENV, "SYPHON__SINK__THROTTLE_RECOVERY_SECONDS": "12.5"})
     assert (config.sink.max_messages_per_second, config.sink.throttle_recovery_seconds) == (500.0, 12.5)
+
+
+def test_the_runs_and_lease_tables_sit_next_to_the_checkpoint_table_unless_named(tmp_path):
+    config = load_config(write(tmp_path, BASE), environ=ENV)
+    assert (config.storage.resolved_lease_table, config.storage.resolved_runs_table) == (
+        "/tmp/t/checkpoint_lease", "/tmp/t/checkpoint_runs")
+    assert config.run.log_format == "text"
+    named = load_config(write(tmp_path, BASE), environ={**ENV, "SYPHON__STORAGE__RUNS_TABLE": "main.ops.runs",
+                                                       "SYPHON__RUN__LOG_FORMAT": "json"})
+    assert (named.storage.resolved_runs_table, named.run.log_format) == ("main.ops.runs", "json")
 
 
 def test_missing_required_key(tmp_path):

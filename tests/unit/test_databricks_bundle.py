@@ -1,11 +1,14 @@
 """The Databricks Asset Bundle (databricks.yml, resources/*.yml, conf/databricks.yaml), checked offline.
 
 No workspace, no Databricks CLI, no Spark: the bundle's YAML is read with pyyaml and its ``${var.*}``
-references are resolved per target the way the CLI does for plain variables. Each job definition is
-then loaded into the typed classes of the ``databricks-bundles`` package (``Job.from_dict``), which
-rejects fields the Jobs API does not have, values outside its enums and missing required fields; the
-assertions read the typed objects. Each job's task parameters go through the real argument parser
-and ``load_config`` with a stub secret reader.
+references are resolved per target the way the CLI does for plain variables (a variable the CLI looks
+up in the workspace, the SQL warehouse, gets a stub id). Each job, alert and dashboard definition is
+then loaded into the typed classes of the ``databricks-bundles`` package (``Job.from_dict``,
+``Alert.from_dict``, ``Dashboard.from_dict``), which reject fields the APIs do not have, values outside
+their enums and missing required fields; the assertions read the typed objects. Each job's task
+parameters go through the real argument parser and ``load_config`` with a stub secret reader. The
+dashboard's file is checked for its structure here; its queries, and the alerts', run against tables
+real runs wrote in ``tests/integration/test_operations.py``.
 """
 
 import configparser
@@ -19,9 +22,14 @@ import shutil
 import subprocess
 from pathlib import Path
 
+import json
+
 import pytest
 import yaml
-from databricks.bundles.jobs import DataSecurityMode, Job, PauseStatus, Task
+from databricks.bundles.alerts import (Aggregation, Alert, AlertEvaluationState, ComparisonOperator,
+                                       SchedulePauseStatus)
+from databricks.bundles.dashboards import Dashboard
+from databricks.bundles.jobs import DataSecurityMode, Job, JobsHealthMetric, PauseStatus, Task
 
 from backlog_syphon.cli import build_parser
 from backlog_syphon.config import load_config, parse_overrides, trigger_options
@@ -43,6 +51,9 @@ UNITY_CATALOG_ACCESS_MODES = {DataSecurityMode.SINGLE_USER, DataSecurityMode.DAT
                               DataSecurityMode.USER_ISOLATION, DataSecurityMode.DATA_SECURITY_MODE_STANDARD}
 # Serverless environment 4 is the first with the Spark 4 client API (Databricks Connect 17, Python 3.12).
 MIN_SERVERLESS_ENVIRONMENT_VERSION = 4
+STUB_LOOKUP_ID = "stub-looked-up-id"  # what a variable the CLI looks up in the workspace resolves to here
+# The syphon's tables as the jobs name them (storage.runs_table defaults to <checkpoint_table>_runs).
+TABLES = ("audit", "checkpoint", "checkpoint_runs")
 TASK_KINDS = [f.name for f in dataclasses.fields(Task) if f.name.endswith("_task")]
 
 
@@ -53,16 +64,17 @@ def normalise(name):
 
 @pytest.fixture(scope="module")
 def bundle():
-    """databricks.yml with every resources file it includes merged in, plus where each job came from."""
+    """databricks.yml with every resources file it includes merged in, plus where each resource came from."""
     root = yaml.safe_load(BUNDLE_FILE.read_text())
-    jobs, sources = {}, {}
+    resources = root.setdefault("resources", {})
+    sources = {}
     for pattern in root.get("include", []):
         for path in sorted(glob.glob(str(ROOT / pattern))):
             loaded = yaml.safe_load(Path(path).read_text()) or {}
-            for key, job in loaded.get("resources", {}).get("jobs", {}).items():
-                assert key not in jobs, f"job {key} is defined twice"
-                jobs[key], sources[key] = job, Path(path)
-    root.setdefault("resources", {}).setdefault("jobs", {}).update(jobs)
+            for kind, defined in loaded.get("resources", {}).items():
+                for key, resource in defined.items():
+                    assert key not in sources, f"resource {key} is defined twice"
+                    resources.setdefault(kind, {})[key], sources[key] = resource, Path(path)
     return {"config": root, "job_sources": sources}
 
 
@@ -79,6 +91,29 @@ def typed_jobs(bundle):
             except (ValueError, TypeError) as exc:
                 pytest.fail(f"target {target}, job {key} is not a valid Databricks job: {exc}")
     return typed
+
+
+def typed_resources(config, kind, cls):
+    """{target: {key: typed resource}}, with that target's variables resolved."""
+    typed = {}
+    for target in config["targets"]:
+        variables = target_variables(config, target)
+        for key, resource in config["resources"][kind].items():
+            try:
+                typed.setdefault(target, {})[key] = cls.from_dict(resolve(resource, variables))
+            except (ValueError, TypeError) as exc:
+                pytest.fail(f"target {target}, {kind} {key} is not valid: {exc}")
+    return typed
+
+
+@pytest.fixture(scope="module")
+def typed_alerts(bundle):
+    return typed_resources(bundle["config"], "alerts", Alert)
+
+
+@pytest.fixture(scope="module")
+def typed_dashboards(bundle):
+    return typed_resources(bundle["config"], "dashboards", Dashboard)
 
 
 @pytest.fixture(scope="module")
@@ -103,7 +138,8 @@ def bundle_files(bundle_config):
 
 
 def target_variables(bundle_config, target):
-    values = {name: spec.get("default") for name, spec in bundle_config.get("variables", {}).items()}
+    values = {name: STUB_LOOKUP_ID if "lookup" in spec else spec.get("default")
+              for name, spec in bundle_config.get("variables", {}).items()}
     values.update(bundle_config["targets"][target].get("variables") or {})
     return values
 
@@ -119,6 +155,16 @@ def resolve(value, variables):
         if whole:
             return variables[whole.group(1)]
         return VAR_REF.sub(lambda m: str(variables[m.group(1)]), value)
+    return value
+
+
+def without_empty(value):
+    """``value`` without the empty lists and mappings in it, nor those only they fill."""
+    if isinstance(value, dict):
+        value = {k: without_empty(v) for k, v in value.items()}
+        return {k: v for k, v in value.items() if v not in ([], {})}
+    if isinstance(value, list):
+        return [without_empty(v) for v in value]
     return value
 
 
@@ -211,8 +257,10 @@ def test_every_job_definition_loads_as_a_typed_job_in_every_target(bundle, typed
         assert set(jobs) == {AVAILABLE_NOW_JOB, CONTINUOUS_JOB}, target
         for key, job in jobs.items():
             assert isinstance(job, Job) and job.name, f"{target}/{key}"
-            # Round trip: nothing in the YAML was dropped or reshaped on the way in.
-            assert Job.from_dict(job.as_dict()) == job, f"{target}/{key}"
+            # Round trip: nothing in the YAML was dropped or reshaped on the way in (but empty lists, such
+            # as the notification variables' defaults, which mean nothing).
+            yaml_job = resolve(bundle["config"]["resources"]["jobs"][key], target_variables(bundle["config"], target))
+            assert job.as_dict() == without_empty(yaml_job), f"{target}/{key}"
 
 
 @pytest.mark.parametrize("misspell, error", [
@@ -238,6 +286,96 @@ def test_both_jobs_never_run_twice_at_once(typed_jobs):
     for target, jobs in typed_jobs.items():
         for key, job in jobs.items():
             assert job.max_concurrent_runs == 1, f"{target}/{key}: a job must not overlap itself"
+
+
+def test_the_jobs_report_their_failures_and_the_scheduled_one_its_long_runs(bundle, typed_jobs):
+    variables = bundle["config"]["variables"]
+    for target, jobs in typed_jobs.items():
+        for key, job in jobs.items():
+            # Notified to the destinations of the bundle's variables (empty by default: nobody is written to
+            # until someone says where).
+            assert job.email_notifications.on_failure == variables["notification_emails"]["default"] == []
+            assert job.webhook_notifications.on_failure == variables["notification_webhooks"]["default"] == []
+            source = yaml.safe_load(bundle["job_sources"][key].read_text())["resources"]["jobs"][key]
+            assert source["email_notifications"]["on_failure"] == "${var.notification_emails}", key
+            assert source["webhook_notifications"]["on_failure"] == "${var.notification_webhooks}", key
+        scheduled, continuous = jobs[AVAILABLE_NOW_JOB], jobs[CONTINUOUS_JOB]
+        [rule] = scheduled.health.rules
+        assert rule.metric == JobsHealthMetric.RUN_DURATION_SECONDS
+        assert 0 < rule.value < scheduled.timeout_seconds, f"{target}: the warning must come before the timeout"
+        assert scheduled.email_notifications.on_duration_warning_threshold_exceeded == []
+        # A continuous run is meant to last: no timeout (0), no duration rule.
+        assert continuous.timeout_seconds == 0 and continuous.health is None, target
+
+
+def test_every_task_passes_the_job_and_job_run_ids_to_the_syphon(typed_jobs):
+    for key, job in typed_jobs["dev"].items():
+        args = build_parser().parse_args(the_task(job).python_wheel_task.parameters)
+        assert (args.job_id, args.job_run_id) == ("{{job.id}}", "{{job.run_id}}"), key
+        assert args.log_format == "text", key
+
+
+# --- the alerts and the dashboard ----------------------------------------------------------------
+
+def test_each_alert_fires_on_rows_of_its_query_on_a_warehouse_and_names_only_the_syphons_tables(
+        bundle, typed_alerts):
+    config = bundle["config"]
+    assert set(config["resources"]["alerts"]) == {"backlog_syphon_stalled", "backlog_syphon_dead_letters",
+                                                   "backlog_syphon_last_run"}
+    for target, alerts in typed_alerts.items():
+        variables = target_variables(config, target)
+        for key, alert in alerts.items():
+            assert alert.warehouse_id == STUB_LOOKUP_ID, f"{key}: the warehouse comes from var.warehouse_id"
+            evaluation = alert.evaluation
+            # Its query returns rows only in the bad state: any row (a count above 0) fires, none is OK.
+            assert (evaluation.comparison_operator, evaluation.threshold.value.double_value) == (
+                ComparisonOperator.GREATER_THAN, 0), key
+            assert evaluation.empty_result_state == AlertEvaluationState.OK, key
+            assert isinstance(evaluation.source.aggregation, Aggregation), key
+            assert evaluation.source.name in alert.query_text, f"{key}: {evaluation.source.name} is not selected"
+            assert alert.schedule.pause_status == SchedulePauseStatus(variables["alerts_pause_status"]), key
+            prefix = f"{variables['catalog']}.{variables['schema']}."
+            named = set(re.findall(r"(?:FROM|JOIN)\s+([\w.]+)", alert.query_text))
+            assert named and named <= {prefix + table for table in TABLES}, f"{key} reads {named}"
+        assert (target == "prod") == (
+            alerts["backlog_syphon_stalled"].schedule.pause_status == SchedulePauseStatus.UNPAUSED)
+
+
+def test_the_typed_validation_rejects_a_misspelt_alert(bundle):
+    alert = resolve(bundle["config"]["resources"]["alerts"]["backlog_syphon_last_run"],
+                    target_variables(bundle["config"], "dev"))
+    Alert.from_dict(copy.deepcopy(alert))
+    alert["evaluation"]["comparision_operator"] = "GREATER_THAN"
+    with pytest.raises((ValueError, TypeError), match="Unexpected field 'comparision_operator'"):
+        Alert.from_dict(alert)
+
+
+def test_the_dashboard_file_has_a_dataset_for_every_widget_on_the_syphons_tables(bundle, typed_dashboards):
+    declared_in = bundle["job_sources"]["backlog_syphon"]
+    for target, dashboards in typed_dashboards.items():
+        dashboard = dashboards["backlog_syphon"]
+        variables = target_variables(bundle["config"], target)
+        # Its queries name tables without catalog and schema: the dashboard's dataset defaults supply them.
+        assert (dashboard.dataset_catalog, dashboard.dataset_schema) == (variables["catalog"], variables["schema"])
+        assert dashboard.warehouse_id == STUB_LOOKUP_ID
+    path = (declared_in.parent / dashboard.file_path).resolve()
+    assert path.name.endswith(".lvdash.json") and path.is_file(), path
+    content = json.loads(path.read_text())
+    datasets = {dataset["name"]: "".join(dataset["queryLines"]) for dataset in content["datasets"]}
+    assert set(datasets) == {"moved", "oldest_age", "remaining", "dead_letter_reasons", "runs", "progress"}
+    for name, sql in datasets.items():
+        named = set(re.findall(r"(?:FROM|JOIN)\s+([\w.]+)", sql))
+        assert named and named <= set(TABLES), f"{name} reads {named}"
+    widgets = [item["widget"] for page in content["pages"] for item in page["layout"]]
+    for widget in widgets:
+        for query in widget["queries"]:
+            assert query["query"]["datasetName"] in datasets, widget["name"]
+        fields = {field["name"] for query in widget["queries"] for field in query["query"]["fields"]}
+        encodings = widget["spec"]["encodings"]
+        used = [e["fieldName"] for e in encodings.get("columns", [])] + [
+            e["fieldName"] for name, e in encodings.items() if name != "columns"]
+        assert set(used) <= fields, f"{widget['name']} shows fields its query does not ask for"
+    assert {query["query"]["datasetName"] for widget in widgets for query in widget["queries"]} == set(datasets)
 
 
 def test_one_job_is_scheduled_and_the_other_continuous(typed_jobs):

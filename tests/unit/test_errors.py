@@ -19,7 +19,7 @@ from backlog_syphon.errors import (
 
 def test_exit_codes_are_the_command_lines_contract():
     assert (errors.EXIT_OK, errors.EXIT_BATCH_FAILED, errors.EXIT_SETTINGS, errors.EXIT_LEASE_HELD,
-            errors.EXIT_NOT_DRAINED) == (0, 1, 2, 3, 4)
+            errors.EXIT_NOT_DRAINED, errors.EXIT_DEAD_LETTERS) == (0, 1, 2, 3, 4, 5)
 
 
 @pytest.mark.parametrize("error, exit_code, retryable", [

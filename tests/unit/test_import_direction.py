@@ -46,6 +46,7 @@ PURE_MODULES = (
     "backlog_syphon.servicebus.access",
     "backlog_syphon.run.lease",
     "backlog_syphon.run.dry_run_plan",
+    "backlog_syphon.run.verdict",
 )
 
 FORBIDDEN_PREFIXES = (
@@ -146,7 +147,8 @@ def test_importing_the_package_stays_cheap_and_the_public_api_loads_on_use():
 
     check = ("import sys, backlog_syphon\n"
              "assert not [m for m in sys.modules if m.startswith(('pyspark', 'azure', 'delta'))], 'eager import'\n"
-             "assert sorted(backlog_syphon.__all__) == ['SyphonConfig', 'dry_run', 'load_config', 'run_syphon']\n"
+             "assert sorted(backlog_syphon.__all__) == ['SyphonConfig', 'dry_run', 'load_config', 'run_syphon', "
+             "'status']\n"
              "from backlog_syphon import SyphonConfig, load_config\n"
              "from backlog_syphon.config import SyphonConfig as Config\n"
              "assert SyphonConfig is Config and callable(load_config)\n")

@@ -71,6 +71,29 @@ def progress_line(point: ProgressPoint) -> str:
             + (f" ({remaining})" if remaining else ""))
 
 
+def progress_fields(point: ProgressPoint) -> dict:
+    """The progress line's facts, as fields of its JSON log line (``run.logs``)."""
+    fields = {"event": "batch", "batch_id": point.batch_id, "remaining": dict(point.remaining),
+              "remaining_total": point.remaining_total}
+    stats = point.stats
+    if stats is None:
+        return {**fields, "idle": True}
+    pacing = stats.pacing
+    measured = pacing.send_rate if pacing is not None else None
+    if measured is None and stats.send_seconds > 0:
+        measured = stats.delivered / stats.send_seconds
+    fields.update(
+        delivered=stats.delivered, dead_lettered=stats.dead_lettered, skipped=stats.skipped, held=stats.held,
+        replayed=stats.replayed, send_seconds=round(stats.send_seconds, 3),
+        oldest_message_age_seconds=None if stats.oldest_enqueued is None else
+        round((point.at - stats.oldest_enqueued).total_seconds(), 1),
+        send_rate=None if measured is None else round(measured, 1))
+    if pacing is not None:
+        fields.update(send_rate_cap=pacing.cap, throttled=pacing.throttled,
+                      slowed_seconds=round(pacing.slowed_seconds, 1), rate_limit=pacing.rate_limit)
+    return fields
+
+
 def send_rate_text(stats: BatchStats) -> str:
     """``send rate 198 msg/s (cap 200)``, and when the primary throttled: how often, for how long, and
     the rate allowed at the end. The send tasks' own measure (first to last send) where they reported
@@ -136,7 +159,7 @@ class SyphonProgressListener(StreamingQueryListener):
             with self._lock:
                 self.points.append(point)
             if self.log_lines:
-                logger.info("%s", progress_line(point))
+                logger.info("%s", progress_line(point), extra=progress_fields(point))
 
     def onQueryIdle(self, event) -> None:
         pass

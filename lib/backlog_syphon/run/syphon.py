@@ -12,7 +12,6 @@ import logging
 import os
 import tempfile
 import time
-import uuid
 from dataclasses import dataclass
 from typing import Callable
 
@@ -21,11 +20,12 @@ from pyspark.sql.streaming import StreamingQuery
 
 from backlog_syphon.config import AVAILABLE_NOW, SyphonConfig, trigger_options
 from backlog_syphon.errors import SettingsError
-from backlog_syphon.model import STAYING_OUTCOMES, Outcome
+from backlog_syphon.model import STAYING_OUTCOMES, JobIds, Outcome, new_run_id
 from backlog_syphon.restore.queue_names import backlog_queue_names, dead_letter_queue_name
 from backlog_syphon.run import reports
 from backlog_syphon.run.fence import LeaseKeeper
 from backlog_syphon.run.progress import BatchStats, ProgressPoint, SyphonProgressListener, follow_progress
+from backlog_syphon.run.runs import RunRecorder
 from backlog_syphon.run.spark_session import is_connect, spark_line
 from backlog_syphon.sink.batch import NOTHING_RECORDED, Recovery
 from backlog_syphon.sink.foreach_batch import DeliverySink, read_recovery
@@ -62,6 +62,7 @@ class RunSummary:
     timeline: Timeline | None = None  # when the run reached each step (printed with --verbose)
     # A re-drive: ``remaining`` counts the dead-letter sub-queues, where what it left stays by design.
     redrive: bool = False
+    stopped: bool = False  # it stopped on request (a signal, a timeout) at a batch boundary
 
     @property
     def held(self) -> dict[str, int]:
@@ -346,7 +347,7 @@ def start_syphon(spark: SparkSession, config: SyphonConfig, *, run_id: str | Non
     then it waits, telling ``on_wait`` once).
     """
     timeline = timeline if timeline is not None else Timeline()
-    run_id = run_id or f"{dt.datetime.now(dt.timezone.utc):%Y%m%dT%H%M%SZ}-{uuid.uuid4().hex[:8]}"
+    run_id = run_id or new_run_id(dt.datetime.now(dt.timezone.utc))
     config = run_config(config, run_id)
     storage = config.storage
     keeper = LeaseKeeper(lease_table=storage.resolved_lease_table, lease_key=lease_key(config), run_id=run_id,
@@ -422,13 +423,29 @@ def start_query(start: Callable[[], StreamingQuery], *, attempts: int = QUERY_ST
 def run_syphon(spark: SparkSession, config: SyphonConfig, *, run_id: str | None = None,
                timeout_seconds: float | None = None, on_progress: Callable[[str], None] | None = None,
                check_access: bool = True, on_start: Callable[[SyphonRun], None] | None = None,
-               timeline: Timeline | None = None) -> RunSummary:
+               timeline: Timeline | None = None, job: JobIds | None = None) -> RunSummary:
     """Run until an available-now run has drained what was there (or the query stops); summarise.
 
     ``check_access``: see ``start_syphon``. ``on_progress`` receives one line per micro-batch, from
     this thread, while the run goes on; ``on_start`` gets the started run (to ask it to stop);
-    ``timeline``: see ``start_syphon``.
+    ``timeline``: see ``start_syphon``. Once the run has ended and given its lease back, its row goes
+    to the runs table (``run.runs``; ``job``: the Databricks job run it belongs to), also when it failed.
     """
+    recorder = RunRecorder(spark, config, run_id or new_run_id(dt.datetime.now(dt.timezone.utc)), job=job)
+    try:
+        summary = _run_syphon(spark, config, run_id=recorder.run_id, timeout_seconds=timeout_seconds,
+                              on_progress=on_progress, check_access=check_access,
+                              on_start=recorder.watching(on_start), timeline=timeline)
+    except Exception as exc:
+        recorder.failed(exc)
+        raise
+    recorder.ended(summary)
+    return summary
+
+
+def _run_syphon(spark: SparkSession, config: SyphonConfig, *, run_id: str, timeout_seconds: float | None,
+                on_progress: Callable[[str], None] | None, check_access: bool,
+                on_start: Callable[[SyphonRun], None], timeline: Timeline | None) -> RunSummary:
     run = start_syphon(spark, config, run_id=run_id, log_progress=on_progress is None, on_wait=on_progress,
                        check_access=check_access, timeline=timeline)
     try:
@@ -499,6 +516,7 @@ def summarise_run(config: SyphonConfig, run: SyphonRun) -> RunSummary:
 
     summary = RunSummary(run_id=run.sink.run_id, per_destination=run.records.per_destination(),
                          remaining=peek_counts(config.secondary, source_queues(config)),
-                         progress=tuple(run.listener.points), timeline=run.timeline, redrive=config.redriving)
+                         progress=tuple(run.listener.points), timeline=run.timeline, redrive=config.redriving,
+                         stopped=os.path.exists(run.stop_file))
     run.timeline.mark(Milestone.SUMMARISED)
     return summary

@@ -92,6 +92,19 @@ def peek_sequence_numbers(receiver, first: int, last: int) -> list[int]:
     return [seq for seq, _ in peek_identities(receiver, first, last)]
 
 
+def administration_client(namespace: NamespaceConfig):
+    """A ``ServiceBusAdministrationClient`` for the namespace (the caller closes it), or None for the local
+    emulator, which has no administration endpoint (the client always uses https)."""
+    from azure.servicebus.management import ServiceBusAdministrationClient
+    if namespace.connection_string is not None:
+        if "UseDevelopmentEmulator=true" in namespace.connection_string.reveal():
+            return None
+        return ServiceBusAdministrationClient.from_connection_string(namespace.connection_string.reveal())
+    if namespace.use_development_emulator:
+        return None
+    return ServiceBusAdministrationClient(namespace.fully_qualified_namespace, credential_for(namespace.azure_ad))
+
+
 _DISCOVERY_REFUSAL_TOLD = []  # the warning that discovery is not granted is given once per process
 
 
@@ -103,16 +116,9 @@ def list_backlog_queues(namespace: NamespaceConfig, primary_namespace: str) -> l
     ``0..queue_count-1``. A refusal is said once, as a warning (``access.discovery_skipped_line``).
     """
     try:
-        from azure.servicebus.management import ServiceBusAdministrationClient
-        if namespace.connection_string is not None:
-            if "UseDevelopmentEmulator=true" in namespace.connection_string.reveal():
-                return None  # the administration client always uses https; the emulator has none
-            admin = ServiceBusAdministrationClient.from_connection_string(namespace.connection_string.reveal())
-        elif namespace.use_development_emulator:
+        admin = administration_client(namespace)
+        if admin is None:
             return None
-        else:
-            admin = ServiceBusAdministrationClient(namespace.fully_qualified_namespace,
-                                                   credential_for(namespace.azure_ad))
         with admin:
             return sorted(q.name for q in admin.list_queues() if is_backlog_queue_name(q.name, primary_namespace))
     except Exception as exc:  # noqa: BLE001 - discovery is best effort by design

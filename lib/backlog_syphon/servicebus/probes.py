@@ -105,15 +105,16 @@ def _causes(exc: BaseException):
     return seen
 
 
-def preflight(config: SyphonConfig, *, timeout_seconds: float = PREFLIGHT_TIMEOUT_SECONDS) -> None:
+def preflight(config: SyphonConfig, *, timeout_seconds: float = PREFLIGHT_TIMEOUT_SECONDS,
+              primary: bool = True) -> None:
     """Check both namespaces before the stream starts; raise ``PreflightError`` with what to fix.
 
     Authenticates to the secondary namespace and peeks one message of every configured backlog queue
     (at once; a peek locks nothing), so a right missing on one queue is named; then authenticates to the
-    primary namespace and attaches a sender to the destination of each queue's first message (or to a
-    probe entity when the backlog is empty), without sending. A destination that alone refuses Send is
-    a warning (its messages will be dead-lettered with the reason); every destination refusing it is an
-    error. Nothing is sent, locked or settled. Bounded in time: a namespace that does not answer is
+    primary namespace (unless ``primary`` is False: the status command reads the secondary only) and
+    attaches a sender to the destination of each queue's first message (or to a probe entity when the
+    backlog is empty), without sending. A destination that alone refuses Send is a warning (its
+    messages will be dead-lettered with the reason); every destination refusing it is an error. Nothing is sent, locked or settled. Bounded in time: a namespace that does not answer is
     reported, not waited for.
     """
     queues = backlog_queue_names(config.primary.namespace, config.backlog.queue_count)
@@ -124,6 +125,8 @@ def preflight(config: SyphonConfig, *, timeout_seconds: float = PREFLIGHT_TIMEOU
 
     def check() -> None:
         destinations = _preflight_secondary(config.secondary, queues)
+        if not primary:
+            return
         stage[0] = "primary"
         _preflight_primary(config.primary, destinations)
 

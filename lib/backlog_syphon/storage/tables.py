@@ -7,6 +7,7 @@
   only writer), under the same transaction identifiers.
 - ``lease``: the row saying which run may deliver from the backlog, until when (see ``run.lease``),
   written as a compare-and-set on its epoch (see ``write_lease``), so of two runs racing for it one wins.
+- ``runs``: one row per run, appended once the run has ended (see ``append_run``).
 Each is created by its first write, with a fixed schema, and is readable by any Delta reader; until
 then reading it finds nothing recorded.
 
@@ -25,7 +26,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import DateType, StructField, StructType
 
-from backlog_syphon.model import CheckpointRow, Lease, Outcome
+from backlog_syphon.model import CheckpointRow, Lease, Outcome, RunRow
 from backlog_syphon.restore.queue_names import DEAD_LETTER_SUBQUEUE
 from backlog_syphon.restore.rows import OUTCOME_ROW_SCHEMA, arrow_schema, record_batch, struct_of
 from backlog_syphon.storage.commit_lock import commit_lock
@@ -41,6 +42,7 @@ CHECKPOINT_SCHEMA = struct_of(CheckpointRow)
 _CHECKPOINT_DEFAULTS = {"incarnation": 1, "delivered_enqueued_ms": None, "purged_enqueued_ms": None,
                         "ended_run_id": None}
 LEASE_SCHEMA = struct_of(Lease)
+RUNS_SCHEMA = struct_of(RunRow)
 # The checkpoint and lease tables are rewritten whole (a row per queue, one row) by a commit per batch
 # and a few per run. Delta writes a checkpoint of a table's log every ``checkpointInterval`` commits
 # (10 by default), five Spark jobs (seconds) in the commit that makes it. Their logs are small (an add
@@ -359,6 +361,47 @@ def write_lease(spark: SparkSession, lease_table: str, lease: Lease, *, confirm:
         return True
     written = read_lease(spark, lease_table)
     return written is not None and (written.epoch, written.run_id) == (lease.epoch, lease.run_id)
+
+
+# --- the runs table, and what the status command reads -------------------------------------------
+
+def append_run(spark: SparkSession, runs_table: str, row: RunRow) -> None:
+    """Append a run's row, creating the table first where it does not exist (a table an older version
+    made gets the columns it lacks, as the others do). Runs append blindly, so two never conflict; on a
+    local path their commits still take turns (``commit_lock``)."""
+    create_table(spark, runs_table, RUNS_SCHEMA)
+    writer = local_frame(spark, [row], RUNS_SCHEMA).write.format("delta").mode("append")
+    with commit_lock(spark, runs_table):
+        if _is_path(runs_table):
+            writer.save(runs_table)
+        else:
+            writer.saveAsTable(runs_table)
+
+
+def read_runs(spark: SparkSession, runs_table: str, limit: int) -> list[RunRow]:
+    """The last ``limit`` runs, newest first; none before the table's first write."""
+    table = existing_table(spark, runs_table)
+    if table is None:
+        return []
+    rows = table.orderBy(F.desc("ended_at")).limit(limit).collect()
+    return [RunRow(**{name: _utc(row[name]) if name.endswith("_at") else row[name]
+                      for name in RUNS_SCHEMA.fieldNames()}) for row in rows]
+
+
+def held_by_destination(spark: SparkSession, audit_table: str, checkpoint: dict[str, CheckpointRow],
+                        destinations: tuple[str, ...]) -> dict[str, int]:
+    """Per destination among ``destinations`` (names as sent, compared case-insensitively), the messages
+    whose latest outcome is ``held``: left in the backlog on purpose, and not sent since. Only rows above
+    the purge marks are read (``recorded_unsettled``): the marks never pass a held message."""
+    rows = recorded_unsettled(spark, audit_table, checkpoint) if destinations else None
+    if rows is None:
+        return {}
+    latest = (rows.groupBy("backlog_queue", "sequence_number", "enqueued_time")
+              .agg(F.max_by("outcome", "outcome_time").alias("outcome"),
+                   F.max_by("destination", "outcome_time").alias("destination")))
+    held = latest.where((F.col("outcome") == Outcome.HELD)
+                        & F.lower("destination").isin([name.lower() for name in destinations]))
+    return {row["destination"]: row["count"] for row in held.groupBy("destination").count().collect()}
 
 
 _CREATION_WAIT_POLLS = 40  # half a second apart: a first commit on slow storage

@@ -1,0 +1,303 @@
+"""How a run ended and how a backlog stands, decided on plain values: the exit code and closing line of a
+run, its row in the runs table, and the status command's report and verdict. Pure: no Spark, no
+Service Bus, no tables (``run.runs`` and ``run.status`` do the I/O).
+
+The exit codes are one family (``errors.EXIT_*``), so a script, a cron job or a job task can act on
+either command: 0 done or drained, 1 a batch failed, 2 a setting is wrong, 3 a run holds the lease,
+4 messages wait in the backlog, 5 (status only) the backlog is drained but its dead-letter
+sub-queues are not.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+from collections import Counter
+from dataclasses import dataclass
+from typing import Iterable, Mapping
+
+from backlog_syphon.config import AVAILABLE_NOW
+from backlog_syphon.errors import (
+    BATCH_FAILED_MARK,
+    EXIT_BATCH_FAILED,
+    EXIT_DEAD_LETTERS,
+    EXIT_LEASE_HELD,
+    EXIT_NOT_DRAINED,
+    EXIT_OK,
+    SyphonError,
+)
+from backlog_syphon.model import (
+    BacklogState,
+    BatchStats,
+    BrokerCount,
+    CheckpointRow,
+    JobIds,
+    Lease,
+    Outcome,
+    RunRow,
+)
+
+STOPPED_LINE = "stopped on request at a batch boundary; the next run resumes from the tables"
+
+
+@dataclass(frozen=True)
+class RunEnd:
+    """How a run ended: what the command line exits with, and its closing line."""
+
+    exit_code: int
+    line: str
+
+
+def closing_line(exc: BaseException) -> str:
+    """The one line that ends a failed run. A batch failure says its batch, step and cause, and that
+    nothing was lost; Spark Connect hands the client only its text, where the sink's line is found."""
+    text = str(exc)
+    at = text.rfind(BATCH_FAILED_MARK)
+    if at >= 0:
+        line = text[at + len(BATCH_FAILED_MARK):].strip().splitlines()[0]
+        return (f"{line}. Nothing was lost: the next run resumes safely from the audit and checkpoint tables")
+    if isinstance(exc, SyphonError):
+        return text
+    first = (text.strip().splitlines() or [""])[0][:300]
+    return f"the run failed: {type(exc).__name__}" + (f": {first}" if first else "")
+
+
+def failure_end(exc: BaseException) -> RunEnd:
+    """A run that raised: the syphon's own errors carry their exit code; anything else (Spark's
+    streaming exception around a batch failure under Spark Connect) is a failed batch."""
+    return RunEnd(exc.exit_code if isinstance(exc, SyphonError) else EXIT_BATCH_FAILED, closing_line(exc))
+
+
+def run_end(trigger: str, *, drained: bool, stopped: bool, remaining: Mapping[str, int], held: int,
+            redrive: bool) -> RunEnd:
+    """A run that ran through. A stop on request (a signal, ``--timeout``) is done at a batch boundary;
+    an available-now run that left messages other than the ones it held on purpose has not drained."""
+    left = sum(remaining.values())
+    if stopped:
+        return RunEnd(EXIT_OK, STOPPED_LINE)
+    if trigger == AVAILABLE_NOW and not drained:
+        return RunEnd(EXIT_NOT_DRAINED, f"{left} message(s) remain in the backlog (see 'remaining'): run again, "
+                                        f"or look at why")
+    if redrive:
+        return RunEnd(EXIT_OK, f"re-drive done; {left} message(s) stay in the dead-letter queues")
+    if held:
+        return RunEnd(EXIT_OK, f"drained; {held} message(s) left in the backlog for restore.skip_destinations")
+    return RunEnd(EXIT_OK, "drained")
+
+
+def run_row(*, run_id: str, source: str, trigger: str, job: JobIds, started_at: dt.datetime,
+            ended_at: dt.datetime, end: RunEnd, per_destination: Mapping[str, Mapping[str, int]],
+            remaining: Mapping[str, int] | None, batches: Iterable[BatchStats | None]) -> RunRow:
+    """The run's row in the runs table: what it recorded per outcome, what it left, how it was throttled."""
+    counts: Counter = Counter()
+    for by_outcome in per_destination.values():
+        counts.update({outcome: count or 0 for outcome, count in by_outcome.items()})
+    stats = [batch for batch in batches if batch is not None]
+    paced = [batch.pacing for batch in stats if batch.pacing is not None]
+    throttled = sum(pacing.slowed_seconds for pacing in paced) if paced or not stats else None
+    return RunRow(
+        run_id=run_id, source=source, trigger=trigger, job_id=job.job_id, job_run_id=job.job_run_id,
+        started_at=started_at, ended_at=ended_at, exit_code=end.exit_code, closing_line=end.line,
+        delivered=counts[Outcome.DELIVERED], dead_lettered=counts[Outcome.DEAD_LETTERED],
+        skipped=counts[Outcome.SKIPPED_PING], held=counts[Outcome.HELD], not_selected=counts[Outcome.NOT_SELECTED],
+        remaining=None if remaining is None else dict(remaining),
+        remaining_total=None if remaining is None else sum(remaining.values()),
+        batches=len(stats), throttled_seconds=throttled)
+
+
+# --- the status command ---------------------------------------------------------------------------
+
+STATUS_EXIT_CODES = {BacklogState.DRAINED: EXIT_OK, BacklogState.LEASE_HELD: EXIT_LEASE_HELD,
+                     BacklogState.WAITING: EXIT_NOT_DRAINED, BacklogState.DEAD_LETTERS: EXIT_DEAD_LETTERS}
+
+
+@dataclass(frozen=True)
+class Verdict:
+    state: BacklogState
+    line: str
+
+    @property
+    def exit_code(self) -> int:
+        return STATUS_EXIT_CODES[self.state]
+
+
+@dataclass(frozen=True)
+class QueueStatus:
+    """One backlog queue or dead-letter sub-queue: what the broker holds, and the checkpoint table's row."""
+
+    queue: str
+    count: BrokerCount
+    checkpoint: CheckpointRow | None = None
+
+
+@dataclass(frozen=True)
+class StatusReport:
+    """What ``--status`` shows: the broker's counts now, the tables' marks, the lease and the last runs."""
+
+    at: dt.datetime
+    backlog: tuple[QueueStatus, ...]
+    dead_letters: tuple[QueueStatus, ...]
+    lease: Lease | None
+    runs: tuple[RunRow, ...]  # newest first
+    # Per destination, messages the audit shows held (and not since sent) for a destination that
+    # restore.skip_destinations still names: waiting on purpose.
+    held: Mapping[str, int]
+    counted_by: str  # how the broker's counts were taken (see ``servicebus.counts``)
+    runs_table: str
+    # The run the checkpoint table names as ended (``CheckpointRow.ended_run_id``): a run gives its lease
+    # back with that last commit, so a lease of that run is free although its row has not expired.
+    ended_run_id: str | None = None
+
+    @property
+    def last_progress(self) -> dt.datetime | None:
+        """When a batch last recorded outcomes of the backlog queues."""
+        times = [q.checkpoint.updated_at for q in self.backlog if q.checkpoint is not None]
+        return max(times, default=None)
+
+    @property
+    def verdict(self) -> Verdict:
+        return status_verdict(self)
+
+    def lines(self) -> list[str]:
+        at = self.at
+        out = [f"backlog status at {at:%Y-%m-%d %H:%M:%S} UTC (read only: nothing was taken, written or settled)",
+               f"  {'backlog queue':<40} {'messages':>9} {'oldest':>8} {'incarnation':>11} {'delivered':>10} "
+               f"{'purged':>10}  last batch"]
+        for queue in self.backlog:
+            mark = queue.checkpoint
+            marks = (f" {mark.incarnation:>11} {mark.delivered_through:>10} {mark.purged_through:>10}  "
+                     f"{mark.updated_at:%Y-%m-%d %H:%M:%S} ({ago(at, mark.updated_at)} ago)") if mark else \
+                f" {'-':>11} {'-':>10} {'-':>10}  -"
+            out.append(f"  {queue.queue:<40} {_count_text(queue.count):>9} {_age_text(at, queue.count):>8}{marks}")
+        full = [queue for queue in self.dead_letters if queue.count.messages]
+        if full:
+            out.append(f"  {'dead-letter queue':<56} {'messages':>9} {'oldest':>8}  reasons")
+            for queue in full:
+                reasons = ", ".join(f"{reason} {n}" for reason, n in _by_count(queue.count.reasons))
+                if not queue.count.reasons_complete:
+                    reasons += f" (of the first {sum(queue.count.reasons.values())})"
+                out.append(f"  {queue.queue:<56} {_count_text(queue.count):>9} {_age_text(at, queue.count):>8}  "
+                           f"{reasons}")
+        empty = len(self.dead_letters) - len(full)
+        if empty:
+            out.append(f"  ({empty} {'other ' if full else ''}dead-letter queue(s) empty)")
+        out.append(f"  counted with {self.counted_by}")
+        out.append(f"  lease: {lease_text(self.lease, at, self.ended_run_id)}")
+        if self.held:
+            out.append(f"  held for restore.skip_destinations: {sum(self.held.values())} message(s) ("
+                       + ", ".join(f"{destination} {n}" for destination, n in sorted(self.held.items())) + ")")
+        out.append(f"  last runs ({self.runs_table}):" if self.runs else f"  no runs recorded yet in {self.runs_table}")
+        for run in self.runs:
+            moved = run.delivered + run.dead_lettered + run.skipped
+            left = "-" if run.remaining_total is None else run.remaining_total
+            job = f"  job run {run.job_run_id}" if run.job_run_id else ""
+            out.append(f"    {run.run_id}  {run.source:<12} {run.trigger:<14} ended {run.ended_at:%Y-%m-%d %H:%M:%S}  "
+                       f"exit {run.exit_code}  moved {moved}  left {left}{job}  {run.closing_line}")
+        out.append(f"verdict: {self.verdict.line}")
+        return out
+
+    def as_dict(self) -> dict:
+        """The report as JSON-ready values (``--status --log-format json``)."""
+        def queue_dict(queue: QueueStatus) -> dict:
+            count, mark = queue.count, queue.checkpoint
+            fields = {"queue": queue.queue, "messages": count.messages, "exact": count.exact,
+                      "oldest_enqueued": count.oldest_enqueued, "exists": count.exists}
+            if mark is not None:
+                fields.update(incarnation=mark.incarnation, delivered_through=mark.delivered_through,
+                              purged_through=mark.purged_through, last_batch_at=mark.updated_at)
+            return fields
+
+        verdict = self.verdict
+        return {"at": self.at, "verdict": verdict.line, "state": verdict.state.value, "exit_code": verdict.exit_code,
+                "backlog": [queue_dict(q) for q in self.backlog],
+                "dead_letters": [{**queue_dict(q), "reasons": q.count.reasons,
+                                  "reasons_complete": q.count.reasons_complete} for q in self.dead_letters],
+                "lease": None if self.lease is None else {**dataclasses.asdict(self.lease),
+                                                          "state": lease_text(self.lease, self.at,
+                                                                                      self.ended_run_id)},
+                "held": dict(self.held), "last_progress": self.last_progress, "counted_by": self.counted_by,
+                "runs": [dataclasses.asdict(run) for run in self.runs]}
+
+
+def status_verdict(report: StatusReport) -> Verdict:
+    """One line, most urgent first: a run holding the lease now, messages waiting that nobody delivers,
+    dead-letters, else drained. Messages the audit shows held for a destination restore.skip_destinations
+    still names wait on purpose: alone, they leave the backlog drained (as a run that held them exits 0)."""
+    at = report.at
+    waiting, waiting_exact = _total(report.backlog)
+    held = sum(report.held.values())
+    waiting_text = f"{'' if waiting_exact else 'at most '}{waiting}"
+    if held:
+        waiting_text += f" ({held} held for restore.skip_destinations)"
+    dead, dead_exact = _total(report.dead_letters)
+    dead_text = ""
+    if dead:
+        reasons: Counter = Counter()
+        for queue in report.dead_letters:
+            reasons.update(queue.count.reasons)
+        complete = all(queue.count.reasons_complete for queue in report.dead_letters)
+        listed = ", ".join(f"{reason} {n}" for reason, n in _by_count(reasons))
+        dead_text = (f"dead-letters: {'' if dead_exact else 'at most '}{dead} ("
+                     + (listed if complete else f"reasons of the first {sum(reasons.values())}: {listed}") + ")")
+    progress = report.last_progress
+    progress_text = "never" if progress is None else f"{ago(at, progress)} ago"
+    lease = report.lease
+    if lease is not None and lease_live(lease, at, report.ended_run_id):
+        line = f"lease held by {lease.holder} since {lease.acquired_at:%Y-%m-%d %H:%M:%S} UTC"
+        if waiting:
+            line += f"; {waiting_text} waiting, last progress {progress_text}"
+        return Verdict(BacklogState.LEASE_HELD, line + (f"; {dead_text}" if dead_text else ""))
+    if waiting > held:
+        line = f"{waiting_text} waiting, last progress {progress_text}"
+        return Verdict(BacklogState.WAITING, line + (f"; {dead_text}" if dead_text else ""))
+    held_text = f"; {waiting} message(s) held for restore.skip_destinations" if waiting else ""
+    if dead_text:
+        return Verdict(BacklogState.DEAD_LETTERS, dead_text + held_text)
+    return Verdict(BacklogState.DRAINED, "drained" + held_text)
+
+
+def lease_live(lease: Lease, at: dt.datetime, ended_run_id: str | None = None) -> bool:
+    """Whether a run holds ``lease`` at ``at``: not expired, and its run not named as ended (``run.fence``)."""
+    return lease.expires_at > at and lease.run_id != ended_run_id
+
+
+def lease_text(lease: Lease | None, at: dt.datetime, ended_run_id: str | None = None) -> str:
+    if lease is None:
+        return "never taken"
+    if lease.run_id == ended_run_id:
+        return f"free (given back by run {lease.run_id} with its last commit)"
+    if lease_live(lease, at):
+        return (f"held by {lease.holder} since {lease.acquired_at:%Y-%m-%d %H:%M:%S} UTC, until "
+                f"{lease.expires_at:%Y-%m-%d %H:%M:%S} UTC (extended while it runs)")
+    if lease.expires_at == lease.renewed_at:  # a release expires it at once (run.lease.released)
+        return f"free (released by run {lease.run_id} at {lease.expires_at:%Y-%m-%d %H:%M:%S} UTC)"
+    return (f"free (run {lease.run_id}'s lease expired at {lease.expires_at:%Y-%m-%d %H:%M:%S} UTC without being "
+            f"released: that run crashed or was killed)")
+
+
+def ago(at: dt.datetime, then: dt.datetime) -> str:
+    """``at - then`` for people: 42 s, 5 min, 3 h, 2 d."""
+    seconds = max(0.0, (at - then).total_seconds())
+    for unit, size, below in (("s", 1, 90), ("min", 60, 90 * 60), ("h", 3600, 48 * 3600)):
+        if seconds < below:
+            return f"{seconds / size:.0f} {unit}"
+    return f"{seconds / 86400:.0f} d"
+
+
+def _total(queues: Iterable[QueueStatus]) -> tuple[int, bool]:
+    queues = list(queues)
+    return sum(q.count.messages for q in queues), all(q.count.exact for q in queues)
+
+
+def _count_text(count: BrokerCount) -> str:
+    if not count.exists:
+        return "missing"
+    return str(count.messages) if count.exact else f"<={count.messages}"
+
+
+def _age_text(at: dt.datetime, count: BrokerCount) -> str:
+    return "-" if count.oldest_enqueued is None else ago(at, count.oldest_enqueued)
+
+
+def _by_count(reasons: Mapping[str, int]) -> list[tuple[str, int]]:
+    return sorted(reasons.items(), key=lambda item: (-item[1], item[0]))

@@ -1,0 +1,87 @@
+"""Counting a queue for the status command in a few peeks (``servicebus.counts``), against a queue of
+stored messages in memory."""
+
+import bisect
+import datetime as dt
+
+import pytest
+
+from backlog_syphon.model import BrokerCount
+from backlog_syphon.restore.amqp_message import DecodedMessage
+from backlog_syphon.servicebus.counts import (EXACT_COUNT_LIMIT, UNREADABLE, dead_letter_reason, last_sequence_number,
+                                              survey)
+
+ENQUEUED = dt.datetime(2026, 11, 27, 12, 0, tzinfo=dt.timezone.utc)
+
+
+class Queue:
+    """Stored messages by sequence number (built when peeked); counts the peeks a survey makes."""
+
+    def __init__(self, sequence_numbers, reason=None):
+        self.sequence_numbers = sorted(sequence_numbers)
+        self.reason = reason  # a DeadLetterReason, or one per message
+        self.peeks = 0
+
+    def peek(self, first, count):
+        self.peeks += 1
+        at = bisect.bisect_left(self.sequence_numbers, first)
+        return [self.stored(index) for index in range(at, min(at + count, len(self.sequence_numbers)))]
+
+    def stored(self, index):
+        seq = self.sequence_numbers[index]
+        reason = self.reason[index] if isinstance(self.reason, list) else self.reason
+        return DecodedMessage(message_annotations={"x-opt-sequence-number": seq,
+                                                   "x-opt-enqueued-time": ENQUEUED + dt.timedelta(seconds=seq)},
+                              application_properties={} if reason is None else {"DeadLetterReason": reason},
+                              body=(b"x",)).encode()
+
+
+def test_an_empty_queue_counts_zero_in_one_peek():
+    queue = Queue([])
+    assert survey(queue.peek, known=None, reasons=False) == BrokerCount(0, True, None, {})
+    assert queue.peeks == 1
+
+
+def test_a_small_queue_is_counted_exactly_with_its_oldest_message():
+    queue = Queue([5, 6, 9, 40])
+    assert survey(queue.peek, known=None, reasons=False) == BrokerCount(
+        4, True, ENQUEUED + dt.timedelta(seconds=5), {})
+    assert queue.peeks == 2  # the page, and one peek past it: a page may be cut short
+
+
+@pytest.mark.parametrize("size", [EXACT_COUNT_LIMIT + 1, 5_000, 1_000_000])
+def test_a_large_queue_gets_an_upper_bound_from_its_first_and_last_sequence_numbers(size):
+    queue = Queue(range(1_000, 1_000 + size))
+    found = survey(queue.peek, known=None, reasons=False)
+    assert (found.messages, found.exact) == (size, False)
+    # doubling steps from the page's end, then halving the last step: about 2 log2(size) single peeks
+    assert queue.peeks <= 3 + (size // EXACT_COUNT_LIMIT).bit_length() + (2 * size).bit_length(), queue.peeks
+
+
+def test_the_last_sequence_number_is_found_across_gaps():
+    present = sorted({3, 4, 900, 901, 7_000, 123_456} | set(range(10, 60)))
+    for known in (3, 901):
+        calls = []
+
+        def probe(seq):
+            calls.append(seq)
+            return next((s for s in present if s >= seq), None)
+
+        assert last_sequence_number(known, probe) == 123_456
+        assert len(calls) <= 2 * 123_456 .bit_length() + 2
+
+
+def test_the_administration_apis_count_is_taken_and_one_peek_gives_the_age():
+    queue = Queue(range(1, 500))
+    assert survey(queue.peek, known=499, reasons=False) == BrokerCount(
+        499, True, ENQUEUED + dt.timedelta(seconds=1), {})
+    assert queue.peeks == 1
+
+
+def test_a_dead_letter_queues_reasons_are_tallied_from_its_first_page():
+    queue = Queue([1, 2, 3], reason=["missing_path", "MaxDeliveryCountExceeded", "missing_path"])
+    assert survey(queue.peek, known=None, reasons=True).reasons == {"missing_path": 2, "MaxDeliveryCountExceeded": 1}
+    big = Queue(range(1, 300), reason="TTLExpiredException")
+    found = survey(big.peek, known=None, reasons=True)
+    assert found.reasons == {"TTLExpiredException": EXACT_COUNT_LIMIT} and not found.reasons_complete
+    assert dead_letter_reason(b"\x00not amqp") == UNREADABLE
