@@ -122,7 +122,9 @@ def test_status_runs_table_and_alerts_through_a_backlogs_life(spark, emulator, t
     drained = status(spark, config)
     assert (drained.verdict.state, drained.verdict.exit_code, drained.verdict.line) == (
         BacklogState.DRAINED, 0, "drained")
-    assert drained.lease is not None and drained.lease.expires_at == drained.lease.renewed_at  # released
+    # Given back with the run's last commit: the checkpoint rows name the run as ended.
+    assert drained.lease is not None and drained.ended_run_id == drained.lease.run_id
+    assert "lease: free (given back by run " in "\n".join(drained.lines())
     assert sum(q.checkpoint.delivered_count for q in drained.backlog if q.checkpoint) == 20
     [first] = runs()
     assert (first.exit_code, first.closing_line, first.delivered, first.remaining_total, first.job_id,
