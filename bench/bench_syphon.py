@@ -304,6 +304,21 @@ def _restored(message):
                                                    message_id=message.message_id, application_properties=kept)
 
 
+def _send_in_batches(sender, messages) -> None:
+    """``messages`` in as few sends as the entity's largest message batch allows (large bodies need several)."""
+    from azure.servicebus.exceptions import MessageSizeExceededError
+
+    batch = sender.create_message_batch()
+    for message in messages:
+        try:
+            batch.add_message(message)
+        except MessageSizeExceededError:
+            sender.send_messages(batch)
+            batch = sender.create_message_batch()
+            batch.add_message(message)
+    sender.send_messages(batch)
+
+
 def move_queue(backlog, primary, queue: str, count: int, deadline: float, *, batched: bool) -> int:
     """One backlog queue, page by page (PeekLock, prefetch 100): send each page's messages (``batched``:
     consecutive messages for the same destination and session in one send), then complete each one."""
@@ -327,12 +342,12 @@ def move_queue(backlog, primary, queue: str, count: int, deadline: float, *, bat
                         senders[destination].send_messages(restored)
                         continue
                     if (destination, session) != run_key and run:
-                        senders[run_key[0]].send_messages(run)
+                        _send_in_batches(senders[run_key[0]], run)
                         run = []
                     run_key = (destination, session)
                     run.append(restored)
                 if run:
-                    senders[run_key[0]].send_messages(run)
+                    _send_in_batches(senders[run_key[0]], run)
                 for message in page:
                     receiver.complete_message(message)
                 moved += len(page)

@@ -186,7 +186,7 @@ class StorageConfig:
 @dataclass(frozen=True)
 class RunConfig:
     trigger: str = AVAILABLE_NOW  # or a processing-time interval such as "10 seconds"
-    # Bigger batches spread each batch's fixed cost (two Delta commits, a few Spark jobs) over more
+    # Bigger batches spread each batch's fixed cost (a Delta commit, a few Spark jobs) over more
     # messages; the driver holds aggregates only, so its memory does not grow with them.
     max_messages_per_trigger: int = 10000
     query_name: str = "backlog-syphon"
