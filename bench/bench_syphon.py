@@ -219,6 +219,11 @@ def backlog_queue_names() -> list[str]:
     return [f"{PRIMARY}/x-servicebus-transfer/{index}" for index in range(BACKLOG_QUEUES)]
 
 
+def requests(ops: collections.Counter) -> int:
+    """The broker requests among ``ops``: ``peek_one`` counts the single-message ones again among ``peek``."""
+    return sum(n for kind, n in ops.items() if kind != "peek_one")
+
+
 def broker_ops(emu) -> collections.Counter:
     """Every entity's ``ops`` counters in both namespaces, summed per kind of operation."""
     total: collections.Counter = collections.Counter()
@@ -647,7 +652,7 @@ def measure_idle(probe_max: float, args) -> dict:
             child_result(child, "syphon", workdir, 300)
     from backlog_syphon.config import RunConfig
 
-    per_queue_hour = sum(ops.values()) / BACKLOG_QUEUES / window * 3600
+    per_queue_hour = requests(ops) / BACKLOG_QUEUES / window * 3600
     expected = 3600 / probe_max
     default = RunConfig().idle_probe_max_seconds
     return {"probe_max_seconds": probe_max, "window_seconds": window, "ops": dict(ops),
@@ -816,7 +821,7 @@ def run_bench(args) -> int:
     idle = measure_idle(args.idle_probe_seconds, args) if args.idle_probe_seconds else None
     figures["idle"] = idle
     if idle:
-        progress(f"idle: {sum(idle['ops'].values())} broker ops in {idle['window_seconds']:g} s: {idle['ops']}")
+        progress(f"idle: {requests(collections.Counter(idle['ops']))} broker requests in {idle['window_seconds']:g} s: {idle['ops']}")
 
     figures["seconds"] = time.monotonic() - began
     print()
