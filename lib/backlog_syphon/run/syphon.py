@@ -491,10 +491,8 @@ def refuse_unbounded_batch(config: SyphonConfig, spark_version: str) -> None:
 def backlog_spans(namespace, queues) -> dict[str, int]:
     """Per queue, how many sequence numbers lie between its first message and its last (an upper bound
     on the messages in it), found with a few single-message peeks each; a missing queue holds none."""
-    from concurrent.futures import ThreadPoolExecutor
-
     from backlog_syphon.errors import BacklogQueueMissingError
-    from backlog_syphon.servicebus.clients import pooled_receiver
+    from backlog_syphon.servicebus.clients import each_at_once, pooled_receiver
     from backlog_syphon.servicebus.peek import first_identity_from
     from backlog_syphon.source.planning import tail_end
 
@@ -506,9 +504,7 @@ def backlog_spans(namespace, queues) -> dict[str, int]:
         except BacklogQueueMissingError:
             return 0
 
-    queues = list(queues)
-    with ThreadPoolExecutor(max_workers=max(1, min(8, len(queues))), thread_name_prefix="span") as pool:
-        return dict(zip(queues, pool.map(span, queues)))
+    return each_at_once(queues, span, name="span")
 
 
 def summarise_run(config: SyphonConfig, run: SyphonRun) -> RunSummary:

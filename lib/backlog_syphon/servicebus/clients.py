@@ -15,7 +15,7 @@ import hashlib
 import logging
 import threading
 from contextlib import contextmanager
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, TypeVar
 
 from azure.servicebus import ServiceBusClient, ServiceBusReceiveMode
 
@@ -147,15 +147,32 @@ def discard_sender(namespace: NamespaceConfig, destination: str) -> None:
     _POOL.discard(namespace, "primary", ("sender", destination))
 
 
+LINKS_AT_ONCE = 32  # links of different entities at once: each waits on its own connection, nearly all on the network
+
+K = TypeVar("K")
+T = TypeVar("T")
+
+
+def each_at_once(items: Iterable[K], work: Callable[[K], T], *, name: str) -> dict[K, T]:
+    """``{item: work(item)}``, the items' work concurrently (up to ``LINKS_AT_ONCE`` threads named ``name``):
+    one round trip of time for many entities where one after the other would cost one per entity. The
+    first error raises; a single item runs in this thread."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    items = list(items)
+    if len(items) <= 1:
+        return {item: work(item) for item in items}
+    with ThreadPoolExecutor(max_workers=min(LINKS_AT_ONCE, len(items)), thread_name_prefix=name) as pool:
+        return dict(zip(items, pool.map(work, items)))
+
+
 def open_in_parallel(handlers: Iterable) -> None:
     """Open SDK senders or receivers concurrently instead of one after the other.
 
     Each opens its own connection, a few round trips (``sdk_internals.prompt``), almost all of it
-    waiting on the network; so up to 32 open at once. A failure is left for the first real operation
-    on the handler to report.
+    waiting on the network; so they open at once (``each_at_once``). A failure is left for the first real
+    operation on the handler to report.
     """
-    from concurrent.futures import ThreadPoolExecutor
-
     def open_one(handler) -> None:
         try:
             sdk_internals.open_with_retry(handler)  # what the first operation would do
@@ -164,5 +181,4 @@ def open_in_parallel(handlers: Iterable) -> None:
 
     handlers = list(handlers)
     if len(handlers) > 1:
-        with ThreadPoolExecutor(max_workers=min(32, len(handlers)), thread_name_prefix="open-link") as pool:
-            list(pool.map(open_one, handlers))
+        each_at_once(range(len(handlers)), lambda index: open_one(handlers[index]), name="open-link")

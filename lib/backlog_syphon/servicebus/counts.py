@@ -20,7 +20,6 @@ from __future__ import annotations
 import datetime as dt
 import logging
 from collections import Counter
-from concurrent.futures import ThreadPoolExecutor
 from typing import Callable
 
 from azure.servicebus import ServiceBusReceiveMode
@@ -31,7 +30,7 @@ from backlog_syphon.model import BrokerCount
 from backlog_syphon.restore.amqp_codec import broker_identity
 from backlog_syphon.restore.amqp_message import DEAD_LETTER_REASON_PROPERTY, decode_envelope
 from backlog_syphon.restore.queue_names import dead_letter_queue_name, is_backlog_queue_name
-from backlog_syphon.servicebus.clients import open_client
+from backlog_syphon.servicebus.clients import each_at_once, open_client
 from backlog_syphon.servicebus.peek import administration_client, peek_raw
 from backlog_syphon.servicebus.sdk_internals import prompt
 
@@ -62,8 +61,7 @@ def count_backlog(namespace: NamespaceConfig, primary_namespace: str, queues: li
         name, dead_letters, runtime_count = entity
         return _count_entity(namespace, name, dead_letters=dead_letters, known=runtime_count)
 
-    with ThreadPoolExecutor(max_workers=min(16, len(entities)), thread_name_prefix="status-count") as pool:
-        counts = dict(zip((name for name, _, _ in entities), pool.map(count, entities)))
+    counts = {entity[0]: count for entity, count in each_at_once(entities, count, name="status-count").items()}
     how = ("the administration API's runtime counts (exact)" if runtime is not None else
            f"peeks: exact up to {EXACT_COUNT_LIMIT} messages a queue; '<=N' is an upper bound, the span of "
            f"sequence numbers from the first message to the last")

@@ -9,8 +9,6 @@ here can raise a backlog message's delivery count.
 from __future__ import annotations
 
 import logging
-import threading
-from concurrent.futures import ThreadPoolExecutor
 from typing import Iterable
 
 from azure.servicebus.exceptions import MessagingEntityNotFoundError
@@ -20,7 +18,7 @@ from backlog_syphon.errors import BacklogQueueMissingError
 from backlog_syphon.restore.amqp_codec import broker_identity
 from backlog_syphon.restore.queue_names import is_backlog_queue_name
 from backlog_syphon.servicebus.access import discovery_refused, discovery_skipped_line
-from backlog_syphon.servicebus.clients import pooled_receiver
+from backlog_syphon.servicebus.clients import each_at_once, pooled_receiver
 from backlog_syphon.servicebus.credentials import credential_for
 from backlog_syphon.servicebus.sdk_internals import entity_name, peek_stored_bytes
 
@@ -47,17 +45,10 @@ def first_identity_from(receiver, from_sequence_number: int) -> tuple[int, int |
     return broker_identity(page[0]) if page else None
 
 
-_PROBE_THREADS = 32  # probes of different queues at once: each waits on its own link, nearly all of it on the network
-_probe_pool: ThreadPoolExecutor | None = None
-_probe_pool_lock = threading.Lock()
-
-
 def probe_at_once(namespace: NamespaceConfig, asks: dict[str, int]) -> dict[str, object]:
     """``first_identity_from`` in each queue of ``asks`` (queue -> sequence number), in parallel on the queues'
     pooled peek links; a queue that does not exist answers its ``BacklogQueueMissingError``. Other failures
     raise. One round trip of time for any number of queues (``source.planning.ProbeAtOnce``)."""
-    global _probe_pool
-
     def probe(queue: str):
         try:
             with pooled_receiver(namespace, queue) as receiver:
@@ -65,12 +56,7 @@ def probe_at_once(namespace: NamespaceConfig, asks: dict[str, int]) -> dict[str,
         except BacklogQueueMissingError as missing:
             return missing
 
-    if len(asks) <= 1:
-        return {queue: probe(queue) for queue in asks}
-    with _probe_pool_lock:
-        if _probe_pool is None:
-            _probe_pool = ThreadPoolExecutor(max_workers=_PROBE_THREADS, thread_name_prefix="probe")
-    return dict(zip(asks, _probe_pool.map(probe, asks)))
+    return each_at_once(asks, probe, name="probe")
 
 
 def peek_identities(receiver, first: int, last: int) -> list[tuple[int, int | None]]:
@@ -142,6 +128,5 @@ def peek_counts(namespace: NamespaceConfig, queues: Iterable[str]) -> dict[str, 
         except BacklogQueueMissingError:
             return 0  # a queue that does not exist holds nothing
 
-    with ThreadPoolExecutor(max_workers=max(1, min(8, len(queues))), thread_name_prefix="peek-count") as pool:
-        return dict(zip(queues, pool.map(count, queues)))
+    return each_at_once(queues, count, name="peek-count")
 

@@ -14,7 +14,7 @@ import logging
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
-from typing import Callable, Iterable, TypeVar
+from typing import Iterable
 
 from azure.servicebus.exceptions import (
     MessagingEntityNotFoundError,
@@ -34,7 +34,7 @@ from backlog_syphon.servicebus.access import (
     Refusal,
     refusal_line,
 )
-from backlog_syphon.servicebus.clients import ServiceBusAccessError, open_client
+from backlog_syphon.servicebus.clients import ServiceBusAccessError, each_at_once, open_client
 from backlog_syphon.servicebus.credentials import NoTokenError
 from backlog_syphon.servicebus.peek import peek_raw
 from backlog_syphon.servicebus.sdk_internals import attach, prompt, token_refusal
@@ -69,8 +69,6 @@ def check_destinations(namespace: NamespaceConfig, destinations: Iterable[str]) 
 
 PREFLIGHT_TIMEOUT_SECONDS = 20.0
 PREFLIGHT_PROBE_ENTITY = "backlog-syphon-preflight"  # a sender attach to it proves auth even when absent
-K = TypeVar("K")
-T = TypeVar("T")
 
 
 class PreflightError(SettingsError):
@@ -148,11 +146,6 @@ def _address_setting(namespace: NamespaceConfig, role: str) -> str:
     return f"{role}.fully_qualified_namespace"
 
 
-def _each_at_once(items: list[K], work: Callable[[K], T]) -> dict[K, T]:
-    with ThreadPoolExecutor(max_workers=max(1, min(32, len(items))), thread_name_prefix="preflight-link") as pool:
-        return dict(zip(items, pool.map(work, items)))
-
-
 def _raise_first(failures: dict[str, BaseException], namespace: NamespaceConfig, role: str, right: AccessRight,
                  *, missing_right_is_error: bool = True) -> list[str]:
     """Raise the ``PreflightError`` the failures call for, in order of what to fix first: the way in (local
@@ -191,7 +184,7 @@ def _preflight_secondary(namespace: NamespaceConfig, queues: list[str]) -> list[
                 except Exception as exc:  # noqa: BLE001 - judged with the others' below
                     return exc
 
-            results = _each_at_once(queues, peek_first)
+            results = each_at_once(queues, peek_first, name="preflight-link")
     except ServiceBusAccessError as exc:
         raise PreflightError(str(exc)) from None
     _raise_first({queue: r for queue, r in results.items() if isinstance(r, BaseException)}, namespace, "secondary",
@@ -226,7 +219,7 @@ def _preflight_primary(namespace: NamespaceConfig, destinations: list[str]) -> N
                     return exc
                 return None
 
-            results = _each_at_once(targets, attach_sender)
+            results = each_at_once(targets, attach_sender, name="preflight-link")
     except ServiceBusAccessError as exc:
         raise PreflightError(str(exc)) from None
     failures = {destination: r for destination, r in results.items() if r is not None}
