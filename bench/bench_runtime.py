@@ -55,7 +55,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "lib"), str(ROOT / "emulator" / "src"), str(ROOT)]  # tools/ lives under ROOT
 
 from bench_syphon import PRIMARY, SECONDARY, peak_rss_mb, syphon_overrides  # noqa: E402 - this file's neighbour
-from tools.testing import process_tree  # noqa: E402
+from tools.testing import emulator_environment, process_tree  # noqa: E402
 DESTINATIONS = ("payments", "orders")  # conf/emulator.yaml's plain queues, used alternately
 BACKLOG_QUEUES = 10  # conf/emulator.yaml's backlog queues, conf/local.yaml's backlog.queue_count
 BODY_SIZE = 256
@@ -192,8 +192,7 @@ def syphon_config(emu, state: Path, per_trigger: int):
     """conf/local.yaml on this emulator, with the Delta state under ``state`` and ``per_trigger`` per trigger."""
     from backlog_syphon.config import load_config
 
-    environ = {"SYPHON_PRIMARY_CONNECTION_STRING": emu.connection_string(PRIMARY),
-               "SYPHON_SECONDARY_CONNECTION_STRING": emu.connection_string(SECONDARY)}
+    environ = emulator_environment(emu, PRIMARY, SECONDARY)
     overrides = syphon_overrides(state, **{"run.max_messages_per_trigger": per_trigger})
     return load_config(ROOT / "conf/local.yaml", environ=environ, overrides=overrides)
 

@@ -27,7 +27,8 @@ rate is what it moved in the time it ran.
   secondary's, combined as ``1 / (1/send + 1/peek + 1/(receive+complete))``.
 
 The rows (``--rows``): ``30k`` (30,000 x 1 KB), ``200k`` (200,000 x 1 KB, the steady state),
-``skewed`` (30,000, 80% of them in one queue), ``sessions`` (30,000 for the session queue, 500
+``skewed`` (30,000, 80% of them in one queue), ``30k-short-pages`` (the 30k row with peek pages cut to
+64 KB, about 60 messages, as a distant namespace streams them), ``sessions`` (30,000 for the session queue, 500
 sessions over the 10 queues, interleaved), ``64k`` (20,000 x 64 KB), ``30k-0ms`` and ``30k-10ms``
 (symmetric). The figures per row:
 
@@ -88,6 +89,7 @@ LIBRARY_ENV = "BENCH_SYPHON_LIBRARY"  # a child's syphon library (``--library``)
 sys.path[:0] = [os.environ.get(LIBRARY_ENV) or str(ROOT / "lib"), str(ROOT / "emulator" / "src"), str(ROOT)]
 
 from process_cpu import CpuSampler  # noqa: E402  (after the path: it imports tools.testing)
+from tools.testing import emulator_environment  # noqa: E402
 
 PRIMARY, SECONDARY = "contoso", "contoso-secondary"
 CONNECTION_ENV = {PRIMARY: "SYPHON_PRIMARY_CONNECTION_STRING", SECONDARY: "SYPHON_SECONDARY_CONNECTION_STRING"}
@@ -138,6 +140,9 @@ class Scenario:
     first_queue_share: float | None = None  # a skewed backlog: that share in queue 0
     loops: tuple[str, ...] = ("threads",)
     time_commits: bool = False  # time single Delta commits in this row's syphon process, after its run
+    # The secondary's peek pages, at most this many bytes of messages (the emulator's peek_page_bytes; None:
+    # its default, the service's ~256 KB): how a distant namespace streams a page.
+    peek_page_bytes: int | None = None
 
     def describe(self) -> str:
         shape = [f"{self.messages:,} x {self.body_size // 1024 if self.body_size >= 1024 else self.body_size}"
@@ -146,6 +151,8 @@ class Scenario:
             shape.append(f"{self.first_queue_share:.0%} in one queue")
         if self.session_share >= 1:
             shape.append(f"{self.sessions} sessions")
+        if self.peek_page_bytes:
+            shape.append(f"peek pages of {self.peek_page_bytes // 1024} KB")
         return ", ".join(shape) + f", {self.geometry.label()}"
 
 
@@ -155,6 +162,8 @@ SCENARIOS = {
     "skewed": Scenario("skewed", 30_000, FAR, first_queue_share=0.8),
     "sessions": Scenario("sessions", 30_000, FAR, session_share=1.0, sessions=500),
     "64k": Scenario("64k", 20_000, FAR, body_size=64 * 1024),
+    # Peeks answer as a namespace a region away streams them: about 60 messages of 1 KB a page, not 250.
+    "30k-short-pages": Scenario("30k-short-pages", 30_000, FAR, peek_page_bytes=64 * 1024),
     "30k-0ms": Scenario("30k-0ms", 30_000, Geometry(0.0, 0.0), loops=("threads", "single")),
     "30k-10ms": Scenario("30k-10ms", 30_000, Geometry(10.0, 10.0), loops=("threads", "single")),
 }
@@ -168,9 +177,9 @@ def backlog_emulator(scenario: Scenario | None, geometry: Geometry, args):
     """A fresh emulator at ``geometry`` whose backlog queues hold ``scenario``'s backlog (none: empty)."""
     from tools.backlog_writer import realistic_backlog, write_backlog
     from backlog_syphon.config import load_config as load_syphon_config
-    from servicebus_emulator import Emulator, load_config
+    from servicebus_emulator import Emulator
 
-    with Emulator(load_config(ROOT / "conf/emulator.yaml"), ports={PRIMARY: 0, SECONDARY: 0},
+    with Emulator(emulator_config(scenario), ports={PRIMARY: 0, SECONDARY: 0},
                   latency_ms=geometry.emulator_latency()) as emu:
         written = {}
         if scenario is not None and scenario.messages:
@@ -184,6 +193,19 @@ def backlog_emulator(scenario: Scenario | None, geometry: Geometry, args):
                 raise BenchFailure(f"the backlog holds {backlog_left(emu)} (stored, dead-lettered) after "
                                    f"writing {scenario.messages} messages")
         yield emu, written
+
+
+def emulator_config(scenario: Scenario | None):
+    """conf/emulator.yaml, with the row's peek page size on the secondary."""
+    import yaml
+    from servicebus_emulator.config import EmulatorConfig
+
+    raw = yaml.safe_load((ROOT / "conf/emulator.yaml").read_text())
+    if scenario is not None and scenario.peek_page_bytes:
+        for namespace in raw["namespaces"]:
+            if namespace["name"] == SECONDARY:
+                namespace["peek_page_bytes"] = scenario.peek_page_bytes
+    return EmulatorConfig.from_dict(raw, source="conf/emulator.yaml")
 
 
 @contextmanager
@@ -211,8 +233,14 @@ def batch_headroom(headroom_bytes: int = 1024):
         ServiceBusSender.create_message_batch = create
 
 
-def connection_env(emu) -> dict[str, str]:
-    return {variable: emu.connection_string(namespace) for namespace, variable in CONNECTION_ENV.items()}
+def connection_env(emu, library: Path | None = None) -> dict[str, str]:
+    """The environment a syphon needs for ``emu``: its connection strings, and its administration API where
+    ``library`` (this checkout's by default) knows the settings (an older checkout's may not)."""
+    environ = emulator_environment(emu, PRIMARY, SECONDARY)
+    package = Path(library or os.environ.get(LIBRARY_ENV) or ROOT / "lib") / "backlog_syphon"
+    if not any("administration_endpoint" in path.read_text() for path in package.rglob("*.py")):
+        environ = {name: value for name, value in environ.items() if name in CONNECTION_ENV.values()}
+    return environ
 
 
 def backlog_queue_names() -> list[str]:
@@ -256,7 +284,7 @@ def child_process(role: str, spec: dict, emu, workdir: Path, library: Path | Non
     The child runs in its own session (so that its JVM goes with it): on any error here, a timeout
     or Ctrl-C included, the whole group is killed.
     """
-    env = {**os.environ, **(connection_env(emu) if emu is not None else {}), LIBRARY_ENV: str(library or ""),
+    env = {**os.environ, **(connection_env(emu, library) if emu is not None else {}), LIBRARY_ENV: str(library or ""),
            "PYTHONPATH": os.pathsep.join(filter(None, [str(library or ROOT / "lib"), str(ROOT / "emulator" / "src"),
                                                        os.environ.get("PYTHONPATH")])),
            "PYSPARK_PYTHON": os.environ.get("PYSPARK_PYTHON", sys.executable)}

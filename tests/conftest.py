@@ -53,6 +53,8 @@ MEASURED_SECONDS = {
     "test_a_lost_send_task_is_run_again_and_resends_only_what_its_first_attempt_sent": 55,
     "test_notebook_replays_with_progress_summary_report_and_charts": 51,
     "test_a_lease_held_elsewhere_stops_a_run_or_makes_it_wait_until_it_expires": 48,
+    "test_a_five_second_lock_300_ms_away_drains_poison_and_all_in_one_run": 45,
+    "test_one_run_drains_every_queue_whatever_its_probes_and_pages_answer": 45,
     "test_server_busy_slows_the_drain_loses_nothing_and_the_rate_recovers": 43,
     "test_primary_outage_waits_then_delivers_exactly_once": 41,
     "test_a_destination_unavailable_past_the_wait_fails_the_batch_and_the_replay_resends_nothing": 38,
@@ -71,6 +73,9 @@ MEASURED_SECONDS = {
     "test_order_per_backlog_queue_and_per_session": 16,
     "test_tables_are_created_by_their_first_write_with_stable_schemas": 15,
     "test_notebook_stops_after_the_dry_run_by_default": 9,
+    "test_a_continuous_job_idle_past_the_idle_timers_delivers_the_next_messages": 50,
+    "test_session_less_messages_for_a_session_queue_are_dead_lettered_by_the_refusal_not_waited_out": 45,
+    "test_where_the_administration_api_describes_the_destination_they_are_dead_lettered_before_sending": 40,
 }
 UNLISTED_INTEGRATION_SECONDS = 8
 

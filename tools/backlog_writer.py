@@ -184,6 +184,12 @@ def poison_backlog(*, seed: int = 0) -> list[tuple[OriginalMessage, ReasonCode]]
          ReasonCode.DESTINATION_NOT_FOUND),
         (OriginalMessage("small", b"L" * (96 * 1024), message_id=f"poison-{seed}-too-large"),
          ReasonCode.MESSAGE_TOO_LARGE),
+        # sent before its queue required sessions: Service Bus refuses it for good (amqp:not-allowed)
+        (OriginalMessage("sessions-orders", body("sessionless"), message_id=f"poison-{seed}-no-session"),
+         ReasonCode.SESSION_REQUIRED),
+        # a SessionId and a PartitionKey that differ: refused on any entity
+        (OriginalMessage("orders", body("keys"), message_id=f"poison-{seed}-keys-differ", session_id="customer-1",
+                         partition_key="customer-2"), ReasonCode.SESSION_ID_NOT_PARTITION_KEY),
     ]
 
 

@@ -22,7 +22,7 @@ from pathlib import Path
 from backlog_syphon.config import load_config
 from backlog_syphon.model import FINAL_OUTCOMES
 from tools import backlog_writer
-from tools.testing import backlog_dead_letters, expected_arrivals, received_counts
+from tools.testing import backlog_dead_letters, emulator_environment, expected_arrivals, received_counts
 
 PRIMARY, SECONDARY = "contoso", "contoso-secondary"
 
@@ -49,8 +49,7 @@ def main(argv: list[str] | None = None) -> int:
     emulator_config = load_emulator_config(args.emulator_config)
     # Free ports, so a `make emulator` running elsewhere does not collide with this run.
     with Emulator(emulator_config, ports={PRIMARY: 0, SECONDARY: 0}) as emulator:
-        os.environ["SYPHON_PRIMARY_CONNECTION_STRING"] = emulator.connection_string(PRIMARY)
-        os.environ["SYPHON_SECONDARY_CONNECTION_STRING"] = emulator.connection_string(SECONDARY)
+        os.environ.update(emulator_environment(emulator, PRIMARY, SECONDARY))
         # A fresh state folder per run: the emulator's sequence numbers start again with it.
         state = Path(args.state_dir) / dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%S")
         config = load_config(args.config, overrides={

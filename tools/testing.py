@@ -29,6 +29,18 @@ def expected_arrivals(originals) -> collections.Counter:
     return expected
 
 
+def emulator_environment(emulator, primary: str = "contoso", secondary: str = "contoso-secondary") -> dict[str, str]:
+    """What a syphon's configuration (conf/local.yaml) reads from the environment to use a running emulator:
+    the two connection strings, and where each namespace's administration API listens with the certificate
+    to trust for it (as ``SYPHON__<NAMESPACE>__...`` settings)."""
+    environ = {"SYPHON_PRIMARY_CONNECTION_STRING": emulator.connection_string(primary),
+               "SYPHON_SECONDARY_CONNECTION_STRING": emulator.connection_string(secondary)}
+    for role, namespace in (("PRIMARY", primary), ("SECONDARY", secondary)):
+        environ[f"SYPHON__{role}__ADMINISTRATION_ENDPOINT"] = emulator.admin_endpoint(namespace)
+        environ[f"SYPHON__{role}__ADMINISTRATION_CA_FILE"] = emulator.ca_file
+    return environ
+
+
 def each_at_once(items: Iterable[K], work: Callable[[K], T], *, name: str) -> dict[K, T]:
     """``work(item)`` for each distinct item, all at once, one thread each: item -> what it returned
     (the first error is raised again).

@@ -14,6 +14,7 @@ CONFIG = {
             "name": "contoso",
             "port": 0,
             "sas_keys": {KEY_NAME: KEY},
+            "allow_short_locks": True,      # lock expiry and renewal tests use 1-2 second locks
             "queues": [
                 {"name": "orders", "lock_duration_seconds": 30},
                 {"name": "small", "max_message_size_kb": 64},

@@ -128,8 +128,17 @@ class NamespaceConfig:
     fully_qualified_namespace: str | None = None  # e.g. contoso.servicebus.windows.net (Azure AD)
     credential: CredentialConfig | None = None  # Azure AD: where tokens come from (none: kind default)
     # Azure AD against a local emulator: plain AMQP to the port in fully_qualified_namespace ("127.0.0.1:5672"),
-    # no TLS and no administration API (what UseDevelopmentEmulator=true means in a connection string).
+    # no TLS (what UseDevelopmentEmulator=true means in a connection string).
     use_development_emulator: bool = False
+    # The administration API (HTTPS): ``host[:port]``; by default the namespace's host, as on Azure. A local
+    # emulator serves it on a port of its own (Microsoft's on 5300).
+    administration_endpoint: str | None = None
+    # A PEM file of certificates to trust for the administration API instead of the system's (an emulator's).
+    administration_ca_file: str | None = None
+    # A pooled link (a sender, a peek or purge receiver) idle this long is closed and opened again before
+    # its next use: Service Bus detaches links idle for 10 minutes, and a link met detached fails its next
+    # request first. Lower it behind a firewall or NAT that drops idle connections sooner.
+    idle_link_seconds: float = 480.0
 
     @property
     def azure_ad(self) -> CredentialConfig | None:
@@ -148,6 +157,17 @@ class NamespaceConfig:
             if key.strip().lower() == "endpoint":
                 return value.strip().split("://", 1)[-1].strip("/")
         return ""
+
+    @property
+    def administration_host(self) -> str:
+        """``host[:port]`` of the namespace's administration API."""
+        return self.administration_endpoint or self.endpoint.split(":", 1)[0]
+
+    def connection_string_with_endpoint(self, host: str) -> str:
+        """The connection string (revealed: for a client only, never to print) with its Endpoint at ``host``."""
+        pieces = [f"Endpoint=sb://{host}/" if piece.partition("=")[0].strip().lower() == "endpoint" else piece
+                  for piece in self.connection_string.reveal().split(";")]
+        return ";".join(pieces)
 
 
 @dataclass(frozen=True)
@@ -549,6 +569,16 @@ def _validate(config: SyphonConfig, origin: str) -> None:
                               f"contoso.servicebus.windows.net, without a scheme")
         if ns.connection_string is not None:
             _check_connection_string(ns.connection_string, f"{name}.connection_string")
+        if ns.administration_endpoint is not None and ("://" in ns.administration_endpoint
+                                                       or "/" in ns.administration_endpoint.strip("/")):
+            raise ConfigError(f"{origin}: '{name}.administration_endpoint' is a host name and port, such as "
+                              f"127.0.0.1:5300, without a scheme or path")
+        if not 0 < ns.idle_link_seconds < 600:
+            raise ConfigError(f"{origin}: '{name}.idle_link_seconds' must be above 0 and below 600 (Service Bus "
+                              f"detaches a link idle for 10 minutes), got {ns.idle_link_seconds:g}")
+        if ns.administration_ca_file is not None and not os.path.isfile(ns.administration_ca_file):
+            raise ConfigError(f"{origin}: '{name}.administration_ca_file' names {ns.administration_ca_file!r}, "
+                              f"which is not a readable file: give the PEM file of the certificates to trust")
     if config.backlog.queue_count < 1:
         raise ConfigError(f"{origin}: backlog.queue_count must be at least 1")
     if config.storage.checkpoint_interval_seconds < 0:

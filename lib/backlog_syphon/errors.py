@@ -49,8 +49,9 @@ class BacklogQueueMissingError(SyphonError):
     """A backlog queue does not exist (never created, or deleted): it is skipped, the others drain."""
 
 
-class IncompleteReadError(SyphonError):
-    """A backlog window could not be read whole (peeks kept coming back short before its known end)."""
+class PeekTimedOutError(SyphonError):
+    """A peek got no answer in any of its attempts (``servicebus.peek.PeekTimeouts``): the read, plan or
+    count that needed it fails, and the next run reads on from where the tables say."""
 
 
 def describe(exc: BaseException) -> str:

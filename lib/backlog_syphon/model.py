@@ -87,6 +87,12 @@ class ReasonCode(StrEnum):
     RESTORE_FAILED = "restore_failed"
     DESTINATION_NOT_FOUND = "destination_not_found"
     UNAUTHORIZED = "unauthorized"
+    # The destination refused this one message for good (amqp:not-allowed, an argument error, an invalid
+    # field): no retry changes the answer, so it is that message's outcome, with the service's text.
+    DESTINATION_REFUSED = "destination_refused"
+    # found before sending: the destination could not take the message as it is (Service Bus would refuse it)
+    SESSION_REQUIRED = "session_required"  # the destination requires sessions; the message has no SessionId
+    SESSION_ID_NOT_PARTITION_KEY = "session_id_not_partition_key"  # both set, and they differ
     # transient: retried, never a final outcome
     DESTINATION_DISABLED = "destination_disabled"
     AUTHENTICATION_FAILED = "authentication_failed"
@@ -110,6 +116,7 @@ DEAD_LETTER_REASON_CODES = (
     ReasonCode.MISSING_PATH, ReasonCode.INVALID_LEGACY_PROPERTY, ReasonCode.INVALID_DESTINATION,
     ReasonCode.UNDECODABLE_MESSAGE, ReasonCode.EXPIRED_IN_BACKLOG, ReasonCode.MESSAGE_TOO_LARGE,
     ReasonCode.RESTORE_FAILED, ReasonCode.DESTINATION_NOT_FOUND, ReasonCode.UNAUTHORIZED,
+    ReasonCode.DESTINATION_REFUSED, ReasonCode.SESSION_REQUIRED, ReasonCode.SESSION_ID_NOT_PARTITION_KEY,
 )
 
 
@@ -282,6 +289,27 @@ class RunRow:
     # How long the send tasks ran below their cap because the primary throttled, summed over the
     # batches; null where their reports do not reach the driver (Spark Connect).
     throttled_seconds: float | None
+
+
+class EntityKind(StrEnum):
+    QUEUE = "queue"
+    TOPIC = "topic"
+
+
+@dataclass(frozen=True)
+class DestinationShape:
+    """What a destination in the primary namespace takes, as its administration API describes it (read once
+    per run where the API answers: ``servicebus.entities``). It decides the send's shape before the first
+    refusal: a message the destination cannot take as it is, is dead-lettered without being sent."""
+
+    name: str
+    kind: EntityKind
+    requires_session: bool = False  # a queue's; a topic takes session-less messages whatever its subscriptions
+    partitioned: bool = False
+    duplicate_detection: bool = False
+    max_message_bytes: int | None = None  # what the entity takes per message, where the API says (Premium)
+    # A topic's subscriptions that require sessions: the service dead-letters a session-less copy there.
+    session_subscriptions: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -471,7 +499,13 @@ class Outgoing:
 class SendFailureClass(StrEnum):
     """How the sink handles a send error."""
 
-    FINAL = "final"  # these messages are dead-lettered (no such destination, not authorized, too large)
+    # the destination refuses every message sent to it (no such destination, not authorized): the messages
+    # concerned are dead-lettered
+    FINAL = "final"
+    # the destination refused one message of the send for good (too large, amqp:not-allowed, an argument
+    # error): which one is found by sending fewer at a time (``sink.delivery``), and only that one is
+    # dead-lettered; a refusal of the send's shape ends with every message delivered
+    REFUSED = "refused"
     TRANSIENT = "transient"  # retried with back-off; counts against sink.max_send_attempts
     # the primary is over its capacity (ServerBusy, quota exceeded, throttled): the task slows down and
     # the destination waits; it does not count against sink.max_send_attempts
@@ -479,11 +513,14 @@ class SendFailureClass(StrEnum):
 
 
 THROTTLING_REASONS = frozenset({ReasonCode.SERVER_BUSY, ReasonCode.QUOTA_EXCEEDED, ReasonCode.THROTTLED})
+# Final refusals that concern one message of a send, not the destination (``SendFailureClass.REFUSED``).
+MESSAGE_REFUSAL_REASONS = frozenset({ReasonCode.MESSAGE_TOO_LARGE, ReasonCode.DESTINATION_REFUSED,
+                                     ReasonCode.SESSION_REQUIRED, ReasonCode.SESSION_ID_NOT_PARTITION_KEY})
 
 
 @dataclass(frozen=True)
 class SendFailure:
-    """How a send error is handled: retried (transient) or final for the messages concerned."""
+    """How a send error is handled: retried (transient), or final for the messages concerned."""
 
     transient: bool
     reason_code: ReasonCode
@@ -492,14 +529,16 @@ class SendFailure:
     @property
     def failure_class(self) -> SendFailureClass:
         if not self.transient:
-            return SendFailureClass.FINAL
+            return SendFailureClass.REFUSED if self.reason_code in MESSAGE_REFUSAL_REASONS else SendFailureClass.FINAL
         return SendFailureClass.THROTTLED if self.reason_code in THROTTLING_REASONS else SendFailureClass.TRANSIENT
 
 
 class PartialSendError(Exception):
-    """A send that stopped after ``sent`` messages of the group went out, because of ``cause``."""
+    """A send that stopped after ``sent`` messages of the group went out, because of ``cause``, which refused
+    the next ``attempted`` messages (one batched send; 0: nothing was transferred, the link itself failed)."""
 
-    def __init__(self, sent: int, cause: BaseException):
+    def __init__(self, sent: int, cause: BaseException, attempted: int = 0):
         super().__init__(f"{sent} sent before {type(cause).__name__}")
         self.sent = sent
         self.cause = cause
+        self.attempted = attempted

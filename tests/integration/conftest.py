@@ -19,8 +19,9 @@ def emulator():
 def make_config(emulator, tmp_path, **overrides):
     from backlog_syphon.config import load_config
 
-    environ = {"SYPHON_PRIMARY_CONNECTION_STRING": emulator.connection_string(PRIMARY),
-               "SYPHON_SECONDARY_CONNECTION_STRING": emulator.connection_string(SECONDARY)}
+    from tools.testing import emulator_environment
+
+    environ = emulator_environment(emulator, PRIMARY, SECONDARY)
     settings = {"storage.audit_table": str(tmp_path / "audit"),
                 "storage.checkpoint_table": str(tmp_path / "checkpoint"),
                 "storage.checkpoint_location": str(tmp_path / "checkpoint-stream"),

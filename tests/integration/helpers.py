@@ -40,6 +40,7 @@ def job_env(emulator, extra: dict[str, str] | None = None, *, primary: str | Non
             secondary: str | None = None) -> dict[str, str]:
     """The job's environment: the emulator's connection strings (or the given ones) and the venv."""
     env = {key: value for key, value in os.environ.items() if not key.startswith("SYPHON_FAULT_")}
+    env.update(testing.emulator_environment(emulator, PRIMARY, SECONDARY))
     env.update({
         "SYPHON_PRIMARY_CONNECTION_STRING": primary or emulator.connection_string(PRIMARY),
         "SYPHON_SECONDARY_CONNECTION_STRING": secondary or emulator.connection_string(SECONDARY),

@@ -72,8 +72,13 @@ def tooling(emulator, namespace: str) -> NamespaceConfig:
 
 
 def addresses(emulator) -> dict[str, str]:
-    return {"primary.fully_qualified_namespace": host(emulator, PRIMARY),
-            "secondary.fully_qualified_namespace": host(emulator, SECONDARY)}
+    """Where each namespace listens: AMQP, and the administration API with the certificate to trust."""
+    found = {}
+    for role, namespace in (("primary", PRIMARY), ("secondary", SECONDARY)):
+        found[f"{role}.fully_qualified_namespace"] = host(emulator, namespace)
+        found[f"{role}.administration_endpoint"] = emulator.admin_endpoint(namespace)
+        found[f"{role}.administration_ca_file"] = emulator.ca_file
+    return found
 
 
 def aad_config(emulator, tmp_path, **overrides):

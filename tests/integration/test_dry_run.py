@@ -2,6 +2,7 @@
 
 import datetime as dt
 
+from tools.testing import emulator_environment
 from tools import backlog_writer
 from tools.backlog_writer import OriginalMessage
 from backlog_syphon.cli import main as cli_main
@@ -47,12 +48,15 @@ def test_dry_run_reports_the_plan_and_changes_nothing(emulator, syphon_config, s
     assert set(by_destination) == {"orders", "sessions-orders", "payments", "no-such-queue", "small",
                                    "(no destination)"}
     orders = by_destination["orders"]
-    # 3 good + 1 scheduled, and the two with a wrongly typed legacy property (their path decodes)
-    assert (orders["messages"], orders["to_deliver"], orders["to_dead_letter"], orders["scheduled"]) == (6, 4, 2, 1)
+    # 3 good + 1 scheduled, the two with a wrongly typed legacy property (their path decodes), and the one whose
+    # SessionId and PartitionKey differ (Service Bus would refuse it)
+    assert (orders["messages"], orders["to_deliver"], orders["to_dead_letter"], orders["scheduled"]) == (7, 4, 3, 1)
     assert orders["body_bytes"] == 300 + len(b"later") + sum(
-        len(m.body) for m in messages if m.message_id.endswith(("session-type", "ttl-type")))
+        len(m.body) for m in messages if m.message_id.endswith(("session-type", "ttl-type", "keys-differ")))
     sessions = by_destination["sessions-orders"]
-    assert (sessions["messages"], sessions["sessions"], sessions["to_deliver"]) == (4, 2, 4)
+    # the session queue's settings come from the administration API: the session-less one would be refused
+    assert (sessions["messages"], sessions["sessions"], sessions["to_deliver"], sessions["to_dead_letter"]) == (
+        5, 2, 4, 1)
     assert sessions["oldest_enqueued"] <= sessions["newest_enqueued"]
     assert (by_destination["payments"]["expired"], by_destination["payments"]["to_dead_letter"]) == (1, 1)
     assert by_destination["no-such-queue"]["to_dead_letter"] == 1
@@ -62,7 +66,8 @@ def test_dry_run_reports_the_plan_and_changes_nothing(emulator, syphon_config, s
     assert all(row["reason"] for row in report.dead_letters)
     assert report.unchecked == {}
     text = "\n".join(report.lines())
-    assert "would dead-letter 6 messages" in text and "destination_not_found" in text
+    assert "would dead-letter 8 messages" in text and "destination_not_found" in text
+    assert "session_required: destination 'sessions-orders' requires sessions" in text
     assert f"a replay here: batches of at most {syphon_config.run.max_messages_per_trigger} messages" in text
 
 
@@ -86,6 +91,6 @@ def test_cli_dry_run_prints_the_plan(emulator, tmp_path, spark, capsys, monkeypa
 def _config(emulator, tmp_path, monkeypatch):
     from backlog_syphon.config import load_config
 
-    monkeypatch.setenv("SYPHON_PRIMARY_CONNECTION_STRING", emulator.connection_string(PRIMARY))
-    monkeypatch.setenv("SYPHON_SECONDARY_CONNECTION_STRING", emulator.connection_string(SECONDARY))
+    for name, value in emulator_environment(emulator, PRIMARY, SECONDARY).items():
+        monkeypatch.setenv(name, value)
     return load_config(ROOT / "conf/local.yaml")

@@ -32,6 +32,7 @@ from backlog_syphon.model import BacklogState, JobIds
 from backlog_syphon.run.status import status
 from backlog_syphon.run.syphon import run_syphon, start_syphon
 from backlog_syphon.storage import tables
+from tools.testing import emulator_environment
 from tools.backlog_writer import OriginalMessage, write_backlog
 
 from .conftest import PRIMARY, ROOT, SECONDARY, make_config
@@ -110,7 +111,9 @@ def test_status_runs_table_and_alerts_through_a_backlogs_life(spark, emulator, t
     empty = status(spark, config)
     assert (empty.verdict.state, empty.verdict.exit_code, empty.lease, empty.runs) == (
         BacklogState.DRAINED, 0, None, ())
-    assert [q.queue for q in empty.backlog] == [f"{PRIMARY}/x-servicebus-transfer/{i}" for i in range(QUEUES)]
+    # every backlog queue the namespace has, as its administration API lists them (10 in conf/emulator.yaml)
+    assert [q.queue for q in empty.backlog] == [f"{PRIMARY}/x-servicebus-transfer/{i}" for i in range(10)]
+    assert "administration API" in empty.counted_by
     assert not any(path.exists() for path in tmp_path.iterdir()), "the status command created something"
 
     # 1. A backlog, drained.
@@ -231,8 +234,8 @@ def command_line():
 
 def test_json_logs_carry_the_ids_and_the_status_command_exits_with_its_verdict(emulator, tmp_path, spark, capsys,
                                                                                 monkeypatch, command_line):
-    monkeypatch.setenv("SYPHON_PRIMARY_CONNECTION_STRING", emulator.connection_string(PRIMARY))
-    monkeypatch.setenv("SYPHON_SECONDARY_CONNECTION_STRING", emulator.connection_string(SECONDARY))
+    for name, value in emulator_environment(emulator, PRIMARY, SECONDARY).items():
+        monkeypatch.setenv(name, value)
     storage = ["--set", f"storage.audit_table={tmp_path / 'audit'}",
                "--set", f"storage.checkpoint_table={tmp_path / 'checkpoint'}",
                "--set", f"storage.checkpoint_location={tmp_path / 'stream'}", "--set", f"backlog.queue_count={QUEUES}"]

@@ -21,6 +21,7 @@ import pytest
 from backlog_syphon.cli import main as cli_main
 from backlog_syphon.run.syphon import run_syphon
 from backlog_syphon.storage import tables
+from tools.testing import emulator_environment
 from tools.testing import backlog_dead_letters
 
 from .conftest import PRIMARY, ROOT, SECONDARY, make_config
@@ -81,8 +82,8 @@ def test_dead_letters_are_redriven_with_every_property_filtered_and_never_twice(
     emulator.add_queue(PRIMARY, CREATED_LATER)
 
     # 2. The dry run of a re-drive, from the command line: what would move, per destination and reason.
-    monkeypatch.setenv("SYPHON_PRIMARY_CONNECTION_STRING", emulator.connection_string(PRIMARY))
-    monkeypatch.setenv("SYPHON_SECONDARY_CONNECTION_STRING", emulator.connection_string(SECONDARY))
+    for name, value in emulator_environment(emulator, PRIMARY, SECONDARY).items():
+        monkeypatch.setenv(name, value)
     before = _activity(emulator)
     code = cli_main(["--config", str(ROOT / "conf/local.yaml"), "--redrive-dead-letters", "--dry-run",
                      "--set", f"storage.audit_table={backlog.storage.audit_table}",

@@ -21,7 +21,7 @@ import pytest
 from backlog_syphon.config import SinkConfig
 from backlog_syphon.errors import BatchFailedError, DestinationUnavailableError, LeaseLostError
 from backlog_syphon.model import Action, CheckpointRow, DeadLetterOrder, Outcome, ReasonCode
-from backlog_syphon.servicebus.purge_plan import BulkCompletion, PurgePlan, PurgeProgress, PurgeResult
+from backlog_syphon.servicebus.purge_plan import BulkSettlement, PurgePlan, PurgeProgress, PurgeResult
 from backlog_syphon.sink.batch import (
     ATTEMPTS_PER_BATCH,
     BatchAggregate,
@@ -113,9 +113,9 @@ class Backlog:
         return added
 
     def complete(self, queue: str, sequence_numbers) -> list[int]:
-        """``settle.complete_all``: bulk requests split on a lost lock (``BulkCompletion``). A message in
+        """``settle.settle_all``: bulk requests split on a lost lock (``BulkSettlement``). A message in
         ``losing_locks`` loses its lock once (a request holding it is refused; it is available again)."""
-        completion = BulkCompletion(sequence_numbers, deadline=float("inf"))
+        completion = BulkSettlement(sequence_numbers, deadline=float("inf"))
         while (request := completion.next_request(0.0)) is not None:
             lost = [seq for seq in request if (queue, seq) in self.losing_locks]
             if lost:
@@ -157,7 +157,7 @@ class Backlog:
             gone = set(completed) | {seq for seq, _, _ in actions.dead_letter}
             self.dead_lettered += [(plan.queue, seq, code) for seq, code, _ in actions.dead_letter]
             held[:] = [m for m in held if m.seq not in gone]
-            progress.on_settled(len(completed), len(actions.dead_letter))
+            progress.on_settled(len(completed), [seq for seq, _, _ in actions.dead_letter])
         heads = {span.first: next((m.identity for m in held if m.seq >= span.first), None) for span in plan.spans}
         return progress.result(heads)
 

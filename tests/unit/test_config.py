@@ -358,3 +358,27 @@ def test_use_development_emulator_goes_with_azure_ad_only(tmp_path):
     assert config.primary.use_development_emulator is True
     with pytest.raises(ConfigError, match="'primary.use_development_emulator' applies to Azure AD"):
         load_config(write(tmp_path, BASE), environ=ENV, overrides={"primary.use_development_emulator": "true"})
+
+
+@pytest.mark.parametrize("overrides, message", [
+    ({"secondary.idle_link_seconds": "900"}, "'secondary.idle_link_seconds' must be above 0 and below 600 (Service "
+                                             "Bus detaches a link idle for 10 minutes), got 900"),
+    ({"primary.administration_endpoint": "https://127.0.0.1:5300"}, "'primary.administration_endpoint' is a host "
+                                                                    "name and port, such as 127.0.0.1:5300"),
+    ({"primary.administration_ca_file": "/no/such/ca.pem"}, "'primary.administration_ca_file' names "
+                                                            "'/no/such/ca.pem', which is not a readable file"),
+])
+def test_link_and_administration_settings_are_checked(tmp_path, overrides, message):
+    with pytest.raises(ConfigError) as error:
+        load_config(write(tmp_path, BASE), environ=ENV, overrides=overrides)
+    assert message in str(error.value)
+
+
+def test_the_administration_api_is_the_namespaces_host_unless_named(tmp_path):
+    config = load_config(write(tmp_path, BASE), environ=ENV, overrides={"secondary.administration_endpoint":
+                                                                         "127.0.0.1:5301"})
+    assert config.primary.administration_host == config.primary.endpoint.split(":")[0]
+    assert config.secondary.administration_host == "127.0.0.1:5301"
+    assert config.primary.idle_link_seconds == 480
+    rewritten = config.secondary.connection_string_with_endpoint("127.0.0.1:5301")
+    assert rewritten.startswith("Endpoint=sb://127.0.0.1:5301/;") and "SharedAccessKey=" in rewritten

@@ -34,11 +34,23 @@ class QuotaExceeded(Exception):
     pass
 
 
+class NotAllowed(Exception):
+    """A final refusal of one message (amqp:not-allowed)."""
+
+
+class SessionNotSet(NotAllowed):
+    pass
+
+
 def classify(exc, destination):
     if isinstance(exc, Missing):
         return SendFailure(False, ReasonCode.DESTINATION_NOT_FOUND, f"no '{destination}'")
     if isinstance(exc, TooLarge):
         return SendFailure(False, ReasonCode.MESSAGE_TOO_LARGE, "too large")
+    if isinstance(exc, SessionNotSet):
+        return SendFailure(False, ReasonCode.SESSION_REQUIRED, "the SessionId was not set")
+    if isinstance(exc, NotAllowed):
+        return SendFailure(False, ReasonCode.DESTINATION_REFUSED, "not allowed")
     if isinstance(exc, QuotaExceeded):
         return SendFailure(True, ReasonCode.QUOTA_EXCEEDED, f"destination '{destination}' is full")
     return SendFailure(True, ReasonCode.TRANSIENT, "busy")
@@ -63,12 +75,16 @@ class FakeSender:
     """Records what was sent; ``script`` is a list of per-call behaviours (None = send all).
 
     ``script`` may also be a dict: per destination, its own list. ``down``: destinations that refuse
-    every send (transiently). Every send call takes ``send_seconds`` of the clock, if there is one.
+    every send (transiently). ``refuse``: message id -> the error every send holding it fails with (a batch
+    is sent whole or not at all); ``largest``: sends of more messages are refused with ``NotAllowed`` (a
+    refusal of the batch's shape). Every send call takes ``send_seconds`` of the clock, if there is one.
     """
 
-    def __init__(self, script=(), *, down=(), clock=None, send_seconds=0.0):
+    def __init__(self, script=(), *, down=(), clock=None, send_seconds=0.0, refuse=None, largest=None):
         self.script = {d: list(steps) for d, steps in script.items()} if isinstance(script, dict) else list(script)
         self.down = set(down)
+        self.refuse, self.largest = dict(refuse or {}), largest
+        self.sizes: list[int] = []  # messages per send call
         self.clock, self.send_seconds = clock, send_seconds
         self.sent: list[tuple[str, str]] = []  # (destination, message id) in send order
         self.calls: list[tuple[str, float | None]] = []  # (destination, when)
@@ -78,8 +94,14 @@ class FakeSender:
         self.calls.append((destination, None if self.clock is None else self.clock()))
         if self.clock is not None:
             self.clock.now += self.send_seconds
+        self.sizes.append(len(messages))
         if destination in self.down:
             raise PartialSendError(0, Busy())
+        refused = [self.refuse[m.message_id] for m in messages if m.message_id in self.refuse]
+        if refused:
+            raise PartialSendError(0, refused[0], len(messages))
+        if self.largest is not None and len(messages) > self.largest:
+            raise PartialSendError(0, NotAllowed(), len(messages))
         steps = self.script.get(destination, []) if isinstance(self.script, dict) else self.script
         step = steps.pop(0) if steps else None
         if step is None:
@@ -87,7 +109,7 @@ class FakeSender:
             return len(messages)
         count, error = step
         self.sent += [(destination, m.message_id) for m in messages[:count]]
-        raise PartialSendError(count, error)
+        raise PartialSendError(count, error, len(messages) - count)
 
     def reset(self, destination):
         self.resets.append(destination)
@@ -255,11 +277,64 @@ def test_final_failures_dead_letter_what_they_concern():
         (1, Outcome.DELIVERED, None), (2, Outcome.DEAD_LETTERED, ReasonCode.DESTINATION_NOT_FOUND),
         (3, Outcome.DEAD_LETTERED, ReasonCode.DESTINATION_NOT_FOUND)]
 
-    too_large = FakeSender(script=[(1, TooLarge())])  # only the message at fault; the rest still goes
+    too_large = FakeSender(refuse={"m2": TooLarge()})  # only the message at fault; the rest still goes
     results = run([row(1), row(2), row(3)], too_large)
     assert [(r.row["sequence_number"], r.outcome) for r in results] == [
         (1, Outcome.DELIVERED), (2, Outcome.DEAD_LETTERED), (3, Outcome.DELIVERED)]
     assert too_large.sent == [("orders", "m1"), ("orders", "m3")]
+    assert too_large.resets == []  # a refused message says nothing against the link
+
+
+def test_a_refused_message_in_a_batch_is_found_by_halving_and_only_it_is_dead_lettered():
+    sender = FakeSender(refuse={"m6": NotAllowed()})
+    results = run([row(seq) for seq in range(1, 17)], sender)
+    assert outcomes(results) == [(seq, Outcome.DELIVERED, None) for seq in range(1, 6)] + [
+        (6, Outcome.DEAD_LETTERED, ReasonCode.DESTINATION_REFUSED)] + [
+        (seq, Outcome.DELIVERED, None) for seq in range(7, 17)]
+    assert [m for _, m in sender.sent] == [f"m{seq}" for seq in range(1, 17) if seq != 6]  # in order
+    # 16 refused, 8 refused, 4 sent (m1..m4), 2 refused (m5, m6), 1 sent (m5), 1 refused (m6), the rest whole
+    assert sender.sizes == [16, 8, 4, 2, 1, 1, 10]
+    assert results[5].reason == "not allowed" and sender.resets == []
+
+
+def test_a_refusal_of_the_batchs_shape_dead_letters_nothing():
+    sender = FakeSender(largest=1)  # a destination that takes only single messages
+    results = run([row(seq) for seq in range(1, 6)], sender)
+    assert outcomes(results) == [(seq, Outcome.DELIVERED, None) for seq in range(1, 6)]
+    assert [m for _, m in sender.sent] == ["m1", "m2", "m3", "m4", "m5"]
+
+
+def test_a_refusal_for_a_missing_session_teaches_the_sender_about_the_destination():
+    rows = [row(1), row(2, session="s"), row(3), row(4, session="s"), row(5)]
+    sender = FakeSender(refuse={"m1": SessionNotSet(), "m3": SessionNotSet(), "m5": SessionNotSet()})
+    results = run(rows, sender)
+    assert sorted(outcomes(results)) == [
+        (1, Outcome.DEAD_LETTERED, ReasonCode.SESSION_REQUIRED), (2, Outcome.DELIVERED, None),
+        (3, Outcome.DEAD_LETTERED, ReasonCode.SESSION_REQUIRED), (4, Outcome.DELIVERED, None),
+        (5, Outcome.DEAD_LETTERED, ReasonCode.SESSION_REQUIRED)]
+    # m1, m3 and m5 share a group (no session): the first refusal is narrowed to m1; m3 and m5 are not sent again
+    assert sender.sizes == [3, 1, 2] and [m for _, m in sender.sent] == ["m2", "m4"]
+    assert "requires sessions" in next(r for r in results if r.row["sequence_number"] == 3).reason
+
+
+def test_a_refused_link_dead_letters_what_waits_for_it_and_a_transient_error_does_not_end_the_search():
+    class LinkRefused(FakeSender):
+        def send(self, destination, messages):
+            self.sizes.append(len(messages))
+            raise PartialSendError(0, NotAllowed(), 0)  # the attach itself was refused: nothing was transferred
+
+    link = LinkRefused()
+    results = run([row(1), row(2), row(3)], link)
+    assert outcomes(results) == [(seq, Outcome.DEAD_LETTERED, ReasonCode.DESTINATION_REFUSED) for seq in (1, 2, 3)]
+    assert link.sizes == [3] and link.resets == ["orders"]
+
+    clock = FakeClock()
+    flaky = FakeSender(refuse={"m3": NotAllowed()}, clock=clock)
+    flaky.script = [None, (0, Busy())]  # the whole batch is refused, then a transient error mid-search
+    results = run([row(1), row(2), row(3), row(4)], flaky, clock=clock)
+    assert outcomes(results) == [(1, Outcome.DELIVERED, None), (2, Outcome.DELIVERED, None),
+                                 (3, Outcome.DEAD_LETTERED, ReasonCode.DESTINATION_REFUSED),
+                                 (4, Outcome.DELIVERED, None)]
 
 
 def test_after_a_partial_send_nothing_more_of_that_destination_goes_and_the_rest_stays_in_order():

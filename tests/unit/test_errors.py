@@ -8,9 +8,9 @@ from backlog_syphon.errors import (
     BacklogQueueMissingError,
     BatchFailedError,
     DestinationUnavailableError,
-    IncompleteReadError,
     LeaseHeldError,
     LeaseLostError,
+    PeekTimedOutError,
     SettingsError,
     SyphonError,
     describe,
@@ -29,7 +29,7 @@ def test_exit_codes_are_the_command_lines_contract():
     (LeaseLostError("x"), 1, True),
     (DestinationUnavailableError("x"), 1, True),
     (BacklogQueueMissingError("x"), 1, True),
-    (IncompleteReadError("x"), 1, True),
+    (PeekTimedOutError("x"), 1, True),
 ])
 def test_each_error_carries_its_exit_code_and_whether_running_again_helps(error, exit_code, retryable):
     assert isinstance(error, SyphonError)

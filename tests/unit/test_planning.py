@@ -14,15 +14,17 @@ from backlog_syphon.source.planning import (
     normalise_offsets,
     plan_windows,
     position,
+    share_budget,
+    split_budget,
+    windows,
+)
+from backlog_syphon.source.searches import (
     UNKNOWN,
     ProbeCount,
     probe_one_at_a_time,
     run_searches,
     search_window,
-    share_budget,
-    split_budget,
     tail_end,
-    windows,
 )
 
 

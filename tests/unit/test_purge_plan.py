@@ -6,14 +6,15 @@ import pytest
 
 from backlog_syphon.model import HeldSpan, RecordedSpan
 from backlog_syphon.servicebus.purge_plan import (
-    BulkCompletion,
+    BulkSettlement,
     PageActions,
     PurgePlan,
     PurgeProgress,
     PurgeResult,
-    settle_page_size,
+    dead_letter_groups,
     span_after_peek,
 )
+from backlog_syphon.servicebus.settle_timing import SettleTiming
 
 T0 = 1_700_000_000_000  # enqueue times in ms: message n of the first incarnation entered at T0 + n
 
@@ -51,7 +52,7 @@ def run_purge(plan, queue, *, page=100, settle_fails=()):
         actions.append(step)
         failed = [seq for seq in step.complete if seq in settle_fails]
         settled = (set(step.complete) - set(failed)) | {seq for seq, _, _ in step.dead_letter}
-        progress.on_settled(len(step.complete) - len(failed), len(step.dead_letter))
+        progress.on_settled(len(step.complete) - len(failed), [seq for seq, _, _ in step.dead_letter])
         locked += [identity for identity in received if identity[0] in step.pass_over]  # released at the end
         remaining = sorted([identity for identity in received
                             if identity[0] not in settled and identity[0] not in step.pass_over] + remaining)
@@ -171,7 +172,7 @@ def test_a_purge_reports_each_span_settled_or_left_from_what_is_still_there():
     first, second = span(1, 3), span(5, 6)
     progress = PurgeProgress(plan_of(first, second))
     progress.on_page([msg(1), msg(2), msg(3)])
-    progress.on_settled(3, 0)
+    progress.on_settled(3)
     result = progress.result({1: msg(5), 5: msg(5)})
     assert result == PurgeResult(3, 0, 0, remaining=(second,), settled=(first,))
 
@@ -253,8 +254,8 @@ def test_one_pass_over_for_every_message_that_stays_held_or_left_in_a_dead_lette
 
 # --- settling within the locks ------------------------------------------------------------------------
 
-def complete_with(completion: BulkCompletion, lost: set, *, clock=lambda: 0.0, broken=False) -> list[tuple]:
-    """Drive a ``BulkCompletion`` against a broker that refuses a request holding a lost lock (and, like the
+def complete_with(completion: BulkSettlement, lost: set, *, clock=lambda: 0.0, broken=False) -> list[tuple]:
+    """Drive a ``BulkSettlement`` against a broker that refuses a request holding a lost lock (and, like the
     emulator, settles nothing of a refused request); returns the requests made."""
     requests = []
     while (request := completion.next_request(clock())) is not None:
@@ -269,14 +270,14 @@ def complete_with(completion: BulkCompletion, lost: set, *, clock=lambda: 0.0, b
 
 
 def test_a_bulk_completion_that_succeeds_is_one_request():
-    completion = BulkCompletion(range(1, 101), deadline=60.0)
+    completion = BulkSettlement(range(1, 101), deadline=60.0)
     assert complete_with(completion, set()) == [tuple(range(1, 101))]
     assert sorted(completion.completed) == list(range(1, 101)) and completion.unsettled == []
 
 
 @pytest.mark.parametrize("lost", [{37}, {1, 100}, {5, 6, 7}])
 def test_a_bulk_completion_refused_for_a_lost_lock_is_split_never_walked_one_by_one(lost):
-    completion = BulkCompletion(range(1, 101), deadline=60.0)
+    completion = BulkSettlement(range(1, 101), deadline=60.0)
     requests = complete_with(completion, lost)
     assert sorted(completion.completed) == sorted(set(range(1, 101)) - lost)  # every other message completed
     assert sorted(completion.lost) == sorted(lost) and completion.left == []  # the lost ones come back later
@@ -290,37 +291,70 @@ def test_nothing_is_sent_once_the_locks_are_about_to_end_and_a_broken_link_ends_
         now["t"] += 1.0  # each request takes a second
         return now["t"]
 
-    completion = BulkCompletion(range(1, 101), deadline=4.5)
+    completion = BulkSettlement(range(1, 101), deadline=4.5)
     requests = complete_with(completion, {10, 60}, clock=clock)
     assert len(requests) == 4  # then the deadline: nothing more goes out
     assert sorted(completion.completed + completion.unsettled) == list(range(1, 101))
     assert completion.left and not set(completion.completed) & {10, 60}
 
-    broken = BulkCompletion(range(1, 11), deadline=60.0)
+    broken = BulkSettlement(range(1, 11), deadline=60.0)
     assert complete_with(broken, set(), broken=True) == [tuple(range(1, 11))]
     assert sorted(broken.left) == list(range(1, 11)) and broken.completed == []
 
 
-@pytest.mark.parametrize("lock, round_trip, page", [
-    (None, None, 100),  # nothing measured yet: a full page
-    (60.0, 0.05, 100),  # a region away: the worst split of 100 takes 10 s of a 60 s lock
-    (60.0, 0.5, 15),  # a slow link: smaller pages, so that even one by one they end inside the locks
-    (30.0, 5.0, 1),
-])
-def test_pages_are_sized_to_settle_well_inside_their_locks(lock, round_trip, page):
-    assert settle_page_size(lock, round_trip) == page
-    progress = PurgeProgress(plan_of(span(1, 500)))
-    progress.measured(lock, round_trip)
-    assert progress.credit() == page
+def measured(lock, receive, round_trip):
+    """What a queue's purges measured: locks of ``lock`` seconds as seen, receives and requests taking so long."""
+    timing = SettleTiming()
+    timing.observed_page(receive, lock)
+    timing.observed_request(round_trip)
+    return timing
+
+
+def test_pages_follow_the_lock_and_the_round_trip_not_fixed_seconds():
+    one_reason = {msg(seq): ("missing_path", "no x-ms-path") for seq in range(1, 451, 10)}
+    # a 5-second lock, 300 ms away: one completion and one dead-lettering fit in a full page's locks
+    progress = PurgeProgress(plan_of(span(1, 450), dead_letters=one_reason), timing=measured(4.7, 0.5, 0.3))
+    assert (progress.credit(), progress.requests_needed()) == (100, 2)
+    # a reason each, 300 ms each way: 5 requests fit, pages of 40 (about 4 dead-letterings and the completion)
+    own_reasons = {msg(seq): ("message_too_large", f"body of {seq} bytes") for seq in range(1, 451, 10)}
+    progress = PurgeProgress(plan_of(span(1, 450), dead_letters=own_reasons), timing=measured(4.7, 0.9, 0.6))
+    assert (progress.credit(), progress.requests_needed()) == (40, 5)
+    # nothing measured yet: a full page (the deadline still holds for it); too slow for the lock: nothing
+    assert PurgeProgress(plan_of(span(1, 450))).credit() == 100
+    assert PurgeProgress(plan_of(span(1, 10)), timing=measured(4.7, 3.0, 2.0)).credit() == 0
+
+
+def test_dead_letters_go_in_one_request_per_distinct_reason_the_largest_first():
+    orders = ((2, "missing_path", "no x-ms-path"), (3, "too_large", "body of 9 bytes"),
+              (5, "missing_path", "no x-ms-path"), (8, "missing_path", "other text"))
+    assert dead_letter_groups(orders) == [(("missing_path", "no x-ms-path"), (2, 5)),
+                                          (("too_large", "body of 9 bytes"), (3,)),
+                                          (("missing_path", "other text"), (8,))]
+    dead = {msg(2): ("a", "x"), msg(3): ("b", "y")}
+    progress = PurgeProgress(plan_of(span(1, 5), dead_letters=dead), timing=measured(59.9, 0.1, 0.05))
+    assert progress.requests_needed() == 3
+    progress.on_page([msg(seq) for seq in range(1, 4)])
+    progress.on_settled(1, [2, 3])
+    assert progress.requests_needed() == 1  # what is left needs its completion only
+
+
+def test_what_missed_its_deadline_is_received_again_and_a_page_that_settled_nothing_ends_the_round():
+    progress = PurgeProgress(plan_of(span(1, 10)), page=10)
+    assert progress.on_page([msg(seq) for seq in range(1, 11)]).stop  # every recorded message seen
+    progress.on_settled(6, given_back=4)  # four released before their locks could end
+    assert not progress.stopped and progress.credit() == 4
+    progress.on_page([msg(seq) for seq in range(7, 11)])
+    progress.on_settled(0, given_back=4)  # none of them in time: the next page would fare no better
+    assert progress.stopped and progress.late_only and progress.credit() == 0
 
 
 def test_a_page_whose_locks_are_all_gone_stops_after_a_few_requests_not_two_per_message():
-    completion = BulkCompletion(range(1, 101), deadline=60.0)
+    completion = BulkSettlement(range(1, 101), deadline=60.0)
     requests = complete_with(completion, set(range(1, 101)))
     assert completion.all_lost and completion.completed == []
     assert len(requests) <= 2 * 7 + 1  # one path down the halves and a little more, then it gives up
     assert sorted(completion.unsettled) == list(range(1, 101))
-    single = BulkCompletion(range(1, 101), deadline=60.0)
+    single = BulkSettlement(range(1, 101), deadline=60.0)
     complete_with(single, {1, 2})  # two lost locks side by side: still split to the end
     assert not single.all_lost and sorted(single.lost) == [1, 2] and len(single.completed) == 98
 

@@ -380,3 +380,40 @@ def test_skipped_destinations_are_held_after_the_rename_before_any_other_rule_bu
     reason = out.where("sequence_number = 1").first()["reason"]
     assert reason == "destination 'payments' is in restore.skip_destinations: left in the backlog for a later run"
     assert out.where("action = 'hold'").select("restored_time_to_live_ms").distinct().collect()[0][0] is None
+
+
+# --- what the destination takes ----------------------------------------------------------------
+
+def test_a_message_its_destination_would_refuse_is_dead_lettered_before_it_is_sent(spark):
+    from backlog_syphon.model import DestinationShape, EntityKind
+    from backlog_syphon.restore.destination_fit import by_name
+
+    shapes = by_name([DestinationShape("Sessions-Orders", EntityKind.QUEUE, requires_session=True),
+                      DestinationShape("orders", EntityKind.QUEUE),
+                      DestinationShape("events", EntityKind.TOPIC, session_subscriptions=("eu",))])
+    rows = [
+        backlog_row(1, destination="sessions-orders", session_id="s1"),
+        backlog_row(2, destination="sessions-orders"),  # no x-ms-sessionid: Service Bus would refuse it
+        backlog_row(3, destination="orders"),
+        backlog_row(4, destination="events"),  # a topic takes it (its session subscription dead-letters a copy)
+        backlog_row(5, destination="orders", session_id="s1", partition_key="p1"),  # refused on any entity
+        backlog_row(6, destination="orders", session_id="s1", partition_key="s1"),
+        backlog_row(7, destination="unknown-to-the-api"),
+    ]
+    assert_classified(spark, rows, [
+        (1, "deliver", None, None, None),
+        (2, "dead_letter", "session_required",
+         "destination 'sessions-orders' requires sessions and the message has no SessionId (its backlog copy carries "
+         "no x-ms-sessionid), so Service Bus would refuse it: give it a SessionId, or send it to an entity without "
+         "sessions (restore.destination_map), then re-drive it (--redrive-dead-letters)", None),
+        (3, "deliver", None, None, None),
+        (4, "deliver", None, None, None),
+        (5, "dead_letter", "session_id_not_partition_key",
+         "its SessionId 's1' and PartitionKey 'p1' differ, so Service Bus would refuse it on any entity: make them "
+         "equal, or clear the PartitionKey, then re-drive it (--redrive-dead-letters)", None),
+        (6, "deliver", None, None, None),
+        (7, "deliver", None, None, None),
+    ], destination_shapes=shapes)
+    # without shapes (the administration API did not answer) only what every entity refuses is caught
+    without = {row["sequence_number"]: row["action"] for row in classified(spark, rows[:2] + rows[4:5]).collect()}
+    assert without == {1: "deliver", 2: "deliver", 5: "dead_letter"}

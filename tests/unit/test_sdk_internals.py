@@ -168,3 +168,49 @@ def test_prompt_leaves_anything_but_an_sdk_handler_as_it_is():
 
     stand_in = StandIn()
     assert prompt(stand_in) is stand_in and vars(stand_in) == {}
+
+
+class _PeekAnswer:
+    """What the SDK hands a management callback: the response's body and application properties."""
+
+    def __init__(self, messages=(), condition=None):
+        self.value = {b"messages": [{b"message": raw} for raw in messages]}
+        self.application_properties = {} if condition is None else {b"errorCondition": condition}
+
+
+class _PeekingReceiver:
+    """A receiver whose management link answers one peek with ``status`` and ``answer``."""
+
+    def __init__(self, status, answer):
+        from azure.servicebus._transport._pyamqp_transport import PyamqpTransport
+
+        self._amqp_transport = PyamqpTransport
+        self.status, self.answer, self.asked = status, answer, []
+
+    def _check_live(self):
+        pass
+
+    def _mgmt_request_response_with_retry(self, operation, request, callback, timeout=None):
+        self.asked.append((operation, request, timeout))
+        return callback(self.status, self.answer, "described")
+
+
+@pytest.mark.parametrize("status, answer", [
+    (204, _PeekAnswer()),  # "no more messages"
+    (202, _PeekAnswer()),
+    (404, _PeekAnswer(condition=b"com.microsoft:message-not-found")),  # how the service has also said it
+])
+def test_every_way_the_service_says_no_messages_is_an_empty_page(status, answer):
+    receiver = _PeekingReceiver(status, answer)
+    assert sdk_internals.peek_stored_bytes(receiver, 7, 250, timeout=10.0) == []
+    [(_, request, timeout)] = receiver.asked
+    assert timeout == 10.0 and request[sdk_internals.sdk_constants.MGMT_REQUEST_MAX_MESSAGE_COUNT] == 250
+
+
+def test_a_peek_page_keeps_the_stored_bytes_and_a_missing_queue_still_raises():
+    from azure.servicebus.exceptions import MessagingEntityNotFoundError
+
+    assert sdk_internals.peek_stored_bytes(_PeekingReceiver(200, _PeekAnswer([b"\x00a", b"\x00b"])), 1, 2) == [
+        b"\x00a", b"\x00b"]
+    with pytest.raises(MessagingEntityNotFoundError):
+        sdk_internals.peek_stored_bytes(_PeekingReceiver(404, _PeekAnswer(condition=b"amqp:not-found")), 1, 2)

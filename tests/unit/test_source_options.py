@@ -20,6 +20,11 @@ def test_options_survive_the_trip_through_sparks_strings():
     assert SECRET_OPTION in spark_options and "secret" in SECRET_OPTION  # redacted by Spark's default regex
     assert SourceOptions.from_spark(spark_options) == options
     assert options.configured_queues == [f"contoso/x-servicebus-transfer/{i}" for i in range(3)]
+    # the namespace's administration API (discovery) and its links' refresh reach the source too
+    emulator = dataclasses.replace(SECONDARY, administration_endpoint="127.0.0.1:5301",
+                                   administration_ca_file="/tmp/ca.pem", idle_link_seconds=30.0)
+    options = dataclasses.replace(options, secondary=emulator)
+    assert SourceOptions.from_spark(options.to_spark()) == options
 
 
 def test_missing_options_take_the_configurations_defaults():
@@ -81,6 +86,41 @@ def test_the_pool_closes_a_namespaces_client_with_its_last_link(monkeypatch):
     assert peek_0.closed and not settle_0.closed and not client.closed  # the purge's link still uses it
     pool.close(SECONDARY, "secondary", [("receiver", "settle", "q0")])
     assert settle_0.closed and client.closed
+
+
+def test_a_pooled_link_idle_past_the_brokers_idle_timer_is_replaced_before_it_is_used(monkeypatch):
+    from backlog_syphon.servicebus import clients
+
+    class Handle:
+        def __init__(self):
+            self.closed = False
+
+        def close(self):
+            self.closed = True
+
+    monkeypatch.setattr(clients, "open_client", lambda namespace, **_: Handle())
+    now = [1_000.0]
+    pool = clients._HandlerPool(clock=lambda: now[0])
+    key = ("sender", "orders")
+    idle = SECONDARY.idle_link_seconds
+    assert idle == 480 < 10 * 60  # by default: within the service's link idle timer
+    first = pool.get(SECONDARY, "primary", key, lambda _: Handle())
+    now[0] += idle - 1  # used just within the idle time: kept, and its clock starts again
+    assert pool.get(SECONDARY, "primary", key, lambda _: Handle()) is first
+    now[0] += idle - 1
+    assert pool.get(SECONDARY, "primary", key, lambda _: Handle()) is first and not first.closed
+    now[0] += idle + 1  # idle for longer: Service Bus would have detached it
+    fresh = pool.get(SECONDARY, "primary", key, lambda _: Handle())
+    assert fresh is not first and first.closed and not fresh.closed
+
+    # A peek receiver's receive link never carries anything: it is replaced by age, however often it peeks.
+    peeker = pool.get(SECONDARY, "secondary", ("receiver", "peek", "q0"), lambda _: Handle(), by_age=True)
+    for _ in range(3):
+        now[0] += idle / 3
+        assert pool.get(SECONDARY, "secondary", ("receiver", "peek", "q0"), lambda _: Handle(), by_age=True) is peeker
+    now[0] += 1
+    renewed = pool.get(SECONDARY, "secondary", ("receiver", "peek", "q0"), lambda _: Handle(), by_age=True)
+    assert renewed is not peeker and peeker.closed
 
 
 def test_the_planners_start_once_per_application_and_a_failed_start_is_tried_again(monkeypatch):

@@ -10,7 +10,7 @@ from backlog_syphon.errors import LeaseHeldError, SettingsError
 from backlog_syphon.run.lease import new_lease
 from backlog_syphon.run import syphon
 from backlog_syphon.run.syphon import StartGates
-from backlog_syphon.servicebus import probes
+from backlog_syphon.servicebus import entities, probes
 from backlog_syphon.sink.batch import Recovery
 from backlog_syphon.storage import tables
 from backlog_syphon.timeline import Milestone, Timeline
@@ -19,7 +19,7 @@ from .test_fence import T0, Clock, LeaseTable, keeper
 
 STORAGE = SimpleNamespace(audit_table="/state/audit", checkpoint_table="/state/checkpoint",
                           resolved_lease_table="/state/lease")
-CONFIG = SimpleNamespace(storage=STORAGE, run=SimpleNamespace(wait_for_lease=False))
+CONFIG = SimpleNamespace(storage=STORAGE, run=SimpleNamespace(wait_for_lease=False), primary=None)
 SPARK = SimpleNamespace(dataSource=SimpleNamespace(register=lambda source: None))  # all else is patched below
 
 
@@ -32,6 +32,7 @@ def table(monkeypatch):
     monkeypatch.setattr(syphon, "read_recovery", lambda spark, storage: (Recovery({}, (), (), 0), ()))
     monkeypatch.setattr(probes, "preflight", lambda config: None)
     monkeypatch.setattr(probes, "executor_preflight", lambda spark, config: None)
+    monkeypatch.setattr(entities, "destination_shapes", lambda namespace: {})
     monkeypatch.setattr(syphon, "start_planners", lambda spark: None)
     return table
 

@@ -9,5 +9,6 @@
 """
 from .config import ConfigError, EmulatorConfig, load_config
 from .emulator import Emulator
+from .entity_status import EntityStatus
 
-__all__ = ["ConfigError", "Emulator", "EmulatorConfig", "load_config"]
+__all__ = ["ConfigError", "Emulator", "EmulatorConfig", "EntityStatus", "load_config"]

@@ -30,8 +30,9 @@ AUDIENCE = "https://servicebus.azure.net"
 SCOPES = (AUDIENCE + "/.default", AUDIENCE + "//.default")
 
 SEND, LISTEN, MANAGE = "Send", "Listen", "Manage"
+ALL_RIGHTS = frozenset({SEND, LISTEN, MANAGE})
 ROLES = {
-    "Azure Service Bus Data Owner": frozenset({SEND, LISTEN, MANAGE}),
+    "Azure Service Bus Data Owner": ALL_RIGHTS,
     "Azure Service Bus Data Sender": frozenset({SEND}),
     "Azure Service Bus Data Receiver": frozenset({LISTEN}),
 }

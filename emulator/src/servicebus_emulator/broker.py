@@ -187,10 +187,13 @@ class Session:
 class Entity:
     """A queue, a subscription or a dead-letter sub-queue: something messages are received from."""
 
-    def __init__(self, path: str, settings, *, sequencer=None, is_dlq: bool = False):
+    def __init__(self, path: str, settings, *, sequencer=None, parent: Optional["Entity"] = None):
         self.path = path                     # display path, e.g. "events/Subscriptions/eu"
         self.settings = settings
-        self.is_dlq = is_dlq
+        self.is_dlq = is_dlq = parent is not None
+        self.parent = parent                 # the entity a dead-letter queue belongs to
+        self.topic: Optional["Topic"] = None     # a subscription's topic (set by the namespace)
+        self.status = settings.status        # an EntityStatus; a dead-letter queue follows its parent's
         self.requires_session = settings.requires_session and not is_dlq
         self.sequencer = sequencer if sequencer is not None else Sequencer()
         self.msgs: Dict[int, Msg] = {}
@@ -208,8 +211,10 @@ class Entity:
         self.ops: Counter = Counter()
         self.dlq: Optional[Entity] = None
         if not is_dlq:
-            self.dlq = Entity(path + "/$DeadLetterQueue", settings, is_dlq=True)
+            self.dlq = Entity(path + "/$DeadLetterQueue", settings, parent=self)
         self.dedupe = Deduper(getattr(settings, "duplicate_detection_window_seconds", 0))
+        # what the administration API reports: when it was made, and last sent to or received from
+        self.created_ms = self.accessed_ms = now_ms()
 
     # ---- storage --------------------------------------------------------------------------------
     def _store(self, m: Msg):
@@ -244,6 +249,7 @@ class Entity:
     def enqueue(self, content: Content, seq: int, now: int) -> Msg:
         m = Msg(content, seq, now)
         self.counters["in"] += 1
+        self.accessed_ms = now
         self._store(m)
         if content.scheduled_ms and content.scheduled_ms > now:
             m.state = SCHEDULED
@@ -312,11 +318,13 @@ class Entity:
             m.locked_until = now + int(self.settings.lock_duration_seconds * 1000)
             heapq.heappush(self.lock_heap, (m.locked_until, m.seq, m.lock_token))
         self.counters["out"] += 1
+        self.accessed_ms = now
         return m.lock_token
 
     def take(self, m: Msg):
         """Receive-and-delete."""
         self.counters["out"] += 1
+        self.accessed_ms = now_ms()
         self._remove(m)
 
     def locked(self, token: uuid.UUID, owner=None) -> Msg:
@@ -390,7 +398,6 @@ class Entity:
             if m is None or (session_id is not None and m.session != session_id):
                 continue
             out.append(m)
-        self.counters["peeked"] += len(out)
         return out
 
     def cancel_scheduled(self, seq: int):
@@ -485,12 +492,14 @@ class Topic:
     def __init__(self, cfg, subscriptions: List[Entity], filters: Dict[str, Any]):
         self.path = cfg.name
         self.settings = cfg
+        self.status = cfg.status
         self.sequencer = Sequencer()
         self.subscriptions = subscriptions
         self.filters = filters            # subscription path -> its rules' correlation filters
         self.counters: Counter = Counter()
         self.ops: Counter = Counter()
         self.dedupe = Deduper(cfg.duplicate_detection_window_seconds)
+        self.created_ms = now_ms()
 
     def stats(self) -> Dict[str, Any]:
         return {"in": self.counters.get("in", 0), "duplicates": self.counters.get("duplicates", 0),

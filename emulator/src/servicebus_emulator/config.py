@@ -9,9 +9,15 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass, field
-from typing import Any, Dict, Mapping, Optional, Tuple
+from typing import Any, Dict, FrozenSet, Mapping, Optional, Tuple
 
 import yaml
+
+from .aad import ALL_RIGHTS, LISTEN, MANAGE, SEND
+from . import limits
+from .config_error import ConfigError
+from .entity_status import EntityKind, EntityStatus, parse_status
+from .service_settings import SERVICE_KEYS, ServiceSettings, service_settings_from_dict
 
 MAX_INT32 = 2147483647
 
@@ -20,10 +26,6 @@ CORRELATION_FIELDS = (
     "correlation_id", "message_id", "to", "reply_to", "subject", "label",
     "session_id", "reply_to_session_id", "content_type",
 )
-
-
-class ConfigError(ValueError):
-    """A bad emulator configuration. The message names the key (and the file when known)."""
 
 
 @dataclass(frozen=True)
@@ -37,6 +39,7 @@ class EntitySettings:
     duplicate_detection_window_seconds: float = 0.0
     default_message_ttl_seconds: float = 0.0          # 0 = never expires
     dead_lettering_on_message_expiration: bool = False
+    status: EntityStatus = EntityStatus.ACTIVE
 
 
 @dataclass(frozen=True)
@@ -67,6 +70,7 @@ class TopicConfig:
     max_message_size_kb: int = 256
     duplicate_detection_window_seconds: float = 0.0
     subscriptions: Tuple[SubscriptionConfig, ...] = ()
+    status: EntityStatus = EntityStatus.ACTIVE
 
 
 @dataclass(frozen=True)
@@ -100,6 +104,14 @@ class NamespaceConfig:
     latency_ms: float = 0.0             # added to every frame the emulator sends on this namespace
     local_auth: bool = True             # False: SAS tokens are refused, as with disableLocalAuth
     azure_ad: Optional[AzureAdConfig] = None
+    admin_port: int = 0                 # the administration API's HTTPS port (0 = pick a free port)
+    # key name -> its rights; a key without an entry has all three (Send, Listen, Manage)
+    sas_key_rights: Mapping[str, FrozenSet[str]] = field(default_factory=dict)
+
+    def key_rights(self, key_name: str) -> FrozenSet[str]:
+        """The rights a shared access key confers (every right unless ``sas_key_rights`` names fewer)."""
+        return self.sas_key_rights.get(key_name, ALL_RIGHTS)
+    service: ServiceSettings = ServiceSettings()   # tier, limits, peek paging, idle timers
 
 
 _ENTITY_KEYS = {
@@ -110,6 +122,7 @@ _ENTITY_KEYS = {
     "duplicate_detection_window_seconds": (int, float),
     "default_message_ttl_seconds": (int, float),
     "dead_lettering_on_message_expiration": bool,
+    "status": str,
 }
 
 
@@ -149,20 +162,32 @@ def _name(d: Mapping, where) -> str:
     return name
 
 
-def _entity_kwargs(d: Mapping, where) -> Dict[str, Any]:
+def _entity_kwargs(d: Mapping, where, kind: EntityKind, allow_short_locks: bool = False) -> Dict[str, Any]:
+    """The settings among ``d``'s keys, checked against the ranges Service Bus accepts."""
     out = {}
     for key, types in _ENTITY_KEYS.items():
         if key in d:
             out[key] = _check_type(d[key], types, f"{where}.{key}")
-    if out.get("lock_duration_seconds", 1) <= 0:
-        raise ConfigError(f"{where}.lock_duration_seconds: must be > 0")
+    if "status" in out:
+        try:
+            out["status"] = parse_status(out["status"], kind)
+        except ValueError as exc:
+            raise ConfigError(f"{where}.status: {exc}") from None
+    lock = out.get("lock_duration_seconds", EntitySettings.lock_duration_seconds)
+    error = limits.lock_duration_error(lock, allow_short_locks=allow_short_locks)
+    if error:
+        hint = "" if allow_short_locks else "; for shorter locks in tests set allow_short_locks: true on the namespace"
+        raise ConfigError(f"{where}.lock_duration_seconds: {error}, got {lock!r}{hint}")
+    window = out.get("duplicate_detection_window_seconds", 0)
+    error = limits.duplicate_detection_window_error(window) if window else None   # 0: detection off
+    if error:
+        raise ConfigError(f"{where}.duplicate_detection_window_seconds: {error}, or 0 for off, got {window!r}")
     if not 1 <= out.get("max_delivery_count", 1) <= MAX_INT32:
         raise ConfigError(f"{where}.max_delivery_count: must be in 1..{MAX_INT32}")
     if out.get("max_message_size_kb", 1) <= 0:
         raise ConfigError(f"{where}.max_message_size_kb: must be > 0")
-    for key in ("duplicate_detection_window_seconds", "default_message_ttl_seconds"):
-        if out.get(key, 0) < 0:
-            raise ConfigError(f"{where}.{key}: must be >= 0")
+    if out.get("default_message_ttl_seconds", 0) < 0:
+        raise ConfigError(f"{where}.default_message_ttl_seconds: must be >= 0")
     return out
 
 
@@ -176,10 +201,10 @@ def _correlation_filter(value, where) -> Optional[Mapping[str, Any]]:
     return dict(d)
 
 
-def queue_from_dict(d, where) -> QueueConfig:
+def queue_from_dict(d, where, *, allow_short_locks: bool = False) -> QueueConfig:
     d = _mapping(d, where)
     _unknown(d, {"name"} | set(_ENTITY_KEYS), where)
-    return QueueConfig(name=_name(d, where), **_entity_kwargs(d, where))
+    return QueueConfig(name=_name(d, where), **_entity_kwargs(d, where, EntityKind.QUEUE, allow_short_locks))
 
 
 def _rule_from_dict(d, where) -> SubscriptionRule:
@@ -189,7 +214,7 @@ def _rule_from_dict(d, where) -> SubscriptionRule:
                             _correlation_filter(d.get("correlation_filter"), f"{where}.correlation_filter"))
 
 
-def subscription_from_dict(d, where) -> SubscriptionConfig:
+def subscription_from_dict(d, where, *, allow_short_locks: bool = False) -> SubscriptionConfig:
     d = _mapping(d, where)
     _unknown(d, {"name", "correlation_filter", "rules"} | set(_ENTITY_KEYS), where)
     if "rules" in d:
@@ -204,15 +229,16 @@ def subscription_from_dict(d, where) -> SubscriptionConfig:
     else:
         flt = _correlation_filter(d.get("correlation_filter"), f"{where}.correlation_filter")
         rules = (SubscriptionRule(DEFAULT_RULE.name, flt),)
-    return SubscriptionConfig(name=_name(d, where), rules=rules, **_entity_kwargs(d, where))
+    return SubscriptionConfig(name=_name(d, where), rules=rules,
+                              **_entity_kwargs(d, where, EntityKind.SUBSCRIPTION, allow_short_locks))
 
 
-def _topic_from_dict(d, where) -> TopicConfig:
+def _topic_from_dict(d, where, allow_short_locks: bool) -> TopicConfig:
     d = _mapping(d, where)
-    _unknown(d, {"name", "max_message_size_kb", "duplicate_detection_window_seconds", "subscriptions"}, where)
-    kwargs = _entity_kwargs({k: d[k] for k in ("max_message_size_kb", "duplicate_detection_window_seconds")
-                             if k in d}, where)
-    subs = tuple(subscription_from_dict(s, f"{where}.subscriptions[{i}]")
+    own = ("max_message_size_kb", "duplicate_detection_window_seconds", "status")
+    _unknown(d, {"name", "subscriptions", *own}, where)
+    kwargs = _entity_kwargs({k: d[k] for k in own if k in d}, where, EntityKind.TOPIC)
+    subs = tuple(subscription_from_dict(s, f"{where}.subscriptions[{i}]", allow_short_locks=allow_short_locks)
                  for i, s in enumerate(_list(d.get("subscriptions"), f"{where}.subscriptions")))
     _no_duplicates([s.name for s in subs], f"{where}.subscriptions")
     return TopicConfig(name=_name(d, where), subscriptions=subs, **kwargs)
@@ -228,20 +254,21 @@ def _no_duplicates(names, where):
 
 def _namespace_from_dict(d, where) -> NamespaceConfig:
     d = _mapping(d, where)
-    _unknown(d, {"name", "host", "port", "sas_keys", "queues", "topics", "latency_ms", "local_auth", "azure_ad"},
-             where)
+    _unknown(d, {"name", "host", "port", "admin_port", "sas_keys", "sas_key_rights", "queues", "topics",
+                 "latency_ms", "local_auth", "azure_ad", *SERVICE_KEYS}, where)
+    service = service_settings_from_dict(d, where)
     host = _check_type(d.get("host", "127.0.0.1"), str, f"{where}.host")
-    port = _check_type(d.get("port", 5672), int, f"{where}.port")
-    if not 0 <= port <= 65535:
-        raise ConfigError(f"{where}.port: must be in 0..65535")
+    port = _port(d, "port", 5672, where)
+    admin_port = _port(d, "admin_port", 0, where)
     latency_ms = check_latency_ms(d.get("latency_ms", 0), f"{where}.latency_ms")
     keys = _mapping(d.get("sas_keys") or {}, f"{where}.sas_keys")
     for k, v in keys.items():
         if not isinstance(k, str) or not isinstance(v, str) or not v:
             raise ConfigError(f"{where}.sas_keys.{k}: key name and key must be non-empty strings")
-    queues = tuple(queue_from_dict(q, f"{where}.queues[{i}]")
+    key_rights = _sas_key_rights(d.get("sas_key_rights"), keys, f"{where}.sas_key_rights")
+    queues = tuple(queue_from_dict(q, f"{where}.queues[{i}]", allow_short_locks=service.allow_short_locks)
                    for i, q in enumerate(_list(d.get("queues"), f"{where}.queues")))
-    topics = tuple(_topic_from_dict(t, f"{where}.topics[{i}]")
+    topics = tuple(_topic_from_dict(t, f"{where}.topics[{i}]", service.allow_short_locks)
                    for i, t in enumerate(_list(d.get("topics"), f"{where}.topics")))
     _no_duplicates([e.name for e in queues + topics], f"{where}.queues/topics")
     local_auth = _check_type(d.get("local_auth", True), bool, f"{where}.local_auth")
@@ -250,7 +277,33 @@ def _namespace_from_dict(d, where) -> NamespaceConfig:
         raise ConfigError(f"{where}.local_auth: false needs an azure_ad section (else nothing could sign in)")
     return NamespaceConfig(name=_name(d, where), host=host, port=port, sas_keys=dict(keys),
                            queues=queues, topics=topics, latency_ms=float(latency_ms), local_auth=local_auth,
-                           azure_ad=azure_ad)
+                           azure_ad=azure_ad, admin_port=admin_port, sas_key_rights=key_rights,
+                           service=service)
+
+
+def _port(d: Mapping, key: str, default: int, where: str) -> int:
+    port = _check_type(d.get(key, default), int, f"{where}.{key}")
+    if not 0 <= port <= 65535:
+        raise ConfigError(f"{where}.{key}: must be in 0..65535")
+    return port
+
+
+def _sas_key_rights(value, keys: Mapping[str, str], where: str) -> Dict[str, FrozenSet[str]]:
+    """``{key name: [rights]}``: each name a configured key; Manage only with Send and Listen, as the service
+    insists when a rule is created."""
+    out = {}
+    for name, rights in _mapping(value or {}, where).items():
+        if name not in keys:
+            raise ConfigError(f"{where}.{name}: not a key of sas_keys (keys: {', '.join(keys) or 'none'})")
+        rights = _list(rights, f"{where}.{name}")
+        unknown = [r for r in rights if r not in ALL_RIGHTS]
+        if unknown or not rights:
+            raise ConfigError(f"{where}.{name}: rights must be a non-empty list of {', '.join(sorted(ALL_RIGHTS))}, "
+                              f"got {rights!r}")
+        if MANAGE in rights and not {SEND, LISTEN} <= set(rights):
+            raise ConfigError(f"{where}.{name}: Manage needs Send and Listen too (write [Manage, Send, Listen])")
+        out[name] = frozenset(rights)
+    return out
 
 
 def _azure_ad(value, where) -> AzureAdConfig:

@@ -1,10 +1,14 @@
-"""Public API: ``Emulator(config).start()`` runs the broker on a background thread."""
+"""Public API: ``Emulator(config).start()`` runs the broker on a background thread and each namespace's
+administration API (HTTPS) on threads of its own."""
 from __future__ import annotations
 
 import dataclasses
 from typing import Any, Dict, Mapping, Optional, Union
 
+from .admin_api import AdminApi
+from . import entity_status
 from .config import EmulatorConfig, QueueConfig, check_latency_ms, queue_from_dict
+from .entity_status import EntityStatus
 from .faults import DEFAULT_CONDITIONS, OPERATIONS, PEEK_MODES, Fault
 from .server import Server
 
@@ -12,30 +16,43 @@ DEVELOPMENT_SUFFIX = "UseDevelopmentEmulator=true"
 
 
 class Emulator:
-    """A local Service Bus emulator: one AMQP listener per configured namespace.
+    """A local Service Bus emulator: one AMQP listener and one administration API (HTTPS) per configured
+    namespace.
 
-    ``ports`` overrides configured ports per namespace (0 = ephemeral). ``latency_ms`` overrides the
-    configured ``latency_ms`` (delay added to every frame the emulator sends): one number for every
-    namespace, or ``{namespace: ms}`` for some. Thread-safe: every method may be called from any thread
-    while the emulator runs.
+    ``ports`` overrides configured ports per namespace (0 = ephemeral). ``admin_ports`` does the same for
+    the administration API; a namespace it leaves out whose AMQP port ``ports`` sets to 0 gets an ephemeral
+    administration port too, so tests that pick free ports never collide on a configured one.
+    ``latency_ms`` overrides the configured ``latency_ms`` (delay added to every frame the emulator sends,
+    and to every administration answer): one number for every namespace, or ``{namespace: ms}`` for some.
+    ``tls_dir``: where the administration API's certificates are written (default: a temporary directory
+    removed by ``stop()``). Thread-safe: every method may be called from any thread while the emulator runs.
     """
 
     def __init__(self, config: EmulatorConfig, ports: Optional[Dict[str, int]] = None,
-                 latency_ms: Union[None, float, Mapping[str, float]] = None):
+                 latency_ms: Union[None, float, Mapping[str, float]] = None,
+                 admin_ports: Optional[Dict[str, int]] = None, tls_dir: Optional[str] = None):
         self.config = config
         self._server = Server(config, ports, resolve_latency(config, latency_ms))
+        self._admin = AdminApi(self._server, resolve_admin_ports(config, ports, admin_ports), tls_dir)
         self._started = False
 
     # ---- lifecycle ------------------------------------------------------------------------------
     def start(self) -> "Emulator":
-        """Bind every listener and start serving; returns once all namespaces accept connections."""
+        """Bind every listener and start serving; returns once all namespaces accept connections (AMQP and
+        HTTPS)."""
         if not self._started:
             self._server.start()
+            try:
+                self._admin.start()
+            except BaseException:
+                self._server.stop()
+                raise
             self._started = True
         return self
 
     def stop(self) -> None:
         if self._started:
+            self._admin.stop()
             self._server.stop()
             self._started = False
 
@@ -56,6 +73,34 @@ class Emulator:
     def connection_string(self, namespace: str, key_name: Optional[str] = None, key: Optional[str] = None,
                           *, mask: bool = False) -> str:
         """An SDK connection string for ``namespace``. ``mask=True`` hides the key (for printing)."""
+        return self._connection_string(namespace, self._ns(namespace).port, key_name, key, mask)
+
+    def admin_port(self, namespace: str) -> int:
+        """The administration API's HTTPS port of ``namespace`` (as bound, once started)."""
+        self._ns(namespace)
+        return self._admin.apis[namespace].port
+
+    def admin_endpoint(self, namespace: str) -> str:
+        """``host:port`` of the administration API: what ``ServiceBusAdministrationClient`` takes as
+        ``fully_qualified_namespace`` (with ``connection_verify=emulator.ca_file``)."""
+        return f"{self._ns(namespace).host}:{self.admin_port(namespace)}"
+
+    def admin_connection_string(self, namespace: str, key_name: Optional[str] = None, key: Optional[str] = None,
+                                *, mask: bool = False) -> str:
+        """A connection string naming the administration API's endpoint, for
+        ``ServiceBusAdministrationClient.from_connection_string(..., connection_verify=emulator.ca_file)``."""
+        return self._connection_string(namespace, self.admin_port(namespace), key_name, key, mask)
+
+    @property
+    def ca_file(self) -> str:
+        """The PEM file of the authority that signed the administration API's certificate (made at
+        ``start()``): pass it as ``connection_verify``."""
+        if self._admin.tls is None:
+            raise RuntimeError("the administration API's certificate is made by start(): start the emulator first")
+        return self._admin.tls.ca_file
+
+    def _connection_string(self, namespace: str, port: int, key_name: Optional[str], key: Optional[str],
+                           mask: bool) -> str:
         ns = self._ns(namespace)
         keys = ns.cfg.sas_keys
         if key_name is None:
@@ -64,7 +109,7 @@ class Emulator:
             key = keys.get(key_name, "local-emulator-key")
         if mask:
             key = "***"
-        return (f"Endpoint=sb://{ns.host}:{ns.port};SharedAccessKeyName={key_name};"
+        return (f"Endpoint=sb://{ns.host}:{port};SharedAccessKeyName={key_name};"
                 f"SharedAccessKey={key};{DEVELOPMENT_SUFFIX}")
 
     def connection_strings(self, *, mask: bool = False) -> Dict[str, str]:
@@ -90,6 +135,11 @@ class Emulator:
         """Put-tokens the namespace took (``sas``, ``jwt``: Azure AD) and ``refused``, since it started."""
         return self._server.call(lambda: dict(self._ns(namespace).auth_counts))
 
+    def idle_stats(self, namespace: str) -> Dict[str, int]:
+        """Links the namespace detached (``links``) and connections it closed (``connections``) because
+        their idle timer ran out, since it started."""
+        return self._server.call(lambda: {"links": 0, "connections": 0, **self._ns(namespace).idle_counts})
+
     # ---- faults and test helpers ----------------------------------------------------------------
     def assign_role(self, namespace: str, principal: str, role: str, scope: str = "") -> None:
         """Give ``principal`` an Azure role on the namespace (``scope`` empty) or one entity, as
@@ -108,9 +158,10 @@ class Emulator:
     def set_unavailable(self, namespace: str, entity: Optional[str] = None, mode: str = "server-busy") -> None:
         """``server-busy``: attaches, sends and management on the entity (or namespace) fail with
         ``com.microsoft:server-busy``. ``refuse`` (namespace only): the listener closes and open
-        connections drop until ``set_available``. ``quota-exceeded`` / ``disabled``: senders still attach,
-        and every message sent (or scheduled) to the entity is refused with ``amqp:resource-limit-exceeded``
-        / ``com.microsoft:entity-disabled``; receiving and peeking go on. ``throttled``: the same, refused
+        connections drop until ``set_available``. ``quota-exceeded``: senders still attach, and every
+        message sent (or scheduled) to the entity is refused with ``amqp:resource-limit-exceeded``;
+        receiving and peeking go on. ``disabled``: the queue or topic (None: every one) becomes
+        SendDisabled, as ``set_status`` does. ``throttled``: the same as quota-exceeded, refused
         with ``com.microsoft:server-busy`` (status 503), as a namespace out of its throughput credits
         answers: links stay attached, peeks and receives go on, and the next send after
         ``set_available`` succeeds on the same link."""
@@ -118,9 +169,25 @@ class Emulator:
         self._server.call(self._server.set_unavailable, namespace, entity, mode)
 
     def set_available(self, namespace: str, entity: Optional[str] = None) -> None:
-        """Undo ``set_unavailable``: the entity's own switches, or (no entity) every switch of the namespace."""
+        """Undo ``set_unavailable``: the entity's own switches, or (no entity) every switch of the namespace
+        (sending is enabled again however it was disabled; a ReceiveDisabled status stays)."""
         self._ns(namespace)
         self._server.call(self._server.set_available, namespace, entity)
+
+    def set_status(self, namespace: str, entity: str, status: Union[str, EntityStatus]) -> EntityStatus:
+        """Set a queue's, topic's or subscription's (``topic/Subscriptions/name``) status while the
+        emulator runs: ``Active``, ``SendDisabled``, ``ReceiveDisabled`` or ``Disabled`` for a queue;
+        topics take no ``ReceiveDisabled``, subscriptions no ``SendDisabled`` (``ValueError``). Sends to a
+        queue or topic that does not send, and receives, peeks and settlements on one that does not
+        receive, are refused with ``com.microsoft:entity-disabled``; attached receivers are detached
+        with it on their next receive. Returns the status set."""
+        self._ns(namespace)
+        return self._server.call(self._server.set_status, namespace, entity, status)
+
+    def status(self, namespace: str, entity: str) -> EntityStatus:
+        """A queue's, topic's or subscription's status now."""
+        self._ns(namespace)
+        return self._server.call(lambda: entity_status.status_holder(self._ns(namespace), entity).status)
 
     def drop_connections(self, namespace: str) -> int:
         """Close every open connection of the namespace abruptly; returns how many were open."""
@@ -129,8 +196,10 @@ class Emulator:
 
     def add_queue(self, namespace: str, name: str, **settings) -> None:
         """Create a queue at runtime (tests); ``ValueError`` when the name is taken."""
-        qcfg: QueueConfig = queue_from_dict({"name": name, **settings}, f"add_queue({name})")
-        self._server.call(lambda: self._ns(namespace).add_queue(qcfg))
+        ns = self._ns(namespace)
+        qcfg: QueueConfig = queue_from_dict({"name": name, **settings}, f"add_queue({name})",
+                                            allow_short_locks=ns.settings.allow_short_locks)
+        self._server.call(lambda: ns.add_queue(qcfg))
 
     def delete_queue(self, namespace: str, name: str) -> None:
         """Delete a queue with its dead-letter queue and their messages (``KeyError`` if there is none).
@@ -149,7 +218,8 @@ class Emulator:
             before = old.settings if old is not None else ns.deleted.get(name.lower())
             previous = dataclasses.asdict(before) if before is not None else {}
             # checked before anything is deleted: a bad setting leaves the queue as it was
-            qcfg = queue_from_dict({**previous, **settings, "name": name}, f"recreate_queue({name})")
+            qcfg = queue_from_dict({**previous, **settings, "name": name}, f"recreate_queue({name})",
+                                   allow_short_locks=ns.settings.allow_short_locks)
             if old is not None:
                 self._server.delete_queue(namespace, name)
             ns.add_queue(qcfg)
@@ -200,6 +270,19 @@ class Emulator:
             return self._server.namespaces[namespace]
         except KeyError:
             raise KeyError(f"unknown namespace {namespace!r}") from None
+
+
+def resolve_admin_ports(config: EmulatorConfig, ports: Optional[Mapping[str, int]],
+                        admin_ports: Optional[Mapping[str, int]]) -> Dict[str, int]:
+    """Administration port per namespace: the one ``admin_ports`` gives, else 0 where ``ports`` picks a free
+    AMQP port, else the configured ``admin_port``."""
+    ports, admin_ports = ports or {}, admin_ports or {}
+    names = [ns.name for ns in config.namespaces]
+    for name in admin_ports:
+        if name not in names:
+            raise KeyError(f"admin_ports: unknown namespace {name!r} (configured: {', '.join(names)})")
+    return {ns.name: admin_ports.get(ns.name, 0 if ports.get(ns.name) == 0 else ns.admin_port)
+            for ns in config.namespaces}
 
 
 def resolve_latency(config: EmulatorConfig, override: Union[None, float, Mapping[str, float]]) -> Dict[str, float]:

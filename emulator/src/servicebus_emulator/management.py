@@ -43,9 +43,12 @@ def _session_id(body):
 
 
 def _peek(server, ctx, e: Entity, body):
+    """Up to 250 messages from a sequence number, in order, as many as the namespace's page budget
+    holds (``peek_pages``); 204 when there are none (or the namespace answers empty this time)."""
+    ns = ctx.conn.ns
     start = int(body.get("from-sequence-number") or 0)
-    count = max(1, int(body.get("message-count") or 1))
-    fault = ctx.conn.ns.faults.take("peek", e, message_count=count, from_sequence=start)
+    count = ns.pager.message_count(int(body.get("message-count") or 1))
+    fault = ns.faults.take("peek", e, message_count=count, from_sequence=start)
     if fault is not None and fault.mode == "empty":
         return 204, None
     if fault is not None:               # "short": only the first message of the page
@@ -53,11 +56,12 @@ def _peek(server, ctx, e: Entity, body):
     if count == 1:
         e.ops["peek_one"] += 1  # a single-message peek: how clients probe for where messages are
     msgs = e.peek(start, count, _session_id(body))
-    if not msgs:
+    if not msgs or ns.pager.answers_empty():
         return 204, None
-    return 200, {"messages": [{"message": m.encode(with_state=True,
-                                                   locked_until=m.locked_until if m.lock_token else None)}
-                              for m in msgs]}
+    page = ns.pager.fit(m.encode(with_state=True, locked_until=m.locked_until if m.lock_token else None)
+                        for m in msgs)
+    e.counters["peeked"] += len(page)
+    return 200, {"messages": [{"message": encoded} for encoded in page]}
 
 
 def _renew_lock(server, ctx, e: Entity, body):

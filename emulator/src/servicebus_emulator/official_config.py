@@ -9,17 +9,20 @@ Invariants:
   the same way. Only ``Logging`` is read and dropped: it steers the official emulator's own log files.
 - a property the file leaves out takes the official emulator's default (``OFFICIAL_DEFAULTS``), so a
   file means the same thing here as there.
-- the first namespace listens on 5672 (the official emulator's port), the next ones on 5673, ...; each
-  takes the key name and key of the official emulator's documented connection string.
+- the first namespace listens on 5672 (the official emulator's port), the next ones on 5673, ...; their
+  administration APIs on 5300, 5301, ...; each takes the key name and key of the official emulator's
+  documented connection string.
 """
 from __future__ import annotations
 
 import re
 from typing import Any, Dict, List, Mapping
 
+from . import limits
 from .config import MAX_INT32, ConfigError
 
 OFFICIAL_PORT = 5672
+OFFICIAL_ADMIN_PORT = 5300          # its administration API (HTTP there, HTTPS here); EMULATOR_HTTP_PORT
 OFFICIAL_KEY_NAME = "RootManageSharedAccessKey"
 OFFICIAL_KEY = "SAS_KEY_VALUE"
 OFFICIAL_DEFAULTS = {
@@ -70,18 +73,17 @@ def native_from_official(doc: Mapping[str, Any]) -> Dict[str, Any]:
     namespaces = _list(user.get("Namespaces"), "UserConfig.Namespaces")
     if not namespaces:
         raise ConfigError("UserConfig.Namespaces: at least one namespace is required")
-    return {"namespaces": [_namespace(ns, f"UserConfig.Namespaces[{i}]", OFFICIAL_PORT + i)
-                           for i, ns in enumerate(namespaces)]}
+    return {"namespaces": [_namespace(ns, f"UserConfig.Namespaces[{i}]", i) for i, ns in enumerate(namespaces)]}
 
 
-def _namespace(ns, where: str, port: int) -> Dict[str, Any]:
+def _namespace(ns, where: str, index: int) -> Dict[str, Any]:
     ns = _mapping(ns, where)
     _only(ns, {"Name", "Queues", "Topics"}, where)
     queues = [_queue(q, f"{where}.Queues[{i}]") for i, q in enumerate(_list(ns.get("Queues"), f"{where}.Queues"))]
     topics = [_topic(t, f"{where}.Topics[{i}]") for i, t in enumerate(_list(ns.get("Topics"), f"{where}.Topics"))]
     _unique([e["name"] for e in queues + topics], f"{where}: queue and topic names")
-    return {"name": _name(ns, where), "host": "127.0.0.1", "port": port,
-            "sas_keys": {OFFICIAL_KEY_NAME: OFFICIAL_KEY}, "queues": queues, "topics": topics}
+    return {"name": _name(ns, where), "host": "127.0.0.1", "port": OFFICIAL_PORT + index,
+            "admin_port": OFFICIAL_ADMIN_PORT + index, "sas_keys": {OFFICIAL_KEY_NAME: OFFICIAL_KEY}, "queues": queues, "topics": topics}
 
 
 def _queue(q, where: str) -> Dict[str, Any]:
@@ -128,8 +130,12 @@ def _receiver_settings(props: Mapping[str, Any], where: str) -> Dict[str, Any]:
     max_delivery = _typed(props, "MaxDeliveryCount", int, where, OFFICIAL_DEFAULTS["MaxDeliveryCount"])
     if not 1 <= max_delivery <= MAX_INT32:
         raise ConfigError(f"{where}.MaxDeliveryCount: must be in 1..{MAX_INT32}, got {max_delivery}")
+    lock = _duration(props, "LockDuration", where, positive=True)
+    error = limits.lock_duration_error(lock)
+    if error:
+        raise ConfigError(f"{where}.LockDuration: {error}, got {props.get('LockDuration')!r}")
     return {
-        "lock_duration_seconds": _duration(props, "LockDuration", where, positive=True),
+        "lock_duration_seconds": lock,
         "max_delivery_count": max_delivery,
         "requires_session": _typed(props, "RequiresSession", bool, where, False),
         "default_message_ttl_seconds": _duration(props, "DefaultMessageTimeToLive", where, positive=True),
@@ -141,6 +147,10 @@ def _receiver_settings(props: Mapping[str, Any], where: str) -> Dict[str, Any]:
 def _duplicate_detection(props: Mapping[str, Any], where: str) -> Dict[str, Any]:
     window = _duration(props, "DuplicateDetectionHistoryTimeWindow", where)
     on = _typed(props, "RequiresDuplicateDetection", bool, where, False)
+    error = limits.duplicate_detection_window_error(window) if on else None
+    if error:
+        raise ConfigError(f"{where}.DuplicateDetectionHistoryTimeWindow: {error}, got "
+                          f"{props.get('DuplicateDetectionHistoryTimeWindow')!r}")
     return {"duplicate_detection_window_seconds": window if on else 0.0}
 
 

@@ -4,7 +4,8 @@ namespace listener and connection, and the broker state behind them.
 Only the loop thread touches proton objects or broker state; other threads go through ``Server.call``.
 Wire behaviour follows what azure-servicebus 7.15.0 expects (see README.md): SASL ANONYMOUS, ``$cbs``
 put-token, null terminus plus closing detach for refused attaches, settlement echo of the outcome the
-client sent, error conditions always carrying an ``info`` map.
+client sent, error conditions always carrying an ``info`` map. What a real namespace refuses or
+limits (``refusals``, ``entity_status``, ``peek_pages``, ``idle``) is decided there; this module applies it.
 
 Simulated latency: on a namespace with ``latency`` > 0, what the engine produces for a connection is
 queued with a due time (produced + latency) and sent once due, in order; the loop's select timeout
@@ -12,9 +13,7 @@ never passes the earliest due time, so nothing blocks. With latency 0 output goe
 """
 from __future__ import annotations
 
-import base64
-import hashlib
-import hmac
+import itertools
 import logging
 import queue
 import selectors
@@ -26,15 +25,17 @@ from collections import Counter, deque
 from datetime import datetime, timezone
 from concurrent.futures import Future
 from typing import Any, Deque, Dict, List, Optional, Tuple
-from urllib.parse import parse_qs, quote_plus, unquote
 
 from proton import (Collector, Condition, Connection, Delivery, Disposition, Event, Link, Message,
                     Terminus, Transport, symbol)
 
-from . import aad, codec, management
+from . import aad, codec, entity_status, management, refusals, sas
 from .broker import (PING_CONTENT_TYPE, BrokerError, Content, Entity, Topic, any_rule_matches,
                      is_batch_envelope, now_ms)
+from .entity_status import EntityStatus
 from .faults import Faults
+from .idle import CONNECTION_FORCED, LINK_DETACH_FORCED, TIMED_KINDS, IdleTimers
+from .peek_pages import PeekPager
 
 log = logging.getLogger(__name__)
 
@@ -45,21 +46,21 @@ DOTNET_EPOCH_TICKS = 621355968000000000
 DEFAULT_SESSION_WAIT_MS = 60000
 INCOMING_CREDIT = 500
 TICK_SECONDS = 0.02                  # timer resolution: lock expiry, schedules, TTL, session waits
+IDLE_CHECK_SECONDS = 0.1             # idle timers' resolution (they run for seconds to minutes)
+LINK_NUMBERS = itertools.count(1)    # the number a link goes by in the service's texts
 
 # set_unavailable modes that let senders attach and then refuse every message, as a namespace does for
-# a full entity, one whose status is SendDisabled, or a namespace that throttles (a Standard namespace
-# out of its credits answers sends with server-busy on links that stay attached; the SDK maps the
-# condition to ServiceBusServerBusyError): mode -> (condition, description, status code)
+# a full entity or a namespace that throttles (a Standard namespace out of its credits answers sends
+# with server-busy on links that stay attached; the SDK maps the condition to ServiceBusServerBusyError):
+# mode -> (condition, description, status code). Mode "disabled" makes the entity SendDisabled.
 SEND_REFUSALS = {
     "quota-exceeded": ("amqp:resource-limit-exceeded",
                        "The maximum entity size has been reached or exceeded for '{path}'.", 403),
-    "disabled": ("com.microsoft:entity-disabled", "Messaging entity '{path}' is currently disabled for sending.",
-                 400),
     "throttled": ("com.microsoft:server-busy",
                   "The request was terminated because the entity '{path}' is being throttled. "
                   "Please wait 2 seconds and try again.", 503),
 }
-UNAVAILABLE_MODES = ("server-busy", "refuse", *SEND_REFUSALS)
+UNAVAILABLE_MODES = ("server-busy", "refuse", "disabled", *SEND_REFUSALS)
 
 
 def _info(**extra) -> Dict:
@@ -105,6 +106,10 @@ class Namespace:
         self.faults = Faults()
         self.auth_counts: Counter = Counter()          # put-tokens taken (sas, jwt) and refused
         self.role_assignments = list(cfg.azure_ad.role_assignments) if cfg.azure_ad else []
+        self.settings = cfg.service
+        self.pager = PeekPager(cfg.service)
+        self.idle = IdleTimers.of(cfg.service)
+        self.idle_counts: Counter = Counter()          # links detached and connections closed for idleness
         for q in cfg.queues:
             self.add_queue(q)
         for t in cfg.topics:
@@ -143,6 +148,8 @@ class Namespace:
             filters[e.path] = tuple(r.correlation_filter for r in s.rules)
             self._register(e)
         t = Topic(tcfg, subs, filters)
+        for e in subs:
+            e.topic = t
         self.senders[tcfg.name.lower()] = t
         return t
 
@@ -180,7 +187,7 @@ class Namespace:
         """What a token's principal may do on ``path`` (lower case): a SAS token (no principal) everything,
         an Azure AD one what its role assignments on the namespace or on the entity grant."""
         if principal is None:
-            return frozenset((aad.SEND, aad.LISTEN, aad.MANAGE))
+            return aad.ALL_RIGHTS
         granted: set = set()
         for assignment in self.role_assignments:
             scope = assignment.scope.lower()
@@ -189,10 +196,10 @@ class Namespace:
         return frozenset(granted)
 
     def refusal(self, conn: "Conn", path: str, right: str) -> Optional[BrokerError]:
-        """Why ``conn`` may not use ``right`` on ``path`` now, or None. Only namespaces with ``azure_ad``
-        check rights: a token put for the entity (or an entity above it, or the namespace) that has not
-        expired, and whose principal holds the right there."""
-        if self.cfg.azure_ad is None:
+        """Why ``conn`` may not use ``right`` on ``path`` now, or None. Only namespaces with ``azure_ad`` or
+        ``sas_key_rights`` check rights: a token put for the entity (or an entity above it, or the namespace)
+        that has not expired, whose key or principal holds the right there."""
+        if self.cfg.azure_ad is None and not self.cfg.sas_key_rights:
             return None
         lower = path.lower()
         now = time.time()
@@ -202,7 +209,8 @@ class Namespace:
             return BrokerError("amqp:unauthorized-access", self.described(
                 f"Unauthorized access. The token for '{path}' has expired: put a new one on $cbs before it "
                 f"expires.", lower), 401)
-        if not any(right in self.rights(grant.principal, lower) for grant in grants if grant.expires_on > now):
+        if not any(right in (grant.key_rights if grant.principal is None else self.rights(grant.principal, lower))
+                   for grant in grants if grant.expires_on > now):
             return BrokerError("amqp:unauthorized-access", self.described(
                 f"Unauthorized access. '{right}' claim(s) are required to perform this operation. Resource: "
                 f"'sb://{self.host}:{self.port}/{lower}'.", lower), 401)
@@ -217,12 +225,13 @@ class Namespace:
 
 
 class Grant:
-    """A token put on a connection for an audience: who (None for a SAS token: every right) until when."""
+    """A token put on a connection for an audience: who (None for a SAS token, whose key has ``key_rights``)
+    until when."""
 
-    __slots__ = ("principal", "expires_on")
+    __slots__ = ("principal", "expires_on", "key_rights")
 
-    def __init__(self, principal: Optional[str], expires_on: float):
-        self.principal, self.expires_on = principal, expires_on
+    def __init__(self, principal: Optional[str], expires_on: float, key_rights: frozenset = aad.ALL_RIGHTS):
+        self.principal, self.expires_on, self.key_rights = principal, expires_on, key_rights
 
 
 class LinkCtx:
@@ -236,6 +245,8 @@ class LinkCtx:
         self.tokens: set = set()     # lock tokens delivered on this link and not settled
         self.closed = False
         self.deadline = 0            # next-available session wait
+        self.active_at = time.monotonic()    # last transfer, flow, delivery or settlement (idle timer)
+        self.number = next(LINK_NUMBERS)
 
 
 class Conn:
@@ -258,6 +269,9 @@ class Conn:
         self.latency = ns.latency_ms / 1000.0              # seconds; 0 = write output at once
         self.outq: Deque[Tuple[float, bytes]] = deque()     # (due time, bytes) when latency > 0
         self.closing = False                                # drop once outq is sent
+        self.linkless_since: Optional[float] = time.monotonic()   # None while a link is open (idle timer)
+        self.ever_linked = False
+        self.closed_by_broker = False                       # the idle timer closed it
 
 
 class Server:
@@ -275,6 +289,7 @@ class Server:
         self._thread: Optional[threading.Thread] = None
         self._running = False
         self._last_tick = 0.0
+        self._last_idle_check = 0.0
         self._tag = 0
         self._delayed: set = set()      # connections with output waiting for its due time
 
@@ -423,6 +438,8 @@ class Server:
         t = c.transport
         while True:
             pending = t.pending()
+            if pending < 0 and c.closed_by_broker and not t.closed:
+                break       # our close is out: the socket stays until the client answers (or goes)
             if pending < 0:
                 self._drop(c)
                 return
@@ -460,7 +477,7 @@ class Server:
         if chunks:
             c.outq.append((time.monotonic() + c.latency, b"".join(chunks)))
             self._delayed.add(c)
-        if pending < 0 or t.closed:
+        if t.closed or (pending < 0 and not c.closed_by_broker):
             c.closing = True
         self._send_due(c)
 
@@ -532,7 +549,7 @@ class Server:
         if t == Event.DELIVERY:
             d = ev.delivery
             ctx = getattr(d.link, "ctx", None)
-            if ctx is None:
+            if ctx is None or ctx.closed:   # a link the broker detached takes nothing more
                 return
             if d.link.is_receiver:
                 self._on_incoming(ctx, d)
@@ -590,6 +607,8 @@ class Server:
         link.rcv_settle_mode = link.remote_rcv_settle_mode
         link.ctx = ctx
         ctx.conn.links.append(ctx)
+        if ctx.kind in TIMED_KINDS:
+            ctx.conn.linkless_since, ctx.conn.ever_linked = None, True
         link.open()
         if link.is_receiver:
             link.flow(INCOMING_CREDIT)
@@ -631,9 +650,9 @@ class Server:
                 return self._reject(link, refusal.condition, refusal.description)
             if ns.is_busy(lower):
                 return self._reject(link, "com.microsoft:server-busy", "The entity is unavailable (server busy).")
-            size = target.settings.max_message_size_kb * 1024
-            link.max_message_size = size
-            link.properties = {symbol("com.microsoft:max-message-batch-size"): size}
+            # like the service, no com.microsoft:max-message-batch-size: the SDK then takes 256 KB, or
+            # 1 MB where the entity takes messages of 1 MB or more (its own fallback)
+            link.max_message_size = target.settings.max_message_size_kb * 1024
             target.ops["attach"] += 1
             self._open(LinkCtx("send", c, link, path, target))
             return
@@ -645,6 +664,9 @@ class Server:
             return self._reject(link, refusal.condition, refusal.description)
         if ns.is_busy(lower):
             return self._reject(link, "com.microsoft:server-busy", "The entity is unavailable (server busy).")
+        refusal = refusals.status_refusal(ns, entity, send=False)
+        if refusal is not None:
+            return self._reject(link, refusal.condition, refusal.description)
         ctx = LinkCtx("recv", c, link, path, entity)
         ctx.rad = link.remote_snd_settle_mode == Link.SND_SETTLED
         entity.ops["attach"] += 1
@@ -712,6 +734,8 @@ class Server:
         ctx.closed = True
         if ctx in ctx.conn.links:
             ctx.conn.links.remove(ctx)
+            if ctx.kind in TIMED_KINDS and not any(other.kind in TIMED_KINDS for other in ctx.conn.links):
+                ctx.conn.linkless_since = time.monotonic()
         if ctx.kind in ("cbs-out", "mgmt-out"):
             for k, v in list(ctx.conn.reply_links.items()):
                 if v == ctx.link:
@@ -750,6 +774,7 @@ class Server:
             return
         raw = b"".join(ctx.buf)
         ctx.buf.clear()
+        ctx.active_at = time.monotonic()
         link.advance()
         if link.credit < INCOMING_CREDIT // 2:
             link.flow(INCOMING_CREDIT - link.credit)
@@ -757,7 +782,10 @@ class Server:
             error = ctx.conn.ns.refusal(ctx.conn, ctx.path, aad.SEND)
             try:
                 if error is None:
-                    self._send(ctx.conn.ns, ctx.target, raw)
+                    self._send(ctx, raw)
+            except refusals.LinkRefusal as exc:     # the transfer stays unsettled: the detach answers it
+                self._detach(ctx, exc.condition, exc.description)
+                return
             except BrokerError as exc:
                 error = exc
             if error is not None:
@@ -773,7 +801,8 @@ class Server:
         else:
             d.settle()
 
-    def _send(self, ns: Namespace, target, raw: bytes):
+    def _send(self, ctx: LinkCtx, raw: bytes):
+        ns, target = ctx.conn.ns, ctx.target
         target.ops["send"] += 1
         if ns.is_busy(target.path):
             raise BrokerError("com.microsoft:server-busy", "The entity is unavailable (server busy).")
@@ -785,6 +814,10 @@ class Server:
         inner = is_batch_envelope(raw)
         if inner is not None:
             target.ops["send_batch"] += 1
+            refusal = refusals.batch_refusal(ns, target, count=len(inner), size=len(raw), link_name=ctx.link.name,
+                                             link_number=ctx.number)
+            if refusal is not None:
+                raise refusal
         try:
             contents = [Content.parse(r) for r in (inner or [raw])]
         except codec.DecodeError as exc:
@@ -795,15 +828,11 @@ class Server:
         """Store messages in a queue or topic; returns their sequence numbers (-1 = not stored)."""
         if not ns.exists(target):     # a transfer that was on its way when the queue was deleted
             raise not_found(ns, target.path)
-        refusal = ns.send_refusal(target.path)
+        refusal = (ns.send_refusal(target.path) or refusals.status_refusal(ns, target, send=True)
+                   or refusals.message_refusal(ns, target, contents))
         if refusal is not None:
             raise refusal
         now = now_ms()
-        if isinstance(target, Entity) and target.requires_session:
-            for c in contents:
-                if c.session_id is None:
-                    raise BrokerError("amqp:not-allowed",
-                                      f"'{target.path}' requires sessions: the message has no SessionId.")
         seqs, touched = [], set()
         for content in contents:
             if content.content_type == PING_CONTENT_TYPE:
@@ -820,7 +849,9 @@ class Server:
                 target.counters["in"] += 1
                 for sub in target.subscriptions:
                     if any_rule_matches(target.filters[sub.path], content):
-                        if sub.requires_session and content.session_id is None:
+                        if sub.requires_session and content.session_id is None:   # the service's answer
+                            sub.dead_letter(sub.enqueue(content, seq, now), *refusals.SESSIONLESS_COPY)
+                            touched.add(sub.dlq)
                             continue
                         sub.enqueue(content, seq, now)
                         touched.add(sub)
@@ -841,6 +872,7 @@ class Server:
                     entity.session_waiters.remove(w)
 
     def _on_credit(self, ctx: LinkCtx):
+        ctx.active_at = time.monotonic()
         link = ctx.link
         if link.credit > 0 and not link.drain_mode and not ctx.closed:
             fault = ctx.conn.ns.faults.take("receive", ctx.target)
@@ -856,8 +888,9 @@ class Server:
             return
         ns = ctx.conn.ns
         if link.credit > 0 and not link.drain_mode:
-            refusal = ns.refusal(ctx.conn, ctx.path, aad.LISTEN)
-            if refusal is not None:   # a token that expired while the link was open
+            # a token that expired while the link was open, or an entity no longer receiving
+            refusal = ns.refusal(ctx.conn, ctx.path, aad.LISTEN) or refusals.status_refusal(ns, entity, send=False)
+            if refusal is not None:
                 self._detach(ctx, refusal.condition, refusal.description)
                 return
         if not ns.is_busy(entity.path):
@@ -871,6 +904,7 @@ class Server:
 
     def _deliver(self, ctx: LinkCtx, m):
         link, entity = ctx.link, ctx.target
+        ctx.active_at = time.monotonic()
         entity.ops["receive"] += 1
         if ctx.rad:
             payload = m.encode()
@@ -891,14 +925,17 @@ class Server:
         token = getattr(d, "ctx", None)
         entity = ctx.target
         state = d.remote_state
+        ctx.active_at = time.monotonic()
         if token is None:
             d.settle()
             return
         if not d.settled:     # only a disposition the client waits an answer for can be refused
-            fault = ctx.conn.ns.faults.take("settle", entity)
-            if fault is not None:
+            ns = ctx.conn.ns
+            fault = ns.faults.take("settle", entity)
+            error = fault.error() if fault is not None else refusals.status_refusal(ns, entity, send=False)
+            if error is not None:
                 # the message keeps its lock (and this link its token): a retry can still settle it
-                self._reject_delivery(d, fault.error())
+                self._reject_delivery(d, error)
                 d.settle()
                 return
         ctx.tokens.discard(token)
@@ -955,6 +992,9 @@ class Server:
         if t - self._last_tick < TICK_SECONDS:
             return
         self._last_tick = t
+        if t - self._last_idle_check >= IDLE_CHECK_SECONDS:
+            self._last_idle_check = t
+            self._expire_idle(t)
         now = now_ms()
         for ns in self.namespaces.values():
             for e in ns.all_entities():
@@ -974,6 +1014,24 @@ class Server:
                                      "No session available to accept within the timeout.")
                 if changed:
                     self._pump(e)
+
+    def _expire_idle(self, now: float):
+        """Detach the links and close the connections whose idle timer ran out (``idle``)."""
+        for ns in self.namespaces.values():
+            for c in list(ns.conns):
+                for ctx in list(c.links):
+                    if ctx.kind in TIMED_KINDS and ns.idle.link_expired(ctx.active_at, now):
+                        ns.idle_counts["links"] += 1
+                        if ctx.target is not None:
+                            ctx.target.ops["idle_detach"] += 1
+                        self._detach(ctx, LINK_DETACH_FORCED, ns.described(
+                            ns.idle.link_description(ctx.link.name, ctx.number, ctx.kind), ctx.path))
+                if not c.dead and ns.idle.connection_expired(c.linkless_since, c.ever_linked, now):
+                    ns.idle_counts["connections"] += 1
+                    c.linkless_since, c.closed_by_broker = None, True
+                    c.connection.condition = _condition(CONNECTION_FORCED, ns.described(
+                        ns.idle.connection_description(c.connection.container, c.ever_linked), "gateway"))
+                    c.connection.close()
 
     def _session_lost(self, entity: Entity, s):
         owner = s.owner
@@ -1015,6 +1073,8 @@ class Server:
         if link is None:
             log.warning("no reply link for request on %s", ctx.path)
             return
+        if getattr(link, "ctx", None) is not None:
+            link.ctx.active_at = time.monotonic()
         d = link.delivery(self._next_tag())
         link.send(resp.encode())
         link.advance()
@@ -1026,13 +1086,18 @@ class Server:
             return 501, "amqp:not-implemented: only put-token is supported"
         token = codec.as_text(token) or ""
         audience = entity_path(codec.as_text(props.get("name"))).lower()
-        if token.startswith("SharedAccessSignature "):
+        key_rights = aad.ALL_RIGHTS
+        if sas.is_sas(token):
             if not ns.cfg.local_auth:
                 ns.auth_counts["refused"] += 1
                 return 401, ns.described("LocalAuthDisabled: Authorization failed because SAS authentication has "
                                          "been disabled for the namespace.", audience or "$cbs")
-            code, desc, expires_on = self._check_sas(ns, token)
-            principal = None
+            try:
+                signed = sas.verify(ns.cfg.sas_keys, token)
+                code, desc, expires_on, principal = 200, "OK", signed.expires_on, None
+                key_rights = ns.cfg.key_rights(signed.key_name)
+            except sas.SasRefused as exc:
+                code, desc = 401, str(exc)
         elif ns.cfg.azure_ad is not None:
             try:
                 claims = aad.verify_token(ns.cfg.azure_ad.signing_key, token)
@@ -1047,31 +1112,8 @@ class Server:
             ns.auth_counts["refused"] += 1
             return code, desc
         ns.auth_counts["sas" if principal is None else "jwt"] += 1
-        conn.grants[audience] = Grant(principal, expires_on)
+        conn.grants[audience] = Grant(principal, expires_on, key_rights)
         return 200, "OK"
-
-    @staticmethod
-    def _check_sas(ns: Namespace, token: str) -> tuple:
-        """(status code, description, expiry) of a SAS token; without configured keys any is taken."""
-        fields = {k: v[0] for k, v in parse_qs(token[len("SharedAccessSignature "):]).items()}
-        try:
-            expires_on = int(fields.get("se", "0"))
-        except ValueError:
-            return 401, "Unauthorized: malformed expiry", 0
-        if not ns.cfg.sas_keys:
-            return 200, "OK", expires_on
-        name = unquote(fields.get("skn", ""))
-        key = ns.cfg.sas_keys.get(name)
-        if key is None:
-            return 401, f"Unauthorized: unknown SharedAccessKeyName '{name}'", 0
-        sr, sig = fields.get("sr", ""), fields.get("sig", "")
-        expected = base64.b64encode(hmac.new(key.encode(), f"{quote_plus(sr)}\n{expires_on}".encode(),
-                                             hashlib.sha256).digest()).decode()
-        if not hmac.compare_digest(expected, sig):
-            return 401, "Unauthorized: the SAS signature does not match the configured key", 0
-        if expires_on < time.time():
-            return 401, "Unauthorized: the SAS token has expired", 0
-        return 200, "OK", expires_on
 
     def _management(self, ctx: LinkCtx, op: str, body: Dict, props: Dict):
         ns = ctx.conn.ns
@@ -1089,6 +1131,9 @@ class Server:
         fault = fault or ns.faults.take("management", target)
         if fault is not None:
             raise fault.error()
+        refusal = refusals.status_refusal(ns, target, send=name in SEND_OPERATIONS)
+        if refusal is not None:
+            raise refusal
         return management.handle(self, ctx, target, op, body, props)
 
     # ---- faults ----------------------------------------------------------------------------------
@@ -1096,7 +1141,9 @@ class Server:
         ns = self.namespaces[ns_name]
         if mode not in UNAVAILABLE_MODES:
             raise ValueError(f"mode must be one of {', '.join(map(repr, UNAVAILABLE_MODES))}, got {mode!r}")
-        if mode in SEND_REFUSALS:
+        if mode == "disabled":
+            entity_status.disable_sends(ns, entity, True)
+        elif mode in SEND_REFUSALS:
             ns.refusals[entity.lower() if entity is not None else None] = mode
         elif entity is not None:
             if mode != "server-busy":
@@ -1112,6 +1159,8 @@ class Server:
 
     def set_available(self, ns_name: str, entity: Optional[str]):
         ns = self.namespaces[ns_name]
+        if entity is None or entity.lower() in ns.senders:
+            entity_status.disable_sends(ns, entity, False)
         if entity is not None:
             ns.busy_entities.discard(entity.lower())
             ns.refusals.pop(entity.lower(), None)
@@ -1124,6 +1173,15 @@ class Server:
                 self._listen(ns)
         for e in ns.all_entities():
             self._pump(e)
+
+    def set_status(self, ns_name: str, path: str, status) -> EntityStatus:
+        """Give a queue, topic or subscription (``topic/Subscriptions/name``) a status the service allows it."""
+        ns = self.namespaces[ns_name]
+        target = entity_status.status_holder(ns, path)
+        target.status = entity_status.parse_status(status, entity_status.kind_of(target))
+        for e in ns.all_entities():      # receivers of entities that receive again get their messages
+            self._pump(e)
+        return target.status
 
     def drop_connections(self, ns_name: str) -> int:
         ns = self.namespaces[ns_name]

@@ -8,7 +8,9 @@ Invariants:
 - Every row gets exactly one action and, unless it is delivered, a stable ``reason_code`` and a
   human ``reason``: nothing is silently dropped.
 - Precedence: ping, then a skipped destination (held, whatever else is wrong with the message: it is
-  left untouched), then decode problems, then expiry in the backlog, then size.
+  left untouched), then decode problems, then expiry in the backlog, then size, then whether the
+  destination can take the message as it is (``destination_fit``: a SessionId that differs from the
+  PartitionKey, no SessionId for a queue that requires sessions).
 - Renaming comes first and once: ``destination`` becomes the new name (matched case-insensitively,
   never mapped again) and ``original_destination`` keeps the name x-ms-path gave; skips are matched
   against the destination as sent.
@@ -24,11 +26,12 @@ from typing import Iterable, Mapping
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
+from backlog_syphon.restore.destination_fit import KEY_MISMATCH_REASON, SESSION_REQUIRED_REASON, requires_session
 from backlog_syphon.restore.legacy_properties import (
     PING_CONTENT_TYPE,
     datetime_to_ms,
 )
-from backlog_syphon.model import Action, ReasonCode, TtlPolicy
+from backlog_syphon.model import Action, DestinationShape, ReasonCode, TtlPolicy
 
 
 DEFAULT_TTL_POLICY = TtlPolicy.REMAINING
@@ -45,6 +48,7 @@ def classify_messages(
     max_message_size_bytes: int | None = None,
     destination_map: Mapping[str, str] | None = None,
     skip_destinations: Iterable[str] = (),
+    destination_shapes: Mapping[str, DestinationShape] | None = None,
 ) -> DataFrame:
     """Add ``action``, ``reason_code``, ``reason``, ``restored_time_to_live_ms`` and ``original_destination``
     to backlog rows, with ``destination`` renamed by ``destination_map``.
@@ -59,7 +63,8 @@ def classify_messages(
     time is treated as not having waited.
     """
     return Classifier(df.columns, ttl_policy=ttl_policy, max_message_size_bytes=max_message_size_bytes,
-                      destination_map=destination_map, skip_destinations=skip_destinations)(df, now=now)
+                      destination_map=destination_map, skip_destinations=skip_destinations,
+                      destination_shapes=destination_shapes)(df, now=now)
 
 
 NOW_COLUMN = "_classified_at_ms"  # the batch's time, as a column: the rules are built once, not per batch
@@ -71,7 +76,7 @@ class Classifier:
 
     def __init__(self, columns: Iterable[str], *, ttl_policy: str | TtlPolicy = DEFAULT_TTL_POLICY,
                  max_message_size_bytes: int | None = None, destination_map: Mapping[str, str] | None = None,
-                 skip_destinations: Iterable[str] = ()):
+                 skip_destinations: Iterable[str] = (), destination_shapes: Mapping[str, DestinationShape] | None = None):
         policy = TtlPolicy.parse(ttl_policy)
         if max_message_size_bytes is not None and (
             isinstance(max_message_size_bytes, bool) or not isinstance(max_message_size_bytes, int)
@@ -79,8 +84,10 @@ class Classifier:
         ):
             raise ValueError(f"max_message_size_bytes must be a positive int or None, got {max_message_size_bytes!r}")
         self.renamed = renamed_destinations(destination_map or {})
+        sessions_required = sorted(name for name in (destination_shapes or {})
+                                   if requires_session(destination_shapes, name))
         self.projection = _classification(list(columns), F.col(NOW_COLUMN), policy, max_message_size_bytes,
-                                          skip_destinations)
+                                          skip_destinations, sessions_required)
 
     def __call__(self, df: DataFrame, *, now: datetime) -> DataFrame:
         if now.tzinfo is None:
@@ -90,7 +97,7 @@ class Classifier:
 
 
 def _classification(columns: list[str], now_ms: Column, policy: TtlPolicy, max_message_size_bytes: int | None,
-                    skip_destinations: Iterable[str]) -> list[Column]:
+                    skip_destinations: Iterable[str], sessions_required: list[str]) -> list[Column]:
     ttl_ms = F.col("time_to_live_ms")
     waited_ms = _waited_ms(now_ms)
     if policy is TtlPolicy.RESTART:
@@ -112,6 +119,11 @@ def _classification(columns: list[str], now_ms: Column, policy: TtlPolicy, max_m
         else F.lit(False)
     )
 
+    session_id, partition_key = F.col("session_id"), F.col("partition_key")
+    keys_differ = F.coalesce(session_id != partition_key, F.lit(False))  # both set (null otherwise), and different
+    session_missing = (session_id.isNull() & F.lower(F.col("destination")).isin(sessions_required) if sessions_required
+                       else F.lit(False))
+
     rules = [  # (condition, action, reason_code, reason), in precedence order
         (is_ping, Action.SKIP, F.lit(ReasonCode.PING),
          F.lit(f"ping message (content type {PING_CONTENT_TYPE}); pings are never delivered")),
@@ -126,6 +138,10 @@ def _classification(columns: list[str], now_ms: Column, policy: TtlPolicy, max_m
         (too_large, Action.DEAD_LETTER, F.lit(ReasonCode.MESSAGE_TOO_LARGE),
          F.format_string(f"body of %d bytes exceeds the limit of {max_message_size_bytes} bytes",
                          F.col("body_size"))),
+        (keys_differ, Action.DEAD_LETTER, F.lit(ReasonCode.SESSION_ID_NOT_PARTITION_KEY),
+         F.format_string(KEY_MISMATCH_REASON.format(session_id="%s", partition_key="%s"), session_id, partition_key)),
+        (session_missing, Action.DEAD_LETTER, F.lit(ReasonCode.SESSION_REQUIRED),
+         F.format_string(SESSION_REQUIRED_REASON.format(destination="%s"), F.col("destination"))),
     ]
     action = _first_match([(condition, F.lit(act)) for condition, act, _, _ in rules], F.lit(Action.DELIVER))
     reason_code = _first_match([(condition, code) for condition, _, code, _ in rules], F.lit(None))

@@ -14,6 +14,7 @@ from pyspark.sql import functions as F
 
 from backlog_syphon.config import AVAILABLE_NOW, SyphonConfig
 from backlog_syphon.model import Action
+from backlog_syphon.restore.destination_fit import session_subscription_warning
 from backlog_syphon.restore.redrive import select_for_redrive
 from backlog_syphon.restore.rules import classify_messages
 from backlog_syphon.run import dry_run_plan
@@ -35,6 +36,8 @@ class DryRunReport:
     destination_map: dict[str, str] | None = None
     renamed: list[dict] | None = None
     per_reason: list[dict] | None = None  # a re-drive: dry_run_plan.redrive_summary rows
+    # What the destinations' settings warn of (a topic whose session subscriptions dead-letter session-less copies)
+    destination_warnings: tuple[str, ...] = ()
 
     def redrive_lines(self) -> list[str]:
         """What a re-drive would move, per destination and dead-letter reason."""
@@ -90,6 +93,8 @@ class DryRunReport:
                            f"destination={row['destination']} {row['reason_code']}: {row['reason']}")
             if self.dead_letter_total > len(self.dead_letters):
                 out.append(f"    ... and {self.dead_letter_total - len(self.dead_letters)} more")
+        for warning in self.destination_warnings:
+            out.append(f"  warning: {warning}")
         for destination, reason in self.unchecked.items():
             out.append(f"  warning: could not check destination '{destination}' ({reason}); a replay "
                        f"would wait for it rather than dead-letter")
@@ -112,15 +117,17 @@ def dry_run(spark: SparkSession, config: SyphonConfig, *, now: dt.datetime | Non
     sender to each destination to find those the primary namespace would refuse.
     """
     from backlog_syphon.run.syphon import source_queues
+    from backlog_syphon.servicebus.entities import destination_shapes
     from backlog_syphon.servicebus.probes import check_destinations
 
     now = now or dt.datetime.now(dt.timezone.utc)
     spark.dataSource.register(BacklogDataSource)
     snapshot = spark.read.format(SOURCE_NAME).options(**backlog_source_options(config)).load()
+    shapes = destination_shapes(config.primary)
     classified = classify_messages(snapshot, now=now, ttl_policy=config.restore.ttl_policy,
                                    max_message_size_bytes=config.sink.max_message_size_bytes,
                                    destination_map=config.restore.destination_map,
-                                   skip_destinations=config.restore.skip_destinations)
+                                   skip_destinations=config.restore.skip_destinations, destination_shapes=shapes)
     if config.redriving:
         classified = select_for_redrive(classified, config.redrive,
                                         tables.redriven_dead_letters(spark, config.storage.audit_table))
@@ -129,6 +136,8 @@ def dry_run(spark: SparkSession, config: SyphonConfig, *, now: dt.datetime | Non
         per_queue = {row["backlog_queue"]: row["count"] for row in classified.groupBy("backlog_queue").count().collect()}
         deliverable = classified.where(F.col("action") == Action.DELIVER)
         destinations = [row[0] for row in deliverable.select("destination").distinct().collect()]
+        sessionless = [row[0] for row in deliverable.where(F.col("session_id").isNull()).select("destination")
+                       .distinct().collect()]
         checks = check_destinations(config.primary, destinations) if destinations else {}
         planned = dry_run_plan.apply_destination_checks(
             classified,
@@ -146,7 +155,11 @@ def dry_run(spark: SparkSession, config: SyphonConfig, *, now: dt.datetime | Non
             batch_bound=batch_bound(spark, config), destination_map=dict(config.restore.destination_map),
             renamed=[row.asDict() for row in dry_run_plan.renamed_destinations(planned).collect()],
             per_reason=[row.asDict() for row in dry_run_plan.redrive_summary(planned).collect()]
-            if config.redriving else None)
+            if config.redriving else None,
+            destination_warnings=tuple(warning for destination in sorted(sessionless)
+                                       if destination.lower() in shapes
+                                       for warning in [session_subscription_warning(shapes[destination.lower()])]
+                                       if warning))
     finally:
         classified.unpersist()
 

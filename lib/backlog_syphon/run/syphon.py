@@ -20,8 +20,7 @@ from pyspark.sql.streaming import StreamingQuery
 
 from backlog_syphon.config import AVAILABLE_NOW, SyphonConfig, trigger_options
 from backlog_syphon.errors import SettingsError
-from backlog_syphon.model import STAYING_OUTCOMES, JobIds, Outcome, new_run_id
-from backlog_syphon.restore.queue_names import backlog_queue_names, dead_letter_queue_name
+from backlog_syphon.model import STAYING_OUTCOMES, DestinationShape, JobIds, Outcome, new_run_id
 from backlog_syphon.run import reports
 from backlog_syphon.run.fence import LeaseKeeper
 from backlog_syphon.run.progress import BatchStats, ProgressPoint, SyphonProgressListener, follow_progress
@@ -33,9 +32,11 @@ from backlog_syphon.source.data_source import (
     READ_LIMITS_SUPPORTED,
     SOURCE_NAME,
     BacklogDataSource,
+    backlog_queues,
     backlog_source_options,
     start_planners,
 )
+from backlog_syphon.source.options import SourceOptions
 from backlog_syphon.storage import tables
 from backlog_syphon.timeline import Milestone, Timeline
 
@@ -173,6 +174,7 @@ class StartGates:
                  check_access: bool, on_wait: Callable[[str], None] | None):
         from concurrent.futures import Future, ThreadPoolExecutor
 
+        from backlog_syphon.servicebus.entities import destination_shapes
         from backlog_syphon.servicebus.probes import executor_preflight, preflight
 
         self.spark, self.keeper = spark, keeper
@@ -182,6 +184,8 @@ class StartGates:
         # destinations (the source reads them again from their first message).
         self.recovery: Recovery = NOTHING_RECORDED
         self.look_back: tuple[str, ...] = ()
+        # What the destinations take, where the primary's administration API says (``servicebus.entities``).
+        self.destination_shapes: dict[str, DestinationShape] = {}
 
         def check_driver() -> None:
             if check_access:
@@ -190,6 +194,9 @@ class StartGates:
         def check_executors() -> None:
             executor_preflight(spark, config)
             timeline.mark(Milestone.PREFLIGHT_DONE)
+
+        def read_shapes() -> None:
+            self.destination_shapes = destination_shapes(config.primary)
 
         def prepare_source() -> None:
             spark.dataSource.register(BacklogDataSource)
@@ -220,8 +227,9 @@ class StartGates:
             finally:
                 reader.shutdown(wait=False)
 
-        pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="start")
-        self._checks = (pool.submit(check_driver), pool.submit(check_executors), pool.submit(prepare_source))
+        pool = ThreadPoolExecutor(max_workers=5, thread_name_prefix="start")
+        self._checks = (pool.submit(check_driver), pool.submit(check_executors), pool.submit(prepare_source),
+                        pool.submit(read_shapes))
         self._leased = pool.submit(take_lease)
         pool.shutdown(wait=False)  # the threads end with their work
 
@@ -248,9 +256,10 @@ def run_config(config: SyphonConfig, run_id: str) -> SyphonConfig:
 
 
 def source_queues(config: SyphonConfig) -> list[str]:
-    """The configured queues a run reads: the backlog queues, or (a re-drive) their dead-letter sub-queues."""
-    queues = backlog_queue_names(config.primary.namespace, config.backlog.queue_count)
-    return [dead_letter_queue_name(queue) for queue in queues] if config.redriving else queues
+    """The queues a run reads: the configured backlog queues and, with ``backlog.discover``, every other one
+    the administration API lists; in a re-drive, their dead-letter sub-queues. What is left in any of them
+    is what the run leaves behind (its summary counts them all)."""
+    return backlog_queues(SourceOptions.from_config(config))
 
 
 def lease_key(config: SyphonConfig) -> str:
@@ -360,7 +369,8 @@ def start_syphon(spark: SparkSession, config: SyphonConfig, *, run_id: str | Non
     # run; a Connect server's copy of the sink reads the tables itself.
     sink = DeliverySink(config, run_id=run_id, lease_keeper=keeper, settle_in_batch=is_connect(spark),
                         stop_file=stop_file, timeline=timeline, state_is_new=gates.state_is_new,
-                        recovery_at_start=None if is_connect(spark) else gates.recovery)
+                        recovery_at_start=None if is_connect(spark) else gates.recovery,
+                        destination_shapes=gates.destination_shapes)
     records = AuditRecords(spark, storage.audit_table, run_id) if is_connect(spark) else SinkRecords(sink)
     listener = SyphonProgressListener(records.batch_stats, query_name=config.run.query_name, log_lines=log_progress)
     spark.streams.addListener(listener)
@@ -494,7 +504,7 @@ def backlog_spans(namespace, queues) -> dict[str, int]:
     from backlog_syphon.errors import BacklogQueueMissingError
     from backlog_syphon.servicebus.clients import each_at_once, pooled_receiver
     from backlog_syphon.servicebus.peek import first_identity_from
-    from backlog_syphon.source.planning import tail_end
+    from backlog_syphon.source.searches import tail_end
 
     def span(queue: str) -> int:
         try:

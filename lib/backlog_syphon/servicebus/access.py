@@ -109,6 +109,13 @@ def discovery_skipped_line(namespace: NamespaceConfig, role: str) -> str:
             f"without discovery")
 
 
+def shapes_unread_line(namespace: NamespaceConfig, role: str) -> str:
+    return (f"destination settings not read: the {role} namespace ({namespace.endpoint}) did not let "
+            f"{setting_of(namespace, role)} read its queues and topics (that needs {AccessRight.MANAGE}, granted by "
+            f"{AccessRight.MANAGE.role}); a message its destination cannot take (no SessionId for a session "
+            f"queue) is found by the destination's refusal instead of before it is sent")
+
+
 def token_needs_renewal(expires_on: float, taken_at: float, now: float) -> bool:
     """Whether a cached token must be replaced before it is handed out again.
 

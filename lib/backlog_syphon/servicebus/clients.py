@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import threading
+import time
 from contextlib import contextmanager
 from typing import Any, Callable, Iterable, TypeVar
 
@@ -52,12 +53,23 @@ def open_client(namespace: NamespaceConfig, *, retry_total: int = 3, role: str =
 
 class _HandlerPool:
     """Senders and receivers kept open per process (executor Python worker or driver) and reused
-    (see the module docstring); a handler that fails is discarded and reopened on next use."""
+    (see the module docstring); a handler that fails is discarded and reopened on next use.
 
-    def __init__(self):
+    Service Bus detaches a link that has carried nothing for 10 minutes (``amqp:link:detach-forced``,
+    IdleTimerExpired) and closes a connection 5 minutes after its last link went. A handler idle for the
+    namespace's ``idle_link_seconds`` (8 minutes by default) is closed and opened afresh before it is used
+    again, rather than met detached: its next operation would fail first (the SDK logs it as an error and
+    waits out its retry back-off, or, for a management request, raises it) and locks received on a detached
+    link can no longer be settled. A peek receiver is replaced once it is that old, however often it
+    peeks: its peeks go over its management link, while its receive link, which never receives, sits
+    idle from the start (and the broker's detach of it breaks the next peek)."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic):
         self._lock = threading.Lock()
         self._clients: dict[tuple, ServiceBusClient] = {}
         self._handlers: dict[tuple, Any] = {}
+        self._used: dict[tuple, float] = {}  # when each handler was last handed out (or, ``by_age``, opened)
+        self._clock = clock
 
     @staticmethod
     def _namespace_key(namespace: NamespaceConfig, role: str) -> tuple:
@@ -66,29 +78,43 @@ class _HandlerPool:
         return (role, namespace.fully_qualified_namespace, hashlib.sha256(secret.encode()).hexdigest(), credential,
                 namespace.use_development_emulator)
 
-    def get(self, namespace: NamespaceConfig, role: str, key: tuple, make: Callable[[ServiceBusClient], Any]):
+    def get(self, namespace: NamespaceConfig, role: str, key: tuple, make: Callable[[ServiceBusClient], Any], *,
+            by_age: bool = False):
         client_key = self._namespace_key(namespace, role)
+        now = self._clock()
+        stale = None
         with self._lock:
             handler = self._handlers.get((client_key, key))
+            if handler is not None and now - self._used.get((client_key, key), now) > namespace.idle_link_seconds:
+                stale, handler = self._handlers.pop((client_key, key)), None
+            if handler is None or not by_age:
+                self._used[(client_key, key)] = now
             if handler is None:
                 client = self._clients.get(client_key)
                 if client is None:
                     client = self._clients[client_key] = open_client(
                         namespace, role=role, retry_total=2 if role == "primary" else 3)
                 handler = self._handlers[(client_key, key)] = sdk_internals.prompt(make(client))
-            return handler
+        if stale is not None:
+            logger.debug("a pooled Service Bus link idle for over %.0f s was closed and opened again",
+                         namespace.idle_link_seconds)
+            _close_quietly(stale)
+        return handler
 
     def discard(self, namespace: NamespaceConfig, role: str, key: tuple) -> None:
         with self._lock:
             handler = self._handlers.pop((self._namespace_key(namespace, role), key), None)
+            self._used.pop((self._namespace_key(namespace, role), key), None)
         if handler is not None:
             _close_quietly(handler)
 
     def close(self, namespace: NamespaceConfig, role: str, keys: Iterable[tuple]) -> None:
         """Close the given handlers, and the namespace's client once no handler of it is left."""
-        client_key = self._namespace_key(namespace, role)
+        client_key, keys = self._namespace_key(namespace, role), list(keys)
         with self._lock:
             handlers = [self._handlers.pop((client_key, key), None) for key in keys]
+            for key in keys:
+                self._used.pop((client_key, key), None)
             unused = not any(known == client_key for known, _ in self._handlers)
             client = self._clients.pop(client_key, None) if unused else None
         for handler in handlers + [client]:
@@ -124,7 +150,7 @@ def pooled_receiver(namespace: NamespaceConfig, queue: str, *, purpose: str = "p
 
 def _receiver(namespace: NamespaceConfig, queue: str, purpose: str):
     return _POOL.get(namespace, "secondary", ("receiver", purpose, queue), lambda client: client.get_queue_receiver(
-        queue, receive_mode=ServiceBusReceiveMode.PEEK_LOCK, prefetch_count=0))
+        queue, receive_mode=ServiceBusReceiveMode.PEEK_LOCK, prefetch_count=0), by_age=purpose == "peek")
 
 
 def open_peek_receivers(namespace: NamespaceConfig, queues: Iterable[str]) -> None:

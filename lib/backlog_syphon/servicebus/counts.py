@@ -13,6 +13,13 @@ Paging through a queue with peeks costs a round trip per page of at most a few h
 Either way the first message's enqueue time gives the oldest message's age (no broker metric has it),
 and a dead-letter sub-queue's first page gives its dead-letter reasons. Peeks lock nothing, so
 nothing here can raise a message's delivery count.
+
+Invariants:
+- A short page is read on (up to ``EXACT_COUNT_LIMIT`` messages), never counted as the queue's end.
+- An empty answer that would end a count (an empty queue, nothing past the page, the last sequence number)
+  is looked at once more before it counts (``peek_pages``): a peek can come back empty while messages
+  exist, and a count that says "drained" when it is not would give the status a wrong verdict. It costs
+  one single-message peek per queue and status call, all queues at once.
 """
 
 from __future__ import annotations
@@ -31,7 +38,8 @@ from backlog_syphon.restore.amqp_codec import broker_identity
 from backlog_syphon.restore.amqp_message import DEAD_LETTER_REASON_PROPERTY, decode_envelope
 from backlog_syphon.restore.queue_names import dead_letter_queue_name, is_backlog_queue_name
 from backlog_syphon.servicebus.clients import each_at_once, open_client
-from backlog_syphon.servicebus.peek import administration_client, peek_raw
+from backlog_syphon.servicebus.peek import LAST_SEQUENCE_NUMBER, administration_client, peek_raw
+from backlog_syphon.servicebus.peek_pages import PagedRead
 from backlog_syphon.servicebus.sdk_internals import prompt
 
 logger = logging.getLogger(__name__)
@@ -71,12 +79,9 @@ def count_backlog(namespace: NamespaceConfig, primary_namespace: str, queues: li
 
 def runtime_counts(namespace: NamespaceConfig, primary_namespace: str) -> dict[str, tuple[int, int]] | None:
     """Backlog queue -> (active messages, dead-lettered messages) from the administration API; None where
-    it cannot be used (the emulator, a key without Manage, no network path to it)."""
+    it cannot be used (a key without Manage, no network path to it)."""
     try:
-        admin = administration_client(namespace)
-        if admin is None:
-            return None
-        with admin:
+        with administration_client(namespace) as admin:
             return {queue.name: (queue.active_message_count, queue.dead_letter_message_count)
                     for queue in admin.list_queues_runtime_properties()
                     if is_backlog_queue_name(queue.name, primary_namespace)}
@@ -101,7 +106,8 @@ def _count_entity(namespace: NamespaceConfig, name: str, *, dead_letters: bool, 
 def survey(peek: Peek, *, known: int | None, reasons: bool) -> BrokerCount:
     """What one queue holds, from its first page of peeks (see the module docstring). ``known``: its count
     from the administration API, when there is one; ``reasons``: tally the page's dead-letter reasons."""
-    page = peek(1, EXACT_COUNT_LIMIT if reasons or known is None else 1)
+    limit = EXACT_COUNT_LIMIT if reasons or known is None else 1
+    page, ended = first_messages(peek, limit)
     if not page:
         return BrokerCount(known or 0, True, None, {})
     identities = [broker_identity(raw) for raw in page]
@@ -110,6 +116,8 @@ def survey(peek: Peek, *, known: int | None, reasons: bool) -> BrokerCount:
     tally = dict(Counter(dead_letter_reason(raw) for raw in page)) if reasons else {}
     if known is not None:
         return BrokerCount(known, True, oldest, tally, reasons_complete=not reasons or len(page) >= known)
+    if ended:
+        return BrokerCount(len(page), True, oldest, tally)
 
     def probe(sequence_number: int) -> int | None:
         found = peek(sequence_number, 1)
@@ -117,27 +125,49 @@ def survey(peek: Peek, *, known: int | None, reasons: bool) -> BrokerCount:
 
     more = probe(identities[-1][0] + 1)
     if more is None:
+        more = probe(identities[-1][0] + 1)  # the end of an exact count: a second look
+    if more is None:
         return BrokerCount(len(page), True, oldest, tally)
     return BrokerCount(last_sequence_number(more, probe, step=len(page)) - first + 1, False, oldest, tally,
                        reasons_complete=not reasons)
 
 
+def first_messages(peek: Peek, count: int) -> tuple[list, bool]:
+    """Up to ``count`` stored messages from the head of a queue, and whether they are all it holds (its end
+    was seen): short pages are read on, an empty answer looked at twice (``peek_pages.PagedRead``)."""
+    found: list = []
+    read = PagedRead(1, LAST_SEQUENCE_NUMBER, count)
+    while len(found) < count:
+        read.page_size = count - len(found)
+        if (ask := read.next_ask()) is None:
+            break
+        page = peek(*ask)
+        found += page[:read.on_page([broker_identity(raw)[0] for raw in page])]
+    return found, read.done
+
+
 def last_sequence_number(known: int, probe: Probe, *, step: int = 1) -> int:
     """The sequence number of a queue's last message, given one that exists (``known``): doubling steps
-    until nothing lies beyond, then halving the gap, each a single-message peek (``probe``)."""
+    until nothing lies beyond, then halving the gap, each a single-message peek (``probe``); the end it
+    finds is looked at once more (a peek may come back empty while messages exist), and searched on from
+    whatever that second look finds."""
     step = max(1, step)
     low = known
-    while (found := probe(low + step)) is not None:
-        low, step = found, step * 2
-    high = low + step  # nothing at or beyond
-    while high - low > 1:
-        middle = (low + high) // 2
-        found = probe(middle)
-        if found is None or found >= high:
-            high = middle
-        else:
-            low = found
-    return low
+    while True:
+        while (found := probe(low + step)) is not None:
+            low, step = found, step * 2
+        high = low + step  # nothing at or beyond
+        while high - low > 1:
+            middle = (low + high) // 2
+            found = probe(middle)
+            if found is None or found >= high:
+                high = middle
+            else:
+                low = found
+        again = probe(low + 1)
+        if again is None:
+            return low
+        low, step = again, 1
 
 
 def dead_letter_reason(raw: bytes) -> str:

@@ -4,44 +4,86 @@ Backlog messages are peeked as the bytes the broker stored (the SDK's decoded me
 types: long vs int, described timespans, symbols), through the same management request as
 ``receiver.peek_messages`` (``sdk_internals.peek_stored_bytes``). A peek locks nothing, so nothing
 here can raise a backlog message's delivery count.
+
+Invariants:
+- A page that comes back short is read on from after its last message, and an empty one where more may
+  follow is looked at twice (``peek_pages.PagedRead``): no read here ends early on a short or empty page.
+- Every peek has a timeout of its own and is asked again when it times out (``PeekTimeouts``): the SDK
+  bounds a request and its retries by one timeout, so it never retries a peek that timed out.
 """
 
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from typing import Iterable
 
-from azure.servicebus.exceptions import MessagingEntityNotFoundError
+from azure.servicebus.exceptions import MessagingEntityNotFoundError, OperationTimeoutError
 
 from backlog_syphon.config import NamespaceConfig
-from backlog_syphon.errors import BacklogQueueMissingError
+from backlog_syphon.errors import BacklogQueueMissingError, PeekTimedOutError
 from backlog_syphon.restore.amqp_codec import broker_identity
 from backlog_syphon.restore.queue_names import is_backlog_queue_name
 from backlog_syphon.servicebus.access import discovery_refused, discovery_skipped_line
 from backlog_syphon.servicebus.clients import each_at_once, pooled_receiver
 from backlog_syphon.servicebus.credentials import credential_for
+from backlog_syphon.servicebus.peek_pages import PEEK_PAGE_SIZE, PagedRead
 from backlog_syphon.servicebus.sdk_internals import entity_name, peek_stored_bytes
 
 logger = logging.getLogger(__name__)
 
-PEEK_PAGE_SIZE = 250  # messages per management peek; the service caps a response's size anyway
 LAST_SEQUENCE_NUMBER = (1 << 63) - 1
 
 
-def peek_raw(receiver, from_sequence_number: int, max_count: int, timeout: float | None = None) -> list[bytes]:
+@dataclass(frozen=True)
+class PeekTimeouts:
+    """How long each attempt of a peek may take (``first_seconds``, then ``factor`` times longer each time), and
+    how many attempts a peek gets. A peek usually answers in a round trip; one the service does not answer in
+    time is asked again rather than failing the read, a task or a plan."""
+
+    first_seconds: float = 10.0
+    attempts: int = 3
+    factor: float = 2.0
+
+    def each(self) -> list[float]:
+        return [self.first_seconds * self.factor ** attempt for attempt in range(max(1, self.attempts))]
+
+
+PEEK_TIMEOUTS = PeekTimeouts()
+
+
+def peek_raw(receiver, from_sequence_number: int, max_count: int, *,
+             timeouts: PeekTimeouts = PEEK_TIMEOUTS) -> list[bytes]:
     """The stored bytes of up to ``max_count`` messages with sequence number >= the given one (see
-    ``sdk_internals.peek_stored_bytes``): AMQP types survive untouched. ``BacklogQueueMissingError``
-    when the queue does not exist."""
-    try:
-        return peek_stored_bytes(receiver, from_sequence_number, max_count, timeout)
-    except MessagingEntityNotFoundError:
-        raise BacklogQueueMissingError(f"queue {entity_name(receiver)} does not exist") from None
+    ``sdk_internals.peek_stored_bytes``): AMQP types survive untouched; [] when the service says there is
+    none (the caller decides whether to look again). ``BacklogQueueMissingError`` when the queue does not
+    exist; ``PeekTimedOutError`` when every attempt timed out."""
+    limits = timeouts.each()
+    for attempt, timeout in enumerate(limits, 1):
+        try:
+            return peek_stored_bytes(receiver, from_sequence_number, max_count, timeout)
+        except MessagingEntityNotFoundError:
+            raise BacklogQueueMissingError(f"queue {entity_name(receiver)} does not exist") from None
+        except OperationTimeoutError:
+            if attempt == len(limits):
+                raise PeekTimedOutError(
+                    f"queue {entity_name(receiver)}: a peek from sequence number {from_sequence_number} got no answer "
+                    f"in {len(limits)} attempts ({', '.join(f'{limit:g} s' for limit in limits)}); the namespace "
+                    f"answers no peeks on it: check the queue's status (a SendDisabled or Disabled queue may "
+                    f"refuse them) and the network") from None
+            logger.info("queue %s: a peek from sequence number %d timed out after %g s (attempt %d of %d); asked "
+                        "again", entity_name(receiver), from_sequence_number, timeout, attempt, len(limits))
+    raise AssertionError("unreachable")  # the loop returns or raises
 
 
-def first_identity_from(receiver, from_sequence_number: int) -> tuple[int, int | None] | None:
+def first_identity_from(receiver, from_sequence_number: int, *, confirm: bool = False
+                        ) -> tuple[int, int | None] | None:
     """``(sequence number, enqueue time in ms)`` of the first message at or after ``from_sequence_number``,
-    or None when there is none (one cheap peek, nothing locked)."""
+    or None when there is none (one cheap peek, nothing locked). ``confirm``: a message is expected there, so
+    an empty answer is looked at once more before it counts (``peek_pages``)."""
     page = peek_raw(receiver, max(1, from_sequence_number), 1)
+    if not page and confirm:
+        page = peek_raw(receiver, max(1, from_sequence_number), 1)
     return broker_identity(page[0]) if page else None
 
 
@@ -61,15 +103,12 @@ def probe_at_once(namespace: NamespaceConfig, asks: dict[str, int]) -> dict[str,
 
 def peek_identities(receiver, first: int, last: int) -> list[tuple[int, int | None]]:
     """``(sequence number, enqueue time in ms)`` of the messages in ``[first, last]`` still in the entity,
-    in order (peeked: nothing is locked)."""
+    in order (peeked: nothing is locked); short pages are read on, an empty one looked at twice."""
     present: list[tuple[int, int | None]] = []
-    position = first
-    while position <= last:
-        page = [broker_identity(raw) for raw in peek_raw(receiver, position, min(PEEK_PAGE_SIZE, last - position + 1))]
-        if not page:
-            break
-        present += [identity for identity in page if identity[0] <= last]
-        position = page[-1][0] + 1
+    read = PagedRead(max(1, first), last, PEEK_PAGE_SIZE)
+    while (ask := read.next_ask()) is not None:
+        page = [broker_identity(raw) for raw in peek_raw(receiver, *ask)]
+        present += page[:read.on_page([seq for seq, _ in page])]
     return present
 
 
@@ -78,17 +117,28 @@ def peek_sequence_numbers(receiver, first: int, last: int) -> list[int]:
     return [seq for seq, _ in peek_identities(receiver, first, last)]
 
 
+# An administration call that does not answer within these seconds is given up (azure-core waits 300 s to
+# connect by default): discovery, counts and destination shapes are best effort, and nobody should wait.
+ADMINISTRATION_TIMEOUT_SECONDS = 10
+
+
 def administration_client(namespace: NamespaceConfig):
-    """A ``ServiceBusAdministrationClient`` for the namespace (the caller closes it), or None for the local
-    emulator, which has no administration endpoint (the client always uses https)."""
+    """A ``ServiceBusAdministrationClient`` for the namespace's administration API (the caller closes it):
+    ``administration_endpoint`` (by default the namespace's host, as on Azure), trusting
+    ``administration_ca_file`` when set; with the connection string's key or token, or with Azure AD."""
     from azure.servicebus.management import ServiceBusAdministrationClient
-    if namespace.connection_string is not None:
-        if "UseDevelopmentEmulator=true" in namespace.connection_string.reveal():
-            return None
-        return ServiceBusAdministrationClient.from_connection_string(namespace.connection_string.reveal())
-    if namespace.use_development_emulator:
-        return None
-    return ServiceBusAdministrationClient(namespace.fully_qualified_namespace, credential_for(namespace.azure_ad))
+
+    options = {"connection_timeout": ADMINISTRATION_TIMEOUT_SECONDS, "read_timeout": 3 * ADMINISTRATION_TIMEOUT_SECONDS,
+               "retry_total": 1}
+    if namespace.administration_ca_file:
+        options["connection_verify"] = namespace.administration_ca_file
+    if namespace.connection_string is None:
+        return ServiceBusAdministrationClient(namespace.administration_host, credential_for(namespace.azure_ad),
+                                              **options)
+    # The SDK's only public way to a client with a connection string's key: the same string, its Endpoint
+    # naming the administration API's host (which, on an emulator, is not the AMQP port).
+    return ServiceBusAdministrationClient.from_connection_string(
+        namespace.connection_string_with_endpoint(namespace.administration_host), **options)
 
 
 _DISCOVERY_REFUSAL_TOLD = []  # the warning that discovery is not granted is given once per process
@@ -97,15 +147,11 @@ _DISCOVERY_REFUSAL_TOLD = []  # the warning that discovery is not granted is giv
 def list_backlog_queues(namespace: NamespaceConfig, primary_namespace: str) -> list[str] | None:
     """Every backlog queue of ``primary_namespace``, via the administration API; None if unavailable.
 
-    The local emulator has no administration endpoint, and listing queues needs Manage (Azure Service
-    Bus Data Owner), which a least-privilege identity lacks: the caller then reads
-    ``0..queue_count-1``. A refusal is said once, as a warning (``access.discovery_skipped_line``).
+    Listing queues needs Manage (Azure Service Bus Data Owner), which a least-privilege identity lacks: the
+    caller then reads ``0..queue_count-1``. A refusal is said once, as a warning (``access.discovery_skipped_line``).
     """
     try:
-        admin = administration_client(namespace)
-        if admin is None:
-            return None
-        with admin:
+        with administration_client(namespace) as admin:
             return sorted(q.name for q in admin.list_queues() if is_backlog_queue_name(q.name, primary_namespace))
     except Exception as exc:  # noqa: BLE001 - discovery is best effort by design
         if discovery_refused(getattr(exc, "status_code", None)) and not _DISCOVERY_REFUSAL_TOLD:

@@ -37,7 +37,7 @@ from backlog_syphon.servicebus.access import (
 from backlog_syphon.servicebus.clients import ServiceBusAccessError, each_at_once, open_client
 from backlog_syphon.servicebus.credentials import NoTokenError
 from backlog_syphon.servicebus.peek import peek_raw
-from backlog_syphon.servicebus.sdk_internals import attach, prompt, token_refusal
+from backlog_syphon.servicebus.sdk_internals import attach, link_max_message_size, prompt, token_refusal
 from backlog_syphon.servicebus.send import classify_send_error
 from backlog_syphon.model import AccessRight, SendFailure
 
@@ -61,7 +61,8 @@ def check_destinations(namespace: NamespaceConfig, destinations: Iterable[str]) 
         for destination in sorted(set(destinations)):
             try:
                 with prompt(client.get_queue_sender(destination)) as sender:
-                    checks[destination] = DestinationCheck(sender.create_message_batch().max_size_in_bytes, None)
+                    batch_limit = sender.create_message_batch().max_size_in_bytes  # opens the link
+                    checks[destination] = DestinationCheck(link_max_message_size(sender) or batch_limit, None)
             except Exception as exc:  # noqa: BLE001 - reported, not raised: the dry run changes nothing
                 checks[destination] = DestinationCheck(None, classify_send_error(exc, destination))
     return checks

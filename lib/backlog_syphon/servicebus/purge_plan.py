@@ -30,10 +30,11 @@ Invariants:
 - What is left is decided by looking, not by counting: after the purge, each span is settled when
   the first message at or after its first sequence number is not one of its messages
   (``span_after_peek``).
-- Settling never outlives the locks: a page is no larger than what the round trip lets settle
-  well inside the lock (``settle_page_size``), and a bulk completion that fails is split and tried
-  again within the locks (``BulkCompletion``), never walked one message at a time past them; what a
-  lost lock left is received again by the next round.
+- Settling never outlives the locks (``settle_timing``): a page holds no more messages than the requests
+  that fit inside its locks at the measured round trip can settle (one bulk completion, one bulk
+  dead-lettering per distinct reason: ``dead_letter_groups``); a bulk request that fails is split and
+  tried again within the locks (``BulkSettlement``), never walked one message at a time past them; what
+  a page could not settle in time is released (no delivery count) and received again.
 """
 
 from __future__ import annotations
@@ -42,21 +43,9 @@ import dataclasses
 from dataclasses import dataclass, field
 
 from backlog_syphon.model import HeldSpan, RecordedSpan
+from backlog_syphon.servicebus.settle_timing import SettleTiming, page_size
 
 RECEIVE_PAGE = 100  # messages asked for per receive call, at most
-# A page's settlement may take this share of its locks' time, at most: a bulk completion that has to be
-# split down to single messages costs about two round trips per message.
-SETTLE_SHARE_OF_LOCK = 1 / 4
-# Nothing is settled this close to the first of a page's locks ending: a request then could arrive after it.
-LOCK_MARGIN_SECONDS = 5.0
-
-
-def settle_page_size(lock_seconds: float | None, round_trip_seconds: float | None) -> int:
-    """Messages to receive per call so that settling them, even one by one in the worst split
-    (``BulkCompletion``), ends well inside their locks at the measured round trip (unknown: a full page)."""
-    if not lock_seconds or not round_trip_seconds:
-        return RECEIVE_PAGE
-    return max(1, min(RECEIVE_PAGE, int(lock_seconds * SETTLE_SHARE_OF_LOCK / (2 * round_trip_seconds))))
 
 
 def latest_of_each(sequence_numbers: list[int]) -> tuple[list[int], list[int]]:
@@ -69,15 +58,17 @@ def latest_of_each(sequence_numbers: list[int]) -> tuple[list[int], list[int]]:
     return keep, [position for position in range(len(sequence_numbers)) if last[sequence_numbers[position]] != position]
 
 
-class BulkCompletion:
-    """Completing received messages in as few requests as possible, within their locks.
+class BulkSettlement:
+    """Settling received messages the same way (completing them, or dead-lettering them with one reason) in
+    as few requests as possible, within their locks.
 
     All of them in one request first. A request refused because a lock was lost (one of its messages
     was settled already, or its lock ran out) is split in two and each half tried again, down to single
     messages, whose refusal is final: their lock is lost, and the next round receives them again. Any
     other failure ends it (the link is broken; the locks end by themselves). No request goes out once
-    ``deadline`` (epoch seconds: the first lock's end less a margin) has passed: what is left is
-    received again too. So a failed request costs about log2(n) requests more, never n round trips.
+    ``deadline`` (epoch seconds: ``settle_timing.SettleTiming.deadline``) has passed: what is left is
+    released by the caller and received again. So a failed request costs about log2(n) requests more,
+    never n round trips.
     """
 
     def __init__(self, items, deadline: float):
@@ -180,6 +171,15 @@ class PageActions:
     pass_over: tuple[int, ...] = ()  # messages that stay: keep locked until the round ends, then release
 
 
+def dead_letter_groups(orders: tuple[tuple[int, str, str], ...]) -> list[tuple[tuple[str, str], tuple[int, ...]]]:
+    """``PageActions.dead_letter`` as one group per distinct (reason code, reason), the largest first: each
+    group is one bulk request (every message of it gets the same DeadLetterReason and description)."""
+    groups: dict[tuple[str, str], list[int]] = {}
+    for seq, code, reason in orders:
+        groups.setdefault((code, reason), []).append(seq)
+    return sorted(((key, tuple(seqs)) for key, seqs in groups.items()), key=lambda group: -len(group[1]))
+
+
 @dataclass(frozen=True)
 class PurgeResult:
     completed: int
@@ -190,20 +190,46 @@ class PurgeResult:
 
 
 class PurgeProgress:
-    """The purge of one queue as a state machine: ``credit`` -> receive -> ``on_page`` -> ... -> ``result``;
-    ``measured`` sizes the next pages to the locks and round trips seen (``settle_page_size``)."""
+    """The purge of one queue as a state machine: ``credit`` -> receive -> ``on_page`` -> settle ->
+    ``on_settled`` -> ... -> ``result``. ``timing`` (what this queue's purges measured, updated by the I/O
+    side) sizes each page to what its locks can settle (``settle_timing.page_size``)."""
 
-    def __init__(self, plan: PurgePlan, page: int = RECEIVE_PAGE):
+    def __init__(self, plan: PurgePlan, page: int = RECEIVE_PAGE, timing: SettleTiming | None = None):
         self.plan = plan
-        self.page = page
         self.max_page = page
-        self.seen = 0
+        self.timing = timing if timing is not None else SettleTiming()
+        self.seen = 0  # recorded messages received and settled, or lost (lost ones come back only later)
         self.completed = 0
         self.dead_lettered = 0
         self.released = 0
         self.passed = 0  # messages that stay, passed over (locked until the round ends)
         self._passed_over: set[int] = set()
-        self.stopped = plan.expected == 0
+        self._dead_letters_left = dict(plan.dead_letters)  # -> (reason code, reason): not dead-lettered yet
+        self._page: dict[int, Identity] = {}  # the last page's recorded messages, by sequence number
+        self._halted = False  # the round ends, whatever is left (see ``stopped``)
+        self.late_only = False  # a page ended the round having settled nothing before its deadline
+
+    @property
+    def stopped(self) -> bool:
+        """Whether the round is over: every recorded message was seen, or something ended it (an unrecorded
+        message at the head, a passed-over one back, nothing received, nothing settled, locks running out)."""
+        return self._halted or self.seen >= self.plan.expected
+
+    @property
+    def page(self) -> int:
+        """Messages the next page may hold so that its locks can settle it (``credit`` then bounds it by what is
+        left to receive)."""
+        left = self._dead_letters_left
+        return min(self.max_page, page_size(self.timing.requests_per_page(), max_page=self.max_page,
+                                            remaining=max(1, self.plan.expected - self.seen),
+                                            dead_letters=len(left), reasons=len(set(left.values()))))
+
+    def requests_needed(self) -> int:
+        """Requests the next page needs at most: its completion, and one per dead-letter reason left (no more
+        than fit inside its locks: the page is sized so)."""
+        needed = 1 + len(set(self._dead_letters_left.values()))
+        fits = self.timing.requests_per_page()
+        return needed if fits is None else max(1, min(fits, needed))
 
     def credit(self) -> int:
         """How many messages the next receive call may ask for; 0 means the purge is over.
@@ -213,24 +239,23 @@ class PurgeProgress:
         In a dead-letter sub-queue their count is unknown: a page."""
         if self.stopped:
             return 0
+        page = self.page
+        if page < 1:
+            return 0  # not even one request fits inside a lock at this round trip (the I/O side says so)
         if self.plan.passing:
-            return self.page
+            return page
         held_left = max(0, self.plan.held.count - self.passed) if self.plan.held is not None else 0
-        return min(self.page, self.plan.expected - self.seen + held_left)
-
-    def measured(self, lock_seconds: float | None, round_trip_seconds: float | None) -> None:
-        """A page was received with locks of ``lock_seconds`` and settled at ``round_trip_seconds`` a request:
-        the next pages are sized to settle well inside their locks."""
-        self.page = min(self.max_page, settle_page_size(lock_seconds, round_trip_seconds))
+        return min(page, self.plan.expected - self.seen + held_left)
 
     def locks_running_out(self) -> None:
         """The locks of the messages passed over are about to end: this round stops (they are released)."""
-        self.stopped = True
+        self._halted = True
 
     def on_page(self, received: list[Identity]) -> PageActions:
         """``received``: the identities of the messages one receive call brought, in any order."""
+        self._page = {}
         if not received:
-            self.stopped = True  # nothing came within the wait: what is planned is not there (now)
+            self._halted = True  # nothing came within the wait: what is planned is not there (now)
             return PageActions((), (), (), True)
         complete, dead_letter, release, pass_over = [], [], [], []
         for identity in sorted(received, key=lambda item: item[0]):
@@ -239,6 +264,7 @@ class PurgeProgress:
                 (pass_over if self.plan.passes_over(identity) else release).append(seq)
                 continue
             self.seen += 1
+            self._page[seq] = identity
             reason = self.plan.dead_letters.get(identity)
             if reason is None:
                 complete.append(seq)
@@ -251,12 +277,22 @@ class PurgeProgress:
         again = self._passed_over.intersection(pass_over)
         self._passed_over.update(pass_over)
         passed_last = any(seq > self.plan.last for seq in pass_over)
-        self.stopped = bool(release) or bool(again) or passed_last or self.seen >= self.plan.expected
+        self._halted = bool(release) or bool(again) or passed_last
         return PageActions(tuple(complete), tuple(dead_letter), tuple(release), self.stopped, tuple(pass_over))
 
-    def on_settled(self, completed: int, dead_lettered: int) -> None:
+    def on_settled(self, completed: int, dead_lettered=(), *, given_back: int = 0) -> None:
+        """The last page's settlement: ``completed`` messages completed, the sequence numbers ``dead_lettered``
+        dead-lettered, and ``given_back`` recorded ones released unsettled because their locks would have
+        ended first (received again next). A page that settled nothing ends the round: the next one would
+        fare no better."""
         self.completed += completed
-        self.dead_lettered += dead_lettered
+        self.dead_lettered += len(dead_lettered)
+        for seq in dead_lettered:
+            self._dead_letters_left.pop(self._page.get(seq), None)
+        self.seen -= given_back
+        if self._page and not completed and not dead_lettered:
+            self._halted = True
+            self.late_only = given_back > 0
 
     def result(self, heads: dict[int, Identity | None]) -> PurgeResult:
         """``heads[span.first]``: the first message at or after each span's first sequence number now."""

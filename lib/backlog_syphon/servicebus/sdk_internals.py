@@ -1,12 +1,12 @@
 """Everything the syphon relies on inside azure-servicebus 7.15.0 that is not its public API, in one place.
 
-The SDK's public API cannot peek the stored bytes of a message, add already-encoded messages to a
-batch, take back receive credit, release (rather than abandon) a message, or settle many messages
-with one request; and its decoder cannot read every AMQP type legacy clients write. Each of those
-is one function here, and nothing else in the syphon touches a private attribute of the SDK. The
-pinned version is checked: ``check_sdk()`` says exactly what is missing on another version, and
-``tests/unit/test_sdk_internals.py`` fails loudly when the installed SDK is not the pinned one or
-lacks one of these attributes.
+The SDK's public API cannot peek the stored bytes of a message, add already-encoded messages to a batch,
+take back receive credit, release (rather than abandon) a message, or settle many messages with one
+request (completing them, or dead-lettering them with one reason); and its decoder cannot read every
+AMQP type legacy clients write. Each of those is one function here, and nothing else in the syphon
+touches a private attribute of the SDK. The pinned version is checked: ``check_sdk()`` says exactly what
+is missing on another version, and ``tests/unit/test_sdk_internals.py`` fails loudly when the installed
+SDK is not the pinned one or lacks one of these attributes.
 
 The decoder patch
 -----------------
@@ -51,6 +51,7 @@ from decimal import Decimal
 import azure.servicebus
 from azure.servicebus import ServiceBusMessageBatch, ServiceBusReceiver, ServiceBusSender
 from azure.servicebus._common import constants as sdk_constants
+from azure.servicebus.exceptions import ServiceBusError
 from azure.servicebus._pyamqp import _decode as sdk_decode
 from azure.servicebus._pyamqp.client import AMQPClient
 from azure.servicebus._pyamqp.types import TYPE, VALUE, AMQPTypes
@@ -77,6 +78,11 @@ REQUIRED_ATTRIBUTES = (
     (sdk_constants, "REQUEST_RESPONSE_PEEK_OPERATION"),
     (sdk_constants, "MGMT_REQUEST_FROM_SEQUENCE_NUMBER"),
     (sdk_constants, "MGMT_REQUEST_MAX_MESSAGE_COUNT"),
+    (sdk_constants, "ERROR_CODE_MESSAGE_NOT_FOUND"),
+    (sdk_constants, "SETTLEMENT_COMPLETE"),
+    (sdk_constants, "SETTLEMENT_DEADLETTER"),
+    (sdk_constants, "MGMT_REQUEST_DEAD_LETTER_REASON"),
+    (sdk_constants, "MGMT_REQUEST_DEAD_LETTER_ERROR_DESCRIPTION"),
     (sdk_decode, "_DECODE_BY_CONSTRUCTOR"),
     (sdk_decode, "_decode_decimal128"),
 )
@@ -91,6 +97,8 @@ def check_sdk() -> list[str]:
     for owner, name in REQUIRED_ATTRIBUTES:
         if not hasattr(owner, name):
             problems.append(f"{getattr(owner, '__name__', owner)}.{name} is missing")
+    if error_condition(ServiceBusError("probe", condition=b"amqp:not-allowed")) != "amqp:not-allowed":
+        problems.append("ServiceBusError no longer keeps its condition in _condition")
     return problems
 
 
@@ -100,7 +108,10 @@ def peek_stored_bytes(receiver, from_sequence_number: int, max_count: int, timeo
     """The stored bytes of up to ``max_count`` messages with sequence number >= the given one.
 
     The same management request as ``receiver.peek_messages``, but each message's raw encoding is
-    kept, so AMQP types (long vs int, described timespans, symbols) survive untouched.
+    kept, so AMQP types (long vs int, described timespans, symbols) survive untouched. "No messages" is
+    an empty list, however the service says it: status 204 (or 202), or the condition
+    ``com.microsoft:message-not-found``, which the SDK would raise as ``MessageNotFoundError``.
+    ``timeout`` bounds the request and the SDK's own retries together.
     """
     request = {
         sdk_constants.MGMT_REQUEST_FROM_SEQUENCE_NUMBER: {TYPE: AMQPTypes.long, VALUE: int(from_sequence_number)},
@@ -113,13 +124,45 @@ def peek_stored_bytes(receiver, from_sequence_number: int, max_count: int, timeo
         if status_code in (202, 204):
             return []
         condition = message.application_properties.get(b"errorCondition")
+        if condition == sdk_constants.ERROR_CODE_MESSAGE_NOT_FOUND:
+            return []
         receiver._amqp_transport.handle_amqp_mgmt_error(  # raises the SDK's mapped exception
             logger, "Message peek failed.", condition, description, status_code)
         return []
 
     receiver._check_live()
-    return receiver._mgmt_request_response_with_retry(
-        sdk_constants.REQUEST_RESPONSE_PEEK_OPERATION, request, keep_raw, timeout=timeout)
+    return on_management_link(lambda: receiver._mgmt_request_response_with_retry(
+        sdk_constants.REQUEST_RESPONSE_PEEK_OPERATION, request, keep_raw, timeout=timeout))
+
+
+def management_link_lost(exc: BaseException) -> bool:
+    """Whether a management request failed because the entity's ``$management`` link was gone: Service Bus
+    detaches a link idle for 10 minutes, and the SDK then raises a generic ``ServiceBusError`` it does not
+    retry ("Management Operation error occurred.") and opens the link again with the next request."""
+    inner = getattr(exc, "inner_exception", None)
+    return isinstance(exc, ServiceBusError) and _MANAGEMENT_LINK_LOST in f"{inner} {exc}"
+
+
+_MANAGEMENT_LINK_LOST = "Management Operation error occurred"
+
+
+def on_management_link(request):
+    """``request()`` (one management request), made once more, on a link opened again, when the link it went
+    out on was gone: the request never reached the entity, so asking again changes nothing."""
+    try:
+        return request()
+    except ServiceBusError as exc:
+        if not management_link_lost(exc):
+            raise
+        logger.info("a management link was closed by the broker (idle): the request goes again on a new one")
+        return request()
+
+
+def link_max_message_size(sender) -> int | None:
+    """The largest message the destination's link takes (its attach's max-message-size), once the sender is
+    open; None before (or for an object that is not the SDK's sender). The SDK keeps it privately and derives
+    its batch limit from it when the link advertises none, which can be above what the entity takes."""
+    return getattr(sender, "_max_message_size_on_link", None) or None
 
 
 def entity_name(handler) -> str:
@@ -145,6 +188,24 @@ def token_refusal(exc: BaseException) -> str:
     if isinstance(description, bytes):
         description = description.decode("utf-8", "replace")
     return description or ""
+
+
+def error_condition(exc: BaseException) -> str | None:
+    """The AMQP condition a Service Bus error carries (``"amqp:not-allowed"``), which the SDK keeps only in a
+    private attribute (its generic ``ServiceBusError`` is raised for many conditions)."""
+    condition = getattr(exc, "_condition", None)
+    if isinstance(condition, bytes):
+        condition = condition.decode("utf-8", "replace")
+    return None if condition is None else str(getattr(condition, "value", condition))
+
+
+def service_text(exc: BaseException) -> str:
+    """What the service said (its error description), without the condition and status code the SDK
+    appends to its exceptions' messages."""
+    text = str(getattr(exc, "message", None) or exc)
+    for marker in (" Error condition: ", " Status Code: "):
+        text = text.split(marker, 1)[0]
+    return text.strip()
 
 
 # --- opening links -------------------------------------------------------------------------------
@@ -277,7 +338,17 @@ def release_message(receiver, message) -> None:
 def complete_by_lock_tokens(receiver, lock_tokens: list) -> None:
     """Complete many received messages with one management ``update-disposition`` request (the SDK's
     own fallback form of settlement)."""
-    receiver._settle_message_via_mgmt_link("completed", lock_tokens)
+    on_management_link(lambda: receiver._settle_message_via_mgmt_link(sdk_constants.SETTLEMENT_COMPLETE, lock_tokens))
+
+
+def dead_letter_by_lock_tokens(receiver, lock_tokens: list, reason: str, description: str) -> None:
+    """Dead-letter many received messages with one reason in one ``update-disposition`` request: status
+    ``suspended`` with ``deadletter-reason`` and ``deadletter-description``, what the SDK's
+    ``dead_letter_message`` sends for one message when its receive link cannot settle it."""
+    details = {sdk_constants.MGMT_REQUEST_DEAD_LETTER_REASON: reason,
+               sdk_constants.MGMT_REQUEST_DEAD_LETTER_ERROR_DESCRIPTION: description}
+    on_management_link(lambda: receiver._settle_message_via_mgmt_link(sdk_constants.SETTLEMENT_DEADLETTER,
+                                                                       lock_tokens, dead_letter_details=details))
 
 
 # --- the decoder patch ---------------------------------------------------------------------------

@@ -25,7 +25,12 @@ from azure.servicebus.exceptions import (
 from backlog_syphon.config import NamespaceConfig
 from backlog_syphon.servicebus.access import is_missing_claim
 from backlog_syphon.servicebus.clients import discard_sender, open_in_parallel, pooled_sender
-from backlog_syphon.servicebus.sdk_internals import add_encoded_to_batch
+from backlog_syphon.servicebus.sdk_internals import (
+    add_encoded_to_batch,
+    error_condition,
+    link_max_message_size,
+    service_text,
+)
 from backlog_syphon.model import AccessRight, Outgoing, PartialSendError, ReasonCode, SendFailure
 
 logger = logging.getLogger(__name__)
@@ -66,12 +71,48 @@ def classify_send_error(exc: BaseException, destination: str) -> SendFailure:
         # The pre-flight checked the credentials: now it is a rotated key or an expired token.
         return SendFailure(True, ReasonCode.AUTHENTICATION_FAILED,
                            f"authentication failed for the primary namespace ({name})")
+    condition = error_condition(exc)
+    if condition in FINAL_REFUSAL_CONDITIONS:
+        return refusal_of_message(condition, service_text(exc), destination)
     if "throttl" in str(exc).lower():
         # Throttling reported under another condition (the service's text says "... is being throttled").
         return SendFailure(True, ReasonCode.THROTTLED, f"the primary namespace throttled sends to '{destination}' "
                                                        f"({name})")
     return SendFailure(True, ReasonCode.TRANSIENT, f"{name} while sending to '{destination}'")
 
+
+# Conditions under which the service refuses a message for good: nothing about the message will change, so
+# the SDK does not retry them either (its no-retry list). What they concern is one message of the send (or
+# the send's shape), never the destination as a whole: ``sink.delivery`` finds which one by sending fewer.
+FINAL_REFUSAL_CONDITIONS = frozenset({"amqp:not-allowed", "com.microsoft:argument-error",
+                                      "com.microsoft:argument-out-of-range", "amqp:invalid-field"})
+# How the service words the refusals whose cause the syphon can name (and check before sending).
+_SESSION_NOT_SET = "sessionid was not set"
+_SESSION_VS_PARTITION_KEY = ("partitionkey", "sessionid")
+
+
+def refusal_of_message(condition: str, text: str, destination: str) -> SendFailure:
+    """A final refusal of a message: its reason code, and a reason that quotes the service and says what to do."""
+    lowered = text.lower()
+    if _SESSION_NOT_SET in lowered:
+        code, advice = ReasonCode.SESSION_REQUIRED, ("the destination requires sessions and the message has none: "
+                                                     "give it a SessionId, or route it to an entity without sessions "
+                                                     "(restore.destination_map), then re-drive it")
+    elif all(word in lowered for word in _SESSION_VS_PARTITION_KEY) and "batching" not in lowered:
+        code, advice = ReasonCode.SESSION_ID_NOT_PARTITION_KEY, ("its SessionId and PartitionKey differ; Service "
+                                                                 "Bus takes a message only when they are equal")
+    else:
+        code, advice = ReasonCode.DESTINATION_REFUSED, "no retry changes this answer"
+    return SendFailure(False, code, f"destination '{destination}' refused the message ({condition}): {text} "
+                                    f"({advice})"[:1024])
+
+
+# At most this many messages in one batched send, whatever the link advertises: Standard namespaces refuse a
+# batch of more (with a generic error the SDK would retry), and neither the SDK nor the link says so.
+MAX_BATCH_MESSAGES = 4500
+# At most this many bytes in one batched send, on every tier: a Premium entity that takes messages of up to
+# 100 MB still takes batches of 1 MB only, and the service does not advertise it on the link.
+MAX_BATCH_BYTES = 1024 * 1024
 
 # The envelope of a batch carries its first message's MessageId, SessionId and partition key, which
 # ServiceBusMessageBatch does not count against the size limit: a batch filled to the limit would be
@@ -92,17 +133,25 @@ def add_encoded(batch: ServiceBusMessageBatch, message: Outgoing) -> bool:
                                 reserve_bytes=ENVELOPE_RESERVE_BYTES)
 
 
-def send_encoded(sender, messages: Sequence[Outgoing]) -> Iterator[int]:
-    """Send encoded messages in order, in as few batched sends as fit; yield each send's count once sent."""
+def send_encoded(sender, messages: Sequence[Outgoing], *, on_batch=lambda count: None) -> Iterator[int]:
+    """Send encoded messages in order, in as few batched sends as fit (at most ``MAX_BATCH_MESSAGES`` and
+    ``MAX_BATCH_BYTES`` each); ``on_batch(n)`` before each send of ``n``; yield each send's count once sent."""
     pending = list(messages)
     while pending:
         batch = sender.create_message_batch()
+        # The service takes a batch no larger than one message of the entity, and 1 MB at most: the SDK's
+        # own limit can be larger (256 KB when the link advertises none, whatever the entity's message size).
+        limit = min(batch.max_size_in_bytes, MAX_BATCH_BYTES, link_max_message_size(sender) or MAX_BATCH_BYTES)
+        if limit < batch.max_size_in_bytes:
+            batch = sender.create_message_batch(max_size_in_bytes=limit)
         count = 0
-        while count < len(pending) and add_encoded(batch, pending[count]):
+        while count < min(len(pending), MAX_BATCH_MESSAGES) and add_encoded(batch, pending[count]):
             count += 1
         if not count:
+            on_batch(1)  # the refusal is the first message's: it alone is too large
             raise MessageSizeExceededError(message=f"a message of {len(pending[0].encoded)} bytes is larger than "
                                                    f"the {batch.max_size_in_bytes} bytes the destination accepts")
+        on_batch(count)
         sender.send_messages(batch)
         yield count
         pending = pending[count:]
@@ -120,13 +169,13 @@ class DestinationSenders:
         Returns how many were sent (all of them); raises ``PartialSendError`` saying how many went
         before the first failure, so the caller resumes exactly there.
         """
-        sent = 0
+        sent, attempted = 0, [0]  # the batch being sent: 0 while none is (the link's opening comes first)
         try:
             sender = self._sender(destination)
-            for count in send_encoded(sender, messages):
-                sent += count
+            for count in send_encoded(sender, messages, on_batch=lambda count: attempted.__setitem__(0, count)):
+                sent, attempted[0] = sent + count, 0
         except Exception as exc:  # noqa: BLE001 - classified by the caller
-            raise PartialSendError(sent, exc) from exc
+            raise PartialSendError(sent, exc, attempted[0]) from exc
         return sent
 
     def open(self, destinations: Iterable[str]) -> None:

@@ -1,10 +1,20 @@
 """Settling backlog messages for the purge: receive exactly what is planned, complete or dead-letter what
 the plan holds by identity, release anything else, and leave no receive credit open.
 
-The decisions are ``purge_plan.PurgeProgress``'s (pure); this is the I/O. Nothing here completes a
-backlog message unless one of the plan's recorded spans holds it (sequence number and enqueue time).
-The receive goes through the SDK's decoder, which only needs sequence numbers, enqueue times and lock
-tokens here (``sdk_internals`` teaches it the AMQP types legacy clients write; ``clients`` installs it).
+The decisions are ``purge_plan.PurgeProgress``'s and the timing ``settle_timing.SettleTiming``'s (both
+pure); this is the I/O. Nothing here completes a backlog message unless one of the plan's recorded spans
+holds it (sequence number and enqueue time). The receive goes through the SDK's decoder, which only needs
+sequence numbers, enqueue times and lock tokens here (``sdk_internals`` teaches it the AMQP types legacy
+clients write; ``clients`` installs it).
+
+Invariants:
+- A page is settled with one bulk completion, then one bulk dead-lettering per distinct reason, the
+  largest first (each an ``update-disposition`` for many lock tokens), each sent only before the page's
+  deadline (its first lock's end less a round trip and a safety share of the lock); what misses it is
+  released at once (no delivery count) and received again, never left to run out its lock.
+- Messages passed over are released before their own locks end: the next page is received only while it
+  and the releases fit before that (``SettleTiming.receive_wait_while_passing``).
+- Every request is timed, and the timing is kept for the queue's next rounds.
 """
 
 from __future__ import annotations
@@ -20,36 +30,44 @@ from backlog_syphon.errors import BacklogQueueMissingError
 from backlog_syphon.servicebus.clients import pooled_receiver
 from backlog_syphon.servicebus.peek import first_identity_from, peek_identities
 from backlog_syphon.servicebus.purge_plan import (
-    LOCK_MARGIN_SECONDS,
-    BulkCompletion,
+    BulkSettlement,
     PurgePlan,
     PurgeProgress,
     PurgeResult,
+    dead_letter_groups,
     latest_of_each,
 )
 from backlog_syphon.servicebus.sdk_internals import (
     complete_by_lock_tokens,
+    dead_letter_by_lock_tokens,
     received_identity,
     release_buffered,
     release_message,
     revoke_credit,
 )
+from backlog_syphon.servicebus.settle_timing import SettleTiming
 
 logger = logging.getLogger(__name__)
 
+UNKNOWN_LOCK_SECONDS = 60.0  # the service's default lock, for a page whose messages carry no locked-until
+DESCRIPTION_LIMIT = 1024  # characters of a reason kept as the DeadLetterErrorDescription
 
-def purge_backlog(namespace: NamespaceConfig, plan: PurgePlan, *, max_wait_seconds: float = 5.0) -> PurgeResult:
+
+def purge_backlog(namespace: NamespaceConfig, plan: PurgePlan, *, timing: SettleTiming | None = None,
+                  max_wait_seconds: float = 5.0) -> PurgeResult:
     """Settle what ``plan`` says in one backlog queue: complete or dead-letter recorded messages only.
 
     Receives in PeekLock exactly as many as are planned, settles those the plan holds, releases the
     rest (which does not raise their delivery count), and makes sure no receive credit stays open, so
     nothing that is not recorded stays locked between calls (see ``sdk_internals.revoke_credit``).
-    A queue that no longer exists holds none of the plan's messages: everything is settled.
+    A queue that no longer exists holds none of the plan's messages: everything is settled. ``timing``:
+    what this queue's earlier rounds measured (updated here).
     """
+    timing = timing if timing is not None else SettleTiming()
     for fresh_link in (False, True):
         try:
             with pooled_receiver(namespace, plan.queue, purpose="settle") as receiver:  # a failed link leaves the pool
-                return _purge(receiver, plan, max_wait_seconds)
+                return _purge(receiver, plan, timing, max_wait_seconds)
         except (MessagingEntityNotFoundError, BacklogQueueMissingError):
             # A pooled link to a queue deleted and created since says "not found" too: ask once on a fresh one.
             if fresh_link:
@@ -58,60 +76,86 @@ def purge_backlog(namespace: NamespaceConfig, plan: PurgePlan, *, max_wait_secon
     return PurgeResult(0, 0, 0, (), plan.spans)
 
 
-# A round that passes over messages that stay ends this long before the first of their locks would (in a
-# backlog queue an expired lock raises the delivery count; released, it does not).
-PASS_OVER_LOCK_MARGIN_SECONDS = 10.0
-
-
-def _purge(receiver, plan: PurgePlan, max_wait_seconds: float) -> PurgeResult:
+def _purge(receiver, plan: PurgePlan, timing: SettleTiming, max_wait_seconds: float) -> PurgeResult:
     if plan.verify and plan.expected:
         plan = plan.verified(peek_identities(receiver, plan.first, plan.last))
-    progress = PurgeProgress(plan)
+    progress = PurgeProgress(plan, timing=timing)
     passed_over: list = []  # messages that stay (held, or left by a re-drive): locked until the round ends
     revoke_credit(receiver)  # the link's attach gave the broker one credit of its own
     try:
         while credit := progress.credit():
-            if passed_over and _locks_end_soon(passed_over):
-                progress.locks_running_out()
-                break
-            page = receiver.receive_messages(max_message_count=credit, max_wait_time=max_wait_seconds)
-            received_at = time.time()
+            wait = max_wait_seconds
+            if passed_over:
+                wait = timing.receive_wait_while_passing(lock_end_of(passed_over) - time.time(),
+                                                         progress.requests_needed())
+                if wait is None:
+                    progress.locks_running_out()
+                    break
+                wait = min(wait, max_wait_seconds)
+            started, began = time.time(), time.monotonic()
+            page = receiver.receive_messages(max_message_count=credit, max_wait_time=wait)
             revoke_credit(receiver)  # a call that returns early leaves the rest of its credit open
-            _settle_page(receiver, plan, progress, page, passed_over, received_at)
+            if page:  # an empty one waited out its time, which says nothing about the link
+                lock_end = first_lock_end(page)
+                timing.observed_page(time.monotonic() - began, None if lock_end is None else lock_end - started)
+            _settle_page(receiver, plan, progress, timing, page, passed_over, started)
     finally:
         _release_passed_over(receiver, plan, passed_over)
-    # Whatever could not be settled (lock lost, not there yet) is still there: look, don't count.
-    # The peeks are also the barrier behind any transfer still on its way (see revoke_credit).
-    heads = {span.first: first_identity_from(receiver, span.first) for span in plan.spans}
+    if progress.page < 1 or progress.late_only:
+        logger.warning("backlog=%s: locks of %.1f s (as seen here) were too short to settle a page at a round trip of "
+                       "%.2f s; what was received is released untouched, and the next round measures again. If this "
+                       "lasts, raise the queue's lock duration", plan.queue, timing.lock_seconds or 0.0,
+                       timing.round_trip or 0.0)
+        timing.forget()  # a slow moment must not keep every later round from trying
+    # Whatever could not be settled (lock lost, not there yet) is still there: look, don't count. An empty
+    # answer where the round left something is looked at twice (a peek may come back empty while messages
+    # exist). The peeks are also the barrier behind any transfer still on its way (see revoke_credit).
+    unsettled = progress.completed + progress.dead_lettered < plan.expected
+    heads = {span.first: first_identity_from(receiver, span.first, confirm=unsettled) for span in plan.spans}
     release_buffered(receiver)
     return progress.result(heads)
 
 
-def _settle_page(receiver, plan: PurgePlan, progress: PurgeProgress, page: list, passed_over: list,
-                 received_at: float) -> None:
+def _settle_page(receiver, plan: PurgePlan, progress: PurgeProgress, timing: SettleTiming, page: list,
+                 passed_over: list, received_at: float) -> None:
     page = latest_deliveries(receiver, plan.queue, page)
     by_seq = {message.sequence_number: message for message in page}
     actions = progress.on_page([received_identity(message) for message in page])
     passed_over.extend(by_seq[seq] for seq in actions.pass_over)
     for seq in actions.release:
         release_message(receiver, by_seq[seq])
-    lock_ends = first_lock_end(page)
-    deadline = (lock_ends or received_at + 60.0) - LOCK_MARGIN_SECONDS
-    began = time.monotonic()
-    dead_lettered = dead_letter_all(receiver, [(by_seq[seq], code, reason) for seq, code, reason in actions.dead_letter],
-                                    deadline)
-    completion, requests = complete_all(receiver, [by_seq[seq] for seq in actions.complete], deadline)
+    deadline = timing.deadline(lock_end_of(page, received_at))
+    if passed_over:  # their releases go out after this page's last answer, before their own locks end
+        deadline = min(deadline, timing.deadline(lock_end_of(passed_over)) - (timing.round_trip or 0.0))
+    completion = settle_all(receiver, [by_seq[seq] for seq in actions.complete], deadline, timing, None)
+    settlements = [completion]
+    for (code, reason), seqs in dead_letter_groups(actions.dead_letter):
+        settlements.append(settle_all(receiver, [by_seq[seq] for seq in seqs], deadline, timing, (code, reason)))
     if completion.all_lost:
+        _give_back(receiver, [by_seq[seq] for settlement in settlements for seq in settlement.left])
         raise LocksLostError(f"backlog={plan.queue}: every lock of a page of {len(actions.complete)} message(s) was "
                              f"refused; the link that took them is closed, the next round receives them again")
-    progress.on_settled(len(completion.completed), dead_lettered)
-    requests += len(actions.dead_letter)
-    if requests:
-        progress.measured(None if lock_ends is None else lock_ends - received_at, (time.monotonic() - began) / requests)
+    late = [seq for settlement in settlements for seq in settlement.left]
+    _give_back(receiver, [by_seq[seq] for seq in late])
+    dead_lettered = [seq for settlement in settlements[1:] for seq in settlement.completed]
+    progress.on_settled(len(completion.completed), dead_lettered, given_back=len(late))
+    if late:
+        logger.info("backlog=%s %d message(s) not settled before their locks' end (a round trip of %.2f s, locks of "
+                    "%.1f s): released untouched and received again", plan.queue, len(late), timing.round_trip or 0.0,
+                    timing.lock_seconds or 0.0)
     if actions.release:
         logger.warning("backlog=%s purge received %d message(s) whose outcome is not recorded (sequence numbers "
                        "%s): released untouched, not settled; the purge of this queue stops here until they "
                        "are recorded", plan.queue, len(actions.release), list(actions.release)[:10])
+
+
+def _give_back(receiver, messages: list) -> None:
+    """Release received messages this round could not settle in time (a no-op for a lock already gone)."""
+    for message in messages:
+        try:
+            release_message(receiver, message)
+        except Exception:  # noqa: BLE001 - its lock is gone already, or the link: nothing to give back
+            logger.debug("releasing an unsettled message failed", exc_info=True)
 
 
 def _release_passed_over(receiver, plan: PurgePlan, passed_over: list) -> None:
@@ -129,15 +173,6 @@ def _release_passed_over(receiver, plan: PurgePlan, passed_over: list) -> None:
     if passed_over:
         logger.info("%s purge passed over %d message(s) that stay (held for skipped destinations, or left by a "
                     "re-drive; locked meanwhile, released untouched)", plan.queue, len(passed_over))
-
-
-def _locks_end_soon(messages: list) -> bool:
-    """Whether the first of these received messages' locks ends within ``PASS_OVER_LOCK_MARGIN_SECONDS``."""
-    ends = [m.locked_until_utc for m in messages if getattr(m, "locked_until_utc", None) is not None]
-    if not ends:
-        return False
-    first = min(end if end.tzinfo else end.replace(tzinfo=dt.timezone.utc) for end in ends)
-    return (first - dt.datetime.now(dt.timezone.utc)).total_seconds() < PASS_OVER_LOCK_MARGIN_SECONDS
 
 
 def latest_deliveries(receiver, queue: str, page: list) -> list:
@@ -164,53 +199,53 @@ def first_lock_end(messages: list) -> float | None:
     return min(end if end.tzinfo else end.replace(tzinfo=dt.timezone.utc) for end in ends).timestamp()
 
 
+def lock_end_of(messages: list, received_at: float | None = None) -> float:
+    """``first_lock_end``, or, where the broker did not say, the service's default lock from ``received_at``
+    (or now)."""
+    end = first_lock_end(messages)
+    return end if end is not None else (received_at or time.time()) + UNKNOWN_LOCK_SECONDS
+
+
 class LocksLostError(RuntimeError):
     """Every lock a page held was refused: the link that took them lost them all. The round ends and the
     link is closed (a fresh one next time); the next round receives those messages again."""
 
 
-def complete_all(receiver, messages: list, deadline: float, *, clock=time.time) -> tuple[BulkCompletion, int]:
-    """Complete received messages with one management request instead of one round trip each; a request
-    refused for a lost lock is split and tried again, and nothing is sent after ``deadline``
-    (``purge_plan.BulkCompletion``). Returns the completion (what was completed; what was not: a lost
-    lock, the deadline, a broken link, every lock gone, all received again by the next round) and the
-    requests made."""
+def settle_all(receiver, messages: list, deadline: float, timing: SettleTiming, dead_letter: tuple[str, str] | None,
+               *, clock=time.time) -> BulkSettlement:
+    """Complete received messages (``dead_letter`` None), or dead-letter them with one (reason code, reason),
+    with one management request instead of one round trip each; a request refused for a lost lock is split
+    and tried again, and nothing is sent after ``deadline`` (``purge_plan.BulkSettlement``). Each request is
+    timed into ``timing``. Returns the settlement: what was settled, and what was not (a lost lock; the
+    deadline, a broken link or every lock gone: ``left``, for the caller to release)."""
     by_seq = {message.sequence_number: message for message in messages}
-    completion = BulkCompletion(sorted(by_seq), deadline)
+    settlement = BulkSettlement(sorted(by_seq), deadline)
+    what = "completion" if dead_letter is None else "dead-lettering"
     requests = 0
-    while (request := completion.next_request(clock())) is not None:
+    while (request := settlement.next_request(clock())) is not None:
         requests += 1
+        tokens = [by_seq[seq].lock_token for seq in request]
+        began = time.monotonic()
         try:
-            complete_by_lock_tokens(receiver, [by_seq[seq].lock_token for seq in request])
+            if dead_letter is None:
+                complete_by_lock_tokens(receiver, tokens)
+            else:
+                dead_letter_by_lock_tokens(receiver, tokens, dead_letter[0], dead_letter[1][:DESCRIPTION_LIMIT])
         except MessageLockLostError:
+            timing.observed_request(time.monotonic() - began)
             if len(request) > 1:
-                logger.info("bulk completion of %d message(s) refused for a lost lock: split and tried again",
+                logger.info("bulk %s of %d message(s) refused for a lost lock: split and tried again", what,
                             len(request))
-            completion.lock_lost(request)
+            settlement.lock_lost(request)
         except ServiceBusError as exc:
-            logger.info("bulk completion of %d message(s) failed (%s); the rest is received again by the next round",
+            logger.info("bulk %s of %d message(s) failed (%s); the rest is received again by the next round", what,
                         len(request), type(exc).__name__)
-            completion.stop()
+            settlement.stop()
         else:
-            completion.succeeded(request)
-    if completion.unsettled:
-        logger.info("%d of %d message(s) not completed (lock lost %d, not tried before their locks end, after a "
-                    "failure or once every lock seemed gone %d) in %d request(s); the next round receives them again",
-                    len(completion.unsettled), len(messages), len(completion.lost), len(completion.left), requests)
-    return completion, requests
-
-
-def dead_letter_all(receiver, orders: list, deadline: float, *, clock=time.time) -> int:
-    """Dead-letter received messages with their reasons, one request each (each its own reason), while their
-    locks last; one whose lock was lost is received again by the next round. Returns how many were."""
-    done = 0
-    for message, reason_code, reason in orders:
-        if clock() >= deadline:
-            break
-        try:
-            receiver.dead_letter_message(message, reason=reason_code, error_description=reason[:1024])
-            done += 1
-        except MessageLockLostError:
-            logger.info("sequence_number=%s not dead-lettered (lock lost); the next round receives it again",
-                        message.sequence_number)
-    return done
+            timing.observed_request(time.monotonic() - began)
+            settlement.succeeded(request)
+    if settlement.unsettled:
+        logger.info("%d of %d message(s) not settled by %s (lock lost %d, not tried before their locks end, after a "
+                    "failure or once every lock seemed gone %d) in %d request(s)", len(settlement.unsettled),
+                    len(messages), what, len(settlement.lost), len(settlement.left), requests)
+    return settlement

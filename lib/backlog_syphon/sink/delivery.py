@@ -17,8 +17,14 @@ Invariants:
   batch fails once what was delivered is recorded, so its replay sends only them.
 - Nothing is sent after the round's deadline (the lease's expiry less a safety margin): what is left
   then is unsent (``ROUND_DEADLINE``) and the next round, under an extended lease, sends it.
-- A final failure (no such destination, not authorized, too large) dead-letters the messages it
-  concerns: the first pending one for "too large", all pending ones of the group otherwise.
+- A final failure dead-letters the messages it concerns, and only those. No such destination, or not
+  authorized: every pending message of the group. A refusal of one message (too large, ``amqp:not-allowed``,
+  an argument error: ``SendFailureClass.REFUSED``) is never waited out and never dead-letters a message
+  that could have been delivered: a refused batch is sent again in halves, in order, until the refused
+  message goes alone, and only that one is dead-lettered (a refusal of the batch's shape ends with every
+  message delivered). A destination the service said requires sessions gets no more session-less messages.
+- Batches respect the service's limits whatever the link advertises (``servicebus.send``: 4,500
+  messages, 1 MB).
 - Politely (``sink.pacing``): sends wait for the task's ``Pacer`` (its share of
   ``sink.max_messages_per_second``, lowered after throttling). A throttling failure (server busy,
   quota exceeded, throttled) slows the task down and makes its destination wait (doubling from
@@ -45,6 +51,7 @@ from backlog_syphon.model import (
     SendFailure,
     SendFailureClass,
 )
+from backlog_syphon.restore.destination_fit import SESSION_REQUIRED_REASON
 from backlog_syphon.sink.pacing import PaceEvent, Pacer, PaceSignal
 
 logger = logging.getLogger(__name__)
@@ -83,6 +90,11 @@ class Delivery:
     reason: str | None
     attempts: int
     at: float | None = None  # UNSENT: since when its destination has been failing (or the deadline)
+
+
+def session_required(destination: str) -> SendFailure:
+    """The outcome of a session-less message to a destination the service said requires sessions."""
+    return SendFailure(False, ReasonCode.SESSION_REQUIRED, SESSION_REQUIRED_REASON.format(destination=destination))
 
 
 def send_groups(rows: Iterable[Row]) -> list[list[Row]]:
@@ -156,6 +168,9 @@ class Carry:
     retry: dict[str, _Retry] = field(default_factory=dict)
     left: dict[str, tuple[ReasonCode, str, float]] = field(default_factory=dict)  # destination -> why unsent
     pacer: Pacer | None = None
+    # Destinations the service said require sessions (it refused a session-less message for that): their
+    # later session-less messages are dead-lettered without being sent.
+    sessions_required: set[str] = field(default_factory=set)
 
 
 @dataclass
@@ -164,6 +179,17 @@ class _Retry:
     throttled: int = 0  # throttling answers in a row
     failing_since: float | None = None
     next_try: float = 0.0
+    # While a refused send is narrowed down: its first ``suspect`` messages (the destination's next ones)
+    # hold a refused message. Sends take at most half of them, so each answer halves the range.
+    suspect: int | None = None
+
+    def largest_send(self, count: int) -> int:
+        return count if self.suspect is None else min(count, max(1, self.suspect // 2))
+
+    def went(self, sent: int) -> None:
+        """``sent`` of the destination's next messages were delivered: the refused one lies after them."""
+        if self.suspect is not None:
+            self.suspect = self.suspect - sent if self.suspect > sent else None
 
 
 class _DestinationRounds:
@@ -202,6 +228,7 @@ class _DestinationRounds:
             # As many of its next messages as the pacer lets one send carry, once it lets them go.
             largest = self.pacer.largest_send()
             count = len(self.waiting[destination][0]) if largest is None else min(largest, len(self.waiting[destination][0]))
+            count = self.retry[destination].largest_send(count)
             wait = self.pacer.wait(count, now)
             if wait > 0:
                 self.sleep(max(0.0, min(now + wait, self.limits.deadline) - now))
@@ -212,15 +239,19 @@ class _DestinationRounds:
         groups = self.waiting[destination]
         group = groups[0]
         retry = self.retry[destination]
+        if destination in self.carry.sessions_required and group[0][0]["session_id"] is None:
+            yield from self._dead_letter(destination, group, session_required(destination), retry.attempts)
+            return
         self.pacer.sending(count, now)
         try:
             sent = self.sender.send(destination, [message for _, message in group[:count]])
-            cause = None
+            cause, attempted = None, 0
         except PartialSendError as error:
-            sent, cause = error.sent, error.cause
+            sent, cause, attempted = error.sent, error.cause, error.attempted
         for row, _ in group[:sent]:
             yield Delivery(row, Outcome.DELIVERED, None, None, retry.attempts + 1)
         group = groups[0] = group[sent:]
+        retry.went(sent)
         if sent:
             self.pacer.observe(PaceEvent(PaceSignal.SENT, self.clock(), sent))
             self.on_sent()
@@ -234,15 +265,23 @@ class _DestinationRounds:
             # from when the refusal came: the SDK's own retries of a ServerBusy take a second or two
             yield from self._throttled(destination, failure, self.clock())
             return
+        if failure.failure_class is SendFailureClass.REFUSED and attempted:
+            # Final for one message of the send (or for its shape): never dead-letter a message that could
+            # have been delivered. Send fewer at once until the refused one goes alone; the link is fine.
+            if attempted > 1:
+                retry.suspect = attempted
+                logger.info("destination=%s backlog=%s sequence_number=%s refused a send of %d message(s) (%s): "
+                            "sending fewer at once to find the refused one", destination,
+                            group[0][0]["backlog_queue"], group[0][0]["sequence_number"], attempted, failure.reason)
+                return
+            retry.suspect = None
+            if failure.reason_code == ReasonCode.SESSION_REQUIRED:
+                self.carry.sessions_required.add(destination)
+            yield from self._dead_letter(destination, group[:1], failure, retry.attempts + 1)
+            return
         self.sender.reset(destination)
-        if not failure.transient:
-            # Too large: only the first pending message is at fault; the rest may still go.
-            rejected = group[:1] if failure.reason_code == ReasonCode.MESSAGE_TOO_LARGE else group
-            for row, _ in rejected:
-                yield Delivery(row, Outcome.DEAD_LETTERED, failure.reason_code, failure.reason, retry.attempts + 1)
-            groups[0] = group[len(rejected):]
-            if not groups[0]:
-                self._done_with_group(destination)
+        if not failure.transient:  # the destination refuses everything (or its link was refused)
+            yield from self._dead_letter(destination, group, failure, retry.attempts + 1)
             return
         retry.attempts += 1
         retry.failing_since = retry.failing_since if retry.failing_since is not None else now
@@ -286,9 +325,22 @@ class _DestinationRounds:
                                f"{self.sink.outage_wait_seconds:.0f} s ({failure.reason}); nothing was lost: "
                                f"its messages stay in the backlog for the next run", since)
 
+    def _dead_letter(self, destination: str, rows: list, failure: SendFailure, attempts: int) -> Iterator[Delivery]:
+        """Dead-letter the first ``len(rows)`` waiting messages of the destination's next group."""
+        for row, _ in rows:
+            logger.info("destination=%s backlog=%s sequence_number=%s message_id=%s outcome=%s reason_code=%s",
+                        destination, row["backlog_queue"], row["sequence_number"], row["message_id"],
+                        Outcome.DEAD_LETTERED, failure.reason_code)
+            yield Delivery(row, Outcome.DEAD_LETTERED, failure.reason_code, failure.reason, attempts)
+        groups = self.waiting[destination]
+        groups[0] = groups[0][len(rows):]
+        if not groups[0]:
+            self._done_with_group(destination)
+
     def _done_with_group(self, destination: str) -> None:
         groups = self.waiting[destination]
         groups.popleft()
+        self.retry[destination].suspect = None
         if not groups:
             del self.waiting[destination]
 

@@ -36,7 +36,7 @@ import os
 import time
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from typing import Callable, Iterator, Sequence
+from typing import Callable, Iterator, Mapping, Sequence
 
 from pyspark.accumulators import AccumulatorParam
 from pyspark.sql import DataFrame, SparkSession, Window
@@ -50,6 +50,7 @@ from backlog_syphon.model import (
     BatchStats,
     CheckpointRow,
     DeadLetterOrder,
+    DestinationShape,
     HeldSpan,
     Outcome,
     OutcomeRecord,
@@ -58,6 +59,7 @@ from backlog_syphon.model import (
     RecordedSpan,
 )
 from backlog_syphon.restore import redrive, rules
+from backlog_syphon.restore.destination_fit import session_subscription_warning
 from backlog_syphon.restore.queue_names import DEAD_LETTER_SUBQUEUE, is_dead_letter_queue_name
 from backlog_syphon.restore.rows import OUTCOME_ROW_ARROW_SCHEMA, OUTCOME_ROW_SCHEMA, record_batch
 from backlog_syphon.timeline import Milestone, Timeline
@@ -136,6 +138,7 @@ class DeliverySink:
     def __init__(self, config: SyphonConfig, *, run_id: str, lease_keeper, settle_in_batch: bool = False,
                  stop_file: str | None = None, timeline: Timeline | None = None,
                  state_is_new: bool = False, recovery_at_start: Recovery | None = None,
+                 destination_shapes: Mapping[str, DestinationShape] | None = None,
                  clock: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.timezone.utc)):
         self.config = config
         self.run_id = run_id
@@ -153,6 +156,10 @@ class DeliverySink:
         # What the tables said at the run's start (``read_recovery``), read when it found the lease free: its
         # first batch recovers from it instead of reading the tables again. None: it reads them.
         self.recovery_at_start = recovery_at_start
+        # What the destinations take (by lower-case name), where the administration API said: the restore
+        # rules dead-letter what a destination would refuse before it is sent.
+        self.destination_shapes = dict(destination_shapes or {})
+        self._warned_topics: set[str] = set()  # topics whose session subscriptions were warned about
         self.app_id: str | None = None  # known at the run's first batch (the checkpoint's query id)
         # Over Spark Connect the sink's copy in the server ends with the query, before the run's end could
         # write its rows: there every batch rewrites the checkpoint table.
@@ -188,6 +195,7 @@ class DeliverySink:
             self.timeline.mark(Milestone.FIRST_SEND, aggregate.first_outcome_ms / 1000)
         if aggregate.rows:
             self.timeline.mark(Milestone.LAST_RECORD, again=True)
+        self._warn_of_session_subscriptions(aggregate)
         for (destination, outcome), n in aggregate.per_destination.items():
             if outcome in REPORTED_OUTCOMES:
                 per = self.per_destination.setdefault(destination, {o.value: 0 for o in REPORTED_OUTCOMES})
@@ -206,6 +214,16 @@ class DeliverySink:
                         report.rounds, time.monotonic() - started,
                         ", ".join(f"{step} {seconds:.2f}" for step, seconds in ports.seconds.items()))
 
+    def _warn_of_session_subscriptions(self, aggregate: BatchAggregate) -> None:
+        """Once per topic delivered to: its subscriptions that require sessions dead-letter session-less copies."""
+        for destination, outcome in aggregate.per_destination:
+            shape = self.destination_shapes.get(destination.lower())
+            if outcome == Outcome.DELIVERED and shape is not None and destination.lower() not in self._warned_topics:
+                warning = session_subscription_warning(shape)
+                if warning:
+                    self._warned_topics.add(destination.lower())
+                    logger.warning("destination=%s %s", destination, warning)
+
     def classifier(self, columns: list[str]) -> rules.Classifier:
         """The restore rules for this run's rows, built once in the process that runs the batches."""
         key = tuple(columns)
@@ -213,7 +231,8 @@ class DeliverySink:
             restore = self.config.restore
             self._classifiers[key] = rules.Classifier(
                 columns, ttl_policy=restore.ttl_policy, max_message_size_bytes=self.config.sink.max_message_size_bytes,
-                destination_map=restore.destination_map, skip_destinations=restore.skip_destinations)
+                destination_map=restore.destination_map, skip_destinations=restore.skip_destinations,
+                destination_shapes=self.destination_shapes)
         return self._classifiers[key]
 
     def __getstate__(self):

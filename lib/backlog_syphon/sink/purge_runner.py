@@ -6,6 +6,9 @@ driver rather than as a Spark job, one round at a time, each round's queues in p
 A round that fails for a queue (a lost connection, a lock lost, the secondary unreachable) is logged
 and counted as having settled nothing there: what it did settle is found gone by the next round's
 verification (a peek), so a failure never surfaces in a batch and never re-sends anything.
+
+What each queue's rounds measured (its locks, its round trips: ``settle_timing.SettleTiming``) is kept here
+for the run, so every round sizes its first page from the rounds before.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 from backlog_syphon.errors import describe
 from backlog_syphon.servicebus.purge_plan import PurgePlan, PurgeResult
+from backlog_syphon.servicebus.settle_timing import SettleTiming
 
 logger = logging.getLogger(__name__)
 
@@ -28,6 +32,7 @@ class PurgeRunner:
         self._rounds: ThreadPoolExecutor | None = None  # started with the first round, in the process that runs them
         self._pending: list[Future] = []
         self._lock = threading.Lock()
+        self._timings: dict[str, SettleTiming] = {}  # per queue; each touched by one round at a time
 
     def __getstate__(self):
         return {"_secondary": self._secondary}
@@ -66,7 +71,8 @@ class PurgeRunner:
         from backlog_syphon.servicebus.settle import purge_backlog
 
         try:
-            result = purge_backlog(self._secondary, plan)
+            timing = self._timings.setdefault(plan.queue, SettleTiming())
+            result = purge_backlog(self._secondary, plan, timing=timing)
         except Exception as exc:  # noqa: BLE001 - a purge failure never fails a batch: retried later
             logger.warning("backlog=%s purge round failed (%s); what it settled is checked again by the next round",
                            plan.queue, describe(exc), exc_info=True)

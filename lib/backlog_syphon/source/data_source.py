@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceStreamReader, InputPartition
 
 from backlog_syphon.config import NamespaceConfig, SyphonConfig
-from backlog_syphon.errors import BacklogQueueMissingError, IncompleteReadError
+from backlog_syphon.errors import BacklogQueueMissingError
 from backlog_syphon.restore.rows import BACKLOG_ROW_SCHEMA
 from backlog_syphon.source.options import SourceOptions
 from backlog_syphon.source.planning import WindowPlanner, windows
@@ -125,25 +125,20 @@ class BacklogDataSource(DataSource):
         return BacklogSnapshotReader(self.options)
 
 
-# An empty peek page before a window's known end is retried this often (with a growing pause) before
-# the task fails: a peek may return fewer messages than asked for, even none (on a timeout).
-SHORT_READ_RETRIES = 5
-SHORT_READ_PAUSE_SECONDS = 0.2
-
-
-def read_window(namespace: NamespaceConfig, window: BacklogWindow, *, sleep=time.sleep):
+def read_window(namespace: NamespaceConfig, window: BacklogWindow):
     """Yield the rows of one window as Arrow record batches, one per peeked page (executor side).
 
-    Contiguous by construction: the window ends only at its planned end, or where a probe confirms
-    that no message follows. An empty page before that is retried; a window that cannot be
-    completed fails the task (``IncompleteReadError``) rather than end early, since what it skipped
-    would count as read. A queue that no longer exists has nothing left to read; a pooled link to a
-    queue deleted and created since says "not found" too, so that is asked again on a fresh link.
+    Contiguous by construction: the window ends only at its planned end, or where no message follows
+    (``peek_pages.PagedRead``: a short page is read on from after its last message, an empty one is looked
+    at twice before it counts, and a message the second look finds is read as a page of its own), so
+    nothing of the window is skipped while the offsets count it as read. A queue that no longer exists
+    has nothing left to read; a pooled link to a queue deleted and created since says "not found" too,
+    so that is asked again on a fresh link.
     """
     from backlog_syphon.servicebus.clients import open_peek_receivers, pooled_receiver
 
     open_peek_receivers(namespace, window.batch_queues)  # pooled: at once, the first time in this process
-    reader = _WindowReader(window, sleep)
+    reader = _WindowReader(window)
     for fresh_link in (False, True):
         try:
             with pooled_receiver(namespace, window.queue) as receiver:  # a failed link is dropped from the pool
@@ -152,50 +147,35 @@ def read_window(namespace: NamespaceConfig, window: BacklogWindow, *, sleep=time
         except BacklogQueueMissingError:
             if fresh_link:
                 logger.warning("backlog=%s no longer exists: the rest of its window [%d, %d) went with it",
-                               window.queue, reader.position, window.end)
+                               window.queue, reader.read.position, window.end)
 
 
 class _WindowReader:
     """Where the reading of one window stands, across the links it is read through."""
 
-    def __init__(self, window: BacklogWindow, sleep):
-        self.window, self.sleep = window, sleep
-        self.position = window.start
-        self.retries = 0
+    def __init__(self, window: BacklogWindow):
+        from backlog_syphon.servicebus.peek_pages import PagedRead
+
+        self.window = window
+        self.read = PagedRead(window.start, window.end - 1)
 
     def pages(self, receiver):
         from backlog_syphon.restore.rows import BACKLOG_ROW_ARROW_SCHEMA, backlog_row_values, record_batch
-        from backlog_syphon.servicebus.peek import PEEK_PAGE_SIZE, first_identity_from, peek_raw
+        from backlog_syphon.servicebus.peek import peek_raw
 
-        window = self.window
-        while self.position < window.end:
-            page = peek_raw(receiver, self.position, min(PEEK_PAGE_SIZE, window.end - self.position))
-            rows = []
-            for raw in page:
-                seq, enqueued_ms = broker_identity_of(window.queue, raw, self.position)
-                if seq >= window.end:
-                    break
-                rows.append(backlog_row_values(window.queue, raw, sequence_number=seq,
-                                               enqueued_time=_from_ms(enqueued_ms)))
-                self.position = seq + 1
-            if rows:
-                self.retries = 0
-                yield record_batch(rows, BACKLOG_ROW_ARROW_SCHEMA)
-            if len(rows) < len(page):
-                return  # the page went past the window's end
-            if not page:
-                following = first_identity_from(receiver, self.position)
-                if following is None or following[0] >= window.end:
-                    return  # confirmed: nothing more in the window
-                self.retries += 1
-                if self.retries > SHORT_READ_RETRIES:
-                    raise IncompleteReadError(
-                        f"backlog queue {window.queue}: peeks from sequence number {self.position} kept coming back "
-                        f"empty although message {following[0]} is there (window ends at {window.end}); the "
-                        f"batch is replayed whole by the next run")
-                logger.info("backlog=%s empty peek page at %d before the window's end %d; retrying",
-                            window.queue, self.position, window.end)
-                self.sleep(SHORT_READ_PAUSE_SECONDS * 2 ** (self.retries - 1))
+        window, read = self.window, self.read
+        while (ask := read.next_ask()) is not None:
+            page = peek_raw(receiver, *ask)
+            identities = [broker_identity_of(window.queue, raw, read.position) for raw in page]
+            taken = read.on_page([seq for seq, _ in identities])
+            if read.confirming:
+                logger.info("backlog=%s empty peek page at %d before the window's end %d: looking again",
+                            window.queue, ask[0], window.end)
+            if taken:
+                yield record_batch([backlog_row_values(window.queue, raw, sequence_number=seq,
+                                                       enqueued_time=_from_ms(enqueued_ms))
+                                    for raw, (seq, enqueued_ms) in zip(page[:taken], identities)],
+                                   BACKLOG_ROW_ARROW_SCHEMA)
 
 
 def _from_ms(ms: int | None):

@@ -97,6 +97,11 @@ class SourceOptions:
                 options[CREDENTIAL_SECRET_OPTION] = credential.the_secret.reveal()
         if self.secondary.use_development_emulator:
             options["useDevelopmentEmulator"] = "true"
+        if self.secondary.administration_endpoint:
+            options["administrationEndpoint"] = self.secondary.administration_endpoint
+        if self.secondary.administration_ca_file:
+            options["administrationCaFile"] = self.secondary.administration_ca_file
+        options["idleLinkSeconds"] = str(self.secondary.idle_link_seconds)
         if self.stop_file:
             options["stopFile"] = self.stop_file
         if self.emulate_available_now:
@@ -114,7 +119,11 @@ class SourceOptions:
         secondary = NamespaceConfig(connection_string=Secret(secret, "source option") if secret else None,
                                     fully_qualified_namespace=options.get("fullyQualifiedNamespace") or None,
                                     credential=_credential(options),
-                                    use_development_emulator=_boolean(options.get("useDevelopmentEmulator") or ""))
+                                    use_development_emulator=_boolean(options.get("useDevelopmentEmulator") or ""),
+                                    administration_endpoint=options.get("administrationEndpoint") or None,
+                                    administration_ca_file=options.get("administrationCaFile") or None,
+                                    idle_link_seconds=float(options.get("idleLinkSeconds")
+                                                            or NamespaceConfig.idle_link_seconds))
 
         def get(name: str, default, parse):
             text = options.get(name)

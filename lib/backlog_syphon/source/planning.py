@@ -25,7 +25,7 @@ back only when it starts: what it holds later waits for the next run.
 **Round trips.** Every probe is a round trip to the secondary namespace, which after a failover is
 a region away (30-80 ms). So a plan costs a constant number of probes per queue, whatever the
 number of batches before it, and probes every queue at once: each queue's planning is a *search*
-(a generator that yields the sequence number it wants probed and is sent the answer), and
+(a generator that yields the sequence number it wants probed and is sent the answer: ``searches``), and
 ``run_searches`` sends one round of every search's next probe together (``ProbeAtOnce``: the I/O
 side runs them in parallel on pooled links). Per queue and batch: the head (also its oldest
 message's age, for reports); where the window starts, only when neither the head nor the last
@@ -43,18 +43,25 @@ from __future__ import annotations
 import dataclasses
 import logging
 from dataclasses import dataclass, field
-from typing import Callable, Collection, Generator, Mapping, Sequence
+from typing import Collection, Mapping, Sequence
 
 from backlog_syphon.errors import BacklogQueueMissingError
+from backlog_syphon.source.searches import (
+    UNKNOWN,
+    Identity,
+    ProbeAtOnce,
+    ProbeCount,
+    Search,
+    WindowEnd,
+    probe_once,
+    run_searches,
+    search_tail,
+    search_tail_from,
+    search_window,
+)
 
 logger = logging.getLogger(__name__)
 
-Identity = tuple  # (sequence number, enqueue time in ms or None) of a message
-Probe = Callable[[int], "Identity | None"]  # the first message at or after x, or None when there is none
-# One probe per queue, all at once: each answer is an identity, None, or the queue's BacklogQueueMissingError.
-ProbeAtOnce = Callable[[Mapping[str, int]], Mapping[str, "Identity | None | BacklogQueueMissingError"]]
-# A search yields the sequence number it wants probed, is sent the answer, and returns its result.
-Search = Generator[int, "Identity | None", object]
 
 
 @dataclass(frozen=True)
@@ -100,175 +107,6 @@ def position(value) -> int:
     """The next sequence number an offset value names (either format)."""
     return QueueOffset.parse(value).next
 
-
-# --- searches: one queue's probes, one at a time --------------------------------------------------
-
-GALLOP_FIRST_STEP = 64  # a tail search probes 64 past a known message first, then 8 times further each time
-GALLOP_FACTOR = 8
-
-
-@dataclass
-class ProbeCount:
-    """The round trips of a plan: probes, and rounds of probes sent together (the time they cost)."""
-
-    probes: int = 0
-    rounds: int = 0
-
-    def add(self, other: ProbeCount) -> None:
-        self.probes += other.probes
-        self.rounds += other.rounds
-
-
-def run_searches(searches: Mapping[str, Search], probe_at_once: ProbeAtOnce, count: ProbeCount,
-                 seen: dict[str, list] | None = None) -> dict[str, object]:
-    """Run one search per queue, all at once: each round probes the next sequence number of every search
-    still going, together. A search's result is what it returns, or its queue's ``BacklogQueueMissingError``
-    (when the search does not handle it). ``seen`` collects every identity probed, per queue."""
-    results: dict[str, object] = {}
-    asks: dict[str, int] = {}
-
-    def advance(queue: str, answer=None) -> None:
-        search = searches[queue]
-        try:
-            if isinstance(answer, BacklogQueueMissingError):
-                asks[queue] = search.throw(answer)
-            else:
-                asks[queue] = search.send(answer)
-        except StopIteration as stop:
-            results[queue] = stop.value
-        except BacklogQueueMissingError as missing:
-            results[queue] = missing
-
-    for queue in searches:
-        advance(queue)
-    while asks:
-        round_asks = dict(asks)
-        asks.clear()
-        answers = probe_at_once(round_asks)
-        count.rounds += 1
-        count.probes += len(round_asks)
-        for queue in round_asks:
-            answer = answers[queue]
-            if seen is not None and isinstance(answer, tuple):
-                seen.setdefault(queue, []).append(answer)
-            advance(queue, answer)
-    return results
-
-
-def probe_one_at_a_time(probe_for: Callable[[str], Probe]) -> ProbeAtOnce:
-    """A ``ProbeAtOnce`` made of single probes, one after the other."""
-    def probe_at_once(asks: Mapping[str, int]) -> dict:
-        answers = {}
-        for queue, sequence_number in asks.items():
-            try:
-                answers[queue] = probe_for(queue)(sequence_number)
-            except BacklogQueueMissingError as missing:
-                answers[queue] = missing
-        return answers
-
-    return probe_at_once
-
-
-def probe_once(sequence_number: int) -> Search:
-    """The first message at or after ``sequence_number`` (one probe)."""
-    return (yield sequence_number)
-
-
-def search_tail(known: Identity) -> Search:
-    """The end (exclusive) of everything in a queue, from a message ``known`` to be there: a gallop (64
-    past it, then 8 times further each time) until nothing is found, then halving. About
-    log8(n) + log2(n) probes for a tail n messages on; a handful when it is near."""
-    lo, step = known[0], GALLOP_FIRST_STEP
-    while True:
-        found = yield lo + step
-        if found is None:
-            return (yield from _halve(lo, lo + step))
-        lo, step = found[0], step * GALLOP_FACTOR
-
-
-def search_tail_from(end: int) -> Search:
-    """The end of everything in a queue now, from ``end``, an end seen before (nothing was at or after it,
-    something before it was) or 0: one probe when nothing came since."""
-    found = yield end
-    if found is None:
-        return end
-    return (yield from search_tail(found))
-
-
-def _halve(lo: int, hi: int) -> Search:
-    """The end of the messages between ``lo`` (one is there) and ``hi`` (none was at or after it)."""
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        found = yield mid
-        if found is None:
-            hi = mid
-        else:
-            lo = found[0]  # past hi only if messages arrived meanwhile: the end then follows this one
-    return lo + 1
-
-
-UNKNOWN = object()  # the first message of a window: not known without a probe
-
-
-@dataclass(frozen=True)
-class WindowEnd:
-    """Where a window search ended."""
-
-    end: int
-    full: bool  # a message lies at or past ``end``: the queue holds more than the window
-    first: int | None = None  # the window's first message (None: nothing in it)
-    after: Identity | None = None  # when full and probed: the first message at or after ``end``
-    tail: int | None = None  # the queue's end, when the window reached it (probed)
-
-
-def search_window(start: int, grant: int, first, *, tail_hint: int | None = None, bound: int | None = None
-                  ) -> Search:
-    """The end of the window from ``start`` holding at most ``grant`` sequence numbers from its first message.
-
-    ``first``: the first message at or after ``start`` when known (``UNKNOWN``: probe it; None: none).
-    ``bound``: an available-now target: a message at ``bound - 1`` or later was there when it was
-    fixed, so the window closes at ``min(first + grant, bound)`` without a probe.
-    ``tail_hint``: the queue's end as last seen. A window that reaches it costs one probe when the
-    queue has not grown since; one that finds it grew gallops from there (about log2 of the growth).
-    Without a hint, one probe at ``first + grant`` tells whether the queue holds more, and a tail
-    inside the window is found by halving.
-    """
-    if first is UNKNOWN:
-        first = yield start
-    if first is None:
-        return WindowEnd(start, False)
-    limit = first[0] + max(1, grant)
-    if bound is not None:
-        return WindowEnd(max(start, min(limit, bound)), limit < bound, first[0])
-    lo = first[0]
-    grew = tail_hint is not None and lo >= tail_hint  # the window starts past the tail last seen
-    if tail_hint is not None and lo < tail_hint <= limit:
-        found = yield tail_hint
-        if found is None:
-            return WindowEnd(tail_hint, False, first[0], tail=tail_hint)
-        if found[0] >= limit:
-            return WindowEnd(limit, True, first[0], after=found)
-        lo, grew = found[0], True
-    step = GALLOP_FIRST_STEP
-    while grew and lo + step < limit:
-        found = yield lo + step
-        if found is None:
-            end = yield from _halve(lo, lo + step)
-            return WindowEnd(end, False, first[0], tail=end)
-        if found[0] >= limit:
-            return WindowEnd(limit, True, first[0], after=found)
-        lo, step = found[0], step * GALLOP_FACTOR
-    found = yield limit
-    if found is not None:
-        return WindowEnd(limit, True, first[0], after=found)
-    end = yield from _halve(lo, limit)
-    return WindowEnd(end, False, first[0], tail=end)
-
-
-def tail_end(start: int, probe: Probe) -> int:
-    """End (exclusive) of everything in the queue now, from ``start`` (see ``search_tail_from``): one queue,
-    its probes one after the other."""
-    return run_searches({"queue": search_tail_from(start)}, probe_one_at_a_time(lambda _: probe), ProbeCount())["queue"]
 
 
 # --- budgets --------------------------------------------------------------------------------------
@@ -427,6 +265,12 @@ def plan_windows(start: Mapping[str, object], queues: Sequence[str], budget: int
         candidates = [queue for queue in offsets if backoff.due(queue, now)]
 
     heads = run_searches({queue: probe_once(1) for queue in candidates}, probe_at_once, count, seen)
+    # An empty queue that its available-now target says holds messages: a second look before it counts
+    # (a peek may come back empty while messages exist; the common case, a queue at its target, needs none).
+    doubtful = [queue for queue in candidates
+                if heads[queue] is None and target is not None and offsets[queue].next < target.get(queue, 0)]
+    if doubtful:
+        heads.update(run_searches({queue: probe_once(1) for queue in doubtful}, probe_at_once, count, seen))
     restarted: list[str] = []
     reread: dict[str, int] = {}
     firsts: dict[str, object] = {}
@@ -625,6 +469,9 @@ class WindowPlanner:
         # recorded messages the purge has not settled yet.
         self.look_back = frozenset(look_back)
         self.looked_back: set[str] = set()
+        # Queues whose target rests on one answer "nothing at or after the offset": the plan's head probe is
+        # their second look (``_confirm_targets``).
+        self.unconfirmed: set[str] = set()
 
     @staticmethod
     def initial_offset(queues: Sequence[str]) -> dict[str, dict]:
@@ -636,11 +483,14 @@ class WindowPlanner:
         self.target_wanted = True
 
     def fix_target(self, start: Mapping[str, object], queues: Sequence[str], count: ProbeCount) -> dict[str, int]:
-        """Every queue's tail now, all queues at once, each searched from its offset (a missing queue: 0)."""
+        """Every queue's tail now, all queues at once, each searched from its offset (a missing queue: 0). An
+        end found past a message is looked at twice (``searches.search_tail``); a queue found empty from its
+        offset is looked at again by the plan's head probe (``_confirm_targets``), which costs nothing more."""
         offsets = {queue: QueueOffset.parse(start.get(queue, 0)) for queue in queues}
         seen: dict[str, list] = {}
-        tails = run_searches({queue: search_tail_from(offsets[queue].next) for queue in queues}, self.probe_at_once,
-                             count, seen)
+        tails = run_searches({queue: search_tail_from(offsets[queue].next, confirm=True) for queue in queues},
+                             self.probe_at_once, count, seen)
+        self.unconfirmed = {queue for queue in queues if tails[queue] == offsets[queue].next}
         self.target = {}
         for queue in queues:
             tail = tails[queue]
@@ -680,10 +530,11 @@ class WindowPlanner:
         count = ProbeCount()
         if self.target_wanted and self.target is None:
             self.fix_target(start, queues, count)
-        plan = plan_windows(start, queues, budget, self.probe_at_once, backoff=self.backoff, now=now,
-                            target=self.target, missing=self.missing, look_back=self.look_back - self.looked_back,
-                            hints=self.hints)
+        plan = self._plan(start, queues, budget, now)
         count.add(plan.count)
+        if self.unconfirmed and self._confirm_targets(plan, count):
+            plan = self._plan(start, queues, budget, now)  # the target was wrong: plan again with the right one
+            count.add(plan.count)
         self.last_count = count
         self.looked_back.update(plan.looked)
         for queue in plan.restarted:
@@ -694,6 +545,41 @@ class WindowPlanner:
             self.tails[queue] = max(tail, self.tails.get(queue, 0))
         self.last_end = plan.end
         return self.last_end
+
+    def _plan(self, start: Mapping[str, object], queues: Sequence[str], budget: int, now: float) -> WindowPlan:
+        return plan_windows(start, queues, budget, self.probe_at_once, backoff=self.backoff, now=now,
+                            target=self.target, missing=self.missing, look_back=self.look_back - self.looked_back,
+                            hints=self.hints)
+
+    def _confirm_targets(self, plan: WindowPlan, count: ProbeCount) -> bool:
+        """The second look at the queues the target found empty from their offsets: the plan's head probe
+        (nothing at all: confirmed; a message at or past the target: it was wrong), or, where the head lies
+        below the offset, one probe at the target. A wrong target is searched again from the message found
+        (``search_tail``, confirmed); True when one was."""
+        unconfirmed, self.unconfirmed = self.unconfirmed - set(plan.restarted) - self.missing, set()
+        found, ask = {}, {}
+        for queue in sorted(unconfirmed):
+            head = self.hints[queue].head
+            if head is not None and head[0] >= self.target[queue]:
+                found[queue] = head
+            elif head is not None:
+                ask[queue] = self.target[queue]
+        answers = run_searches({queue: probe_once(at) for queue, at in ask.items()}, self.probe_at_once, count)
+        found.update({queue: answer for queue, answer in answers.items() if isinstance(answer, tuple)})
+        if not found:
+            return False
+        seen: dict[str, list] = {}
+        tails = run_searches({queue: search_tail(head, confirm=True) for queue, head in found.items()},
+                             self.probe_at_once, count, seen)
+        for queue, tail in tails.items():
+            if isinstance(tail, BacklogQueueMissingError):
+                continue
+            logger.warning("backlog=%s: a peek came back empty from %d although messages were there; the "
+                           "available-now target moves from %d to %d", queue, self.target[queue],
+                           self.target[queue], tail)
+            self.target[queue] = tail
+            self.hints[queue].saw(seen.get(queue, ()))
+        return True
 
     def resume(self, end: Mapping[str, object]) -> None:
         """Spark runs a batch that ends at ``end``: the next one starts there. Spark before 4.2 asks for the

@@ -1,0 +1,95 @@
+"""What a real namespace refuses, with its conditions and texts: sends it will not store, entities whose
+status forbids the operation, and the dead-letter reason of a copy a session subscription cannot keep.
+
+Each function returns the ``BrokerError`` to answer with, or None; the server decides where it goes
+(a rejected delivery, a refused attach, a detach, a management status). docs/emulator.md cites the
+source of each text. No I/O.
+
+Invariants:
+- a refusal of a message in a batch refuses the whole batch: the service stores all of a batch or
+  none of it;
+- descriptions end as the service's do (``TrackingId``, ``SystemTracker``, ``Timestamp``), through
+  the namespace's ``described``.
+"""
+from __future__ import annotations
+
+import uuid
+from typing import Iterable, Optional
+
+from . import codec
+from .broker import BrokerError, Content, Topic
+from .entity_status import receive_status
+from .limits import MAX_BATCH_BYTES
+
+NOT_ALLOWED = "amqp:not-allowed"
+INTERNAL_ERROR = "amqp:internal-error"
+ENTITY_DISABLED = "com.microsoft:entity-disabled"
+
+SESSION_ID_MISSING = ("The SessionId was not set on a message, and it cannot be sent to the entity. Entities "
+                      "that have session support enabled can only receive messages that have the SessionId set "
+                      "to a valid value.")
+# the service's generic answer to a batch of too many messages (it names no limit)
+UNABLE_TO_PROCESS = ("The service was unable to process the request; please retry the operation. For more "
+                     "information on exception types and proper exception handling, please refer to "
+                     "http://go.microsoft.com/fwlink/?LinkId=761101")
+# DeadLetterReason and DeadLetterErrorDescription of a session-less copy in a session subscription
+SESSIONLESS_COPY = ("Session ID is null.",
+                    "Session enabled entity doesn't allow a message whose session identifier is null.")
+PARTITION_KEY = "x-opt-partition-key"
+
+
+class LinkRefusal(BrokerError):
+    """A refusal the service answers by detaching the sender's link, not by rejecting the transfer."""
+
+
+def partition_key(content: Content) -> Optional[str]:
+    """The message's PartitionKey (its ``x-opt-partition-key`` annotation), or None."""
+    for key, value in content.ann_entries:
+        if codec.key_name(key) == PARTITION_KEY:
+            return codec.as_text(codec.decode_value(value))
+    return None
+
+
+def _kind(target) -> str:
+    return "Topic" if isinstance(target, Topic) else "Queue"
+
+
+def message_refusal(ns, target, contents: Iterable[Content]) -> Optional[BrokerError]:
+    """Why the service refuses these messages (one transfer: a message or a batch), or None."""
+    for content in contents:
+        if getattr(target, "requires_session", False) and content.session_id is None:
+            return BrokerError(NOT_ALLOWED, ns.described(SESSION_ID_MISSING, target.path))
+        key = partition_key(content)
+        if content.session_id is not None and key is not None and key != content.session_id:
+            return BrokerError(NOT_ALLOWED, ns.described(
+                f"PartitionKey:{key} cannot be set to a different value than SessionId:{content.session_id}.",
+                target.path))
+    return None
+
+
+def batch_refusal(ns, target, *, count: int, size: int, link_name: str, link_number: int) -> Optional[BrokerError]:
+    """Why the service refuses a batch envelope of ``count`` messages and ``size`` bytes (already within
+    the entity's message size), or None."""
+    if count > ns.settings.max_messages_per_batch:
+        return BrokerError(INTERNAL_ERROR, ns.described(f"{UNABLE_TO_PROCESS} Reference:{uuid.uuid4()},",
+                                                        f"{_kind(target)}:{target.path}"), 500)
+    if size > MAX_BATCH_BYTES:
+        return LinkRefusal(NOT_ALLOWED, f"The link '{link_name}' is force detached by the broker because "
+                                        f"publisher(link{link_number}) received a batch message with no data in it. "
+                                        f"Detach origin: Publisher.")
+    return None
+
+
+def status_refusal(ns, target, *, send: bool) -> Optional[BrokerError]:
+    """Why ``target``'s status refuses a send (``send``) or a receive, peek or settlement, or None."""
+    if send:
+        if target.status.sends:
+            return None
+        return BrokerError(ENTITY_DISABLED, ns.described(
+            f"Messaging entity '{ns.name}:{_kind(target)}:{target.path}' is currently disabled for Send operations.",
+            target.path))
+    if isinstance(target, Topic) or receive_status(target).receives:
+        return None
+    return BrokerError(ENTITY_DISABLED, ns.described(
+        f"Messaging entity 'sb://{ns.host}:{ns.port}/{target.path}' is currently disabled. For more information "
+        f"please see https://aka.ms/ServiceBusExceptions .", target.path))
