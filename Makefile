@@ -53,7 +53,7 @@ test: setup ## Run the whole test suite (unit, emulator/tests, Spark/Delta integ
 test-unit: setup ## Run only the fast unit tests
 	$(PY) -m pytest tests/unit
 
-# The other Spark lines the job supports (docs/running.md, "Supported runtimes"): each gets its own
+# The other Spark lines the job supports (docs/running/compute.md, "Supported runtimes"): each gets its own
 # virtualenv .venv-spark<X.Y> from requirements-spark<X.Y>.lock (set up again only when that file
 # changes) and its Delta JARs in .cache/jars (one folder per artifact and version), then runs
 # tests/runtimes with its own interpreter. `make test-runtimes RUNTIMES=4.1` runs one of them.

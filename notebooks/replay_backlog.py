@@ -18,8 +18,8 @@
 # MAGIC **Re-drive dead-letters**: set `source` to `dead_letters` to read the backlog queues' dead-letter
 # MAGIC sub-queues instead (what the syphon, or the broker, dead-lettered), with the `redrive_*` filters. The dry
 # MAGIC run then shows what would move per destination and dead-letter reason; `replay` = `yes` moves it. What
-# MAGIC is not selected, or still cannot be delivered, stays in the dead-letter queue (see docs/running.md,
-# MAGIC "Re-driving dead-lettered messages").
+# MAGIC is not selected, or still cannot be delivered, stays in the dead-letter queue (see
+# MAGIC docs/running/redrive.md).
 # MAGIC
 # MAGIC Outside Databricks the widgets take their defaults (or `SYPHON_WIDGET_<NAME>` variables):
 # MAGIC `python notebooks/replay_backlog.py` from the repository root.

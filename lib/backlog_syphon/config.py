@@ -272,7 +272,8 @@ class SinkConfig:
     outage_wait_seconds: float = 600.0  # how long a batch waits for an unreachable primary before failing the run
     max_message_size_bytes: int = 256 * 1024  # Standard tier; 100 MB for Premium entities
     # Sends to the primary per second, over all send tasks (0: no cap). A Standard namespace has about
-    # 1,000 credits a second for everyone, live producers included (docs/running.md, "Draining politely").
+    # 1,000 credits a second for everyone, live producers included
+    # (docs/running/routing-and-pacing.md, "Draining politely").
     max_messages_per_second: float = 0.0
     # After ServerBusy (or quota exceeded, or throttled) a task's rate is halved; it climbs back from
     # the floor to its cap (or, with no cap, to where it was) over this many seconds of sending.

@@ -1,6 +1,6 @@
 """The run modes users have, against the emulator with real Delta: the spark-submit line of
-docs/running.md (run exactly as it shows it), its walkthrough, and the replay notebook (dry run only,
-then dry run + replay)."""
+docs/running/spark-submit.md (run exactly as it shows it), the walkthrough of docs/running/local.md,
+and the replay notebook (dry run only, then dry run + replay)."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from tools.testing import expected_arrivals, received_counts
 from .conftest import PRIMARY, ROOT, SECONDARY
 
 NOTEBOOK = ROOT / "notebooks/replay_backlog.py"
-RUNNING = ROOT / "docs/running.md"  # where the README points for every way to run the syphon
+RUNNING_PAGES = ROOT / "docs/running"  # every way to run the syphon: the pages docs/running.md lists
 # Speed only, for the JVMs the documented lines start (the java launcher reads JDK_JAVA_OPTIONS; the
 # lines stay as they are): the session builder's driver options, its class archive included. The
 # spark-submit launcher's own small JVM has another class path, where the archive does not apply:
@@ -28,11 +28,11 @@ RUNNING = ROOT / "docs/running.md"  # where the README points for every way to r
 JDK_JAVA_OPTIONS = f"{driver_java_options()} -Xlog:cds=off -Xlog:cds+dynamic=off"
 
 
-def documented_block(marker: str) -> str:
-    """The fenced bash block right after ``<!-- tested: marker -->`` in docs/running.md."""
-    text = RUNNING.read_text()
+def documented_block(page: str, marker: str) -> str:
+    """The fenced bash block right after ``<!-- tested: marker -->`` in docs/running/<page>."""
+    text = (RUNNING_PAGES / page).read_text()
     match = re.search(rf"<!-- tested: {re.escape(marker)} -->\n```bash\n(.*?)```", text, re.S)
-    assert match, f"{RUNNING.name} has no block marked 'tested: {marker}'"
+    assert match, f"{page} has no block marked 'tested: {marker}'"
     return match.group(1)
 
 
@@ -71,8 +71,9 @@ def test_documented_spark_submit_line_drains_the_backlog(emulator, tmp_path):
                  if k not in ("PYTHONPATH", "PYSPARK_PYTHON", "PYSPARK_DRIVER_PYTHON", "SPARK_HOME")}
     shell_env.update(env)
     shell_env["JDK_JAVA_OPTIONS"] = JDK_JAVA_OPTIONS
-    result = subprocess.run(["bash", "-euo", "pipefail", "-c", documented_block("spark-submit-local")], cwd=ROOT,
-                            env=shell_env, capture_output=True, text=True, timeout=900)
+    block = documented_block("spark-submit.md", "spark-submit-local")
+    result = subprocess.run(["bash", "-euo", "pipefail", "-c", block], cwd=ROOT, env=shell_env,
+                            capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, f"exit {result.returncode}\n{result.stdout[-3000:]}\n{result.stderr[-5000:]}"
 
     # spark-submit runs a Python application with its stderr merged into stdout.
@@ -155,7 +156,7 @@ def test_wheel_entry_point_exits_with_the_cli_code(tmp_path):
 
 
 def test_documented_walkthrough_from_setup_to_dry_run_and_replay(tmp_path):
-    """A new user's path, exactly as docs/running.md gives it: emulator, backlog, dry run, replay."""
+    """A new user's path, exactly as docs/running/local.md gives it: emulator, backlog, dry run, replay."""
     shell_env = {k: v for k, v in os.environ.items()
                  if k not in ("PYTHONPATH", "PYSPARK_PYTHON", "PYSPARK_DRIVER_PYTHON", "SPARK_HOME")}
     shell_env.update({
@@ -165,8 +166,9 @@ def test_documented_walkthrough_from_setup_to_dry_run_and_replay(tmp_path):
         "SYPHON__STORAGE__CHECKPOINT_TABLE": str(tmp_path / "checkpoint"),
         "SYPHON__STORAGE__CHECKPOINT_LOCATION": str(tmp_path / "checkpoint-stream"),
     })
-    result = subprocess.run(["bash", "-euo", "pipefail", "-c", documented_block("walkthrough")], cwd=ROOT,
-                            env=shell_env, capture_output=True, text=True, timeout=900)
+    block = documented_block("local.md", "walkthrough")
+    result = subprocess.run(["bash", "-euo", "pipefail", "-c", block], cwd=ROOT, env=shell_env,
+                            capture_output=True, text=True, timeout=900)
     output = result.stdout + result.stderr
     assert result.returncode == 0, f"exit {result.returncode}\n{output[-6000:]}"
 

@@ -37,7 +37,7 @@ SCALA_BINARY_VERSION = "2.13"
 
 # pyspark major.minor -> the delta-spark release lines (major.minor) with a JAR built for that Spark
 # line, as published in Maven Central (each checked with `mvn dependency:get`). The pairs that
-# `make test-runtimes` and `make test` run are in docs/running.md ("Supported runtimes").
+# `make test-runtimes` and `make test` run are in docs/running/compute.md ("Supported runtimes").
 SUPPORTED_SPARK_LINES: dict[str, tuple[str, ...]] = {
     "4.0": ("4.0", "4.1", "4.2", "4.3", "4.4"),  # Delta 4.0.x: delta-spark_2.13; later: delta-spark_4.0_2.13
     "4.1": ("4.1", "4.2", "4.3", "4.4"),  # delta-spark_4.1_2.13

@@ -165,7 +165,7 @@ def dry_run(spark: SparkSession, config: SyphonConfig, *, now: dt.datetime | Non
 
 
 def batch_bound(spark: SparkSession, config: SyphonConfig) -> str:
-    """What bounds a run's micro-batches on this Spark (see docs/running.md, "How big a batch gets")."""
+    """What bounds a run's micro-batches on this Spark (see docs/running/compute.md, "How big a batch gets")."""
     from backlog_syphon.run.spark_session import is_connect
     from backlog_syphon.run.syphon import server_has_read_limits
 

@@ -92,7 +92,7 @@ def _credential_hint(namespace: NamespaceConfig, role: str) -> str:
         CredentialKind.WORKLOAD_IDENTITY: "set token_file (or AZURE_FEDERATED_TOKEN_FILE), client_id and tenant_id",
         CredentialKind.DATABRICKS_SERVICE_CREDENTIAL: "it needs Databricks Runtime 16.2+ with Unity Catalog and the "
                                                       "ACCESS privilege on the service credential (see "
-                                                      "docs/running.md, Azure AD)",
+                                                      "docs/running/azure-ad.md)",
         CredentialKind.CUSTOM: f"check {role}.credential.factory and its options",
     }[kind]
 
