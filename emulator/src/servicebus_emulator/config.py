@@ -13,7 +13,6 @@ from . import limits
 from .aad import ALL_RIGHTS, LISTEN, MANAGE, ROLES, SEND
 from .config_error import ConfigError
 from .entity_status import EntityKind, EntityStatus, parse_status
-from .limits import MAX_DELIVERY_COUNT
 from .official_config import native_from_official
 from .service_settings import SERVICE_KEYS, ServiceSettings, service_settings_from_dict
 
@@ -178,8 +177,8 @@ def _entity_kwargs(d: Mapping, where, kind: EntityKind, allow_short_locks: bool 
     error = limits.duplicate_detection_window_error(window) if window else None   # 0: detection off
     if error:
         raise ConfigError(f"{where}.duplicate_detection_window_seconds: {error}, or 0 for off, got {window!r}")
-    if not 1 <= out.get("max_delivery_count", 1) <= MAX_DELIVERY_COUNT:
-        raise ConfigError(f"{where}.max_delivery_count: must be in 1..{MAX_DELIVERY_COUNT}")
+    if not 1 <= out.get("max_delivery_count", 1) <= limits.MAX_DELIVERY_COUNT:
+        raise ConfigError(f"{where}.max_delivery_count: must be in 1..{limits.MAX_DELIVERY_COUNT}")
     if out.get("max_message_size_kb", 1) <= 0:
         raise ConfigError(f"{where}.max_message_size_kb: must be > 0")
     if out.get("default_message_ttl_seconds", 0) < 0:

@@ -20,7 +20,6 @@ from typing import Any, Dict, List, Mapping
 
 from . import limits
 from .config_error import ConfigError
-from .limits import MAX_DELIVERY_COUNT
 
 OFFICIAL_PORT = 5672
 OFFICIAL_ADMIN_PORT = 5300          # its administration API (HTTP there, HTTPS here); EMULATOR_HTTP_PORT
@@ -129,8 +128,9 @@ def _receiver_settings(props: Mapping[str, Any], where: str) -> Dict[str, Any]:
             raise ConfigError(f"{where}.{key}: auto-forwarding (to {target!r}) is not supported by this "
                               f"emulator; set it to \"\" and have your code move the messages")
     max_delivery = _typed(props, "MaxDeliveryCount", int, where, OFFICIAL_DEFAULTS["MaxDeliveryCount"])
-    if not 1 <= max_delivery <= MAX_DELIVERY_COUNT:
-        raise ConfigError(f"{where}.MaxDeliveryCount: must be in 1..{MAX_DELIVERY_COUNT}, got {max_delivery}")
+    if not 1 <= max_delivery <= limits.MAX_DELIVERY_COUNT:
+        raise ConfigError(f"{where}.MaxDeliveryCount: must be in 1..{limits.MAX_DELIVERY_COUNT}, "
+                          f"got {max_delivery}")
     lock = _duration(props, "LockDuration", where, positive=True)
     error = limits.lock_duration_error(lock)
     if error:
