@@ -12,9 +12,10 @@ from servicebus_emulator.admin_atom import (ATOM_NS, CONNECT_NS, COUNTS_NS, NEVE
 from servicebus_emulator.admin_auth import Unauthenticated, authenticate
 from servicebus_emulator.admin_routes import BadRequest, Route, RouteKind, route
 from servicebus_emulator.admin_views import EntityKind, queue_view, subscription_view, topic_view
-from servicebus_emulator.broker import Content, Entity, Topic
+from servicebus_emulator.broker import Entity, Topic
 from servicebus_emulator.config import QueueConfig, SubscriptionConfig, TopicConfig
 from servicebus_emulator.emulator import resolve_admin_ports
+from servicebus_emulator.message import Content
 from servicebus_emulator.official_config import native_from_official
 from servicebus_emulator import sas
 

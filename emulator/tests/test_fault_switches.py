@@ -170,7 +170,7 @@ def test_namespace_wide_quota_refuses_every_entity(client, new_queue, emulator):
 def test_throttled_sends_answer_server_busy_on_an_attached_link(emulator, new_queue):
     """``mode="throttled"``: the exact condition the SDK maps to ServiceBusServerBusyError, on sends only;
     the sender stays attached and its next send after ``set_available`` goes through."""
-    from servicebus_emulator.server import SEND_REFUSALS
+    from servicebus_emulator.refusals import SEND_REFUSALS
 
     assert SEND_REFUSALS["throttled"][0] == "com.microsoft:server-busy"
     q = new_queue()

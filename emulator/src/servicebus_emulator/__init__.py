@@ -7,7 +7,9 @@
 ``load_config`` also reads the official emulator's ``Config.json``. The distribution's README.md
 (``emulator/README.md`` in the backlog syphon's repository) describes configuration, behaviour and limits.
 """
-from .config import ConfigError, EmulatorConfig, load_config
+from .config import EmulatorConfig
+from .config_error import ConfigError
+from .loader import load_config
 from .emulator import Emulator
 from .entity_status import EntityStatus
 

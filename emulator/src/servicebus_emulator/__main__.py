@@ -16,7 +16,9 @@ import sys
 import threading
 from typing import Dict, Optional
 
-from .config import ConfigError, check_latency_ms, load_config
+from .config import check_latency_ms
+from .config_error import ConfigError
+from .loader import load_config
 from .emulator import Emulator
 
 

@@ -27,7 +27,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Dict, Optional
 from urllib.parse import quote
 
-from . import aad, admin_atom, admin_views
+from . import aad, admin_atom, admin_views, cbs
 from .admin_auth import (MANAGE_CLAIMS_REQUIRED, Caller, Unauthenticated, authenticate, subscription_refusal)
 from .admin_routes import BadRequest, Route, RouteKind, route
 from .admin_tls import TlsFiles, server_context, write_certificates
@@ -104,7 +104,7 @@ class NamespaceApi:
     def _may_manage(self, caller: Caller, path: str) -> bool:
         if caller.principal is None:
             return aad.MANAGE in caller.key_rights
-        return aad.MANAGE in self.server.call(self.ns.rights, caller.principal, path.lower())
+        return aad.MANAGE in self.server.call(cbs.rights, self.ns, caller.principal, path.lower())
 
     def _page(self, request: Route, views, feed_path: str) -> Reply:
         def url(skip: int) -> str:

@@ -23,7 +23,8 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any, List, Optional
 
-from .broker import ACTIVE, DEFERRED, LOCKED, SCHEDULED, Entity, Topic
+from .broker import Entity, Topic
+from .message import ACTIVE, DEFERRED, LOCKED, SCHEDULED
 
 ACTIVE_STATUS = "Active"
 

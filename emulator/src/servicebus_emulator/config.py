@@ -1,25 +1,20 @@
-"""Emulator configuration: YAML, the official emulator's ``Config.json`` (or a dict of either) ->
-validated, frozen objects.
+"""Emulator configuration: a mapping shaped like the YAML file or like the official emulator's
+``Config.json`` -> validated, frozen objects. No I/O (``loader`` reads the files).
 
 Every validation error is a ``ConfigError`` whose message names the offending key (as a dotted path
 in the file's own vocabulary) and, when loaded from a file, the file.
 """
 from __future__ import annotations
 
-import json
-import os
 from dataclasses import dataclass, field
 from typing import Any, Dict, FrozenSet, Mapping, Optional, Tuple
 
-import yaml
-
-from .aad import ALL_RIGHTS, LISTEN, MANAGE, SEND
 from . import limits
+from .aad import ALL_RIGHTS, LISTEN, MANAGE, ROLES, SEND
 from .config_error import ConfigError
 from .entity_status import EntityKind, EntityStatus, parse_status
+from .official_config import native_from_official
 from .service_settings import SERVICE_KEYS, ServiceSettings, service_settings_from_dict
-
-MAX_INT32 = 2147483647
 
 # correlation-filter keys (snake_case, as in the SDK's CorrelationRuleFilter) -> system field name
 CORRELATION_FIELDS = (
@@ -182,8 +177,8 @@ def _entity_kwargs(d: Mapping, where, kind: EntityKind, allow_short_locks: bool 
     error = limits.duplicate_detection_window_error(window) if window else None   # 0: detection off
     if error:
         raise ConfigError(f"{where}.duplicate_detection_window_seconds: {error}, or 0 for off, got {window!r}")
-    if not 1 <= out.get("max_delivery_count", 1) <= MAX_INT32:
-        raise ConfigError(f"{where}.max_delivery_count: must be in 1..{MAX_INT32}")
+    if not 1 <= out.get("max_delivery_count", 1) <= limits.MAX_DELIVERY_COUNT:
+        raise ConfigError(f"{where}.max_delivery_count: must be in 1..{limits.MAX_DELIVERY_COUNT}")
     if out.get("max_message_size_kb", 1) <= 0:
         raise ConfigError(f"{where}.max_message_size_kb: must be > 0")
     if out.get("default_message_ttl_seconds", 0) < 0:
@@ -307,8 +302,6 @@ def _sas_key_rights(value, keys: Mapping[str, str], where: str) -> Dict[str, Fro
 
 
 def _azure_ad(value, where) -> AzureAdConfig:
-    from .aad import ROLES
-
     d = _mapping(value, where)
     _unknown(d, {"signing_key", "role_assignments"}, where)
     key = d.get("signing_key")
@@ -348,7 +341,6 @@ class EmulatorConfig:
         try:
             d = _mapping(d, "<root>")
             if "UserConfig" in d:       # the official emulator's Config.json
-                from .official_config import native_from_official   # (it imports this module)
                 d = native_from_official(d)
             _unknown(d, {"namespaces"}, "<root>")
             items = _list(d.get("namespaces"), "namespaces")
@@ -368,23 +360,3 @@ class EmulatorConfig:
                 return ns
         raise KeyError(f"unknown namespace {name!r}")
 
-
-def load_config(path) -> EmulatorConfig:
-    """Load and validate a config file: the emulator's YAML, or the official emulator's ``Config.json``
-    (JSON is recognised by a ``.json`` name or a leading ``{``). Raises ``ConfigError`` on any problem."""
-    try:
-        with open(path, encoding="utf-8-sig") as fh:      # -sig: Config.json files saved with a BOM
-            text = fh.read()
-    except OSError as exc:
-        raise ConfigError(f"{path}: cannot read config: {exc.strerror}") from None
-    if os.fspath(path).lower().endswith(".json") or text.lstrip().startswith("{"):
-        try:
-            raw = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise ConfigError(f"{path}: invalid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from None
-    else:
-        try:
-            raw = yaml.safe_load(text)
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"{path}: invalid YAML: {str(exc).splitlines()[0]}") from None
-    return EmulatorConfig.from_dict(raw if raw is not None else {}, source=os.fspath(path))

@@ -5,9 +5,10 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Dict, Mapping, Optional, Union
 
+from . import entity_status, fault_switches
+from .aad import ROLES
 from .admin_api import AdminApi
-from . import entity_status
-from .config import EmulatorConfig, QueueConfig, check_latency_ms, queue_from_dict
+from .config import EmulatorConfig, QueueConfig, RoleAssignment, check_latency_ms, queue_from_dict
 from .entity_status import EntityStatus
 from .faults import DEFAULT_CONDITIONS, OPERATIONS, PEEK_MODES, Fault
 from .server import Server
@@ -145,9 +146,6 @@ class Emulator:
         """Give ``principal`` an Azure role on the namespace (``scope`` empty) or one entity, as
         ``az role assignment create`` does; links attached from then on get its rights (the namespace
         needs an ``azure_ad`` section)."""
-        from .aad import ROLES
-        from .config import RoleAssignment
-
         if role not in ROLES:
             raise ValueError(f"role must be one of {', '.join(ROLES)}, got {role!r}")
         ns = self._ns(namespace)
@@ -165,14 +163,12 @@ class Emulator:
         with ``com.microsoft:server-busy`` (status 503), as a namespace out of its throughput credits
         answers: links stay attached, peeks and receives go on, and the next send after
         ``set_available`` succeeds on the same link."""
-        self._ns(namespace)
-        self._server.call(self._server.set_unavailable, namespace, entity, mode)
+        self._server.call(fault_switches.set_unavailable, self._server, self._ns(namespace), entity, mode)
 
     def set_available(self, namespace: str, entity: Optional[str] = None) -> None:
         """Undo ``set_unavailable``: the entity's own switches, or (no entity) every switch of the namespace
         (sending is enabled again however it was disabled; a ReceiveDisabled status stays)."""
-        self._ns(namespace)
-        self._server.call(self._server.set_available, namespace, entity)
+        self._server.call(fault_switches.set_available, self._server, self._ns(namespace), entity)
 
     def set_status(self, namespace: str, entity: str, status: Union[str, EntityStatus]) -> EntityStatus:
         """Set a queue's, topic's or subscription's (``topic/Subscriptions/name``) status while the
@@ -181,8 +177,7 @@ class Emulator:
         queue or topic that does not send, and receives, peeks and settlements on one that does not
         receive, are refused with ``com.microsoft:entity-disabled``; attached receivers are detached
         with it on their next receive. Returns the status set."""
-        self._ns(namespace)
-        return self._server.call(self._server.set_status, namespace, entity, status)
+        return self._server.call(fault_switches.set_status, self._ns(namespace), entity, status)
 
     def status(self, namespace: str, entity: str) -> EntityStatus:
         """A queue's, topic's or subscription's status now."""
@@ -191,8 +186,7 @@ class Emulator:
 
     def drop_connections(self, namespace: str) -> int:
         """Close every open connection of the namespace abruptly; returns how many were open."""
-        self._ns(namespace)
-        return self._server.call(self._server.drop_connections, namespace)
+        return self._server.call(fault_switches.drop_connections, self._server, self._ns(namespace))
 
     def add_queue(self, namespace: str, name: str, **settings) -> None:
         """Create a queue at runtime (tests); ``ValueError`` when the name is taken."""
@@ -206,8 +200,7 @@ class Emulator:
         Send and receive links attached to them are detached with ``amqp:not-found``; their
         ``$management`` links stay and answer every request 404 ``amqp:not-found``; new attaches are
         refused with ``amqp:not-found`` until the queue is added again."""
-        self._ns(namespace)
-        self._server.call(self._server.delete_queue, namespace, name)
+        self._server.call(fault_switches.delete_queue, self._ns(namespace), name)
 
     def recreate_queue(self, namespace: str, name: str, **settings) -> None:
         """Delete the queue if it exists and create it afresh (empty, sequence numbers from 1), with the
@@ -221,7 +214,7 @@ class Emulator:
             qcfg = queue_from_dict({**previous, **settings, "name": name}, f"recreate_queue({name})",
                                    allow_short_locks=ns.settings.allow_short_locks)
             if old is not None:
-                self._server.delete_queue(namespace, name)
+                fault_switches.delete_queue(ns, name)
             ns.add_queue(qcfg)
         self._server.call(run)
 

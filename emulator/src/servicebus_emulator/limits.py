@@ -32,6 +32,9 @@ MAX_LOCK_DURATION_SECONDS = 300.0
 MIN_DUPLICATE_DETECTION_WINDOW_SECONDS = 20.0
 MAX_DUPLICATE_DETECTION_WINDOW_SECONDS = 7 * 24 * 3600.0
 
+# a queue's or subscription's max delivery count: at least 1, at most Int32.MaxValue (the .NET type)
+MAX_DELIVERY_COUNT = 2147483647
+
 # idle timers: a link without a transfer for 10 minutes is detached; a connection whose links have
 # all been gone for 5 minutes, or that opened none within 1 minute, is closed
 LINK_IDLE_TIMEOUT_SECONDS = 600.0

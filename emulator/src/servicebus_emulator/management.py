@@ -1,6 +1,6 @@
 """``$management`` request handlers: ``handle(...) -> (status code, response body)``.
 
-Failures raise ``BrokerError``; the server turns it into ``statusCode`` + ``errorCondition``, which is
+Failures raise ``BrokerError``; ``node_requests`` turns it into ``statusCode`` + ``errorCondition``, which is
 what the SDK maps to its exceptions. Unknown operations answer 501 ``amqp:not-implemented``.
 """
 from __future__ import annotations
@@ -11,7 +11,10 @@ from typing import Any, Dict, List
 from proton import timestamp
 
 from . import codec
-from .broker import BrokerError, Content, Entity, Topic, lock_lost, now_ms
+from .broker import BrokerError, Entity, Topic, lock_lost, now_ms
+from .links import pump
+from .message import Content
+from .transfers import enqueue
 
 _SETTLE_OPS = {"completed": "complete", "abandoned": "abandon", "defered": "defer", "deferred": "defer",
                "suspended": "dead_letter"}
@@ -22,7 +25,7 @@ def operation_name(op: str) -> str:
     return op.split(":", 1)[-1] if op.startswith("com.microsoft:") else op
 
 
-def handle(server, ctx, target, op: str, body: Dict[str, Any], props: Dict[str, Any]):
+def handle(ctx, target, op: str, body: Dict[str, Any], props: Dict[str, Any]):
     name = operation_name(op)
     fn = _HANDLERS.get(name)
     if fn is None:
@@ -31,7 +34,7 @@ def handle(server, ctx, target, op: str, body: Dict[str, Any], props: Dict[str, 
     if name not in ("schedule-message", "cancel-scheduled-message") and not isinstance(target, Entity):
         raise BrokerError("amqp:not-allowed", f"'{op}' is not supported on topic '{target.path}'.", 400)
     target.ops["peek" if name == "peek-message" else name.replace("-", "_")] += 1
-    return fn(server, ctx, target, body)
+    return fn(ctx, target, body)
 
 
 def _tokens(body) -> List[uuid.UUID]:
@@ -42,7 +45,7 @@ def _session_id(body):
     return codec.as_text(body.get("session-id"))
 
 
-def _peek(server, ctx, e: Entity, body):
+def _peek(ctx, e: Entity, body):
     """Up to 250 messages from a sequence number, in order, as many as the namespace's page budget
     holds (``peek_pages``); 204 when there are none (or the namespace answers empty this time)."""
     ns = ctx.conn.ns
@@ -64,7 +67,7 @@ def _peek(server, ctx, e: Entity, body):
     return 200, {"messages": [{"message": encoded} for encoded in page]}
 
 
-def _renew_lock(server, ctx, e: Entity, body):
+def _renew_lock(ctx, e: Entity, body):
     now = now_ms()
     if e.requires_session:
         raise BrokerError("amqp:not-allowed", "Renew the session lock instead on a session entity.", 400)
@@ -74,7 +77,7 @@ def _renew_lock(server, ctx, e: Entity, body):
     return 200, {"expirations": out}
 
 
-def _update_disposition(server, ctx, e: Entity, body):
+def _update_disposition(ctx, e: Entity, body):
     status = codec.as_text(body.get("disposition-status"))
     action = _SETTLE_OPS.get(status or "")
     if action is None:
@@ -94,22 +97,22 @@ def _update_disposition(server, ctx, e: Entity, body):
         else:
             getattr(e, action)(m)
         e.ops[action] += 1
-    server._pump(e)
+    pump(e)
     return 200, {}
 
 
-def _schedule(server, ctx, target, body):
+def _schedule(ctx, target, body):
     contents = []
     for item in body.get("messages") or []:
         try:
             contents.append(Content.parse(bytes(item["message"])))
         except (KeyError, TypeError, codec.DecodeError) as exc:
             raise BrokerError("amqp:decode-error", f"Cannot decode the scheduled message: {exc}", 400) from None
-    seqs = server.enqueue(ctx.conn.ns, target, contents)
+    seqs = enqueue(ctx.conn.ns, target, contents)
     return 200, {"sequence-numbers": [int(s) for s in seqs]}
 
 
-def _cancel_scheduled(server, ctx, target, body):
+def _cancel_scheduled(ctx, target, body):
     entities = target.subscriptions if isinstance(target, Topic) else [target]
     for seq in body.get("sequence-numbers") or []:
         found = False
@@ -125,7 +128,7 @@ def _cancel_scheduled(server, ctx, target, body):
     return 200, {}
 
 
-def _receive_by_sequence_number(server, ctx, e: Entity, body):
+def _receive_by_sequence_number(ctx, e: Entity, body):
     peek_lock = int(body.get("receiver-settle-mode", 1) or 0) == 1
     sid = _session_id(body)
     now = now_ms()
@@ -153,12 +156,12 @@ def _owned_session(e: Entity, sid: str):
     return s
 
 
-def _get_session_state(server, ctx, e: Entity, body):
+def _get_session_state(ctx, e: Entity, body):
     s = _owned_session(e, _session_id(body))
     return 200, {"session-state": s.state}
 
 
-def _set_session_state(server, ctx, e: Entity, body):
+def _set_session_state(ctx, e: Entity, body):
     s = _owned_session(e, _session_id(body))
     state = body.get("session-state")
     s.state = bytes(state) if state is not None else None
@@ -166,13 +169,13 @@ def _set_session_state(server, ctx, e: Entity, body):
     return 200, {}
 
 
-def _renew_session_lock(server, ctx, e: Entity, body):
+def _renew_session_lock(ctx, e: Entity, body):
     s = _owned_session(e, _session_id(body))
     s.locked_until = now_ms() + int(e.settings.lock_duration_seconds * 1000)
     return 200, {"expiration": timestamp(s.locked_until)}
 
 
-def _get_message_sessions(server, ctx, e: Entity, body):
+def _get_message_sessions(ctx, e: Entity, body):
     skip = int(body.get("skip") or 0)
     top = int(body.get("top") or 100)
     ids = [s.id for s in e.sessions.values() if s.count > 0 or s.state is not None]

@@ -19,7 +19,7 @@ import re
 from typing import Any, Dict, List, Mapping
 
 from . import limits
-from .config import MAX_INT32, ConfigError
+from .config_error import ConfigError
 
 OFFICIAL_PORT = 5672
 OFFICIAL_ADMIN_PORT = 5300          # its administration API (HTTP there, HTTPS here); EMULATOR_HTTP_PORT
@@ -128,8 +128,9 @@ def _receiver_settings(props: Mapping[str, Any], where: str) -> Dict[str, Any]:
             raise ConfigError(f"{where}.{key}: auto-forwarding (to {target!r}) is not supported by this "
                               f"emulator; set it to \"\" and have your code move the messages")
     max_delivery = _typed(props, "MaxDeliveryCount", int, where, OFFICIAL_DEFAULTS["MaxDeliveryCount"])
-    if not 1 <= max_delivery <= MAX_INT32:
-        raise ConfigError(f"{where}.MaxDeliveryCount: must be in 1..{MAX_INT32}, got {max_delivery}")
+    if not 1 <= max_delivery <= limits.MAX_DELIVERY_COUNT:
+        raise ConfigError(f"{where}.MaxDeliveryCount: must be in 1..{limits.MAX_DELIVERY_COUNT}, "
+                          f"got {max_delivery}")
     lock = _duration(props, "LockDuration", where, positive=True)
     error = limits.lock_duration_error(lock)
     if error:

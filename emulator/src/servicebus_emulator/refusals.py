@@ -17,9 +17,10 @@ import uuid
 from typing import Iterable, Optional
 
 from . import codec
-from .broker import BrokerError, Content, Topic
+from .broker import BrokerError, Topic
 from .entity_status import receive_status
 from .limits import MAX_BATCH_BYTES
+from .message import Content
 
 NOT_ALLOWED = "amqp:not-allowed"
 INTERNAL_ERROR = "amqp:internal-error"
@@ -36,6 +37,18 @@ UNABLE_TO_PROCESS = ("The service was unable to process the request; please retr
 SESSIONLESS_COPY = ("Session ID is null.",
                     "Session enabled entity doesn't allow a message whose session identifier is null.")
 PARTITION_KEY = "x-opt-partition-key"
+
+# set_unavailable modes that let senders attach and then refuse every message, as a namespace does for
+# a full entity or a namespace that throttles (a Standard namespace out of its credits answers sends
+# with server-busy on links that stay attached; the SDK maps the condition to ServiceBusServerBusyError):
+# mode -> (condition, description, status code)
+SEND_REFUSALS = {
+    "quota-exceeded": ("amqp:resource-limit-exceeded",
+                       "The maximum entity size has been reached or exceeded for '{path}'.", 403),
+    "throttled": ("com.microsoft:server-busy",
+                  "The request was terminated because the entity '{path}' is being throttled. "
+                  "Please wait 2 seconds and try again.", 503),
+}
 
 
 class LinkRefusal(BrokerError):

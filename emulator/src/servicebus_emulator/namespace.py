@@ -1,0 +1,178 @@
+"""A namespace: its queues, topics and subscriptions by path (with their dead-letter queues), the state
+its fault switches set, and storing what a sender sends into a queue or topic. No I/O; only the loop
+thread touches it (``broker`` holds each entity's messages, locks and sessions).
+
+Invariants:
+- a path resolves to the entity object registered under it; a deleted (or replaced) entity no longer
+  resolves, which is how a link attached to it learns that it is gone (``exists``);
+- a queue or topic numbers what it stores from its own sequencer, in the order of the transfer; a
+  duplicate (duplicate detection) or a ping is not stored and takes no number (-1);
+- an entity is made in one place per kind (``add_queue``, ``add_topic``) and stored into in one
+  (``store``): an entity of another shape (partitioned, say) plugs in there.
+"""
+from __future__ import annotations
+
+import socket
+import uuid
+from collections import Counter
+from datetime import datetime, timezone
+from typing import Any, Dict, List, Optional, Set, Tuple
+
+from . import refusals
+from .broker import BrokerError, Entity, Topic, any_rule_matches
+from .faults import Faults
+from .idle import IdleTimers
+from .message import PING_CONTENT_TYPE, Content
+from .peek_pages import PeekPager
+
+
+def entity_path(address: Optional[str]) -> str:
+    """``amqps://host:port/a/b`` -> ``a/b``; bare node paths are returned as they are."""
+    addr = address or ""
+    if "://" in addr:
+        addr = addr.split("://", 1)[1]
+        addr = addr.split("/", 1)[1] if "/" in addr else ""
+    return addr.strip("/")
+
+
+class Namespace:
+    """One configured namespace while the emulator runs: its entities, listener, connections and switches."""
+
+    def __init__(self, cfg, port: int, latency_ms: float):
+        self.cfg = cfg
+        self.name = cfg.name
+        self.host = cfg.host
+        self.port = port
+        self.latency_ms = latency_ms
+        self.entities: Dict[str, Entity] = {}     # receivable entities by lower-case path
+        self.senders: Dict[str, Any] = {}         # send targets (queues, topics) by lower-case path
+        self.listener: Optional[socket.socket] = None
+        self.conns: set = set()
+        self.busy_all = False
+        self.refusing = False
+        self.busy_entities: set = set()
+        self.refusals: Dict[Optional[str], str] = {}   # lower-case path (None = every entity) -> mode
+        self.deleted: Dict[str, Any] = {}              # lower-case name -> settings of a deleted queue
+        self.faults = Faults()
+        self.auth_counts: Counter = Counter()          # put-tokens taken (sas, jwt) and refused
+        self.role_assignments = list(cfg.azure_ad.role_assignments) if cfg.azure_ad else []
+        self.settings = cfg.service
+        self.pager = PeekPager(cfg.service)
+        self.idle = IdleTimers.of(cfg.service)
+        self.idle_counts: Counter = Counter()          # links detached and connections closed for idleness
+        for q in cfg.queues:
+            self.add_queue(q)
+        for t in cfg.topics:
+            self.add_topic(t)
+
+    def add_queue(self, qcfg) -> Entity:
+        key = qcfg.name.lower()
+        if key in self.senders or key in self.entities:
+            raise ValueError(f"an entity named {qcfg.name!r} already exists in namespace {self.name!r}")
+        e = Entity(qcfg.name, qcfg)    # a new Entity: its own sequencer, so numbering starts at 1
+        self._register(e)
+        self.senders[key] = e
+        return e
+
+    def queue(self, name: str) -> Optional[Entity]:
+        target = self.senders.get(name.lower())
+        return target if isinstance(target, Entity) else None
+
+    def remove_queue(self, name: str) -> Entity:
+        """Forget a queue and its dead-letter sub-queue (their messages go with them)."""
+        e = self.queue(name)
+        if e is None:
+            raise KeyError(f"no queue {name!r} in namespace {self.name!r}")
+        key = name.lower()
+        del self.senders[key]
+        for path in (key, key + "/$deadletterqueue", key + "/$transfer/$deadletterqueue"):
+            del self.entities[path]
+        self.deleted[key] = e.settings        # what recreate_queue starts from
+        return e
+
+    def add_topic(self, tcfg) -> Topic:
+        subs, filters = [], {}
+        for s in tcfg.subscriptions:
+            e = Entity(f"{tcfg.name}/Subscriptions/{s.name}", s)
+            subs.append(e)
+            filters[e.path] = tuple(r.correlation_filter for r in s.rules)
+            self._register(e)
+        t = Topic(tcfg, subs, filters)
+        for e in subs:
+            e.topic = t
+        self.senders[tcfg.name.lower()] = t
+        return t
+
+    def _register(self, e: Entity):
+        key = e.path.lower()
+        self.entities[key] = e
+        self.entities[key + "/$deadletterqueue"] = e.dlq
+        self.entities[key + "/$transfer/$deadletterqueue"] = e.dlq
+
+    def is_busy(self, path: str) -> bool:
+        if self.busy_all:
+            return True
+        if not self.busy_entities:
+            return False
+        p = path.lower()
+        return any(p == b or p.startswith(b + "/") for b in self.busy_entities)
+
+    def exists(self, target) -> bool:
+        """False for an entity deleted (or replaced) since a link was attached to it."""
+        return self.entities.get(target.path.lower(), self.senders.get(target.path.lower())) is target
+
+    def send_refusal(self, path: str) -> Optional[BrokerError]:
+        """The refusal a ``set_unavailable`` send mode (quota-exceeded, throttled) answers sends with, or None."""
+        mode = self.refusals.get(path.lower(), self.refusals.get(None))
+        if mode is None:
+            return None
+        condition, description, status = refusals.SEND_REFUSALS[mode]
+        return BrokerError(condition, description.format(path=f"{self.name}/{path}"), status)
+
+    def described(self, text: str, path: str) -> str:
+        """A status description as the service writes them: the text, then where and when."""
+        stamp = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S")
+        return f"{text} TrackingId:{uuid.uuid4().hex}, SystemTracker:{self.name}:{path}, Timestamp:{stamp}"
+
+    def all_entities(self):
+        seen = set()
+        for e in self.entities.values():
+            if id(e) not in seen:
+                seen.add(id(e))
+                yield e
+
+
+def store(target, contents: List[Content], now: int) -> Tuple[List[int], Set[Entity]]:
+    """Store one transfer's messages in a queue or topic (already found acceptable): their sequence numbers
+    (-1 = not stored), and the entities that got messages, whose receivers are to be served."""
+    seqs: List[int] = []
+    touched: Set[Entity] = set()
+    for content in contents:
+        if content.content_type == PING_CONTENT_TYPE:
+            target.counters["pings"] += 1
+            seqs.append(-1)
+            continue
+        if target.dedupe.is_duplicate(content.message_id, now):
+            target.counters["duplicates"] += 1
+            seqs.append(-1)
+            continue
+        seq = target.sequencer.next()
+        seqs.append(seq)
+        if isinstance(target, Topic):
+            target.counters["in"] += 1
+            for sub in target.subscriptions:
+                if any_rule_matches(target.filters[sub.path], content):
+                    if sub.requires_session and content.session_id is None:   # the service's answer
+                        sub.dead_letter(sub.enqueue(content, seq, now), *refusals.SESSIONLESS_COPY)
+                        touched.add(sub.dlq)
+                        continue
+                    sub.enqueue(content, seq, now)
+                    touched.add(sub)
+        else:
+            target.enqueue(content, seq, now)
+            touched.add(target)
+    return seqs, touched
+
+
+def not_found(ns: Namespace, path: str) -> BrokerError:
+    return BrokerError("amqp:not-found", f"The messaging entity '{ns.name}/{path}' could not be found.", 404)
