@@ -150,6 +150,31 @@ def test_only_the_servicebus_package_imports_the_sdk():
     assert not offenders, f"only backlog_syphon.servicebus may import azure.*: {offenders}"
 
 
+def reads_of_the_environment(source: str) -> list[int]:
+    """Lines of ``source`` that read the process's environment (``os.environ``, ``os.getenv``, ``environ``
+    imported from ``os``)."""
+    lines = []
+    for node in ast.walk(ast.parse(source)):
+        if (isinstance(node, ast.Attribute) and node.attr in ("environ", "getenv", "environb")
+                and isinstance(node.value, ast.Name) and node.value.id == "os"):
+            lines.append(node.lineno)
+        elif isinstance(node, ast.ImportFrom) and node.module == "os" and any(
+                alias.name in ("environ", "getenv", "environb") for alias in node.names):
+            lines.append(node.lineno)
+    return sorted(lines)
+
+
+def test_the_source_the_sink_and_servicebus_never_read_the_environment():
+    """Their settings (a test's ``sink.fault_plan.FaultPlan`` too) come in from the entry point: nothing on an
+    executor depends on the environment it happens to run in."""
+    sample = "import os\nfrom os import environ\ndef f():\n    return os.getenv('X')\n"
+    assert reads_of_the_environment(sample) == [2, 4]
+    offenders = {module: lines for path, module, _ in library_modules()
+                 if package_of(module) in ("source", "sink", "servicebus")
+                 for lines in [reads_of_the_environment(path.read_text())] if lines}
+    assert not offenders, f"modules that read the environment (line numbers): {offenders}"
+
+
 def test_importing_the_package_stays_cheap_and_the_public_api_loads_on_use():
     import subprocess
     import sys
