@@ -8,7 +8,7 @@ run needs a process of its own) starts on the same checkpoint and Delta tables, 
 not committed: the same offsets), and drains the backlog.
 
 Every other crash point of the batch (before_send, after_send, after_record) and what each leaves
-behind is walked in milliseconds by ``tests/unit/test_batch.py`` against the pure state machine; this
+behind is walked in milliseconds by ``tests/unit/test_micro_batch.py`` against the pure state machine; this
 test keeps the one that needs real processes, real Spark and the real broker: a kill in the middle of
 the sends, whose re-sends are the documented duplicate window.
 

@@ -1,28 +1,19 @@
-"""The sink's Spark side: the aggregate of a batch's outcomes (``combine_groups``, pure), the Delta
-transaction app id, and what a run's first batch recovers from the tables (on small in-memory frames)."""
+"""The foreachBatch sink (``sink.foreach_batch.DeliverySink``): the Delta transaction app id, and the
+settings it carries to where Spark runs it (a Spark Connect server gets a pickled copy)."""
 
-import datetime as dt
-import os
-import threading
-from types import SimpleNamespace
+from pyspark import cloudpickle
 
-import pytest
+from backlog_syphon.config import load_config
+from backlog_syphon.sink.fault_plan import NO_FAULTS, FaultPlan
+from backlog_syphon.sink.foreach_batch import DeliverySink, checkpoint_app_id
+from backlog_syphon.sink.micro_batch import CrashPoint
 
-from backlog_syphon.model import CheckpointRow, HeldSpan, Outcome, PacingStats, ReasonCode, RecordedSpan
-from backlog_syphon.sink import foreach_batch
-from backlog_syphon.sink.batch import BatchAggregate, Recovery, Unsent
-from backlog_syphon.sink.foreach_batch import (
-    NO_DESTINATION,
-    PacingStatsParam,
-    SparkBatch,
-    checkpoint_app_id,
-    combine_groups,
-    pacing_after_round,
-    read_recovery,
-)
-
-T0 = 1_700_000_000_000
-Q0, Q1 = "contoso/x-servicebus-transfer/0", "contoso/x-servicebus-transfer/1"
+SECRET = "Endpoint=sb://127.0.0.1:5672;SharedAccessKeyName=Root;SharedAccessKey=k=;UseDevelopmentEmulator=true"
+CONFIG = """
+primary: {namespace: contoso, connection_string: {env: P}}
+secondary: {connection_string: {env: S}}
+storage: {audit_table: /t/audit, checkpoint_table: /t/cp, checkpoint_location: /t/stream}
+"""
 
 
 def test_the_transaction_app_id_is_one_per_streaming_checkpoint_and_query():
@@ -34,238 +25,11 @@ def test_the_transaction_app_id_is_one_per_streaming_checkpoint_and_query():
     assert checkpoint_app_id("/state/checkpoint", None) == checkpoint_app_id("/state/checkpoint", "")
 
 
-def group(queue, island, destination, outcome, first, last, n, *, reason_code=None, reason=None,
-          since=1_800_000_009_000,
-          run_id="r1", batch_id=4):
-    return {"run_id": run_id, "batch_id": batch_id, "backlog_queue": queue, "island": island,
-            "destination": destination, "outcome": outcome, "reason_code": reason_code, "first": first, "last": last,
-            "enqueued_from": T0 + 10 * first, "enqueued_to": T0 + 10 * last, "n": n, "reason": reason,
-            "since": since}
-
-
-def test_final_outcomes_make_one_span_per_island_and_unsent_ones_are_counted_per_destination():
-    groups = [
-        group(Q0, 0, "orders", "delivered", 1, 3, 2),
-        group(Q0, 0, None, "dead_lettered", 2, 2, 1, reason_code="missing_path", reason="no x-ms-path"),
-        group(Q0, 1, "payments", "unsent", 4, 4, 1, reason_code="destination_unavailable", reason="down",
-              since=1_800_000_000_000),
-        group(Q0, 1, "orders", "delivered", 5, 6, 2),
-        group(Q0, 2, "payments", "unsent", 7, 7, 1, reason_code="destination_unavailable", reason="down",
-              since=1_800_000_005_000),
-        group(Q1, 0, "orders", "skipped_ping", 1, 1, 1, reason_code="ping", since=1_800_000_002_000),
-    ]
-    assert combine_groups(groups) == BatchAggregate(
-        spans=(RecordedSpan(Q0, 1, 3, T0 + 10, T0 + 30, 3, 2, 1, 0, 4),
-               RecordedSpan(Q0, 5, 6, T0 + 50, T0 + 60, 2, 2, 0, 0, 4),
-               RecordedSpan(Q1, 1, 1, T0 + 10, T0 + 10, 1, 0, 0, 1, 4)),
-        per_destination={("orders", Outcome.DELIVERED): 4, (NO_DESTINATION, Outcome.DEAD_LETTERED): 1,
-                         ("payments", Outcome.UNSENT): 2, ("orders", Outcome.SKIPPED_PING): 1},
-        unsent={"payments": Unsent(2, ReasonCode.DESTINATION_UNAVAILABLE, "down", 1_800_000_000.0)},
-        first_outcome_ms=1_800_000_002_000)  # the earliest final outcome: an unsent row's time is not a send
-    aggregate = combine_groups(groups)
-    assert (aggregate.rows, aggregate.total(Outcome.DELIVERED), aggregate.total(Outcome.UNSENT)) == (8, 4, 2)
-    assert aggregate.final_unavailable == aggregate.unsent
-
-
-def test_attempts_of_other_runs_make_spans_of_their_own():
-    groups = [group(Q0, 0, "orders", "delivered", 1, 2, 2, run_id="r1"),
-              group(Q0, 0, "orders", "delivered", 3, 3, 1, run_id="r2")]
-    assert [(s.first, s.last, s.count) for s in combine_groups(groups).spans] == [(1, 2, 2), (3, 3, 1)]
-
-
-def test_a_round_deadline_is_not_a_final_unavailability():
-    aggregate = combine_groups([group(Q0, 1, "orders", "unsent", 1, 3, 3, reason_code="round_deadline",
-                                      reason="the send round ended", since=1_800_000_000_000)])
-    assert aggregate.unsent == {"orders": Unsent(3, ReasonCode.ROUND_DEADLINE, "the send round ended",
-                                                 1_800_000_000.0)}
-    assert aggregate.final_unavailable == {} and aggregate.spans == ()
-
-
-@pytest.mark.parametrize("order", [(0, 1), (1, 0)])
-def test_a_destination_unavailable_in_one_queues_task_is_unavailable_whatever_the_order_of_the_groups(order):
-    # Spark collects the groups in no particular order: payments gave up in Q0's task (its outage wait is
-    # over) while Q1's task reached the round's deadline first.
-    groups = [group(Q0, 1, "payments", "unsent", 2, 2, 1, reason_code="destination_unavailable",
-                    reason="destination 'payments' stayed unavailable for 60 s", since=1_800_000_000_000),
-              group(Q1, 1, "payments", "unsent", 1, 1, 1, reason_code="round_deadline",
-                    reason="the send round ended", since=1_800_000_001_000)]
-    aggregate = combine_groups([groups[i] for i in order])
-    assert aggregate.unsent["payments"].count == 2
-    assert aggregate.unsent["payments"].since == 1_800_000_000.0
-    assert aggregate.unsent["payments"].reason_code == ReasonCode.DESTINATION_UNAVAILABLE
-    assert set(aggregate.final_unavailable) == {"payments"}
-
-
-# --- recovery from the tables (Spark, no Delta: the tables are in-memory frames) --------------------------
-
-def at(ms):
-    return dt.datetime.fromtimestamp(ms / 1000, dt.timezone.utc)
-
-
-def audit_row(run_id, seq, outcome, destination="orders", batch_id=4):
-    from backlog_syphon.storage.tables import AUDIT_ROW_SCHEMA
-
-    values = {"run_id": run_id, "batch_id": batch_id, "backlog_queue": Q0, "sequence_number": seq,
-              "message_id": f"m{seq}", "destination": destination, "session_id": None, "outcome": outcome,
-              "reason_code": "destination_unavailable" if outcome == "unsent" else None, "reason": None,
-              "body_size": 10, "enqueued_time": at(T0 + 10 * seq), "scheduled_enqueue_time": None,
-              "time_to_live_ms": None, "outcome_time": at(1_800_000_000_000), "attempts": 1,
-              "dead_letter_reason": None, "dead_letter_error_description": None, "original_destination": None}
-    return tuple(values[field.name] for field in AUDIT_ROW_SCHEMA.fields)
-
-
-@pytest.mark.parametrize("read_at_start", [False, True], ids=["table-read", "read-at-start"])
-def test_recovery_counts_every_row_earlier_attempts_of_the_batch_recorded(spark, monkeypatch, read_at_start):
-    """An attempt's Delta transaction version is the number of rows earlier attempts of its batch recorded
-    (``Recovery.recorded_rows_of_batch``), so that it is above every earlier attempt's: Delta skips a
-    write whose version is not above the last one. Rows below the purge mark count too.
-
-    ``read_at_start``: the run read the tables at its start (``read_recovery``, ``DeliverySink.recovery_at_start``),
-    and the first batch uses that without reading the checkpoint table again (it is not there to read);
-    only its own batch's rows are counted then."""
-    from backlog_syphon.storage import tables
-
-    checkpoint = CheckpointRow(Q0, 1, 4, T0 + 40, 2, T0 + 20, 4, "r2", at(1_800_000_000_000), 3, 0, 0)
-    audit = [audit_row("r1", 1, "delivered"), audit_row("r1", 2, "delivered"), audit_row("r1", 3, "unsent"),
-             audit_row("r1", 4, "unsent"), audit_row("r2", 3, "delivered"), audit_row("r2", 4, "unsent"),
-             audit_row("r0", 1, "delivered", batch_id=3)]
-    frames = {"/state/audit": spark.createDataFrame(audit, tables.AUDIT_ROW_SCHEMA),
-              "/state/checkpoint": spark.createDataFrame(
-                  [tuple(getattr(checkpoint, name) for name in tables.CHECKPOINT_SCHEMA.fieldNames())],
-                  tables.CHECKPOINT_SCHEMA)}
-    monkeypatch.setattr(tables, "existing_table", lambda spark, table: frames.get(table))
-    monkeypatch.setattr(tables, "read_table", lambda spark, table: frames[table])
-    storage = SimpleNamespace(audit_table="/state/audit", checkpoint_table="/state/checkpoint")
-    at_start = None
-    if read_at_start:
-        at_start, held_in = read_recovery(spark, storage)
-        assert held_in == () and at_start.recorded_rows_of_batch == 0
-        del frames["/state/checkpoint"]  # the first batch must not read it again
-    sink = SimpleNamespace(state_is_new=False, config=SimpleNamespace(storage=storage), recovery_at_start=at_start)
-
-    recovery = SparkBatch(sink, spark.range(0), 4).recover()
-    assert recovery.checkpoint == {Q0: checkpoint}
-    # above the purge mark (enqueued after message 2): 3 and 4 of both attempts; r2 delivered 3
-    assert recovery.unsettled == (RecordedSpan(Q0, 3, 3, T0 + 30, T0 + 30, 1, 1, 0, 0, 4),)
-    assert recovery.dead_letters == ()
-    assert recovery.recorded_rows_of_batch == 6  # both attempts' rows of batch 4, below the mark or not
-    assert isinstance(recovery, Recovery)
-
-
-def test_the_start_finds_the_queues_where_held_messages_lie_above_the_purge_marks(spark, monkeypatch):
-    """Held rows above a queue's purge mark (or of a queue without a checkpoint row) make the run read
-    that queue again from its first message; held rows below the mark are settled history."""
-    from backlog_syphon.storage import tables
-
-    checkpoint = CheckpointRow(Q0, 1, 4, T0 + 40, 2, T0 + 20, 4, "r2", at(1_800_000_000_000), 3, 0, 0)
-    audit = [audit_row("r1", 1, "held"), audit_row("r1", 2, "delivered"), audit_row("r1", 3, "delivered")]
-    other = list(audit_row("r1", 1, "held"))
-    other[tables.AUDIT_ROW_SCHEMA.fieldNames().index("backlog_queue")] = Q1
-    frames = {"/state/audit": spark.createDataFrame(audit + [tuple(other)], tables.AUDIT_ROW_SCHEMA),
-              "/state/checkpoint": spark.createDataFrame(
-                  [tuple(getattr(checkpoint, name) for name in tables.CHECKPOINT_SCHEMA.fieldNames())],
-                  tables.CHECKPOINT_SCHEMA)}
-    monkeypatch.setattr(tables, "existing_table", lambda spark, table: frames.get(table))
-    storage = SimpleNamespace(audit_table="/state/audit", checkpoint_table="/state/checkpoint")
-    recovery, held_in = read_recovery(spark, storage)
-    assert held_in == (Q1,)  # Q0's held message 1 lies below its mark (message 2)
-    assert [(span.backlog_queue, span.first, span.last) for span in recovery.unsettled] == [(Q0, 3, 3)]
-
-    frames["/state/audit"] = spark.createDataFrame(audit + [audit_row("r1", 4, "held")], tables.AUDIT_ROW_SCHEMA)
-    assert read_recovery(spark, storage)[1] == (Q0,)  # above the mark: read again
-    del frames["/state/audit"]
-    assert read_recovery(spark, storage) == (Recovery({Q0: checkpoint}, (), (), 0), ())  # no audit yet
-
-
-def test_held_messages_cut_the_spans_are_counted_and_located_but_are_neither_recorded_nor_unsent():
-    """HELD (restore.skip_destinations) is not final: no span holds it (the purge never settles it), the
-    batch neither fails nor sends it again, and its place in the queue goes to the purge as a HeldSpan."""
-    groups = [
-        group(Q0, 0, "orders", "delivered", 1, 1, 1),
-        group(Q0, 1, "payments", "held", 2, 2, 1, reason_code="destination_skipped"),
-        group(Q0, 1, "orders", "delivered", 3, 3, 1),
-        group(Q0, 2, "payments", "held", 4, 6, 2, reason_code="destination_skipped"),
-        group(Q0, 2, "orders", "delivered", 5, 5, 1),
-    ]
-    aggregate = combine_groups(groups)
-    assert [(s.first, s.last, s.count) for s in aggregate.spans] == [(1, 1, 1), (3, 3, 1), (5, 5, 1)]
-    assert aggregate.held == (HeldSpan(Q0, 2, 6, T0 + 20, T0 + 60, 3),)
-    assert aggregate.unsent == {} and aggregate.final_unavailable == {}
-    assert aggregate.total(Outcome.HELD) == 3 and aggregate.per_destination[("payments", Outcome.HELD)] == 3
-
-
-def test_a_run_that_created_its_state_tables_reads_nothing_back():
-    """``state_is_new`` (the run created the tables and is the lease's first holder): the first batch's
-    recovery is empty without a single table read (the fake session would fail any)."""
-    from types import SimpleNamespace
-
-    from backlog_syphon.sink.batch import Recovery
-    from backlog_syphon.sink.foreach_batch import SparkBatch
-
-    class NoSession:
-        def __getattr__(self, name):
-            raise AssertionError(f"the recovery touched the session ({name})")
-
-    sink = SimpleNamespace(state_is_new=True, config=None)
-    batch = SimpleNamespace(sparkSession=NoSession())
-    assert SparkBatch(sink, batch, 0).recover() == Recovery({}, (), (), 0)
-
-
-def test_the_send_tasks_pacing_adds_up_per_round_and_over_the_rounds_of_a_batch():
-    param = PacingStatsParam()
-    task_a = PacingStats(sent=10, first_send_at=1.0, last_send_at=3.0, throttled=2, slowed_seconds=2.0,
-                         rate_limit=40.0, cap=50.0, tasks=1)
-    task_b = PacingStats(sent=20, first_send_at=2.0, last_send_at=4.0, throttled=0, slowed_seconds=0.0,
-                         rate_limit=50.0, cap=50.0, tasks=1)
-    first_round = param.addInPlace(param.addInPlace(param.zero(PacingStats()), task_a), task_b)
-    assert first_round == PacingStats(30, 1.0, 4.0, 2, 2.0, 90.0, 100.0, 2)
-    second_round = PacingStats(sent=5, first_send_at=10.0, last_send_at=11.0, throttled=1, slowed_seconds=1.0,
-                               rate_limit=25.0, cap=50.0, tasks=1)
-    batch = pacing_after_round(pacing_after_round(None, first_round), second_round)
-    # counts add up; one round after the other: their slowed times add up, the limit and cap are the last's
-    assert batch == PacingStats(35, 1.0, 11.0, 3, 3.0, 25.0, 50.0, 3)
-
-
-def test_a_paused_fault_point_goes_on_once_its_marker_is_removed_and_never_pauses_again(tmp_path, monkeypatch):
-    marker = tmp_path / "marker"
-    monkeypatch.setenv("SYPHON_FAULT_PAUSE_AT", "mid_send")
-    monkeypatch.setenv("SYPHON_FAULT_PAUSE_SECONDS", "60")
-    monkeypatch.setenv("SYPHON_FAULT_MARKER", str(marker))
-    monkeypatch.setattr(foreach_batch, "_paused_at", set())
-    foreach_batch.fault_point("after_send")  # not the point asked for: goes on
-    assert not marker.exists()
-
-    paused = threading.Thread(target=foreach_batch.fault_point, args=("mid_send",), daemon=True)
-    paused.start()
-    deadline = dt.datetime.now() + dt.timedelta(seconds=10)
-    while not (marker.exists() and marker.read_text()) and dt.datetime.now() < deadline:
-        paused.join(0.05)
-    assert marker.read_text() == f"mid_send {os.getpid()}\n" and paused.is_alive()
-    marker.unlink()  # the test's "go on"
-    paused.join(5)
-    assert not paused.is_alive()
-
-    # Another Python worker reaching the point later: no pause, and the marker stays removed.
-    monkeypatch.setattr(foreach_batch, "_paused_at", set())
-    foreach_batch.fault_point("mid_send")
-    assert not marker.exists()
-
-
-def test_a_replayed_batch_drops_exactly_the_rows_a_recorded_span_holds(spark):
-    """``held_by_any``, one SQL expression: the queue, the sequence numbers and the enqueue times must all fall
-    inside one span (a recreated queue's message with the same number is not held); a queue name with a
-    quote in it is matched as it is."""
-    from backlog_syphon.sink.foreach_batch import held_by_any
-
-    odd = "contoso/it's-x"
-    at = dt.datetime.fromtimestamp(T0 / 1000, dt.timezone.utc)
-    rows = [(Q0, 5, at + dt.timedelta(milliseconds=5)), (Q0, 9, at + dt.timedelta(milliseconds=9)),
-            (Q0, 5, at + dt.timedelta(days=1)),  # a new incarnation's message 5
-            (Q1, 5, at + dt.timedelta(milliseconds=5)), (odd, 2, at + dt.timedelta(milliseconds=2))]
-    frame = spark.createDataFrame(rows, "backlog_queue string, sequence_number long, enqueued_time timestamp")
-    spans = [RecordedSpan(Q0, 1, 6, T0 + 1, T0 + 6, 6), RecordedSpan(odd, 1, 3, T0, T0 + 3, 3)]
-    kept = frame.where(~held_by_any(spans)).collect()
-    assert sorted((row[0], row[1]) for row in kept) == [(Q0, 5), (Q0, 9), (Q1, 5)]
-    assert [row[2].astimezone(dt.timezone.utc) for row in kept if row[0] == Q0 and row[1] == 5] == [
-        at + dt.timedelta(days=1)]
-    assert frame.where(~held_by_any([])).count() == 5
+def test_the_sink_carries_a_tests_fault_plan_to_where_it_runs_and_has_none_otherwise(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text(CONFIG)
+    config = load_config(path, environ={"P": SECRET, "S": SECRET})
+    assert DeliverySink(config, run_id="r1", lease_keeper=None).fault_plan == NO_FAULTS
+    plan = FaultPlan(pause_at=CrashPoint.AFTER_SEND, marker=str(tmp_path / "marker"))
+    copy = cloudpickle.loads(cloudpickle.dumps(DeliverySink(config, run_id="r1", lease_keeper=None, fault_plan=plan)))
+    assert copy.fault_plan == plan and copy.run_id == "r1"

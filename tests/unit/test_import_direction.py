@@ -3,8 +3,9 @@ never imported).
 
 A pure module decides on plain values (or builds Spark column expressions) and is tested with fakes
 in milliseconds; the I/O lives in ``servicebus`` (Service Bus), ``storage`` (Delta), ``run``
-(sessions, threads, wiring) and the two Spark-facing modules ``sink.foreach_batch`` and
-``source.data_source``. Every import counts, also one inside a function.
+(sessions, threads, wiring), the Spark-facing modules ``sink.foreach_batch``, ``sink.spark_ports``,
+``sink.send_task`` and ``source.data_source``, and ``sink.fault_injection`` (a test's pauses). Every
+import counts, also one inside a function.
 
 The one exception is Spark's DataFrame API: ``restore.rules``, ``run.dry_run_plan`` and the row
 schemas of ``restore.rows`` are pure transforms built from column expressions and types
@@ -41,8 +42,10 @@ PURE_MODULES = (
     "backlog_syphon.source.options",
     "backlog_syphon.sink.delivery",
     "backlog_syphon.sink.pacing",
-    "backlog_syphon.sink.bookkeeping",
-    "backlog_syphon.sink.batch",
+    "backlog_syphon.sink.queue_marks",
+    "backlog_syphon.sink.micro_batch",
+    "backlog_syphon.sink.outcome_aggregate",
+    "backlog_syphon.sink.fault_plan",
     "backlog_syphon.servicebus.purge_plan",
     "backlog_syphon.servicebus.settle_timing",
     "backlog_syphon.servicebus.peek_pages",
@@ -63,6 +66,9 @@ FORBIDDEN_PREFIXES = (
     "backlog_syphon.storage",
     "backlog_syphon.run",
     "backlog_syphon.sink.foreach_batch",
+    "backlog_syphon.sink.spark_ports",
+    "backlog_syphon.sink.send_task",
+    "backlog_syphon.sink.fault_injection",
     "backlog_syphon.source.data_source",
 )
 
@@ -120,7 +126,7 @@ def test_pure_modules_import_no_io(module):
 
 
 def test_the_check_sees_imports_inside_functions_and_tells_sessions_from_transforms():
-    source = ("from backlog_syphon.sink import bookkeeping\n"
+    source = ("from backlog_syphon.sink import queue_marks\n"
               "def f():\n    from pyspark.sql import SparkSession\n    import azure.servicebus\n"
               "    from ..storage import tables\n")
     found = {name for name in imports_in(source, "backlog_syphon.sink.delivery")
@@ -142,6 +148,31 @@ def test_only_the_servicebus_package_imports_the_sdk():
         if any(name == "azure" or name.startswith("azure.") for name in imports_in(path.read_text(), module)):
             offenders.append(module)
     assert not offenders, f"only backlog_syphon.servicebus may import azure.*: {offenders}"
+
+
+def reads_of_the_environment(source: str) -> list[int]:
+    """Lines of ``source`` that read the process's environment (``os.environ``, ``os.getenv``, ``environ``
+    imported from ``os``)."""
+    lines = []
+    for node in ast.walk(ast.parse(source)):
+        if (isinstance(node, ast.Attribute) and node.attr in ("environ", "getenv", "environb")
+                and isinstance(node.value, ast.Name) and node.value.id == "os"):
+            lines.append(node.lineno)
+        elif isinstance(node, ast.ImportFrom) and node.module == "os" and any(
+                alias.name in ("environ", "getenv", "environb") for alias in node.names):
+            lines.append(node.lineno)
+    return sorted(lines)
+
+
+def test_the_source_the_sink_and_servicebus_never_read_the_environment():
+    """Their settings (a test's ``sink.fault_plan.FaultPlan`` too) come in from the entry point: nothing on an
+    executor depends on the environment it happens to run in."""
+    sample = "import os\nfrom os import environ\ndef f():\n    return os.getenv('X')\n"
+    assert reads_of_the_environment(sample) == [2, 4]
+    offenders = {module: lines for path, module, _ in library_modules()
+                 if package_of(module) in ("source", "sink", "servicebus")
+                 for lines in [reads_of_the_environment(path.read_text())] if lines}
+    assert not offenders, f"modules that read the environment (line numbers): {offenders}"
 
 
 def test_importing_the_package_stays_cheap_and_the_public_api_loads_on_use():
@@ -172,7 +203,7 @@ RANKS = {
 
 
 def package_of(module: str) -> str:
-    """``backlog_syphon.sink.batch`` -> ``sink``; ``backlog_syphon.model`` -> ``model``; the package -> ``""``."""
+    """``backlog_syphon.sink.micro_batch`` -> ``sink``; ``backlog_syphon.model`` -> ``model``; the package -> ``""``."""
     parts = module.split(".")
     return parts[1] if len(parts) > 1 else ""
 
@@ -244,7 +275,7 @@ def test_the_rank_check_sees_imports_inside_functions_relative_ones_and_the_pack
         "backlog_syphon.servicebus.send:6 (rank 2) imports backlog_syphon.run (rank 4)",
         "backlog_syphon.servicebus.send:7 (rank 2) imports backlog_syphon (rank 5)"]
     # same rank, another package: allowed; downwards: allowed
-    assert rank_violations("from backlog_syphon.sink import batch\n", "backlog_syphon.source.data_source") == []
+    assert rank_violations("from backlog_syphon.sink import micro_batch\n", "backlog_syphon.source.data_source") == []
     assert rank_violations("import backlog_syphon.run.syphon\n", "backlog_syphon.cli") == []
     assert rank_violations("from backlog_syphon.run import lease\n", "backlog_syphon.sink.foreach_batch") == [
         "backlog_syphon.sink.foreach_batch:1 (rank 3) imports backlog_syphon.run (rank 4)"]

@@ -16,8 +16,8 @@ from backlog_syphon.restore.queue_names import dead_letter_queue_name, is_dead_l
 from backlog_syphon.restore.redrive import matches_filters, select_for_redrive
 from backlog_syphon.restore.rows import backlog_row_values
 from backlog_syphon.servicebus.purge_plan import PurgePlan, PurgeProgress
-from backlog_syphon.sink import bookkeeping
-from backlog_syphon.sink.foreach_batch import combine_groups, cuts_span
+from backlog_syphon.sink import queue_marks
+from backlog_syphon.sink.outcome_aggregate import combine_groups, cuts_span
 from backlog_syphon.source.options import SourceOptions
 
 UTC = dt.timezone.utc
@@ -187,7 +187,7 @@ def test_what_a_redrive_leaves_or_dead_letters_again_cuts_the_spans_and_is_count
 
 def test_the_aggregate_of_a_redrive_batch_cuts_its_spans_around_what_stays(spark):
     from backlog_syphon.restore.rows import OUTCOME_ROW_SCHEMA
-    from backlog_syphon.sink.foreach_batch import aggregate_outcomes
+    from backlog_syphon.sink.spark_ports import aggregate_outcomes
 
     def row(seq, outcome):
         values = {name: None for name in OUTCOME_ROW_SCHEMA.fieldNames()}
@@ -204,8 +204,8 @@ def test_the_aggregate_of_a_redrive_batch_cuts_its_spans_around_what_stays(spark
 # --- the purge of a dead-letter sub-queue: past what stays ------------------------------------------
 
 def test_the_purge_of_a_dead_letter_queue_is_planned_in_passing_mode():
-    spans = {queue: bookkeeping.Unpurged((RecordedSpan(queue, 1, 1, T0 + 1, T0 + 1, 1, 1),)) for queue in (Q0, DLQ0)}
-    plans = bookkeeping.purge_plans(spans)
+    spans = {queue: queue_marks.Unpurged((RecordedSpan(queue, 1, 1, T0 + 1, T0 + 1, 1, 1),)) for queue in (Q0, DLQ0)}
+    plans = queue_marks.purge_plans(spans)
     assert plans[DLQ0].passing and not plans[Q0].passing
 
 

@@ -11,7 +11,7 @@ from backlog_syphon.run.lease import new_lease
 from backlog_syphon.run import syphon
 from backlog_syphon.run.syphon import StartGates
 from backlog_syphon.servicebus import entities, probes
-from backlog_syphon.sink.batch import Recovery
+from backlog_syphon.sink.micro_batch import Recovery
 from backlog_syphon.storage import tables
 from backlog_syphon.timeline import Milestone, Timeline
 

@@ -26,8 +26,10 @@ from backlog_syphon.run.fence import LeaseKeeper
 from backlog_syphon.run.progress import BatchStats, ProgressPoint, SyphonProgressListener, follow_progress
 from backlog_syphon.run.runs import RunRecorder
 from backlog_syphon.run.spark_session import is_connect, spark_line
-from backlog_syphon.sink.batch import NOTHING_RECORDED, Recovery
-from backlog_syphon.sink.foreach_batch import DeliverySink, read_recovery
+from backlog_syphon.sink.fault_plan import FaultPlan
+from backlog_syphon.sink.foreach_batch import DeliverySink
+from backlog_syphon.sink.micro_batch import NOTHING_RECORDED, Recovery
+from backlog_syphon.sink.spark_ports import read_recovery
 from backlog_syphon.source.data_source import (
     READ_LIMITS_SUPPORTED,
     SOURCE_NAME,
@@ -370,7 +372,8 @@ def start_syphon(spark: SparkSession, config: SyphonConfig, *, run_id: str | Non
     sink = DeliverySink(config, run_id=run_id, lease_keeper=keeper, settle_in_batch=is_connect(spark),
                         stop_file=stop_file, timeline=timeline, state_is_new=gates.state_is_new,
                         recovery_at_start=None if is_connect(spark) else gates.recovery,
-                        destination_shapes=gates.destination_shapes)
+                        destination_shapes=gates.destination_shapes,
+                        fault_plan=FaultPlan.from_environment(os.environ))  # a test's, read once here
     records = AuditRecords(spark, storage.audit_table, run_id) if is_connect(spark) else SinkRecords(sink)
     listener = SyphonProgressListener(records.batch_stats, query_name=config.run.query_name, log_lines=log_progress)
     spark.streams.addListener(listener)

@@ -25,7 +25,7 @@ logger = logging.getLogger(__name__)
 
 
 class PurgeRunner:
-    """``sink.batch.PurgePort``: one round at a time in the background, each round's queues in parallel."""
+    """``sink.micro_batch.PurgePort``: one round at a time in the background, each round's queues in parallel."""
 
     def __init__(self, secondary):
         self._secondary = secondary

@@ -1,10 +1,10 @@
-"""One micro-batch as a state machine (``sink.batch.run_batch``), driven in a small fake world.
+"""One micro-batch as a state machine (``sink.micro_batch.run_batch``), driven in a small fake world.
 
 The world: a backlog (queues of messages with a sequence number, an enqueue time and a destination),
 the tables (audit rows, checkpoint rows, Delta's idempotent transaction versions), the destinations
 (counting what arrives), a lease and a purge that settles by identity against the backlog. The
 fakes implement the ports (``BatchPorts``, ``LeasePort``, ``PurgePort``) the way
-``sink.foreach_batch`` wires the real ones: one delivery task per backlog queue, every row's latest
+``sink.spark_ports`` has the real ones: one delivery task per backlog queue, every row's latest
 outcome aggregated with ``combine_groups``. A crash is a ``BaseException`` raised at a crash point
 (nothing in the batch handles it, as nothing handles SIGKILL): the run's state is thrown away and
 a new run replays the batch. Everything runs on a fake clock, in milliseconds.
@@ -13,8 +13,12 @@ a new run replays the batch. Everything runs on a fake clock, in milliseconds.
 from __future__ import annotations
 
 import datetime as dt
+import os
+import subprocess
+import sys
 from collections import Counter, defaultdict
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 
@@ -22,7 +26,8 @@ from backlog_syphon.config import SinkConfig
 from backlog_syphon.errors import BatchFailedError, DestinationUnavailableError, LeaseLostError
 from backlog_syphon.model import Action, CheckpointRow, DeadLetterOrder, Outcome, ReasonCode
 from backlog_syphon.servicebus.purge_plan import BulkSettlement, PurgePlan, PurgeProgress, PurgeResult
-from backlog_syphon.sink.batch import (
+from backlog_syphon.sink.delivery import Outgoing, PartialSendError, RoundLimits, SendFailure, deliver_rows
+from backlog_syphon.sink.micro_batch import (
     ATTEMPTS_PER_BATCH,
     BatchAggregate,
     CrashPoint,
@@ -32,8 +37,7 @@ from backlog_syphon.sink.batch import (
     finish,
     run_batch,
 )
-from backlog_syphon.sink.delivery import Outgoing, PartialSendError, RoundLimits, SendFailure, deliver_rows
-from backlog_syphon.sink.foreach_batch import combine_groups
+from backlog_syphon.sink.outcome_aggregate import combine_groups
 
 NOW = dt.datetime(2026, 11, 25, 8, 0, tzinfo=dt.timezone.utc)
 T0 = 1_700_000_000_000  # enqueue times (ms): message n entered its queue at T0 + 10 n
@@ -195,7 +199,7 @@ def classify(exc: BaseException, destination: str) -> SendFailure:
 
 
 def aggregate(outcomes: list[dict]) -> BatchAggregate:
-    """``foreach_batch.aggregate_outcomes`` on plain rows: islands of final outcomes cut at every unsent
+    """``spark_ports.aggregate_outcomes`` on plain rows: islands of final outcomes cut at every unsent
     row, per run, batch and queue; grouped by destination, outcome and reason; then ``combine_groups``."""
     groups: dict[tuple, dict] = {}
     parts = defaultdict(list)
@@ -372,7 +376,7 @@ class CrashAt:
 
 
 class FakeBatch:
-    """``BatchPorts`` for one micro-batch's rows, as ``foreach_batch.SparkBatch``: one task per backlog
+    """``BatchPorts`` for one micro-batch's rows, as ``spark_ports.SparkBatch``: one task per backlog
     queue, a later round sends only what the last one left unsent, every row kept in its latest state."""
 
     def __init__(self, world: World, rows: list[dict], batch_id: int, run_id: str, hooks):
@@ -765,3 +769,17 @@ def test_a_batch_whose_rows_were_all_recorded_by_an_earlier_run_and_settled_reco
     assert (report.aggregate.rows, report.replayed) == (0, 0)
     assert world.tables.versions == [0]
     assert world.destinations.resent == 0
+
+
+# --- the fake world is Spark-free ------------------------------------------------------------------------
+
+def test_these_tests_import_no_spark():
+    """The state machine, its aggregate and the delivery rounds are walked without a JVM: importing this
+    module (in a fresh interpreter, without the suite's fixtures) loads no pyspark."""
+    root = Path(__file__).resolve().parents[2]
+    check = ("import sys, tests.unit.test_micro_batch\n"
+             "spark = sorted(m for m in sys.modules if m == 'pyspark' or m.startswith('pyspark.'))\n"
+             "assert not spark, spark\n")
+    result = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, cwd=root,
+                            env={"PYTHONPATH": os.pathsep.join([str(root / "lib"), str(root)]), "PATH": ""})
+    assert result.returncode == 0, result.stderr

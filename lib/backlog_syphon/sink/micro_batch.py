@@ -2,7 +2,7 @@
 
 Pure: every step's I/O is a port (``BatchPorts`` for the batch's rows and the tables, ``LeasePort`` for
 the fence, ``PurgePort`` for the background purge), so every transition, crash point and failure
-is tested with fakes in milliseconds (``tests/unit/test_batch.py``); ``sink.foreach_batch`` wires the
+is tested with fakes in milliseconds (``tests/unit/test_micro_batch.py``); ``sink.spark_ports`` has the
 real ports (Spark, Delta, Service Bus).
 
 Transitions and what a crash at each leaves behind (the invariants the tests walk):
@@ -46,7 +46,7 @@ from typing import Protocol, Sequence
 from backlog_syphon.errors import BatchFailedError, DestinationUnavailableError
 from backlog_syphon.model import CheckpointRow, DeadLetterOrder, HeldSpan, Outcome, ReasonCode, RecordedSpan
 from backlog_syphon.servicebus.purge_plan import PurgePlan, PurgeResult
-from backlog_syphon.sink import bookkeeping
+from backlog_syphon.sink import queue_marks
 from backlog_syphon.sink.delivery import RoundLimits
 
 logger = logging.getLogger(__name__)
@@ -173,15 +173,15 @@ class SinkState:
     """What the sink keeps between batches of a run (the tables' content, once read)."""
 
     checkpoint: dict[str, CheckpointRow] | None = None
-    unpurged: dict[str, bookkeeping.Unpurged] = field(default_factory=dict)
+    unpurged: dict[str, queue_marks.Unpurged] = field(default_factory=dict)
     checkpoint_unrecorded: bool = False  # the checkpoint rows moved on since the table was last written
     checkpoint_written_at: dt.datetime | None = None  # when this run last wrote (or first read) the table
 
     def apply_purges(self, results: dict[str, PurgeResult], now: dt.datetime) -> None:
         if not results or self.checkpoint is None:
             return
-        self.unpurged = bookkeeping.after_purge(self.unpurged, results)
-        marked = bookkeeping.mark_purged(self.checkpoint, results, self.unpurged, now=now)
+        self.unpurged = queue_marks.after_purge(self.unpurged, results)
+        marked = queue_marks.mark_purged(self.checkpoint, results, self.unpurged, now=now)
         self.checkpoint_unrecorded = self.checkpoint_unrecorded or marked != self.checkpoint
         self.checkpoint = marked
 
@@ -221,7 +221,7 @@ def run_batch(state: SinkState, ports: BatchPorts, lease: LeasePort, purges: Pur
             state.checkpoint_written_at = now  # as read: the table says what the rows say
             # Held rows of earlier runs are not carried into this one: the run reads those messages again
             # (and holds them again, or sends them), and a mark held back by old rows would never move.
-            state.unpurged = bookkeeping.add_recorded({}, recovery.unsettled, recovery.dead_letters, verify=True)
+            state.unpurged = queue_marks.add_recorded({}, recovery.unsettled, recovery.dead_letters, verify=True)
             recorded_before = recovery.recorded_rows_of_batch
             replayed = sum(span.count for span in recovery.unsettled if span.batch_id == batch_id)
         ports.exclude([span for pending in state.unpurged.values() for span in pending.spans])
@@ -249,7 +249,7 @@ def run_batch(state: SinkState, ports: BatchPorts, lease: LeasePort, purges: Pur
         step = Step.RECORD
         dead_letters = ports.dead_letters() if aggregate.total(Outcome.DEAD_LETTERED) else []
         state.apply_purges(purges.finished(), now)
-        state.checkpoint = bookkeeping.advance_checkpoint(state.checkpoint, aggregate.spans, batch_id=batch_id,
+        state.checkpoint = queue_marks.advance_checkpoint(state.checkpoint, aggregate.spans, batch_id=batch_id,
                                                           run_id=run_id, now=now)
         rewrite = state.checkpoint_due(now, checkpoint_every)
         ports.record(sorted(state.checkpoint.values(), key=lambda row: row.backlog_queue) if rewrite else None,
@@ -257,7 +257,7 @@ def run_batch(state: SinkState, ports: BatchPorts, lease: LeasePort, purges: Pur
         state.checkpoint_unrecorded = not rewrite
         if rewrite:
             state.checkpoint_written_at = now
-        state.unpurged = bookkeeping.add_recorded(state.unpurged, aggregate.spans, dead_letters, held=aggregate.held)
+        state.unpurged = queue_marks.add_recorded(state.unpurged, aggregate.spans, dead_letters, held=aggregate.held)
         hooks.reached(CrashPoint.AFTER_RECORD)
         unavailable = aggregate.final_unavailable
         if unavailable:
@@ -271,7 +271,7 @@ def run_batch(state: SinkState, ports: BatchPorts, lease: LeasePort, purges: Pur
         if not purges.busy():
             # A round that ended since the record step is applied first, so its spans are not planned twice.
             state.apply_purges(purges.finished(), now)
-            purges.submit(bookkeeping.purge_plans(state.unpurged))
+            purges.submit(queue_marks.purge_plans(state.unpurged))
         if settle_now:
             state.apply_purges(purges.wait(), now)
         return BatchReport(batch_id, aggregate, replayed, rounds)
@@ -291,7 +291,7 @@ def finish(state: SinkState, purges: PurgePort, now: dt.datetime) -> None:
     again at once, and a run whose messages all arrived should not end with them in the backlog."""
     state.apply_purges(purges.wait(), now)
     for _ in range(FINAL_PURGE_ROUNDS):
-        plans = bookkeeping.purge_plans(state.unpurged)
+        plans = queue_marks.purge_plans(state.unpurged)
         if not plans:
             return
         purges.submit(plans)

@@ -1,4 +1,5 @@
-"""Bookkeeping between the sink's steps, on per-queue aggregates: pure functions on plain values.
+"""Each backlog queue's marks between the sink's steps: its recorded, not yet settled spans, and its
+checkpoint row's delivered-through and purge marks. Pure functions on plain values.
 
 The driver never holds one record per message: a micro-batch's outcomes reach it as
 ``RecordedSpan``s (normally one per backlog queue) plus the rare dead-letters, whose reasons the
@@ -147,7 +148,7 @@ def mark_purged(state: dict[str, CheckpointRow], results: dict[str, PurgeResult]
             continue
         # Messages compare by (enqueue time, sequence number): several can share a millisecond. Messages held
         # for skipped destinations stay too: the mark never passes them, so the next run finds their audit
-        # rows above it and knows to read that queue again (``sink.foreach_batch.read_recovery``).
+        # rows above it and knows to read that queue again (``sink.spark_ports.read_recovery``).
         pending = left.get(queue, Unpurged())
         unsettled_from = min([(span.enqueued_from_ms, span.first) for span in pending.spans]
                              + ([(pending.held.enqueued_from_ms, pending.held.first)] if pending.held else []),

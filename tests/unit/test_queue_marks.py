@@ -1,4 +1,5 @@
-"""Bookkeeping between the sink's steps, on per-queue spans: checkpoints, incarnations, what is left to purge."""
+"""Each backlog queue's marks between the sink's steps (``sink.queue_marks``): checkpoints, incarnations, what is
+left to purge."""
 
 import dataclasses
 import datetime as dt
@@ -7,7 +8,7 @@ import pytest
 
 from backlog_syphon.model import CheckpointRow, DeadLetterOrder, HeldSpan, RecordedSpan
 from backlog_syphon.servicebus.purge_plan import PurgePlan, PurgeResult
-from backlog_syphon.sink.bookkeeping import (
+from backlog_syphon.sink.queue_marks import (
     Unpurged,
     add_recorded,
     advance_checkpoint,
@@ -224,7 +225,7 @@ def test_where_messages_were_held_is_kept_for_the_run_and_given_to_every_purge_o
 
 
 def test_the_purge_mark_never_passes_a_message_held_for_a_skipped_destination():
-    """So the next run still finds the held rows above the mark (``foreach_batch.read_recovery``) and reads
+    """So the next run still finds the held rows above the mark (``spark_ports.read_recovery``) and reads
     that queue again; settled spans before the held message still move the mark up to it."""
     q = "q0"
     before, after = span(q, 1, 3, delivered=3), span(q, 6, 9, delivered=4)

@@ -1,0 +1,62 @@
+"""Where a test stops or breaks a run: a small record, read once at the run's start and passed in.
+
+Outside the tests the plan is empty (``NO_FAULTS``) and nothing happens. The entry point reads it from
+the job's environment (``FaultPlan.from_environment``, in ``run.syphon.start_syphon``) and hands it to
+the sink, which gives it to its send tasks through the closure they already receive: no code on the
+driver or the executors reads the environment for it. ``sink.fault_injection`` acts on it.
+
+The variables (what the integration tests set on the job):
+- ``SYPHON_FAULT_PAUSE_AT=<crash point>`` (``sink.micro_batch.CrashPoint``): the process that reaches
+  it appends ``<point> <pid>`` to the file named by ``SYPHON_FAULT_MARKER`` and stops there, so a test
+  can SIGKILL it; with ``SYPHON_FAULT_PAUSE_SECONDS`` it goes on after that long instead, or as soon as
+  the test removes the marker.
+- ``SYPHON_FAULT_LOSE_TASK_AT=mid_send`` ends a send task's first attempt after its first send, as a
+  lost executor would.
+
+Pure: the record and its parsing, on a mapping given to it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping
+
+from backlog_syphon.sink.micro_batch import CrashPoint
+
+PAUSE_AT = "SYPHON_FAULT_PAUSE_AT"
+PAUSE_SECONDS = "SYPHON_FAULT_PAUSE_SECONDS"
+MARKER = "SYPHON_FAULT_MARKER"
+LOSE_TASK_AT = "SYPHON_FAULT_LOSE_TASK_AT"
+
+
+@dataclass(frozen=True)
+class FaultPlan:
+    """What a test asked for (picklable: it travels with the sink to Spark Connect's server and to the
+    send tasks)."""
+
+    pause_at: CrashPoint | None = None  # where the process stops (or pauses)
+    marker: str | None = None  # the file the paused process writes to, and whose removal lets it go on
+    pause_seconds: float | None = None  # None: it stops for good (until killed)
+    lose_task_at: CrashPoint | None = None  # where a send task's first attempt ends, as a lost executor
+
+    @classmethod
+    def from_environment(cls, environ: Mapping[str, str]) -> FaultPlan:
+        """The plan the ``SYPHON_FAULT_*`` variables of ``environ`` describe (empty ones count as unset)."""
+        pause = environ.get(PAUSE_SECONDS) or None
+        return cls(pause_at=_crash_point(environ, PAUSE_AT), marker=environ.get(MARKER) or None,
+                   pause_seconds=None if pause is None else float(pause),
+                   lose_task_at=_crash_point(environ, LOSE_TASK_AT))
+
+
+NO_FAULTS = FaultPlan()
+
+
+def _crash_point(environ: Mapping[str, str], name: str) -> CrashPoint | None:
+    value = environ.get(name) or None
+    if value is None:
+        return None
+    try:
+        return CrashPoint(value)
+    except ValueError:
+        raise ValueError(f"{name}={value!r} names no crash point: one of "
+                         f"{', '.join(point.value for point in CrashPoint)}") from None

@@ -1,0 +1,106 @@
+"""The executor's send task: one backlog queue's rows of a send round, delivered in order, and their
+outcomes as Arrow record batches (``sink.spark_ports.send_on_executors`` starts one per queue).
+
+A task reads its rows in chunks (``SEND_CHUNK_ROWS``, whatever the window's size), restores each
+deliverable row's message with the codec (``restore.amqp_message``), and hands the chunks to the pure
+delivery rounds (``sink.delivery``) with the real senders (``servicebus.send``, links pooled per
+process) and its share of the rate cap (``sink.pacing``). It runs in a Python worker: everything it
+needs comes through its closure (the settings, the round's limits, the test's ``FaultPlan``).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import time
+from typing import Callable, Iterator
+
+from backlog_syphon.model import Action, Outcome, OutcomeRecord
+from backlog_syphon.restore.amqp_message import restore_message_bytes
+from backlog_syphon.restore.queue_names import is_dead_letter_queue_name
+from backlog_syphon.restore.rows import OUTCOME_ROW_ARROW_SCHEMA, record_batch
+from backlog_syphon.sink import delivery
+from backlog_syphon.sink.fault_injection import lose_first_attempt, pause_at
+from backlog_syphon.sink.fault_plan import NO_FAULTS, FaultPlan
+from backlog_syphon.sink.micro_batch import CrashPoint
+from backlog_syphon.sink.pacing import Pacer
+
+# The sink's logger, as before the send task had a module of its own: its log lines stay the same.
+logger = logging.getLogger("backlog_syphon.sink.foreach_batch")
+
+
+def deliver_partition(batches, *, primary, sink, run_id: str, batch_id: int, limits: delivery.RoundLimits,
+                      pace_share: float | None = None, pacing_reports=None, faults: FaultPlan = NO_FAULTS,
+                      clock: Callable[[], float] = time.time) -> Iterator:
+    """Deliver one task's rows (Arrow record batches) and yield the outcomes as Arrow record batches;
+    at the end, report the task's pacing (``pacing_reports``, an accumulator). ``faults``: the test's
+    plan, acted on after the task's first send (``CrashPoint.MID_SEND``)."""
+    from backlog_syphon.servicebus.send import DestinationSenders, classify_send_error
+
+    mid_send = []
+
+    def first_send() -> None:
+        if not mid_send:
+            mid_send.append(True)
+            pause_at(faults, CrashPoint.MID_SEND)
+            lose_first_attempt(faults, CrashPoint.MID_SEND)
+
+    senders = DestinationSenders(primary)
+    opened: set[str] = set()
+    pacer = Pacer(pace_share, sink.throttle_recovery_seconds, clock())
+    for results in delivery.deliver_chunks(_chunks(batches, opened, senders), build=build_outgoing, sender=senders,
+                                           classify=classify_send_error, sink=sink, limits=limits, clock=clock,
+                                           on_sent=first_send, pacer=pacer):
+        yield record_batch([outcome_row(result, run_id, batch_id, clock()) for result in results],
+                           OUTCOME_ROW_ARROW_SCHEMA)
+    stats = pacer.stats(clock())
+    if pacer.throttled_count:
+        logger.info("send task: %d sent, throttled %d times, slowed for %.1f s, rate limit at the end %s msg/s",
+                    stats.sent, stats.throttled, stats.slowed_seconds,
+                    "none" if stats.rate_limit is None else f"{stats.rate_limit:.0f}")
+    if pacing_reports is not None:
+        pacing_reports.add(stats)
+
+
+SEND_CHUNK_ROWS = 2000  # rows a send task holds as Python objects at once, whatever the window's size
+
+
+def _chunks(batches, opened: set[str], senders) -> Iterator[list[dict]]:
+    """A task's Arrow batches as lists of at most ``SEND_CHUNK_ROWS`` rows, in order, each as soon as it
+    arrives (what arrives next is read meanwhile); the senders of each chunk's new destinations opened
+    at once before it is delivered."""
+    for batch in batches:
+        rows = batch.to_pylist()
+        for start in range(0, len(rows), SEND_CHUNK_ROWS):
+            chunk = rows[start:start + SEND_CHUNK_ROWS]
+            new = {row["destination"] for row in chunk if row["action"] == Action.DELIVER} - opened
+            if new:
+                senders.open(new)
+                opened.update(new)
+            yield chunk
+
+
+def build_outgoing(row) -> delivery.Outgoing:
+    """The restored message of a deliverable row, as the bytes to send, with the TTL its classification chose."""
+    return delivery.Outgoing(restore_message_bytes(row["raw_message"], row["restored_time_to_live_ms"],
+                                                   from_dead_letters=is_dead_letter_queue_name(row["backlog_queue"])),
+                             row["message_id"], row["session_id"], row["partition_key"])
+
+
+def outcome_row(result: delivery.Delivery, run_id: str, batch_id: int, now: float) -> OutcomeRecord:
+    """One audit row (``OUTCOME_ROW_SCHEMA``) for a delivery result; an unsent row's time is when its
+    destination started failing."""
+    row = result.row
+    at = result.at if result.outcome == Outcome.UNSENT and result.at is not None else now
+    return {
+        "run_id": run_id, "batch_id": batch_id, "backlog_queue": row["backlog_queue"],
+        "sequence_number": row["sequence_number"], "message_id": row["message_id"],
+        "destination": row["destination"], "session_id": row["session_id"], "outcome": result.outcome.value,
+        "reason_code": None if result.reason_code is None else str(result.reason_code), "reason": result.reason,
+        "body_size": row["body_size"], "enqueued_time": row["enqueued_time"],
+        "scheduled_enqueue_time": row["scheduled_enqueue_time"], "time_to_live_ms": row["restored_time_to_live_ms"],
+        "outcome_time": dt.datetime.fromtimestamp(at, dt.timezone.utc), "attempts": result.attempts,
+        "dead_letter_reason": row.get("dead_letter_reason"),
+        "dead_letter_error_description": row.get("dead_letter_error_description"),
+        "original_destination": row.get("original_destination"),
+    }

@@ -1,0 +1,315 @@
+"""The Spark and Delta ports of the micro-batch state machine (``sink.micro_batch``), for one batch.
+
+- ``SparkBatch`` (``BatchPorts``): the batch's rows as DataFrames; recover from the tables (the
+  checkpoint table, and the audit rows above each queue's purge mark aggregated into recorded spans);
+  exclude what those spans hold, by identity (queue, sequence number, enqueue time); send rounds
+  (restore rules as column expressions, then ``mapInArrow``, one send task per backlog queue,
+  ``sink.send_task``), the outcomes checkpointed on the executors once, so no later step can recompute
+  (and so re-send) them; aggregate every row's latest outcome in one Spark job
+  (``aggregate_outcomes``, the pure rest in ``sink.outcome_aggregate``); record: the executors append
+  the outcomes to the audit table, idempotent on the attempt's transaction version, while the driver
+  rewrites the checkpoint table when asked to.
+- ``SessionLease`` (``LeasePort``): the run's lease keeper with the batch's session.
+
+The purge's port is ``sink.purge_runner``. The driver handles aggregates only: no message passes
+through it, so its memory does not grow with the batch size.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import time
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from typing import Callable, Protocol, Sequence
+
+from pyspark.accumulators import AccumulatorParam
+from pyspark.sql import DataFrame, SparkSession, Window
+from pyspark.sql import functions as F
+
+from backlog_syphon.config import SyphonConfig
+from backlog_syphon.model import CheckpointRow, DeadLetterOrder, Outcome, PacingStats, RecordedSpan
+from backlog_syphon.restore import redrive, rules
+from backlog_syphon.restore.queue_names import DEAD_LETTER_SUBQUEUE
+from backlog_syphon.restore.rows import OUTCOME_ROW_SCHEMA
+from backlog_syphon.sink import delivery
+from backlog_syphon.sink.fault_plan import NO_FAULTS, FaultPlan
+from backlog_syphon.sink.micro_batch import NOTHING_RECORDED, BatchAggregate, Recovery
+from backlog_syphon.sink.outcome_aggregate import combine_groups, cuts_span, pacing_after_round
+from backlog_syphon.sink.pacing import cap_share
+from backlog_syphon.sink.send_task import deliver_partition
+from backlog_syphon.storage import tables
+
+
+class RunSettings(Protocol):
+    """What the ports read of the run's sink (``sink.foreach_batch.DeliverySink``)."""
+
+    config: SyphonConfig
+    run_id: str
+    app_id: str | None  # the Delta transaction app id, known from the run's first batch
+    state_is_new: bool  # nothing was ever recorded: the first batch reads nothing back
+    recovery_at_start: Recovery | None  # what the run's start read of the tables, if it may be used
+    fault_plan: FaultPlan
+    clock: Callable[[], dt.datetime]
+
+    def classifier(self, columns: list[str]) -> rules.Classifier: ...
+
+
+class SessionLease:
+    """``sink.micro_batch.LeasePort`` on the run's lease keeper, with the batch's session."""
+
+    def __init__(self, keeper, spark: SparkSession):
+        self.keeper, self.spark = keeper, spark
+
+    def send_deadline(self) -> float:
+        return float("inf") if self.keeper is None else self.keeper.send_deadline(self.spark)
+
+    def confirm_held(self) -> None:
+        if self.keeper is not None:
+            self.keeper.confirm_held(self.spark)
+
+
+class SparkBatch:
+    """``sink.micro_batch.BatchPorts`` for one micro-batch: its rows as DataFrames, the tables, the sends."""
+
+    def __init__(self, sink: RunSettings, batch: DataFrame, batch_id: int):
+        self.sink, self.batch_id = sink, batch_id
+        self.spark = batch.sparkSession
+        self.pending = batch
+        self.latest: DataFrame | None = None  # every row sent so far, in its latest state
+        self.pacing: PacingStats | None = None  # what the send tasks reported (classic Spark only)
+        self.seconds: dict[str, float] = {}  # where the batch's time went, per step (logged with the batch)
+
+    @contextmanager
+    def timed(self, step: str):
+        began = time.monotonic()
+        try:
+            yield
+        finally:
+            self.seconds[step] = self.seconds.get(step, 0.0) + time.monotonic() - began
+
+    def recover(self) -> Recovery:
+        with self.timed("recover"):
+            return self._recover()
+
+    def _recover(self) -> Recovery:
+        if self.sink.state_is_new:  # this run created the tables and is the lease's first holder
+            return NOTHING_RECORDED
+        storage = self.sink.config.storage
+        recovery = self.sink.recovery_at_start
+        if recovery is None:
+            recovery, _ = read_recovery(self.spark, storage)
+        # Every row earlier attempts of this batch recorded, settled or not: the attempt's transaction
+        # version must lie above theirs (rows of an older checkpoint with the same batch id only raise it).
+        audit = tables.existing_table(self.spark, storage.audit_table)
+        this_batch = 0 if audit is None else audit.where(F.col("batch_id") == self.batch_id).count()
+        return dataclasses.replace(recovery, recorded_rows_of_batch=this_batch)
+
+    def exclude(self, spans: Sequence[RecordedSpan]) -> None:
+        if spans:
+            with self.timed("exclude"):
+                self.pending = self.pending.where(~held_by_any(spans))
+
+    def send_round(self, limits: delivery.RoundLimits) -> BatchAggregate:
+        with self.timed("plan"):
+            classified, share, reports = self._prepare_round()
+        with self.timed("read+send"):
+            outcomes = send_on_executors(classified, self.sink.config, run_id=self.sink.run_id, batch_id=self.batch_id,
+                                         limits=limits, pace_share=share, pacing_reports=reports,
+                                         faults=self.sink.fault_plan)
+        if reports is not None:  # the tasks have run (the outcomes are checkpointed eagerly)
+            self.pacing = pacing_after_round(self.pacing, reports.value)
+        if self.latest is not None:
+            outcomes = self.latest.where(F.col("outcome") != Outcome.UNSENT).unionByName(outcomes)
+        self.latest = outcomes
+        with self.timed("aggregate"):
+            return aggregate_outcomes(outcomes)
+
+    def _prepare_round(self):
+        """The round's rows classified (column expressions), the send tasks' share of the rate cap, and
+        where they report their pacing."""
+        config, now = self.sink.config, self.sink.clock()
+        rows = self.pending
+        if self.latest is not None:  # a later round: only what the last one left unsent
+            unsent = self.latest.where(F.col("outcome") == Outcome.UNSENT).select("backlog_queue", "sequence_number")
+            # Broadcast: the rows keep the source's partitioning (one task per queue) and order.
+            rows = rows.join(F.broadcast(unsent), ["backlog_queue", "sequence_number"], "left_semi")
+        classified = self.sink.classifier(rows.columns)(rows, now=now)
+        if config.redriving:
+            classified = redrive.select_for_redrive(
+                classified, config.redrive, tables.redriven_dead_letters(self.spark, config.storage.audit_table))
+        cap = config.sink.max_messages_per_second
+        share = cap_share(cap, concurrent_send_tasks(self.spark, classified, fallback=config.backlog.queue_count)
+                          ) if cap > 0 else None
+        return classified, share, pacing_accumulator(self.spark)
+
+    def dead_letters(self) -> list[DeadLetterOrder]:
+        with self.timed("dead letters"):
+            return collect_dead_letters(self.latest)
+
+    def record(self, checkpoint: list[CheckpointRow] | None, version: int) -> None:
+        """The audit append (executors) and, when given, the checkpoint write (a tiny table) at once: each
+        is idempotent on ``version``, so their order does not matter for a replay."""
+        storage, app_id = self.sink.config.storage, self.sink.app_id
+        with self.timed("record"), ThreadPoolExecutor(max_workers=2, thread_name_prefix="record") as pool:
+            futures = []
+            if self.latest is not None:
+                futures.append(pool.submit(tables.append_audit, storage.audit_table, self.latest, app_id, version))
+            if checkpoint is not None:
+                futures.append(pool.submit(tables.write_checkpoint, self.spark, storage.checkpoint_table, checkpoint,
+                                           app_id=app_id, version=version))
+            for future in futures:
+                future.result()
+
+
+def read_recovery(spark: SparkSession, storage) -> tuple[Recovery, tuple[str, ...]]:
+    """What the tables say is recorded and may still be in the backlog, in one read of each: the recovery
+    of a run's first batch (without that batch's own rows: ``recorded_rows_of_batch`` is 0), and the
+    backlog queues where it includes messages held for skipped destinations, which the run reads again
+    from their first message (a purge mark never passes a held message, ``queue_marks.mark_purged``)."""
+    checkpoint = tables.read_checkpoint(spark, storage.checkpoint_table)
+    recorded = tables.recorded_unsettled(spark, storage.audit_table, checkpoint)
+    if recorded is None:  # no audit table yet: nothing was ever recorded
+        return Recovery(checkpoint, (), (), 0), ()
+    aggregate = aggregate_outcomes(recorded)
+    dead_letters = tuple(collect_dead_letters(recorded)) if aggregate.total(Outcome.DEAD_LETTERED) else ()
+    held_in = tuple(sorted({span.backlog_queue for span in aggregate.held}))
+    return Recovery(checkpoint, aggregate.spans, dead_letters, 0), held_in
+
+
+def held_by_any(spans: Sequence[RecordedSpan]):
+    """A column: true for rows one of ``spans`` holds (same queue, sequence number and enqueue time inside).
+
+    Written as one SQL expression: built with column functions it cost a dozen calls into the JVM per
+    span (a fifth of a second for twenty spans) at every batch."""
+    def quoted(text: str) -> str:
+        return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+    held = " OR ".join(f"(backlog_queue = {quoted(span.backlog_queue)} AND sequence_number BETWEEN {int(span.first)} "
+                       f"AND {int(span.last)} AND unix_millis(enqueued_time) BETWEEN {int(span.enqueued_from_ms)} AND "
+                       f"{int(span.enqueued_to_ms)})" for span in spans)
+    return F.expr(f"coalesce({held or 'false'}, false)")
+
+
+def aggregate_outcomes(outcomes: DataFrame) -> BatchAggregate:
+    """Every outcome row aggregated: recorded spans, per-destination counts, unsent destinations.
+
+    A span is a run of final outcomes of one queue, one batch and one attempt (run), in sequence
+    order, cut wherever a message stays where it is (``cuts_span``). One Spark job; a second, with the
+    runs numbered, only when some message stays. The rest is ``combine_groups``.
+    """
+    groups = _group_outcomes(outcomes.withColumn("island", F.lit(0)))
+    if any(cuts_span(Outcome(group["outcome"]), group["backlog_queue"]) for group in groups):
+        order = Window.partitionBy("run_id", "batch_id", "backlog_queue").orderBy("sequence_number", "enqueued_time")
+        stays = (F.col("outcome").isin([outcome.value for outcome in Outcome if not outcome.is_final]) | (
+            (F.col("outcome") == Outcome.DEAD_LETTERED)
+            & F.lower(F.col("backlog_queue")).endswith("/" + DEAD_LETTER_SUBQUEUE.lower()))).cast("long")
+        groups = _group_outcomes(outcomes.withColumn(
+            "island", F.sum(stays).over(order.rowsBetween(Window.unboundedPreceding, 0))))
+    return combine_groups(groups)
+
+
+def _group_outcomes(outcomes: DataFrame) -> list[dict]:
+    rows = (outcomes.groupBy("run_id", "batch_id", "backlog_queue", "island", "destination", "outcome", "reason_code")
+            .agg(F.min("sequence_number").alias("first"), F.max("sequence_number").alias("last"),
+                 F.min(F.unix_millis("enqueued_time")).alias("enqueued_from"),
+                 F.max(F.unix_millis("enqueued_time")).alias("enqueued_to"),
+                 F.count(F.lit(1)).alias("n"), F.max("reason").alias("reason"),
+                 F.min(F.unix_millis("outcome_time")).alias("since"))
+            .collect())
+    return [row.asDict() for row in rows]
+
+
+def collect_dead_letters(outcomes: DataFrame) -> list[DeadLetterOrder]:
+    """The dead-letter outcomes among ``outcomes`` (rare: collected to the driver for the purge). A re-drive's
+    are left out: its message stays in the dead-letter sub-queue, which cannot dead-letter it again."""
+    in_dead_letter_queue = F.lower(F.col("backlog_queue")).endswith("/" + DEAD_LETTER_SUBQUEUE.lower())
+    rows = (outcomes.where((F.col("outcome") == Outcome.DEAD_LETTERED) & ~in_dead_letter_queue)
+            .select("backlog_queue", "sequence_number", F.unix_millis("enqueued_time").alias("enqueued_ms"),
+                    "reason_code", "reason").collect())
+    return [DeadLetterOrder(row["backlog_queue"], row["sequence_number"], row["enqueued_ms"],
+                            row["reason_code"] or "undeliverable", row["reason"] or "") for row in rows]
+
+
+def concurrent_send_tasks(spark: SparkSession, classified: DataFrame, *, fallback: int) -> int:
+    """How many send tasks of a round may run at once: its partitions (one per backlog queue with rows),
+    at most the cluster's task slots. ``sink.max_messages_per_second`` is shared among that many, so the
+    shares of the tasks running at any moment sum to at most the cap.
+
+    Over Spark Connect neither is known to the sink (no SparkContext, no RDD): ``fallback`` (the
+    configured ``backlog.queue_count``) is taken as the number of tasks. With dynamic allocation the
+    slots can grow while the round runs: only the partitions bound it then.
+    """
+    try:
+        context = spark.sparkContext
+        partitions = classified.rdd.getNumPartitions()
+    except Exception:  # noqa: BLE001 - Spark Connect has neither
+        return max(1, fallback)
+    if context.getConf().get("spark.dynamicAllocation.enabled", "false").lower() == "true":
+        return max(1, partitions)
+    return max(1, min(partitions, context.defaultParallelism))
+
+
+class PacingStatsParam(AccumulatorParam):
+    """Adds up the send tasks' ``PacingStats`` (``PacingStats.merge``) into one for the driver."""
+
+    def zero(self, value: PacingStats) -> PacingStats:
+        return PacingStats()
+
+    def addInPlace(self, first: PacingStats, second: PacingStats) -> PacingStats:
+        return first.merge(second)
+
+
+def pacing_accumulator(spark: SparkSession):
+    """Where the send tasks report their pacing to the driver: an accumulator on classic Spark. Over Spark
+    Connect there is none (no SparkContext where foreachBatch runs): None, and the progress line shows
+    the batch's average rate without the throttling."""
+    try:
+        context = spark.sparkContext
+    except Exception:  # noqa: BLE001 - Spark Connect
+        return None
+    return context.accumulator(PacingStats(), PacingStatsParam())
+
+
+def send_on_executors(classified: DataFrame, config: SyphonConfig, *, run_id: str, batch_id: int,
+                      limits: delivery.RoundLimits, pace_share: float | None = None,
+                      pacing_reports=None, faults: FaultPlan = NO_FAULTS) -> DataFrame:
+    """Deliver on executors, one task per backlog queue (``sink.send_task``), each at most at ``pace_share``
+    messages a second; the outcomes checkpointed once. Each task adds its ``PacingStats`` to
+    ``pacing_reports`` (if any); ``faults`` (the test's plan) goes to the tasks in their closure."""
+    primary, sink_config = config.primary, config.sink
+
+    def deliver(batches):
+        yield from deliver_partition(batches, primary=primary, sink=sink_config, run_id=run_id, batch_id=batch_id,
+                                     limits=limits, pace_share=pace_share, pacing_reports=pacing_reports,
+                                     faults=faults)
+
+    # localCheckpoint, not cache: a lost partition fails the batch (replayed safely) instead of
+    # being computed, and so sent, a second time. Then one partition: the outcome rows are small (no
+    # bodies), and every job that reads them (the aggregate, the dead letters, the audit append) pays
+    # a fixed cost per task (generated code, a Delta file and its statistics), not per row.
+    with arrow_batch_rows(classified.sparkSession, SEND_INPUT_BATCH_ROWS):
+        return classified.mapInArrow(deliver, OUTCOME_ROW_SCHEMA).localCheckpoint(eager=True).coalesce(1)
+
+
+# Rows a send task is handed per Arrow batch: a peek page's worth, so that it starts sending once its
+# first page is read, and the next page is read while it sends. With Spark's default (10,000) a task read
+# its whole window, a round trip to the far namespace per page, before its first send.
+SEND_INPUT_BATCH_ROWS = 250
+_ARROW_BATCH_ROWS = "spark.sql.execution.arrow.maxRecordsPerBatch"
+
+
+@contextmanager
+def arrow_batch_rows(spark: SparkSession, rows: int):
+    """Spark's Arrow batch size set to ``rows`` for the jobs started meanwhile, then put back (a session
+    setting: the syphon's own jobs run one at a time)."""
+    before = spark.conf.get(_ARROW_BATCH_ROWS, None)
+    spark.conf.set(_ARROW_BATCH_ROWS, str(rows))
+    try:
+        yield
+    finally:
+        if before is None:
+            spark.conf.unset(_ARROW_BATCH_ROWS)
+        else:
+            spark.conf.set(_ARROW_BATCH_ROWS, before)
