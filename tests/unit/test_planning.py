@@ -18,14 +18,8 @@ from backlog_syphon.source.planning import (
     split_budget,
     windows,
 )
-from backlog_syphon.source.searches import (
-    UNKNOWN,
-    ProbeCount,
-    probe_one_at_a_time,
-    run_searches,
-    search_window,
-    tail_end,
-)
+from backlog_syphon.probing import ProbeCount, probe_one_at_a_time, run_searches
+from backlog_syphon.source.window_search import UNKNOWN, search_window
 
 
 def probe_over(sequence_numbers, enqueued_ms=lambda seq: 10 * seq):
@@ -102,18 +96,6 @@ def test_gaps_left_by_removed_messages():
     assert window_end(0, 1000, probe_over(present))[0] == 451
     assert window_end(5, 10, probe_over(present))[0] == 19  # window [9, 19) holds just 9
     assert window_end(451, 10, probe_over(present))[0] == 451
-
-
-@pytest.mark.parametrize("messages", [[1], list(range(1, 5000)), [7, 70, 700, 7000, 70000]])
-def test_tail_end_covers_everything(messages):
-    assert tail_end(0, probe_over(messages)) == max(messages) + 1
-
-
-def test_a_tail_near_its_last_end_costs_few_probes():
-    probe = probe_over(range(1, 1006))
-    assert tail_end(1000, probe) == 1006 and len(probe.calls) <= 1 + 1 + 6  # from 1000: gallop 64, halve 64
-    probe = probe_over(range(1, 1001))
-    assert tail_end(1001, probe) == 1001 and len(probe.calls) == 1  # nothing new
 
 
 def test_split_budget_gives_no_queue_more_than_it_holds_and_the_rest_to_the_others():

@@ -14,7 +14,7 @@
   before); ``availableNow`` runs stop at the tail seen when the run started.
 - Idle queues are probed with exponential back-off (``planning.IdleBackoff``).
 - Planning costs a constant number of probes per queue and batch, all queues probed at once
-  (``planning.run_searches`` over ``servicebus.peek.probe_at_once``): the backlog is a region away.
+  (``probing.run_searches`` over ``servicebus.peek.probe_at_once``): the backlog is a region away.
 - ``reportLatestOffset`` gives each queue's tail, what is left behind the planned end and its oldest
   message's age, as last probed, so ``lastProgress`` shows the backlog (like Kafka's
   ``*OffsetsBehindLatest``), and the probes the last plan took.

@@ -25,7 +25,7 @@ back only when it starts: what it holds later waits for the next run.
 **Round trips.** Every probe is a round trip to the secondary namespace, which after a failover is
 a region away (30-80 ms). So a plan costs a constant number of probes per queue, whatever the
 number of batches before it, and probes every queue at once: each queue's planning is a *search*
-(a generator that yields the sequence number it wants probed and is sent the answer: ``searches``), and
+(a generator that yields the sequence number it wants probed and is sent the answer: ``probing``), and
 ``run_searches`` sends one round of every search's next probe together (``ProbeAtOnce``: the I/O
 side runs them in parallel on pooled links). Per queue and batch: the head (also its oldest
 message's age, for reports); where the window starts, only when neither the head nor the last
@@ -46,19 +46,17 @@ from dataclasses import dataclass, field
 from typing import Collection, Mapping, Sequence
 
 from backlog_syphon.errors import BacklogQueueMissingError
-from backlog_syphon.source.searches import (
-    UNKNOWN,
+from backlog_syphon.probing import (
     Identity,
     ProbeAtOnce,
     ProbeCount,
     Search,
-    WindowEnd,
     probe_once,
     run_searches,
     search_tail,
     search_tail_from,
-    search_window,
 )
+from backlog_syphon.source.window_search import UNKNOWN, WindowEnd, search_window
 
 logger = logging.getLogger(__name__)
 
@@ -484,7 +482,7 @@ class WindowPlanner:
 
     def fix_target(self, start: Mapping[str, object], queues: Sequence[str], count: ProbeCount) -> dict[str, int]:
         """Every queue's tail now, all queues at once, each searched from its offset (a missing queue: 0). An
-        end found past a message is looked at twice (``searches.search_tail``); a queue found empty from its
+        end found past a message is looked at twice (``probing.search_tail``); a queue found empty from its
         offset is looked at again by the plan's head probe (``_confirm_targets``), which costs nothing more."""
         offsets = {queue: QueueOffset.parse(start.get(queue, 0)) for queue in queues}
         seen: dict[str, list] = {}
