@@ -6,21 +6,11 @@ import logging
 import pytest
 
 from backlog_syphon.errors import BacklogQueueMissingError
-from backlog_syphon.source.planning import (
-    ALL_AVAILABLE_BUDGET,
-    IdleBackoff,
-    QueueOffset,
-    WindowPlanner,
-    normalise_offsets,
-    plan_windows,
-    position,
-    share_budget,
-    split_budget,
-    windows,
-)
 from backlog_syphon.probing import ProbeCount, probe_one_at_a_time, run_searches
+from backlog_syphon.source.offsets import QueueOffset, normalise_offsets, position, windows
+from backlog_syphon.source.planning import IdleBackoff, plan_windows, share_budget, split_budget
+from backlog_syphon.source.window_planner import ALL_AVAILABLE_BUDGET, WindowPlanner
 from backlog_syphon.source.window_search import UNKNOWN, search_window
-
 
 def probe_over(sequence_numbers, enqueued_ms=lambda seq: 10 * seq):
     """A probe over a queue holding these sequence numbers (message n entered at ``enqueued_ms(n)``),
@@ -331,7 +321,6 @@ def test_the_planner_skips_a_missing_queue_in_an_available_now_run(caplog):
 
 
 def test_a_played_available_now_run_knows_when_its_target_is_reached():
-    from backlog_syphon.source.planning import WindowPlanner
 
     tails = {"q0": 5, "q1": 3}
 
@@ -353,7 +342,6 @@ def test_a_played_available_now_run_knows_when_its_target_is_reached():
 
 
 def test_an_offset_moves_only_with_its_window_so_a_queue_at_its_target_plans_no_batch():
-    from backlog_syphon.source.planning import IdleBackoff, plan_windows
 
     # An available-now run that reached its target (4) while newer messages arrived behind it.
     start = {"q0": {"incarnation": 1, "next": 4, "seen_ms": 1003}}
@@ -363,7 +351,6 @@ def test_an_offset_moves_only_with_its_window_so_a_queue_at_its_target_plans_no_
 
 
 def test_an_available_now_batch_shares_its_budget_only_among_queues_with_something_left():
-    from backlog_syphon.source.planning import IdleBackoff, plan_windows
 
     tails = {f"q{i}": (50 if i < 3 else 0) for i in range(10)}
 

@@ -7,7 +7,8 @@ import random
 
 import pytest
 
-from backlog_syphon.source.planning import WindowPlanner, position, windows
+from backlog_syphon.source.offsets import position, windows
+from backlog_syphon.source.window_planner import WindowPlanner
 from backlog_syphon.probing import ProbeCount, probe_one_at_a_time, run_searches
 from backlog_syphon.source.window_search import UNKNOWN, search_window
 
