@@ -14,8 +14,9 @@ commits (``confirm``). Elsewhere a wrong "nothing" only closes a window early, a
 from its end: no probe is spent on it.
 
 Invariants:
-- A search ends a queue only where a probe proved it: nothing was at or after that end, and a message was
-  just before it (sequence numbers only grow, so none can appear before it later).
+- A tail search returns an end a probe proved: nothing was at or after it, and a message was just before
+  it (sequence numbers only grow, so none can appear before it later), or, where messages arrived during
+  the search, the end just past the newest one it found.
 - A confirming search commits "nothing at or after x" only after two answers in a row say so (one second
   look, as ``servicebus.peek_pages`` reads: an empty answer while messages exist is a transient fault, so
   two in a row is the end); what the second look finds is searched on from.
