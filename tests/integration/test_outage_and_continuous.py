@@ -13,7 +13,7 @@ import collections
 import json
 import time
 
-from backlog_syphon.source.planning import PLAN_KEY
+from backlog_syphon.source.window_planner import PLAN_KEY
 from tools.backlog_writer import OriginalMessage, write_backlog
 
 from .conftest import PRIMARY, SECONDARY, make_config

@@ -79,7 +79,8 @@ def test_the_planner_looks_again_where_an_empty_probe_would_end_an_available_now
     """The planner alone, on the real probes: queue 0 answers its target's first probe (at its offset) with
     nothing although it holds 500 messages; the plan's head probe is the second look and finds them."""
     from backlog_syphon.servicebus.peek import probe_at_once
-    from backlog_syphon.source.planning import WindowPlanner, position
+    from backlog_syphon.source.offsets import position
+    from backlog_syphon.source.window_planner import WindowPlanner
 
     config = make_config(emulator, tmp_path, **{"backlog.queue_count": 2})
     send_legacy_backlog(config.secondary, {_queue(0): _originals("target", 500)})

@@ -30,6 +30,7 @@ PURE_MODULES = (
     "backlog_syphon.model",
     "backlog_syphon.config",
     "backlog_syphon.errors",
+    "backlog_syphon.probing",
     "backlog_syphon.restore.amqp_codec",
     "backlog_syphon.restore.amqp_message",
     "backlog_syphon.restore.legacy_properties",
@@ -37,8 +38,10 @@ PURE_MODULES = (
     "backlog_syphon.restore.rows",
     "backlog_syphon.restore.rules",
     "backlog_syphon.restore.redrive",
+    "backlog_syphon.source.offsets",
     "backlog_syphon.source.planning",
-    "backlog_syphon.source.searches",
+    "backlog_syphon.source.window_planner",
+    "backlog_syphon.source.window_search",
     "backlog_syphon.source.options",
     "backlog_syphon.sink.delivery",
     "backlog_syphon.sink.pacing",
@@ -195,6 +198,7 @@ def test_importing_the_package_stays_cheap_and_the_public_api_loads_on_use():
 
 RANKS = {
     "model": 1, "config": 1, "errors": 1, "timeline": 1, "restore": 1,  # the vocabulary, the settings, pure restoring
+    "probing": 1,  # the probe searches, which the planner (source) and the counts (servicebus) share
     "servicebus": 2, "storage": 2,  # the I/O of one system each
     "source": 3, "sink": 3,
     "run": 4,  # the wiring

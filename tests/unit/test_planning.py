@@ -6,27 +6,11 @@ import logging
 import pytest
 
 from backlog_syphon.errors import BacklogQueueMissingError
-from backlog_syphon.source.planning import (
-    ALL_AVAILABLE_BUDGET,
-    IdleBackoff,
-    QueueOffset,
-    WindowPlanner,
-    normalise_offsets,
-    plan_windows,
-    position,
-    share_budget,
-    split_budget,
-    windows,
-)
-from backlog_syphon.source.searches import (
-    UNKNOWN,
-    ProbeCount,
-    probe_one_at_a_time,
-    run_searches,
-    search_window,
-    tail_end,
-)
-
+from backlog_syphon.probing import ProbeCount, probe_one_at_a_time, run_searches
+from backlog_syphon.source.offsets import QueueOffset, normalise_offsets, position, windows
+from backlog_syphon.source.planning import IdleBackoff, plan_windows, share_budget, split_budget
+from backlog_syphon.source.window_planner import ALL_AVAILABLE_BUDGET, WindowPlanner
+from backlog_syphon.source.window_search import UNKNOWN, search_window
 
 def probe_over(sequence_numbers, enqueued_ms=lambda seq: 10 * seq):
     """A probe over a queue holding these sequence numbers (message n entered at ``enqueued_ms(n)``),
@@ -102,18 +86,6 @@ def test_gaps_left_by_removed_messages():
     assert window_end(0, 1000, probe_over(present))[0] == 451
     assert window_end(5, 10, probe_over(present))[0] == 19  # window [9, 19) holds just 9
     assert window_end(451, 10, probe_over(present))[0] == 451
-
-
-@pytest.mark.parametrize("messages", [[1], list(range(1, 5000)), [7, 70, 700, 7000, 70000]])
-def test_tail_end_covers_everything(messages):
-    assert tail_end(0, probe_over(messages)) == max(messages) + 1
-
-
-def test_a_tail_near_its_last_end_costs_few_probes():
-    probe = probe_over(range(1, 1006))
-    assert tail_end(1000, probe) == 1006 and len(probe.calls) <= 1 + 1 + 6  # from 1000: gallop 64, halve 64
-    probe = probe_over(range(1, 1001))
-    assert tail_end(1001, probe) == 1001 and len(probe.calls) == 1  # nothing new
 
 
 def test_split_budget_gives_no_queue_more_than_it_holds_and_the_rest_to_the_others():
@@ -349,7 +321,6 @@ def test_the_planner_skips_a_missing_queue_in_an_available_now_run(caplog):
 
 
 def test_a_played_available_now_run_knows_when_its_target_is_reached():
-    from backlog_syphon.source.planning import WindowPlanner
 
     tails = {"q0": 5, "q1": 3}
 
@@ -371,7 +342,6 @@ def test_a_played_available_now_run_knows_when_its_target_is_reached():
 
 
 def test_an_offset_moves_only_with_its_window_so_a_queue_at_its_target_plans_no_batch():
-    from backlog_syphon.source.planning import IdleBackoff, plan_windows
 
     # An available-now run that reached its target (4) while newer messages arrived behind it.
     start = {"q0": {"incarnation": 1, "next": 4, "seen_ms": 1003}}
@@ -381,7 +351,6 @@ def test_an_offset_moves_only_with_its_window_so_a_queue_at_its_target_plans_no_
 
 
 def test_an_available_now_batch_shares_its_budget_only_among_queues_with_something_left():
-    from backlog_syphon.source.planning import IdleBackoff, plan_windows
 
     tails = {f"q{i}": (50 if i < 3 else 0) for i in range(10)}
 

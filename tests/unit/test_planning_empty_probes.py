@@ -7,15 +7,10 @@ import random
 
 import pytest
 
-from backlog_syphon.source.planning import WindowPlanner, position, windows
-from backlog_syphon.source.searches import (
-    UNKNOWN,
-    ProbeCount,
-    probe_one_at_a_time,
-    run_searches,
-    search_tail,
-    search_window,
-)
+from backlog_syphon.source.offsets import position, windows
+from backlog_syphon.source.window_planner import WindowPlanner
+from backlog_syphon.probing import ProbeCount, probe_one_at_a_time, run_searches
+from backlog_syphon.source.window_search import UNKNOWN, search_window
 
 from .test_planning import QUEUES10, Backlog, drain
 
@@ -71,16 +66,6 @@ def one_queue(present, empties=()):
 def run_one(search, probe):
     count = ProbeCount()
     return run_searches({"q": search}, probe_one_at_a_time(lambda _: probe), count)["q"], count.probes
-
-
-def test_a_tail_search_that_confirms_finds_the_end_a_false_empty_answer_hid_for_one_probe_more():
-    messages = range(1, 3_001)
-    assert run_one(search_tail((1, 1_001)), one_queue(messages, empties={1}))[0] < 3_001  # unconfirmed: too short
-    true_end, true_probes = run_one(search_tail((1, 1_001), confirm=True), one_queue(messages))
-    assert true_end == 3_001
-    end, probes = run_one(search_tail((1, 1_001), confirm=True), one_queue(messages, empties={1}))
-    assert end == 3_001 and probes > true_probes  # the second look found a message, the search went on
-    assert run_one(search_tail((1, 1_001)), one_queue(messages))[1] == true_probes - 1  # the look it costs
 
 
 def test_a_window_under_a_target_looks_twice_before_it_finds_nothing_left():

@@ -21,7 +21,7 @@ from typing import Callable
 from pyspark.sql.streaming import StreamingQueryListener
 
 from backlog_syphon.model import BatchStats
-from backlog_syphon.source.planning import position as offset_position
+from backlog_syphon.source.offsets import position as offset_position
 
 logger = logging.getLogger(__name__)
 

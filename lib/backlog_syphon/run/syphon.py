@@ -507,7 +507,7 @@ def backlog_spans(namespace, queues) -> dict[str, int]:
     from backlog_syphon.errors import BacklogQueueMissingError
     from backlog_syphon.servicebus.clients import each_at_once, pooled_receiver
     from backlog_syphon.servicebus.peek import first_identity_from
-    from backlog_syphon.source.searches import tail_end
+    from backlog_syphon.probing import tail_end
 
     def span(queue: str) -> int:
         try:

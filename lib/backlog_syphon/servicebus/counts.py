@@ -8,8 +8,9 @@ Paging through a queue with peeks costs a round trip per page of at most a few h
 - elsewhere (a Listen-only key, the local emulator) one peek page from the head counts a queue
   exactly when it holds at most ``EXACT_COUNT_LIMIT`` messages (one single-message peek past the page
   makes sure: the service may cut a page short), and a larger one gets an upper bound, the span of
-  sequence numbers from its first message to its last, found with single-message peeks (about
-  2 log2(span) of them, 36 for a million; removed messages inside the span are counted too).
+  sequence numbers from its first message to its last, found with single-message peeks (the gallop and
+  halving of ``probing.search_tail``: about log8(span) + log2(span) of them, 30 for a million; removed
+  messages inside the span are counted too).
 Either way the first message's enqueue time gives the oldest message's age (no broker metric has it),
 and a dead-letter sub-queue's first page gives its dead-letter reasons. Peeks lock nothing, so
 nothing here can raise a message's delivery count.
@@ -34,6 +35,7 @@ from azure.servicebus import ServiceBusReceiveMode
 from backlog_syphon.config import NamespaceConfig
 from backlog_syphon.errors import BacklogQueueMissingError
 from backlog_syphon.model import BrokerCount
+from backlog_syphon.probing import Identity, run_search, search_tail
 from backlog_syphon.restore.amqp_codec import broker_identity
 from backlog_syphon.restore.amqp_message import DEAD_LETTER_REASON_PROPERTY, decode_envelope
 from backlog_syphon.restore.queue_names import dead_letter_queue_name, is_backlog_queue_name
@@ -49,7 +51,6 @@ NO_REASON = "(none)"  # a dead-lettered message without a DeadLetterReason
 UNREADABLE = "(unreadable)"
 
 Peek = Callable[[int, int], list]  # (from sequence number, max count) -> stored messages, in order
-Probe = Callable[[int], "int | None"]  # the first sequence number at or after the given one, or None
 
 
 def count_backlog(namespace: NamespaceConfig, primary_namespace: str, queues: list[str]
@@ -119,17 +120,17 @@ def survey(peek: Peek, *, known: int | None, reasons: bool) -> BrokerCount:
     if ended:
         return BrokerCount(len(page), True, oldest, tally)
 
-    def probe(sequence_number: int) -> int | None:
+    def probe(sequence_number: int) -> Identity | None:
         found = peek(sequence_number, 1)
-        return broker_identity(found[0])[0] if found else None
+        return broker_identity(found[0]) if found else None
 
     more = probe(identities[-1][0] + 1)
     if more is None:
         more = probe(identities[-1][0] + 1)  # the end of an exact count: a second look
     if more is None:
         return BrokerCount(len(page), True, oldest, tally)
-    return BrokerCount(last_sequence_number(more, probe, step=len(page)) - first + 1, False, oldest, tally,
-                       reasons_complete=not reasons)
+    end = run_search(search_tail(more, confirm=True), probe)  # the end it finds is looked at twice too
+    return BrokerCount(end - first, False, oldest, tally, reasons_complete=not reasons)
 
 
 def first_messages(peek: Peek, count: int) -> tuple[list, bool]:
@@ -144,30 +145,6 @@ def first_messages(peek: Peek, count: int) -> tuple[list, bool]:
         page = peek(*ask)
         found += page[:read.on_page([broker_identity(raw)[0] for raw in page])]
     return found, read.done
-
-
-def last_sequence_number(known: int, probe: Probe, *, step: int = 1) -> int:
-    """The sequence number of a queue's last message, given one that exists (``known``): doubling steps
-    until nothing lies beyond, then halving the gap, each a single-message peek (``probe``); the end it
-    finds is looked at once more (a peek may come back empty while messages exist), and searched on from
-    whatever that second look finds."""
-    step = max(1, step)
-    low = known
-    while True:
-        while (found := probe(low + step)) is not None:
-            low, step = found, step * 2
-        high = low + step  # nothing at or beyond
-        while high - low > 1:
-            middle = (low + high) // 2
-            found = probe(middle)
-            if found is None or found >= high:
-                high = middle
-            else:
-                low = found
-        again = probe(low + 1)
-        if again is None:
-            return low
-        low, step = again, 1
 
 
 def dead_letter_reason(raw: bytes) -> str:

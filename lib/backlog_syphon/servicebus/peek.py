@@ -90,7 +90,7 @@ def first_identity_from(receiver, from_sequence_number: int, *, confirm: bool = 
 def probe_at_once(namespace: NamespaceConfig, asks: dict[str, int]) -> dict[str, object]:
     """``first_identity_from`` in each queue of ``asks`` (queue -> sequence number), in parallel on the queues'
     pooled peek links; a queue that does not exist answers its ``BacklogQueueMissingError``. Other failures
-    raise. One round trip of time for any number of queues (``source.planning.ProbeAtOnce``)."""
+    raise. One round trip of time for any number of queues (``probing.ProbeAtOnce``)."""
     def probe(queue: str):
         try:
             with pooled_receiver(namespace, queue) as receiver:

@@ -3,7 +3,7 @@
 ``spark.readStream.format("servicebus-backlog").options(**backlog_source_options(config)).load()``
 
 - One partition per backlog queue with new messages; offsets are ``{queue: {incarnation, next
-  sequence number, newest enqueue time seen}}`` (``planning.QueueOffset``): a recreated queue is
+  sequence number, newest enqueue time seen}}`` (``offsets.QueueOffset``): a recreated queue is
   noticed and read again from its start.
 - Reads are peeks (non-destructive, addressable by sequence number), so a batch replayed after a
   crash reads exactly the same messages; nothing here removes or locks a message (the sink
@@ -14,7 +14,7 @@
   before); ``availableNow`` runs stop at the tail seen when the run started.
 - Idle queues are probed with exponential back-off (``planning.IdleBackoff``).
 - Planning costs a constant number of probes per queue and batch, all queues probed at once
-  (``planning.run_searches`` over ``servicebus.peek.probe_at_once``): the backlog is a region away.
+  (``probing.run_searches`` over ``servicebus.peek.probe_at_once``): the backlog is a region away.
 - ``reportLatestOffset`` gives each queue's tail, what is left behind the planned end and its oldest
   message's age, as last probed, so ``lastProgress`` shows the backlog (like Kafka's
   ``*OffsetsBehindLatest``), and the probes the last plan took.
@@ -26,8 +26,8 @@
 
 Driver-side methods run in one long-lived Python process per query run; ``read`` runs on a
 pickled copy in executors, so SDK clients are created lazily and never pickled. The decisions are
-``planning``'s; this module translates between Spark and them and does the peeks. ``stop()`` closes
-the links the driver side opened.
+``window_planner``'s and ``planning``'s; this module translates between Spark and them and does the
+peeks. ``stop()`` closes the links the driver side opened.
 """
 
 from __future__ import annotations
@@ -43,7 +43,8 @@ from backlog_syphon.config import NamespaceConfig, SyphonConfig
 from backlog_syphon.errors import BacklogQueueMissingError
 from backlog_syphon.restore.rows import BACKLOG_ROW_SCHEMA
 from backlog_syphon.source.options import SourceOptions
-from backlog_syphon.source.planning import WindowPlanner, windows
+from backlog_syphon.source.offsets import windows
+from backlog_syphon.source.window_planner import WindowPlanner
 
 try:  # Spark 4.2+: read limits and Trigger.AvailableNow for Python sources (SPARK-55304)
     from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows, SupportsTriggerAvailableNow

@@ -1,20 +1,26 @@
-"""One queue's probe searches for the window planner: where a queue ends, where a window ends. Pure: each
-search is a generator that yields the sequence number it wants probed ("the first message at or after
-x") and is sent the answer; ``run_searches`` sends one round of every queue's next probe together.
+"""Searching a queue's sequence numbers with single-message probes ("the first message at or after x"): where
+a queue ends, found with gallop-and-halve. Pure: the probe is passed in. Both the window planner
+(``source``) and the status's counts (``servicebus.counts``) search with it.
+
+A search is a generator that yields the sequence number it wants probed and is sent the answer (an identity,
+or None for "nothing at or after it"); it returns its result. So one search runs against one probe
+(``run_search``), or every queue's search runs at once, one round of probes together (``run_searches``):
+the backlog is a region away (30-80 ms a round trip), and a round costs one round trip whatever the number
+of queues.
 
 A probe's "nothing at or after x" can be wrong: Service Bus may answer a peek with no messages while
-messages exist. Where such an answer would close something for good, the search looks again before it
-commits: a tail search fixing an available-now target confirms the end it found (``confirm``), and a
-window under a target confirms that nothing is left before the target. Elsewhere a wrong "nothing" only
-closes a window early, and the next batch reads on from its end: no probe is spent on it.
+messages exist. Where such an answer would close something for good, a search looks again before it
+commits (``confirm``). Elsewhere a wrong "nothing" only closes a window early, and the next batch reads on
+from its end: no probe is spent on it.
 
 Invariants:
-- A search closes a window only at an end a probe proved: no message was at or after it, or one was past
-  it (sequence numbers only grow, so none can appear before it later).
+- A tail search returns an end a probe proved: nothing was at or after it, and a message was just before
+  it (sequence numbers only grow, so none can appear before it later), or, where messages arrived during
+  the search, the end just past the newest one it found.
 - A confirming search commits "nothing at or after x" only after two answers in a row say so (one second
   look, as ``servicebus.peek_pages`` reads: an empty answer while messages exist is a transient fault, so
   two in a row is the end); what the second look finds is searched on from.
-- A search asks one probe at a time; its cost is counted per round (``ProbeCount``).
+- A search asks one probe at a time; its cost is counted in probes and rounds (``ProbeCount``).
 """
 
 from __future__ import annotations
@@ -97,6 +103,16 @@ def probe_one_at_a_time(probe_for: Callable[[str], Probe]) -> ProbeAtOnce:
     return probe_at_once
 
 
+def run_search(search: Search, probe: Probe, count: ProbeCount | None = None) -> object:
+    """One search against one queue's probe, its probes one after the other. A ``BacklogQueueMissingError``
+    the probe raises is raised (unless the search handles it)."""
+    result = run_searches({"queue": search}, probe_one_at_a_time(lambda _: probe),
+                          ProbeCount() if count is None else count)["queue"]
+    if isinstance(result, BacklogQueueMissingError):
+        raise result
+    return result
+
+
 def probe_once(sequence_number: int) -> Search:
     """The first message at or after ``sequence_number`` (one probe)."""
     return (yield sequence_number)
@@ -117,7 +133,7 @@ def search_tail(known: Identity, *, confirm: bool = False) -> Search:
         if found is not None:
             lo, step = found[0], step * GALLOP_FACTOR
             continue
-        end = yield from _halve(lo, lo + step)
+        end = yield from search_end_between(lo, lo + step)
         if not confirm:
             return end
         found = yield end
@@ -129,7 +145,7 @@ def search_tail(known: Identity, *, confirm: bool = False) -> Search:
 def search_tail_from(end: int, *, confirm: bool = False) -> Search:
     """The end of everything in a queue now, from ``end``, an end seen before (nothing was at or after it,
     something before it was) or 0: one probe when nothing came since (that "nothing" is not looked at again
-    here: ``planning.WindowPlanner`` confirms it with the head probe that follows). ``confirm``: see
+    here: the window planner confirms it with the head probe that follows). ``confirm``: see
     ``search_tail``."""
     found = yield end
     if found is None:
@@ -137,8 +153,8 @@ def search_tail_from(end: int, *, confirm: bool = False) -> Search:
     return (yield from search_tail(found, confirm=confirm))
 
 
-def _halve(lo: int, hi: int) -> Search:
-    """The end of the messages between ``lo`` (one is there) and ``hi`` (none was at or after it)."""
+def search_end_between(lo: int, hi: int) -> Search:
+    """The end of the messages between ``lo`` (one is there) and ``hi`` (none was at or after it), by halving."""
     while hi - lo > 1:
         mid = (lo + hi) // 2
         found = yield mid
@@ -149,72 +165,7 @@ def _halve(lo: int, hi: int) -> Search:
     return lo + 1
 
 
-UNKNOWN = object()  # the first message of a window: not known without a probe
-
-
-@dataclass(frozen=True)
-class WindowEnd:
-    """Where a window search ended."""
-
-    end: int
-    full: bool  # a message lies at or past ``end``: the queue holds more than the window
-    first: int | None = None  # the window's first message (None: nothing in it)
-    after: Identity | None = None  # when full and probed: the first message at or after ``end``
-    tail: int | None = None  # the queue's end, when the window reached it (probed)
-
-
-def search_window(start: int, grant: int, first, *, tail_hint: int | None = None, bound: int | None = None
-                  ) -> Search:
-    """The end of the window from ``start`` holding at most ``grant`` sequence numbers from its first message.
-
-    ``first``: the first message at or after ``start`` when known (``UNKNOWN``: probe it; None: none).
-    ``bound``: an available-now target: a message at ``bound - 1`` or later was there when it was
-    fixed, so the window closes at ``min(first + grant, bound)`` without a probe; and "nothing at or after
-    ``start``" contradicts it, so that answer is looked at again, and only if the second look agrees (the
-    messages before the target are gone) does the window reach the target, holding nothing.
-    ``tail_hint``: the queue's end as last seen. A window that reaches it costs one probe when the
-    queue has not grown since; one that finds it grew gallops from there (about log2 of the growth).
-    Without a hint, one probe at ``first + grant`` tells whether the queue holds more, and a tail
-    inside the window is found by halving.
-    """
-    if first is UNKNOWN:
-        first = yield start
-        if first is None and bound is not None and start < bound:
-            first = yield start  # a second look: the target says a message lies at or after ``start``
-            if first is None:
-                return WindowEnd(bound, False)
-    if first is None:
-        return WindowEnd(start, False)
-    limit = first[0] + max(1, grant)
-    if bound is not None:
-        return WindowEnd(max(start, min(limit, bound)), limit < bound, first[0])
-    lo = first[0]
-    grew = tail_hint is not None and lo >= tail_hint  # the window starts past the tail last seen
-    if tail_hint is not None and lo < tail_hint <= limit:
-        found = yield tail_hint
-        if found is None:
-            return WindowEnd(tail_hint, False, first[0], tail=tail_hint)
-        if found[0] >= limit:
-            return WindowEnd(limit, True, first[0], after=found)
-        lo, grew = found[0], True
-    step = GALLOP_FIRST_STEP
-    while grew and lo + step < limit:
-        found = yield lo + step
-        if found is None:
-            end = yield from _halve(lo, lo + step)
-            return WindowEnd(end, False, first[0], tail=end)
-        if found[0] >= limit:
-            return WindowEnd(limit, True, first[0], after=found)
-        lo, step = found[0], step * GALLOP_FACTOR
-    found = yield limit
-    if found is not None:
-        return WindowEnd(limit, True, first[0], after=found)
-    end = yield from _halve(lo, limit)
-    return WindowEnd(end, False, first[0], tail=end)
-
-
 def tail_end(start: int, probe: Probe) -> int:
     """End (exclusive) of everything in the queue now, from ``start`` (see ``search_tail_from``): one queue,
     its probes one after the other."""
-    return run_searches({"queue": search_tail_from(start)}, probe_one_at_a_time(lambda _: probe), ProbeCount())["queue"]
-
+    return run_search(search_tail_from(start), probe)
