@@ -41,7 +41,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -49,6 +49,7 @@ LIBRARY_ENV = "SOAK_SYPHON_LIBRARY"  # the job's library (``--library``), before
 sys.path[:0] = [os.environ.get(LIBRARY_ENV) or str(ROOT / "lib"), str(ROOT / "emulator" / "src"), str(ROOT)]
 
 import soak_report as report  # noqa: E402  (the script's folder is on the path)
+from soak_report import BatchFigure  # noqa: E402
 from soak_sampler import AUDIT_TABLE, CHECKPOINT_TABLE, STREAMING_CHECKPOINT, BatchLog, JobSampler  # noqa: E402
 from soak_traffic import Receiver, Traffic  # noqa: E402
 
@@ -77,16 +78,12 @@ def emulator_config(queues: int):
 
 
 def job_environment(emu, library: Path | None) -> dict[str, str]:
-    """This process's environment with the emulator's settings for the job and its library first on the path."""
-    from tools.testing import emulator_environment
+    """This process's environment with the emulator's settings for the job (those ``library`` knows: see
+    ``bench_syphon.connection_env``) and its library first on the path."""
+    from bench_syphon import connection_env
 
-    lib = str(library or ROOT / "lib")
-    environ = emulator_environment(emu, PRIMARY, SECONDARY)
-    if library is not None and not any("administration_endpoint" in p.read_text()
-                                       for p in (library / "backlog_syphon").rglob("*.py")):
-        environ = {k: v for k, v in environ.items() if k.endswith("_CONNECTION_STRING")}  # an older library
-    return {**os.environ, **environ, LIBRARY_ENV: str(library or ""),
-            "PYTHONPATH": os.pathsep.join(filter(None, [lib, str(ROOT / "emulator" / "src"),
+    return {**os.environ, **connection_env(emu, library), LIBRARY_ENV: str(library or ""),
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(library or ROOT / "lib"), str(ROOT / "emulator" / "src"),
                                                         os.environ.get("PYTHONPATH")])),
             "PYSPARK_PYTHON": os.environ.get("PYSPARK_PYTHON", sys.executable)}
 
@@ -108,112 +105,153 @@ def start_job(arguments: list[str], environ: dict, workdir: Path, name: str) -> 
                                 stderr=subprocess.STDOUT, cwd=workdir, start_new_session=True)
 
 
-def status_seconds(arguments: list[str], environ: dict, workdir: Path, name: str) -> tuple[float, int]:
-    """The wall time and exit code of ``--status`` in a fresh process against the job's configuration."""
-    began = time.monotonic()
-    child = start_job([*arguments, "--status"], environ, workdir, name)
-    code = child.wait(START_TIMEOUT)
-    return time.monotonic() - began, code
+@dataclass(frozen=True)
+class StatusTime:
+    """One ``--status`` run: when (batches done), how long, and its exit code (3 while the job holds the lease)."""
+
+    batches: int
+    seconds: float
+    exit_code: int
 
 
-def wait_for(condition, timeout: float, what: str, job: subprocess.Popen, workdir: Path) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if job.poll() is not None:
-            raise SoakFailure(f"the job exited ({job.returncode}) while waiting for {what}:\n{tail(workdir)}")
-        if time.monotonic() > deadline:
-            raise SoakFailure(f"no {what} after {timeout:.0f} s:\n{tail(workdir)}")
-        time.sleep(0.5)
+class Soak:
+    """One soak run: the emulator, the job, the trickle, the receiver and the sampler, from ``start`` to ``stop``."""
+
+    def __init__(self, args, emu, workdir: Path):
+        from backlog_syphon.config import load_config
+        from tools.testing import emulator_environment
+
+        self.args, self.emu, self.workdir, self.state = args, emu, workdir, workdir / "state"
+        self.began = time.monotonic()
+        self.environ = job_environment(emu, args.library)
+        self.arguments = job_arguments(self.state, args)
+        config = load_config(ROOT / "conf/local.yaml", environ=emulator_environment(emu, PRIMARY, SECONDARY))
+        self.queues = [f"{PRIMARY}/x-servicebus-transfer/{n}" for n in range(args.queues)]
+        self.traffic = Traffic(config.secondary, self.queues, args.rate)
+        self.receiver = Receiver(emu.connection_string(PRIMARY))
+        self.log = BatchLog(workdir / "job.log", marks=(STARTED_MARK,))
+        self.sampler: JobSampler | None = None
+        self.job: subprocess.Popen | None = None
+        self.status: dict[str, StatusTime] = {}
+
+    def progress(self, text: str) -> None:
+        print(f"[{time.monotonic() - self.began:6.0f} s] {text}", flush=True)
+
+    def start(self) -> None:
+        """The job, then (once its query runs) the receiver, the trickle and the sampler."""
+        self.job = start_job(self.arguments, self.environ, self.workdir, "job")
+        self.wait_for(lambda: self.log.saw(STARTED_MARK), START_TIMEOUT, "started query")
+        self.receiver.start()
+        self.traffic.start()
+        self.sampler = JobSampler(self.job.pid, self.state, interval=self.args.sample_seconds,
+                                  heap_interval=self.args.heap_seconds)
+        self.sampler.start()
+        self.progress("the job's query runs: writing")
+
+    def run(self) -> list[BatchFigure]:
+        """Until ``--batches`` batches (or ``--minutes``): the batches of the run, the status timed early and at
+        the end."""
+        args = self.args
+        early = STATUS_EARLY_BATCHES if args.minutes else min(STATUS_EARLY_BATCHES, max(1, args.batches // 2))
+        deadline = time.monotonic() + args.minutes * 60 if args.minutes else None
+        reported = 0
+        while True:
+            done = len(self.log.read())
+            if done >= early and "early" not in self.status:
+                self.time_status("early", done)
+            if (time.monotonic() >= deadline) if deadline is not None else done >= args.batches:
+                break
+            if self.job.poll() is not None:
+                raise SoakFailure(f"the job exited ({self.job.returncode}) after {done} batches:\n{self.tail()}")
+            if self.traffic.error is not None:
+                self.traffic.stop()  # raises what stopped the writing
+            if done >= reported + max(1, args.batches // 10):
+                reported = done
+                self.progress(f"{done} batches, {len(self.traffic.written)} written, {self.receiver.count()} received")
+            time.sleep(1.0)
+        self.time_status("end", done)
+        return self.log.batches[:done]  # the batches after (the drain at the end) are not the run's
+
+    def time_status(self, when: str, batches: int) -> None:
+        began = time.monotonic()
+        child = start_job([*self.arguments, "--status"], self.environ, self.workdir, f"status-{when}")
+        try:
+            code = child.wait(START_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            os.killpg(child.pid, signal.SIGKILL)
+            child.wait()
+            raise SoakFailure(f"--status still ran after {START_TIMEOUT:.0f} s") from None
+        self.status[when] = StatusTime(batches, time.monotonic() - began, code)
+        self.progress(f"--status after {batches} batches: {self.status[when].seconds:.1f} s (exit {code})")
+
+    def stop(self) -> int:
+        """Stop writing, wait for every message to arrive, SIGTERM the job: its exit code."""
+        self.sampler.stop()
+        self.traffic.stop()
+        written = len(self.traffic.written)
+        self.progress(f"writing stopped: {written} written; waiting for them to arrive")
+        self.wait_for(lambda: self.receiver.count() >= written, DRAIN_TIMEOUT, "arrival of every message")
+        self.job.send_signal(signal.SIGTERM)
+        exit_code = self.job.wait(STOP_TIMEOUT)
+        self.progress(f"SIGTERM: the job exited with {exit_code}")
+        time.sleep(2.0)  # anything sent twice at the end would arrive now
+        self.receiver.stop()
+        return exit_code
+
+    def close(self) -> None:
+        """Whatever is still running after a failure: the job's whole process group is killed."""
+        if self.job is not None and self.job.poll() is None:
+            os.killpg(self.job.pid, signal.SIGKILL)
+            self.job.wait()
+        if self.sampler is not None:
+            self.sampler.stop()
+        self.traffic.close()
+        self.receiver.close()
+
+    def wait_for(self, condition, timeout: float, what: str) -> None:
+        deadline = time.monotonic() + timeout
+        while not condition():
+            if self.job.poll() is not None:
+                raise SoakFailure(f"the job exited ({self.job.returncode}) while waiting for {what}:\n{self.tail()}")
+            if time.monotonic() > deadline:
+                raise SoakFailure(f"no {what} after {timeout:.0f} s:\n{self.tail()}")
+            time.sleep(0.5)
+
+    def tail(self, lines: int = 30) -> str:
+        return "\n".join((self.workdir / "job.out").read_text(errors="replace").splitlines()[-lines:])
 
 
-def tail(workdir: Path, lines: int = 30) -> str:
-    return "\n".join((workdir / "job.out").read_text(errors="replace").splitlines()[-lines:])
-
-
-def run_soak(args) -> dict:
-    from backlog_syphon.config import load_config
+def run_soak(args) -> tuple[dict, list[report.Tenth], list[report.Target]]:
+    """One soak run: every figure (for the JSON), the tenths and the targets."""
     from servicebus_emulator import Emulator
-
-    from tools.testing import emulator_environment
 
     print(f"soak: continuous syphon, trigger {args.trigger}, {args.rate:g} msg/s over {args.queues} backlog queues, "
           + (f"{args.minutes:g} minutes" if args.minutes else f"{args.batches} batches")
           + f"; job from {args.library or 'this checkout'}; load average {os.getloadavg()[0]:.2f} on "
           f"{os.cpu_count()} cores", flush=True)
-    began = time.monotonic()
-
-    def progress(text: str) -> None:
-        print(f"[{time.monotonic() - began:6.0f} s] {text}", flush=True)
-
     with Emulator(emulator_config(args.queues), ports={PRIMARY: 0, SECONDARY: 0}) as emu, \
             tempfile.TemporaryDirectory(prefix="soak-") as tmp:
-        workdir, state = Path(tmp), Path(tmp) / "state"
-        environ = job_environment(emu, args.library)
-        arguments = job_arguments(state, args)
-        config = load_config(ROOT / "conf/local.yaml", environ=emulator_environment(emu, PRIMARY, SECONDARY))
-        queues = [f"{PRIMARY}/x-servicebus-transfer/{n}" for n in range(args.queues)]
-        traffic, receiver = Traffic(config.secondary, queues, args.rate), Receiver(emu.connection_string(PRIMARY))
-        log = BatchLog(workdir / "job.log", marks=(STARTED_MARK,))
-        job = start_job(arguments, environ, workdir, "job")
-        figures: dict = {"args": {k: str(v) for k, v in vars(args).items()}}
+        soak = Soak(args, emu, Path(tmp))
         try:
-            wait_for(lambda: log.read() is not None and STARTED_MARK in log.seen, START_TIMEOUT, "started query",
-                     job, workdir)
-            receiver.start()
-            traffic.start()
-            progress("the job's query runs: writing")
-            with JobSampler(job.pid, state, interval=args.sample_seconds, heap_interval=args.heap_seconds) as sampler:
-                status = {}
-                early_at = min(STATUS_EARLY_BATCHES, max(1, args.batches // 2)) if not args.minutes \
-                    else STATUS_EARLY_BATCHES
-                deadline = began + args.minutes * 60 if args.minutes else None
-                reported = 0
-                while True:
-                    done = len(log.read())
-                    if done >= early_at and "early" not in status:
-                        status["early"] = (done, *status_seconds(arguments, environ, workdir, "status-early"))
-                        progress(f"--status after {done} batches: {status['early'][1]:.1f} s "
-                                 f"(exit {status['early'][2]})")
-                    if deadline is None and done >= args.batches or deadline is not None and time.monotonic() >= deadline:
-                        batches = log.batches[:done]  # the run measured; the batches after it (the drain) not
-                        break
-                    if job.poll() is not None:
-                        raise SoakFailure(f"the job exited ({job.returncode}) after {done} batches:\n{tail(workdir)}")
-                    if traffic.error is not None:
-                        traffic.stop()  # raises what stopped the writing
-                    if done >= reported + max(1, args.batches // 10):
-                        reported = done
-                        progress(f"{done} batches, {len(traffic.written)} written, {receiver.count()} received")
-                    time.sleep(1.0)
-                status["end"] = (done, *status_seconds(arguments, environ, workdir, "status-end"))
-                progress(f"--status after {done} batches: {status['end'][1]:.1f} s (exit {status['end'][2]})")
-                traffic.stop()
-                written = len(traffic.written)
-                progress(f"writing stopped: {written} written; waiting for them to arrive")
-                wait_for(lambda: receiver.count() >= written, DRAIN_TIMEOUT, "arrival of every message", job, workdir)
-            job.send_signal(signal.SIGTERM)
-            exit_code = job.wait(STOP_TIMEOUT)
-            progress(f"SIGTERM: the job exited with {exit_code}")
-            time.sleep(2.0)  # anything sent twice at the end would arrive now
-            receiver.stop()
+            soak.start()
+            batches = soak.run()
+            exit_code = soak.stop()
         finally:
-            if job.poll() is None:
-                os.killpg(job.pid, signal.SIGKILL)
-                job.wait()
-            traffic.close()
-            receiver.close()
-        figures.update(checks(traffic, receiver, emu, queues, exit_code))
-        if args.keep_log:
-            args.keep_log.write_bytes((workdir / "job.log").read_bytes())
-    rows = report.tenths(batches, sampler.samples, receiver.arrivals)
-    last_files = next((s.audit_files for s in reversed(sampler.samples) if s.audit_files is not None), None)
-    targets = report.targets(rows, audit_files_end=last_files, status_early=status["early"][1] if "early" in status
-                             else None, status_end=status["end"][1], batches=len(batches),
-                             status_early_batches=status.get("early", (0,))[0])
-    figures.update(batches=[asdict(b) for b in batches], samples=[asdict(s) for s in sampler.samples],
-                   tenths=[asdict(r) for r in rows], targets=[
-                       {**asdict(t), "met": t.met} for t in targets], status=status,
-                   latencies=[asdict(a) for a in receiver.arrivals], seconds=time.monotonic() - began)
+            soak.close()
+            if args.keep_log and (Path(tmp) / "job.log").exists():
+                args.keep_log.write_bytes((Path(tmp) / "job.log").read_bytes())
+        figures = {"args": {k: str(v) for k, v in vars(args).items()},
+                   **checks(soak.traffic, soak.receiver, emu, soak.queues, exit_code)}
+    samples, arrivals, status = soak.sampler.samples, soak.receiver.arrivals, soak.status
+    rows = report.tenths(batches, samples, arrivals)
+    early, end = status.get("early"), status["end"]
+    targets = report.targets(rows, audit_files_end=rows[-1].audit_files if rows else None,
+                             status_early=early and early.seconds, status_end=end.seconds, batches=len(batches),
+                             status_early_batches=early.batches if early else 0)
+    figures.update(batches=[asdict(b) for b in batches], samples=[asdict(s) for s in samples],
+                   latencies=[asdict(a) for a in arrivals], status={k: asdict(v) for k, v in status.items()},
+                   tenths=[asdict(r) for r in rows], targets=[{**asdict(t), "met": t.met} for t in targets],
+                   seconds=time.monotonic() - soak.began)
     return figures, rows, targets
 
 

@@ -68,6 +68,11 @@ class BatchLog:
             self.seen.update(mark for mark in self.marks if mark in line)
         return self.batches
 
+    def saw(self, mark: str) -> bool:
+        """Whether a line so far held ``mark`` (one of ``marks``)."""
+        self.read()
+        return mark in self.seen
+
 
 def rss_mb(pid: int) -> float | None:
     try:
@@ -93,7 +98,12 @@ def heap_after_gc_mb(pid: int) -> float | None:
                               check=True).stdout
     except (OSError, subprocess.SubprocessError):
         return None
-    used = [int(k) for k in HEAP_USED.findall(info)]
+    return heap_used_mb(info)
+
+
+def heap_used_mb(heap_info: str) -> float | None:
+    """The heap in use in ``jcmd <pid> GC.heap_info``'s answer: its generations' (or G1's heap's) ``used``."""
+    used = [int(k) for k in HEAP_USED.findall(heap_info)]
     return sum(used) / 1024 if used else None
 
 
@@ -130,16 +140,13 @@ class JobSampler:
         self._done = threading.Event()
         self._thread = threading.Thread(target=self._run, name="soak-sampler", daemon=True)
 
-    def __enter__(self) -> "JobSampler":
+    def start(self) -> None:
         self._thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
 
     def stop(self) -> None:
         self._done.set()
-        self._thread.join()
+        if self._thread.is_alive():
+            self._thread.join()
 
     def _run(self) -> None:
         next_heap = time.monotonic() + self.heap_interval
