@@ -132,6 +132,7 @@ class Soak:
         self.log = BatchLog(workdir / "job.log", marks=(STARTED_MARK,))
         self.sampler: JobSampler | None = None
         self.job: subprocess.Popen | None = None
+        self.status_run: subprocess.Popen | None = None  # the ``--status`` in flight, if any
         self.status: dict[str, StatusTime] = {}
 
     def progress(self, text: str) -> None:
@@ -174,12 +175,10 @@ class Soak:
 
     def time_status(self, when: str, batches: int) -> None:
         began = time.monotonic()
-        child = start_job([*self.arguments, "--status"], self.environ, self.workdir, f"status-{when}")
+        self.status_run = start_job([*self.arguments, "--status"], self.environ, self.workdir, f"status-{when}")
         try:
-            code = child.wait(START_TIMEOUT)
+            code = self.status_run.wait(START_TIMEOUT)
         except subprocess.TimeoutExpired:
-            os.killpg(child.pid, signal.SIGKILL)
-            child.wait()
             raise SoakFailure(f"--status still ran after {START_TIMEOUT:.0f} s") from None
         self.status[when] = StatusTime(batches, time.monotonic() - began, code)
         self.progress(f"--status after {batches} batches: {self.status[when].seconds:.1f} s (exit {code})")
@@ -199,10 +198,11 @@ class Soak:
         return exit_code
 
     def close(self) -> None:
-        """Whatever is still running after a failure: the job's whole process group is killed."""
-        if self.job is not None and self.job.poll() is None:
-            os.killpg(self.job.pid, signal.SIGKILL)
-            self.job.wait()
+        """Whatever is still running after a failure: the job's (and a status's) whole process group is killed."""
+        for child in (self.job, self.status_run):
+            if child is not None and child.poll() is None:
+                os.killpg(child.pid, signal.SIGKILL)
+                child.wait()
         if self.sampler is not None:
             self.sampler.stop()
         self.traffic.close()
