@@ -16,7 +16,7 @@ export PYSPARK_PYTHON := $(CURDIR)/$(PY)
 export PYSPARK_DRIVER_PYTHON := $(CURDIR)/$(PY)
 
 .DEFAULT_GOAL := help
-.PHONY: help setup test test-unit test-runtimes run emulator bench bench-emulator lint dist clean
+.PHONY: help setup test test-unit test-runtimes run emulator bench bench-emulator soak lint dist clean
 
 help: ## List the targets
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  %-16s %s\n", $$1, $$2}'
@@ -94,6 +94,11 @@ bench: setup ## Benchmarks: the AMQP codec, then the syphon at a failover's late
 
 bench-emulator: setup ## The emulator's ceiling with the SDK alone, at 0, 5 and 20 ms per round trip
 	$(PY) bench/bench_emulator.py --latency-ms 0 5 20
+
+# SOAK_ARGS="--batches 40": a short run of a few minutes; `$(PY) bench/soak.py --help` lists the rest.
+SOAK_ARGS ?=
+soak: setup ## The continuous syphon under a trickle for 2,000 batches (~70 min): per-tenth costs, memory, table files
+	$(PY) bench/soak.py $(SOAK_ARGS)
 
 lint: setup ## Byte-compile everything and look for unused names and other obvious mistakes
 	$(PY) -m compileall -q lib jobs tests bench emulator/src emulator/tests tools
