@@ -643,7 +643,7 @@ def _chunks(batches, opened: set[str], senders) -> Iterator[list[dict]]:
 
 def build_outgoing(row) -> delivery.Outgoing:
     """The restored message of a deliverable row, as the bytes to send, with the TTL its classification chose."""
-    from backlog_syphon.restore.amqp_message import restore_message_bytes
+    from backlog_syphon.restore.amqp.restoring import restore_message_bytes
 
     return delivery.Outgoing(restore_message_bytes(row["raw_message"], row["restored_time_to_live_ms"],
                                                    from_dead_letters=is_dead_letter_queue_name(row["backlog_queue"])),
