@@ -28,6 +28,9 @@ LIB = Path(__file__).resolve().parents[2] / "lib"
 PURE_MODULES = (
     "backlog_syphon.model",
     "backlog_syphon.config",
+    "backlog_syphon.config.types",
+    "backlog_syphon.config.validation",
+    "backlog_syphon.config.loading",
     "backlog_syphon.errors",
     "backlog_syphon.restore.amqp",
     "backlog_syphon.restore.amqp.wire",
