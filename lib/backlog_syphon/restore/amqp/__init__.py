@@ -17,9 +17,9 @@ One role per module, each importing only those above it here:
 
 Names with a leading underscore are the package's own: its modules share them, callers do not.
 
-The codec's names are re-exported here. The message modules are not: they use
-:mod:`backlog_syphon.restore.legacy_properties`, which uses the value model, so importing them here
-would make that module's import of ``values`` import itself. Import them from their modules.
+The codec's names are re-exported here; the message modules' are not, import them from their modules.
+They use :mod:`backlog_syphon.restore.legacy_properties`, which uses ``values`` and so runs this file
+first: importing them here would close a circle.
 """
 
 from backlog_syphon.restore.amqp.annotations import ENQUEUED_TIME_ANNOTATION, SEQUENCE_NUMBER_ANNOTATION

@@ -12,8 +12,8 @@ considers equal though AMQP does not, such as symbol ``"a"`` and string ``"a"``,
 ``1``).
 
 Invariants:
-- A value is checked when it is made: an out-of-range number is a ``ValueError``, a value of the wrong
-  kind a ``TypeError``, so the encoder never meets one it cannot write exactly.
+- A value of these classes is checked when it is made: an out-of-range number is a ``ValueError``, a
+  value of the wrong kind a ``TypeError``.
 - Values are immutable and pickle by value (executors receive them).
 """
 
