@@ -629,3 +629,14 @@ def test_decode_value_at_an_offset_and_of_other_buffers():
     with pytest.raises(ValueError):
         decode_value(raw, -1)
 
+
+
+def test_the_package_re_exports_the_codec_from_the_modules_that_define_it():
+    from backlog_syphon.restore import amqp
+
+    homes = (amqp.values, amqp.decoding, amqp.encoding, amqp.sections, amqp.annotations)
+    unhomed = [name for name in amqp.__all__ if not any(getattr(home, name, None) is getattr(amqp, name)
+                                                        for home in homes)]
+    assert unhomed == []
+    assert {"decode_value", "encode_value", "Symbol", "split_sections", "broker_identity",
+            "ENQUEUED_TIME_ANNOTATION"} <= set(amqp.__all__)
