@@ -33,11 +33,19 @@ from proton import Message
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "lib"))
 
-from backlog_syphon.restore.amqp_codec import (  # noqa: E402
-    Array, Char, Decimal128, Described, Int, Symbol, Timestamp, UInt, sequence_number,
-)
-from backlog_syphon.restore.amqp_message import (  # noqa: E402
-    DecodedMessage, MessageHeader, MessageProperties, decode_envelope, decode_message, restore_message_bytes,
+from backlog_syphon.restore.amqp.message import DecodedMessage, MessageHeader, MessageProperties  # noqa: E402
+from backlog_syphon.restore.amqp.message_decoding import decode_envelope, decode_message  # noqa: E402
+from backlog_syphon.restore.amqp.restoring import restore_message_bytes  # noqa: E402
+from backlog_syphon.restore.amqp.sections import sequence_number  # noqa: E402
+from backlog_syphon.restore.amqp.values import (  # noqa: E402
+    Array,
+    Char,
+    Decimal128,
+    Described,
+    Int,
+    Symbol,
+    Timestamp,
+    UInt,
 )
 
 ENQUEUED_MS = 1_714_560_000_000

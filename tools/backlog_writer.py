@@ -25,8 +25,8 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable
 
 from backlog_syphon.model import ReasonCode
-from backlog_syphon.restore.amqp_codec import Described, Symbol, Timestamp
-from backlog_syphon.restore.amqp_message import DecodedMessage, MessageProperties
+from backlog_syphon.restore.amqp.message import DecodedMessage, MessageProperties
+from backlog_syphon.restore.amqp.values import Described, Symbol, Timestamp
 from backlog_syphon.restore.queue_names import backlog_queue_name
 from backlog_syphon.sink.delivery import Outgoing
 
@@ -50,7 +50,7 @@ class OriginalMessage:
     reply_to_session_id: str | None = None
     to: str | None = None
     partition_key: str | None = None
-    application_properties: dict[str, Any] = field(default_factory=dict)  # values typed as in amqp_codec
+    application_properties: dict[str, Any] = field(default_factory=dict)  # values typed as in restore.amqp.values
     legacy_overrides: dict[str, Any] = field(default_factory=dict)  # raw x-ms-* values, to forge poison messages
 
 

@@ -200,7 +200,7 @@ def slow_secondary():
 @pytest.mark.timeout(120)
 def test_a_peek_that_times_out_is_asked_again_and_one_that_never_answers_says_so(slow_secondary, tmp_path):
     from backlog_syphon.errors import PeekTimedOutError
-    from backlog_syphon.restore.amqp_codec import broker_identity
+    from backlog_syphon.restore.amqp.sections import broker_identity
     from backlog_syphon.servicebus.clients import pooled_receiver
     from backlog_syphon.servicebus.peek import PeekTimeouts, peek_raw
 

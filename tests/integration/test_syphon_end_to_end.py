@@ -6,8 +6,8 @@ from collections import defaultdict
 
 from azure.servicebus import ServiceBusClient, ServiceBusReceiveMode
 
-from backlog_syphon.restore.amqp_codec import Int, Symbol, Timestamp, ULong
-from backlog_syphon.restore.amqp_message import decode_message
+from backlog_syphon.restore.amqp.message_decoding import decode_message
+from backlog_syphon.restore.amqp.values import Int, Symbol, Timestamp, ULong
 from backlog_syphon.restore.legacy_properties import LEGACY_PROPERTIES
 from backlog_syphon.restore.queue_names import backlog_queue_name
 from backlog_syphon.run.syphon import run_syphon

@@ -25,7 +25,7 @@ RUNTIME_PACKAGES = ("pyspark", "py4j", "pyarrow", "numpy", "pandas", "dateutil",
 JOB_MODULES = ("backlog_syphon", "backlog_syphon.cli", "backlog_syphon.run.syphon", "backlog_syphon.run.dry_run",
                "backlog_syphon.source.data_source", "backlog_syphon.sink.foreach_batch",
                "backlog_syphon.servicebus.settle", "backlog_syphon.servicebus.probes",
-               "backlog_syphon.restore.amqp_codec")
+               "backlog_syphon.restore.amqp.restoring")
 
 
 def _run(command, **kwargs) -> subprocess.CompletedProcess:
@@ -40,6 +40,9 @@ def test_the_wheel_installs_without_a_compiler_and_the_job_imports(tmp_path):
     [wheel] = (tmp_path / "dist").glob("backlog_syphon-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
     assert {name.split("/")[0] for name in names if not name.startswith("backlog_syphon-")} == {"backlog_syphon"}
+    lib = ROOT / "lib"
+    sources = {path.relative_to(lib).as_posix() for path in (lib / "backlog_syphon").rglob("*.py")}
+    assert sources <= set(names), f"modules missing from the wheel: {sorted(sources - set(names))}"
     metadata = zipfile.ZipFile(wheel).read(next(n for n in names if n.endswith("METADATA"))).decode()
     runtime_requires = [line.split(":", 1)[1].strip() for line in metadata.splitlines()
                         if line.startswith("Requires-Dist:") and "extra ==" not in line]
@@ -71,8 +74,9 @@ def test_the_wheel_installs_without_a_compiler_and_the_job_imports(tmp_path):
         "assert importlib.util.find_spec('proton') is None, 'python-qpid-proton is installed'\n"
         "assert importlib.util.find_spec('servicebus_emulator') is None, 'the emulator came with the wheel'\n"
         f"for name in {JOB_MODULES!r}: importlib.import_module(name)\n"
-        "from backlog_syphon.restore.amqp_codec import Char\n"
-        "from backlog_syphon.restore.amqp_message import DecodedMessage, decode_message\n"
+        "from backlog_syphon.restore.amqp.values import Char\n"
+        "from backlog_syphon.restore.amqp.message import DecodedMessage\n"
+        "from backlog_syphon.restore.amqp.message_decoding import decode_message\n"
         "raw = DecodedMessage(application_properties={'c': Char('x')}, body=(b'hello',)).encode()\n"
         "assert decode_message(raw).application_properties == {'c': Char('x')}\n"
         "from backlog_syphon.cli import build_parser\n"

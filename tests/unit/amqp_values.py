@@ -11,7 +11,7 @@ import uuid
 import proton
 from proton import Data
 
-from backlog_syphon.restore import amqp_codec as codec
+from backlog_syphon.restore.amqp import values as codec
 
 PROTON_ARRAY_TYPES = {
     Data.NULL: "null", Data.BOOL: "boolean", Data.UBYTE: "ubyte", Data.USHORT: "ushort", Data.UINT: "uint",

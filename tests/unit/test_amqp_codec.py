@@ -12,10 +12,21 @@ import proton
 import pytest
 from proton import Data, Message
 
-from backlog_syphon.restore import amqp_codec as codec
-from backlog_syphon.restore.amqp_codec import (
+from backlog_syphon.restore.amqp import decoding
+from backlog_syphon.restore.amqp.decoding import AmqpDecodeError, decode_value
+from backlog_syphon.restore.amqp.encoding import encode_list_raw, encode_map_raw, encode_value
+from backlog_syphon.restore.amqp.message_decoding import decode_envelope, decode_message
+from backlog_syphon.restore.amqp.restoring import LegacyPropertiesError, restore_message_bytes
+from backlog_syphon.restore.amqp.sections import (
+    SectionCode,
+    encode_section,
+    list_items,
+    map_entries,
+    sequence_number,
+    split_sections,
+)
+from backlog_syphon.restore.amqp.values import (
     MAX_NESTING_DEPTH,
-    AmqpDecodeError,
     AmqpType,
     Array,
     Byte,
@@ -27,7 +38,6 @@ from backlog_syphon.restore.amqp_codec import (
     Float,
     Int,
     MapPairs,
-    SectionCode,
     Short,
     Symbol,
     Timestamp,
@@ -35,21 +45,6 @@ from backlog_syphon.restore.amqp_codec import (
     UInt,
     ULong,
     UShort,
-    decode_value,
-    encode_list_raw,
-    encode_map_raw,
-    encode_section,
-    encode_value,
-    list_items,
-    map_entries,
-    sequence_number,
-    split_sections,
-)
-from backlog_syphon.restore.amqp_message import (
-    LegacyPropertiesError,
-    decode_envelope,
-    decode_message,
-    restore_message_bytes,
 )
 from tests.unit.amqp_values import proton_decode, proton_encode, tagged
 
@@ -199,7 +194,7 @@ LEGAL_ENCODINGS = [
 
 
 def test_the_legal_encodings_cover_every_constructor():
-    known = {code for code in range(256) if codec._DECODERS[code] is not codec._unknown}
+    known = {code for code in range(256) if decoding._DECODERS[code] is not decoding._unknown}
     assert len(known) == 40  # the 39 primitive constructors of AMQP 1.0, and 0x00 for described values
     assert {bytes.fromhex(hex_bytes)[0] for hex_bytes, _ in LEGAL_ENCODINGS} == known
 
@@ -394,7 +389,7 @@ def test_a_container_that_holds_itself_is_refused():
 # --- strict decoding ---------------------------------------------------------------------------------
 
 SECRET = "SharedAccessKey=abc123"
-UNASSIGNED = [code for code in range(256) if codec._DECODERS[code] is codec._unknown and code != 0x00]
+UNASSIGNED = [code for code in range(256) if decoding._DECODERS[code] is decoding._unknown and code != 0x00]
 
 
 def test_unknown_constructors_are_refused_with_their_offset():
@@ -634,3 +629,14 @@ def test_decode_value_at_an_offset_and_of_other_buffers():
     with pytest.raises(ValueError):
         decode_value(raw, -1)
 
+
+
+def test_the_package_re_exports_the_codec_from_the_modules_that_define_it():
+    from backlog_syphon.restore import amqp
+
+    homes = (amqp.values, amqp.decoding, amqp.encoding, amqp.sections, amqp.annotations)
+    unhomed = [name for name in amqp.__all__ if not any(getattr(home, name, None) is getattr(amqp, name)
+                                                        for home in homes)]
+    assert unhomed == []
+    assert {"decode_value", "encode_value", "Symbol", "split_sections", "broker_identity",
+            "ENQUEUED_TIME_ANNOTATION"} <= set(amqp.__all__)

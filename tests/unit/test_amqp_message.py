@@ -10,9 +10,20 @@ import proton
 import pytest
 from proton import Message
 
-from backlog_syphon.restore.amqp_codec import (
-    BODY_SECTIONS,
-    AmqpDecodeError,
+from backlog_syphon.restore.amqp.annotations import BROKER_OWNED_ANNOTATIONS
+from backlog_syphon.restore.amqp.decoding import AmqpDecodeError
+from backlog_syphon.restore.amqp.encoding import encode_value
+from backlog_syphon.restore.amqp.message import DecodedMessage, MessageHeader, MessageProperties
+from backlog_syphon.restore.amqp.message_decoding import decode_envelope, decode_message
+from backlog_syphon.restore.amqp.restoring import (
+    UINT_MAX,
+    LegacyPropertiesError,
+    header_ttl_ms,
+    restore_message_bytes,
+    restored_message,
+)
+from backlog_syphon.restore.amqp.sections import BODY_SECTIONS, SectionCode, encode_section, map_entries, split_sections
+from backlog_syphon.restore.amqp.values import (
     Array,
     Char,
     Decimal128,
@@ -25,24 +36,6 @@ from backlog_syphon.restore.amqp_codec import (
     UByte,
     UInt,
     ULong,
-    SectionCode,
-    encode_section,
-    encode_value,
-    map_entries,
-    split_sections,
-)
-from backlog_syphon.restore.amqp_message import (
-    BROKER_OWNED_ANNOTATIONS,
-    UINT_MAX,
-    DecodedMessage,
-    LegacyPropertiesError,
-    MessageHeader,
-    MessageProperties,
-    decode_envelope,
-    decode_message,
-    header_ttl_ms,
-    restore_message_bytes,
-    restored_message,
 )
 from backlog_syphon.restore.legacy_properties import LegacyFields, decode_legacy_properties
 from tests.unit.amqp_values import proton_encode, tagged, to_proton

@@ -7,7 +7,7 @@ import datetime as dt
 import pytest
 
 from backlog_syphon.model import BrokerCount
-from backlog_syphon.restore.amqp_message import DecodedMessage
+from backlog_syphon.restore.amqp.message import DecodedMessage
 from backlog_syphon.servicebus.counts import EXACT_COUNT_LIMIT, UNREADABLE, dead_letter_reason, survey
 
 ENQUEUED = dt.datetime(2026, 11, 27, 12, 0, tzinfo=dt.timezone.utc)

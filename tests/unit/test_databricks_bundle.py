@@ -44,7 +44,7 @@ BUILTIN_REFS = {"workspace.file_path", "workspace.current_user.userName", "works
                 "bundle.name", "bundle.target", "workspace.root_path", "workspace.artifact_path"}
 VAR_REF = re.compile(r"\$\{var\.([A-Za-z0-9_-]+)\}")
 ANY_REF = re.compile(r"\$\{([^}]+)\}")
-# Shape-valid for config._check_connection_string; never a real namespace.
+# Shape-valid for config.validation._check_connection_string; never a real namespace.
 STUB_CONNECTION_STRING = "Endpoint=sb://stub/;SharedAccessKeyName=stub;SharedAccessKey=stub"
 # Access modes with Unity Catalog (tables and volumes): dedicated and standard, legacy names included.
 UNITY_CATALOG_ACCESS_MODES = {DataSecurityMode.SINGLE_USER, DataSecurityMode.DATA_SECURITY_MODE_DEDICATED,

@@ -5,7 +5,8 @@ from azure.servicebus.exceptions import MessageSizeExceededError
 from azure.servicebus._pyamqp.message import BatchMessage
 from azure.servicebus._pyamqp.utils import get_message_encoded_size
 
-from backlog_syphon.restore.amqp_message import DecodedMessage, MessageProperties, decode_message
+from backlog_syphon.restore.amqp.message import DecodedMessage, MessageProperties
+from backlog_syphon.restore.amqp.message_decoding import decode_message
 from backlog_syphon.sink.delivery import Outgoing
 from backlog_syphon.servicebus.send import MAX_BATCH_BYTES, MAX_BATCH_MESSAGES, add_encoded, send_encoded
 

@@ -29,10 +29,22 @@ LIB = Path(__file__).resolve().parents[2] / "lib"
 PURE_MODULES = (
     "backlog_syphon.model",
     "backlog_syphon.config",
+    "backlog_syphon.config.types",
+    "backlog_syphon.config.validation",
+    "backlog_syphon.config.loading",
     "backlog_syphon.errors",
     "backlog_syphon.probing",
-    "backlog_syphon.restore.amqp_codec",
-    "backlog_syphon.restore.amqp_message",
+    "backlog_syphon.restore.amqp",
+    "backlog_syphon.restore.amqp.wire",
+    "backlog_syphon.restore.amqp.decimals",
+    "backlog_syphon.restore.amqp.values",
+    "backlog_syphon.restore.amqp.decoding",
+    "backlog_syphon.restore.amqp.encoding",
+    "backlog_syphon.restore.amqp.annotations",
+    "backlog_syphon.restore.amqp.sections",
+    "backlog_syphon.restore.amqp.message",
+    "backlog_syphon.restore.amqp.message_decoding",
+    "backlog_syphon.restore.amqp.restoring",
     "backlog_syphon.restore.legacy_properties",
     "backlog_syphon.restore.queue_names",
     "backlog_syphon.restore.rows",
@@ -87,7 +99,9 @@ ALLOWED = {
 
 
 def module_path(module: str) -> Path:
-    return LIB.joinpath(*module.split(".")).with_suffix(".py")
+    """A module's file: ``a/b.py``, or ``a/b/__init__.py`` for a package."""
+    path = LIB.joinpath(*module.split("."))
+    return path / "__init__.py" if path.is_dir() else path.with_suffix(".py")
 
 
 def imports_in(source: str, module: str) -> set[str]:

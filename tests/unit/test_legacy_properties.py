@@ -5,7 +5,7 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from backlog_syphon.restore.amqp_codec import (
+from backlog_syphon.restore.amqp.values import (
     Array,
     Char,
     Decimal32,

@@ -7,8 +7,8 @@ import pytest
 from chispa import assert_df_equality
 from pyspark.sql.types import LongType, StringType, StructField, StructType
 
-from backlog_syphon.restore.amqp_codec import Described, Symbol, Timestamp, ULong
-from backlog_syphon.restore.amqp_message import DecodedMessage, MessageProperties
+from backlog_syphon.restore.amqp.message import DecodedMessage, MessageProperties
+from backlog_syphon.restore.amqp.values import Described, Symbol, Timestamp, ULong
 from backlog_syphon.model import TtlPolicy
 from backlog_syphon.restore.legacy_properties import PING_CONTENT_TYPE, LegacyFields, Problem
 from backlog_syphon.restore.rows import (

@@ -11,8 +11,8 @@ from azure.servicebus._pyamqp import _decode
 from azure.servicebus._pyamqp._decode import decode_payload
 
 from backlog_syphon.servicebus import sdk_internals
-from backlog_syphon.restore.amqp_codec import Array, Char, Decimal32, Decimal64, Decimal128, Described, Symbol
-from backlog_syphon.restore.amqp_message import DecodedMessage, MessageProperties
+from backlog_syphon.restore.amqp.message import DecodedMessage, MessageProperties
+from backlog_syphon.restore.amqp.values import Array, Char, Decimal32, Decimal64, Decimal128, Described, Symbol
 
 D32 = Decimal32.from_decimal(Decimal("1.5"))
 D64 = Decimal64.from_decimal(Decimal("-2.25"))

@@ -7,7 +7,7 @@ string, a string, a ``com.microsoft:timespan`` described long of .NET ticks and 
 This module turns those properties back into typed values, with no I/O.
 
 Invariants:
-- Values are those of :mod:`backlog_syphon.restore.amqp_codec` (``Symbol``, ``Char``, ``Timestamp``,
+- Values are those of :mod:`backlog_syphon.restore.amqp.values` (``Symbol``, ``Char``, ``Timestamp``,
   ``Described``...). The legacy encodings are accepted exactly: ``x-ms-path`` and
   ``x-ms-sessionid`` strings, the ``com.microsoft:timespan`` described long of .NET ticks, and an
   AMQP timestamp. The same values as the azure-servicebus SDK hands them over (bytes strings, bare
@@ -29,7 +29,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 
-from backlog_syphon.restore.amqp_codec import (
+from backlog_syphon.restore.amqp.values import (
     Array,
     Byte,
     Char,

@@ -34,11 +34,8 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from backlog_syphon.restore.amqp_message import (
-    DEAD_LETTER_DESCRIPTION_PROPERTY,
-    DEAD_LETTER_REASON_PROPERTY,
-    decode_envelope,
-)
+from backlog_syphon.restore.amqp.annotations import DEAD_LETTER_DESCRIPTION_PROPERTY, DEAD_LETTER_REASON_PROPERTY
+from backlog_syphon.restore.amqp.message_decoding import decode_envelope
 from backlog_syphon.restore.legacy_properties import LegacyFields, decode_legacy_properties, timedelta_to_ms
 from backlog_syphon.model import OutcomeRecord, ReasonCode
 

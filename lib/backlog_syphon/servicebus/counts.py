@@ -36,8 +36,9 @@ from backlog_syphon.config import NamespaceConfig
 from backlog_syphon.errors import BacklogQueueMissingError
 from backlog_syphon.model import BrokerCount
 from backlog_syphon.probing import Identity, run_search, search_tail
-from backlog_syphon.restore.amqp_codec import broker_identity
-from backlog_syphon.restore.amqp_message import DEAD_LETTER_REASON_PROPERTY, decode_envelope
+from backlog_syphon.restore.amqp.annotations import DEAD_LETTER_REASON_PROPERTY
+from backlog_syphon.restore.amqp.message_decoding import decode_envelope
+from backlog_syphon.restore.amqp.sections import broker_identity
 from backlog_syphon.restore.queue_names import dead_letter_queue_name, is_backlog_queue_name
 from backlog_syphon.servicebus.clients import each_at_once, open_client
 from backlog_syphon.servicebus.peek import LAST_SEQUENCE_NUMBER, administration_client, peek_raw

@@ -22,7 +22,7 @@ from azure.servicebus.exceptions import MessagingEntityNotFoundError, OperationT
 
 from backlog_syphon.config import NamespaceConfig
 from backlog_syphon.errors import BacklogQueueMissingError, PeekTimedOutError
-from backlog_syphon.restore.amqp_codec import broker_identity
+from backlog_syphon.restore.amqp.sections import broker_identity
 from backlog_syphon.restore.queue_names import is_backlog_queue_name
 from backlog_syphon.servicebus.access import discovery_refused, discovery_skipped_line
 from backlog_syphon.servicebus.clients import each_at_once, pooled_receiver

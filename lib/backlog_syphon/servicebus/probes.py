@@ -25,7 +25,7 @@ from azure.servicebus.exceptions import (
 
 from backlog_syphon.config import NamespaceConfig, SyphonConfig
 from backlog_syphon.errors import BacklogQueueMissingError, SettingsError
-from backlog_syphon.restore.amqp_message import decode_message
+from backlog_syphon.restore.amqp.message_decoding import decode_message
 from backlog_syphon.restore.legacy_properties import decode_legacy_properties
 from backlog_syphon.restore.queue_names import backlog_queue_names, dead_letter_queue_name
 from backlog_syphon.servicebus.access import (

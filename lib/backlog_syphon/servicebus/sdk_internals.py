@@ -56,7 +56,8 @@ from azure.servicebus._pyamqp import _decode as sdk_decode
 from azure.servicebus._pyamqp.client import AMQPClient
 from azure.servicebus._pyamqp.types import TYPE, VALUE, AMQPTypes
 
-from backlog_syphon.restore.amqp_codec import Decimal32, Decimal64, Decimal128
+from backlog_syphon.restore.amqp.annotations import ENQUEUED_TIME_ANNOTATION
+from backlog_syphon.restore.amqp.values import Decimal32, Decimal64, Decimal128
 
 logger = logging.getLogger(__name__)
 
@@ -294,7 +295,7 @@ def received_identity(message) -> tuple[int, int | None]:
     """``(sequence number, enqueue time in ms)`` of a received message, from the broker's annotations as
     they arrived (the public ``enqueued_time_utc`` goes through a float)."""
     annotations = message.raw_amqp_message.annotations or {}
-    enqueued = annotations.get(b"x-opt-enqueued-time")
+    enqueued = annotations.get(ENQUEUED_TIME_ANNOTATION.encode())
     return message.sequence_number, None if enqueued is None else int(enqueued)
 
 

@@ -2,7 +2,7 @@
 outcomes as Arrow record batches (``sink.spark_ports.send_on_executors`` starts one per queue).
 
 A task reads its rows in chunks (``SEND_CHUNK_ROWS``, whatever the window's size), restores each
-deliverable row's message with the codec (``restore.amqp_message``), and hands the chunks to the pure
+deliverable row's message with the codec (``restore.amqp.restoring``), and hands the chunks to the pure
 delivery rounds (``sink.delivery``) with the real senders (``servicebus.send``, links pooled per
 process) and its share of the rate cap (``sink.pacing``). It runs in a Python worker: everything it
 needs comes through its closure (the settings, the round's limits, the test's ``FaultPlan``).
@@ -16,7 +16,7 @@ import time
 from typing import Callable, Iterator
 
 from backlog_syphon.model import Action, Outcome, OutcomeRecord
-from backlog_syphon.restore.amqp_message import restore_message_bytes
+from backlog_syphon.restore.amqp.restoring import restore_message_bytes
 from backlog_syphon.restore.queue_names import is_dead_letter_queue_name
 from backlog_syphon.restore.rows import OUTCOME_ROW_ARROW_SCHEMA, record_batch
 from backlog_syphon.sink import delivery

@@ -188,7 +188,8 @@ def _from_ms(ms: int | None):
 def broker_identity_of(queue: str, raw: bytes, position: int) -> tuple[int, int | None]:
     """The sequence number and enqueue time (ms) the broker gave a peeked message (read even when the
     rest is unreadable)."""
-    from backlog_syphon.restore.amqp_codec import AmqpDecodeError, broker_identity
+    from backlog_syphon.restore.amqp.decoding import AmqpDecodeError
+    from backlog_syphon.restore.amqp.sections import broker_identity
 
     try:
         seq, enqueued_ms = broker_identity(raw)

@@ -5,7 +5,7 @@ Spark hands a data source its options as strings, in the process that plans batc
 executor that reads them. ``SourceOptions.from_config`` is the only way the syphon fills them, so
 every value has a setting behind it; where an option is absent anyway (a user's own
 ``spark.readStream.format("servicebus-backlog")``), the default is the configuration's own
-(``config.py``), never a second copy of it.
+(``config``), never a second copy of it.
 """
 
 from __future__ import annotations

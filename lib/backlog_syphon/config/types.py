@@ -1,0 +1,272 @@
+"""The syphon's settings as frozen, typed records, one per section, and ``Secret``.
+
+Invariants:
+- Secrets (connection strings, an Azure AD credential's client secret) are ``Secret``s whose repr and
+  str are masked, also once pickled to executors.
+- The defaults here are the documented defaults; :mod:`backlog_syphon.config.loading` fills the records
+  and :mod:`backlog_syphon.config.validation` checks them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import hashlib
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from backlog_syphon.errors import SettingsError
+from backlog_syphon.model import CredentialKind, LogFormat, RunSource, TtlPolicy
+
+AVAILABLE_NOW = "available_now"  # run.trigger: drain what is there when the run starts, then stop
+
+
+class ConfigError(SettingsError, ValueError):
+    """A configuration problem, described so that the operator knows what to change."""
+
+
+class Secret:
+    """A secret value that never shows itself in repr, str, logs or tracebacks."""
+
+    __slots__ = ("_value", "source")
+
+    def __init__(self, value: str, source: str):
+        self._value = value
+        self.source = source  # where it came from, e.g. "env SYPHON_PRIMARY_CONNECTION_STRING"
+
+    def reveal(self) -> str:
+        return self._value
+
+    def __repr__(self) -> str:
+        return f"Secret(<masked>, from {self.source})"
+
+    __str__ = __repr__
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Secret) and other._value == self._value
+
+    def __hash__(self) -> int:
+        return hash(self._value)
+
+    def __reduce__(self):  # picklable for executors; still masked everywhere it is printed
+        return (Secret, (self._value, self.source))
+
+
+@dataclass(frozen=True)
+class CredentialConfig:
+    """Where a namespace's Azure AD tokens come from (``<namespace>.credential``). Which fields a kind
+    takes is ``CREDENTIAL_FIELDS``; the only secrets (``client_secret``, ``secret``) are ``Secret``s."""
+
+    kind: str = CredentialKind.DEFAULT.value
+    tenant_id: str | None = None
+    client_id: str | None = None  # an app registration's, or a user-assigned managed identity's
+    client_secret: Secret | None = None  # service_principal
+    name: str | None = None  # databricks_service_credential: the Unity Catalog service credential's name
+    token_file: str | None = None  # workload_identity: the federated token file (default AZURE_FEDERATED_TOKEN_FILE)
+    factory: str | None = None  # custom: "module:callable", called once per process with options (and secret)
+    options: dict[str, Any] = field(default_factory=dict)  # custom: keyword arguments, not secret
+    secret: Secret | None = None  # custom: passed as the keyword argument ``secret``
+
+    @property
+    def the_secret(self) -> Secret | None:
+        return self.client_secret or self.secret
+
+    @property
+    def public(self) -> dict[str, Any]:
+        """The settings that are not secret (those set), e.g. for the source's options."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+                if f.name not in ("client_secret", "secret") and getattr(self, f.name) not in (None, {})}
+
+    @property
+    def cache_key(self) -> tuple[str, str]:
+        """Identifies the credential in a process's cache without holding its secret: the public settings,
+        and a hash of the secret."""
+        secret = self.the_secret.reveal() if self.the_secret is not None else ""
+        return json.dumps(self.public, sort_keys=True, default=str), hashlib.sha256(secret.encode()).hexdigest()
+
+    def describe(self) -> str:
+        """For operators' lines: the kind and what tells it apart, never a secret."""
+        detail = {CredentialKind.SERVICE_PRINCIPAL: self.client_id, CredentialKind.MANAGED_IDENTITY: self.client_id,
+                  CredentialKind.WORKLOAD_IDENTITY: self.client_id,
+                  CredentialKind.DATABRICKS_SERVICE_CREDENTIAL: self.name, CredentialKind.CUSTOM: self.factory}
+        shown = detail.get(self.kind)
+        return f"{self.kind} '{shown}'" if shown else self.kind
+
+
+# Per kind: (required fields, optional fields). Secrets are fields too: client_secret, secret.
+CREDENTIAL_FIELDS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    CredentialKind.DEFAULT: ((), ()),
+    CredentialKind.SERVICE_PRINCIPAL: (("tenant_id", "client_id", "client_secret"), ()),
+    CredentialKind.MANAGED_IDENTITY: ((), ("client_id",)),
+    CredentialKind.WORKLOAD_IDENTITY: ((), ("tenant_id", "client_id", "token_file")),
+    CredentialKind.DATABRICKS_SERVICE_CREDENTIAL: (("name",), ()),
+    CredentialKind.CUSTOM: (("factory",), ("options", "secret")),
+}
+
+
+@dataclass(frozen=True)
+class NamespaceConfig:
+    """How to reach one namespace: a SAS connection string, or Azure AD with a host name and a credential."""
+
+    connection_string: Secret | None = None
+    fully_qualified_namespace: str | None = None  # e.g. contoso.servicebus.windows.net (Azure AD)
+    credential: CredentialConfig | None = None  # Azure AD: where tokens come from (none: kind default)
+    # Azure AD against a local emulator: plain AMQP to the port in fully_qualified_namespace ("127.0.0.1:5672"),
+    # no TLS (what UseDevelopmentEmulator=true means in a connection string).
+    use_development_emulator: bool = False
+    # The administration API (HTTPS): ``host[:port]``; by default the namespace's host, as on Azure. A local
+    # emulator serves it on a port of its own (Microsoft's on 5300).
+    administration_endpoint: str | None = None
+    # A PEM file of certificates to trust for the administration API instead of the system's (an emulator's).
+    administration_ca_file: str | None = None
+    # A pooled link (a sender, a peek or purge receiver) idle this long is closed and opened again before
+    # its next use: Service Bus detaches links idle for 10 minutes, and a link met detached fails its next
+    # request first. Lower it behind a firewall or NAT that drops idle connections sooner.
+    idle_link_seconds: float = 480.0
+
+    @property
+    def azure_ad(self) -> CredentialConfig | None:
+        """The Azure AD credential (kind ``default`` when none is configured); None with a connection string."""
+        if self.connection_string is not None:
+            return None
+        return self.credential or CredentialConfig()
+
+    @property
+    def endpoint(self) -> str:
+        """``host[:port]`` of the namespace (not a secret: it names where, not how to get in)."""
+        if self.connection_string is None:
+            return self.fully_qualified_namespace or ""
+        for piece in self.connection_string.reveal().split(";"):
+            key, _, value = piece.partition("=")
+            if key.strip().lower() == "endpoint":
+                return value.strip().split("://", 1)[-1].strip("/")
+        return ""
+
+    @property
+    def administration_host(self) -> str:
+        """``host[:port]`` of the namespace's administration API."""
+        return self.administration_endpoint or self.endpoint.split(":", 1)[0]
+
+    def connection_string_with_endpoint(self, host: str) -> str:
+        """The connection string (revealed: for a client only, never to print) with its Endpoint at ``host``."""
+        pieces = [f"Endpoint=sb://{host}/" if piece.partition("=")[0].strip().lower() == "endpoint" else piece
+                  for piece in self.connection_string.reveal().split(";")]
+        return ";".join(pieces)
+
+
+@dataclass(frozen=True)
+class PrimaryConfig(NamespaceConfig):
+    namespace: str = ""  # primary namespace name, as used in backlog queue paths
+
+
+@dataclass(frozen=True)
+class BacklogConfig:
+    queue_count: int = 10  # legacy BacklogQueueCount: queues 0..count-1 are always read
+    discover: bool = True  # also list <ns>/x-servicebus-transfer/* when a management API is reachable
+
+
+@dataclass(frozen=True)
+class StorageConfig:
+    audit_table: str = ""  # Delta path (contains '/' or a scheme) or a catalog table name
+    checkpoint_table: str = ""
+    checkpoint_location: str = ""  # Spark streaming checkpoint folder
+    lease_table: str = ""  # which run may deliver; default: the checkpoint table's name + "_lease"
+    # How often a run rewrites the checkpoint table while it goes on (0: after every batch). Each batch
+    # commits its audit rows; the checkpoint rows are a shortcut over them (where a restart starts
+    # reading), so rewriting them less often saves a commit per batch (about a second on cloud storage)
+    # and costs a run that crashed only a longer read of the audit. A run's clean end always writes them.
+    checkpoint_interval_seconds: float = 60.0
+    runs_table: str = ""  # one row per run; default: the checkpoint table's name + "_runs"
+
+    @property
+    def resolved_lease_table(self) -> str:
+        return self.lease_table or self.checkpoint_table.rstrip("/") + "_lease"
+
+    @property
+    def resolved_runs_table(self) -> str:
+        return self.runs_table or self.checkpoint_table.rstrip("/") + "_runs"
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    trigger: str = AVAILABLE_NOW  # or a processing-time interval such as "10 seconds"
+    # Bigger batches spread each batch's fixed cost (a Delta commit, a few Spark jobs) over more
+    # messages; the driver holds aggregates only, so its memory does not grow with them.
+    max_messages_per_trigger: int = 10000
+    query_name: str = "backlog-syphon"
+    # Longest pause between probes (one peek each) of an empty backlog queue: 900 s costs 4 operations
+    # per idle queue per hour, like the legacy syphon's 15-minute long poll; a message written into a
+    # long-idle queue is seen within that long.
+    idle_probe_max_seconds: float = 900.0
+    wait_for_lease: bool = False  # another run holds the backlog: wait for it (true) or exit at once
+    lease_seconds: float = 120.0  # how long a crashed run's lease blocks the next run
+    # Where nothing can bound an available-now batch (Spark Connect against a Spark 4.0/4.1 server, such
+    # as serverless on those versions), a run whose backlog spans more sequence numbers than this refuses
+    # to start: one batch of everything makes the duplicate window the whole backlog.
+    max_single_batch_messages: int = 100000
+    # What the run reads: the backlog queues, or their dead-letter sub-queues (a re-drive, filtered by
+    # the ``redrive`` section; ``jobs/syphon.py --redrive-dead-letters`` sets it).
+    source: str = RunSource.BACKLOG.value
+    # How the command line writes its log lines: text, or one JSON object per line (``--log-format``).
+    log_format: str = LogFormat.TEXT.value
+
+
+@dataclass(frozen=True)
+class RedriveConfig:
+    """Which dead-lettered messages a re-drive (``run.source: dead_letters``) sends again. Every filter
+    given must match (an empty one matches everything); what does not match stays where it is."""
+
+    reason_codes: tuple[str, ...] = ()  # the syphon's reason codes (model.DEAD_LETTER_REASON_CODES)
+    dead_letter_reasons: tuple[str, ...] = ()  # the broker's (or anyone's) DeadLetterReason, e.g. MaxDeliveryCountExceeded
+    destinations: tuple[str, ...] = ()  # the destination restored from x-ms-path
+    enqueued_after: str | None = None  # ISO 8601 with a time zone; entered the backlog at or after it
+    enqueued_before: str | None = None  # ... and before it
+    # An earlier re-drive dead-lettered a message again (it is still undeliverable): send it again only
+    # when asked, so repeated re-drives do not keep re-sending what keeps failing.
+    retry_dead_lettered: bool = False
+
+    @property
+    def enqueued_window(self) -> tuple[dt.datetime | None, dt.datetime | None]:
+        return (None if self.enqueued_after is None else dt.datetime.fromisoformat(self.enqueued_after),
+                None if self.enqueued_before is None else dt.datetime.fromisoformat(self.enqueued_before))
+
+    @property
+    def filters(self) -> bool:
+        """Whether any filter is set (a re-drive without one selects every dead-lettered message)."""
+        return bool(self.reason_codes or self.dead_letter_reasons or self.destinations or self.enqueued_after
+                    or self.enqueued_before)
+
+
+@dataclass(frozen=True)
+class RestoreConfig:
+    ttl_policy: str = TtlPolicy.REMAINING.value  # TtlPolicy.RESTART is the legacy syphon's behaviour
+    # {old name: new name}: messages whose x-ms-path names a queue or topic renamed since go to its new
+    # name. Applied once, never transitively; names match case-insensitively, as Service Bus's do.
+    destination_map: dict[str, str] = field(default_factory=dict)
+    # Destinations (as sent, so after destination_map) whose messages stay in the backlog, untouched,
+    # for a later run: a destination that must stay closed for now.
+    skip_destinations: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class SinkConfig:
+    max_send_attempts: int = 5  # per batch of sends, for transient errors
+    retry_backoff_seconds: float = 1.0
+    max_retry_backoff_seconds: float = 30.0
+    outage_wait_seconds: float = 600.0  # how long a batch waits for an unreachable primary before failing the run
+    max_message_size_bytes: int = 256 * 1024  # Standard tier; 100 MB for Premium entities
+    # Sends to the primary per second, over all send tasks (0: no cap). A Standard namespace has about
+    # 1,000 credits a second for everyone, live producers included
+    # (docs/running/routing-and-pacing.md, "Draining politely").
+    max_messages_per_second: float = 0.0
+    # After ServerBusy (or quota exceeded, or throttled) a task's rate is halved; it climbs back from
+    # the floor to its cap (or, with no cap, to where it was) over this many seconds of sending.
+    throttle_recovery_seconds: float = 30.0
+
+
+def trigger_options(trigger: str) -> dict[str, Any]:
+    """Keyword arguments for ``DataStreamWriter.trigger``."""
+    if trigger == AVAILABLE_NOW:
+        return {"availableNow": True}
+    return {"processingTime": trigger}

@@ -1,0 +1,72 @@
+"""AMQP 1.0 values and messages in pure Python (standard library only), every type kept exactly.
+
+The syphon reads the raw bytes of backlog messages and forwards them. A decoder that merges AMQP
+types (``long`` and ``int``, ``symbol`` and ``string``), drops descriptors or cannot read ``char``
+and the decimals would change what the legacy .NET client sent. This package decodes and encodes the
+whole AMQP 1.0 type system (part 1 of the specification) and splits a message into its sections
+(part 3) so that sections can be rewritten while untouched bytes are copied as they are.
+
+One role per module, each importing only those above it here:
+- ``wire``: the fixed-width formats; ``decimals``: IEEE 754-2008 decimals (BID);
+- ``values``: the value model, a class for every AMQP type Python has none of;
+- ``decoding``: bytes -> values, strict; ``encoding``: values -> bytes, type-exact;
+- ``annotations``: the names Service Bus gives its annotations and dead-letter properties;
+- ``sections``: a message's sections, map entries and list items with their byte ranges;
+- ``message``: a message as a typed description, and its encoding; ``message_decoding``: bytes -> one;
+- ``restoring``: a backlog copy -> the message its sender meant to send.
+
+Names with a leading underscore are the package's own: its modules share them, callers do not.
+
+The codec's names are re-exported here; the message modules' are not, import them from their modules.
+They use :mod:`backlog_syphon.restore.legacy_properties`, which uses ``values`` and so runs this file
+first: importing them here would close a circle.
+"""
+
+from backlog_syphon.restore.amqp.annotations import ENQUEUED_TIME_ANNOTATION, SEQUENCE_NUMBER_ANNOTATION
+from backlog_syphon.restore.amqp.decoding import AmqpDecodeError, decode_value
+from backlog_syphon.restore.amqp.encoding import encode_list_raw, encode_map_raw, encode_value
+from backlog_syphon.restore.amqp.sections import (
+    BODY_SECTIONS,
+    SECTION_NAMES,
+    ListItem,
+    MapEntry,
+    Section,
+    SectionCode,
+    broker_identity,
+    decode_sections,
+    encode_section,
+    list_items,
+    map_entries,
+    sequence_number,
+    split_sections,
+)
+from backlog_syphon.restore.amqp.values import (
+    MAX_NESTING_DEPTH,
+    AmqpType,
+    Array,
+    Byte,
+    Char,
+    Decimal32,
+    Decimal64,
+    Decimal128,
+    Described,
+    Float,
+    Int,
+    MapPairs,
+    Short,
+    Symbol,
+    Timestamp,
+    UByte,
+    UInt,
+    ULong,
+    UShort,
+)
+
+__all__ = [
+    "MAX_NESTING_DEPTH", "AmqpDecodeError", "AmqpType", "Array", "Byte", "Char", "Decimal32", "Decimal64",
+    "Decimal128", "Described", "Float", "Int", "MapPairs", "Short", "Symbol", "Timestamp", "UByte", "UInt",
+    "ULong", "UShort", "decode_value", "encode_value", "encode_list_raw", "encode_map_raw",
+    "ENQUEUED_TIME_ANNOTATION", "SEQUENCE_NUMBER_ANNOTATION", "BODY_SECTIONS", "SECTION_NAMES", "ListItem",
+    "MapEntry", "Section", "SectionCode", "broker_identity", "decode_sections", "encode_section", "list_items",
+    "map_entries", "sequence_number", "split_sections",
+]

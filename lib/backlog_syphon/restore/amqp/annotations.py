@@ -1,0 +1,27 @@
+"""The names Service Bus gives its message annotations, and the application properties it adds to a
+message it dead-letters. Each is defined here only."""
+
+from __future__ import annotations
+
+# The broker's identity of a stored message within one queue (see ``sections.broker_identity``).
+SEQUENCE_NUMBER_ANNOTATION = "x-opt-sequence-number"
+ENQUEUED_TIME_ANNOTATION = "x-opt-enqueued-time"
+PARTITION_KEY_ANNOTATION = "x-opt-partition-key"
+SCHEDULED_ENQUEUE_TIME_ANNOTATION = "x-opt-scheduled-enqueue-time"
+
+# Set by the broker on delivery; stale on a re-sent copy, so they are dropped.
+BROKER_OWNED_ANNOTATIONS = frozenset({
+    SEQUENCE_NUMBER_ANNOTATION,
+    ENQUEUED_TIME_ANNOTATION,
+    "x-opt-locked-until",
+    "x-opt-enqueue-sequence-number",
+    "x-opt-lock-token",
+    "x-opt-deadletter-source",
+    "x-opt-message-state",
+})
+
+# The application properties Service Bus adds to a message it dead-letters: a re-drive removes them, so
+# the destination gets the message as its sender wrote it (the audit row keeps them).
+DEAD_LETTER_REASON_PROPERTY = "DeadLetterReason"
+DEAD_LETTER_DESCRIPTION_PROPERTY = "DeadLetterErrorDescription"
+DEAD_LETTER_PROPERTIES = frozenset({DEAD_LETTER_REASON_PROPERTY, DEAD_LETTER_DESCRIPTION_PROPERTY})
