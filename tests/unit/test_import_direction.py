@@ -167,6 +167,9 @@ RANKS = {
     "servicebus": 2, "storage": 2,  # the I/O of one system each
     "source": 3, "sink": 3,
     "run": 4,  # the wiring
+    # A local Spark's set-up (Delta's JARs, the JVM's class archive) and how a local session finds it: the
+    # session builder (``run``) reads it, and the archive's training run builds a session.
+    "local_setup": 4,
     "cli": 5, "": 5,  # the command line, and the package itself (its ``__init__``)
 }
 
