@@ -159,7 +159,7 @@ class LogFormat(StrEnum):
 
 
 class BacklogState(StrEnum):
-    """The status command's verdict on a backlog (``run.verdict``), most urgent first."""
+    """The status command's verdict on a backlog (``run.status_report``), most urgent first."""
 
     LEASE_HELD = "lease_held"  # a run holds the lease now: it is draining (or a continuous run waits for more)
     WAITING = "waiting"  # messages wait in the backlog queues that no run is delivering

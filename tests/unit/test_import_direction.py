@@ -49,7 +49,8 @@ PURE_MODULES = (
     "backlog_syphon.servicebus.access",
     "backlog_syphon.run.lease",
     "backlog_syphon.run.dry_run_plan",
-    "backlog_syphon.run.verdict",
+    "backlog_syphon.run.run_end",
+    "backlog_syphon.run.status_report",
 )
 
 FORBIDDEN_PREFIXES = (

@@ -19,7 +19,7 @@ from pyspark.sql import SparkSession
 from backlog_syphon.config import SyphonConfig
 from backlog_syphon.model import JobIds
 from backlog_syphon.run.run_records import AuditRecords, RunSummary
-from backlog_syphon.run.verdict import RunEnd, failure_end, run_end, run_row
+from backlog_syphon.run.run_end import RunEnd, failure_end, run_end, run_row
 from backlog_syphon.storage import tables
 
 logger = logging.getLogger(__name__)
