@@ -27,6 +27,9 @@ LIB = Path(__file__).resolve().parents[2] / "lib"
 
 PURE_MODULES = (
     "backlog_syphon.model",
+    "backlog_syphon.model.vocabulary",
+    "backlog_syphon.model.records",
+    "backlog_syphon.model.sending",
     "backlog_syphon.config",
     "backlog_syphon.errors",
     "backlog_syphon.restore.amqp_codec",
@@ -79,7 +82,9 @@ ALLOWED = {
 
 
 def module_path(module: str) -> Path:
-    return LIB.joinpath(*module.split(".")).with_suffix(".py")
+    """A module's file; a package's ``__init__.py``."""
+    path = LIB.joinpath(*module.split("."))
+    return path / "__init__.py" if path.is_dir() else path.with_suffix(".py")
 
 
 def imports_in(source: str, module: str) -> set[str]:
