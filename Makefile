@@ -31,12 +31,12 @@ $(STAMP): requirements.lock setup.cfg emulator/pyproject.toml
 	touch $@
 
 $(JARS_STAMP): $(STAMP)
-	$(PY) -m backlog_syphon.run.delta_jars
+	$(PY) -m backlog_syphon.local_setup.delta_jars
 	touch $@
 
-# The class archive of Spark's JVM (lib/backlog_syphon/run/class_archive.py): checked at every set-up
+# The class archive of Spark's JVM (lib/backlog_syphon/local_setup/class_archive.py): checked at every set-up
 # (its name follows the installed Java and JARs), built once when missing; a failure only costs speed.
-CLASS_ARCHIVE = $(1) -m backlog_syphon.run.class_archive >/dev/null || echo "local Spark JVMs start without a class archive"
+CLASS_ARCHIVE = $(1) -m backlog_syphon.local_setup.class_archive >/dev/null || echo "local Spark JVMs start without a class archive"
 
 setup: $(STAMP) $(JARS_STAMP) ## Create the virtualenv, install pinned packages, fetch Delta's JARs, build the JVM's class archive
 	@$(call CLASS_ARCHIVE,$(PY))
@@ -68,7 +68,7 @@ RUNTIME_STAMPS := $(foreach r,$(RUNTIMES),.venv-spark$(r)/.installed .cache/jars
 	touch $@
 
 .cache/jars/.fetched-spark%: .venv-spark%/.installed
-	.venv-spark$*/bin/python -m backlog_syphon.run.delta_jars
+	.venv-spark$*/bin/python -m backlog_syphon.local_setup.delta_jars
 	touch $@
 
 test-runtimes: $(RUNTIME_STAMPS) ## Run the end-to-end runtime scenario on each other Spark line (4.0, 4.1), each in its venv

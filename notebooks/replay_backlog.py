@@ -38,10 +38,10 @@ if importlib.util.find_spec("backlog_syphon") is None:
             break
 
 from backlog_syphon.run import reports
+from backlog_syphon.run.databricks_host import (Widget, default_config_path, find_repo_file, load_config, show,
+                                                stop_here, widget_values)
 from backlog_syphon.run.dry_run import dry_run
 from backlog_syphon.run.status import status
-from backlog_syphon.run.host import (Widget, default_config_path, find_repo_file, load_config, show, stop_here,
-                                     widget_values)
 from backlog_syphon.run.spark_session import build_spark_session
 from backlog_syphon.run.syphon import run_syphon
 from backlog_syphon.storage import tables

@@ -80,7 +80,24 @@ MEASURED_SECONDS = {
 UNLISTED_INTEGRATION_SECONDS = 8
 
 
+INTEGRATION = Path(__file__).resolve().parent / "integration"
+
+
+def unmeasured_entries(items) -> list[str]:
+    """The names ``MEASURED_SECONDS`` lists that are no integration test of ``items``, where ``items`` holds
+    every file of tests/integration (else []: a selection of the suite cannot tell)."""
+    integration = [item for item in items if INTEGRATION in item.path.parents]
+    if {item.path for item in integration} != set(INTEGRATION.glob("test_*.py")):
+        return []
+    return sorted(set(MEASURED_SECONDS) - {getattr(item, "originalname", item.name) for item in integration})
+
+
+@pytest.hookimpl(tryfirst=True)  # the whole collection, before ``-k`` or ``-m`` deselect any of it
 def pytest_collection_modifyitems(config, items):
+    stale = unmeasured_entries(items)
+    if stale:  # a renamed or removed test: its seconds would be scheduled for nothing, and the new name unseen
+        raise pytest.UsageError(f"tests/conftest.py MEASURED_SECONDS names tests that do not exist: {stale}")
+
     def seconds(item) -> float:
         if "integration" not in item.path.parts:
             return 0

@@ -25,7 +25,8 @@ _PUBLIC = {
     "run_syphon": "backlog_syphon.run.syphon",
     "dry_run": "backlog_syphon.run.dry_run",
     "status": "backlog_syphon.run.status",  # is the backlog drained, and if not, why not (changes nothing)
-    "load_config": "backlog_syphon.run.host",  # config.load_config, with Databricks' secret scopes where they exist
+    # config.load_config, with Databricks' secret scopes where they exist
+    "load_config": "backlog_syphon.run.databricks_host",
     "SyphonConfig": "backlog_syphon.config",
 }
 

@@ -10,7 +10,7 @@ holds the backlog, 4 an available-now run ended with messages left in the backlo
 ``--redrive-dead-letters``, which leaves what it does not select or cannot deliver by design).
 ``--status`` reads and changes nothing, and exits in the same family: 0 drained, 3 a run holds the
 lease now, 4 messages wait, 5 the backlog is drained but its dead-letter sub-queues are not
-(``run.verdict``).
+(``run.run_end``, ``run.status_report``).
 
 ``--log-format json`` (or ``run.log_format: json``): every line the command writes is one JSON object on
 stderr (``run.logs``), its results (run summary, status, dry run) included, and stdout stays empty.
@@ -35,8 +35,8 @@ import backlog_syphon
 from backlog_syphon.config import ConfigError, parse_overrides
 from backlog_syphon.model import JobIds, LogFormat, RunSource, new_run_id
 from backlog_syphon.run import logs
-from backlog_syphon.run.host import load_config
-from backlog_syphon.run.verdict import failure_end
+from backlog_syphon.run.databricks_host import load_config
+from backlog_syphon.run.run_end import failure_end
 
 from backlog_syphon.errors import EXIT_OK, EXIT_SETTINGS, SyphonError
 

@@ -15,8 +15,8 @@ from tools import testing
 from .conftest import PRIMARY, ROOT, SECONDARY
 
 # For the jobs the tests start (unless PYSPARK_SUBMIT_ARGS is set already): no Spark UI. The driver
-# JVM's options are the session builder's own (``spark_session.driver_java_options``, the class archive
-# included): a --driver-java-options here would replace them.
+# JVM's options are the session builder's own (``local_setup.jvm_options.driver_java_options``, the
+# class archive included): a --driver-java-options here would replace them.
 JOB_SUBMIT_ARGS = "--conf spark.ui.enabled=false pyspark-shell"
 
 

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from backlog_syphon.run.spark_session import driver_java_options
+from backlog_syphon.local_setup.jvm_options import driver_java_options
 from backlog_syphon.servicebus.peek import peek_counts
 from tools import backlog_writer
 from tools.testing import expected_arrivals, received_counts

@@ -1,6 +1,6 @@
 """The project's session builder starts Spark with Delta from the pre-fetched JARs."""
 
-from backlog_syphon.run import delta_jars
+from backlog_syphon.local_setup import delta_jars
 
 from backlog_syphon.storage import tables
 from backlog_syphon.run.lease import new_lease
@@ -39,9 +39,9 @@ def test_the_local_driver_jvm_maps_the_class_archive_built_by_the_set_up(spark):
     import subprocess
     from pathlib import Path
 
-    from backlog_syphon.run import class_archive
+    from backlog_syphon.local_setup import jvm_options
 
-    archive = class_archive.archive_file()
+    archive = jvm_options.archive_file()
     assert archive is not None and archive.is_file(), f"no class archive: run `make setup` ({archive})"
     jvm = spark._jvm
     arguments = list(jvm.java.lang.management.ManagementFactory.getRuntimeMXBean().getInputArguments())

@@ -163,21 +163,48 @@ def test_order_per_backlog_queue_and_per_session(emulator, syphon_config, spark)
     assert sum(len(v) for v in arrived.values()) == sum(1 for m in originals if m.destination != "events")
 
 
-def test_the_source_planners_start_on_a_read_of_no_queue(spark, monkeypatch):
+def test_the_source_planners_start_on_a_read_of_no_queue(spark, monkeypatch, caplog):
     """What a run's start does beside its lease (``start_planners``), once the source is registered: a batch
     read of no queue is planned, which starts Spark's Python planner processes, once per application.
     It runs no Spark job and opens no connection (its options name no namespace), and it succeeded (a
-    failure is only logged, and leaves the application unmarked)."""
+    failure is only logged, and leaves the application to try again)."""
+    import logging
+    from types import SimpleNamespace
+
+    from backlog_syphon.restore.rows import BACKLOG_ROW_SCHEMA
     from backlog_syphon.source import data_source
 
     spark.dataSource.register(data_source.BacklogDataSource)
     monkeypatch.setattr(data_source, "_PLANNERS_STARTED", set())  # as in a new application
     store = spark.sparkContext._jsc.sc().statusStore()
     jobs = store.jobsList(None).size()
+    caplog.set_level(logging.INFO, logger=data_source.logger.name)
     data_source.start_planners(spark)
-    assert data_source._PLANNERS_STARTED == {spark.sparkContext.applicationId}
     assert store.jobsList(None).size() == jobs
-    assert spark.readStream.format(data_source.SOURCE_NAME).options(primaryNamespace="contoso").load().columns
+    assert [record.getMessage() for record in caplog.records] == []  # no "were not started early"
+
+    reads = []
+
+    class Session:
+        """An application's session that counts the reads planned in it, and fails them."""
+
+        def __init__(self, application_id: str):
+            self.sparkContext = SimpleNamespace(applicationId=application_id)
+
+        @property
+        def read(self):
+            reads.append(self.sparkContext.applicationId)
+            raise RuntimeError("Python worker failed to connect back")
+
+    data_source.start_planners(Session(spark.sparkContext.applicationId))
+    assert reads == []  # started already in this application: nothing planned again
+    data_source.start_planners(Session("another-application"))
+    data_source.start_planners(Session("another-application"))
+    assert reads == ["another-application"] * 2  # a failure leaves it to be tried again, and is logged
+    assert [record.getMessage() for record in caplog.records] == [
+        "Spark's Python planners were not started early (RuntimeError); the query starts them"] * 2
+    frame = spark.readStream.format(data_source.SOURCE_NAME).options(primaryNamespace="contoso").load()
+    assert frame.isStreaming and frame.schema == BACKLOG_ROW_SCHEMA
 
 
 def test_poison_messages_are_dead_lettered_with_reasons_audited_and_no_secret_shows(emulator, syphon_config, spark):

@@ -136,7 +136,7 @@ def test_secret_scope_without_databricks_is_a_clear_error(tmp_path):
 
 
 def test_the_host_loader_reads_secret_scopes_only_on_databricks(tmp_path):
-    from backlog_syphon.run.host import load_config as load_config_on_host
+    from backlog_syphon.run.databricks_host import load_config as load_config_on_host
 
     text = BASE.replace("{env: PRIMARY_CS}", "{secret: syphon/primary}")
     with pytest.raises(ConfigError, match="need Databricks"):

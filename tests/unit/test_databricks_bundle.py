@@ -168,6 +168,18 @@ def without_empty(value):
     return value
 
 
+TARGETS = ("dev", "prod")
+JOBS = (AVAILABLE_NOW_JOB, CONTINUOUS_JOB)
+
+
+def in_every_target(typed, keys):
+    """``typed``'s targets, once it is checked to hold ``keys`` in each of ``TARGETS``: the checks then loop
+    over them, and a loop over nothing (an empty bundle, a target that lost its resources) proves nothing."""
+    assert {target: sorted(resources) for target, resources in typed.items()} == {
+        target: sorted(keys) for target in TARGETS}
+    return typed.items()
+
+
 def the_task(job):
     assert len(job.tasks) == 1, "each syphon job runs exactly one task"
     return job.tasks[0]
@@ -244,6 +256,7 @@ def test_every_variable_referenced_is_declared_and_every_declared_one_is_used(bu
             else:
                 assert ref in BUILTIN_REFS, f"{path.name}: unknown reference ${{{ref}}}"
     assert declared - used == set(), "declared but never used"
+    assert {"secret_scope", "catalog", "schema", "checkpoint_volume", "warehouse_id"} <= used
     for name, target in config["targets"].items():
         overridden = set(target.get("variables") or {})
         assert overridden <= declared, f"target {name} sets undeclared variables {overridden - declared}"
@@ -252,9 +265,7 @@ def test_every_variable_referenced_is_declared_and_every_declared_one_is_used(bu
 # --- the job definitions, as typed databricks-bundles objects ------------------------------------
 
 def test_every_job_definition_loads_as_a_typed_job_in_every_target(bundle, typed_jobs):
-    assert set(typed_jobs) == set(bundle["config"]["targets"])
-    for target, jobs in typed_jobs.items():
-        assert set(jobs) == {AVAILABLE_NOW_JOB, CONTINUOUS_JOB}, target
+    for target, jobs in in_every_target(typed_jobs, JOBS):
         for key, job in jobs.items():
             assert isinstance(job, Job) and job.name, f"{target}/{key}"
             # Round trip: nothing in the YAML was dropped or reshaped on the way in (but empty lists, such
@@ -283,14 +294,14 @@ def test_the_typed_validation_rejects_a_misspelt_job(bundle, misspell, error):
 
 
 def test_both_jobs_never_run_twice_at_once(typed_jobs):
-    for target, jobs in typed_jobs.items():
+    for target, jobs in in_every_target(typed_jobs, JOBS):
         for key, job in jobs.items():
             assert job.max_concurrent_runs == 1, f"{target}/{key}: a job must not overlap itself"
 
 
 def test_the_jobs_report_their_failures_and_the_scheduled_one_its_long_runs(bundle, typed_jobs):
     variables = bundle["config"]["variables"]
-    for target, jobs in typed_jobs.items():
+    for target, jobs in in_every_target(typed_jobs, JOBS):
         for key, job in jobs.items():
             # Notified to the destinations of the bundle's variables (empty by default: nobody is written to
             # until someone says where).
@@ -309,6 +320,7 @@ def test_the_jobs_report_their_failures_and_the_scheduled_one_its_long_runs(bund
 
 
 def test_every_task_passes_the_job_and_job_run_ids_to_the_syphon(typed_jobs):
+    in_every_target(typed_jobs, JOBS)
     for key, job in typed_jobs["dev"].items():
         args = build_parser().parse_args(the_task(job).python_wheel_task.parameters)
         assert (args.job_id, args.job_run_id) == ("{{job.id}}", "{{job.run_id}}"), key
@@ -320,9 +332,8 @@ def test_every_task_passes_the_job_and_job_run_ids_to_the_syphon(typed_jobs):
 def test_each_alert_fires_on_rows_of_its_query_on_a_warehouse_and_names_only_the_syphons_tables(
         bundle, typed_alerts):
     config = bundle["config"]
-    assert set(config["resources"]["alerts"]) == {"backlog_syphon_stalled", "backlog_syphon_dead_letters",
-                                                   "backlog_syphon_last_run"}
-    for target, alerts in typed_alerts.items():
+    for target, alerts in in_every_target(typed_alerts, ("backlog_syphon_stalled", "backlog_syphon_dead_letters",
+                                                         "backlog_syphon_last_run")):
         variables = target_variables(config, target)
         for key, alert in alerts.items():
             assert alert.warehouse_id == STUB_LOOKUP_ID, f"{key}: the warehouse comes from var.warehouse_id"
@@ -352,7 +363,7 @@ def test_the_typed_validation_rejects_a_misspelt_alert(bundle):
 
 def test_the_dashboard_file_has_a_dataset_for_every_widget_on_the_syphons_tables(bundle, typed_dashboards):
     declared_in = bundle["job_sources"]["backlog_syphon"]
-    for target, dashboards in typed_dashboards.items():
+    for target, dashboards in in_every_target(typed_dashboards, ["backlog_syphon"]):
         dashboard = dashboards["backlog_syphon"]
         variables = target_variables(bundle["config"], target)
         # Its queries name tables without catalog and schema: the dashboard's dataset defaults supply them.
@@ -367,6 +378,7 @@ def test_the_dashboard_file_has_a_dataset_for_every_widget_on_the_syphons_tables
         named = set(re.findall(r"(?:FROM|JOIN)\s+([\w.]+)", sql))
         assert named and named <= set(TABLES), f"{name} reads {named}"
     widgets = [item["widget"] for page in content["pages"] for item in page["layout"]]
+    assert len(widgets) >= len(datasets), "a widget for every dataset at least"
     for widget in widgets:
         for query in widget["queries"]:
             assert query["query"]["datasetName"] in datasets, widget["name"]
@@ -379,7 +391,7 @@ def test_the_dashboard_file_has_a_dataset_for_every_widget_on_the_syphons_tables
 
 
 def test_one_job_is_scheduled_and_the_other_continuous(typed_jobs):
-    for target, jobs in typed_jobs.items():
+    for target, jobs in in_every_target(typed_jobs, JOBS):
         scheduled, continuous = jobs[AVAILABLE_NOW_JOB], jobs[CONTINUOUS_JOB]
         assert scheduled.continuous is None and scheduled.trigger is None and not scheduled.triggers
         assert continuous.schedule is None and continuous.trigger is None and not continuous.triggers
@@ -399,6 +411,8 @@ def test_one_job_is_scheduled_and_the_other_continuous(typed_jobs):
 def test_every_task_runs_the_console_script_of_the_wheel(typed_jobs, setup_cfg):
     distribution = setup_cfg["metadata"]["name"]
     scripts = console_scripts(setup_cfg)
+    assert scripts == {"backlog-syphon": "backlog_syphon.cli:run"}
+    in_every_target(typed_jobs, JOBS)
     for key, job in typed_jobs["dev"].items():
         task = the_task(job)
         kinds = [kind for kind in TASK_KINDS if getattr(task, kind) is not None]
@@ -414,7 +428,7 @@ def test_every_task_runs_the_console_script_of_the_wheel(typed_jobs, setup_cfg):
 
 def test_the_available_now_job_runs_on_serverless_with_the_wheel_in_its_environment(bundle, typed_jobs, wheel_name):
     declared_in = bundle["job_sources"][AVAILABLE_NOW_JOB]
-    for target, jobs in typed_jobs.items():
+    for target, jobs in in_every_target(typed_jobs, JOBS):
         job = jobs[AVAILABLE_NOW_JOB]
         task = the_task(job)
         assert job.job_clusters == [], f"{target}: serverless jobs declare no cluster"
@@ -439,7 +453,7 @@ def test_the_available_now_job_runs_on_serverless_with_the_wheel_in_its_environm
 def test_the_continuous_job_runs_on_a_spark_4_job_cluster_with_the_wheel_as_a_library(
         bundle, typed_jobs, wheel_name):
     declared_in = bundle["job_sources"][CONTINUOUS_JOB]
-    for target, jobs in typed_jobs.items():
+    for target, jobs in in_every_target(typed_jobs, JOBS):
         job = jobs[CONTINUOUS_JOB]
         task = the_task(job)
         assert task.environment_key is None and job.environments == [], "a job cluster installs task libraries"
@@ -460,7 +474,7 @@ def test_the_continuous_job_runs_on_a_spark_4_job_cluster_with_the_wheel_as_a_li
 def test_each_job_loads_conf_databricks_with_secret_scope_references(bundle, typed_jobs):
     config = bundle["config"]
     storage = {}
-    for target, jobs in typed_jobs.items():
+    for target, jobs in in_every_target(typed_jobs, JOBS):
         scope = target_variables(config, target)["secret_scope"]
         loaded = {}
         for key, job in jobs.items():
@@ -494,7 +508,11 @@ def test_conf_databricks_names_the_bundle_secret_scope(bundle):
 
 
 def test_no_connection_string_is_written_in_any_bundle_file(bundle):
-    for path in bundle_files(bundle["config"]):
+    files = bundle_files(bundle["config"])
+    assert {path.relative_to(ROOT).as_posix() for path in files} >= {
+        "databricks.yml", "conf/databricks.yaml", "resources/backlog_syphon_jobs.yml",
+        "resources/backlog_syphon_monitoring.yml"}
+    for path in files:
         text = path.read_text().lower()
         for marker in ("sharedaccesskey=", "sharedaccesssignature", "endpoint=sb://", "sb://"):
             assert marker not in text, f"{path.relative_to(ROOT)} contains '{marker}'"

@@ -5,8 +5,9 @@ import types
 
 import pytest
 
-from backlog_syphon.run import delta_jars, spark_session
-from backlog_syphon.run.delta_jars import UnsupportedRuntimeError, delta_artifact
+from backlog_syphon.local_setup import delta_jars, jvm_options
+from backlog_syphon.local_setup.delta_jars import UnsupportedRuntimeError, delta_artifact
+from backlog_syphon.run import spark_session
 
 
 @pytest.mark.parametrize("spark, delta, artifact", [
@@ -125,7 +126,7 @@ def _build_with_fetched_jars(monkeypatch, **kwargs) -> dict:
     monkeypatch.setattr(spark_session, "SparkSession", types.SimpleNamespace(builder=builder,
                                                                              getActiveSession=lambda: None))
     monkeypatch.setattr(delta_jars, "fetched_jars", lambda cache=None: ["/c/delta-spark.jar", "/c/delta-storage.jar"])
-    monkeypatch.setattr(spark_session, "driver_java_options",
+    monkeypatch.setattr(jvm_options, "driver_java_options",
                         lambda class_path_extended=False: "extended" if class_path_extended else "archive")
     for name in ("SPARK_REMOTE", "DATABRICKS_RUNTIME_VERSION", "PYSPARK_GATEWAY_PORT", "SPARK_MASTER",
                  "SYPHON_SPARK_MASTER"):

@@ -160,11 +160,22 @@ def test_a_run_that_took_a_just_created_lease_table_first_is_found_by_the_next_a
     assert table.writes == [] and table.row.run_id == "run-first"  # its epoch-1 write failed the compare-and-set
 
 
-def test_a_lease_still_this_runs_may_record_inside_its_safety_margin():
-    holder = LeaseKeeper(lease_table="t", lease_key="k", run_id="r1", lease_seconds=100)
-    holder.lease = new_lease("k", "r1", "h", 1, T0, 100)
-    holder.clock = lambda: T0 + dt.timedelta(seconds=90)  # past the sending margin, not expired
-    holder.confirm_held(None)  # no extension needed to record: nobody else can hold it yet
+def test_a_lease_still_this_runs_may_record_inside_its_safety_margin(table):
+    clock = Clock()
+    holder = keeper(clock)
+    holder.acquire(None, wait=False)
+    clock.at(100)  # past the sending margin (no sending after 90 s), not expired (120 s)
+    holder.confirm_held(None)  # recording needs no extension: nobody else can hold it yet
+    assert [w.epoch for w in table.writes] == [1] and holder.lease.expires_at == T0 + dt.timedelta(seconds=120)
+    clock.at(130)  # expired, its row still this run's: extended (a compare-and-set), then it records
+    holder.confirm_held(None)
+    assert [w.epoch for w in table.writes] == [1, 2] and holder.lease.expires_at == clock.now + dt.timedelta(
+        seconds=LEASE_SECONDS)
+    clock.at(300)  # expired again, and another run took it meanwhile: nothing may be recorded
+    table.row = Lease("sb-host/contoso", 3, "run-b", "other-host", 7, clock.now, clock.now,
+                      clock.now + dt.timedelta(seconds=LEASE_SECONDS))
+    with pytest.raises(LeaseLostError, match="run-b"):
+        holder.confirm_held(None)
 
 
 def test_on_free_is_told_each_time_the_lease_is_found_free_before_the_write_and_never_while_held(table, monkeypatch):

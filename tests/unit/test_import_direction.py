@@ -28,6 +28,9 @@ LIB = Path(__file__).resolve().parents[2] / "lib"
 
 PURE_MODULES = (
     "backlog_syphon.model",
+    "backlog_syphon.model.vocabulary",
+    "backlog_syphon.model.records",
+    "backlog_syphon.model.sending",
     "backlog_syphon.config",
     "backlog_syphon.config.types",
     "backlog_syphon.config.validation",
@@ -67,7 +70,8 @@ PURE_MODULES = (
     "backlog_syphon.servicebus.access",
     "backlog_syphon.run.lease",
     "backlog_syphon.run.dry_run_plan",
-    "backlog_syphon.run.verdict",
+    "backlog_syphon.run.run_end",
+    "backlog_syphon.run.status_report",
 )
 
 FORBIDDEN_PREFIXES = (
@@ -216,6 +220,9 @@ RANKS = {
     "servicebus": 2, "storage": 2,  # the I/O of one system each
     "source": 3, "sink": 3,
     "run": 4,  # the wiring
+    # A local Spark's set-up (Delta's JARs, the JVM's class archive) and how a local session finds it: the
+    # session builder (``run``) reads it, and the archive's training run builds a session.
+    "local_setup": 4,
     "cli": 5, "": 5,  # the command line, and the package itself (its ``__init__``)
 }
 

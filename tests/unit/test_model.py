@@ -99,7 +99,27 @@ def test_a_span_holds_a_message_by_sequence_number_and_enqueue_time(sequence_num
     assert SPAN.holds(sequence_number, enqueued_ms) is held
 
 
-def test_batch_stats_live_in_the_model_and_progress_uses_them():
-    from backlog_syphon.run import progress
+def test_a_batchs_stats_are_what_its_progress_line_and_json_fields_report():
+    import datetime as dt
 
-    assert progress.BatchStats is BatchStats
+    from backlog_syphon.model import PacingStats
+    from backlog_syphon.run.progress import ProgressPoint, progress_fields, progress_line
+
+    now = dt.datetime(2026, 1, 1, 12, 0, tzinfo=dt.timezone.utc)
+    stats = BatchStats(delivered=40, dead_lettered=2, skipped=1, replayed=3, send_seconds=4.0,
+                       oldest_enqueued=now - dt.timedelta(seconds=90))
+    assert (stats.held, stats.pacing) == (0, None)  # a batch that held nothing, over Spark Connect
+    fields = progress_fields(ProgressPoint(7, now, stats, {"q/0": 5}))
+    assert {key: fields[key] for key in ("batch_id", "delivered", "dead_lettered", "skipped", "held", "replayed",
+                                         "oldest_message_age_seconds", "send_rate", "remaining_total")} == {
+        "batch_id": 7, "delivered": 40, "dead_lettered": 2, "skipped": 1, "held": 0, "replayed": 3,
+        "oldest_message_age_seconds": 90.0, "send_rate": 10.0, "remaining_total": 5}  # 40 delivered in 4 s
+    assert "send_rate_cap" not in fields  # no pacing reported
+    # The send tasks' own pacing, where it reaches the driver, is the rate reported.
+    paced = BatchStats(40, 0, 0, 0, 4.0, None, held=6,
+                       pacing=PacingStats(sent=40, first_send_at=100.0, last_send_at=102.0, cap=25.0, tasks=2))
+    fields = progress_fields(ProgressPoint(8, now, paced, {}))
+    assert (fields["held"], fields["send_rate"], fields["send_rate_cap"]) == (6, 20.0, 25.0)
+    assert progress_line(ProgressPoint(8, now, paced, {})) == (
+        "batch 8: delivered 40, dead-lettered 0, skipped 0, held 6, replayed 0; oldest message age -; "
+        "send rate 20 msg/s (cap 25); remaining 0")

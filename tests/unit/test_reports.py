@@ -53,7 +53,7 @@ def test_text_chart_scales_bars_to_the_peak():
 def test_a_run_that_left_only_what_skipped_destinations_hold_has_drained():
     """restore.skip_destinations is what the operator asked for: held messages do not make an available-now
     run fail (exit code 4); anything else left does."""
-    from backlog_syphon.run.syphon import RunSummary
+    from backlog_syphon.run.run_records import RunSummary
 
     counts = {"delivered": 5, "dead_lettered": 0, "skipped_ping": 0, "held": 0}
     per_destination = {"orders": counts, "payments": {**counts, "delivered": 0, "held": 3}}
@@ -73,7 +73,7 @@ def test_a_run_that_left_only_what_skipped_destinations_hold_has_drained():
 
 
 def test_what_a_run_leaves_on_purpose_held_or_not_selected_counts_as_drained_and_a_redrive_has_its_column():
-    from backlog_syphon.run.syphon import RunSummary
+    from backlog_syphon.run.run_records import RunSummary
 
     counts = {"delivered": 1, "dead_lettered": 0, "skipped_ping": 0, "held": 1, "not_selected": 2}
     summary = RunSummary("r1", {"orders": counts}, remaining={"q/0": 3})

@@ -26,3 +26,21 @@ def test_each_share_starts_with_long_tests_of_about_equal_seconds():
         "long-2", "short-0", "short-1", "short-2", "short-3",
         "long-0", "long-5", "long-1", "short-4", "short-5",
         "long-4", "long-3", "short-6", "short-7", "short-8"]
+
+
+def test_measured_seconds_naming_a_test_that_does_not_exist_is_found_once_all_of_integration_is_collected():
+    from types import SimpleNamespace
+
+    from tests.conftest import INTEGRATION, MEASURED_SECONDS, unmeasured_entries
+
+    def item(path, name):
+        return SimpleNamespace(path=path, name=f"{name}[case]", originalname=name)
+
+    files = sorted(INTEGRATION.glob("test_*.py"))
+    listed = sorted(MEASURED_SECONDS)
+    # One item per file, and one per measured test (their files do not matter here), but the first.
+    items = [item(path, "test_x") for path in files] + [item(files[0], name) for name in listed[1:]]
+    assert unmeasured_entries(items) == [listed[0]]
+    # A file not collected: a selection of the suite, which cannot tell.
+    assert unmeasured_entries([i for i in items if i.path != files[-1]]) == []
+    assert unmeasured_entries(items + [item(files[0], listed[0])]) == []

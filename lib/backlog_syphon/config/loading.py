@@ -7,7 +7,7 @@ are errors that name the key and where it came from.
 Secrets: connection strings (and an Azure AD credential's client secret) are given as ``{env: VAR}``,
 ``{secret: scope/key}`` (Databricks secret scope) or, for a one-off run, literally; either way they end
 up in a ``Secret``, and no error message ever includes a value that could be one. Secret scopes are
-read by the ``secret_reader`` the caller passes (``run.host.load_config`` passes Databricks' own), so
+read by the ``secret_reader`` the caller passes (``run.databricks_host.load_config`` passes Databricks' own), so
 this module stays pure: it reads the file and the variables it is given, nothing else.
 """
 
@@ -82,7 +82,7 @@ def load_config(path: str | os.PathLike | None = None, *, overrides: Mapping[str
     """Load YAML (optional), then ``SYPHON__*`` variables, then ``overrides``; validate; resolve secrets.
 
     ``secret_reader(scope, key)`` reads ``{secret: scope/key}`` references; without one they are an
-    error (``run.host.load_config`` passes Databricks' secret scopes where they exist).
+    error (``run.databricks_host.load_config`` passes Databricks' secret scopes where they exist).
     """
     environ = os.environ if environ is None else environ
     origin = str(path) if path else "configuration"

@@ -18,7 +18,8 @@ from pyspark.sql import SparkSession
 
 from backlog_syphon.config import SyphonConfig
 from backlog_syphon.model import JobIds
-from backlog_syphon.run.verdict import RunEnd, failure_end, run_end, run_row
+from backlog_syphon.run.run_records import AuditRecords, RunSummary
+from backlog_syphon.run.run_end import RunEnd, failure_end, run_end, run_row
 from backlog_syphon.storage import tables
 
 logger = logging.getLogger(__name__)
@@ -28,8 +29,8 @@ def utc_now() -> dt.datetime:
     return dt.datetime.now(dt.timezone.utc)
 
 
-def summary_end(summary, trigger: str) -> RunEnd:
-    """How a run that ran through ended (``summary``: ``run.syphon.RunSummary``): exit code and closing line."""
+def summary_end(summary: RunSummary, trigger: str) -> RunEnd:
+    """How a run that ran through ended: exit code and closing line."""
     return run_end(trigger, drained=summary.drained, stopped=summary.stopped, remaining=summary.remaining,
                    held=sum(summary.held.values()), redrive=summary.redrive)
 
@@ -54,8 +55,8 @@ class RunRecorder:
                 on_start(run)
         return started
 
-    def ended(self, summary) -> None:
-        """The run ran through (``summary``: ``run.syphon.RunSummary``)."""
+    def ended(self, summary: RunSummary) -> None:
+        """The run ran through."""
         self._append(summary_end(summary, self.config.run.trigger), summary.per_destination, summary.remaining,
                      [point.stats for point in summary.progress])
 
@@ -63,8 +64,6 @@ class RunRecorder:
         """The run raised ``exc``. What it recorded is read from the audit table (a failed batch records
         what it delivered before it fails, which the sink's own counts leave out); what it left is not
         counted (the status command does)."""
-        from backlog_syphon.run.syphon import AuditRecords
-
         end = failure_end(exc)
         per_destination, batches = {}, []
         if self.run is not None:  # its query started: it may have recorded something

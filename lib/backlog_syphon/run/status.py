@@ -6,7 +6,7 @@ and, where messages wait and restore.skip_destinations is set, which of them are
 and changes nothing: it takes no lease, writes no table (a table that does not exist yet reads as
 empty, and is not created), settles and locks nothing. The broker is read in threads while the tables
 are, so it takes about as long as the slower of the two. The verdict and the report's text are
-``run.verdict``'s.
+``run.status_report``'s.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from pyspark.sql import SparkSession
 
 from backlog_syphon.config import SyphonConfig
 from backlog_syphon.restore.queue_names import backlog_queue_names
-from backlog_syphon.run.verdict import QueueStatus, StatusReport
+from backlog_syphon.run.status_report import QueueStatus, StatusReport
 from backlog_syphon.storage import tables
 
 RUNS_SHOWN = 5

@@ -1,5 +1,5 @@
 """How much settling fits inside a lock: the purge's timing, from the lock and the measured round trips.
-Pure: numbers in, numbers out. ``settle.py`` measures; ``purge_plan.PurgeProgress`` sizes its pages with it.
+Pure: numbers in, numbers out. ``purge.py`` measures; ``purge_plan.PurgeProgress`` sizes its pages with it.
 
 A received message's lock starts when the broker sends it, and a settle request (one bulk completion, one
 bulk dead-lettering per distinct reason) counts only if it reaches the broker before that lock ends. A

@@ -1,6 +1,6 @@
 """The background purge: settle what the tables record while the next micro-batch runs.
 
-Settling is a few small broker calls per queue (``servicebus.settle``), so it runs in threads on the
+Settling is a few small broker calls per queue (``servicebus.purge``), so it runs in threads on the
 driver rather than as a Spark job, one round at a time, each round's queues in parallel.
 
 A round that fails for a queue (a lost connection, a lock lost, the secondary unreachable) is logged
@@ -68,7 +68,7 @@ class PurgeRunner:
             return dict(zip(plans, pool.map(lambda queue: self._purge_one(plans[queue]), plans)))
 
     def _purge_one(self, plan: PurgePlan) -> PurgeResult:
-        from backlog_syphon.servicebus.settle import purge_backlog
+        from backlog_syphon.servicebus.purge import purge_backlog
 
         try:
             timing = self._timings.setdefault(plan.queue, SettleTiming())

@@ -1,1 +1,1 @@
-"""Every use of Delta: the audit, checkpoint and lease tables."""
+"""Every use of Delta: the audit, checkpoint, lease and runs tables."""

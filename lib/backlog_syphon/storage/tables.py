@@ -1,4 +1,5 @@
-"""All Delta I/O of the syphon: the audit table and the checkpoint table.
+"""All Delta I/O of the syphon: its four tables, audit, checkpoint, lease and runs (and, beside them,
+the stop marker a run leaves for a Connect server and the id in a streaming checkpoint, read through Spark).
 
 - ``audit``: one row per backlog message and outcome, appended once per micro-batch with
   ``txnAppId``/``txnVersion`` so a replayed batch never appends twice. Partitioned by outcome date.

@@ -3,83 +3,39 @@ about twice as fast.
 
 A local run starts its own Spark JVM, which loads some 20,000 classes (Spark, Delta, Hadoop, Scala)
 from JAR files before its first batch, parsing and verifying each one: on two cores that is about half
-of the session's start and a fifth of a short run's CPU. ``python -m backlog_syphon.run.class_archive``
+of the session's start and a fifth of a short run's CPU. ``python -m backlog_syphon.local_setup.class_archive``
 (``make setup`` runs it) starts Spark once with the JVM's ``-XX:ArchiveClassesAtExit``, runs a small
 workload that touches what a run touches (Delta tables, Arrow, a Python streaming source with
 ``foreachBatch``), and keeps the archive the JVM writes when it exits. The session builder then
-passes ``-XX:SharedArchiveFile`` to every local driver JVM, which maps those classes ready-made.
+passes ``-XX:SharedArchiveFile`` to every local driver JVM (``jvm_options``, which names an archive for
+the JVM and class path it is valid for), which maps those classes ready-made.
 
-An archive is only valid for the JVM build and the class path that made it, so its file name carries a
-fingerprint of both (``fingerprint``): another Java, another pyspark, other Delta JARs simply find no
-archive and start as before. A JVM given a damaged archive can crash, so an archive only appears
-under its final name once the JVM that wrote it has exited cleanly. Clusters, Databricks, spark-submit
-and Spark Connect start their JVMs themselves and never use one.
+A JVM given a damaged archive can crash, so an archive only appears under its final name once the JVM
+that wrote it has exited cleanly. Clusters, Databricks, spark-submit and Spark Connect start their JVMs
+themselves and never use one.
 
-Usage: ``python -m backlog_syphon.run.class_archive [--dest DIR]`` prints the archive (building it if
-missing).
+Usage: ``python -m backlog_syphon.local_setup.class_archive [--dest DIR]`` prints the archive (building
+it if missing).
 """
 
 from __future__ import annotations
 
 import argparse
-import hashlib
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-import pyspark
+from backlog_syphon.local_setup import jvm_options
+from backlog_syphon.local_setup.jvm_options import DEFAULT_CACHE
 
-from backlog_syphon.run import delta_jars
-
-DEFAULT_CACHE = delta_jars.DEFAULT_CACHE.parent / "jvm"  # <repo>/.cache/jvm, beside the Delta JARs
 _TRAINING_FLAG = "--train"
-# How the session builder lays out the class path (Delta's JARs after pyspark's own, on the driver's
-# class path): an archive made for another layout would not match it.
-_LAYOUT = "delta-on-driver-class-path"
-
-
-def _java_home() -> Path | None:
-    """The Java that pyspark's launcher runs: ``JAVA_HOME``'s, else the one on the PATH."""
-    if os.environ.get("JAVA_HOME"):
-        return Path(os.environ["JAVA_HOME"]).resolve()
-    java = shutil.which("java")
-    return Path(java).resolve().parents[1] if java else None
-
-
-def fingerprint() -> str | None:
-    """What an archive depends on: the JVM build (its ``libjvm.so``, by path, size and time), pyspark's
-    JARs and Delta's. None where no JVM library is found (then no archive is used)."""
-    home = _java_home()
-    libjvm = home / "lib" / "server" / "libjvm.so" if home else None
-    if libjvm is None or not libjvm.exists():
-        return None
-    stat = libjvm.stat()
-    parts = [_LAYOUT, str(libjvm), str(stat.st_size), str(int(stat.st_mtime)), pyspark.__version__]
-    parts += sorted(str(p) for p in (Path(pyspark.__file__).parent / "jars").glob("*.jar"))
-    parts += delta_jars.fetched_jars()
-    return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
-
-
-def archive_file(cache: Path = DEFAULT_CACHE) -> Path | None:
-    key = fingerprint()
-    return cache / f"spark-{pyspark.__version__}-{key}.jsa" if key else None
-
-
-def java_option(cache: Path = DEFAULT_CACHE) -> str | None:
-    """``-XX:SharedArchiveFile=...`` for this JVM and class path, or None where no archive was built."""
-    try:
-        archive = archive_file(cache)
-    except Exception:  # noqa: BLE001 - pyspark/Delta unsupported: the session builder says so itself
-        return None
-    return f"-XX:SharedArchiveFile={archive}" if archive is not None and archive.is_file() else None
 
 
 def build(cache: Path = DEFAULT_CACHE) -> Path:
     """Build the archive for this JVM and class path unless it exists; return it. Raises RuntimeError."""
-    archive = archive_file(cache)
+    archive = jvm_options.archive_file(cache)
     if archive is None:
         raise RuntimeError("no JVM library found (JAVA_HOME or java on the PATH): no class archive to build")
     if archive.is_file():
@@ -89,7 +45,8 @@ def build(cache: Path = DEFAULT_CACHE) -> Path:
           file=sys.stderr)
     with tempfile.TemporaryDirectory(dir=cache) as work:
         written = Path(work, archive.name)
-        training = [sys.executable, "-m", "backlog_syphon.run.class_archive", _TRAINING_FLAG, str(written), work]
+        training = [sys.executable, "-m", "backlog_syphon.local_setup.class_archive", _TRAINING_FLAG,
+                    str(written), work]
         result = subprocess.run(training, capture_output=True, text=True, timeout=600)
         if result.returncode != 0 or not written.is_file():
             tail = "\n".join((result.stdout + result.stderr).strip().splitlines()[-8:])
@@ -107,7 +64,7 @@ def _train(archive: str, work: str) -> None:
     from pyspark import SparkContext
     from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 
-    from backlog_syphon.run.spark_session import DRIVER_JAVA_OPTIONS, build_spark_session
+    from backlog_syphon.run.spark_session import build_spark_session
 
     class Counter(DataSource):
         @classmethod
@@ -139,7 +96,7 @@ def _train(archive: str, work: str) -> None:
             .save(f"{work}/table")
         frame.sparkSession.read.format("delta").load(f"{work}/table").groupBy("n").count().collect()
 
-    dump = f"{DRIVER_JAVA_OPTIONS} -XX:ArchiveClassesAtExit={archive}"
+    dump = f"{jvm_options.DRIVER_JAVA_OPTIONS} -XX:ArchiveClassesAtExit={archive}"
     spark = build_spark_session("backlog-syphon-class-archive",
                                 extra_conf={"spark.ui.enabled": "false", "spark.driver.extraJavaOptions": dump})
     gateway = SparkContext._gateway

@@ -1,4 +1,4 @@
-"""Settling backlog messages for the purge: receive exactly what is planned, complete or dead-letter what
+"""The purge's I/O: receive exactly what is planned, complete or dead-letter what
 the plan holds by identity, release anything else, and leave no receive credit open.
 
 The decisions are ``purge_plan.PurgeProgress``'s and the timing ``settle_timing.SettleTiming``'s (both
@@ -47,7 +47,8 @@ from backlog_syphon.servicebus.sdk_internals import (
 )
 from backlog_syphon.servicebus.settle_timing import SettleTiming
 
-logger = logging.getLogger(__name__)
+# The logger keeps the module's former name (``servicebus.settle``): log pipelines may filter on it.
+logger = logging.getLogger("backlog_syphon.servicebus.settle")
 
 UNKNOWN_LOCK_SECONDS = 60.0  # the service's default lock, for a page whose messages carry no locked-until
 DESCRIPTION_LIMIT = 1024  # characters of a reason kept as the DeadLetterErrorDescription

@@ -7,7 +7,7 @@ Here Maven resolves the artifact once, and only the JARs that pyspark does not a
 kept in ``.cache/jars/<artifact>-<delta version>/`` (one folder per Spark line and Delta release, so
 the runtimes of ``make test-runtimes`` share the cache without colliding); the session builder passes
 them as ``spark.jars``. Maven is used when it is installed; otherwise the session builder falls back
-to ``spark.jars.packages`` (see ``spark_session.py``) with the same coordinates, which works for users
+to ``spark.jars.packages`` (see ``run/spark_session.py``) with the same coordinates, which works for users
 without Maven.
 
 Which artifact: Delta 4.0.x published one JAR per Scala version (``delta-spark_2.13``), built for
@@ -17,7 +17,7 @@ default Spark line, which moved (Spark 4.1 for Delta 4.1-4.3, Spark 4.2 for Delt
 right one to guess. ``SUPPORTED_SPARK_LINES`` lists, per Spark line, the Delta release lines that
 publish a JAR for it; anything else is refused with a message naming what is supported.
 
-Usage: ``python -m backlog_syphon.run.delta_jars [--dest DIR] [--jars]`` prints the folder it filled
+Usage: ``python -m backlog_syphon.local_setup.delta_jars [--dest DIR] [--jars]`` prints the folder it filled
 (or, with ``--jars``, its JARs as a ``spark-submit --jars`` list).
 """
 
@@ -46,7 +46,7 @@ SUPPORTED_SPARK_LINES: dict[str, tuple[str, ...]] = {
 # Delta release lines whose artifact carries no Spark version (one JAR per Scala version).
 UNSUFFIXED_DELTA_LINES = frozenset({"4.0"})
 
-DEFAULT_CACHE = Path(__file__).resolve().parents[3] / ".cache" / "jars"  # <repo>/lib/backlog_syphon/run/
+DEFAULT_CACHE = Path(__file__).resolve().parents[3] / ".cache" / "jars"  # <repo>/lib/backlog_syphon/local_setup/
 
 _POM = """<project xmlns="http://maven.apache.org/POM/4.0.0">
   <modelVersion>4.0.0</modelVersion>

@@ -1,0 +1,31 @@
+"""The syphon's vocabulary: what can happen to a backlog message and why, the TTL policy, and the
+typed records of the tables (audit, checkpoint, lease, runs) and of what the driver keeps per backlog
+queue. Every module speaks these enums rather than string literals. Pure: no I/O, nothing but the
+standard library.
+
+Three modules, re-exported here under the names every caller uses (``from backlog_syphon.model import
+Outcome``): ``vocabulary`` (the enums), ``records`` (the tables' rows, spans and counts) and ``sending``
+(what the delivery and the senders exchange and report).
+"""
+
+from backlog_syphon.model.vocabulary import (
+    AccessRight, Action, BacklogState, CredentialKind, DEAD_LETTER_REASON_CODES, EntityKind, FINAL_OUTCOMES,
+    LogFormat, Outcome, REPORTED_OUTCOMES, ReasonCode, RunSource, STAYING_OUTCOMES, TtlPolicy
+)
+from backlog_syphon.model.records import (
+    BrokerCount, CheckpointRow, DeadLetterOrder, HeldSpan, Int32, JobIds, Lease, OutcomeRecord, RecordedSpan,
+    RunRow, new_run_id
+)
+from backlog_syphon.model.sending import (
+    BatchStats, DestinationShape, MESSAGE_REFUSAL_REASONS, Outgoing, PacingStats, PartialSendError,
+    SendFailure, SendFailureClass, THROTTLING_REASONS
+)
+
+__all__ = [
+    "AccessRight", "Action", "BacklogState", "CredentialKind", "DEAD_LETTER_REASON_CODES", "EntityKind",
+    "FINAL_OUTCOMES", "LogFormat", "Outcome", "REPORTED_OUTCOMES", "ReasonCode", "RunSource", "STAYING_OUTCOMES",
+    "TtlPolicy", "BrokerCount", "CheckpointRow", "DeadLetterOrder", "HeldSpan", "Int32", "JobIds", "Lease",
+    "OutcomeRecord", "RecordedSpan", "RunRow", "new_run_id", "BatchStats", "DestinationShape",
+    "MESSAGE_REFUSAL_REASONS", "Outgoing", "PacingStats", "PartialSendError", "SendFailure", "SendFailureClass",
+    "THROTTLING_REASONS"
+]

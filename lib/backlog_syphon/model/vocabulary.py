@@ -1,0 +1,182 @@
+"""The syphon's words: what can happen to a backlog message and why (actions, outcomes, reason codes),
+and the kinds its settings and reports choose among (run source, credentials, rights, log format, the
+status's verdict, TTL policy, entity kind).
+
+They are ``StrEnum``s, so they are written to Delta, Arrow and logs as their plain values
+(``"delivered"``, ``"missing_path"``), and the values are part of the audit table's contract.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class Action(StrEnum):
+    """What the restore rules decide for a backlog message before anything is sent."""
+
+    DELIVER = "deliver"
+    DEAD_LETTER = "dead_letter"
+    SKIP = "skip"  # a ping: recorded and settled, never delivered
+    # Its destination is in ``restore.skip_destinations``: not sent, not settled, left in the backlog for a
+    # later run. Not SKIP: a ping is done with, a held message is not.
+    HOLD = "hold"
+    # Re-drive only: the message is not sent and stays in the dead-letter sub-queue, untouched (the
+    # re-drive's filters did not select it, or an earlier re-drive dead-lettered it again).
+    LEAVE = "leave"
+
+    @property
+    def stays(self) -> bool:
+        """Whether the message is left where it is on purpose (not sent, not settled): ``Outcome.stays``."""
+        return self in (Action.HOLD, Action.LEAVE)
+
+
+class Outcome(StrEnum):
+    """What happened to a backlog message: one audit row each."""
+
+    DELIVERED = "delivered"
+    DEAD_LETTERED = "dead_lettered"
+    SKIPPED_PING = "skipped_ping"
+    # Not a final outcome: the message was not sent (its destination stayed unavailable, or the
+    # send round ran out of lease). It stays in the backlog, untouched, and the batch's replay sends it.
+    UNSENT = "unsent"
+    # Not a final outcome either: its destination is in ``restore.skip_destinations`` (``Action.HOLD``), so
+    # it was not sent and is not settled. It stays in the backlog, untouched; the next run reads it again (a
+    # run re-reads from its head, once, each backlog queue where the audit shows held messages) and, without
+    # the skip, sends it.
+    HELD = "held"
+    # Not a final outcome either (re-drive only): the message was seen and deliberately left in the
+    # dead-letter sub-queue (``Action.LEAVE``); the rows tell the audit what the re-drive saw and left.
+    NOT_SELECTED = "not_selected"
+
+    @property
+    def is_final(self) -> bool:
+        return self not in (Outcome.UNSENT, *STAYING_OUTCOMES)
+
+    @property
+    def stays(self) -> bool:
+        """Left where it is on purpose (HELD, NOT_SELECTED). Like UNSENT rows these cut the recorded spans, so
+        no purge settles the message (it passes over it); unlike UNSENT they do not fail the batch: they are
+        what the operator asked for."""
+        return self in STAYING_OUTCOMES
+
+
+# The outcomes of messages left where they are on purpose (``Outcome.stays``): never sent, never settled.
+STAYING_OUTCOMES = (Outcome.HELD, Outcome.NOT_SELECTED)
+FINAL_OUTCOMES = tuple(outcome for outcome in Outcome if outcome.is_final)
+# What run summaries count per destination: the final outcomes, and what was left where it is on purpose.
+REPORTED_OUTCOMES = FINAL_OUTCOMES + STAYING_OUTCOMES
+
+
+class ReasonCode(StrEnum):
+    """Why a message was not delivered (the audit's ``reason_code`` and the dead-letter reason)."""
+
+    # decided by the restore rules
+    PING = "ping"
+    MISSING_PATH = "missing_path"
+    INVALID_LEGACY_PROPERTY = "invalid_legacy_property"
+    INVALID_DESTINATION = "invalid_destination"
+    UNDECODABLE_MESSAGE = "undecodable_message"
+    EXPIRED_IN_BACKLOG = "expired_in_backlog"
+    MESSAGE_TOO_LARGE = "message_too_large"
+    # met while building or sending
+    RESTORE_FAILED = "restore_failed"
+    DESTINATION_NOT_FOUND = "destination_not_found"
+    UNAUTHORIZED = "unauthorized"
+    # The destination refused this one message for good (amqp:not-allowed, an argument error, an invalid
+    # field): no retry changes the answer, so it is that message's outcome, with the service's text.
+    DESTINATION_REFUSED = "destination_refused"
+    # found before sending: the destination could not take the message as it is (Service Bus would refuse it)
+    SESSION_REQUIRED = "session_required"  # the destination requires sessions; the message has no SessionId
+    SESSION_ID_NOT_PARTITION_KEY = "session_id_not_partition_key"  # both set, and they differ
+    # transient: retried, never a final outcome
+    DESTINATION_DISABLED = "destination_disabled"
+    AUTHENTICATION_FAILED = "authentication_failed"
+    TRANSIENT = "transient"
+    # throttling: the primary is over its capacity; the sender slows down (never a final outcome)
+    SERVER_BUSY = "server_busy"
+    QUOTA_EXCEEDED = "quota_exceeded"
+    THROTTLED = "throttled"
+    # why a message is UNSENT
+    DESTINATION_UNAVAILABLE = "destination_unavailable"  # refused or unreachable for all of sink.outage_wait_seconds
+    ROUND_DEADLINE = "round_deadline"  # the send round ended before the lease could expire; the next round sends it
+    # why a message is HELD
+    DESTINATION_SKIPPED = "destination_skipped"  # restore.skip_destinations names its destination
+    # why a re-drive left a dead-lettered message where it is (NOT_SELECTED)
+    FILTERED_OUT = "filtered_out"  # the redrive.* filters do not select it
+    REDRIVEN_BEFORE = "redriven_before"  # an earlier re-drive dead-lettered it again (redrive.retry_dead_lettered)
+
+
+# The reason codes a syphon run writes as a message's dead-letter reason (``redrive.reason_codes`` picks among them).
+DEAD_LETTER_REASON_CODES = (
+    ReasonCode.MISSING_PATH, ReasonCode.INVALID_LEGACY_PROPERTY, ReasonCode.INVALID_DESTINATION,
+    ReasonCode.UNDECODABLE_MESSAGE, ReasonCode.EXPIRED_IN_BACKLOG, ReasonCode.MESSAGE_TOO_LARGE,
+    ReasonCode.RESTORE_FAILED, ReasonCode.DESTINATION_NOT_FOUND, ReasonCode.UNAUTHORIZED,
+    ReasonCode.DESTINATION_REFUSED, ReasonCode.SESSION_REQUIRED, ReasonCode.SESSION_ID_NOT_PARTITION_KEY,
+)
+
+
+class RunSource(StrEnum):
+    """What a run reads (``run.source``)."""
+
+    BACKLOG = "backlog"  # the backlog queues themselves
+    DEAD_LETTERS = "dead_letters"  # their dead-letter sub-queues: a re-drive of what was dead-lettered
+
+
+class CredentialKind(StrEnum):
+    """Where an Azure AD token for a namespace comes from (``<namespace>.credential.kind``)."""
+
+    DEFAULT = "default"  # azure-identity's DefaultAzureCredential: environment, workload identity, managed identity, ...
+    SERVICE_PRINCIPAL = "service_principal"  # a tenant, a client id and a client secret
+    MANAGED_IDENTITY = "managed_identity"  # the machine's (system-assigned, or a user-assigned one by client id)
+    WORKLOAD_IDENTITY = "workload_identity"  # a federated token file (Kubernetes)
+    DATABRICKS_SERVICE_CREDENTIAL = "databricks_service_credential"  # a Unity Catalog service credential, by name
+    CUSTOM = "custom"  # a "module:callable" of one's own that returns a token credential
+
+
+class AccessRight(StrEnum):
+    """What Service Bus checks a token or key for, and the narrowest Azure role that grants it."""
+
+    SEND = "Send"
+    LISTEN = "Listen"
+    MANAGE = "Manage"
+
+    @property
+    def role(self) -> str:
+        return {AccessRight.SEND: "Azure Service Bus Data Sender", AccessRight.LISTEN: "Azure Service Bus Data Receiver",
+                AccessRight.MANAGE: "Azure Service Bus Data Owner"}[self]
+
+
+class LogFormat(StrEnum):
+    """How the command line writes its log lines (``run.log_format``, ``--log-format``)."""
+
+    TEXT = "text"  # for people: a line of text each
+    JSON = "json"  # for log pipelines: one JSON object per line, the run's ids on each (``run.logs``)
+
+
+class BacklogState(StrEnum):
+    """The status command's verdict on a backlog (``run.status_report``), most urgent first."""
+
+    LEASE_HELD = "lease_held"  # a run holds the lease now: it is draining (or a continuous run waits for more)
+    WAITING = "waiting"  # messages wait in the backlog queues that no run is delivering
+    DEAD_LETTERS = "dead_letters"  # the backlog is drained, but its dead-letter sub-queues hold messages
+    DRAINED = "drained"  # nothing waits (but what restore.skip_destinations holds on purpose)
+
+
+class TtlPolicy(StrEnum):
+    """How a restored message's time to live treats the time it spent in the backlog (``restore.ttl_policy``)."""
+
+    REMAINING = "remaining"  # only what is left; what expired while waiting is dead-lettered
+    RESTART = "restart"  # legacy syphon: the full TTL again from the re-send; expired messages still go
+
+    @classmethod
+    def parse(cls, value: str | TtlPolicy) -> TtlPolicy:
+        try:
+            return cls(value)
+        except ValueError:
+            valid = ", ".join(repr(policy.value) for policy in cls)
+            raise ValueError(f"ttl_policy must be one of {valid}; got {value!r}") from None
+
+
+class EntityKind(StrEnum):
+    QUEUE = "queue"
+    TOPIC = "topic"
