@@ -52,6 +52,7 @@ PURE_MODULES = (
     "backlog_syphon.restore.queue_names",
     "backlog_syphon.restore.rows",
     "backlog_syphon.restore.rules",
+    "backlog_syphon.restore.destination_fit",
     "backlog_syphon.restore.redrive",
     "backlog_syphon.source.offsets",
     "backlog_syphon.source.planning",
