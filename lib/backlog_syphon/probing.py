@@ -139,7 +139,10 @@ def search_tail(known: Identity, *, confirm: bool = False) -> Search:
         found = yield end
         if found is None:
             return end
-        lo, step = found[0], GALLOP_FIRST_STEP
+        # Gallop on from the step it had reached: from the first step again, every wrong "nothing" cost
+        # a new gallop, each probe a round trip to the far namespace (a million messages with every
+        # seventh answer wrongly empty: 176 probes against 82).
+        lo = found[0]
 
 
 def search_tail_from(end: int, *, confirm: bool = False) -> Search:

@@ -120,6 +120,12 @@ def test_a_tail_search_that_confirms_finds_the_end_a_false_empty_answer_hid_for_
     assert run(False)[1] == true_probes - 1  # the look it costs
 
 
+def test_a_confirming_tail_search_keeps_its_gallop_when_wrong_empty_answers_are_frequent():
+    log = Log(range(1, 1_000_001), empties=set(range(1, 200, 7)))  # every seventh answer wrongly empty
+    assert run_search(search_tail((1, 1_001), confirm=True), log.probe) == 1_000_001
+    assert len(log.calls) < 100, len(log.calls)  # 82; galloping from the first step again took 176
+
+
 def test_a_log_that_grows_during_the_search_ends_between_its_end_before_and_after():
     log = Log(range(1, 501), arrivals={0: 800, 3: 5_000})
     end = run_search(search_tail((1, None), confirm=True), log.probe)
