@@ -30,6 +30,7 @@ from pyspark.sql.types import DateType, StructField, StructType
 from backlog_syphon.model import CheckpointRow, Lease, Outcome, RunRow
 from backlog_syphon.restore.queue_names import DEAD_LETTER_SUBQUEUE
 from backlog_syphon.restore.rows import OUTCOME_ROW_SCHEMA, arrow_schema, record_batch, struct_of
+from backlog_syphon.storage import upkeep
 from backlog_syphon.storage.commit_lock import commit_lock
 
 # What the sink produces per message; the table adds the partition column ``outcome_date``.
@@ -48,16 +49,20 @@ RUNS_SCHEMA = struct_of(RunRow)
 # and a few per run. Delta writes a checkpoint of a table's log every ``checkpointInterval`` commits
 # (10 by default), five Spark jobs (seconds) in the commit that makes it. Their logs are small (an add
 # and a remove per commit), so replaying 50 commits costs less than checkpointing every 10: a batch's
-# write is a quarter quicker on average. The audit table, appended to and read by filters, keeps
-# Delta's default. (Tables an older version created keep theirs: only slower.)
-REWRITTEN_TABLE_PROPERTIES = (("delta.checkpointInterval", "50"),)
+# write is a quarter quicker on average. Each holds one live file: nothing to compact, only the files
+# it replaced to vacuum. Log and file retention: ``storage.upkeep``.
+REWRITTEN_TABLE_PROPERTIES = (("delta.checkpointInterval", "50"),) + upkeep.RETENTION_PROPERTIES
 # Delta collects min/max statistics of a table's first 32 columns for every file it writes, row by row:
 # for the audit table that was half of each batch's append (1.5 s for 10,000 rows; 0.77 s with these).
 # These are the columns the syphon's own reads filter on (a restart's unsettled rows by queue, sequence
 # number and enqueue time; an attempt's rows by batch; a re-drive's by outcome); the partition column
-# prunes by day. An audit table an older version created gets it at the next run's start.
+# prunes by day. The audit table is appended to once per batch and read by filters: Delta's checkpoint
+# interval (10, stated), and auto compaction so that its files do not grow with the batches.
 AUDIT_TABLE_PROPERTIES = (("delta.dataSkippingStatsColumns",
-                           "batch_id,backlog_queue,sequence_number,enqueued_time,outcome"),)
+                           "batch_id,backlog_queue,sequence_number,enqueued_time,outcome"),
+                          ("delta.checkpointInterval", "10")) + upkeep.RETENTION_PROPERTIES + upkeep.AUTO_COMPACT
+# The runs table gains a row (a file) per run.
+RUNS_TABLE_PROPERTIES = upkeep.RETENTION_PROPERTIES + upkeep.AUTO_COMPACT
 
 
 def _is_path(table: str) -> bool:
@@ -88,6 +93,9 @@ def _sql_name(table: str) -> str:
     return f"delta.`{table}`" if _is_path(table) else table
 
 
+sql_name = _sql_name  # how SQL names a table setting (a path or a catalog name)
+
+
 def _ddl(field: StructField, *, constraints: bool = True) -> str:
     null = "" if field.nullable or not constraints else " NOT NULL"
     return f"`{field.name}` {field.dataType.simpleString().upper()}{null}"
@@ -106,7 +114,7 @@ def create_table(spark: SparkSession, table: str, schema: StructType, partition_
         if missing:
             spark.sql(f"ALTER TABLE {_sql_name(table)} ADD COLUMNS "
                       f"({', '.join(_ddl(f, constraints=False) for f in missing)})")
-        _set_missing_properties(spark, table, properties, must=("delta.dataSkippingStatsColumns",))
+        _set_missing_properties(spark, table, properties)
         return False
     columns = ", ".join(_ddl(f) for f in schema.fields)
     clauses = f" PARTITIONED BY ({', '.join(partition_by)})" if partition_by else ""
@@ -124,24 +132,22 @@ def create_table(spark: SparkSession, table: str, schema: StructType, partition_
     return True
 
 
-def _set_missing_properties(spark: SparkSession, table: str, properties: tuple[tuple[str, str], ...],
-                            must: tuple[str, ...]) -> None:
-    """Give a table an older version created the properties among ``must`` it lacks (one commit, once). Two
-    runs doing so at once: one commit wins, the other finds it done next time."""
-    wanted = {key: value for key, value in properties if key in must}
-    if not wanted:
+def _set_missing_properties(spark: SparkSession, table: str, properties: tuple[tuple[str, str], ...]) -> None:
+    """Give a table an older version created the ``properties`` it lacks or holds otherwise (one commit,
+    once: a start that finds them all as wanted commits nothing). Two runs doing so at once: one commit
+    wins, the other finds it done next time."""
+    if not properties:
         return
     try:
-        current = {row["key"]: row["value"] for row in spark.sql(f"SHOW TBLPROPERTIES {_sql_name(table)}").collect()}
-        missing = {key: value for key, value in wanted.items() if current.get(key) != value}
+        missing = upkeep.properties_to_set(upkeep.table_properties(spark, _sql_name(table)), properties)
         if missing:
-            settings = ", ".join(f"'{key}' = '{value}'" for key, value in missing.items())
             with commit_lock(spark, table):
-                spark.sql(f"ALTER TABLE {_sql_name(table)} SET TBLPROPERTIES ({settings})")
-    except Exception as exc:  # noqa: BLE001 - only speed is at stake
+                upkeep.set_properties(spark, _sql_name(table), missing)
+            logger.info("set %s on %s", ", ".join(f"{key}={value}" for key, value in missing.items()), table)
+    except Exception as exc:  # noqa: BLE001 - only speed and upkeep are at stake
         if not is_commit_conflict(exc):
-            logger.warning("could not set %s on %s (%s); its writes stay slower", ", ".join(wanted), table,
-                           type(exc).__name__)
+            logger.warning("could not set %s on %s (%s); its upkeep stays as it was", ", ".join(dict(properties)),
+                           table, type(exc).__name__)
 
 
 def _created_meanwhile(spark: SparkSession, table: str, exc: BaseException) -> bool:
@@ -370,7 +376,7 @@ def append_run(spark: SparkSession, runs_table: str, row: RunRow) -> None:
     """Append a run's row, creating the table first where it does not exist (a table an older version
     made gets the columns it lacks, as the others do). Runs append blindly, so two never conflict; on a
     local path their commits still take turns (``commit_lock``)."""
-    create_table(spark, runs_table, RUNS_SCHEMA)
+    create_table(spark, runs_table, RUNS_SCHEMA, properties=RUNS_TABLE_PROPERTIES)
     writer = local_frame(spark, [row], RUNS_SCHEMA).write.format("delta").mode("append")
     with commit_lock(spark, runs_table):
         if _is_path(runs_table):
