@@ -89,11 +89,9 @@ def table_exists(spark: SparkSession, table: str) -> bool:
     return existing_table(spark, table) is not None
 
 
-def _sql_name(table: str) -> str:
+def sql_name(table: str) -> str:
+    """How SQL names a table setting: a path or a catalog name."""
     return f"delta.`{table}`" if _is_path(table) else table
-
-
-sql_name = _sql_name  # how SQL names a table setting (a path or a catalog name)
 
 
 def _ddl(field: StructField, *, constraints: bool = True) -> str:
@@ -112,7 +110,7 @@ def create_table(spark: SparkSession, table: str, schema: StructType, partition_
     if existing is not None:
         missing = [f for f in schema.fields if f.name not in existing.schema.fieldNames()]
         if missing:
-            spark.sql(f"ALTER TABLE {_sql_name(table)} ADD COLUMNS "
+            spark.sql(f"ALTER TABLE {sql_name(table)} ADD COLUMNS "
                       f"({', '.join(_ddl(f, constraints=False) for f in missing)})")
         _set_missing_properties(spark, table, properties)
         return False
@@ -124,7 +122,7 @@ def create_table(spark: SparkSession, table: str, schema: StructType, partition_
     try:
         # Not "IF NOT EXISTS": whether this call created the table must be known (see create_tables).
         with commit_lock(spark, table):
-            spark.sql(f"CREATE TABLE {_sql_name(table)} ({columns}) USING DELTA{clauses}")
+            spark.sql(f"CREATE TABLE {sql_name(table)} ({columns}) USING DELTA{clauses}")
     except Exception as exc:
         if is_commit_conflict(exc) or _created_meanwhile(spark, table, exc):
             return False
@@ -139,10 +137,10 @@ def _set_missing_properties(spark: SparkSession, table: str, properties: tuple[t
     if not properties:
         return
     try:
-        missing = upkeep.properties_to_set(upkeep.table_properties(spark, _sql_name(table)), properties)
+        missing = upkeep.properties_to_set(upkeep.table_properties(spark, sql_name(table)), properties)
         if missing:
             with commit_lock(spark, table):
-                upkeep.set_properties(spark, _sql_name(table), missing)
+                upkeep.set_properties(spark, sql_name(table), missing)
             logger.info("set %s on %s", ", ".join(f"{key}={value}" for key, value in missing.items()), table)
     except Exception as exc:  # noqa: BLE001 - only speed and upkeep are at stake
         if not is_commit_conflict(exc):
@@ -209,14 +207,16 @@ def ended_run(spark: SparkSession, checkpoint_table: str) -> str | None:
     return None if row is None else row["ended_run_id"]
 
 
-def recorded_unsettled(spark: SparkSession, audit_table: str, checkpoint: dict[str, CheckpointRow]) -> DataFrame | None:
+def recorded_unsettled(spark: SparkSession, audit_table: str, checkpoint: dict[str, CheckpointRow],
+                       since: dt.date | None = None) -> DataFrame | None:
     """Audit rows of messages that have an outcome but may still be in the backlog.
 
     That is every row above its queue's purge mark: enqueued after the message the mark names (a
     mark from an older version has no enqueue time: then above its sequence number), and every row
     of a queue without a checkpoint row. After a crash these are the messages a replayed batch must
     not send again and that its purge must still settle. The audit's files carry min/max statistics
-    of both columns, so Delta skips the files of long-settled batches. None before the table's first write.
+    of both columns, so Delta skips the files of long-settled batches; ``since`` (an outcome date) prunes
+    whole days (``run.status_report.audit_read_floor``). None before the table's first write.
     """
     audit = existing_table(spark, audit_table)
     if audit is None:
@@ -230,6 +230,8 @@ def recorded_unsettled(spark: SparkSession, audit_table: str, checkpoint: dict[s
         else:
             mark = F.col("sequence_number") > F.lit(row.purged_through)
         above = above | ((F.col("backlog_queue") == queue) & F.coalesce(mark, F.lit(True)))
+    if since is not None:
+        above = (F.col("outcome_date") >= F.lit(since)) & above
     return audit.where(above)
 
 
@@ -396,11 +398,12 @@ def read_runs(spark: SparkSession, runs_table: str, limit: int) -> list[RunRow]:
 
 
 def held_by_destination(spark: SparkSession, audit_table: str, checkpoint: dict[str, CheckpointRow],
-                        destinations: tuple[str, ...]) -> dict[str, int]:
+                        destinations: tuple[str, ...], since: dt.date | None = None) -> dict[str, int]:
     """Per destination among ``destinations`` (names as sent, compared case-insensitively), the messages
     whose latest outcome is ``held``: left in the backlog on purpose, and not sent since. Only rows above
-    the purge marks are read (``recorded_unsettled``): the marks never pass a held message."""
-    rows = recorded_unsettled(spark, audit_table, checkpoint) if destinations else None
+    the purge marks are read (``recorded_unsettled``, from the outcome date ``since``): the marks never
+    pass a held message."""
+    rows = recorded_unsettled(spark, audit_table, checkpoint, since) if destinations else None
     if rows is None:
         return {}
     latest = (rows.groupBy("backlog_queue", "sequence_number", "enqueued_time")
