@@ -1,8 +1,10 @@
-"""A long life in short: a continuous run of well over a hundred small batches (a trickle of new backlog
-messages, a 0.1-second trigger), in-process, with the state tables' upkeep (``storage.upkeep``).
+"""A long life in short: a continuous run of many small batches (a trickle of new backlog messages, a
+0.1-second trigger), in-process, with the state tables' upkeep (``storage.upkeep``).
 
 - The audit table's data files stay bounded: auto compaction (a table property) gathers each day's small
-  files once ``spark.databricks.delta.autoCompact.minNumFiles`` (50) of them are there.
+  files once ``spark.databricks.delta.autoCompact.minNumFiles`` of them are there. The job keeps Delta's
+  50; here it is 10, so that the bound shows (and is passed several times) in the batches a 2-core
+  machine runs in a minute and a half, some 60-80 (a batch costs it over a second).
 - Every message is recorded once (one audit row, outcome ``delivered``) and arrives once, across the
   compactions.
 - ``--maintain``'s OPTIMIZE and VACUUM, run while the syphon appends, lose nothing and fail no batch.
@@ -23,16 +25,20 @@ from .helpers import drain_destinations, wait_for
 
 DESTINATIONS = ("orders", "payments")
 QUEUES = 2
-BATCHES = 130  # batches with messages: enough for the audit to pass auto compaction's 50 files twice over
+BATCHES = 80  # batches with messages: the audit passes auto compaction's threshold several times over
+MIN_BATCHES = 50  # fewer (a machine slower than the 2-core one): the run proves too little
 MAX_WRITING_SECONDS = 100
-MIN_NUM_FILES = 50  # Delta's default of spark.databricks.delta.autoCompact.minNumFiles, which the job keeps
+MIN_NUM_FILES = 10  # spark.databricks.delta.autoCompact.minNumFiles for this test (Delta's default: 50)
+AUTO_COMPACT_MIN_FILES = "spark.databricks.delta.autoCompact.minNumFiles"
 
 
-def _detail(spark, path) -> tuple[int, int]:
-    """(data files, table version) of the Delta table at ``path``."""
-    row = spark.sql(f"DESCRIBE DETAIL delta.`{path}`").first()
-    version = spark.sql(f"DESCRIBE HISTORY delta.`{path}` LIMIT 1").first()["version"]
-    return row["numFiles"], version
+def _files(spark, path) -> int:
+    """The data files of the Delta table at ``path``, as its log says."""
+    return spark.sql(f"DESCRIBE DETAIL delta.`{path}`").first()["numFiles"]
+
+
+def _version(spark, path) -> int:
+    return spark.sql(f"DESCRIBE HISTORY delta.`{path}` LIMIT 1").first()["version"]
 
 
 def _arrived(emulator) -> int:
@@ -67,7 +73,11 @@ def test_a_long_continuous_run_keeps_the_audits_files_bounded_and_records_every_
     config = make_config(emulator, tmp_path, **{"run.trigger": "0.1 seconds", "run.idle_probe_max_seconds": 1,
                                                 "backlog.queue_count": QUEUES})
     audit, checkpoint = str(tmp_path / "audit"), str(tmp_path / "checkpoint")
-    run = start_syphon(spark, config)
+    spark.conf.set(AUTO_COMPACT_MIN_FILES, str(MIN_NUM_FILES))  # the query's session copies it at its start
+    try:
+        run = start_syphon(spark, config)
+    finally:
+        spark.conf.unset(AUTO_COMPACT_MIN_FILES)
     query = run.query
     trickle = Trickle(config)
     files_seen, maintained = [], {}
@@ -85,10 +95,10 @@ def test_a_long_continuous_run_keeps_the_audits_files_bounded_and_records_every_
         trickle.thread.start()
         while data_batches() < BATCHES and time.monotonic() - started < MAX_WRITING_SECONDS and query.isActive:
             if tables.table_exists(spark, audit):
-                files_seen.append(_detail(spark, audit)[0])
+                files_seen.append(_files(spark, audit))
             if not maintenance.is_alive() and not maintained and data_batches() >= BATCHES // 2:
                 maintenance.start()  # OPTIMIZE and VACUUM while the syphon goes on appending
-            time.sleep(1.0)
+            time.sleep(3.0)
         trickle.stop.set()
         trickle.thread.join(30)
         maintenance.join(180) if maintenance.ident else None
@@ -100,11 +110,11 @@ def test_a_long_continuous_run_keeps_the_audits_files_bounded_and_records_every_
         trickle.stop.set()
         run.finish(spark)
     batches = data_batches()
-    assert batches >= 100, f"only {batches} batches carried messages: the run proves too little"
+    assert batches >= MIN_BATCHES, f"only {batches} batches carried messages: the run proves too little"
 
     # Bounded: a partition (a day) holds fewer than minNumFiles small files plus what they were compacted
     # into; a run across midnight (UTC) has two partitions.
-    files, _ = _detail(spark, audit)
+    files = _files(spark, audit)
     history = spark.sql(f"DESCRIBE HISTORY delta.`{audit}`").collect()
     compactions = [row for row in history if row["operation"] == "OPTIMIZE"]
     assert len(compactions) >= 2, f"{len(compactions)} compactions in {batches} batches"
@@ -115,7 +125,6 @@ def test_a_long_continuous_run_keeps_the_audits_files_bounded_and_records_every_
     # The maintenance ran beside the appends, and failed no batch (the query stayed up, above).
     assert set(maintained) == {audit, checkpoint}
     assert all(result.exists and result.error is None for result in maintained.values()), maintained
-    assert any(row["operation"] == "VACUUM END" for row in history) or maintained[audit].error is None
 
     # Once: one delivered row per message, and one arrival each.
     rows = spark.read.format("delta").load(audit).collect()
@@ -128,9 +137,9 @@ def test_a_long_continuous_run_keeps_the_audits_files_bounded_and_records_every_
     # A second start finds every property as wanted: no commit.
     properties = upkeep.table_properties(spark, tables.sql_name(audit))
     assert upkeep.properties_to_set(properties, tables.AUDIT_TABLE_PROPERTIES) == {}
-    versions = [_detail(spark, path)[1] for path in (audit, checkpoint)]
+    versions = [_version(spark, path) for path in (audit, checkpoint)]
     tables.create_tables(spark, audit, checkpoint, config.storage.resolved_lease_table)
-    assert [_detail(spark, path)[1] for path in (audit, checkpoint)] == versions
+    assert [_version(spark, path) for path in (audit, checkpoint)] == versions
 
     # --status reads the audit from the oldest purge mark's day on: Delta prunes the partitions before it.
     marks = tables.read_checkpoint(spark, checkpoint)
