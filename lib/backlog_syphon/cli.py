@@ -8,6 +8,7 @@ Exit codes: 0 done (or stopped on request), 1 a batch failed (nothing lost: the 
 from the tables), 2 a setting is wrong (configuration, credentials, endpoint, rights), 3 another run
 holds the backlog, 4 an available-now run ended with messages left in the backlog (never a re-drive,
 ``--redrive-dead-letters``, which leaves what it does not select or cannot deliver by design).
+``--maintain`` compacts and vacuums the state tables (``run.maintain``): 0 done, 1 a table failed.
 ``--status`` reads and changes nothing, and exits in the same family: 0 drained, 3 a run holds the
 lease now, 4 messages wait, 5 the backlog is drained but its dead-letter sub-queues are not
 (``run.run_end``, ``run.status_report``).
@@ -23,6 +24,7 @@ the run exits 0. A second one stops the process at once.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime as dt
 import logging
 import os
@@ -38,7 +40,7 @@ from backlog_syphon.run import logs
 from backlog_syphon.run.databricks_host import load_config
 from backlog_syphon.run.run_end import failure_end
 
-from backlog_syphon.errors import EXIT_OK, EXIT_SETTINGS, SyphonError
+from backlog_syphon.errors import EXIT_BATCH_FAILED, EXIT_OK, EXIT_SETTINGS, SyphonError
 
 logger = logging.getLogger("backlog_syphon")
 
@@ -56,6 +58,9 @@ def build_parser() -> argparse.ArgumentParser:
                       help="is the backlog drained, and if not, why not: the broker's counts, the tables' marks, "
                            "the lease, the last runs and a verdict; change nothing (exit 0 drained, 3 a run holds "
                            "the lease, 4 messages wait, 5 dead-letters wait)")
+    mode.add_argument("--maintain", action="store_true",
+                      help="compact (OPTIMIZE) and vacuum (VACUUM) the state tables; safe while a syphon runs, "
+                           "takes no lease, reads no queue (exit 0 done, 1 a table could not be maintained)")
     parser.add_argument("--redrive-dead-letters", action="store_true",
                         help="re-drive the backlog queues' dead-letter sub-queues (run.source=dead_letters), "
                              "filtered by the redrive.* settings; with --dry-run, show what would move")
@@ -171,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
     configure_logging(args.log_level, log_file, args.verbose, args.log_format or LogFormat.TEXT)
     output = Output(args.log_format == LogFormat.JSON)
     job = JobIds(args.job_id, args.job_run_id)
-    running = not (args.dry_run or args.status)
+    running = not (args.dry_run or args.status or args.maintain)
     run_id = new_run_id(dt.datetime.now(dt.timezone.utc)) if running else None
     logs.set_context(run_id=run_id, job_id=job.job_id, job_run_id=job.job_run_id)
     try:
@@ -202,9 +207,10 @@ def main(argv: list[str] | None = None) -> int:
             os._exit(code)
 
     # The pre-flight (a few round trips to each namespace) runs while Spark starts. The status command
-    # reads the secondary namespace only, and checks it itself.
+    # reads the secondary namespace only, and checks it itself; maintenance reads no namespace.
     checking = threading.Thread(target=check_access, name="preflight", daemon=True)
-    if not args.status:
+    broker_free = args.status or args.maintain
+    if not broker_free:
         checking.start()
 
     from backlog_syphon.run.spark_session import build_spark_session
@@ -216,13 +222,20 @@ def main(argv: list[str] | None = None) -> int:
     logger.info("backlog-syphon library from %s; log file %s", os.path.dirname(backlog_syphon.__file__), log_file)
     spark = build_spark_session(verbose=args.verbose, remote=args.remote)
     timeline.mark(Milestone.SPARK_READY)
-    if not args.status:
+    if not broker_free:
         checking.join()
     try:
         if args.dry_run:
             lines = dry_run(spark, config).lines()
             output.result(lines, "dry run: nothing was sent, settled or written", event="dry_run", plan=lines)
             return EXIT_OK
+        if args.maintain:
+            from backlog_syphon.run.maintain import maintain
+
+            upkeep = maintain(spark, config)
+            output.result(upkeep.lines(), f"maintenance: {upkeep.lines()[-1]}", event="maintenance",
+                          tables=[dataclasses.asdict(table) for table in upkeep.tables])
+            return EXIT_BATCH_FAILED if upkeep.failed else EXIT_OK
         if args.status:
             report = status(spark, config)
             verdict = report.verdict

@@ -179,16 +179,31 @@ def test_the_lease_is_a_compare_and_set_even_when_two_runs_create_its_table_at_o
     assert tables.read_lease(spark, lease) == following
 
 
-def test_the_tables_rewritten_whole_are_created_with_a_long_checkpoint_interval(spark, tmp_path):
+def test_the_tables_are_created_with_their_upkeep_and_an_older_table_gets_it_at_the_next_start(spark, tmp_path):
+    from backlog_syphon.storage import upkeep
+
     names = [str(tmp_path / name) for name in ("audit", "checkpoint", "lease")]
     tables.create_tables(spark, *names)
 
-    def interval(table):
-        properties = {row["key"]: row["value"] for row in spark.sql(f"SHOW TBLPROPERTIES delta.`{table}`").collect()}
-        return properties.get("delta.checkpointInterval")
+    def properties(table):
+        return {row["key"]: row["value"] for row in spark.sql(f"SHOW TBLPROPERTIES delta.`{table}`").collect()}
 
-    assert [interval(table) for table in names] == [None, "50", "50"]  # the audit table keeps Delta's default
-    assert dict(tables.REWRITTEN_TABLE_PROPERTIES) == {"delta.checkpointInterval": "50"}
+    # The audit is appended to (a log checkpoint every 10 commits, auto compaction); the others are
+    # rewritten whole (every 50, one live file each); all keep a 7-day window.
+    assert [properties(table).get("delta.checkpointInterval") for table in names] == ["10", "50", "50"]
+    assert [properties(table).get("delta.autoOptimize.autoCompact") for table in names] == ["true", None, None]
+    assert all(properties(table)["delta.logRetentionDuration"] == "interval 7 days"
+               and properties(table)["delta.deletedFileRetentionDuration"] == "interval 7 days" for table in names)
+
+    # A table an older version made (Delta's defaults) gets them when a run starts, in one commit; the
+    # start after that commits nothing.
+    older = str(tmp_path / "older_checkpoint")
+    spark.sql(f"CREATE TABLE delta.`{older}` (backlog_queue STRING) USING DELTA")
+    for _ in range(2):
+        tables.create_table(spark, older, tables.CHECKPOINT_SCHEMA, (), tables.REWRITTEN_TABLE_PROPERTIES)
+    assert upkeep.properties_to_set(properties(older), tables.REWRITTEN_TABLE_PROPERTIES) == {}
+    operations = [row["operation"] for row in spark.sql(f"DESCRIBE HISTORY delta.`{older}`").collect()]
+    assert operations.count("SET TBLPROPERTIES") == 1, operations
 
 
 def test_an_audit_table_an_older_version_wrote_gets_the_redrive_columns(spark, tmp_path):

@@ -38,6 +38,7 @@ ROOT = Path(__file__).resolve().parents[2]
 BUNDLE_FILE = ROOT / "databricks.yml"
 AVAILABLE_NOW_JOB = "backlog_syphon_available_now"
 CONTINUOUS_JOB = "backlog_syphon_continuous"
+MAINTENANCE_JOB = "backlog_syphon_maintenance"
 FILES_ROOT = "${workspace.file_path}/"  # where the bundle syncs the repository's files
 # Substitutions the CLI provides itself; anything else in ${...} must be a declared variable.
 BUILTIN_REFS = {"workspace.file_path", "workspace.current_user.userName", "workspace.current_user.short_name",
@@ -169,7 +170,7 @@ def without_empty(value):
 
 
 TARGETS = ("dev", "prod")
-JOBS = (AVAILABLE_NOW_JOB, CONTINUOUS_JOB)
+JOBS = (AVAILABLE_NOW_JOB, CONTINUOUS_JOB, MAINTENANCE_JOB)
 
 
 def in_every_target(typed, keys):
@@ -526,3 +527,16 @@ def test_the_config_file_is_synced_to_the_workspace(bundle):
     assert shutil.which("git") and (ROOT / ".git").exists(), "run the tests from a git checkout"
     ignored = subprocess.run(["git", "check-ignore", "-q", relative], cwd=ROOT).returncode
     assert ignored == 1, f"{relative} is git-ignored, so the bundle would not sync it"
+
+
+def test_the_maintenance_job_maintains_the_same_tables_daily_without_a_lease(typed_jobs):
+    for target, jobs in in_every_target(typed_jobs, JOBS):
+        maintenance, scheduled = jobs[MAINTENANCE_JOB], jobs[AVAILABLE_NOW_JOB]
+        args = build_parser().parse_args(the_task(maintenance).python_wheel_task.parameters)
+        syphon = build_parser().parse_args(the_task(scheduled).python_wheel_task.parameters)
+        assert args.maintain and not (args.status or args.dry_run), target
+        assert args.set == syphon.set and args.config == syphon.config, f"{target}: other tables than the syphon's"
+        fields = maintenance.schedule.quartz_cron_expression.split()
+        assert len(fields) in (6, 7) and "*" not in fields[:3], f"{target}: not once a day: {fields}"
+        assert maintenance.continuous is None and maintenance.max_concurrent_runs == 1
+        assert maintenance.schedule.pause_status == (PauseStatus.UNPAUSED if target == "prod" else PauseStatus.PAUSED)

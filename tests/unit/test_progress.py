@@ -118,3 +118,33 @@ def test_follow_progress_ends_with_the_query_without_asking_for_a_stop():
     follow_progress(query, listener, lines.append, stop_requested=lambda: bool(stops),
                     request_stop=lambda: stops.append(True))
     assert (stops, lines, query.waits) == ([], [], [])
+
+
+def test_a_long_runs_listener_keeps_its_last_points_and_folds_the_older_ones_into_what_its_row_needs():
+    from types import SimpleNamespace
+
+    from backlog_syphon.model import EarlierBatches, JobIds
+    from backlog_syphon.run.run_end import RunEnd, run_row
+
+    paced = PacingStats(sent=10, first_send_at=0.0, last_send_at=1.0, slowed_seconds=0.5, tasks=1)
+    stats = BatchStats(delivered=10, dead_lettered=0, skipped=0, replayed=0, send_seconds=1.0,
+                       oldest_enqueued=NOW, pacing=paced)
+    # Odd batches carry messages; even ones are empty.
+    listener = SyphonProgressListener(lambda batch_id: stats if batch_id % 2 else None, query_name="syphon",
+                                      log_lines=False, clock=lambda: NOW, retained=10)
+    offsets = json.dumps({Q0: 5})
+    for batch_id in range(35):
+        listener.onQueryProgress(SimpleNamespace(progress=SimpleNamespace(
+            name="syphon", batchId=batch_id, sources=[SimpleNamespace(endOffset=offsets, latestOffset=offsets)])))
+    listener.wait_for(34, timeout=10)
+    held = listener.points_since(0)
+    assert 1 <= len(held) <= 10 and held[-1].batch_id == 34
+    assert [point.batch_id for point in listener.points_since(30)] == [30, 31, 32, 33, 34]
+    first_held = held[0].batch_id
+    folded = len([b for b in range(first_held) if b % 2])
+    assert listener.earlier == EarlierBatches(batches=folded, paced=folded, slowed_seconds=0.5 * folded)
+    # The runs-table row counts every batch of the run, held or folded.
+    row = run_row(run_id="r", source="backlog", trigger="2 seconds", job=JobIds(), started_at=NOW, ended_at=NOW,
+                  end=RunEnd(0, "drained"), per_destination={}, remaining={}, batches=[p.stats for p in held],
+                  earlier=listener.earlier)
+    assert row.batches == 17 and row.throttled_seconds == 17 * 0.5

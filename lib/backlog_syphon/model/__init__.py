@@ -17,7 +17,7 @@ from backlog_syphon.model.records import (
     RunRow, new_run_id
 )
 from backlog_syphon.model.sending import (
-    BatchStats, DestinationShape, MESSAGE_REFUSAL_REASONS, Outgoing, PacingStats, PartialSendError,
+    BatchStats, DestinationShape, EarlierBatches, MESSAGE_REFUSAL_REASONS, Outgoing, PacingStats, PartialSendError,
     SendFailure, SendFailureClass, THROTTLING_REASONS
 )
 
@@ -25,7 +25,7 @@ __all__ = [
     "AccessRight", "Action", "BacklogState", "CredentialKind", "DEAD_LETTER_REASON_CODES", "EntityKind",
     "FINAL_OUTCOMES", "LogFormat", "Outcome", "REPORTED_OUTCOMES", "ReasonCode", "RunSource", "STAYING_OUTCOMES",
     "TtlPolicy", "BrokerCount", "CheckpointRow", "DeadLetterOrder", "HeldSpan", "Int32", "JobIds", "Lease",
-    "OutcomeRecord", "RecordedSpan", "RunRow", "new_run_id", "BatchStats", "DestinationShape",
+    "OutcomeRecord", "RecordedSpan", "RunRow", "new_run_id", "BatchStats", "DestinationShape", "EarlierBatches",
     "MESSAGE_REFUSAL_REASONS", "Outgoing", "PacingStats", "PartialSendError", "SendFailure", "SendFailureClass",
     "THROTTLING_REASONS"
 ]

@@ -89,6 +89,21 @@ class BatchStats:
 
 
 @dataclass(frozen=True)
+class EarlierBatches:
+    """What a long run's progress history let go of (``run.progress.RETAINED_POINTS``), folded into the
+    figures its runs-table row needs: the batches with messages, and the pacing of those that report one."""
+
+    batches: int = 0
+    paced: int = 0
+    slowed_seconds: float = 0.0
+
+    def plus(self, stats: list[BatchStats]) -> EarlierBatches:
+        paced = [batch.pacing for batch in stats if batch.pacing is not None]
+        return EarlierBatches(self.batches + len(stats), self.paced + len(paced),
+                              self.slowed_seconds + sum(pacing.slowed_seconds for pacing in paced))
+
+
+@dataclass(frozen=True)
 class Outgoing:
     """A restored message ready to send: its AMQP bytes and what a batch envelope needs."""
 

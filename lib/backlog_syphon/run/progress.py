@@ -20,10 +20,15 @@ from typing import Callable
 
 from pyspark.sql.streaming import StreamingQueryListener
 
-from backlog_syphon.model import BatchStats
+from backlog_syphon.model import BatchStats, EarlierBatches
 from backlog_syphon.source.offsets import position as offset_position
 
 logger = logging.getLogger(__name__)
+
+# The progress points a listener holds: a continuous run's last hours (a point per batch, a batch every
+# few seconds for months would otherwise grow without end). Older ones are folded into ``earlier``, all
+# the runs-table row needs of them; a tenth goes at a time, so the trimming is rare.
+RETAINED_POINTS = 5000
 
 
 @dataclass(frozen=True)
@@ -115,7 +120,8 @@ def send_rate_text(stats: BatchStats) -> str:
 
 
 class SyphonProgressListener(StreamingQueryListener):
-    """Logs one line per batch of one query and keeps the history (``points``).
+    """Logs one line per batch of one query and keeps the recent history (``points``: the last
+    ``retained`` of them; what the older ones counted is in ``earlier``).
 
     Spark calls it from its listener bus; it only queues the event there. Its own thread then asks
     ``batch_stats`` what the sink recorded, which under Spark Connect is a query of the audit table:
@@ -123,12 +129,16 @@ class SyphonProgressListener(StreamingQueryListener):
     """
 
     def __init__(self, batch_stats: Callable[[int], BatchStats | None], *, query_name: str, log_lines: bool = True,
-                 clock: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.timezone.utc)):
+                 clock: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.timezone.utc),
+                 retained: int = RETAINED_POINTS):
         self.batch_stats = batch_stats  # what the sink recorded for a batch id (None: nothing)
         self.query_name = query_name
         self.log_lines = log_lines  # off when follow_progress shows the lines instead
         self.clock = clock
         self.points: list[ProgressPoint] = []
+        self.retained = retained
+        self.earlier = EarlierBatches()  # the points let go of, folded
+        self._dropped = 0  # how many points were let go of: ``points_since`` counts from the run's first
         self.terminated = threading.Event()
         self._lock = threading.Lock()
         self._events: queue.SimpleQueue = queue.SimpleQueue()
@@ -158,8 +168,17 @@ class SyphonProgressListener(StreamingQueryListener):
                 continue
             with self._lock:
                 self.points.append(point)
+                self._let_go_of_old_points()
             if self.log_lines:
                 logger.info("%s", progress_line(point), extra=progress_fields(point))
+
+    def _let_go_of_old_points(self) -> None:
+        if len(self.points) <= self.retained:
+            return
+        cut = len(self.points) - self.retained + max(1, self.retained // 10)
+        self.earlier = self.earlier.plus([point.stats for point in self.points[:cut] if point.stats is not None])
+        del self.points[:cut]
+        self._dropped += cut
 
     def onQueryIdle(self, event) -> None:
         pass
@@ -177,8 +196,9 @@ class SyphonProgressListener(StreamingQueryListener):
             time.sleep(0.05)
 
     def points_since(self, index: int) -> list[ProgressPoint]:
+        """The points from the run's ``index``-th on (those still held)."""
         with self._lock:
-            return self.points[index:]
+            return self.points[max(0, index - self._dropped):]
 
 
 def follow_progress(query, listener: SyphonProgressListener, emit: Callable[[str], None] | None = print, *,

@@ -16,7 +16,7 @@ from typing import Iterable, Mapping
 
 from backlog_syphon.config import AVAILABLE_NOW
 from backlog_syphon.errors import BATCH_FAILED_MARK, EXIT_BATCH_FAILED, EXIT_NOT_DRAINED, EXIT_OK, SyphonError
-from backlog_syphon.model import BatchStats, JobIds, Outcome, RunRow
+from backlog_syphon.model import BatchStats, EarlierBatches, JobIds, Outcome, RunRow
 
 STOPPED_LINE = "stopped on request at a batch boundary; the next run resumes from the tables"
 
@@ -68,14 +68,18 @@ def run_end(trigger: str, *, drained: bool, stopped: bool, remaining: Mapping[st
 
 def run_row(*, run_id: str, source: str, trigger: str, job: JobIds, started_at: dt.datetime,
             ended_at: dt.datetime, end: RunEnd, per_destination: Mapping[str, Mapping[str, int]],
-            remaining: Mapping[str, int] | None, batches: Iterable[BatchStats | None]) -> RunRow:
-    """The run's row in the runs table: what it recorded per outcome, what it left, how it was throttled."""
+            remaining: Mapping[str, int] | None, batches: Iterable[BatchStats | None],
+            earlier: EarlierBatches = EarlierBatches()) -> RunRow:
+    """The run's row in the runs table: what it recorded per outcome, what it left, how it was throttled.
+    ``earlier``: the batches a long run's progress history no longer holds (``run.progress``)."""
     counts: Counter = Counter()
     for by_outcome in per_destination.values():
         counts.update({outcome: count or 0 for outcome, count in by_outcome.items()})
     stats = [batch for batch in batches if batch is not None]
     paced = [batch.pacing for batch in stats if batch.pacing is not None]
-    throttled = sum(pacing.slowed_seconds for pacing in paced) if paced or not stats else None
+    any_stats, any_paced = stats or earlier.batches, paced or earlier.paced
+    throttled = (earlier.slowed_seconds + sum(pacing.slowed_seconds for pacing in paced)
+                 if any_paced or not any_stats else None)
     return RunRow(
         run_id=run_id, source=source, trigger=trigger, job_id=job.job_id, job_run_id=job.job_run_id,
         started_at=started_at, ended_at=ended_at, exit_code=end.exit_code, closing_line=end.line,
@@ -83,4 +87,4 @@ def run_row(*, run_id: str, source: str, trigger: str, job: JobIds, started_at: 
         skipped=counts[Outcome.SKIPPED_PING], held=counts[Outcome.HELD], not_selected=counts[Outcome.NOT_SELECTED],
         remaining=None if remaining is None else dict(remaining),
         remaining_total=None if remaining is None else sum(remaining.values()),
-        batches=len(stats), throttled_seconds=throttled)
+        batches=earlier.batches + len(stats), throttled_seconds=throttled)

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from pyspark.sql import SparkSession
 
-from backlog_syphon.model import STAYING_OUTCOMES, Outcome
+from backlog_syphon.model import STAYING_OUTCOMES, EarlierBatches, Outcome
 from backlog_syphon.run import reports
 from backlog_syphon.run.progress import BatchStats, ProgressPoint
 from backlog_syphon.sink.foreach_batch import DeliverySink
@@ -32,7 +32,8 @@ class RunSummary:
     run_id: str
     per_destination: dict[str, dict[str, int]]  # destination -> outcome (an Outcome's value) -> count
     remaining: dict[str, int]  # backlog queue -> messages still there
-    progress: tuple[ProgressPoint, ...] = ()  # one point per micro-batch, as the listener saw it
+    progress: tuple[ProgressPoint, ...] = ()  # one point per recent micro-batch, as the listener saw it
+    earlier: EarlierBatches = EarlierBatches()  # the older batches a long run's listener let go of, folded
     timeline: Timeline | None = None  # when the run reached each step (printed with --verbose)
     # A re-drive: ``remaining`` counts the dead-letter sub-queues, where what it left stays by design.
     redrive: bool = False

@@ -13,6 +13,26 @@ from backlog_syphon.local_setup import delta_jars, jvm_options
 
 logger = logging.getLogger(__name__)
 
+# What the driver keeps per job, stage, task, SQL execution and streaming progress, for the UI and
+# ``recentProgress``. Spark keeps the last N of each, so it is bounded, but its defaults (1,000 jobs,
+# stages and SQL executions, 100,000 tasks, every root RDD of a stage's graph) are sized for interactive
+# use: a continuous syphon runs a few jobs per batch and a batch every few seconds for months. These keep
+# the last hours' worth. Set where the caller (or the cluster) did not set them: a caller's value wins.
+RETAINED_STATE_CONFS = {
+    "spark.ui.retainedJobs": "200",
+    "spark.ui.retainedStages": "200",
+    "spark.ui.retainedTasks": "10000",
+    "spark.ui.retainedDeadExecutors": "20",
+    "spark.ui.dagGraph.retainedRootRDDs": "200",
+    "spark.sql.ui.retainedExecutions": "200",
+    "spark.sql.streaming.ui.retainedQueries": "20",
+    "spark.sql.streaming.ui.retainedProgressUpdates": "100",
+    "spark.sql.streaming.numRecentProgressUpdates": "100",
+}
+# A session the syphon reuses (Databricks, spark-submit) was configured by whoever started it: these
+# are read once when the driver starts, so they belong in the cluster's Spark configuration there
+# (docs/running/table-upkeep.md); Spark's defaults are bounded too, only larger.
+
 _DELTA_CONFS = {
     "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
     "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
@@ -62,6 +82,7 @@ def build_spark_session(app_name: str = "backlog-syphon", master: str | None = N
         builder = builder.master(master)
     confs = {
         **_DELTA_CONFS,
+        **RETAINED_STATE_CONFS,
         "spark.sql.session.timeZone": "UTC",
         "spark.ui.showConsoleProgress": "false",
         "spark.sql.shuffle.partitions": "4",

@@ -18,7 +18,7 @@ from pyspark.sql import SparkSession
 
 from backlog_syphon.config import SyphonConfig
 from backlog_syphon.restore.queue_names import backlog_queue_names
-from backlog_syphon.run.status_report import QueueStatus, StatusReport
+from backlog_syphon.run.status_report import QueueStatus, StatusReport, audit_read_floor
 from backlog_syphon.storage import tables
 
 RUNS_SHOWN = 5
@@ -48,7 +48,9 @@ def status(spark: SparkSession, config: SyphonConfig, *, now: dt.datetime | None
         checkpoint = marks.result()
     held = {}
     if config.restore.skip_destinations and any(count.messages for count in backlog.values()):
-        held = tables.held_by_destination(spark, storage.audit_table, checkpoint, config.restore.skip_destinations)
+        # From the oldest purge mark's day on: a month of audit partitions costs what a day does.
+        held = tables.held_by_destination(spark, storage.audit_table, checkpoint, config.restore.skip_destinations,
+                                          since=audit_read_floor(checkpoint, queues))
     return StatusReport(
         at=at, backlog=tuple(QueueStatus(queue, count, checkpoint.get(queue)) for queue, count in backlog.items()),
         dead_letters=tuple(QueueStatus(queue, count) for queue, count in dead_letters.items()),

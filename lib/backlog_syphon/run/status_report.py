@@ -166,6 +166,28 @@ def status_verdict(report: StatusReport) -> Verdict:
     return Verdict(BacklogState.DRAINED, "drained" + held_text)
 
 
+# How far a broker's enqueue times may run ahead of the clock that stamps outcome times (the driver's):
+# an audit row's outcome date is at least its message's enqueue date less this.
+CLOCK_SKEW_ALLOWANCE = dt.timedelta(days=1)
+
+
+def audit_read_floor(checkpoint: Mapping[str, CheckpointRow], queues: Iterable[str]) -> dt.date | None:
+    """The first outcome date ``--status`` reads of the audit table (its partition column), or None: all.
+
+    It reads the rows above the purge marks (``storage.tables.recorded_unsettled``): messages enqueued at
+    or after the message each mark names, so recorded (outcome time) no earlier than that message's
+    enqueue day, less the clocks' skew. The floor is the oldest of the marks: every queue in ``queues``
+    and in the checkpoint table must have one that names an enqueue time (an older version's marks do
+    not: then everything is read). Rows of a queue the checkpoint table does not name are read from the
+    floor on too. Pure, so the days read are known before Spark plans anything."""
+    queues = set(queues) | set(checkpoint)
+    marks = [checkpoint[queue].purged_enqueued_ms if queue in checkpoint else None for queue in sorted(queues)]
+    if not marks or any(mark is None for mark in marks):
+        return None
+    oldest = dt.datetime.fromtimestamp(min(marks) / 1000, dt.timezone.utc)
+    return (oldest - CLOCK_SKEW_ALLOWANCE).date()
+
+
 def lease_live(lease: Lease, at: dt.datetime, ended_run_id: str | None = None) -> bool:
     """Whether a run holds ``lease`` at ``at``: not expired, and its run not named as ended (``run.fence``)."""
     return lease.expires_at > at and lease.run_id != ended_run_id

@@ -413,7 +413,7 @@ def summarise_run(config: SyphonConfig, run: SyphonRun) -> RunSummary:
 
     summary = RunSummary(run_id=run.sink.run_id, per_destination=run.records.per_destination(),
                          remaining=peek_counts(config.secondary, source_queues(config)),
-                         progress=tuple(run.listener.points), timeline=run.timeline, redrive=config.redriving,
+                         progress=tuple(run.listener.points), earlier=run.listener.earlier, timeline=run.timeline, redrive=config.redriving,
                          stopped=os.path.exists(run.stop_file))
     run.timeline.mark(Milestone.SUMMARISED)
     return summary

@@ -30,6 +30,7 @@ from pyspark.sql.types import DateType, StructField, StructType
 from backlog_syphon.model import CheckpointRow, Lease, Outcome, RunRow
 from backlog_syphon.restore.queue_names import DEAD_LETTER_SUBQUEUE
 from backlog_syphon.restore.rows import OUTCOME_ROW_SCHEMA, arrow_schema, record_batch, struct_of
+from backlog_syphon.storage import upkeep
 from backlog_syphon.storage.commit_lock import commit_lock
 
 # What the sink produces per message; the table adds the partition column ``outcome_date``.
@@ -48,16 +49,20 @@ RUNS_SCHEMA = struct_of(RunRow)
 # and a few per run. Delta writes a checkpoint of a table's log every ``checkpointInterval`` commits
 # (10 by default), five Spark jobs (seconds) in the commit that makes it. Their logs are small (an add
 # and a remove per commit), so replaying 50 commits costs less than checkpointing every 10: a batch's
-# write is a quarter quicker on average. The audit table, appended to and read by filters, keeps
-# Delta's default. (Tables an older version created keep theirs: only slower.)
-REWRITTEN_TABLE_PROPERTIES = (("delta.checkpointInterval", "50"),)
+# write is a quarter quicker on average. Each holds one live file: nothing to compact, only the files
+# it replaced to vacuum. Log and file retention: ``storage.upkeep``.
+REWRITTEN_TABLE_PROPERTIES = (("delta.checkpointInterval", "50"),) + upkeep.RETENTION_PROPERTIES
 # Delta collects min/max statistics of a table's first 32 columns for every file it writes, row by row:
 # for the audit table that was half of each batch's append (1.5 s for 10,000 rows; 0.77 s with these).
 # These are the columns the syphon's own reads filter on (a restart's unsettled rows by queue, sequence
 # number and enqueue time; an attempt's rows by batch; a re-drive's by outcome); the partition column
-# prunes by day. An audit table an older version created gets it at the next run's start.
+# prunes by day. The audit table is appended to once per batch and read by filters: Delta's checkpoint
+# interval (10, stated), and auto compaction so that its files do not grow with the batches.
 AUDIT_TABLE_PROPERTIES = (("delta.dataSkippingStatsColumns",
-                           "batch_id,backlog_queue,sequence_number,enqueued_time,outcome"),)
+                           "batch_id,backlog_queue,sequence_number,enqueued_time,outcome"),
+                          ("delta.checkpointInterval", "10")) + upkeep.RETENTION_PROPERTIES + upkeep.AUTO_COMPACT
+# The runs table gains a row (a file) per run.
+RUNS_TABLE_PROPERTIES = upkeep.RETENTION_PROPERTIES + upkeep.AUTO_COMPACT
 
 
 def _is_path(table: str) -> bool:
@@ -84,7 +89,8 @@ def table_exists(spark: SparkSession, table: str) -> bool:
     return existing_table(spark, table) is not None
 
 
-def _sql_name(table: str) -> str:
+def sql_name(table: str) -> str:
+    """How SQL names a table setting: a path or a catalog name."""
     return f"delta.`{table}`" if _is_path(table) else table
 
 
@@ -104,9 +110,9 @@ def create_table(spark: SparkSession, table: str, schema: StructType, partition_
     if existing is not None:
         missing = [f for f in schema.fields if f.name not in existing.schema.fieldNames()]
         if missing:
-            spark.sql(f"ALTER TABLE {_sql_name(table)} ADD COLUMNS "
+            spark.sql(f"ALTER TABLE {sql_name(table)} ADD COLUMNS "
                       f"({', '.join(_ddl(f, constraints=False) for f in missing)})")
-        _set_missing_properties(spark, table, properties, must=("delta.dataSkippingStatsColumns",))
+        _set_missing_properties(spark, table, properties)
         return False
     columns = ", ".join(_ddl(f) for f in schema.fields)
     clauses = f" PARTITIONED BY ({', '.join(partition_by)})" if partition_by else ""
@@ -116,7 +122,7 @@ def create_table(spark: SparkSession, table: str, schema: StructType, partition_
     try:
         # Not "IF NOT EXISTS": whether this call created the table must be known (see create_tables).
         with commit_lock(spark, table):
-            spark.sql(f"CREATE TABLE {_sql_name(table)} ({columns}) USING DELTA{clauses}")
+            spark.sql(f"CREATE TABLE {sql_name(table)} ({columns}) USING DELTA{clauses}")
     except Exception as exc:
         if is_commit_conflict(exc) or _created_meanwhile(spark, table, exc):
             return False
@@ -124,24 +130,22 @@ def create_table(spark: SparkSession, table: str, schema: StructType, partition_
     return True
 
 
-def _set_missing_properties(spark: SparkSession, table: str, properties: tuple[tuple[str, str], ...],
-                            must: tuple[str, ...]) -> None:
-    """Give a table an older version created the properties among ``must`` it lacks (one commit, once). Two
-    runs doing so at once: one commit wins, the other finds it done next time."""
-    wanted = {key: value for key, value in properties if key in must}
-    if not wanted:
+def _set_missing_properties(spark: SparkSession, table: str, properties: tuple[tuple[str, str], ...]) -> None:
+    """Give a table an older version created the ``properties`` it lacks or holds otherwise (one commit,
+    once: a start that finds them all as wanted commits nothing). Two runs doing so at once: one commit
+    wins, the other finds it done next time."""
+    if not properties:
         return
     try:
-        current = {row["key"]: row["value"] for row in spark.sql(f"SHOW TBLPROPERTIES {_sql_name(table)}").collect()}
-        missing = {key: value for key, value in wanted.items() if current.get(key) != value}
+        missing = upkeep.properties_to_set(upkeep.table_properties(spark, sql_name(table)), properties)
         if missing:
-            settings = ", ".join(f"'{key}' = '{value}'" for key, value in missing.items())
             with commit_lock(spark, table):
-                spark.sql(f"ALTER TABLE {_sql_name(table)} SET TBLPROPERTIES ({settings})")
-    except Exception as exc:  # noqa: BLE001 - only speed is at stake
+                upkeep.set_properties(spark, sql_name(table), missing)
+            logger.info("set %s on %s", ", ".join(f"{key}={value}" for key, value in missing.items()), table)
+    except Exception as exc:  # noqa: BLE001 - only speed and upkeep are at stake
         if not is_commit_conflict(exc):
-            logger.warning("could not set %s on %s (%s); its writes stay slower", ", ".join(wanted), table,
-                           type(exc).__name__)
+            logger.warning("could not set %s on %s (%s); its upkeep stays as it was", ", ".join(dict(properties)),
+                           table, type(exc).__name__)
 
 
 def _created_meanwhile(spark: SparkSession, table: str, exc: BaseException) -> bool:
@@ -203,14 +207,16 @@ def ended_run(spark: SparkSession, checkpoint_table: str) -> str | None:
     return None if row is None else row["ended_run_id"]
 
 
-def recorded_unsettled(spark: SparkSession, audit_table: str, checkpoint: dict[str, CheckpointRow]) -> DataFrame | None:
+def recorded_unsettled(spark: SparkSession, audit_table: str, checkpoint: dict[str, CheckpointRow],
+                       since: dt.date | None = None) -> DataFrame | None:
     """Audit rows of messages that have an outcome but may still be in the backlog.
 
     That is every row above its queue's purge mark: enqueued after the message the mark names (a
     mark from an older version has no enqueue time: then above its sequence number), and every row
     of a queue without a checkpoint row. After a crash these are the messages a replayed batch must
     not send again and that its purge must still settle. The audit's files carry min/max statistics
-    of both columns, so Delta skips the files of long-settled batches. None before the table's first write.
+    of both columns, so Delta skips the files of long-settled batches; ``since`` (an outcome date) prunes
+    whole days (``run.status_report.audit_read_floor``). None before the table's first write.
     """
     audit = existing_table(spark, audit_table)
     if audit is None:
@@ -224,6 +230,8 @@ def recorded_unsettled(spark: SparkSession, audit_table: str, checkpoint: dict[s
         else:
             mark = F.col("sequence_number") > F.lit(row.purged_through)
         above = above | ((F.col("backlog_queue") == queue) & F.coalesce(mark, F.lit(True)))
+    if since is not None:
+        above = (F.col("outcome_date") >= F.lit(since)) & above
     return audit.where(above)
 
 
@@ -370,7 +378,7 @@ def append_run(spark: SparkSession, runs_table: str, row: RunRow) -> None:
     """Append a run's row, creating the table first where it does not exist (a table an older version
     made gets the columns it lacks, as the others do). Runs append blindly, so two never conflict; on a
     local path their commits still take turns (``commit_lock``)."""
-    create_table(spark, runs_table, RUNS_SCHEMA)
+    create_table(spark, runs_table, RUNS_SCHEMA, properties=RUNS_TABLE_PROPERTIES)
     writer = local_frame(spark, [row], RUNS_SCHEMA).write.format("delta").mode("append")
     with commit_lock(spark, runs_table):
         if _is_path(runs_table):
@@ -390,11 +398,12 @@ def read_runs(spark: SparkSession, runs_table: str, limit: int) -> list[RunRow]:
 
 
 def held_by_destination(spark: SparkSession, audit_table: str, checkpoint: dict[str, CheckpointRow],
-                        destinations: tuple[str, ...]) -> dict[str, int]:
+                        destinations: tuple[str, ...], since: dt.date | None = None) -> dict[str, int]:
     """Per destination among ``destinations`` (names as sent, compared case-insensitively), the messages
     whose latest outcome is ``held``: left in the backlog on purpose, and not sent since. Only rows above
-    the purge marks are read (``recorded_unsettled``): the marks never pass a held message."""
-    rows = recorded_unsettled(spark, audit_table, checkpoint) if destinations else None
+    the purge marks are read (``recorded_unsettled``, from the outcome date ``since``): the marks never
+    pass a held message."""
+    rows = recorded_unsettled(spark, audit_table, checkpoint, since) if destinations else None
     if rows is None:
         return {}
     latest = (rows.groupBy("backlog_queue", "sequence_number", "enqueued_time")

@@ -1,0 +1,90 @@
+"""``--maintain``: compact and vacuum the state tables (audit, checkpoint, lease, runs), Delta's own way.
+
+For each table that exists: ``OPTIMIZE`` (bin-packing: the audit's closed days keep the small files
+auto compaction had not yet gathered; ``storage.upkeep``), then ``VACUUM`` with the retention of the
+table's time-travel window (``storage.upkeep.VACUUM_RETAIN_HOURS``, = ``delta.deletedFileRetentionDuration``
+= ``delta.logRetentionDuration``). The audit is the record of what moved: neither removes a row. OPTIMIZE
+rewrites files without changing data; VACUUM deletes only files that no version of the window reads,
+never one the table holds now, and Delta's safety check stays on.
+
+It takes no lease, and runs safely while a syphon appends: an OPTIMIZE commit changes no data, so a
+blind append never conflicts with it (Delta's optimistic concurrency lets both commit); where it loses a
+race (a syphon's auto compaction rewrote the same files first) it is retried (``storage.upkeep.retried``).
+VACUUM commits nothing a writer conflicts with. Taking the lease would stop deliveries while the tables
+are tidied: the one thing the lease guards (one run delivering) is never at stake here.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+
+from pyspark.sql import SparkSession
+
+from backlog_syphon.config import SyphonConfig
+from backlog_syphon.errors import describe
+from backlog_syphon.storage import tables, upkeep
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class TableUpkeep:
+    """What maintenance did to one table."""
+
+    table: str
+    exists: bool
+    files_removed: int = 0  # by OPTIMIZE (small files compacted)
+    files_added: int = 0
+    seconds: float = 0.0
+    error: str | None = None  # one line: why this table was not maintained
+
+    def line(self) -> str:
+        if not self.exists:
+            return f"  {self.table}: does not exist yet (nothing to do)"
+        if self.error is not None:
+            return f"  {self.table}: FAILED: {self.error}"
+        return (f"  {self.table}: compacted {self.files_removed} file(s) into {self.files_added}, vacuumed "
+                f"files older than {upkeep.VACUUM_RETAIN_HOURS} h ({self.seconds:.1f} s)")
+
+
+@dataclass(frozen=True)
+class MaintenanceReport:
+    tables: tuple[TableUpkeep, ...]
+
+    @property
+    def failed(self) -> bool:
+        return any(table.error is not None for table in self.tables)
+
+    def lines(self) -> list[str]:
+        verdict = ("maintenance failed for some tables: run it again (a syphon may go on meanwhile)"
+                   if self.failed else "maintenance done")
+        return ["state tables (OPTIMIZE, then VACUUM):", *(table.line() for table in self.tables), verdict]
+
+
+def state_tables(config: SyphonConfig) -> tuple[str, ...]:
+    storage = config.storage
+    return (storage.audit_table, storage.checkpoint_table, storage.resolved_lease_table, storage.resolved_runs_table)
+
+
+def maintain_table(spark: SparkSession, table: str) -> TableUpkeep:
+    """OPTIMIZE then VACUUM one table, each retried on a concurrent-modification conflict."""
+    if not tables.table_exists(spark, table):
+        return TableUpkeep(table, exists=False)
+    name = tables.sql_name(table)
+    started = time.monotonic()
+    try:
+        removed, added = upkeep.retried(lambda: upkeep.optimize(spark, name), tables.is_commit_conflict,
+                                        f"OPTIMIZE {table}")
+        upkeep.retried(lambda: upkeep.vacuum(spark, name), tables.is_commit_conflict, f"VACUUM {table}")
+    except Exception as exc:  # noqa: BLE001 - one table's failure is reported, the others are still maintained
+        logger.debug("maintenance of %s failed", table, exc_info=True)
+        return TableUpkeep(table, exists=True, seconds=time.monotonic() - started, error=describe(exc))
+    return TableUpkeep(table, exists=True, files_removed=removed, files_added=added,
+                       seconds=time.monotonic() - started)
+
+
+def maintain(spark: SparkSession, config: SyphonConfig) -> MaintenanceReport:
+    """Maintain every state table of ``config`` in turn (one after the other: each is a few Spark jobs)."""
+    return MaintenanceReport(tuple(maintain_table(spark, table) for table in state_tables(config)))
