@@ -17,9 +17,9 @@ Invariants:
 - A tail search returns an end a probe proved: nothing was at or after it, and a message was just before
   it (sequence numbers only grow, so none can appear before it later), or, where messages arrived during
   the search, the end just past the newest one it found.
-- A confirming search commits "nothing at or after x" only after two answers in a row say so (one second
-  look, as ``servicebus.peek_pages`` reads: an empty answer while messages exist is a transient fault, so
-  two in a row is the end); what the second look finds is searched on from.
+- A confirming search commits "nothing at or after x" only after two answers in a row say so at x (one
+  second look, as ``servicebus.peek_pages`` reads: an empty answer while messages exist is a transient
+  fault, so two in a row is the end); what a look finds is searched on from.
 - A search asks one probe at a time; its cost is counted in probes and rounds (``ProbeCount``).
 """
 
@@ -123,20 +123,26 @@ def search_tail(known: Identity, *, confirm: bool = False) -> Search:
     past it, then 8 times further each time) until nothing is found, then halving. About
     log8(n) + log2(n) probes for a tail n messages on; a handful when it is near.
 
-    ``confirm``: the end found is probed once more before it is returned (one probe, at the end of the
-    search); a message that second look finds was hidden by a wrong "nothing" somewhere in the search,
-    and the search goes on from it. One look suffices: "nothing at or after the end" covers every
-    position an earlier answer may have hidden."""
+    ``confirm``: the end found is probed again before it is returned, until two answers in a row at it
+    say "nothing" (one probe where the halving's last answer was that "nothing", two otherwise); a
+    message a look finds was hidden by a wrong "nothing" somewhere in the search, and the search goes on
+    from it. Looks at the end suffice: "nothing at or after the end" covers every position an earlier
+    answer may have hidden."""
     lo, step = known[0], GALLOP_FIRST_STEP
     while True:
         found = yield lo + step
         if found is not None:
             lo, step = found[0], step * GALLOP_FACTOR
             continue
-        end = yield from search_end_between(lo, lo + step)
+        end, closed_at_end = yield from _halve(lo, lo + step)
         if not confirm:
             return end
         found = yield end
+        if found is None and not closed_at_end:
+            # The "nothing" that closed the halving was at another number, perhaps long ago and wrong: a
+            # single look at the end would make one wrong answer in two the end (every fifth answer
+            # wrongly empty, a million messages: an end of 561). Two answers in a row at the end commit it.
+            found = yield end
         if found is None:
             return end
         # Gallop on from the step it had reached: from the first step again, every wrong "nothing" cost
@@ -158,14 +164,21 @@ def search_tail_from(end: int, *, confirm: bool = False) -> Search:
 
 def search_end_between(lo: int, hi: int) -> Search:
     """The end of the messages between ``lo`` (one is there) and ``hi`` (none was at or after it), by halving."""
+    end, _ = yield from _halve(lo, hi)
+    return end
+
+
+def _halve(lo: int, hi: int) -> Search:
+    """``search_end_between``'s halving; it also returns whether its last answer was "nothing" at the end."""
+    closed_at_end = False
     while hi - lo > 1:
         mid = (lo + hi) // 2
         found = yield mid
         if found is None:
-            hi = mid
+            hi, closed_at_end = mid, True
         else:
-            lo = found[0]  # past hi only if messages arrived meanwhile: the end then follows this one
-    return lo + 1
+            lo, closed_at_end = found[0], False  # past hi only if messages arrived meanwhile
+    return lo + 1, closed_at_end and hi == lo + 1
 
 
 def tail_end(start: int, probe: Probe) -> int:

@@ -117,13 +117,27 @@ def test_a_tail_search_that_confirms_finds_the_end_a_false_empty_answer_hid_for_
     assert true_end == 3_001
     end, probes = run(True, {1})
     assert end == 3_001 and probes > true_probes  # the second look found a message, the search went on
-    assert run(False)[1] == true_probes - 1  # the look it costs
+    assert run(False)[1] == true_probes - 2  # two looks at the end: the halving's last answer found a message
+
+
+def test_a_confirming_tail_search_looks_once_where_the_halving_ended_on_nothing_at_the_end():
+    confirmed, plain = Log(range(1, 1_066)), Log(range(1, 1_066))
+    assert run_search(search_tail((1, 1_001), confirm=True), confirmed.probe) == 1_066
+    assert run_search(search_tail((1, 1_001)), plain.probe) == 1_066
+    assert len(confirmed.calls) == len(plain.calls) + 1 and confirmed.calls[-2:] == [1_066, 1_066]
 
 
 def test_a_confirming_tail_search_keeps_its_gallop_when_wrong_empty_answers_are_frequent():
     log = Log(range(1, 1_000_001), empties=set(range(1, 200, 7)))  # every seventh answer wrongly empty
     assert run_search(search_tail((1, 1_001), confirm=True), log.probe) == 1_000_001
     assert len(log.calls) < 100, len(log.calls)  # 82; galloping from the first step again took 176
+
+
+def test_a_confirming_tail_search_finds_the_true_end_when_every_fifth_answer_is_wrongly_empty():
+    for offset in range(5):  # whichever answers the wrong ones are
+        log = Log(range(1, 1_000_001), empties=set(range(offset, 400, 5)))
+        assert run_search(search_tail((1, 1_001), confirm=True), log.probe) == 1_000_001, offset
+        assert log.calls[-1] == log.calls[-2] == 1_000_001  # two answers in a row at the end
 
 
 def test_a_log_that_grows_during_the_search_ends_between_its_end_before_and_after():
