@@ -6,7 +6,7 @@ what the administration API and the configuration readers say about it."""
 import uuid
 
 import pytest
-from azure.servicebus import ServiceBusClient, ServiceBusMessage, ServiceBusReceiveMode
+from azure.servicebus import NEXT_AVAILABLE_SESSION, ServiceBusClient, ServiceBusMessage, ServiceBusReceiveMode
 from azure.servicebus.exceptions import ServiceBusError
 from azure.servicebus.management import ServiceBusAdministrationClient
 from azure.servicebus._pyamqp.error import ErrorCondition
@@ -29,6 +29,7 @@ CONFIG = {"namespaces": [
                                                      "subscriptions": [{"name": "all"}]}]),
     _ns("one-per-call", peek_one_per_call=True, queues=[{"name": "q", "enable_partitioning": True}]),
     _ns("premium", tier="premium", partitions=4, queues=[{"name": "q"}]),
+    _ns("gaps", receive_empty_probability=0.5, receive_seed=3, queues=[{"name": "q", "enable_partitioning": True}]),
 ]}
 
 
@@ -157,6 +158,39 @@ def test_receives_interleave_partitions_and_settle_across_them(client, new_queue
     assert emu.stats("standard")[q]["total"] == 0
 
 
+def test_a_session_is_one_partitions_and_keeps_its_order(client, new_queue):
+    q = new_queue(enable_partitioning=True, requires_session=True, lock_duration_seconds=30)
+    _send_singles(client, q, [ServiceBusMessage(f"{sid}/{n}", session_id=sid) for n in range(3) for sid in "abc"])
+    for _ in "abc":
+        with client.get_queue_receiver(q, session_id=NEXT_AVAILABLE_SESSION) as r:
+            got = r.receive_messages(max_message_count=10, max_wait_time=2)
+            for m in got:
+                r.complete_message(m)
+        sid = r.session.session_id
+        assert [str(m) for m in got] == [f"{sid}/{n}" for n in range(3)]
+        assert len({m.sequence_number >> SHIFT for m in got}) == 1
+        numbers = [m.sequence_number for m in got]
+        assert numbers == sorted(numbers)
+        assert all(m.raw_amqp_message.annotations[PARTITION_ID] == m.sequence_number >> SHIFT for m in got)
+
+
+def test_receives_come_back_empty_while_messages_wait_when_the_namespace_asks(emu):
+    with ServiceBusClient.from_connection_string(emu.connection_string("gaps"), retry_total=0) as c:
+        with c.get_queue_sender("q") as s:
+            s.send_messages([ServiceBusMessage(f"m{i}") for i in range(30)])
+        answers, got = [], []
+        with c.get_queue_receiver("q") as r:
+            while len(got) < 30 and len(answers) < 40:
+                batch = r.receive_messages(max_message_count=10, max_wait_time=1)
+                answers.append(len(batch))
+                for m in batch:
+                    r.complete_message(m)
+                got += [str(m) for m in batch]
+    assert 0 in answers[:-1]                       # an empty answer before the queue was empty
+    assert sorted(got) == sorted(f"m{i}" for i in range(30))
+    assert emu.stats("gaps")["q"]["total"] == 0
+
+
 def test_a_batch_of_distinct_partition_keys_is_refused_and_nothing_stored(client, new_queue, emu):
     q = new_queue(enable_partitioning=True)
     with client.get_queue_sender(q) as s:
@@ -280,6 +314,7 @@ def test_a_queue_recreated_partitioned_numbers_by_partition(emu, client, new_que
     ({"tier": "premium", "queues": [{"name": "q", "enable_partitioning": True}]}, "set partitions: 1, 2 or 4"),
     ({"queues": [{"name": "q", "enable_partitioning": "yes"}]}, "enable_partitioning: expected bool"),
     ({"peek_one_per_call": 1}, "peek_one_per_call: expected true or false"),
+    ({"receive_empty_probability": 2}, "receive_empty_probability: must be from 0 to 1"),
 ])
 def test_partitioning_settings_are_checked(namespace, error):
     with pytest.raises(ConfigError, match=error):

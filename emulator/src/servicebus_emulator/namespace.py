@@ -23,7 +23,7 @@ from .broker import BrokerError, Entity, Topic, any_rule_matches
 from .faults import Faults
 from .idle import IdleTimers
 from .message import PING_CONTENT_TYPE, Content
-from .partitions import routing_key
+from .partitions import ReceiveGaps, routing_key
 from .peek_pages import PeekPager
 
 
@@ -59,6 +59,7 @@ class Namespace:
         self.role_assignments = list(cfg.azure_ad.role_assignments) if cfg.azure_ad else []
         self.settings = cfg.service
         self.pager = PeekPager(cfg.service)
+        self.receive_gaps = ReceiveGaps(cfg.service.receive_empty_probability, cfg.service.receive_seed)
         self.idle = IdleTimers.of(cfg.service)
         self.idle_counts: Counter = Counter()          # links detached and connections closed for idleness
         for q in cfg.queues:

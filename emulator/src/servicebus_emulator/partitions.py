@@ -10,10 +10,12 @@ Invariants:
   partition, run after run; a message with none of these goes to the next partition in turn (round
   robin), so that keyless traffic spreads evenly and a test sees the same spread every time;
 - a batch goes to one partition whole (the refusals make sure its messages share their key);
-- the top 16 bits of a sequence number are its partition, the rest its number within the partition.
+- the top 16 bits of a sequence number are its partition, the rest its number within the partition;
+- with the same seed and the same receives, the same receives come back empty (``ReceiveGaps``).
 """
 from __future__ import annotations
 
+import random
 import zlib
 from typing import Any, List, Optional
 
@@ -57,6 +59,18 @@ def _stable_hash(value: Any) -> int:
     else:
         data = f"{type(value).__name__}:{value}".encode("utf-8", "replace")
     return zlib.crc32(data)
+
+
+class ReceiveGaps:
+    """Receives on a partitioned entity that come back empty while messages exist (``receive_empty_probability``),
+    drawn from a seeded generator so that a run is repeatable."""
+
+    def __init__(self, probability: float, seed: int):
+        self.probability = probability
+        self._draws = random.Random(seed)
+
+    def answers_empty(self) -> bool:
+        return self.probability > 0 and self._draws.random() < self.probability
 
 
 class Partitioner:
