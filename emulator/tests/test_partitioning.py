@@ -275,16 +275,22 @@ def test_a_topic_copies_keep_the_partition_bits_and_dead_letters_stay_in_their_p
 
 
 def test_a_premium_namespace_partitions_every_entity(emu):
+    emu.add_queue("premium", "added")
     with ServiceBusClient.from_connection_string(emu.connection_string("premium"), retry_total=0) as c:
-        _send_singles(c, "q", [ServiceBusMessage(f"m{i}") for i in range(8)])
-        with c.get_queue_receiver("q") as r:
-            seen = _peek_all_partitions(r, partitions=4)
-    assert sorted(_split(m.sequence_number) for m in seen) == [(p, n) for p in range(4) for n in (1, 2)]
+        for queue in ("q", "added"):
+            _send_singles(c, queue, [ServiceBusMessage(f"m{i}") for i in range(8)])
+            with c.get_queue_receiver(queue) as r:
+                seen = _peek_all_partitions(r, partitions=4)
+            assert sorted(_split(m.sequence_number) for m in seen) == [(p, n) for p in range(4) for n in (1, 2)]
+    assert emu.stats("premium")["q"]["partitions"] == 4
+    emu.add_queue("premium", "plain-asked")          # in a partitioned namespace every queue is partitioned
+    assert emu.stats("premium")["plain-asked"]["partitions"] == 4
 
 
 def test_the_administration_api_reports_partitioning_and_totals_counts(emu, client, new_queue):
     q = new_queue(enable_partitioning=True, duplicate_detection_window_seconds=60)
     plain = new_queue()
+    assert "partitions" not in emu.stats("standard")[plain]
     _send_singles(client, q, [ServiceBusMessage(f"m{i}", message_id=str(i)) for i in range(20)])
     with ServiceBusAdministrationClient.from_connection_string(
             emu.admin_connection_string("standard"), connection_verify=emu.ca_file, retry_total=0) as admin:
