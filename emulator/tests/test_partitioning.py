@@ -3,6 +3,7 @@
 one message per call where a namespace asks for it), receives that interleave partitions, the batching
 refusals, duplicate detection on MessageId plus PartitionKey, Premium's namespace-wide ``partitions``, and
 what the administration API and the configuration readers say about it."""
+import datetime
 import uuid
 
 import pytest
@@ -189,6 +190,24 @@ def test_receives_come_back_empty_while_messages_wait_when_the_namespace_asks(em
     assert 0 in answers[:-1]                       # an empty answer before the queue was empty
     assert sorted(got) == sorted(f"m{i}" for i in range(30))
     assert emu.stats("gaps")["q"]["total"] == 0
+
+
+def test_scheduled_and_deferred_messages_keep_their_partitioned_numbers(client, new_queue, emu):
+    q = new_queue(enable_partitioning=True)
+    later = datetime.datetime.now(datetime.timezone.utc) + datetime.timedelta(hours=1)
+    with client.get_queue_sender(q) as s:
+        scheduled = s.schedule_messages([ServiceBusMessage("s0"), ServiceBusMessage("s1")], later)
+        assert [_split(n) for n in scheduled] == [(0, 1), (1, 1)]
+        s.cancel_scheduled_messages(scheduled[1])
+        s.send_messages(ServiceBusMessage("d"))
+    with client.get_queue_receiver(q) as r:
+        (m,) = r.receive_messages(max_message_count=1, max_wait_time=2)
+        assert _split(m.sequence_number) == (2, 1)
+        r.defer_message(m)
+        (again,) = r.receive_deferred_messages([m.sequence_number])
+        assert str(again) == "d" and again.raw_amqp_message.annotations[PARTITION_ID] == 2
+        r.complete_message(again)
+    assert emu.stats("standard")[q]["total"] == 1                 # the one scheduled message left
 
 
 def test_a_batch_of_distinct_partition_keys_is_refused_and_nothing_stored(client, new_queue, emu):
