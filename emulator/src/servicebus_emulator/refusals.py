@@ -14,13 +14,14 @@ Invariants:
 from __future__ import annotations
 
 import uuid
-from typing import Iterable, Optional
+import zlib
+from typing import Iterable, List, Optional
 
-from . import codec
 from .broker import BrokerError, Topic
 from .entity_status import receive_status
 from .limits import MAX_BATCH_BYTES
 from .message import Content
+from .partitions import partition_key, routing_key
 
 NOT_ALLOWED = "amqp:not-allowed"
 INTERNAL_ERROR = "amqp:internal-error"
@@ -36,7 +37,11 @@ UNABLE_TO_PROCESS = ("The service was unable to process the request; please retr
 # DeadLetterReason and DeadLetterErrorDescription of a session-less copy in a session subscription
 SESSIONLESS_COPY = ("Session ID is null.",
                     "Session enabled entity doesn't allow a message whose session identifier is null.")
-PARTITION_KEY = "x-opt-partition-key"
+# a batch whose messages a partitioned entity would put in different partitions (the service's texts)
+DISTINCT_KEYS_BATCH = ("Batching brokered messages with distinct SessionId or PartitionKey is not supported for "
+                       "an entity with partitioning enabled.")
+DISTINCT_KEYS_DEDUPE_BATCH = ("Batching brokered messages with distinct SessionId, PartitionKey, or MessageId  is not "
+                              "supported for an entity with partitioning and duplicate detection enabled.")
 
 # set_unavailable modes that let senders attach and then refuse every message, as a namespace does for
 # a full entity or a namespace that throttles (a Standard namespace out of its credits answers sends
@@ -55,14 +60,6 @@ class LinkRefusal(BrokerError):
     """A refusal the service answers by detaching the sender's link, not by rejecting the transfer."""
 
 
-def partition_key(content: Content) -> Optional[str]:
-    """The message's PartitionKey (its ``x-opt-partition-key`` annotation), or None."""
-    for key, value in content.ann_entries:
-        if codec.key_name(key) == PARTITION_KEY:
-            return codec.as_text(codec.decode_value(value))
-    return None
-
-
 def _kind(target) -> str:
     return "Topic" if isinstance(target, Topic) else "Queue"
 
@@ -77,6 +74,43 @@ def message_refusal(ns, target, contents: Iterable[Content]) -> Optional[BrokerE
             return BrokerError(NOT_ALLOWED, ns.described(
                 f"PartitionKey:{key} cannot be set to a different value than SessionId:{content.session_id}.",
                 target.path))
+        if (getattr(target, "partitions", 0) and _deduplicating(target) and content.message_id is None
+                and routing_key(content) is None):
+            return _dedupe_refusal(ns, target, content)   # nothing to place it by: the same answer
+    return None
+
+
+def _deduplicating(target) -> bool:
+    return getattr(target.settings, "duplicate_detection_window_seconds", 0) > 0
+
+
+def _reference() -> str:
+    return f"Reference:{uuid.uuid4()},"
+
+
+def _dedupe_refusal(ns, target, content: Content) -> BrokerError:
+    """The refusal of a partitioned, deduplicating entity: it names the message's keys as the service does
+    (the logical partition is the emulator's own number for the key)."""
+    key, sid, mid = partition_key(content), content.session_id, content.message_id
+    logical = zlib.crc32(str(routing_key(content) or mid or "").encode()) % 256
+    return BrokerError(NOT_ALLOWED, ns.described(
+        f"{DISTINCT_KEYS_DEDUPE_BATCH}LogicalPartitionId:{logical}::PartitionKey:{key or ''}::SessionId:{sid or ''}"
+        f"::MessageId:{'' if mid is None else mid}::ViaPartitionKey::: {_reference()}",
+        f"{_kind(target).lower()}:{target.path}"))
+
+
+def partitioned_batch_refusal(ns, target, contents: List[Content]) -> Optional[BrokerError]:
+    """Why a partitioned entity refuses a batch: messages of distinct SessionIds or PartitionKeys (they
+    would go to different partitions), or, with duplicate detection, of distinct MessageIds; else None."""
+    if not getattr(target, "partitions", 0) or len(contents) < 2:
+        return None
+    if _deduplicating(target):
+        if len({(routing_key(c), c.message_id) for c in contents}) > 1:
+            return _dedupe_refusal(ns, target, contents[0])
+        return None
+    if len({routing_key(c) for c in contents}) > 1:
+        return BrokerError(NOT_ALLOWED, ns.described(f"{DISTINCT_KEYS_BATCH} {_reference()}",
+                                                     f"{_kind(target).lower()}:{target.path}"))
     return None
 
 
