@@ -29,11 +29,17 @@ rate is what it moved in the time it ran.
 The rows (``--rows``): ``30k`` (30,000 x 1 KB), ``200k`` (200,000 x 1 KB, the steady state),
 ``skewed`` (30,000, 80% of them in one queue), ``30k-short-pages`` (the 30k row with peek pages cut to
 64 KB, about 60 messages, as a distant namespace streams them), ``sessions`` (30,000 for the session queue, 500
-sessions over the 10 queues, interleaved), ``64k`` (20,000 x 64 KB), ``30k-0ms`` and ``30k-10ms``
+sessions over the 10 queues, interleaved), ``64k`` (20,000 x 64 KB), ``partitioned-pages`` (the 30k row
+over partitioned backlog queues, 16 partitions, a peek answering whole pages of one partition),
+``partitioned-peek-one`` (10,000 over partitioned backlog queues whose peeks answer one message per call,
+as reported), ``partitioned-dest`` and ``partitioned-dedupe-dest`` (the 30k row into destinations that are
+all partitioned, without and with duplicate detection; there the loop sends one message per send, as a
+deduplicating partitioned entity takes one MessageId per batch), ``30k-0ms`` and ``30k-10ms``
 (symmetric). The figures per row:
 
 - e2e msg/s: messages / time from just before the Spark session is built to the return of
-  ``run_syphon``; ``/threads`` and ``/single``: that over each loop's rate in the same row.
+  ``run_syphon``; ``/threads`` and ``/single``: that over each loop's rate in the same row; ``/30k``: that
+  over the 30k row's (the non-partitioned entities) in the same run.
 - cycle msg/s: the steady rate of the whole batch cycle: the input rows of the non-empty batches
   after the first / the time from the start of the second to the end of the last (Spark's progress
   timestamps and durations): planning, reading, sending, recording, and the gaps between batches.
@@ -81,6 +87,7 @@ import threading
 import time
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, replace
+from enum import Enum
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -129,6 +136,15 @@ class Geometry:
 FAR = Geometry(25.0, 1.0)
 
 
+class DestinationShape(str, Enum):
+    """The primary's destinations in a row: as conf/emulator.yaml has them, or every one partitioned (16
+    partitions, as on Standard), with or without duplicate detection."""
+
+    PLAIN = "plain"
+    PARTITIONED = "partitioned"
+    PARTITIONED_DEDUPE = "partitioned, deduplicating"
+
+
 @dataclass(frozen=True)
 class Scenario:
     name: str
@@ -143,6 +159,11 @@ class Scenario:
     # The secondary's peek pages, at most this many bytes of messages (the emulator's peek_page_bytes; None:
     # its default, the service's ~256 KB): how a distant namespace streams a page.
     peek_page_bytes: int | None = None
+    # Partitioned backlog queues (16 partitions): a peek answers from one partition, whole pages of it, or
+    # one message per call as once reported (the emulator's peek_one_per_call).
+    backlog_partitioned: bool = False
+    peek_one_per_call: bool = False
+    destinations: DestinationShape = DestinationShape.PLAIN
 
     def describe(self) -> str:
         shape = [f"{self.messages:,} x {self.body_size // 1024 if self.body_size >= 1024 else self.body_size}"
@@ -153,6 +174,11 @@ class Scenario:
             shape.append(f"{self.sessions} sessions")
         if self.peek_page_bytes:
             shape.append(f"peek pages of {self.peek_page_bytes // 1024} KB")
+        if self.backlog_partitioned:
+            shape.append("partitioned backlog, " + ("one message per peek" if self.peek_one_per_call
+                                                     else "whole-partition peek pages"))
+        if self.destinations is not DestinationShape.PLAIN:
+            shape.append(f"{self.destinations.value} destinations")
         return ", ".join(shape) + f", {self.geometry.label()}"
 
 
@@ -164,6 +190,15 @@ SCENARIOS = {
     "64k": Scenario("64k", 20_000, FAR, body_size=64 * 1024),
     # Peeks answer as a namespace a region away streams them: about 60 messages of 1 KB a page, not 250.
     "30k-short-pages": Scenario("30k-short-pages", 30_000, FAR, peek_page_bytes=64 * 1024),
+    # Partitioned entities at the same geometry: the 30k backlog over partitioned backlog queues (whole
+    # pages; one message per peek, a third of the backlog so that the row stays minutes), and into
+    # partitioned destinations with and without duplicate detection.
+    "partitioned-pages": Scenario("partitioned-pages", 30_000, FAR, backlog_partitioned=True),
+    "partitioned-peek-one": Scenario("partitioned-peek-one", 10_000, FAR, backlog_partitioned=True,
+                                     peek_one_per_call=True),
+    "partitioned-dest": Scenario("partitioned-dest", 30_000, FAR, destinations=DestinationShape.PARTITIONED),
+    "partitioned-dedupe-dest": Scenario("partitioned-dedupe-dest", 30_000, FAR,
+                                        destinations=DestinationShape.PARTITIONED_DEDUPE),
     "30k-0ms": Scenario("30k-0ms", 30_000, Geometry(0.0, 0.0), loops=("threads", "single")),
     "30k-10ms": Scenario("30k-10ms", 30_000, Geometry(10.0, 10.0), loops=("threads", "single")),
 }
@@ -196,15 +231,27 @@ def backlog_emulator(scenario: Scenario | None, geometry: Geometry, args):
 
 
 def emulator_config(scenario: Scenario | None):
-    """conf/emulator.yaml, with the row's peek page size on the secondary."""
+    """conf/emulator.yaml, with the row's peek page size and partitioned backlog queues on the secondary and
+    its destinations' shape on the primary."""
     import yaml
     from servicebus_emulator.config import EmulatorConfig
 
     raw = yaml.safe_load((ROOT / "conf/emulator.yaml").read_text())
-    if scenario is not None and scenario.peek_page_bytes:
-        for namespace in raw["namespaces"]:
-            if namespace["name"] == SECONDARY:
+    for namespace in raw["namespaces"] if scenario is not None else ():
+        entities = [*namespace.get("queues", []), *namespace.get("topics", [])]
+        if namespace["name"] == SECONDARY:
+            if scenario.peek_page_bytes:
                 namespace["peek_page_bytes"] = scenario.peek_page_bytes
+            if scenario.backlog_partitioned:
+                namespace["peek_one_per_call"] = scenario.peek_one_per_call
+                for entity in entities:
+                    if entity["name"] in backlog_queue_names():
+                        entity["enable_partitioning"] = True
+        elif namespace["name"] == PRIMARY and scenario.destinations is not DestinationShape.PLAIN:
+            for entity in entities:
+                entity["enable_partitioning"] = True
+                if scenario.destinations is DestinationShape.PARTITIONED_DEDUPE:
+                    entity["duplicate_detection_window_seconds"] = 600
     return EmulatorConfig.from_dict(raw, source="conf/emulator.yaml")
 
 
@@ -266,6 +313,13 @@ def arrivals(emu) -> int:
     primary = next(ns for ns in emu.config.namespaces if ns.name == PRIMARY)
     stats = emu.stats(PRIMARY)
     return sum(stats[entity.name]["in"] for entity in [*primary.queues, *primary.topics])
+
+
+def duplicates_dropped(emu) -> int:
+    """Messages the primary's deduplicating entities dropped as duplicates: sent twice, arrived once."""
+    primary = next(ns for ns in emu.config.namespaces if ns.name == PRIMARY)
+    stats = emu.stats(PRIMARY)
+    return sum(stats[entity.name].get("duplicates", 0) for entity in [*primary.queues, *primary.topics])
 
 
 def backlog_left(emu) -> tuple[int, int]:
@@ -354,7 +408,8 @@ def _send_in_batches(sender, messages) -> None:
 
 def move_queue(backlog, primary, queue: str, count: int, deadline: float, *, batched: bool) -> int:
     """One backlog queue, page by page (PeekLock, prefetch 100): send each page's messages (``batched``:
-    consecutive messages for the same destination and session in one send), then complete each one."""
+    consecutive messages for the same destination and session in one send; a deduplicating partitioned
+    destination takes one MessageId per send, so there the loop sends one by one), then complete each one."""
     from azure.servicebus import ServiceBusReceiveMode
 
     moved, senders = 0, {}
@@ -392,7 +447,8 @@ def move_queue(backlog, primary, queue: str, count: int, deadline: float, *, bat
 
 
 def loop_child(spec: dict) -> dict:
-    """A plain SDK loop (child process): ``threads`` (a thread per queue, batched sends) or ``single``."""
+    """A plain SDK loop (child process): ``threads`` (a thread per queue, batched sends unless ``singles``)
+    or ``single``."""
     from azure.servicebus import ServiceBusClient
 
     start = time.perf_counter()
@@ -404,7 +460,8 @@ def loop_child(spec: dict) -> dict:
             ServiceBusClient.from_connection_string(os.environ[CONNECTION_ENV[PRIMARY]]) as primary:
         def run(queue: str, count: int) -> None:
             try:
-                moved[queue] = move_queue(backlog, primary, queue, count, deadline, batched=threaded)
+                moved[queue] = move_queue(backlog, primary, queue, count, deadline,
+                                          batched=threaded and not spec.get("singles"))
             except BaseException as exc:  # noqa: BLE001 - raised below, after the other threads
                 errors.append(exc)
 
@@ -528,7 +585,8 @@ def measure_loop(kind: str, scenario: Scenario, args) -> dict:
     with backlog_emulator(scenario, scenario.geometry, args) as (emu, written), \
             tempfile.TemporaryDirectory(prefix="bench-loop-") as tmp:
         arrived_before = arrivals(emu)
-        spec = {"kind": kind, "written": written, "max_seconds": args.loop_seconds}
+        spec = {"kind": kind, "written": written, "max_seconds": args.loop_seconds,
+                "singles": scenario.destinations is DestinationShape.PARTITIONED_DEDUPE}
         with child_process("loop", spec, emu, Path(tmp)) as child:
             result = child_result(child, "loop", Path(tmp), args.loop_seconds + 300)
         arrived, (left, dead) = arrivals(emu) - arrived_before, backlog_left(emu)
@@ -558,16 +616,17 @@ def measure_syphon(scenario: Scenario, args, *, per_trigger: int | None = None) 
             cpu.wait_for_exit()  # the JVM ends after the child: its CPU until then is the run's too
         ops = broker_ops(emu) - ops_before
         arrived, (left, dead) = arrivals(emu) - arrived_before, backlog_left(emu)
+        twice = duplicates_dropped(emu)
         reasons = dead_letter_reasons(emu) if dead else {}
         if args.keep_logs:
             args.keep_logs.mkdir(parents=True, exist_ok=True)
             (args.keep_logs / f"syphon-{scenario.name}.log").write_bytes((Path(tmp) / "syphon.log").read_bytes())
         failure = None
-        if not result["drained"] or arrived != scenario.messages or left or dead:
+        if not result["drained"] or arrived != scenario.messages or left or dead or twice:
             kept = Path(tempfile.gettempdir()) / f"bench-syphon-{time.strftime('%Y%m%dT%H%M%S')}.log"
             kept.write_bytes((Path(tmp) / "syphon.log").read_bytes())  # the run's folder goes; its log stays
             failure = (f"drained={result['drained']}, destinations received {arrived} of {scenario.messages}, backlog "
-                       f"queues hold {left}, {dead} dead-lettered"
+                       f"queues hold {left}, {dead} dead-lettered, {twice} sent twice (dropped as duplicates)"
                        + "".join(f"; {n} x {why}" for why, n in reasons.items()) + f"; the run's log: {kept}")
     return {**result, "e2e_rate": scenario.messages / result["seconds"], "ops": dict(ops),
             "failure": failure, "cpu_per_1000": cpu.total() / scenario.messages * 1000,
@@ -728,7 +787,7 @@ def geometry_ceilings(scenarios: list[Scenario], messages: int) -> dict[tuple, G
 
 # --- the whole bench ------------------------------------------------------------------------------
 
-COLUMNS = ["row", "geometry", "e2e msg/s", "loop thr", "loop 1", "/thr", "/1", "cycle", "send", "cyc/send",
+COLUMNS = ["row", "geometry", "e2e msg/s", "loop thr", "loop 1", "/thr", "/1", "/30k", "cycle", "send", "cyc/send",
            "between s", "lease>1st s", "probes/b", "rt/b", "commits/b", "CPU s/1k", "cyc/ceil"]
 
 
@@ -851,6 +910,9 @@ def run_bench(args) -> int:
     if idle:
         progress(f"idle: {requests(collections.Counter(idle['ops']))} broker requests in {idle['window_seconds']:g} s: {idle['ops']}")
 
+    plain = next((row["syphon"]["e2e_rate"] for row in figures["rows"] if row["scenario"]["name"] == "30k"), None)
+    for cells, row in zip(table, figures["rows"]):  # each row's rate over the non-partitioned row's, this run
+        cells.insert(COLUMNS.index("/30k"), f"{row['syphon']['e2e_rate'] / plain:.2f}" if plain else "-")
     figures["seconds"] = time.monotonic() - began
     print()
     print("\n".join(format_table(COLUMNS, table)))
@@ -870,7 +932,8 @@ def legend(args) -> list[str]:
     return [
         "geometry: one-way latency of the secondary/primary namespace (one figure: both); e2e: from just before the "
         "Spark session is built to the return of run_syphon; loop thr / loop 1: the plain loops (a thread per queue "
-        f"with batched sends / one thread), * = stopped at their {args.loop_seconds:g} s bound; /thr, /1: e2e over them;",
+        f"with batched sends / one thread), * = stopped at their {args.loop_seconds:g} s bound; /thr, /1: e2e over them; "
+        "/30k: e2e over the 30k row's in this run;",
         "cycle: steady rate of the whole batch cycle (batches after the first); send: the send step alone; between s: "
         "mean time per batch outside foreachBatch; lease>1st s: lease taken to first batch started;",
         "probes/b: the most probes a plan after the first took (the source's report); rt/b, commits/b: broker "
