@@ -27,6 +27,16 @@ class DestinationShape:
     session_subscriptions: tuple[str, ...] = ()
 
 
+class SendShape(StrEnum):
+    """How a destination's messages are cut into sends (``sink.send_shape``)."""
+
+    # batched sends, each of one session and partition key: what any destination takes, partitioned or not
+    KEYED_BATCHES = "keyed_batches"
+    # one message per send (several in flight on the link, in order): a partitioned destination with duplicate
+    # detection refuses a batch of distinct MessageIds
+    SINGLE_MESSAGES = "single_messages"
+
+
 @dataclass(frozen=True)
 class PacingStats:
     """How a batch's send tasks paced their sends (``sink.pacing``): what the progress line shows.
@@ -116,8 +126,10 @@ class SendFailureClass(StrEnum):
 
 THROTTLING_REASONS = frozenset({ReasonCode.SERVER_BUSY, ReasonCode.QUOTA_EXCEEDED, ReasonCode.THROTTLED})
 # Final refusals that concern one message of a send, not the destination (``SendFailureClass.REFUSED``).
+# (``BATCH_SHAPE_REFUSED`` concerns the send's shape: the batch goes again, one message at a time.)
 MESSAGE_REFUSAL_REASONS = frozenset({ReasonCode.MESSAGE_TOO_LARGE, ReasonCode.DESTINATION_REFUSED,
-                                     ReasonCode.SESSION_REQUIRED, ReasonCode.SESSION_ID_NOT_PARTITION_KEY})
+                                     ReasonCode.SESSION_REQUIRED, ReasonCode.SESSION_ID_NOT_PARTITION_KEY,
+                                     ReasonCode.BATCH_SHAPE_REFUSED})
 
 
 @dataclass(frozen=True)
