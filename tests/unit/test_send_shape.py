@@ -226,7 +226,7 @@ def test_the_first_refusal_of_a_batchs_shape_teaches_the_sender_and_dead_letters
     with caplog.at_level(logging.WARNING, logger="backlog_syphon.sink.delivery"):
         results = deliver(rows, destination, shapes)
     assert_all_delivered_once_in_order(results, destination, rows)
-    assert destination.refusals == 1  # once: the destination is remembered
+    assert destination.refusals == shapes.refusals == 1  # once: the destination is remembered
     assert shapes.of("ORDERS") is SendShape.SINGLE_MESSAGES
     assert not [r for r in results if r.reason_code is not None]
     assert sum("reason_code=batch_shape_refused" in record.getMessage() for record in caplog.records) == 1

@@ -189,7 +189,6 @@ class Carry:
     # later session-less messages are dead-lettered without being sent.
     sessions_required: set[str] = field(default_factory=set)
     shapes: SendShapes | None = None  # each destination's send shape (what refusals teach is kept in it)
-    shape_refusals: int = 0  # batches refused for their shape (BATCH_SHAPE_REFUSED), each sent again singly
 
 
 @dataclass
@@ -329,9 +328,9 @@ class _DestinationRounds:
     def _shape_refused(self, destination: str, failure: SendFailure, attempted: int) -> bool:
         """Whether a refusal for the send's shape was a batch's (True): the destination gets single messages
         from now on, and the batch goes again that way. False: a single message was refused."""
-        self.carry.shape_refusals += 1
         if attempted > 1 or (attempted == 0 and self.carry.shapes.of(destination) is not SendShape.SINGLE_MESSAGES):
             first_row = self.waiting[destination][0][0][0]
+            self.carry.shapes.refusals += 1
             if self.carry.shapes.learn(destination):
                 logger.warning("destination=%s backlog=%s sequence_number=%s reason_code=%s refused a batch of %d "
                                "for its shape (%s): sending its messages one at a time from now on",

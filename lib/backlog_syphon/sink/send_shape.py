@@ -93,6 +93,7 @@ class SendShapes:
 
     known: Mapping[str, SendShape] = field(default_factory=dict)
     learned: dict[str, SendShape] = field(default_factory=dict)
+    refusals: int = 0  # batches refused for their shape (``BATCH_SHAPE_REFUSED``), each sent again singly
 
     def of(self, destination: str) -> SendShape:
         name = destination.lower()

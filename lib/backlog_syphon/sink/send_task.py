@@ -15,7 +15,7 @@ import logging
 import time
 from typing import Callable, Iterator, Mapping
 
-from backlog_syphon.model import Action, Outcome, OutcomeRecord, SendShape
+from backlog_syphon.model import Action, Outcome, OutcomeRecord, ReasonCode, SendShape
 from backlog_syphon.restore.amqp.restoring import restore_message_bytes
 from backlog_syphon.restore.queue_names import is_dead_letter_queue_name
 from backlog_syphon.restore.rows import OUTCOME_ROW_ARROW_SCHEMA, record_batch
@@ -62,6 +62,10 @@ def deliver_partition(batches, *, primary, sink, run_id: str, batch_id: int, lim
         logger.info("send task: %d sent, throttled %d times, slowed for %.1f s, rate limit at the end %s msg/s",
                     stats.sent, stats.throttled, stats.slowed_seconds,
                     "none" if stats.rate_limit is None else f"{stats.rate_limit:.0f}")
+    if shapes.refusals:
+        logger.info("send task: %d batch(es) refused for their shape (reason_code=%s) and sent again one message at "
+                    "a time; single messages from now on to %s", shapes.refusals, ReasonCode.BATCH_SHAPE_REFUSED,
+                    ", ".join(sorted(shapes.learned)))
     if pacing_reports is not None:
         pacing_reports.add(stats)
 
