@@ -282,3 +282,12 @@ def test_a_long_session_goes_at_most_max_in_flight_at_a_time_in_order():
     assert_all_delivered_once_in_order(results, destination, rows)
     assert destination.singly_calls == [MAX_IN_FLIGHT, MAX_IN_FLIGHT, 150 - 2 * MAX_IN_FLIGHT]
     assert destination.stored == [f"m{seq}" for seq in range(150)]
+
+
+def test_what_the_tasks_learned_reaches_the_driver_with_their_pacing():
+    from backlog_syphon.model import PacingStats
+
+    first = PacingStats(sent=5, tasks=1, single_message_destinations=("orders",), shape_refusals=1)
+    second = PacingStats(sent=3, tasks=1, single_message_destinations=("audit", "orders"), shape_refusals=2)
+    merged = first.merge(second)
+    assert (merged.single_message_destinations, merged.shape_refusals, merged.sent) == (("audit", "orders"), 3, 8)

@@ -53,6 +53,10 @@ class PacingStats:
     rate_limit: float | None = None  # messages/s the tasks were allowed at their end (None: not limited)
     cap: float | None = None  # the caps' shares, summed (None: no cap)
     tasks: int = 0
+    # Destinations a refusal of a batch's shape taught to take single messages only (lower-case names), and
+    # how many batches were refused for their shape: the driver hands the first to the next rounds' tasks.
+    single_message_destinations: tuple[str, ...] = ()
+    shape_refusals: int = 0
 
     @property
     def send_rate(self) -> float | None:
@@ -71,7 +75,9 @@ class PacingStats:
             _latest(self.last_send_at, other.last_send_at), self.throttled + other.throttled,
             max(self.slowed_seconds, other.slowed_seconds),
             None if self.rate_limit is None or other.rate_limit is None else self.rate_limit + other.rate_limit,
-            None if self.cap is None or other.cap is None else self.cap + other.cap, self.tasks + other.tasks)
+            None if self.cap is None or other.cap is None else self.cap + other.cap, self.tasks + other.tasks,
+            tuple(sorted(set(self.single_message_destinations) | set(other.single_message_destinations))),
+            self.shape_refusals + other.shape_refusals)
 
 
 def _earliest(a: float | None, b: float | None) -> float | None:

@@ -10,6 +10,7 @@ needs comes through its closure (the settings, the round's limits, the test's ``
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import logging
 import time
@@ -57,7 +58,8 @@ def deliver_partition(batches, *, primary, sink, run_id: str, batch_id: int, lim
                                            on_sent=first_send, pacer=pacer, shapes=shapes):
         yield record_batch([outcome_row(result, run_id, batch_id, clock()) for result in results],
                            OUTCOME_ROW_ARROW_SCHEMA)
-    stats = pacer.stats(clock())
+    stats = dataclasses.replace(pacer.stats(clock()), single_message_destinations=tuple(sorted(shapes.learned)),
+                                shape_refusals=shapes.refusals)
     if pacer.throttled_count:
         logger.info("send task: %d sent, throttled %d times, slowed for %.1f s, rate limit at the end %s msg/s",
                     stats.sent, stats.throttled, stats.slowed_seconds,

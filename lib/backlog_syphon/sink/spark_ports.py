@@ -119,14 +119,22 @@ class SparkBatch:
             outcomes = send_on_executors(classified, self.sink.config, run_id=self.sink.run_id, batch_id=self.batch_id,
                                          limits=limits, pace_share=share, pacing_reports=reports,
                                          faults=self.sink.fault_plan,
-                                         send_shapes=known_shapes(self.sink.destination_shapes))
+                                         send_shapes=self._send_shapes())
         if reports is not None:  # the tasks have run (the outcomes are checkpointed eagerly)
             self.pacing = pacing_after_round(self.pacing, reports.value)
+            self.sink.learned_single_destinations.update(reports.value.single_message_destinations)
         if self.latest is not None:
             outcomes = self.latest.where(F.col("outcome") != Outcome.UNSENT).unionByName(outcomes)
         self.latest = outcomes
         with self.timed("aggregate"):
             return aggregate_outcomes(outcomes)
+
+    def _send_shapes(self) -> dict[str, SendShape]:
+        """The destinations that take single messages only: as the administration API describes them, and as
+        earlier rounds' refusals taught (reported through the pacing accumulator; over Spark Connect each
+        Python worker keeps what it learned itself, ``send_task.LEARNED_SHAPES``)."""
+        learned = dict.fromkeys(self.sink.learned_single_destinations, SendShape.SINGLE_MESSAGES)
+        return known_shapes(self.sink.destination_shapes) | learned
 
     def _prepare_round(self):
         """The round's rows classified (column expressions), the send tasks' share of the rate cap, and
