@@ -16,8 +16,9 @@ PartitionKey, or MessageId is not supported". So:
 
 Where the administration API answers, the shape is known before the first send
 (``shape_for``). Elsewhere a batch's refusal for its shape teaches the sender: it sends that batch
-again as single messages and remembers the destination (``SendShapes.learn``) for the rest of the
-process's tasks. Nothing is dead-lettered for the shape of a batch.
+again as single messages and remembers the destination (``SendShapes.learn``): for the rest of the task,
+for the process's later tasks, and, reported to the driver with the task's pacing, for the run's later
+send rounds. Nothing is dead-lettered for the shape of a batch.
 """
 
 from __future__ import annotations
