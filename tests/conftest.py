@@ -78,6 +78,8 @@ MEASURED_SECONDS = {
     "test_a_continuous_job_idle_past_the_idle_timers_delivers_the_next_messages": 50,
     "test_session_less_messages_for_a_session_queue_are_dead_lettered_by_the_refusal_not_waited_out": 45,
     "test_where_the_administration_api_describes_the_destination_they_are_dead_lettered_before_sending": 40,
+    "test_partitioned_destinations_described_by_the_administration_api_get_their_shape_up_front": 45,
+    "test_a_destination_whose_administration_api_does_not_answer_learns_its_shape_from_the_first_refusal": 45,
 }
 UNLISTED_INTEGRATION_SECONDS = 8
 

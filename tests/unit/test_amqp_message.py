@@ -542,6 +542,32 @@ def test_splice_keeps_untouched_entries_byte_for_byte():
     assert len(annotations) == 2  # the partition key, and the schedule
 
 
+@pytest.mark.parametrize("splice", [True, False], ids=["restore_message_bytes", "restored_message"])
+def test_a_copy_from_a_partitioned_queue_loses_the_brokers_annotations_and_keeps_its_partition_key(splice):
+    # What a partitioned backlog queue's broker adds on delivery names the backlog's partition and position,
+    # not the destination's: the destination chooses its partition from the message's own keys.
+    backlog = dataclasses.replace(legacy_backlog_message(), message_annotations={
+        Symbol("x-opt-sequence-number"): (3 << 48) | 9,
+        Symbol("x-opt-enqueued-time"): Timestamp(ENQUEUED_MS),
+        Symbol("x-opt-partition-id"): Short(3),
+        Symbol("x-opt-offset"): "12345",
+        Symbol("x-opt-locked-until"): Timestamp(ENQUEUED_MS + 60_000),
+        Symbol("x-opt-enqueue-sequence-number"): 7,
+        Symbol("x-opt-message-state"): Int(0),
+        Symbol("x-opt-partition-key"): "session-1",
+        Symbol("x-custom"): Int(1),
+    })
+    if splice:
+        restored = decode_message(restore_message_bytes(backlog.encode(), 60_000))
+    else:
+        restored = restored_message(decode_message(backlog.encode()),
+                                    decode_legacy_properties(backlog.application_properties), timedelta(minutes=1))
+    annotations = {str(key) for key in restored.message_annotations}
+    assert annotations == {"x-opt-partition-key", "x-custom", "x-opt-scheduled-enqueue-time"}
+    assert restored.partition_key == "session-1"
+    assert {"x-opt-partition-id", "x-opt-offset"} <= BROKER_OWNED_ANNOTATIONS
+
+
 def test_splice_copies_the_properties_section_when_the_session_is_not_restored():
     raw = dataclasses.replace(legacy_backlog_message(), application_properties={"x-ms-path": "orders"}).encode()
     properties = next(raw[s.start:s.end] for s in split_sections(raw) if s.code == SectionCode.PROPERTIES)

@@ -14,6 +14,9 @@ def test_project_config_has_both_namespaces():
     assert {q.name for q in primary.queues} >= {"orders", "payments", "sessions-orders", "small"}
     assert next(q for q in primary.queues if q.name == "sessions-orders").requires_session
     assert next(q for q in primary.queues if q.name == "small").max_message_size_kb == 64
+    partitioned = {q.name: (q.enable_partitioning, q.duplicate_detection_window_seconds) for q in primary.queues
+                   if q.enable_partitioning}
+    assert partitioned == {"partitioned-orders": (True, 0), "partitioned-dedupe-orders": (True, 600)}
     (events,) = primary.topics
     assert {s.name: [r.correlation_filter for r in s.rules] for s in events.subscriptions} == {
         "all": [None], "eu": [{"properties": {"region": "eu"}}]}

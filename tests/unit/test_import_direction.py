@@ -61,6 +61,7 @@ PURE_MODULES = (
     "backlog_syphon.source.options",
     "backlog_syphon.sink.delivery",
     "backlog_syphon.sink.pacing",
+    "backlog_syphon.sink.send_shape",
     "backlog_syphon.sink.queue_marks",
     "backlog_syphon.sink.micro_batch",
     "backlog_syphon.sink.outcome_aggregate",

@@ -74,6 +74,6 @@ def test_the_progress_lines_facts_become_fields():
         "event": "batch", "batch_id": 4, "remaining": {Q0: 250}, "remaining_total": 250, "delivered": 300,
         "dead_lettered": 2, "skipped": 1, "held": 3, "replayed": 0, "send_seconds": 1.5,
         "oldest_message_age_seconds": 300.0, "send_rate": 200.0, "send_rate_cap": 250.0, "throttled": 2,
-        "slowed_seconds": 3.2, "rate_limit": 125.0}
+        "slowed_seconds": 3.2, "rate_limit": 125.0, "batch_shape_refused": 0}
     assert progress_fields(ProgressPoint(5, NOW, None, {Q0: 0})) == {
         "event": "batch", "batch_id": 5, "remaining": {Q0: 0}, "remaining_total": 0, "idle": True}

@@ -71,6 +71,11 @@ def test_progress_line_shows_the_tasks_measured_rate_the_cap_and_the_throttling(
                            rate_limit=None, cap=None, tasks=1)
     assert send_rate_text(dataclasses.replace(stats, pacing=uncapped)) == (
         "send rate 5 msg/s, throttled 1 time, slowed for 2.0 s, now unlimited")
+    # a batch refused for its shape (a partitioned destination with duplicate detection): said once, with who
+    learned = dataclasses.replace(paced, shape_refusals=2, single_message_destinations=("partitioned-dedupe-orders",))
+    assert send_rate_text(dataclasses.replace(stats, pacing=learned)) == (
+        "send rate 200 msg/s (cap 200), 2 batches refused for their shape, single messages now to "
+        "partitioned-dedupe-orders")
     # one send only (no measured span): the batch's average
     single = PacingStats(sent=3000, first_send_at=5.0, last_send_at=5.0, tasks=1)
     assert send_rate_text(dataclasses.replace(stats, pacing=single)) == "send rate 100 msg/s"

@@ -57,9 +57,6 @@ SESSION_NOT_SET = ("The SessionId was not set on a message, and it cannot be sen
     (b"amqp:not-allowed", SESSION_NOT_SET, ReasonCode.SESSION_REQUIRED),
     (b"amqp:not-allowed", "The SessionId 'a' and the PartitionKey 'b' of the message must be equal.",
      ReasonCode.SESSION_ID_NOT_PARTITION_KEY),
-    (b"amqp:not-allowed", "Batching brokered messages with distinct SessionId, PartitionKey, or MessageId is not "
-                          "supported for an entity with partitioning and duplicate detection enabled.",
-     ReasonCode.DESTINATION_REFUSED),
     (b"com.microsoft:argument-error", "The value supplied for Label is too long.", ReasonCode.DESTINATION_REFUSED),
     (b"com.microsoft:argument-out-of-range", "The value is out of range.", ReasonCode.DESTINATION_REFUSED),
     (b"amqp:invalid-field", "The field is invalid.", ReasonCode.DESTINATION_REFUSED),
@@ -73,3 +70,17 @@ def test_a_final_refusal_concerns_one_message_and_quotes_the_service(condition, 
     assert failure.reason.startswith(f"destination 'sessions-orders' refused the message ({condition.decode()}): "
                                      f"{text} (")
     assert "Error condition" not in failure.reason and "Status Code" not in failure.reason
+
+
+@pytest.mark.parametrize("text", [
+    "Batching brokered messages with distinct SessionId, PartitionKey, or MessageId is not supported for an entity "
+    "with partitioning and duplicate detection enabled. LogicalPartitionId:3",
+    "Batching messages with distinct SessionId or PartitionKey isn't supported on partitioned namespaces.",
+])
+def test_a_refusal_of_a_batchs_shape_is_told_apart_from_a_refusal_of_a_message(text):
+    # sink.delivery sends the batch again one message at a time: nothing is dead-lettered for it
+    error = ServiceBusError(text, condition=b"amqp:not-allowed", status_code=400)
+    failure = classify_send_error(error, "orders")
+    assert (failure.failure_class, failure.reason_code, failure.transient) == (
+        SendFailureClass.REFUSED, ReasonCode.BATCH_SHAPE_REFUSED, False)
+    assert failure.reason.startswith("destination 'orders' refused a batch for its shape (amqp:not-allowed): Batching")

@@ -18,7 +18,7 @@ from backlog_syphon.model.records import (
 )
 from backlog_syphon.model.sending import (
     BatchStats, DestinationShape, EarlierBatches, MESSAGE_REFUSAL_REASONS, Outgoing, PacingStats, PartialSendError,
-    SendFailure, SendFailureClass, THROTTLING_REASONS
+    SendFailure, SendFailureClass, SendShape, THROTTLING_REASONS
 )
 
 __all__ = [
@@ -27,5 +27,5 @@ __all__ = [
     "TtlPolicy", "BrokerCount", "CheckpointRow", "DeadLetterOrder", "HeldSpan", "Int32", "JobIds", "Lease",
     "OutcomeRecord", "RecordedSpan", "RunRow", "new_run_id", "BatchStats", "DestinationShape", "EarlierBatches",
     "MESSAGE_REFUSAL_REASONS", "Outgoing", "PacingStats", "PartialSendError", "SendFailure", "SendFailureClass",
-    "THROTTLING_REASONS"
+    "SendShape", "THROTTLING_REASONS"
 ]

@@ -27,6 +27,16 @@ class DestinationShape:
     session_subscriptions: tuple[str, ...] = ()
 
 
+class SendShape(StrEnum):
+    """How a destination's messages are cut into sends (``sink.send_shape``)."""
+
+    # batched sends, each of one session and partition key: what any destination takes, partitioned or not
+    KEYED_BATCHES = "keyed_batches"
+    # one message per send (several in flight on the link, in order): a partitioned destination with duplicate
+    # detection refuses a batch of distinct MessageIds
+    SINGLE_MESSAGES = "single_messages"
+
+
 @dataclass(frozen=True)
 class PacingStats:
     """How a batch's send tasks paced their sends (``sink.pacing``): what the progress line shows.
@@ -43,6 +53,10 @@ class PacingStats:
     rate_limit: float | None = None  # messages/s the tasks were allowed at their end (None: not limited)
     cap: float | None = None  # the caps' shares, summed (None: no cap)
     tasks: int = 0
+    # Destinations a refusal of a batch's shape taught to take single messages only (lower-case names), and
+    # how many batches were refused for their shape: the driver hands the first to the next rounds' tasks.
+    single_message_destinations: tuple[str, ...] = ()
+    shape_refusals: int = 0
 
     @property
     def send_rate(self) -> float | None:
@@ -61,7 +75,9 @@ class PacingStats:
             _latest(self.last_send_at, other.last_send_at), self.throttled + other.throttled,
             max(self.slowed_seconds, other.slowed_seconds),
             None if self.rate_limit is None or other.rate_limit is None else self.rate_limit + other.rate_limit,
-            None if self.cap is None or other.cap is None else self.cap + other.cap, self.tasks + other.tasks)
+            None if self.cap is None or other.cap is None else self.cap + other.cap, self.tasks + other.tasks,
+            tuple(sorted(set(self.single_message_destinations) | set(other.single_message_destinations))),
+            self.shape_refusals + other.shape_refusals)
 
 
 def _earliest(a: float | None, b: float | None) -> float | None:
@@ -131,8 +147,10 @@ class SendFailureClass(StrEnum):
 
 THROTTLING_REASONS = frozenset({ReasonCode.SERVER_BUSY, ReasonCode.QUOTA_EXCEEDED, ReasonCode.THROTTLED})
 # Final refusals that concern one message of a send, not the destination (``SendFailureClass.REFUSED``).
+# (``BATCH_SHAPE_REFUSED`` concerns the send's shape: the batch goes again, one message at a time.)
 MESSAGE_REFUSAL_REASONS = frozenset({ReasonCode.MESSAGE_TOO_LARGE, ReasonCode.DESTINATION_REFUSED,
-                                     ReasonCode.SESSION_REQUIRED, ReasonCode.SESSION_ID_NOT_PARTITION_KEY})
+                                     ReasonCode.SESSION_REQUIRED, ReasonCode.SESSION_ID_NOT_PARTITION_KEY,
+                                     ReasonCode.BATCH_SHAPE_REFUSED})
 
 
 @dataclass(frozen=True)

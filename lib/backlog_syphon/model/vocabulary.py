@@ -88,6 +88,10 @@ class ReasonCode(StrEnum):
     # found before sending: the destination could not take the message as it is (Service Bus would refuse it)
     SESSION_REQUIRED = "session_required"  # the destination requires sessions; the message has no SessionId
     SESSION_ID_NOT_PARTITION_KEY = "session_id_not_partition_key"  # both set, and they differ
+    # The destination refused a batch for its shape (distinct partition keys, sessions or, with duplicate
+    # detection on a partitioned entity, MessageIds): the sender learns to send it one message at a time and
+    # sends the batch again. Only ever a log line and a count, never a message's outcome.
+    BATCH_SHAPE_REFUSED = "batch_shape_refused"
     # transient: retried, never a final outcome
     DESTINATION_DISABLED = "destination_disabled"
     AUTHENTICATION_FAILED = "authentication_failed"

@@ -95,14 +95,16 @@ def progress_fields(point: ProgressPoint) -> dict:
         send_rate=None if measured is None else round(measured, 1))
     if pacing is not None:
         fields.update(send_rate_cap=pacing.cap, throttled=pacing.throttled,
-                      slowed_seconds=round(pacing.slowed_seconds, 1), rate_limit=pacing.rate_limit)
+                      slowed_seconds=round(pacing.slowed_seconds, 1), rate_limit=pacing.rate_limit,
+                      batch_shape_refused=pacing.shape_refusals)
     return fields
 
 
 def send_rate_text(stats: BatchStats) -> str:
     """``send rate 198 msg/s (cap 200)``, and when the primary throttled: how often, for how long, and
-    the rate allowed at the end. The send tasks' own measure (first to last send) where they reported
-    one (classic Spark); else delivered over the batch's time (Spark Connect)."""
+    the rate allowed at the end; when a destination refused a batch for its shape, how often, and which
+    destinations get single messages now. The send tasks' own measure (first to last send) where they
+    reported one (classic Spark); else delivered over the batch's time (Spark Connect)."""
     pacing = stats.pacing
     measured = pacing.send_rate if pacing is not None else None
     if measured is None:
@@ -116,6 +118,9 @@ def send_rate_text(stats: BatchStats) -> str:
         limit = "unlimited" if pacing.rate_limit is None else f"{pacing.rate_limit:.0f} msg/s"
         text += (f", throttled {pacing.throttled} time{'s' if pacing.throttled != 1 else ''}, "
                  f"slowed for {pacing.slowed_seconds:.1f} s, now {limit}")
+    if pacing.shape_refusals:
+        text += (f", {pacing.shape_refusals} batch{'es' if pacing.shape_refusals != 1 else ''} refused for their "
+                 f"shape, single messages now to {', '.join(pacing.single_message_destinations)}")
     return text
 
 

@@ -25,6 +25,7 @@ from azure.servicebus.exceptions import (
 from backlog_syphon.config import NamespaceConfig
 from backlog_syphon.servicebus.access import is_missing_claim
 from backlog_syphon.servicebus.clients import discard_sender, open_in_parallel, pooled_sender
+from backlog_syphon.servicebus.sdk_transfers import InFlightSendError, in_flight_supported, send_in_flight
 from backlog_syphon.servicebus.sdk_internals import (
     add_encoded_to_batch,
     error_condition,
@@ -88,17 +89,25 @@ FINAL_REFUSAL_CONDITIONS = frozenset({"amqp:not-allowed", "com.microsoft:argumen
                                       "com.microsoft:argument-out-of-range", "amqp:invalid-field"})
 # How the service words the refusals whose cause the syphon can name (and check before sending).
 _SESSION_NOT_SET = "sessionid was not set"
+# A partitioned entity refusing a batch for its shape: "Batching brokered messages with distinct SessionId,
+# PartitionKey, or MessageId is not supported for an entity with partitioning and duplicate detection
+# enabled." (and, without duplicate detection, of distinct SessionId or PartitionKey).
+_BATCH_SHAPE = ("batching", "distinct")
 _SESSION_VS_PARTITION_KEY = ("partitionkey", "sessionid")
 
 
 def refusal_of_message(condition: str, text: str, destination: str) -> SendFailure:
     """A final refusal of a message: its reason code, and a reason that quotes the service and says what to do."""
     lowered = text.lower()
+    if all(word in lowered for word in _BATCH_SHAPE):
+        # The send's shape, not a message: ``sink.delivery`` sends the batch again one message at a time.
+        return SendFailure(False, ReasonCode.BATCH_SHAPE_REFUSED, f"destination '{destination}' refused a batch "
+                                                                  f"for its shape ({condition}): {text}"[:1024])
     if _SESSION_NOT_SET in lowered:
         code, advice = ReasonCode.SESSION_REQUIRED, ("the destination requires sessions and the message has none: "
                                                      "give it a SessionId, or route it to an entity without sessions "
                                                      "(restore.destination_map), then re-drive it")
-    elif all(word in lowered for word in _SESSION_VS_PARTITION_KEY) and "batching" not in lowered:
+    elif all(word in lowered for word in _SESSION_VS_PARTITION_KEY):
         code, advice = ReasonCode.SESSION_ID_NOT_PARTITION_KEY, ("its SessionId and PartitionKey differ; Service "
                                                                  "Bus takes a message only when they are equal")
     else:
@@ -120,6 +129,10 @@ MAX_BATCH_BYTES = 1024 * 1024
 ENVELOPE_RESERVE_BYTES = 1024
 
 
+# How long one single-message send in flight may wait for the broker's answer (the SDK's sends wait as long).
+SINGLE_SEND_TIMEOUT_SECONDS = 60.0
+
+
 def add_encoded(batch: ServiceBusMessageBatch, message: Outgoing) -> bool:
     """Add an encoded AMQP message to a batch exactly as it is; False when it does not fit.
 
@@ -138,12 +151,7 @@ def send_encoded(sender, messages: Sequence[Outgoing], *, on_batch=lambda count:
     ``MAX_BATCH_BYTES`` each); ``on_batch(n)`` before each send of ``n``; yield each send's count once sent."""
     pending = list(messages)
     while pending:
-        batch = sender.create_message_batch()
-        # The service takes a batch no larger than one message of the entity, and 1 MB at most: the SDK's
-        # own limit can be larger (256 KB when the link advertises none, whatever the entity's message size).
-        limit = min(batch.max_size_in_bytes, MAX_BATCH_BYTES, link_max_message_size(sender) or MAX_BATCH_BYTES)
-        if limit < batch.max_size_in_bytes:
-            batch = sender.create_message_batch(max_size_in_bytes=limit)
+        batch = _new_batch(sender)
         count = 0
         while count < min(len(pending), MAX_BATCH_MESSAGES) and add_encoded(batch, pending[count]):
             count += 1
@@ -155,6 +163,51 @@ def send_encoded(sender, messages: Sequence[Outgoing], *, on_batch=lambda count:
         sender.send_messages(batch)
         yield count
         pending = pending[count:]
+
+
+def _new_batch(sender) -> ServiceBusMessageBatch:
+    batch = sender.create_message_batch()
+    # The service takes a batch no larger than one message of the entity, and 1 MB at most: the SDK's
+    # own limit can be larger (256 KB when the link advertises none, whatever the entity's message size).
+    limit = min(batch.max_size_in_bytes, MAX_BATCH_BYTES, link_max_message_size(sender) or MAX_BATCH_BYTES)
+    if limit < batch.max_size_in_bytes:
+        batch = sender.create_message_batch(max_size_in_bytes=limit)
+    return batch
+
+
+def single_envelope(sender, message: Outgoing) -> ServiceBusMessageBatch:
+    """A batch of ``message`` alone, as a single-message send carries it (the bytes unchanged, the envelope
+    naming its MessageId, SessionId and partition key); ``MessageSizeExceededError`` when it does not fit."""
+    batch = _new_batch(sender)
+    if not add_encoded(batch, message):
+        raise MessageSizeExceededError(message=f"a message of {len(message.encoded)} bytes is larger than "
+                                               f"the {batch.max_size_in_bytes} bytes the destination accepts")
+    return batch
+
+
+def send_singly(sender, messages: Sequence[Outgoing], *, in_flight: int) -> int:
+    """Send each message as its own send, up to ``in_flight`` at once on the link, in order (one after the
+    other where the SDK is not the pinned one); returns how many went, or raises ``InFlightSendError``."""
+    envelopes, too_large = [], None
+    for message in messages:  # a message too large to send alone is refused after those before it went
+        try:
+            envelopes.append(single_envelope(sender, message))
+        except MessageSizeExceededError as exc:
+            too_large = exc
+            break
+    if in_flight_supported():
+        sent = send_in_flight(sender, envelopes, in_flight=in_flight, timeout=SINGLE_SEND_TIMEOUT_SECONDS)
+    else:
+        sent = 0
+        for envelope in envelopes:
+            try:
+                sender.send_messages(envelope)
+            except Exception as exc:  # noqa: BLE001 - the caller classifies it
+                raise InFlightSendError(sent, exc) from exc
+            sent += 1
+    if too_large is not None:
+        raise InFlightSendError(sent, too_large)
+    return sent
 
 
 class DestinationSenders:
@@ -177,6 +230,19 @@ class DestinationSenders:
         except Exception as exc:  # noqa: BLE001 - classified by the caller
             raise PartialSendError(sent, exc, attempted[0]) from exc
         return sent
+
+    def send_singly(self, destination: str, messages: Sequence[Outgoing]) -> int:
+        """Send each message on its own, several in flight on the destination's link, in order (a partitioned
+        destination with duplicate detection takes no batch of distinct MessageIds). Raises ``PartialSendError``
+        (``attempted`` 1: the message refused; 0: the link itself failed)."""
+        try:
+            sender = self._sender(destination)
+        except Exception as exc:  # noqa: BLE001 - classified by the caller
+            raise PartialSendError(0, exc, 0) from exc
+        try:
+            return send_singly(sender, messages, in_flight=len(messages))
+        except InFlightSendError as error:
+            raise PartialSendError(error.sent, error.cause, 1) from error.cause
 
     def open(self, destinations: Iterable[str]) -> None:
         """Open the senders of ``destinations`` at once, before sending to them one after the other."""

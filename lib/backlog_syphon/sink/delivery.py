@@ -21,8 +21,13 @@ Invariants:
   authorized: every pending message of the group. A refusal of one message (too large, ``amqp:not-allowed``,
   an argument error: ``SendFailureClass.REFUSED``) is never waited out and never dead-letters a message
   that could have been delivered: a refused batch is sent again in halves, in order, until the refused
-  message goes alone, and only that one is dead-lettered (a refusal of the batch's shape ends with every
-  message delivered). A destination the service said requires sessions gets no more session-less messages.
+  message goes alone, and only that one is dead-lettered. A destination the service said requires sessions
+  gets no more session-less messages.
+- Sends have the destination's shape (``sink.send_shape``): batches of one session and partition key, or
+  one message per send for a partitioned destination with duplicate detection, several in flight on the
+  link, in order. A batch refused for its shape (``BATCH_SHAPE_REFUSED``) teaches the sender: the same
+  messages go again one per send, and so does everything later for that destination. Nothing is
+  dead-lettered for the shape of a batch.
 - Batches respect the service's limits whatever the link advertises (``servicebus.send``: 4,500
   messages, 1 MB).
 - Politely (``sink.pacing``): sends wait for the task's ``Pacer`` (its share of
@@ -50,9 +55,11 @@ from backlog_syphon.model import (
     ReasonCode,
     SendFailure,
     SendFailureClass,
+    SendShape,
 )
 from backlog_syphon.restore.destination_fit import SESSION_REQUIRED_REASON
 from backlog_syphon.sink.pacing import PaceEvent, Pacer, PaceSignal
+from backlog_syphon.sink.send_shape import SendShapes, batch_key, next_send_size
 
 logger = logging.getLogger(__name__)
 
@@ -66,6 +73,10 @@ NOT_SENT_OUTCOMES = {Action.SKIP: Outcome.SKIPPED_PING, Action.DEAD_LETTER: Outc
 class Sender(Protocol):
     def send(self, destination: str, messages: Sequence[Outgoing]) -> int:
         """Send in order; return how many went, or raise ``PartialSendError``."""
+
+    def send_singly(self, destination: str, messages: Sequence[Outgoing]) -> int:
+        """Send each message on its own (``SendShape.SINGLE_MESSAGES``), several in flight at once, in order;
+        return how many went, or raise ``PartialSendError`` (``attempted`` 1: the refused one)."""
 
     def reset(self, destination: str) -> None:
         """Drop the destination's link after an error."""
@@ -109,7 +120,8 @@ def send_groups(rows: Iterable[Row]) -> list[list[Row]]:
     groups: dict[tuple, list[Row]] = {}
     for row in sorted(rows, key=lambda r: (r["backlog_queue"], r["sequence_number"])):
         if row["action"] == Action.DELIVER:
-            key = (row["backlog_queue"], "deliver", row["destination"], row["session_id"], row.get("partition_key"))
+            key = (row["backlog_queue"], "deliver", row["destination"],
+                   *batch_key(row["session_id"], row.get("partition_key")))
         else:
             key = (row["backlog_queue"], "reject", row["sequence_number"], None, None)
         groups.setdefault(key, []).append(row)
@@ -120,13 +132,15 @@ def deliver_rows(rows: Iterable[Row], *, build: Callable[[Row], Outgoing], sende
                  classify: Callable[[BaseException, str], SendFailure], sink: SinkConfig,
                  limits: RoundLimits = RoundLimits(), clock: Callable[[], float] = time.time,
                  sleep: Callable[[float], None] = time.sleep, on_sent: Callable[[], None] = lambda: None,
-                 carry: Carry | None = None, pacer: Pacer | None = None) -> Iterator[Delivery]:
+                 carry: Carry | None = None, pacer: Pacer | None = None,
+                 shapes: SendShapes | None = None) -> Iterator[Delivery]:
     """Deliver rows (one backlog queue's, or several) and yield one ``Delivery`` per row.
 
     ``on_sent`` is called after each send that delivered something (a test hook for crashes).
     ``pacer``: the task's pacing (None: no cap, and still backing off on throttling).
     ``carry``: the destinations' state from the rows before these (a task delivers its window in
     chunks, ``deliver_chunks``): one that was left unsent keeps its later messages unsent too.
+    ``shapes``: each destination's send shape, known and learned (None: keyed batches until a refusal teaches).
     """
     waiting: dict[str, deque[list[tuple[Row, Outgoing]]]] = {}
     for group in send_groups(rows):
@@ -148,15 +162,18 @@ def deliver_rows(rows: Iterable[Row], *, build: Callable[[Row], Outgoing], sende
     carry = carry or Carry()
     if carry.pacer is None:
         carry.pacer = pacer or Pacer(None, sink.throttle_recovery_seconds, clock())
+    if carry.shapes is None:
+        carry.shapes = shapes or SendShapes()
     yield from _DestinationRounds(waiting, sender=sender, classify=classify, sink=sink, limits=limits, clock=clock,
                                   sleep=sleep, on_sent=on_sent, carry=carry).run()
 
 
-def deliver_chunks(chunks: Iterable[Iterable[Row]], *, pacer: Pacer | None = None, **kwargs) -> Iterator[list[Delivery]]:
+def deliver_chunks(chunks: Iterable[Iterable[Row]], *, pacer: Pacer | None = None, shapes: SendShapes | None = None,
+                   **kwargs) -> Iterator[list[Delivery]]:
     """``deliver_rows`` over consecutive chunks of one task's rows (in sequence order), one list of
     results per chunk: a task's memory holds one chunk, not its whole window, and each destination's
     order and state (and the task's pacing) carry over from one chunk to the next."""
-    carry = Carry(pacer=pacer)
+    carry = Carry(pacer=pacer, shapes=shapes)
     for chunk in chunks:
         yield list(deliver_rows(chunk, carry=carry, **kwargs))
 
@@ -171,6 +188,7 @@ class Carry:
     # Destinations the service said require sessions (it refused a session-less message for that): their
     # later session-less messages are dead-lettered without being sent.
     sessions_required: set[str] = field(default_factory=set)
+    shapes: SendShapes | None = None  # each destination's send shape (what refusals teach is kept in it)
 
 
 @dataclass
@@ -227,8 +245,9 @@ class _DestinationRounds:
             destination = min(ready, key=lambda d: self.waiting[d][0][0][0]["sequence_number"])
             # As many of its next messages as the pacer lets one send carry, once it lets them go.
             largest = self.pacer.largest_send()
-            count = len(self.waiting[destination][0]) if largest is None else min(largest, len(self.waiting[destination][0]))
-            count = self.retry[destination].largest_send(count)
+            group = self.waiting[destination][0]
+            largest = self.retry[destination].largest_send(len(group) if largest is None else min(largest, len(group)))
+            count = next_send_size(self.carry.shapes.of(destination), [message for _, message in group[:largest]])
             wait = self.pacer.wait(count, now)
             if wait > 0:
                 self.sleep(max(0.0, min(now + wait, self.limits.deadline) - now))
@@ -243,8 +262,10 @@ class _DestinationRounds:
             yield from self._dead_letter(destination, group, session_required(destination), retry.attempts)
             return
         self.pacer.sending(count, now)
+        singly = self.carry.shapes.of(destination) is SendShape.SINGLE_MESSAGES
         try:
-            sent = self.sender.send(destination, [message for _, message in group[:count]])
+            send = self.sender.send_singly if singly else self.sender.send
+            sent = send(destination, [message for _, message in group[:count]])
             cause, attempted = None, 0
         except PartialSendError as error:
             sent, cause, attempted = error.sent, error.cause, error.attempted
@@ -265,6 +286,12 @@ class _DestinationRounds:
             # from when the refusal came: the SDK's own retries of a ServerBusy take a second or two
             yield from self._throttled(destination, failure, self.clock())
             return
+        if failure.reason_code == ReasonCode.BATCH_SHAPE_REFUSED:
+            if self._shape_refused(destination, failure, attempted):
+                return  # the same messages go again, one per send
+            # one message refused with those words: refused for itself (the service says so of a message
+            # without a MessageId), the outcome of that message under the code of any message refusal
+            failure, attempted = SendFailure(False, ReasonCode.DESTINATION_REFUSED, failure.reason), max(attempted, 1)
         if failure.failure_class is SendFailureClass.REFUSED and attempted:
             # Final for one message of the send (or for its shape): never dead-letter a message that could
             # have been delivered. Send fewer at once until the refused one goes alone; the link is fine.
@@ -297,6 +324,20 @@ class _DestinationRounds:
         if retry.attempts < self.sink.max_send_attempts:
             backoff = min(backoff, self.sink.retry_backoff_seconds * 2 ** (retry.attempts - 1))
         retry.next_try = now + backoff
+
+    def _shape_refused(self, destination: str, failure: SendFailure, attempted: int) -> bool:
+        """Whether a refusal for the send's shape was a batch's (True): the destination gets single messages
+        from now on, and the batch goes again that way. False: a single message was refused."""
+        if attempted > 1 or (attempted == 0 and self.carry.shapes.of(destination) is not SendShape.SINGLE_MESSAGES):
+            first_row = self.waiting[destination][0][0][0]
+            self.carry.shapes.refusals += 1
+            if self.carry.shapes.learn(destination):
+                logger.warning("destination=%s backlog=%s sequence_number=%s reason_code=%s refused a batch of %d "
+                               "for its shape (%s): sending its messages one at a time from now on",
+                               destination, first_row["backlog_queue"], first_row["sequence_number"],
+                               ReasonCode.BATCH_SHAPE_REFUSED, attempted, failure.reason)
+            return True
+        return False
 
     def _throttled(self, destination: str, failure: SendFailure, now: float) -> Iterator[Delivery]:
         """The primary is over its capacity: the task slows down (the pacer) and this destination waits,

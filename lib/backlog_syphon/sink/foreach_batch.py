@@ -82,6 +82,9 @@ class DeliverySink:
         # What the destinations take (by lower-case name), where the administration API said: the restore
         # rules dead-letter what a destination would refuse before it is sent.
         self.destination_shapes = dict(destination_shapes or {})
+        # Destinations the send tasks learned take single messages only (a batch refused for its shape): the
+        # later rounds' tasks start knowing (``sink.send_shape``).
+        self.learned_single_destinations: set[str] = set()
         self.fault_plan = fault_plan  # picklable: it goes with the sink (Spark Connect) and to the send tasks
         self._warned_topics: set[str] = set()  # topics whose session subscriptions were warned about
         self.app_id: str | None = None  # known at the run's first batch (the checkpoint's query id)

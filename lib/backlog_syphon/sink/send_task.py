@@ -10,12 +10,13 @@ needs comes through its closure (the settings, the round's limits, the test's ``
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import logging
 import time
-from typing import Callable, Iterator
+from typing import Callable, Iterator, Mapping
 
-from backlog_syphon.model import Action, Outcome, OutcomeRecord
+from backlog_syphon.model import Action, Outcome, OutcomeRecord, ReasonCode, SendShape
 from backlog_syphon.restore.amqp.restoring import restore_message_bytes
 from backlog_syphon.restore.queue_names import is_dead_letter_queue_name
 from backlog_syphon.restore.rows import OUTCOME_ROW_ARROW_SCHEMA, record_batch
@@ -24,6 +25,7 @@ from backlog_syphon.sink.fault_injection import lose_first_attempt, pause_at
 from backlog_syphon.sink.fault_plan import NO_FAULTS, FaultPlan
 from backlog_syphon.sink.micro_batch import CrashPoint
 from backlog_syphon.sink.pacing import Pacer
+from backlog_syphon.sink.send_shape import SendShapes
 
 # The sink's logger, as before the send task had a module of its own: its log lines stay the same.
 logger = logging.getLogger("backlog_syphon.sink.foreach_batch")
@@ -31,10 +33,12 @@ logger = logging.getLogger("backlog_syphon.sink.foreach_batch")
 
 def deliver_partition(batches, *, primary, sink, run_id: str, batch_id: int, limits: delivery.RoundLimits,
                       pace_share: float | None = None, pacing_reports=None, faults: FaultPlan = NO_FAULTS,
+                      send_shapes: Mapping[str, SendShape] | None = None,
                       clock: Callable[[], float] = time.time) -> Iterator:
     """Deliver one task's rows (Arrow record batches) and yield the outcomes as Arrow record batches;
     at the end, report the task's pacing (``pacing_reports``, an accumulator). ``faults``: the test's
-    plan, acted on after the task's first send (``CrashPoint.MID_SEND``)."""
+    plan, acted on after the task's first send (``CrashPoint.MID_SEND``). ``send_shapes``: the send shapes
+    the administration API decided, by lower-case destination name (``sink.send_shape.known_shapes``)."""
     from backlog_syphon.servicebus.send import DestinationSenders, classify_send_error
 
     mid_send = []
@@ -48,19 +52,29 @@ def deliver_partition(batches, *, primary, sink, run_id: str, batch_id: int, lim
     senders = DestinationSenders(primary)
     opened: set[str] = set()
     pacer = Pacer(pace_share, sink.throttle_recovery_seconds, clock())
+    shapes = SendShapes(known=dict(send_shapes or {}), learned=LEARNED_SHAPES.setdefault(primary.endpoint, {}))
     for results in delivery.deliver_chunks(_chunks(batches, opened, senders), build=build_outgoing, sender=senders,
                                            classify=classify_send_error, sink=sink, limits=limits, clock=clock,
-                                           on_sent=first_send, pacer=pacer):
+                                           on_sent=first_send, pacer=pacer, shapes=shapes):
         yield record_batch([outcome_row(result, run_id, batch_id, clock()) for result in results],
                            OUTCOME_ROW_ARROW_SCHEMA)
-    stats = pacer.stats(clock())
+    stats = dataclasses.replace(pacer.stats(clock()), single_message_destinations=tuple(sorted(shapes.learned)),
+                                shape_refusals=shapes.refusals)
     if pacer.throttled_count:
         logger.info("send task: %d sent, throttled %d times, slowed for %.1f s, rate limit at the end %s msg/s",
                     stats.sent, stats.throttled, stats.slowed_seconds,
                     "none" if stats.rate_limit is None else f"{stats.rate_limit:.0f}")
+    if shapes.refusals:
+        logger.info("send task: %d batch(es) refused for their shape (reason_code=%s) and sent again one message at "
+                    "a time; single messages from now on to %s", shapes.refusals, ReasonCode.BATCH_SHAPE_REFUSED,
+                    ", ".join(sorted(shapes.learned)))
     if pacing_reports is not None:
         pacing_reports.add(stats)
 
+
+# What refusals of a batch's shape taught this process, per primary namespace (its endpoint) and destination: a
+# later task (and batch) of the run that lands in this Python worker starts with single messages there.
+LEARNED_SHAPES: dict[str, dict[str, SendShape]] = {}
 
 SEND_CHUNK_ROWS = 2000  # rows a send task holds as Python objects at once, whatever the window's size
 

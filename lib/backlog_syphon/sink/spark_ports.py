@@ -22,14 +22,14 @@ import datetime as dt
 import time
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from typing import Callable, Protocol, Sequence
+from typing import Callable, Mapping, Protocol, Sequence
 
 from pyspark.accumulators import AccumulatorParam
 from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
 from backlog_syphon.config import SyphonConfig
-from backlog_syphon.model import CheckpointRow, DeadLetterOrder, Outcome, PacingStats, RecordedSpan
+from backlog_syphon.model import CheckpointRow, DeadLetterOrder, Outcome, PacingStats, RecordedSpan, SendShape
 from backlog_syphon.restore import redrive, rules
 from backlog_syphon.restore.queue_names import DEAD_LETTER_SUBQUEUE
 from backlog_syphon.restore.rows import OUTCOME_ROW_SCHEMA
@@ -38,6 +38,7 @@ from backlog_syphon.sink.fault_plan import NO_FAULTS, FaultPlan
 from backlog_syphon.sink.micro_batch import NOTHING_RECORDED, BatchAggregate, Recovery
 from backlog_syphon.sink.outcome_aggregate import combine_groups, cuts_span, pacing_after_round
 from backlog_syphon.sink.pacing import cap_share
+from backlog_syphon.sink.send_shape import known_shapes
 from backlog_syphon.sink.send_task import deliver_partition
 from backlog_syphon.storage import tables
 
@@ -117,14 +118,23 @@ class SparkBatch:
         with self.timed("read+send"):
             outcomes = send_on_executors(classified, self.sink.config, run_id=self.sink.run_id, batch_id=self.batch_id,
                                          limits=limits, pace_share=share, pacing_reports=reports,
-                                         faults=self.sink.fault_plan)
+                                         faults=self.sink.fault_plan,
+                                         send_shapes=self._send_shapes())
         if reports is not None:  # the tasks have run (the outcomes are checkpointed eagerly)
             self.pacing = pacing_after_round(self.pacing, reports.value)
+            self.sink.learned_single_destinations.update(reports.value.single_message_destinations)
         if self.latest is not None:
             outcomes = self.latest.where(F.col("outcome") != Outcome.UNSENT).unionByName(outcomes)
         self.latest = outcomes
         with self.timed("aggregate"):
             return aggregate_outcomes(outcomes)
+
+    def _send_shapes(self) -> dict[str, SendShape]:
+        """The destinations that take single messages only: as the administration API describes them, and as
+        earlier rounds' refusals taught (reported through the pacing accumulator; over Spark Connect each
+        Python worker keeps what it learned itself, ``send_task.LEARNED_SHAPES``)."""
+        learned = dict.fromkeys(self.sink.learned_single_destinations, SendShape.SINGLE_MESSAGES)
+        return known_shapes(self.sink.destination_shapes) | learned
 
     def _prepare_round(self):
         """The round's rows classified (column expressions), the send tasks' share of the rate cap, and
@@ -274,16 +284,18 @@ def pacing_accumulator(spark: SparkSession):
 
 def send_on_executors(classified: DataFrame, config: SyphonConfig, *, run_id: str, batch_id: int,
                       limits: delivery.RoundLimits, pace_share: float | None = None,
-                      pacing_reports=None, faults: FaultPlan = NO_FAULTS) -> DataFrame:
+                      pacing_reports=None, faults: FaultPlan = NO_FAULTS,
+                      send_shapes: Mapping[str, SendShape] | None = None) -> DataFrame:
     """Deliver on executors, one task per backlog queue (``sink.send_task``), each at most at ``pace_share``
     messages a second; the outcomes checkpointed once. Each task adds its ``PacingStats`` to
-    ``pacing_reports`` (if any); ``faults`` (the test's plan) goes to the tasks in their closure."""
+    ``pacing_reports`` (if any); ``faults`` (the test's plan) and ``send_shapes`` (the destinations the
+    administration API says take single messages only) go to the tasks in their closure."""
     primary, sink_config = config.primary, config.sink
 
     def deliver(batches):
         yield from deliver_partition(batches, primary=primary, sink=sink_config, run_id=run_id, batch_id=batch_id,
                                      limits=limits, pace_share=pace_share, pacing_reports=pacing_reports,
-                                     faults=faults)
+                                     faults=faults, send_shapes=send_shapes)
 
     # localCheckpoint, not cache: a lost partition fails the batch (replayed safely) instead of
     # being computed, and so sent, a second time. Then one partition: the outcome rows are small (no

@@ -9,15 +9,23 @@ ENQUEUED_TIME_ANNOTATION = "x-opt-enqueued-time"
 PARTITION_KEY_ANNOTATION = "x-opt-partition-key"
 SCHEDULED_ENQUEUE_TIME_ANNOTATION = "x-opt-scheduled-enqueue-time"
 
-# Set by the broker on delivery; stale on a re-sent copy, so they are dropped.
+# The partition of a partitioned entity that stored a message (on every message received or peeked from one).
+PARTITION_ID_ANNOTATION = "x-opt-partition-id"
+
+# Set by the broker on delivery; stale on a re-sent copy, so they are dropped. The partition id names a
+# partition of the backlog queue, not of the destination, which chooses its own from the message's keys
+# (the partition key, ``x-opt-partition-key``, is the sender's and is kept). The offset is the Event Hubs
+# style position some brokers add.
 BROKER_OWNED_ANNOTATIONS = frozenset({
     SEQUENCE_NUMBER_ANNOTATION,
     ENQUEUED_TIME_ANNOTATION,
+    PARTITION_ID_ANNOTATION,
     "x-opt-locked-until",
     "x-opt-enqueue-sequence-number",
     "x-opt-lock-token",
     "x-opt-deadletter-source",
     "x-opt-message-state",
+    "x-opt-offset",
 })
 
 # The application properties Service Bus adds to a message it dead-letters: a re-drive removes them, so
