@@ -37,6 +37,7 @@ PURE_MODULES = (
     "backlog_syphon.config.loading",
     "backlog_syphon.errors",
     "backlog_syphon.probing",
+    "backlog_syphon.partitions",
     "backlog_syphon.restore.amqp",
     "backlog_syphon.restore.amqp.wire",
     "backlog_syphon.restore.amqp.decimals",
@@ -217,6 +218,7 @@ def test_importing_the_package_stays_cheap_and_the_public_api_loads_on_use():
 
 RANKS = {
     "model": 1, "config": 1, "errors": 1, "timeline": 1, "restore": 1,  # the vocabulary, the settings, pure restoring
+    "partitions": 1,  # a partitioned queue's sequence numbers, which source, servicebus and sink share
     "probing": 1,  # the probe searches, which the planner (source) and the counts (servicebus) share
     "servicebus": 2, "storage": 2,  # the I/O of one system each
     "source": 3, "sink": 3,
