@@ -39,3 +39,11 @@ def test_a_small_partitioned_queue_is_counted_exactly():
     queue = PartitionedQueue([absolute(p, n) for p in (2, 9) for n in range(1, 11)])
     found = survey(queue.peek, known=None, reasons=False)
     assert (found.messages, found.exact) == (20, True)
+
+
+def test_the_dry_runs_plan_is_per_partition_for_a_partitioned_queue_only():
+    from backlog_syphon.run.dry_run_plan import by_partition
+
+    rows = [{"backlog_queue": "p", "partition": 0, "count": 4}, {"backlog_queue": "p", "partition": 7, "count": 2},
+            {"backlog_queue": "plain", "partition": 0, "count": 9}]
+    assert by_partition(rows) == ({"p": 6, "plain": 9}, {"p": {0: 4, 7: 2}})
