@@ -159,3 +159,29 @@ def test_a_queue_recreated_partitioned_is_a_new_incarnation_read_from_its_start(
     got = [seq for _, first, stop in windows(start, end) for seq in read(queue, first, stop)]
     check_once_in_order(got, queue)
     assert lane_offsets(end[Q])[0].incarnation == 2
+
+
+def test_a_queue_with_offsets_per_partition_stays_partitioned_in_a_new_run_and_nothing_is_read_twice():
+    queue = FakePartitionedQueue({0: [1, 2], 6: [1, 2, 3]})
+    first = WindowPlanner(at_once({Q: queue}), max_messages=100, available_now=False,
+                          idle_probe_max_seconds=900.0, partitioned={Q})
+    end = first.latest_offset(first.initial_offset([Q]), [Q], 100, now=0.0)
+    got = [seq for _, a, b in windows(first.initial_offset([Q]), end) for seq in read(queue, a, b)]
+    queue.lanes[6].append(4)
+    later = WindowPlanner(at_once({Q: queue}), max_messages=100, available_now=False,
+                          idle_probe_max_seconds=900.0)  # a new run, the administration API silent
+    again = later.latest_offset(end, [Q], 100, now=0.0)
+    got += [seq for _, a, b in windows(end, again) for seq in read(queue, a, b)]
+    check_once_in_order(got, queue)
+    assert Q in later.partitioned
+
+
+def test_the_reported_backlog_adds_up_a_partitioned_queues_lanes():
+    queue = FakePartitionedQueue({2: list(range(1, 11)), 5: list(range(1, 6))})
+    planner = WindowPlanner(at_once({Q: queue}), max_messages=4, available_now=False,
+                            idle_probe_max_seconds=900.0, partitioned={Q})
+    end = planner.latest_offset(planner.initial_offset([Q]), [Q], 4, now=0.0)
+    reported = planner.reported_latest(now_ms=2_000_000)[Q]
+    read_now = sum(len(read(queue, a, b)) for _, a, b in windows(planner.initial_offset([Q]), end))
+    assert reported["remaining"] >= 15 - read_now > 0
+    assert reported["next"] - position(end[Q]) == reported["remaining"]

@@ -24,7 +24,15 @@ from typing import Collection, Mapping, Sequence
 from backlog_syphon.errors import BacklogQueueMissingError
 from backlog_syphon.probing import ProbeAtOnce, ProbeCount, probe_once, run_searches, search_tail, search_tail_from
 from backlog_syphon.partitions import LANES, lane_key, split_lane_key
-from backlog_syphon.source.offsets import QueueOffset, expand_lanes, fold_lanes, normalise_offsets, position
+from backlog_syphon.source.offsets import (
+    PartitionedOffset,
+    QueueOffset,
+    expand_lanes,
+    fold_lanes,
+    normalise_offsets,
+    parse_offset,
+    position,
+)
 from backlog_syphon.source.partition_lanes import LaneProbes
 from backlog_syphon.source.planning import IdleBackoff, QueueHints, WindowPlan, plan_windows
 
@@ -125,6 +133,9 @@ class WindowPlanner:
             start = self.last_end or self.initial_offset(queues)
         if stopping:
             return normalise_offsets(start)
+        # A queue whose offset is per partition is read so (a queue recreated non-partitioned numbers in lane 0,
+        # where its recreation shows as always).
+        self.partitioned |= {queue for queue, value in start.items() if isinstance(parse_offset(value), PartitionedOffset)}
         count = ProbeCount()
         while True:
             learned_before = set(self.lane_probes.learned)
@@ -144,8 +155,10 @@ class WindowPlanner:
             logger.info("backlog=%s is partitioned (a peek answered with partition bits): read partition by "
                         "partition", ", ".join(sorted(found)))
             self.partitioned |= found
-            if self.target is not None:
-                for queue in found:
+            for queue in found:  # what was learnt under the queue's own key belonged to lane 0 only
+                self.tails.pop(queue, None)
+                self.unconfirmed.discard(queue)
+                if self.target is not None:
                     self.target.pop(queue, None)
         self.last_count = count
         self.looked_back.update(plan.looked)
