@@ -297,8 +297,8 @@ class BacklogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         """The query stopped: close the peek links the driver side opened (executors keep their pools)."""
         from backlog_syphon.servicebus.clients import close_peek_receivers
 
-        if self._queues:
-            close_peek_receivers(self.options.secondary, self._queues)
+        if self._queues:  # and a partitioned queue's lanes' links (``servicebus.clients``: one per lane)
+            close_peek_receivers(self.options.secondary, set(self._queues) | set(self.planner.keys(self._queues)))
 
     # --- executors: rows ----------------------------------------------------------------------
 
