@@ -76,3 +76,16 @@ def test_a_lower_partitions_newer_messages_are_no_recreation_of_the_checkpoint()
     row = CheckpointRow(Q, 1, absolute(6, 40), ms(absolute(6, 40)), 0, None, 1, "r", None, 0, 0, 0)
     assert not renumbered(row, [span(0, 1, 3)])  # partition 0's numbers lie below partition 6's
     assert renumbered(row, [RecordedSpan(Q, absolute(6, 1), absolute(6, 2), 10**9, 10**9, 2)])
+
+
+def test_a_redrives_partitioned_dead_letter_queue_passes_over_what_stays_and_goes_on_past_empty_receives():
+    dlq = Q + "/$DeadLetterQueue"
+    a, b = absolute(3, 1), absolute(3, 2)
+    recorded = RecordedSpan(dlq, a, b, ms(a), ms(b), 2)
+    progress = PurgeProgress(PurgePlan(dlq, (recorded,), 2, passing=True))
+    first = progress.on_page(identities(8, 5))  # not selected, in a higher partition: it stays, passed over
+    assert first.pass_over == (absolute(8, 5),) and not first.stop
+    assert not progress.on_page([]).stop  # receives interleave partitions: an empty one is not the end
+    done = progress.on_page(identities(3, 1, 2))
+    progress.on_settled(len(done.complete))
+    assert done.complete == (a, b) and progress.stopped
