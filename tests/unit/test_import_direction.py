@@ -56,6 +56,7 @@ PURE_MODULES = (
     "backlog_syphon.restore.destination_fit",
     "backlog_syphon.restore.redrive",
     "backlog_syphon.source.offsets",
+    "backlog_syphon.source.partition_lanes",
     "backlog_syphon.source.planning",
     "backlog_syphon.source.window_planner",
     "backlog_syphon.source.window_search",
