@@ -13,7 +13,7 @@ Invariants:
 - lists are ordered by lower-case name, so that ``$skip``/``$top`` pages neither repeat nor skip an entity
   while the set of entities stays the same;
 - ``status`` is the entity's own ``status`` attribute when it has one (an enum's value or a string), else
-  ``Active``; ``enable_partitioning`` is its settings' ``enable_partitioning`` when they have one, else false.
+  ``Active``; ``enable_partitioning`` is whether the entity is partitioned (its own setting, or its namespace's).
 """
 from __future__ import annotations
 
@@ -106,13 +106,13 @@ def list_subscriptions(ns, topic_name: str) -> List[EntityView]:
 
 def queue_view(queue: Entity) -> EntityView:
     return EntityView(EntityKind.QUEUE, queue.path, queue.settings, _status(queue), queue.created_ms,
-                      queue.accessed_ms, _counts(queue), _size(queue), _partitioned(queue.settings))
+                      queue.accessed_ms, _counts(queue), _size(queue), _partitioned(queue))
 
 
 def subscription_view(topic: Topic, sub: Entity) -> EntityView:
     counts = dataclasses.replace(_counts(sub), scheduled=0)      # the topic reports them
     return EntityView(EntityKind.SUBSCRIPTION, sub.settings.name, sub.settings, _status(sub), sub.created_ms,
-                      sub.accessed_ms, counts, _size(sub), _partitioned(topic.settings), topic=topic.path)
+                      sub.accessed_ms, counts, _size(sub), _partitioned(topic), topic=topic.path)
 
 
 def topic_view(topic: Topic) -> EntityView:
@@ -126,7 +126,7 @@ def topic_view(topic: Topic) -> EntityView:
                     scheduled.add(id(m.content))
     accessed = max([topic.created_ms] + [sub.accessed_ms for sub in topic.subscriptions])
     return EntityView(EntityKind.TOPIC, topic.path, topic.settings, _status(topic), topic.created_ms, accessed,
-                      MessageCounts(scheduled=len(scheduled)), sum(stored.values()), _partitioned(topic.settings),
+                      MessageCounts(scheduled=len(scheduled)), sum(stored.values()), _partitioned(topic),
                       subscription_count=len(topic.subscriptions))
 
 
@@ -145,5 +145,6 @@ def _status(entity) -> str:
     return str(getattr(status, "value", status))
 
 
-def _partitioned(settings) -> bool:
-    return bool(getattr(settings, "enable_partitioning", False))
+def _partitioned(entity) -> bool:
+    """Partitioned by its own setting or by its namespace's (Premium): what the entity is, not what it asked."""
+    return bool(getattr(entity, "partitions", 0))

@@ -6,6 +6,8 @@ Invariants:
   (a deleted and recreated queue is a new Entity, numbering from 1 as Service Bus does); a
   dead-lettered message keeps its sequence number in the dead-letter sub-queue;
 - a message is in exactly one state (active, locked, deferred, scheduled) while it exists;
+- a partitioned entity numbers each partition apart (``partitions``); its ``order`` is still one sorted
+  list, partition after partition, and each partition has its own availability heap;
 - every per-operation lookup is O(log n) or amortised O(1): ``order`` is a sorted list of sequence
   numbers with lazy deletion (peek is a bisect), availability is a heap, locks are a dict.
 """
@@ -21,6 +23,7 @@ from typing import Any, Dict, List, Optional
 from . import codec
 from .codec import APPLICATION_PROPERTIES
 from .message import ACTIVE, DEFERRED, LOCKED, SCHEDULED, Content, Msg
+from .partitions import PARTITION_SHIFT, Partitioner, partition_of
 
 DEAD_LETTER_PROPERTIES = ("DeadLetterReason", "DeadLetterErrorDescription")
 
@@ -56,7 +59,8 @@ class Session:
 class Entity:
     """A queue, a subscription or a dead-letter sub-queue: something messages are received from."""
 
-    def __init__(self, path: str, settings, *, sequencer=None, parent: Optional["Entity"] = None):
+    def __init__(self, path: str, settings, *, sequencer=None, parent: Optional["Entity"] = None,
+                 partitions: int = 0):
         self.path = path                     # display path, e.g. "events/Subscriptions/eu"
         self.settings = settings
         self.is_dlq = is_dlq = parent is not None
@@ -65,6 +69,11 @@ class Entity:
         self.status = settings.status        # an EntityStatus; a dead-letter queue follows its parent's
         self.requires_session = settings.requires_session and not is_dlq
         self.sequencer = sequencer if sequencer is not None else Sequencer()
+        self.partitions = partitions         # 0: one ordered log; else its partitions (``partitions``)
+        self.part_avail: List[List[int]] = [[] for _ in range(partitions)]   # per partition, as ``avail``
+        self._next_partition = 0             # where the next receive starts looking (round robin)
+        self.partitioner = (Partitioner(partitions, bool(getattr(settings, "duplicate_detection_window_seconds", 0)))
+                            if partitions and parent is None else None)
         self.msgs: Dict[int, Msg] = {}
         self.order: List[int] = []           # sorted sequence numbers, lazily pruned
         self._order_dead = 0
@@ -80,7 +89,7 @@ class Entity:
         self.ops: Counter = Counter()
         self.dlq: Optional[Entity] = None
         if not is_dlq:
-            self.dlq = Entity(path + "/$DeadLetterQueue", settings, parent=self)
+            self.dlq = Entity(path + "/$DeadLetterQueue", settings, parent=self, partitions=partitions)
         self.dedupe = Deduper(getattr(settings, "duplicate_detection_window_seconds", 0))
         # what the administration API reports: when it was made, and last sent to or received from
         self.created_ms = self.accessed_ms = now_ms()
@@ -117,6 +126,8 @@ class Entity:
 
     def enqueue(self, content: Content, seq: int, now: int) -> Msg:
         m = Msg(content, seq, now)
+        if self.partitions:
+            m.partition = partition_of(seq)
         self.counters["in"] += 1
         self.accessed_ms = now
         self._store(m)
@@ -148,12 +159,29 @@ class Entity:
             return
         if self.requires_session and m.session is not None:
             heapq.heappush(self.session(m.session).avail, m.seq)
+        elif self.partitions:
+            heapq.heappush(self.part_avail[partition_of(m.seq)], m.seq)
         else:
             heapq.heappush(self.avail, m.seq)
 
     # ---- receiving ------------------------------------------------------------------------------
     def next_available(self, session: Optional[Session] = None) -> Optional[Msg]:
-        heap = session.avail if session is not None else self.avail
+        if session is None and self.partitions:
+            return self._next_across_partitions()
+        return self._next_in(session.avail if session is not None else self.avail)
+
+    def _next_across_partitions(self) -> Optional[Msg]:
+        """The oldest available message of the next partition that has one, in turn: receives interleave
+        the partitions, as a partitioned entity's gateway takes the first message any partition yields."""
+        for step in range(self.partitions):
+            p = (self._next_partition + step) % self.partitions
+            m = self._next_in(self.part_avail[p])
+            if m is not None:
+                self._next_partition = (p + 1) % self.partitions
+                return m
+        return None
+
+    def _next_in(self, heap: List[int]) -> Optional[Msg]:
         now = None
         while heap:
             m = self.msgs.get(heapq.heappop(heap))
@@ -168,7 +196,11 @@ class Entity:
         return None
 
     def has_available(self, session: Optional[Session] = None) -> bool:
-        heap = session.avail if session is not None else self.avail
+        if session is None and self.partitions:
+            return any(self._heap_has_available(h) for h in self.part_avail)
+        return self._heap_has_available(session.avail if session is not None else self.avail)
+
+    def _heap_has_available(self, heap: List[int]) -> bool:
         while heap:
             m = self.msgs.get(heap[0])
             if m is not None and m.state == ACTIVE:
@@ -231,6 +263,7 @@ class Entity:
         self.counters["dead_lettered"] += 1
         self._remove(m)
         d = Msg(m.content, m.seq, m.enqueued_ms)
+        d.partition = m.partition
         d.delivery_count = m.delivery_count
         d.session = None
         entries = [(k, v) for k, v in codec.section_map_entries(m.app_raw)
@@ -258,14 +291,22 @@ class Entity:
 
     # ---- management -----------------------------------------------------------------------------
     def peek(self, from_seq: int, count: int, session_id: Optional[str] = None) -> List[Msg]:
+        """The first ``count`` messages at or after ``from_seq``, in order. On a partitioned entity, from one
+        partition only: the first message found decides which, and the answer ends with that partition."""
         out = []
         i = bisect_left(self.order, from_seq)
         order, msgs = self.order, self.msgs
+        end = None                           # a partitioned entity: the first number past the partition
         while i < len(order) and len(out) < count:
-            m = msgs.get(order[i])
+            seq = order[i]
+            if end is not None and seq >= end:
+                break
+            m = msgs.get(seq)
             i += 1
             if m is None or (session_id is not None and m.session != session_id):
                 continue
+            if self.partitions and end is None:
+                end = (partition_of(seq) + 1) << PARTITION_SHIFT
             out.append(m)
         return out
 
@@ -336,13 +377,15 @@ class Sequencer:
 
 
 class Deduper:
-    """MessageId duplicate detection within a time window (0 = off)."""
+    """MessageId duplicate detection within a time window (0 = off); on a partitioned entity the key is
+    the MessageId with the partition key (``partition_key``)."""
 
     def __init__(self, window_seconds: float):
         self.window_ms = int(window_seconds * 1000)
         self.seen: "OrderedDict[Any, int]" = OrderedDict()
 
-    def is_duplicate(self, message_id, now: int) -> bool:
+    def is_duplicate(self, message_id, now: int, *, partitioned: bool = False,
+                     partition_key: Optional[str] = None) -> bool:
         if not self.window_ms or message_id is None:
             return False
         while self.seen:
@@ -351,6 +394,8 @@ class Deduper:
                 break
             self.seen.popitem(last=False)
         key = (type(message_id).__name__, message_id)
+        if partitioned:
+            key += (partition_key,)
         if key in self.seen:
             return True
         self.seen[key] = now
@@ -358,8 +403,10 @@ class Deduper:
 
 
 class Topic:
-    def __init__(self, cfg, subscriptions: List[Entity], filters: Dict[str, Any]):
+    def __init__(self, cfg, subscriptions: List[Entity], filters: Dict[str, Any], partitions: int = 0):
         self.path = cfg.name
+        self.partitions = partitions
+        self.partitioner = Partitioner(partitions, cfg.duplicate_detection_window_seconds > 0) if partitions else None
         self.settings = cfg
         self.status = cfg.status
         self.sequencer = Sequencer()

@@ -184,6 +184,10 @@ def enc_timestamp(ms: int) -> bytes:
     return b"\x83" + struct.pack(">q", int(ms))
 
 
+def enc_short(v: int) -> bytes:
+    return b"\x61" + struct.pack(">h", v)
+
+
 def enc_int(v: int) -> bytes:
     return b"\x71" + struct.pack(">i", v)
 

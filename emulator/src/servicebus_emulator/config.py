@@ -14,7 +14,7 @@ from .aad import ALL_RIGHTS, LISTEN, MANAGE, ROLES, SEND
 from .config_error import ConfigError
 from .entity_status import EntityKind, EntityStatus, parse_status
 from .official_config import native_from_official
-from .service_settings import SERVICE_KEYS, ServiceSettings, service_settings_from_dict
+from .service_settings import SERVICE_KEYS, ServiceSettings, Tier, service_settings_from_dict
 
 # correlation-filter keys (snake_case, as in the SDK's CorrelationRuleFilter) -> system field name
 CORRELATION_FIELDS = (
@@ -39,7 +39,7 @@ class EntitySettings:
 
 @dataclass(frozen=True)
 class QueueConfig(EntitySettings):
-    pass
+    enable_partitioning: bool = False     # 16 partitions (Standard); see ``partitions``
 
 
 @dataclass(frozen=True)
@@ -66,6 +66,7 @@ class TopicConfig:
     duplicate_detection_window_seconds: float = 0.0
     subscriptions: Tuple[SubscriptionConfig, ...] = ()
     status: EntityStatus = EntityStatus.ACTIVE
+    enable_partitioning: bool = False     # 16 partitions (Standard); its subscriptions are partitioned too
 
 
 @dataclass(frozen=True)
@@ -196,10 +197,17 @@ def _correlation_filter(value, where) -> Optional[Mapping[str, Any]]:
     return dict(d)
 
 
+def _partitioning(d: Mapping, where) -> Dict[str, Any]:
+    if "enable_partitioning" not in d:
+        return {}
+    return {"enable_partitioning": _check_type(d["enable_partitioning"], bool, f"{where}.enable_partitioning")}
+
+
 def queue_from_dict(d, where, *, allow_short_locks: bool = False) -> QueueConfig:
     d = _mapping(d, where)
-    _unknown(d, {"name"} | set(_ENTITY_KEYS), where)
-    return QueueConfig(name=_name(d, where), **_entity_kwargs(d, where, EntityKind.QUEUE, allow_short_locks))
+    _unknown(d, {"name", "enable_partitioning"} | set(_ENTITY_KEYS), where)
+    return QueueConfig(name=_name(d, where), **_partitioning(d, where),
+                       **_entity_kwargs(d, where, EntityKind.QUEUE, allow_short_locks))
 
 
 def _rule_from_dict(d, where) -> SubscriptionRule:
@@ -231,8 +239,9 @@ def subscription_from_dict(d, where, *, allow_short_locks: bool = False) -> Subs
 def _topic_from_dict(d, where, allow_short_locks: bool) -> TopicConfig:
     d = _mapping(d, where)
     own = ("max_message_size_kb", "duplicate_detection_window_seconds", "status")
-    _unknown(d, {"name", "subscriptions", *own}, where)
+    _unknown(d, {"name", "subscriptions", "enable_partitioning", *own}, where)
     kwargs = _entity_kwargs({k: d[k] for k in own if k in d}, where, EntityKind.TOPIC)
+    kwargs.update(_partitioning(d, where))
     subs = tuple(subscription_from_dict(s, f"{where}.subscriptions[{i}]", allow_short_locks=allow_short_locks)
                  for i, s in enumerate(_list(d.get("subscriptions"), f"{where}.subscriptions")))
     _no_duplicates([s.name for s in subs], f"{where}.subscriptions")
@@ -266,6 +275,7 @@ def _namespace_from_dict(d, where) -> NamespaceConfig:
     topics = tuple(_topic_from_dict(t, f"{where}.topics[{i}]", service.allow_short_locks)
                    for i, t in enumerate(_list(d.get("topics"), f"{where}.topics")))
     _no_duplicates([e.name for e in queues + topics], f"{where}.queues/topics")
+    check_partitioning(service, queues + topics, where)
     local_auth = _check_type(d.get("local_auth", True), bool, f"{where}.local_auth")
     azure_ad = _azure_ad(d["azure_ad"], f"{where}.azure_ad") if d.get("azure_ad") is not None else None
     if not local_auth and azure_ad is None:
@@ -274,6 +284,17 @@ def _namespace_from_dict(d, where) -> NamespaceConfig:
                            queues=queues, topics=topics, latency_ms=float(latency_ms), local_auth=local_auth,
                            azure_ad=azure_ad, admin_port=admin_port, sas_key_rights=key_rights,
                            service=service)
+
+
+def check_partitioning(service: ServiceSettings, entities, where: str) -> None:
+    """On Premium partitioning is the namespace's (``partitions``), not an entity's: an entity that asks
+    for it in a Premium namespace is refused, with what to write instead."""
+    if service.tier is not Tier.PREMIUM or service.partitions:
+        return
+    for e in entities:
+        if getattr(e, "enable_partitioning", False):
+            raise ConfigError(f"{where}: {e.name}.enable_partitioning: a Premium namespace partitions every entity "
+                              f"or none; set partitions: 1, 2 or 4 on the namespace instead")
 
 
 def _port(d: Mapping, key: str, default: int, where: str) -> int:

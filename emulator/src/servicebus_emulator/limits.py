@@ -24,6 +24,10 @@ MAX_PEEK_MESSAGES = 250
 # the old (SBMP) partitioning doc: a peek returns at most about 256 KB of messages
 DEFAULT_PEEK_PAGE_BYTES = 256 * 1024
 
+# partitions: always 16 for a partitioned Standard entity; 1, 2 or 4 in a partitioned Premium namespace
+STANDARD_PARTITIONS = 16
+PREMIUM_PARTITION_COUNTS = (1, 2, 4)
+
 # lock duration: at most 5 minutes; at least 5 seconds (the portal's, ARM's and the official emulator's
 # minimum). A namespace with allow_short_locks takes anything above zero (tests only).
 MIN_LOCK_DURATION_SECONDS = 5.0

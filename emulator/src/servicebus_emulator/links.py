@@ -47,6 +47,7 @@ class LinkCtx:
         self.deadline = 0            # next-available session wait
         self.active_at = time.monotonic()    # last transfer, flow, delivery or settlement (idle timer)
         self.number = next(LINK_NUMBERS)
+        self.withheld = False        # this credit's receive comes back empty (``receive_empty_probability``)
 
 
 # ---- opening, refusing, detaching ------------------------------------------------------------------
@@ -166,6 +167,10 @@ def on_credit(ctx: LinkCtx):
             # the receive the credit was issued for fails, as when a namespace detaches a link
             detach(ctx, fault.condition, fault.error().description)
             return
+        entity = ctx.target
+        # a partitioned entity's gateway may find nothing though messages wait: drawn anew for each receive
+        ctx.withheld = bool(entity.partitions and ctx.session is None and not entity.requires_session
+                            and ctx.conn.ns.receive_gaps.answers_empty())
     pump_link(ctx)
 
 
@@ -180,7 +185,7 @@ def pump_link(ctx: LinkCtx):
         if refusal is not None:
             detach(ctx, refusal.condition, refusal.description)
             return
-    if not ns.is_busy(entity.path):
+    if not ns.is_busy(entity.path) and not ctx.withheld:
         while link.credit > 0:
             m = entity.next_available(ctx.session)
             if m is None:

@@ -56,6 +56,8 @@ def _peek(ctx, e: Entity, body):
         return 204, None
     if fault is not None:               # "short": only the first message of the page
         count = 1
+    if e.partitions and ns.settings.peek_one_per_call:
+        count = 1                       # as reported of partitioned entities (docs/emulator.md)
     if count == 1:
         e.ops["peek_one"] += 1  # a single-message peek: how clients probe for where messages are
     msgs = e.peek(start, count, _session_id(body))

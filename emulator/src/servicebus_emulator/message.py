@@ -15,6 +15,7 @@ from .codec import (APPLICATION_PROPERTIES, BODY_CODES, DELIVERY_ANNOTATIONS, FO
                     MESSAGE_ANNOTATIONS, PROPERTIES)
 
 ACTIVE, DEFERRED, SCHEDULED, LOCKED = 0, 1, 2, 3
+PARTITION_ID = "x-opt-partition-id"
 PING_CONTENT_TYPE = "application/vnd.ms-servicebus-ping"
 BROKER_ANNOTATIONS = frozenset({
     "x-opt-sequence-number", "x-opt-enqueued-time", "x-opt-locked-until", "x-opt-message-state",
@@ -110,7 +111,8 @@ def is_batch_envelope(raw) -> Optional[List[bytes]]:
 class Msg:
     """A message in one entity, with its broker-side state."""
     __slots__ = ("content", "seq", "enqueued_ms", "expires_ms", "delivery_count", "state", "lock_token",
-                 "locked_until", "lock_owner", "app_raw", "was_deferred", "dead_letter_source", "session")
+                 "locked_until", "lock_owner", "app_raw", "was_deferred", "dead_letter_source", "session",
+                 "partition")
 
     def __init__(self, content: Content, seq: int, enqueued_ms: int):
         self.content, self.seq, self.enqueued_ms = content, seq, enqueued_ms
@@ -124,6 +126,7 @@ class Msg:
         self.was_deferred = False
         self.session = content.session_id
         self.dead_letter_source: Optional[str] = None
+        self.partition: Optional[int] = None     # its partition, in a partitioned entity
 
     def encode(self, *, lock_token: Optional[uuid.UUID] = None, with_state: bool = False,
                locked_until: Optional[int] = None) -> bytes:
@@ -133,6 +136,9 @@ class Msg:
             parts.append(codec.enc_section(DELIVERY_ANNOTATIONS, codec.enc_map(
                 [(codec.enc_sym("x-opt-lock-token"), codec.enc_uuid(lock_token))])))
         ann = list(c.ann_entries)
+        if self.partition is not None:       # the broker's own partition id, never a sender's
+            ann = [(k, v) for k, v in ann if codec.key_name(k) != PARTITION_ID]
+            ann.append((codec.enc_sym(PARTITION_ID), codec.enc_short(self.partition)))
         ann.append((codec.enc_sym("x-opt-sequence-number"), codec.enc_long(self.seq)))
         ann.append((codec.enc_sym("x-opt-enqueued-time"), codec.enc_timestamp(self.enqueued_ms)))
         ann.append((codec.enc_sym("x-opt-enqueue-sequence-number"), codec.enc_long(self.seq)))

@@ -18,11 +18,12 @@ from collections import Counter
 from datetime import datetime, timezone
 from typing import Any, Dict, List, Optional, Set, Tuple
 
-from . import refusals
+from . import limits, refusals
 from .broker import BrokerError, Entity, Topic, any_rule_matches
 from .faults import Faults
 from .idle import IdleTimers
 from .message import PING_CONTENT_TYPE, Content
+from .partitions import ReceiveGaps, routing_key
 from .peek_pages import PeekPager
 
 
@@ -58,6 +59,7 @@ class Namespace:
         self.role_assignments = list(cfg.azure_ad.role_assignments) if cfg.azure_ad else []
         self.settings = cfg.service
         self.pager = PeekPager(cfg.service)
+        self.receive_gaps = ReceiveGaps(cfg.service.receive_empty_probability, cfg.service.receive_seed)
         self.idle = IdleTimers.of(cfg.service)
         self.idle_counts: Counter = Counter()          # links detached and connections closed for idleness
         for q in cfg.queues:
@@ -69,7 +71,7 @@ class Namespace:
         key = qcfg.name.lower()
         if key in self.senders or key in self.entities:
             raise ValueError(f"an entity named {qcfg.name!r} already exists in namespace {self.name!r}")
-        e = Entity(qcfg.name, qcfg)    # a new Entity: its own sequencer, so numbering starts at 1
+        e = Entity(qcfg.name, qcfg, partitions=self.partitions_of(qcfg))  # its own numbering, from 1
         self._register(e)
         self.senders[key] = e
         return e
@@ -90,14 +92,22 @@ class Namespace:
         self.deleted[key] = e.settings        # what recreate_queue starts from
         return e
 
+    def partitions_of(self, cfg) -> int:
+        """How many partitions a queue or topic of these settings has here: the namespace's (Premium), else
+        16 when it enables partitioning, else none (0)."""
+        if self.settings.partitions:
+            return self.settings.partitions
+        return limits.STANDARD_PARTITIONS if getattr(cfg, "enable_partitioning", False) else 0
+
     def add_topic(self, tcfg) -> Topic:
         subs, filters = [], {}
+        partitions = self.partitions_of(tcfg)
         for s in tcfg.subscriptions:
-            e = Entity(f"{tcfg.name}/Subscriptions/{s.name}", s)
+            e = Entity(f"{tcfg.name}/Subscriptions/{s.name}", s, partitions=partitions)
             subs.append(e)
             filters[e.path] = tuple(r.correlation_filter for r in s.rules)
             self._register(e)
-        t = Topic(tcfg, subs, filters)
+        t = Topic(tcfg, subs, filters, partitions=partitions)
         for e in subs:
             e.topic = t
         self.senders[tcfg.name.lower()] = t
@@ -142,21 +152,28 @@ class Namespace:
                 yield e
 
 
-def store(target, contents: List[Content], now: int) -> Tuple[List[int], Set[Entity]]:
+def store(target, contents: List[Content], now: int, *, batch: bool = False) -> Tuple[List[int], Set[Entity]]:
     """Store one transfer's messages in a queue or topic (already found acceptable): their sequence numbers
-    (-1 = not stored), and the entities that got messages, whose receivers are to be served."""
+    (-1 = not stored), and the entities that got messages, whose receivers are to be served. A ``batch``
+    goes to one partition of a partitioned entity, the one its first message chooses."""
     seqs: List[int] = []
     touched: Set[Entity] = set()
+    partitioner = target.partitioner
+    partition = partitioner.choose(contents[0]) if partitioner is not None and batch and contents else None
     for content in contents:
         if content.content_type == PING_CONTENT_TYPE:
             target.counters["pings"] += 1
             seqs.append(-1)
             continue
-        if target.dedupe.is_duplicate(content.message_id, now):
+        if target.dedupe.is_duplicate(content.message_id, now, partitioned=partitioner is not None,
+                                      partition_key=routing_key(content) if partitioner is not None else None):
             target.counters["duplicates"] += 1
             seqs.append(-1)
             continue
-        seq = target.sequencer.next()
+        if partitioner is None:
+            seq = target.sequencer.next()
+        else:
+            seq = partitioner.next(partition if partition is not None else partitioner.choose(content))
         seqs.append(seq)
         if isinstance(target, Topic):
             target.counters["in"] += 1

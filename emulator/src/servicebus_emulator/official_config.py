@@ -245,6 +245,10 @@ def _name(d: Mapping[str, Any], where: str) -> str:
 
 def _properties(d: Mapping[str, Any], allowed, where: str) -> Mapping[str, Any]:
     props = _mapping(d.get("Properties") or {}, f"{where}.Properties")
+    if "EnablePartitioning" in props:
+        raise ConfigError(f"{where}.Properties.EnablePartitioning: the official emulator has no partitioning (its "
+                          f"Config.json schema has no such key); write the configuration in this emulator's YAML, "
+                          f"with enable_partitioning: true on the queue or topic")
     _only(props, allowed, f"{where}.Properties")
     return props
 

@@ -14,7 +14,8 @@ Invariants:
 from __future__ import annotations
 
 import uuid
-from typing import Iterable, Optional
+import zlib
+from typing import Iterable, List, Optional
 
 from . import codec
 from .broker import BrokerError, Topic
@@ -37,6 +38,11 @@ UNABLE_TO_PROCESS = ("The service was unable to process the request; please retr
 SESSIONLESS_COPY = ("Session ID is null.",
                     "Session enabled entity doesn't allow a message whose session identifier is null.")
 PARTITION_KEY = "x-opt-partition-key"
+# a batch whose messages a partitioned entity would put in different partitions (the service's texts)
+DISTINCT_KEYS_BATCH = ("Batching brokered messages with distinct SessionId or PartitionKey is not supported for "
+                       "an entity with partitioning enabled.")
+DISTINCT_KEYS_DEDUPE_BATCH = ("Batching brokered messages with distinct SessionId, PartitionKey, or MessageId  is not "
+                              "supported for an entity with partitioning and duplicate detection enabled.")
 
 # set_unavailable modes that let senders attach and then refuse every message, as a namespace does for
 # a full entity or a namespace that throttles (a Standard namespace out of its credits answers sends
@@ -77,6 +83,47 @@ def message_refusal(ns, target, contents: Iterable[Content]) -> Optional[BrokerE
             return BrokerError(NOT_ALLOWED, ns.described(
                 f"PartitionKey:{key} cannot be set to a different value than SessionId:{content.session_id}.",
                 target.path))
+        if (getattr(target, "partitions", 0) and _deduplicating(target) and content.message_id is None
+                and _routing_key(content) is None):
+            return _dedupe_refusal(ns, target, content)   # nothing to place it by: the same answer
+    return None
+
+
+def _deduplicating(target) -> bool:
+    return getattr(target.settings, "duplicate_detection_window_seconds", 0) > 0
+
+
+def _routing_key(content: Content) -> Optional[str]:
+    return content.session_id if content.session_id is not None else partition_key(content)
+
+
+def _reference() -> str:
+    return f"Reference:{uuid.uuid4()},"
+
+
+def _dedupe_refusal(ns, target, content: Content) -> BrokerError:
+    """The refusal of a partitioned, deduplicating entity: it names the message's keys as the service does
+    (the logical partition is the emulator's own number for the key)."""
+    key, sid, mid = partition_key(content), content.session_id, content.message_id
+    logical = zlib.crc32(str(_routing_key(content) or mid or "").encode()) % 256
+    return BrokerError(NOT_ALLOWED, ns.described(
+        f"{DISTINCT_KEYS_DEDUPE_BATCH}LogicalPartitionId:{logical}::PartitionKey:{key or ''}::SessionId:{sid or ''}"
+        f"::MessageId:{'' if mid is None else mid}::ViaPartitionKey::: {_reference()}",
+        f"{_kind(target).lower()}:{target.path}"))
+
+
+def partitioned_batch_refusal(ns, target, contents: List[Content]) -> Optional[BrokerError]:
+    """Why a partitioned entity refuses a batch: messages of distinct SessionIds or PartitionKeys (they
+    would go to different partitions), or, with duplicate detection, of distinct MessageIds; else None."""
+    if not getattr(target, "partitions", 0) or len(contents) < 2:
+        return None
+    if _deduplicating(target):
+        if len({(_routing_key(c), c.message_id) for c in contents}) > 1:
+            return _dedupe_refusal(ns, target, contents[0])
+        return None
+    if len({_routing_key(c) for c in contents}) > 1:
+        return BrokerError(NOT_ALLOWED, ns.described(f"{DISTINCT_KEYS_BATCH} {_reference()}",
+                                                     f"{_kind(target).lower()}:{target.path}"))
     return None
 
 

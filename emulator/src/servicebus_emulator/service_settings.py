@@ -38,6 +38,10 @@ class ServiceSettings:
     connection_idle_timeout_seconds: float = limits.CONNECTION_IDLE_TIMEOUT_SECONDS
     new_connection_idle_timeout_seconds: float = limits.NEW_CONNECTION_IDLE_TIMEOUT_SECONDS
     allow_short_locks: bool = False                            # tests only: locks under 5 seconds
+    partitions: int = 0               # Premium only: 1, 2 or 4 partitions in every entity (0 = per entity)
+    peek_one_per_call: bool = False   # a peek on a partitioned entity answers one message, as once reported
+    receive_empty_probability: float = 0.0   # a receive on a partitioned entity gets nothing though messages wait
+    receive_seed: int = 0                    # seeds those draws
 
 
 SERVICE_KEYS = frozenset(f.name for f in fields(ServiceSettings))
@@ -69,6 +73,21 @@ def service_settings_from_dict(d: Mapping[str, Any], where: str) -> ServiceSetti
     if not isinstance(allow, bool):
         raise ConfigError(f"{where}.allow_short_locks: expected true or false, got {allow!r}")
     values["allow_short_locks"] = allow
+    partitions = _integer(d, "partitions", where, 0)
+    if partitions and (partitions not in limits.PREMIUM_PARTITION_COUNTS or values["tier"] is not Tier.PREMIUM):
+        raise ConfigError(f"{where}.partitions: a partitioned namespace is Premium (tier: premium) with 1, 2 or 4 "
+                          f"partitions, got {partitions!r}{'' if values['tier'] is Tier.PREMIUM else ' on ' + values['tier'].value}; "
+                          f"on Standard set enable_partitioning on each queue or topic instead")
+    values["partitions"] = partitions
+    one = d.get("peek_one_per_call", False)
+    if not isinstance(one, bool):
+        raise ConfigError(f"{where}.peek_one_per_call: expected true or false, got {one!r}")
+    values["peek_one_per_call"] = one
+    values["receive_seed"] = _integer(d, "receive_seed", where, 0)
+    probability = _number(d, "receive_empty_probability", where, 0.0)
+    if not 0 <= probability <= 1:
+        raise ConfigError(f"{where}.receive_empty_probability: must be from 0 to 1, got {probability!r}")
+    values["receive_empty_probability"] = float(probability)
     return ServiceSettings(**values)
 
 

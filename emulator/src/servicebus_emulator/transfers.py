@@ -63,19 +63,20 @@ def _send(ctx: LinkCtx, raw: bytes):
         contents = [Content.parse(r) for r in (inner or [raw])]
     except codec.DecodeError as exc:
         raise BrokerError("amqp:decode-error", f"Cannot decode the message: {exc}") from None
-    enqueue(ns, target, contents)
+    enqueue(ns, target, contents, batch=inner is not None)
 
 
-def enqueue(ns: Namespace, target, contents: List[Content]) -> List[int]:
+def enqueue(ns: Namespace, target, contents: List[Content], *, batch: bool = False) -> List[int]:
     """Store messages in a queue or topic (a send, or a schedule request); returns their sequence numbers
-    (-1 = not stored)."""
+    (-1 = not stored). A ``batch`` (one transfer's envelope) is one partition's on a partitioned entity."""
     if not ns.exists(target):     # a transfer that was on its way when the queue was deleted
         raise not_found(ns, target.path)
     refusal = (ns.send_refusal(target.path) or refusals.status_refusal(ns, target, send=True)
-               or refusals.message_refusal(ns, target, contents))
+               or refusals.message_refusal(ns, target, contents)
+               or (refusals.partitioned_batch_refusal(ns, target, contents) if batch else None))
     if refusal is not None:
         raise refusal
-    seqs, touched = store(target, contents, now_ms())
+    seqs, touched = store(target, contents, now_ms(), batch=batch)
     for e in touched:
         pump(e)
     return seqs
