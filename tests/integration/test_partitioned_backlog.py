@@ -17,9 +17,9 @@ import pytest
 
 from backlog_syphon.partitions import partition_of
 from backlog_syphon.restore.queue_names import backlog_queue_name
-from tools.backlog_writer import OriginalMessage, send_legacy_backlog
+from tools.backlog_writer import OriginalMessage, legacy_backlog_bytes, send_legacy_backlog
 
-from .conftest import PRIMARY, SECONDARY, make_config
+from .conftest import PRIMARY, ROOT, SECONDARY, make_config
 from .helpers import drain_destinations
 
 DESTINATIONS = ("payments", "small")  # no duplicate detection: every arrival counts
@@ -32,9 +32,38 @@ def _originals(tag: str, count: int, **fields) -> list[OriginalMessage]:
                             **fields) for index in range(count)]
 
 
-def _partitioned(emulator, **settings) -> None:
+@pytest.fixture
+def one_per_peek_emulator():
+    """The usual namespaces, the secondary's peeks of partitioned entities answering one message per call."""
+    import yaml
+    from servicebus_emulator import Emulator, EmulatorConfig
+
+    raw = yaml.safe_load((ROOT / "conf/emulator.yaml").read_text())
+    for namespace in raw["namespaces"]:
+        if namespace["name"] == SECONDARY:
+            namespace["peek_one_per_call"] = True
+    with Emulator(EmulatorConfig.from_dict(raw), ports={PRIMARY: 0, SECONDARY: 0}) as emu:
+        yield emu
+
+
+def _partitioned(emulator) -> None:
     """Backlog queue 0, created again partitioned (16 partitions, as on Standard)."""
-    emulator.recreate_queue(SECONDARY, QUEUE, enable_partitioning=True, **settings)
+    emulator.recreate_queue(SECONDARY, QUEUE, enable_partitioning=True)
+
+
+def _write_singles(config, originals) -> None:
+    """The legacy client's backlog copies, one transfer each: a partitioned entity takes a batch into one
+    partition whole, and keyless single messages go round the partitions."""
+    from backlog_syphon.model.sending import Outgoing
+    from backlog_syphon.servicebus.clients import open_client
+    from backlog_syphon.servicebus.sdk_internals import prompt
+    from backlog_syphon.servicebus.send import send_encoded
+
+    with open_client(config.secondary, role="secondary") as client, prompt(client.get_queue_sender(QUEUE)) as sender:
+        for original in originals:
+            for _ in send_encoded(sender, [Outgoing(legacy_backlog_bytes(original), original.message_id, None,
+                                                    original.partition_key)]):
+                pass
 
 
 def _left(emulator) -> int:
@@ -69,15 +98,16 @@ def _check(spark, config, emulator, originals, earlier=()) -> dict[str, int]:
 
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("one_per_peek", [True, False], ids=["one-message-per-peek", "whole-pages"])
-def test_a_partitioned_backlog_is_delivered_once_in_order_per_partition_and_purged(spark, emulator, tmp_path,
+def test_a_partitioned_backlog_is_delivered_once_in_order_per_partition_and_purged(spark, request, tmp_path,
                                                                                   one_per_peek):
     from backlog_syphon.run.runs import summary_end
     from backlog_syphon.run.syphon import run_syphon
 
-    _partitioned(emulator, peek_one_message_per_call=one_per_peek)
+    emulator = request.getfixturevalue("one_per_peek_emulator" if one_per_peek else "emulator")
+    _partitioned(emulator)
     config = make_config(emulator, tmp_path, **{"backlog.queue_count": 1, "run.max_messages_per_trigger": 100})
     originals = _originals("part", 320)
-    send_legacy_backlog(config.secondary, {QUEUE: originals})
+    _write_singles(config, originals)
     summary = run_syphon(spark, config)
     end = summary_end(summary, config.run.trigger)
     assert (end.exit_code, summary.drained) == (0, True), end.line
@@ -87,10 +117,11 @@ def test_a_partitioned_backlog_is_delivered_once_in_order_per_partition_and_purg
 
 
 @pytest.mark.timeout(600)
-def test_a_partitioned_queue_holding_one_partitions_messages_only(spark, emulator, tmp_path):
+def test_a_partitioned_queue_holding_one_partitions_messages_only(spark, one_per_peek_emulator, tmp_path):
     from backlog_syphon.run.syphon import run_syphon
 
-    _partitioned(emulator, peek_one_message_per_call=True)
+    emulator = one_per_peek_emulator
+    _partitioned(emulator)
     config = make_config(emulator, tmp_path, **{"backlog.queue_count": 1, "run.max_messages_per_trigger": 50})
     originals = _originals("one", 120, partition_key="one-key")  # one partition key: one partition
     send_legacy_backlog(config.secondary, {QUEUE: originals})
@@ -114,7 +145,7 @@ def test_a_queue_recreated_partitioned_is_a_new_incarnation_drained_from_its_sta
 
     _partitioned(emulator)  # an operator deleted it and created it again, partitioned
     second = _originals("parted", 200)
-    send_legacy_backlog(config.secondary, {QUEUE: second})
+    _write_singles(config, second)
     summary = run_syphon(spark, config)
     assert summary.drained, summary.remaining
     sequence = _check(spark, config, emulator, second, earlier=first)
