@@ -75,7 +75,7 @@ def _check(spark, config, emulator, originals, earlier=()) -> dict[str, int]:
     each of them and of the ``earlier`` ones (delivered by an earlier run); message id -> sequence number."""
     from backlog_syphon.storage import tables
 
-    arrived = drain_destinations(emulator.connection_string(PRIMARY), DESTINATIONS)
+    arrived = drain_destinations(emulator, DESTINATIONS)
     counts = collections.Counter((destination, m.message_id) for destination, ms in arrived.items() for m in ms)
     assert counts == {(m.destination, m.message_id): 1 for m in originals}
     final = [row for row in tables.read_table(spark, config.storage.audit_table).collect()
