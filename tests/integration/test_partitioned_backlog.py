@@ -153,3 +153,42 @@ def test_a_queue_recreated_partitioned_is_a_new_incarnation_drained_from_its_sta
     checkpoint = tables.read_checkpoint(spark, config.storage.checkpoint_table)
     assert checkpoint[QUEUE].incarnation == 2
     assert _left(emulator) == 0
+
+
+@pytest.mark.timeout(900)
+def test_a_partitioned_queues_dead_letters_are_redriven_once_in_order_per_partition(spark, one_per_peek_emulator,
+                                                                                     tmp_path):
+    """Messages for a destination that does not exist yet are dead-lettered into the partitioned queue's
+    dead-letter sub-queue (their sequence numbers keep their partitions); once it exists, a re-drive delivers
+    each once, partition by partition in order, and the purge empties the sub-queue."""
+    from backlog_syphon.run.syphon import run_syphon
+
+    emulator = one_per_peek_emulator
+    _partitioned(emulator)
+    later = "created-later"
+    config = make_config(emulator, tmp_path, **{"backlog.queue_count": 1, "run.max_messages_per_trigger": 40})
+    parked = [OriginalMessage(later, f"parked {n}".encode(), message_id=f"parked-{n:04d}") for n in range(64)]
+    _write_singles(config, parked)
+    assert run_syphon(spark, config).drained
+    stats = emulator.stats(SECONDARY)[QUEUE]
+    assert (stats["total"], stats.get("dead_letter_count")) == (0, 64)
+
+    emulator.add_queue(PRIMARY, later)
+    redrive = make_config(emulator, tmp_path, **{"backlog.queue_count": 1, "run.source": "dead_letters",
+                                                 "run.max_messages_per_trigger": 40})
+    summary = run_syphon(spark, redrive)
+    assert summary.per_destination[later]["delivered"] == 64
+    arrived = drain_destinations(emulator, (later,))[later]
+    assert collections.Counter(m.message_id for m in arrived) == {m.message_id: 1 for m in parked}
+    from backlog_syphon.storage import tables
+
+    dead_letters = f"{QUEUE}/$DeadLetterQueue"
+    sequence = {row["message_id"]: row["sequence_number"] for row in
+                tables.read_table(spark, config.storage.audit_table).collect()
+                if row["backlog_queue"] == dead_letters and row["outcome"] == "delivered"}
+    assert len({partition_of(seq) for seq in sequence.values()}) == 16
+    lanes: dict[int, list[int]] = collections.defaultdict(list)
+    for message in arrived:
+        lanes[partition_of(sequence[message.message_id])].append(sequence[message.message_id])
+    assert all(seqs == sorted(seqs) for seqs in lanes.values())
+    assert emulator.stats(SECONDARY)[QUEUE].get("dead_letter_count") == 0
