@@ -261,13 +261,15 @@ class _BatchPlan:
             head = heads[queue]
             if isinstance(head, BacklogQueueMissingError):
                 if queue not in self.missing:
-                    logger.warning("backlog=%s does not exist: skipped (the other backlog queues drain); it is "
-                                   "read as soon as it exists", queue)
+                    if _said_once(queue):
+                        logger.warning("backlog=%s does not exist: skipped (the other backlog queues drain); it is "
+                                       "read as soon as it exists", split_lane_key(queue)[0])
                     self.missing.add(queue)
                 self.backoff.record(queue, False, self.now)
                 continue
             if queue in self.missing:
-                logger.info("backlog=%s exists again", queue)
+                if _said_once(queue):
+                    logger.info("backlog=%s exists again", split_lane_key(queue)[0])
                 self.missing.discard(queue)
             offset = self.offsets[queue] = self._start_from_head(queue, head, look_back)
             hint = self.hints.get(queue)
@@ -411,6 +413,12 @@ class _BatchPlan:
                 end[queue] = QueueOffset(offset.incarnation, window.end, newest,
                                          self.reread.get(queue) if queue not in self.restarted else None)
         return normalise_offsets(end)
+
+
+def _said_once(key: str) -> bool:
+    """Whether a line about a queue is said for this planner key: a queue's own, or its first lane's (a
+    partitioned queue's 16 lanes are one queue to an operator)."""
+    return split_lane_key(key)[1] in (None, 0)
 
 
 def _head_at(key: str) -> int:

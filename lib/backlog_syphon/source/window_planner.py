@@ -102,7 +102,9 @@ class WindowPlanner:
             tail = tails[queue]
             if isinstance(tail, BacklogQueueMissingError):
                 if queue not in self.missing:
-                    logger.warning("backlog=%s does not exist: skipped (the other backlog queues drain)", queue)
+                    if split_lane_key(queue)[1] in (None, 0):  # a partitioned queue's lanes: said once
+                        logger.warning("backlog=%s does not exist: skipped (the other backlog queues drain)",
+                                       split_lane_key(queue)[0])
                     self.missing.add(queue)
                 tail = 0
             else:
@@ -239,7 +241,7 @@ class WindowPlanner:
         # A partitioned queue's lanes add up: its ``next`` is the sum of its lanes' tails in local numbers,
         # which ``offsets.position`` of its offset matches, so a tail less an offset is what is left.
         for key, tail in sorted(self.tails.items()):
-            queue = split_lane_key(key)[0] if key not in self.missing else key
+            queue = split_lane_key(key)[0]
             planned = position(ends.get(key, 0))
             head = self.hints[key].head if key in self.hints else None
             oldest = None if head is None or head[1] is None else max(0.0, (now_ms - head[1]) / 1000)
