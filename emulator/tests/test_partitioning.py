@@ -3,6 +3,7 @@
 one message per call where a namespace asks for it), receives that interleave partitions, the batching
 refusals, duplicate detection on MessageId plus PartitionKey, Premium's namespace-wide ``partitions``, and
 what the administration API and the configuration readers say about it."""
+import datetime
 import uuid
 
 import pytest
@@ -191,6 +192,24 @@ def test_receives_come_back_empty_while_messages_wait_when_the_namespace_asks(em
     assert emu.stats("gaps")["q"]["total"] == 0
 
 
+def test_scheduled_and_deferred_messages_keep_their_partitioned_numbers(client, new_queue, emu):
+    q = new_queue(enable_partitioning=True)
+    later = datetime.datetime.now(datetime.timezone.utc) + datetime.timedelta(hours=1)
+    with client.get_queue_sender(q) as s:
+        scheduled = s.schedule_messages([ServiceBusMessage("s0"), ServiceBusMessage("s1")], later)
+        assert [_split(n) for n in scheduled] == [(0, 1), (1, 1)]
+        s.cancel_scheduled_messages(scheduled[1])
+        s.send_messages(ServiceBusMessage("d"))
+    with client.get_queue_receiver(q) as r:
+        (m,) = r.receive_messages(max_message_count=1, max_wait_time=2)
+        assert _split(m.sequence_number) == (2, 1)
+        r.defer_message(m)
+        (again,) = r.receive_deferred_messages([m.sequence_number])
+        assert str(again) == "d" and again.raw_amqp_message.annotations[PARTITION_ID] == 2
+        r.complete_message(again)
+    assert emu.stats("standard")[q]["total"] == 1                 # the one scheduled message left
+
+
 def test_a_batch_of_distinct_partition_keys_is_refused_and_nothing_stored(client, new_queue, emu):
     q = new_queue(enable_partitioning=True)
     with client.get_queue_sender(q) as s:
@@ -275,16 +294,22 @@ def test_a_topic_copies_keep_the_partition_bits_and_dead_letters_stay_in_their_p
 
 
 def test_a_premium_namespace_partitions_every_entity(emu):
+    emu.add_queue("premium", "added")
     with ServiceBusClient.from_connection_string(emu.connection_string("premium"), retry_total=0) as c:
-        _send_singles(c, "q", [ServiceBusMessage(f"m{i}") for i in range(8)])
-        with c.get_queue_receiver("q") as r:
-            seen = _peek_all_partitions(r, partitions=4)
-    assert sorted(_split(m.sequence_number) for m in seen) == [(p, n) for p in range(4) for n in (1, 2)]
+        for queue in ("q", "added"):
+            _send_singles(c, queue, [ServiceBusMessage(f"m{i}") for i in range(8)])
+            with c.get_queue_receiver(queue) as r:
+                seen = _peek_all_partitions(r, partitions=4)
+            assert sorted(_split(m.sequence_number) for m in seen) == [(p, n) for p in range(4) for n in (1, 2)]
+    assert emu.stats("premium")["q"]["partitions"] == 4
+    emu.add_queue("premium", "plain-asked")          # in a partitioned namespace every queue is partitioned
+    assert emu.stats("premium")["plain-asked"]["partitions"] == 4
 
 
 def test_the_administration_api_reports_partitioning_and_totals_counts(emu, client, new_queue):
     q = new_queue(enable_partitioning=True, duplicate_detection_window_seconds=60)
     plain = new_queue()
+    assert "partitions" not in emu.stats("standard")[plain]
     _send_singles(client, q, [ServiceBusMessage(f"m{i}", message_id=str(i)) for i in range(20)])
     with ServiceBusAdministrationClient.from_connection_string(
             emu.admin_connection_string("standard"), connection_verify=emu.ca_file, retry_total=0) as admin:

@@ -23,6 +23,7 @@ from typing import Any, Dict, List, Optional
 from . import codec
 from .codec import APPLICATION_PROPERTIES
 from .message import ACTIVE, DEFERRED, LOCKED, SCHEDULED, Content, Msg
+from .dedupe import Deduper
 from .partitions import PARTITION_SHIFT, Partitioner, partition_of
 
 DEAD_LETTER_PROPERTIES = ("DeadLetterReason", "DeadLetterErrorDescription")
@@ -364,6 +365,8 @@ class Entity:
                    scheduled=states[SCHEDULED], total=len(self.msgs), ops=dict(self.ops))
         if self.dlq is not None:
             out["dead_letter_count"] = len(self.dlq.msgs)
+        if self.partitions:
+            out["partitions"] = self.partitions
         return out
 
 
@@ -374,32 +377,6 @@ class Sequencer:
     def next(self) -> int:
         self.last += 1
         return self.last
-
-
-class Deduper:
-    """MessageId duplicate detection within a time window (0 = off); on a partitioned entity the key is
-    the MessageId with the partition key (``partition_key``)."""
-
-    def __init__(self, window_seconds: float):
-        self.window_ms = int(window_seconds * 1000)
-        self.seen: "OrderedDict[Any, int]" = OrderedDict()
-
-    def is_duplicate(self, message_id, now: int, *, partitioned: bool = False,
-                     partition_key: Optional[str] = None) -> bool:
-        if not self.window_ms or message_id is None:
-            return False
-        while self.seen:
-            key, t = next(iter(self.seen.items()))
-            if t > now - self.window_ms:
-                break
-            self.seen.popitem(last=False)
-        key = (type(message_id).__name__, message_id)
-        if partitioned:
-            key += (partition_key,)
-        if key in self.seen:
-            return True
-        self.seen[key] = now
-        return False
 
 
 class Topic:

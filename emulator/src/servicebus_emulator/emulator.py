@@ -8,7 +8,7 @@ from typing import Any, Dict, Mapping, Optional, Union
 from . import entity_status, fault_switches
 from .aad import ROLES
 from .admin_api import AdminApi
-from .config import EmulatorConfig, QueueConfig, RoleAssignment, check_latency_ms, queue_from_dict
+from .config import EmulatorConfig, QueueConfig, RoleAssignment, check_latency_ms, check_partitioning, queue_from_dict
 from .entity_status import EntityStatus
 from .faults import DEFAULT_CONDITIONS, OPERATIONS, PEEK_MODES, Fault
 from .server import Server
@@ -189,10 +189,12 @@ class Emulator:
         return self._server.call(fault_switches.drop_connections, self._server, self._ns(namespace))
 
     def add_queue(self, namespace: str, name: str, **settings) -> None:
-        """Create a queue at runtime (tests); ``ValueError`` when the name is taken."""
+        """Create a queue at runtime (tests); ``ValueError`` when the name is taken. ``settings`` are a queue's
+        configuration keys (``enable_partitioning=True`` for a partitioned one)."""
         ns = self._ns(namespace)
         qcfg: QueueConfig = queue_from_dict({"name": name, **settings}, f"add_queue({name})",
                                             allow_short_locks=ns.settings.allow_short_locks)
+        check_partitioning(ns.settings, [qcfg], f"add_queue({name})")
         self._server.call(lambda: ns.add_queue(qcfg))
 
     def delete_queue(self, namespace: str, name: str) -> None:
@@ -213,6 +215,7 @@ class Emulator:
             # checked before anything is deleted: a bad setting leaves the queue as it was
             qcfg = queue_from_dict({**previous, **settings, "name": name}, f"recreate_queue({name})",
                                    allow_short_locks=ns.settings.allow_short_locks)
+            check_partitioning(ns.settings, [qcfg], f"recreate_queue({name})")
             if old is not None:
                 fault_switches.delete_queue(ns, name)
             ns.add_queue(qcfg)

@@ -17,11 +17,11 @@ import uuid
 import zlib
 from typing import Iterable, List, Optional
 
-from . import codec
 from .broker import BrokerError, Topic
 from .entity_status import receive_status
 from .limits import MAX_BATCH_BYTES
 from .message import Content
+from .partitions import partition_key, routing_key
 
 NOT_ALLOWED = "amqp:not-allowed"
 INTERNAL_ERROR = "amqp:internal-error"
@@ -37,7 +37,6 @@ UNABLE_TO_PROCESS = ("The service was unable to process the request; please retr
 # DeadLetterReason and DeadLetterErrorDescription of a session-less copy in a session subscription
 SESSIONLESS_COPY = ("Session ID is null.",
                     "Session enabled entity doesn't allow a message whose session identifier is null.")
-PARTITION_KEY = "x-opt-partition-key"
 # a batch whose messages a partitioned entity would put in different partitions (the service's texts)
 DISTINCT_KEYS_BATCH = ("Batching brokered messages with distinct SessionId or PartitionKey is not supported for "
                        "an entity with partitioning enabled.")
@@ -61,14 +60,6 @@ class LinkRefusal(BrokerError):
     """A refusal the service answers by detaching the sender's link, not by rejecting the transfer."""
 
 
-def partition_key(content: Content) -> Optional[str]:
-    """The message's PartitionKey (its ``x-opt-partition-key`` annotation), or None."""
-    for key, value in content.ann_entries:
-        if codec.key_name(key) == PARTITION_KEY:
-            return codec.as_text(codec.decode_value(value))
-    return None
-
-
 def _kind(target) -> str:
     return "Topic" if isinstance(target, Topic) else "Queue"
 
@@ -84,17 +75,13 @@ def message_refusal(ns, target, contents: Iterable[Content]) -> Optional[BrokerE
                 f"PartitionKey:{key} cannot be set to a different value than SessionId:{content.session_id}.",
                 target.path))
         if (getattr(target, "partitions", 0) and _deduplicating(target) and content.message_id is None
-                and _routing_key(content) is None):
+                and routing_key(content) is None):
             return _dedupe_refusal(ns, target, content)   # nothing to place it by: the same answer
     return None
 
 
 def _deduplicating(target) -> bool:
     return getattr(target.settings, "duplicate_detection_window_seconds", 0) > 0
-
-
-def _routing_key(content: Content) -> Optional[str]:
-    return content.session_id if content.session_id is not None else partition_key(content)
 
 
 def _reference() -> str:
@@ -105,7 +92,7 @@ def _dedupe_refusal(ns, target, content: Content) -> BrokerError:
     """The refusal of a partitioned, deduplicating entity: it names the message's keys as the service does
     (the logical partition is the emulator's own number for the key)."""
     key, sid, mid = partition_key(content), content.session_id, content.message_id
-    logical = zlib.crc32(str(_routing_key(content) or mid or "").encode()) % 256
+    logical = zlib.crc32(str(routing_key(content) or mid or "").encode()) % 256
     return BrokerError(NOT_ALLOWED, ns.described(
         f"{DISTINCT_KEYS_DEDUPE_BATCH}LogicalPartitionId:{logical}::PartitionKey:{key or ''}::SessionId:{sid or ''}"
         f"::MessageId:{'' if mid is None else mid}::ViaPartitionKey::: {_reference()}",
@@ -118,10 +105,10 @@ def partitioned_batch_refusal(ns, target, contents: List[Content]) -> Optional[B
     if not getattr(target, "partitions", 0) or len(contents) < 2:
         return None
     if _deduplicating(target):
-        if len({(_routing_key(c), c.message_id) for c in contents}) > 1:
+        if len({(routing_key(c), c.message_id) for c in contents}) > 1:
             return _dedupe_refusal(ns, target, contents[0])
         return None
-    if len({_routing_key(c) for c in contents}) > 1:
+    if len({routing_key(c) for c in contents}) > 1:
         return BrokerError(NOT_ALLOWED, ns.described(f"{DISTINCT_KEYS_BATCH} {_reference()}",
                                                      f"{_kind(target).lower()}:{target.path}"))
     return None
