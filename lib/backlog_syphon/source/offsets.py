@@ -141,7 +141,8 @@ def normalise_offsets(offsets: Mapping[str, object]) -> dict[str, dict]:
 
 def expand_lanes(offsets: Mapping[str, object], partitioned: set[str] | frozenset[str]) -> dict[str, QueueOffset]:
     """Offsets by planner key: a partitioned queue's (named in ``partitioned``) as one key per lane
-    (``partitions.lane_key``), every lane it has or ``lanes`` names; any other queue's as it is."""
+    (``partitions.lane_key``), all 16 (a lane never read starts from its beginning; a non-partitioned offset
+    is lane 0's); any other queue's as it is."""
     expanded: dict[str, QueueOffset] = {}
     for queue, value in offsets.items():
         if queue in partitioned:
@@ -155,7 +156,8 @@ def expand_lanes(offsets: Mapping[str, object], partitioned: set[str] | frozense
 
 def fold_lanes(offsets: Mapping[str, object]) -> dict[str, dict]:
     """Planner keys' offsets back by queue (``expand_lanes`` reversed): a queue's lanes as one
-    ``PartitionedOffset``, lanes that read nothing left out."""
+    ``PartitionedOffset`` (kept even when no lane has read anything yet, so the queue stays partitioned for
+    the next run), lanes that never moved left out."""
     folded: dict[str, object] = {}
     lanes: dict[str, dict[int, QueueOffset]] = {}
     for key, value in offsets.items():
