@@ -12,11 +12,16 @@ class FakePartitionedQueue:
     after ``x``, else the first non-empty partition after it, from that partition's start.
     ``one_per_call``: at most one message a peek (as reported for partitioned entities)."""
 
-    def __init__(self, lanes: dict[int, list[int]], *, one_per_call: bool = False, base_ms: int = 1_000_000):
+    def __init__(self, lanes: dict[int, list[int]], *, one_per_call: bool = False, base_ms: int = 1_000_000,
+                 empty_every: int = 0):
         self.lanes = {p: sorted(ns) for p, ns in lanes.items()}
         self.one_per_call = one_per_call
         self.base_ms = base_ms
+        # Every n-th peek of a partition comes back empty although messages exist (0: never): a transient fault,
+        # so the next one (the second look) is answered right, as the design assumes of the service.
+        self.empty_every = empty_every
         self.peeks = 0
+        self._partition_peeks: dict[int, int] = {}
 
     def identity(self, seq: int) -> tuple[int, int]:
         return seq, self.base_ms + partition_of(seq) * 10_000_000 + (seq & ((1 << 48) - 1))
@@ -26,6 +31,9 @@ class FakePartitionedQueue:
 
     def peek(self, x: int, count: int) -> list[tuple[int, int]]:
         self.peeks += 1
+        asked = self._partition_peeks[partition_of(x)] = self._partition_peeks.get(partition_of(x), 0) + 1
+        if self.empty_every and asked % self.empty_every == 0:
+            return []
         count = 1 if self.one_per_call else count
         for p in sorted(self.lanes):
             if p < partition_of(x):

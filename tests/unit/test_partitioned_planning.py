@@ -4,6 +4,8 @@ window across partitions, a higher partition's answer never the end of a lower o
 
 from __future__ import annotations
 
+import pytest
+
 from backlog_syphon.partitions import absolute, partition_of
 from backlog_syphon.servicebus.peek_pages import PagedRead
 from backlog_syphon.source.offsets import (
@@ -185,3 +187,12 @@ def test_the_reported_backlog_adds_up_a_partitioned_queues_lanes():
     read_now = sum(len(read(queue, a, b)) for _, a, b in windows(planner.initial_offset([Q]), end))
     assert reported["remaining"] >= 15 - read_now > 0
     assert reported["next"] - position(end[Q]) == reported["remaining"]
+
+
+@pytest.mark.parametrize("empty_every", [2, 7])
+def test_empty_peeks_while_messages_exist_end_no_partition_early(empty_every):
+    queue = FakePartitionedQueue(sixteen_lanes(25), one_per_call=True, empty_every=empty_every)
+    planner = WindowPlanner(at_once({Q: queue}), max_messages=80, available_now=True,
+                            idle_probe_max_seconds=900.0, partitioned={Q})
+    rows, _, _ = drain(planner, {Q: queue})
+    check_once_in_order(rows[Q], queue)
