@@ -318,7 +318,8 @@ class BacklogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             self._discovered_at = now
             # Best effort: where the administration API does not answer, a probe's partition bits tell.
             self.planner.partitioned.update(partitioned_queues(self.options.secondary, self._queues))
-            open_peek_receivers(self.options.secondary, self._queues)
+            # A partitioned queue's lanes are probed at once, each on a link of its own: opened together here.
+            open_peek_receivers(self.options.secondary, dict.fromkeys([*self._queues, *self.planner.keys(self._queues)]))
         return self._queues
 
     def _probe_at_once(self, asks: dict[str, int]) -> dict:
