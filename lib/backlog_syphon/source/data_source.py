@@ -298,7 +298,8 @@ class BacklogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         from backlog_syphon.servicebus.clients import close_peek_receivers
 
         if self._queues:  # and a partitioned queue's lanes' links (``servicebus.clients``: one per lane)
-            close_peek_receivers(self.options.secondary, set(self._queues) | set(self.planner.keys(self._queues)))
+            close_peek_receivers(self.options.secondary,
+                                 list(dict.fromkeys([*self._queues, *self.planner.keys(self._queues)])))
 
     # --- executors: rows ----------------------------------------------------------------------
 
@@ -319,7 +320,8 @@ class BacklogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             # Best effort: where the administration API does not answer, a probe's partition bits tell.
             self.planner.partitioned.update(partitioned_queues(self.options.secondary, self._queues))
             # A partitioned queue's lanes are probed at once, each on a link of its own: opened together here.
-            open_peek_receivers(self.options.secondary, dict.fromkeys([*self._queues, *self.planner.keys(self._queues)]))
+            open_peek_receivers(self.options.secondary,
+                                list(dict.fromkeys([*self._queues, *self.planner.keys(self._queues)])))
         return self._queues
 
     def _probe_at_once(self, asks: dict[str, int]) -> dict:
