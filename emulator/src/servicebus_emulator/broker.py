@@ -73,8 +73,7 @@ class Entity:
         self.partitions = partitions         # 0: one ordered log; else its partitions (``partitions``)
         self.part_avail: List[List[int]] = [[] for _ in range(partitions)]   # per partition, as ``avail``
         self._next_partition = 0             # where the next receive starts looking (round robin)
-        self.partitioner = (Partitioner(partitions, bool(getattr(settings, "duplicate_detection_window_seconds", 0)))
-                            if partitions and parent is None else None)
+        self.partitioner: Optional[Partitioner] = None     # a partitioned queue's (set by the namespace)
         self.msgs: Dict[int, Msg] = {}
         self.order: List[int] = []           # sorted sequence numbers, lazily pruned
         self._order_dead = 0

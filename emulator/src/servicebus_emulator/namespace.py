@@ -5,10 +5,11 @@ thread touches it (``broker`` holds each entity's messages, locks and sessions).
 Invariants:
 - a path resolves to the entity object registered under it; a deleted (or replaced) entity no longer
   resolves, which is how a link attached to it learns that it is gone (``exists``);
-- a queue or topic numbers what it stores from its own sequencer, in the order of the transfer; a
-  duplicate (duplicate detection) or a ping is not stored and takes no number (-1);
+- a queue or topic numbers what it stores from its own sequencer (a partitioned one: from the
+  partition's, ``partitions``), in the order of the transfer; a duplicate (duplicate detection) or a
+  ping is not stored and takes no number (-1);
 - an entity is made in one place per kind (``add_queue``, ``add_topic``) and stored into in one
-  (``store``): an entity of another shape (partitioned, say) plugs in there.
+  (``store``); partitioned entities are made and stored into there too, by their ``partitioner``.
 """
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ from .broker import BrokerError, Entity, Topic, any_rule_matches
 from .faults import Faults
 from .idle import IdleTimers
 from .message import PING_CONTENT_TYPE, Content
-from .partitions import ReceiveGaps, routing_key
+from .partitions import Partitioner, ReceiveGaps, routing_key
 from .peek_pages import PeekPager
 
 
@@ -71,7 +72,10 @@ class Namespace:
         key = qcfg.name.lower()
         if key in self.senders or key in self.entities:
             raise ValueError(f"an entity named {qcfg.name!r} already exists in namespace {self.name!r}")
-        e = Entity(qcfg.name, qcfg, partitions=self.partitions_of(qcfg))  # its own numbering, from 1
+        partitions = self.partitions_of(qcfg)
+        e = Entity(qcfg.name, qcfg, partitions=partitions)    # a new Entity: its own numbering, from 1
+        if partitions:
+            e.partitioner = Partitioner(partitions, qcfg.duplicate_detection_window_seconds > 0)
         self._register(e)
         self.senders[key] = e
         return e

@@ -30,11 +30,6 @@ def partition_of(seq: int) -> int:
     return seq >> PARTITION_SHIFT
 
 
-def first_sequence_number(partition: int) -> int:
-    """The lowest sequence number partition ``partition`` can hold."""
-    return (partition << PARTITION_SHIFT) | 1
-
-
 def partition_key(content: Content) -> Optional[str]:
     """The message's PartitionKey (its ``x-opt-partition-key`` annotation), or None."""
     for key, value in content.ann_entries:
