@@ -37,6 +37,7 @@ PURE_MODULES = (
     "backlog_syphon.config.loading",
     "backlog_syphon.errors",
     "backlog_syphon.probing",
+    "backlog_syphon.partitions",
     "backlog_syphon.restore.amqp",
     "backlog_syphon.restore.amqp.wire",
     "backlog_syphon.restore.amqp.decimals",
@@ -55,6 +56,7 @@ PURE_MODULES = (
     "backlog_syphon.restore.destination_fit",
     "backlog_syphon.restore.redrive",
     "backlog_syphon.source.offsets",
+    "backlog_syphon.source.partition_lanes",
     "backlog_syphon.source.planning",
     "backlog_syphon.source.window_planner",
     "backlog_syphon.source.window_search",
@@ -218,6 +220,7 @@ def test_importing_the_package_stays_cheap_and_the_public_api_loads_on_use():
 
 RANKS = {
     "model": 1, "config": 1, "errors": 1, "timeline": 1, "restore": 1,  # the vocabulary, the settings, pure restoring
+    "partitions": 1,  # a partitioned queue's sequence numbers, which source, servicebus and sink share
     "probing": 1,  # the probe searches, which the planner (source) and the counts (servicebus) share
     "servicebus": 2, "storage": 2,  # the I/O of one system each
     "source": 3, "sink": 3,

@@ -38,6 +38,8 @@ class DryRunReport:
     per_reason: list[dict] | None = None  # a re-drive: dry_run_plan.redrive_summary rows
     # What the destinations' settings warn of (a topic whose session subscriptions dead-letter session-less copies)
     destination_warnings: tuple[str, ...] = ()
+    # A partitioned queue's messages per partition (read partition by partition, each in order)
+    per_partition: dict[str, dict[int, int]] | None = None
 
     def redrive_lines(self) -> list[str]:
         """What a re-drive would move, per destination and dead-letter reason."""
@@ -73,6 +75,9 @@ class DryRunReport:
         out.append(f"  {'dead-letter' if self.per_reason is not None else 'backlog'} queues: "
                    f"{sum(self.per_queue.values())} messages in "
                    f"{sum(1 for n in self.per_queue.values() if n)} of {len(self.per_queue)} queues")
+        for queue, lanes in sorted((self.per_partition or {}).items()):
+            out.append(f"    {queue} is partitioned; read partition by partition, each in order: "
+                       + ", ".join(f"partition {partition}: {count}" for partition, count in lanes.items()))
         if self.destination_map:
             out.append("  restore.destination_map (x-ms-path name -> destination sent to):")
             for old, new in sorted(self.destination_map.items()):
@@ -133,7 +138,7 @@ def dry_run(spark: SparkSession, config: SyphonConfig, *, now: dt.datetime | Non
                                         tables.redriven_dead_letters(spark, config.storage.audit_table))
     classified = classified.persist()
     try:
-        per_queue = {row["backlog_queue"]: row["count"] for row in classified.groupBy("backlog_queue").count().collect()}
+        per_queue, per_partition = dry_run_plan.by_partition(dry_run_plan.partition_counts(classified).collect())
         deliverable = classified.where(F.col("action") == Action.DELIVER)
         destinations = [row[0] for row in deliverable.select("destination").distinct().collect()]
         sessionless = [row[0] for row in deliverable.where(F.col("session_id").isNull()).select("destination")
@@ -147,7 +152,7 @@ def dry_run(spark: SparkSession, config: SyphonConfig, *, now: dt.datetime | Non
         dead_letters = dry_run_plan.dead_letter_plan(planned)
         return DryRunReport(
             per_destination=[row.asDict() for row in dry_run_plan.destination_summary(planned, now=now).collect()],
-            per_queue=dict.fromkeys(source_queues(config), 0) | per_queue,
+            per_queue=dict.fromkeys(source_queues(config), 0) | per_queue, per_partition=per_partition,
             dead_letters=[row.asDict() for row in dead_letters.limit(dead_letter_limit).collect()],
             dead_letter_total=dead_letters.count(),
             unchecked={d: c.failure.reason for d, c in checks.items() if c.failure is not None and c.failure.transient},

@@ -14,6 +14,7 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from backlog_syphon.model import Action, ReasonCode
+from backlog_syphon.partitions import PARTITION_SHIFT
 from backlog_syphon.restore.rules import expired_by
 
 NO_DESTINATION = "(no destination)"
@@ -113,3 +114,21 @@ def redrive_summary(planned: DataFrame) -> DataFrame:
                  F.min("enqueued_time").alias("oldest_enqueued"),
                  F.max("enqueued_time").alias("newest_enqueued"))
             .orderBy("destination", "dead_letter_reason"))
+
+
+def partition_counts(classified: DataFrame) -> DataFrame:
+    """Messages per backlog queue and partition (``partitions``: the top 16 bits of the sequence number; a
+    non-partitioned queue's are all partition 0): what a replay reads, partition by partition."""
+    return (classified.groupBy("backlog_queue", F.shiftright(F.col("sequence_number"), PARTITION_SHIFT)
+                               .alias("partition")).count())
+
+
+def by_partition(rows) -> tuple[dict[str, int], dict[str, dict[int, int]]]:
+    """``partition_counts`` rows as (messages per queue, messages per partition of each partitioned queue)."""
+    per_queue: dict[str, int] = {}
+    lanes: dict[str, dict[int, int]] = {}
+    for row in rows:
+        per_queue[row["backlog_queue"]] = per_queue.get(row["backlog_queue"], 0) + row["count"]
+        lanes.setdefault(row["backlog_queue"], {})[int(row["partition"])] = row["count"]
+    return per_queue, {queue: dict(sorted(counts.items())) for queue, counts in lanes.items()
+                       if any(partition for partition in counts)}

@@ -22,6 +22,7 @@ from azure.servicebus import ServiceBusClient, ServiceBusReceiveMode
 
 from backlog_syphon.config import NamespaceConfig
 from backlog_syphon.errors import SettingsError
+from backlog_syphon.partitions import split_lane_key
 from backlog_syphon.servicebus import sdk_internals
 from backlog_syphon.servicebus.credentials import credential_for
 
@@ -149,8 +150,11 @@ def pooled_receiver(namespace: NamespaceConfig, queue: str, *, purpose: str = "p
 
 
 def _receiver(namespace: NamespaceConfig, queue: str, purpose: str):
+    # ``queue`` may name one partition lane of a queue (``partitions.lane_key``): the planner probes a
+    # partitioned queue's lanes at once, each on a link of its own (one link serves one request at a time).
+    entity = split_lane_key(queue)[0]
     return _POOL.get(namespace, "secondary", ("receiver", purpose, queue), lambda client: client.get_queue_receiver(
-        queue, receive_mode=ServiceBusReceiveMode.PEEK_LOCK, prefetch_count=0), by_age=purpose == "peek")
+        entity, receive_mode=ServiceBusReceiveMode.PEEK_LOCK, prefetch_count=0), by_age=purpose == "peek")
 
 
 def open_peek_receivers(namespace: NamespaceConfig, queues: Iterable[str]) -> None:

@@ -11,6 +11,8 @@ Paging through a queue with peeks costs a round trip per page of at most a few h
   sequence numbers from its first message to its last, found with single-message peeks (the gallop and
   halving of ``probing.search_tail``: about log8(span) + log2(span) of them, 30 for a million; removed
   messages inside the span are counted too).
+A partitioned queue's numbers are 16 runs far apart (``partitions``), so its bound is summed over its
+partitions, each searched within its own lane (an answer from another partition is "nothing" there).
 Either way the first message's enqueue time gives the oldest message's age (no broker metric has it),
 and a dead-letter sub-queue's first page gives its dead-letter reasons. Peeks lock nothing, so
 nothing here can raise a message's delivery count.
@@ -35,6 +37,7 @@ from azure.servicebus import ServiceBusReceiveMode
 from backlog_syphon.config import NamespaceConfig
 from backlog_syphon.errors import BacklogQueueMissingError
 from backlog_syphon.model import BrokerCount
+from backlog_syphon.partitions import LANES, is_partitioned_number, lane_start, partition_of
 from backlog_syphon.probing import Identity, run_search, search_tail
 from backlog_syphon.restore.amqp.annotations import DEAD_LETTER_REASON_PROPERTY
 from backlog_syphon.restore.amqp.message_decoding import decode_envelope
@@ -130,8 +133,28 @@ def survey(peek: Peek, *, known: int | None, reasons: bool) -> BrokerCount:
         more = probe(identities[-1][0] + 1)  # the end of an exact count: a second look
     if more is None:
         return BrokerCount(len(page), True, oldest, tally)
+    if is_partitioned_number(more[0]) or any(is_partitioned_number(seq) for seq, _ in identities):
+        return BrokerCount(lanes_bound(probe), False, oldest, tally, reasons_complete=not reasons)
     end = run_search(search_tail(more, confirm=True), probe)  # the end it finds is looked at twice too
+    if is_partitioned_number(end - 1):  # the search ran on into other partitions: count them one by one
+        return BrokerCount(lanes_bound(probe), False, oldest, tally, reasons_complete=not reasons)
     return BrokerCount(end - first, False, oldest, tally, reasons_complete=not reasons)
+
+
+def lanes_bound(probe: Callable[[int], Identity | None]) -> int:
+    """A partitioned queue's upper bound: per partition, the span from its first message to its last, found
+    within its lane (a probe answered from a higher partition is "nothing in this lane"), summed. A lane's
+    empty head and its end are looked at twice, as above."""
+    total = 0
+    for partition in range(LANES):
+        def in_lane(sequence_number: int, partition=partition) -> Identity | None:
+            found = probe(sequence_number)
+            return found if found is not None and partition_of(found[0]) == partition else None
+
+        head = in_lane(lane_start(partition)) or in_lane(lane_start(partition))
+        if head is not None:
+            total += run_search(search_tail(head, confirm=True), in_lane) - head[0]
+    return total
 
 
 def first_messages(peek: Peek, count: int) -> tuple[list, bool]:

@@ -144,7 +144,12 @@ def _settle_page(receiver, plan: PurgePlan, progress: PurgeProgress, timing: Set
         logger.info("backlog=%s %d message(s) not settled before their locks' end (a round trip of %.2f s, locks of "
                     "%.1f s): released untouched and received again", plan.queue, len(late), timing.round_trip or 0.0,
                     timing.lock_seconds or 0.0)
-    if actions.release:
+    if actions.release and plan.interleaved:
+        logger.info("backlog=%s purge received %d message(s) of other partitions whose outcome is not recorded "
+                    "(sequence numbers %s): released untouched, not settled; a partitioned queue's receives "
+                    "interleave partitions, so the purge goes on", plan.queue, len(actions.release),
+                    list(actions.release)[:10])
+    elif actions.release:
         logger.warning("backlog=%s purge received %d message(s) whose outcome is not recorded (sequence numbers "
                        "%s): released untouched, not settled; the purge of this queue stops here until they "
                        "are recorded", plan.queue, len(actions.release), list(actions.release)[:10])

@@ -30,6 +30,13 @@ Invariants:
 - What is left is decided by looking, not by counting: after the purge, each span is settled when
   the first message at or after its first sequence number is not one of its messages
   (``span_after_peek``).
+- A partitioned queue (``PurgePlan.partitioned``) is not one ordered log: its receives interleave
+  partitions and can come back empty while messages exist, so neither an empty receive nor an unrecorded
+  message (another partition's, read by no batch yet) says that the recorded ones are gone. There the
+  round goes on, releasing at once what no span holds (no delivery count, never settled), until every
+  recorded message was seen or ``PARTITIONED_IDLE_RECEIVES`` receives in a row brought nothing recorded.
+  What is left is still decided by looking: a peek at a span's first number answers from that span's
+  partition while it holds anything there, and spans never cross partitions.
 - Settling never outlives the locks (``settle_timing``): a page holds no more messages than the requests
   that fit inside its locks at the measured round trip can settle (one bulk completion, one bulk
   dead-lettering per distinct reason: ``dead_letter_groups``); a bulk request that fails is split and
@@ -43,9 +50,13 @@ import dataclasses
 from dataclasses import dataclass, field
 
 from backlog_syphon.model import HeldSpan, RecordedSpan
+from backlog_syphon.partitions import is_partitioned_number
 from backlog_syphon.servicebus.settle_timing import SettleTiming, page_size
 
 RECEIVE_PAGE = 100  # messages asked for per receive call, at most
+# A partitioned queue's round ends after this many receives in a row that brought nothing recorded (empty, or
+# only other partitions' messages): each waits up to the purge's receive wait, and the next round goes on.
+PARTITIONED_IDLE_RECEIVES = 4
 
 
 def latest_of_each(sequence_numbers: list[int]) -> tuple[list[int], list[int]]:
@@ -133,6 +144,9 @@ class PurgePlan:
     # Where messages that stay may lie (the module docstring): passed over, never settled.
     held: HeldSpan | None = None  # a backlog queue's messages held for skipped destinations
     passing: bool = False  # a dead-letter sub-queue: any message no span holds may be one that stays
+    # Receives interleave partitions (the module docstring): known from the administration API, else from
+    # the partition bits of the recorded numbers (``partitioned_plan``).
+    partitioned: bool = False
 
     def __post_init__(self):
         if self.expected < 0 or any(span.backlog_queue != self.queue for span in self.spans):
@@ -153,6 +167,11 @@ class PurgePlan:
         """Whether ``identity`` (which no span holds) may be a message that stays in the queue: held for a
         skipped destination, or left in a dead-letter sub-queue by a re-drive."""
         return self.passing or (self.held is not None and self.held.holds(*identity))
+
+    @property
+    def interleaved(self) -> bool:
+        """Whether receives may bring this queue's messages out of order: a partitioned queue's."""
+        return self.partitioned or any(is_partitioned_number(span.last) for span in self.spans)
 
     def verified(self, present: list[Identity]) -> PurgePlan:
         """The plan once the messages present in its range are known (peeked): expect only those it holds."""
@@ -207,6 +226,7 @@ class PurgeProgress:
         self._dead_letters_left = dict(plan.dead_letters)  # -> (reason code, reason): not dead-lettered yet
         self._page: dict[int, Identity] = {}  # the last page's recorded messages, by sequence number
         self._halted = False  # the round ends, whatever is left (see ``stopped``)
+        self.idle_receives = 0  # receives in a row that brought nothing recorded (a partitioned queue's bound)
         self.late_only = False  # a page ended the round having settled nothing before its deadline
 
     @property
@@ -255,6 +275,10 @@ class PurgeProgress:
         """``received``: the identities of the messages one receive call brought, in any order."""
         self._page = {}
         if not received:
+            if self.plan.interleaved:  # a partitioned queue's receive can come back empty while messages exist
+                self.idle_receives += 1
+                self._halted = self.idle_receives >= PARTITIONED_IDLE_RECEIVES
+                return PageActions((), (), (), self.stopped)
             self._halted = True  # nothing came within the wait: what is planned is not there (now)
             return PageActions((), (), (), True)
         complete, dead_letter, release, pass_over = [], [], [], []
@@ -277,7 +301,13 @@ class PurgeProgress:
         again = self._passed_over.intersection(pass_over)
         self._passed_over.update(pass_over)
         passed_last = any(seq > self.plan.last for seq in pass_over)
-        self._halted = bool(release) or bool(again) or passed_last
+        if self.plan.interleaved:
+            # Another partition's message says nothing about this one's: go on while receives bring recorded
+            # ones, up to a bound of those that bring none (what was released comes round again).
+            self.idle_receives = 0 if self._page else self.idle_receives + 1
+            self._halted = bool(again) or self.idle_receives >= PARTITIONED_IDLE_RECEIVES
+        else:
+            self._halted = bool(release) or bool(again) or passed_last
         return PageActions(tuple(complete), tuple(dead_letter), tuple(release), self.stopped, tuple(pass_over))
 
     def on_settled(self, completed: int, dead_lettered=(), *, given_back: int = 0) -> None:

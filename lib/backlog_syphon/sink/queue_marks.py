@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import Iterable
 
 from backlog_syphon.model import CheckpointRow, DeadLetterOrder, HeldSpan, RecordedSpan
+from backlog_syphon.partitions import partition_of
 from backlog_syphon.restore.queue_names import is_dead_letter_queue_name
 from backlog_syphon.servicebus.purge_plan import PurgePlan, PurgeResult
 
@@ -132,8 +133,11 @@ def renumbered(row: CheckpointRow, spans: Iterable[RecordedSpan]) -> bool:
     delivered-through mark that entered the backlog after the message that mark names."""
     if row.delivered_enqueued_ms is None:
         return False
+    # A partitioned queue numbers each partition on its own: a lower partition's messages lie below the mark
+    # and are newer without any recreation, so only the mark's own partition can show one.
+    lane = partition_of(row.delivered_through)
     return any(span.first <= row.delivered_through and span.enqueued_from_ms > row.delivered_enqueued_ms
-               for span in spans)
+               and partition_of(span.first) == lane for span in spans)
 
 
 def mark_purged(state: dict[str, CheckpointRow], results: dict[str, PurgeResult], left: dict[str, Unpurged], *,

@@ -30,6 +30,7 @@ from pyspark.sql import functions as F
 
 from backlog_syphon.config import SyphonConfig
 from backlog_syphon.model import CheckpointRow, DeadLetterOrder, Outcome, PacingStats, RecordedSpan, SendShape
+from backlog_syphon.partitions import PARTITION_SHIFT
 from backlog_syphon.restore import redrive, rules
 from backlog_syphon.restore.queue_names import DEAD_LETTER_SUBQUEUE
 from backlog_syphon.restore.rows import OUTCOME_ROW_SCHEMA
@@ -209,14 +210,17 @@ def aggregate_outcomes(outcomes: DataFrame) -> BatchAggregate:
     order, cut wherever a message stays where it is (``cuts_span``). One Spark job; a second, with the
     runs numbered, only when some message stays. The rest is ``combine_groups``.
     """
-    groups = _group_outcomes(outcomes.withColumn("island", F.lit(0)))
+    # A span never crosses a partitioned queue's partitions (``partitions``: the top 16 bits): the purge
+    # looks at what is left of a span with a peek at its first number, which answers from its partition.
+    lane = F.shiftright(F.col("sequence_number"), PARTITION_SHIFT) * F.lit(1 << 40)
+    groups = _group_outcomes(outcomes.withColumn("island", lane))
     if any(cuts_span(Outcome(group["outcome"]), group["backlog_queue"]) for group in groups):
         order = Window.partitionBy("run_id", "batch_id", "backlog_queue").orderBy("sequence_number", "enqueued_time")
         stays = (F.col("outcome").isin([outcome.value for outcome in Outcome if not outcome.is_final]) | (
             (F.col("outcome") == Outcome.DEAD_LETTERED)
             & F.lower(F.col("backlog_queue")).endswith("/" + DEAD_LETTER_SUBQUEUE.lower()))).cast("long")
         groups = _group_outcomes(outcomes.withColumn(
-            "island", F.sum(stays).over(order.rowsBetween(Window.unboundedPreceding, 0))))
+            "island", lane + F.sum(stays).over(order.rowsBetween(Window.unboundedPreceding, 0))))
     return combine_groups(groups)
 
 

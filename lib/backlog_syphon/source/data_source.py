@@ -103,12 +103,19 @@ def start_planners(spark) -> None:
 @dataclass(frozen=True)
 class BacklogWindow(InputPartition):
     """Messages ``start <= sequence number < end`` of one backlog queue (``batch_queues``: every queue
-    of the batch, whose links a process opens together the first time)."""
+    of the batch, whose links a process opens together the first time). A partitioned queue's window is one
+    range per partition lane (``lanes``, by partition; ``start`` and ``end`` then are the first's), read one
+    after the other by the one task that sends the queue's rows: partition by partition, each in order."""
 
     queue: str
     start: int
     end: int
     batch_queues: tuple[str, ...] = ()
+    lanes: tuple[tuple[int, int], ...] = ()
+
+    @property
+    def ranges(self) -> tuple[tuple[int, int], ...]:
+        return self.lanes or ((self.start, self.end),)
 
 
 class BacklogDataSource(DataSource):
@@ -139,41 +146,45 @@ def read_window(namespace: NamespaceConfig, window: BacklogWindow):
     from backlog_syphon.servicebus.clients import open_peek_receivers, pooled_receiver
 
     open_peek_receivers(namespace, window.batch_queues)  # pooled: at once, the first time in this process
-    reader = _WindowReader(window)
-    for fresh_link in (False, True):
-        try:
-            with pooled_receiver(namespace, window.queue) as receiver:  # a failed link is dropped from the pool
-                yield from reader.pages(receiver)
-            return
-        except BacklogQueueMissingError:
-            if fresh_link:
-                logger.warning("backlog=%s no longer exists: the rest of its window [%d, %d) went with it",
-                               window.queue, reader.read.position, window.end)
+    for start, end in window.ranges:  # a partitioned queue's lanes one after the other, each in order
+        reader = _WindowReader(window.queue, start, end)
+        for fresh_link in (False, True):
+            try:
+                with pooled_receiver(namespace, window.queue) as receiver:  # a failed link is dropped from the pool
+                    yield from reader.pages(receiver)
+                break
+            except BacklogQueueMissingError:
+                if fresh_link:
+                    logger.warning("backlog=%s no longer exists: the rest of its window [%d, %d) went with it",
+                                   window.queue, reader.read.position, end)
+                    return
 
 
 class _WindowReader:
-    """Where the reading of one window stands, across the links it is read through."""
+    """Where the reading of one window (one lane's, for a partitioned queue) stands, across the links it is
+    read through. Within a lane, a page from a higher partition lies past the range and ends it only because
+    the peek answered from the next non-empty partition: the lane holds nothing more at or after the ask."""
 
-    def __init__(self, window: BacklogWindow):
+    def __init__(self, queue: str, start: int, end: int):
         from backlog_syphon.servicebus.peek_pages import PagedRead
 
-        self.window = window
-        self.read = PagedRead(window.start, window.end - 1)
+        self.queue, self.end = queue, end
+        self.read = PagedRead(start, end - 1)
 
     def pages(self, receiver):
         from backlog_syphon.restore.rows import BACKLOG_ROW_ARROW_SCHEMA, backlog_row_values, record_batch
         from backlog_syphon.servicebus.peek import peek_raw
 
-        window, read = self.window, self.read
+        queue, read = self.queue, self.read
         while (ask := read.next_ask()) is not None:
             page = peek_raw(receiver, *ask)
-            identities = [broker_identity_of(window.queue, raw, read.position) for raw in page]
+            identities = [broker_identity_of(queue, raw, read.position) for raw in page]
             taken = read.on_page([seq for seq, _ in identities])
             if read.confirming:
                 logger.info("backlog=%s empty peek page at %d before the window's end %d: looking again",
-                            window.queue, ask[0], window.end)
+                            queue, ask[0], self.end)
             if taken:
-                yield record_batch([backlog_row_values(window.queue, raw, sequence_number=seq,
+                yield record_batch([backlog_row_values(queue, raw, sequence_number=seq,
                                                        enqueued_time=_from_ms(enqueued_ms))
                                     for raw, (seq, enqueued_ms) in zip(page[:taken], identities)],
                                    BACKLOG_ROW_ARROW_SCHEMA)
@@ -268,11 +279,14 @@ class BacklogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def partitions(self, start: dict, end: dict):
         self.planner.resume(end)
-        planned = windows(start, end)
-        queues = tuple(queue for queue, _, _ in planned)
+        by_queue: dict[str, list[tuple[int, int]]] = {}
+        for queue, first, stop in windows(start, end):  # a partitioned queue's lanes by partition
+            by_queue.setdefault(queue, []).append((first, stop))
+        queues = tuple(by_queue)
+        planned = [BacklogWindow(queue, ranges[0][0], ranges[0][1], queues, tuple(ranges) if len(ranges) > 1 else ())
+                   for queue, ranges in by_queue.items()]
         # The largest windows first: a batch waits for its longest send task, which should not start last.
-        return [BacklogWindow(queue, first, stop, queues)
-                for queue, first, stop in sorted(planned, key=lambda window: window[1] - window[2])]
+        return sorted(planned, key=lambda window: -sum(stop - first for first, stop in window.ranges))
 
     def commit(self, end: dict) -> None:
         # Settlement happens in the sink after delivery is recorded: Spark calls commit() only once
@@ -283,8 +297,9 @@ class BacklogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         """The query stopped: close the peek links the driver side opened (executors keep their pools)."""
         from backlog_syphon.servicebus.clients import close_peek_receivers
 
-        if self._queues:
-            close_peek_receivers(self.options.secondary, self._queues)
+        if self._queues:  # and a partitioned queue's lanes' links (``servicebus.clients``: one per lane)
+            close_peek_receivers(self.options.secondary,
+                                 list(dict.fromkeys([*self._queues, *self.planner.keys(self._queues)])))
 
     # --- executors: rows ----------------------------------------------------------------------
 
@@ -298,9 +313,15 @@ class BacklogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if self._queues is None or (self.options.discover and now - self._discovered_at > _DISCOVERY_INTERVAL_SECONDS):
             from backlog_syphon.servicebus.clients import open_peek_receivers
 
+            from backlog_syphon.servicebus.entities import partitioned_queues
+
             self._queues = backlog_queues(self.options)
             self._discovered_at = now
-            open_peek_receivers(self.options.secondary, self._queues)
+            # Best effort: where the administration API does not answer, a probe's partition bits tell.
+            self.planner.partitioned.update(partitioned_queues(self.options.secondary, self._queues))
+            # A partitioned queue's lanes are probed at once, each on a link of its own: opened together here.
+            open_peek_receivers(self.options.secondary,
+                                list(dict.fromkeys([*self._queues, *self.planner.keys(self._queues)])))
         return self._queues
 
     def _probe_at_once(self, asks: dict[str, int]) -> dict:

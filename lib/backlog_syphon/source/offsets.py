@@ -9,6 +9,17 @@ messages again.
 Sequence numbers mean something only within one incarnation of a queue: a queue deleted and created
 again numbers from 1 again. A head (the queue's first message) below the offset that entered the backlog
 after every message probed so far cannot belong to the same incarnation (``QueueOffset.recreated``).
+
+A partitioned queue numbers each partition on its own (``partitions``), so its offset is one
+``QueueOffset`` per partition lane (``PartitionedOffset``): ``{"partitions": {"3": {"incarnation": n,
+"next": 3 << 48 | k, "seen_ms": ...}}}``, the next sequence number of each lane that was ever read (a lane
+not named starts from its beginning). Each lane has its own incarnation, found the same way from the
+lane's head. Inside the planner a lane's numbers are local (the low 48 bits), so a lane is planned like
+a queue of its own; the stored offset holds whole sequence numbers. A queue that was read as
+non-partitioned and turns out partitioned (recreated so by an operator, or partition 0 was the only one
+seen) keeps its offset as lane 0's: lane 0's numbers are the plain queue's numbers, so a recreation shows
+there as always (its head below the offset, enqueued after everything seen) and the other lanes, never
+read before, start from their beginning. Nothing is skipped, nothing read twice.
 """
 
 from __future__ import annotations
@@ -16,6 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Mapping
 
+from backlog_syphon.partitions import LANES, absolute, lane_key, local_of, split_lane_key
 from backlog_syphon.probing import Identity
 
 
@@ -34,6 +46,10 @@ class QueueOffset:
 
     @classmethod
     def parse(cls, value) -> QueueOffset:
+        if isinstance(value, QueueOffset):
+            return value
+        if isinstance(value, Mapping) and "partitions" in value:
+            raise ValueError("a partitioned queue's offset has one offset per partition: read it with parse_offset")
         if isinstance(value, Mapping):
             return cls(int(value.get("incarnation", 1)), int(value.get("next", 0)),
                        None if value.get("seen_ms") is None else int(value["seen_ms"]),
@@ -58,29 +74,128 @@ class QueueOffset:
         return head[0] < self.next and head[1] > self.seen_ms
 
 
+@dataclass(frozen=True)
+class PartitionedOffset:
+    """Where a partitioned queue's reading stands: one ``QueueOffset`` per partition lane, in the lane's local
+    numbers (a lane not named has read nothing: ``QueueOffset()``)."""
+
+    lanes: tuple[tuple[int, QueueOffset], ...] = ()  # (partition, its offset), by partition
+
+    @classmethod
+    def of(cls, lanes: Mapping[int, QueueOffset]) -> PartitionedOffset:
+        return cls(tuple(sorted(lanes.items())))
+
+    @classmethod
+    def parse(cls, value: Mapping) -> PartitionedOffset:
+        lanes = {}
+        for name, lane in value["partitions"].items():
+            partition, offset = int(name), QueueOffset.parse(lane)
+            lanes[partition] = QueueOffset(offset.incarnation, local_of(offset.next),
+                                           offset.seen_ms,
+                                           None if offset.reread_from is None else local_of(offset.reread_from))
+        return cls.of(lanes)
+
+    def lane(self, partition: int) -> QueueOffset:
+        return dict(self.lanes).get(partition, QueueOffset())
+
+    def to_json(self) -> dict:
+        out = {}
+        for partition, offset in self.lanes:
+            lane = QueueOffset(offset.incarnation, absolute(partition, offset.next), offset.seen_ms,
+                               None if offset.reread_from is None else absolute(partition, offset.reread_from))
+            out[str(partition)] = lane.to_json()
+        return {"partitions": out}
+
+    @property
+    def next(self) -> int:
+        """Messages' worth of numbers read, over every lane (a position for reports: what is left behind a
+        tail is the difference of two such sums)."""
+        return sum(offset.next for _, offset in self.lanes)
+
+
+def parse_offset(value) -> QueueOffset | PartitionedOffset:
+    """A queue's offset as the stream stores it: per partition lane, or one (either older format)."""
+    if isinstance(value, PartitionedOffset | QueueOffset):
+        return value
+    if isinstance(value, Mapping) and "partitions" in value:
+        return PartitionedOffset.parse(value)
+    return QueueOffset.parse(value)
+
+
+def lane_offsets(value) -> dict[int, QueueOffset]:
+    """A queue's offset per lane: a non-partitioned queue's offset is lane 0's (its numbers are lane 0's)."""
+    offset = parse_offset(value)
+    return dict(offset.lanes) if isinstance(offset, PartitionedOffset) else {0: offset}
+
+
 def position(value) -> int:
-    """The next sequence number an offset value names (either format)."""
-    return QueueOffset.parse(value).next
+    """The next sequence number an offset value names (any format; a partitioned queue's: the sum over its
+    lanes of their local next numbers)."""
+    return parse_offset(value).next
 
 
-def normalise_offsets(offsets: Mapping[str, QueueOffset]) -> dict[str, dict]:
+def normalise_offsets(offsets: Mapping[str, object]) -> dict[str, dict]:
     """Offsets as Spark stores them, with a stable key order: Spark compares serialised offsets as strings."""
-    return {queue: QueueOffset.parse(offsets[queue]).to_json() if not isinstance(offsets[queue], QueueOffset)
-            else offsets[queue].to_json() for queue in sorted(offsets)}
+    return {queue: parse_offset(offsets[queue]).to_json() for queue in sorted(offsets)}
+
+
+def expand_lanes(offsets: Mapping[str, object], partitioned: set[str] | frozenset[str]) -> dict[str, QueueOffset]:
+    """Offsets by planner key: a partitioned queue's (named in ``partitioned``) as one key per lane
+    (``partitions.lane_key``), all 16 (a lane never read starts from its beginning; a non-partitioned offset
+    is lane 0's); any other queue's as it is."""
+    expanded: dict[str, QueueOffset] = {}
+    for queue, value in offsets.items():
+        if queue in partitioned:
+            lanes = lane_offsets(value)
+            for partition in range(LANES):
+                expanded[lane_key(queue, partition)] = lanes.get(partition, QueueOffset())
+        else:
+            expanded[queue] = parse_offset(value)
+    return expanded
+
+
+def fold_lanes(offsets: Mapping[str, object]) -> dict[str, dict]:
+    """Planner keys' offsets back by queue (``expand_lanes`` reversed): a queue's lanes as one
+    ``PartitionedOffset`` (kept even when no lane has read anything yet, so the queue stays partitioned for
+    the next run), lanes that never moved left out."""
+    folded: dict[str, object] = {}
+    lanes: dict[str, dict[int, QueueOffset]] = {}
+    for key, value in offsets.items():
+        queue, partition = split_lane_key(key)
+        if partition is None:
+            folded[queue] = parse_offset(value)
+        else:
+            lane = QueueOffset.parse(value)
+            lanes.setdefault(queue, {})
+            if lane != QueueOffset():
+                lanes[queue][partition] = lane
+    for queue, by_lane in lanes.items():
+        folded[queue] = PartitionedOffset.of(by_lane)
+    return normalise_offsets(folded)
 
 
 def windows(start: Mapping[str, object], end: Mapping[str, object]) -> list[tuple[str, int, int]]:
-    """``(queue, first, stop)`` of every queue with something between ``start`` and ``end``, by queue.
-    A queue whose incarnation changed is read from its beginning; one whose end offset changed and
-    carries ``reread_from`` (a look back) from there."""
+    """``(queue, first, stop)`` of every queue with something between ``start`` and ``end``, by queue, and a
+    partitioned queue's lanes by partition (whole sequence numbers: a window never crosses lanes).
+    A queue (lane) whose incarnation changed is read from its beginning; one whose end offset changed and
+    carries ``reread_from`` (a look back) from there. A queue read as non-partitioned before is lane 0."""
     planned = []
     for queue, value in sorted(end.items()):
-        stop, begin = QueueOffset.parse(value), QueueOffset.parse(start.get(queue, 0))
-        if stop == begin:
-            continue  # unmoved (a look back it carries belonged to the batch that ended there)
-        first = begin.next if begin.incarnation == stop.incarnation else 0
-        if stop.reread_from is not None and begin.incarnation == stop.incarnation:
-            first = stop.reread_from  # a look back at what earlier runs left below the offset
-        if stop.next > first:
-            planned.append((queue, first, stop.next))
+        ends, begins = lane_offsets(value), lane_offsets(start.get(queue, 0))
+        whole = isinstance(parse_offset(value), PartitionedOffset)
+        for partition, stop in sorted(ends.items()):
+            window = _lane_window(begins.get(partition, QueueOffset()), stop)
+            if window is not None:
+                first, after = window
+                planned.append((queue, absolute(partition, first) if whole else first,
+                                absolute(partition, after) if whole else after))
     return planned
+
+
+def _lane_window(begin: QueueOffset, stop: QueueOffset) -> tuple[int, int] | None:
+    if stop == begin:
+        return None  # unmoved (a look back it carries belonged to the batch that ended there)
+    first = begin.next if begin.incarnation == stop.incarnation else 0
+    if stop.reread_from is not None and begin.incarnation == stop.incarnation:
+        first = stop.reread_from  # a look back at what earlier runs left below the offset
+    return (first, stop.next) if stop.next > first else None

@@ -41,6 +41,7 @@ from dataclasses import dataclass, field
 from typing import Collection, Mapping, Sequence
 
 from backlog_syphon.errors import BacklogQueueMissingError
+from backlog_syphon.partitions import split_lane_key
 from backlog_syphon.probing import (
     Identity,
     ProbeAtOnce,
@@ -244,11 +245,11 @@ class _BatchPlan:
         """Every candidate's first message, all at once. An empty queue that its available-now target says
         holds messages gets a second look before it counts (a peek may come back empty while messages
         exist; the common case, a queue at its target, needs none)."""
-        heads = self.search({queue: probe_once(1) for queue in candidates})
+        heads = self.search({queue: probe_once(_head_at(queue)) for queue in candidates})
         doubtful = [queue for queue in candidates if heads[queue] is None and self.target is not None
                     and self.offsets[queue].next < self.target.get(queue, 0)]
         if doubtful:
-            heads.update(self.search({queue: probe_once(1) for queue in doubtful}))
+            heads.update(self.search({queue: probe_once(_head_at(queue)) for queue in doubtful}))
         return heads
 
     def read_heads(self, candidates: list[str], heads: Mapping[str, object], look_back: Collection[str]
@@ -260,13 +261,15 @@ class _BatchPlan:
             head = heads[queue]
             if isinstance(head, BacklogQueueMissingError):
                 if queue not in self.missing:
-                    logger.warning("backlog=%s does not exist: skipped (the other backlog queues drain); it is "
-                                   "read as soon as it exists", queue)
+                    if _said_once(queue):
+                        logger.warning("backlog=%s does not exist: skipped (the other backlog queues drain); it is "
+                                       "read as soon as it exists", split_lane_key(queue)[0])
                     self.missing.add(queue)
                 self.backoff.record(queue, False, self.now)
                 continue
             if queue in self.missing:
-                logger.info("backlog=%s exists again", queue)
+                if _said_once(queue):
+                    logger.info("backlog=%s exists again", split_lane_key(queue)[0])
                 self.missing.discard(queue)
             offset = self.offsets[queue] = self._start_from_head(queue, head, look_back)
             hint = self.hints.get(queue)
@@ -410,6 +413,18 @@ class _BatchPlan:
                 end[queue] = QueueOffset(offset.incarnation, window.end, newest,
                                          self.reread.get(queue) if queue not in self.restarted else None)
         return normalise_offsets(end)
+
+
+def _said_once(key: str) -> bool:
+    """Whether a line about a queue is said for this planner key: a queue's own, or its first lane's (a
+    partitioned queue's 16 lanes are one queue to an operator)."""
+    return split_lane_key(key)[1] in (None, 0)
+
+
+def _head_at(key: str) -> int:
+    """Where a queue's head is probed: at 1 (the first number a queue gives), a lane's at its start (local 0:
+    a partition may number from 0)."""
+    return 1 if split_lane_key(key)[1] is None else 0
 
 
 def _used(result: WindowEnd) -> int:

@@ -9,6 +9,11 @@ An available-now run fixes its target with the run's first plan, every queue at 
 its offset. A queue that search finds empty from its offset rests on one answer "nothing at or after", so
 the head probe the plan makes anyway is its second look (``WindowPlanner._confirm_targets``): a target
 found wrong is searched again from the message found, and the batch planned again.
+
+A partitioned queue (known from the administration API, or from the partition bits of any number a probe
+saw: ``partition_lanes.LaneProbes``) is planned as 16 lanes, each a key of its own in the planner (its
+offset, target, hints, back-off), and its offsets are folded back into one ``PartitionedOffset`` per queue
+for Spark. A queue found partitioned while planning is planned again, by lanes, before the plan is used.
 """
 
 from __future__ import annotations
@@ -18,7 +23,17 @@ from typing import Collection, Mapping, Sequence
 
 from backlog_syphon.errors import BacklogQueueMissingError
 from backlog_syphon.probing import ProbeAtOnce, ProbeCount, probe_once, run_searches, search_tail, search_tail_from
-from backlog_syphon.source.offsets import QueueOffset, normalise_offsets, position
+from backlog_syphon.partitions import LANES, lane_key, split_lane_key
+from backlog_syphon.source.offsets import (
+    PartitionedOffset,
+    QueueOffset,
+    expand_lanes,
+    fold_lanes,
+    normalise_offsets,
+    parse_offset,
+    position,
+)
+from backlog_syphon.source.partition_lanes import LaneProbes
 from backlog_syphon.source.planning import IdleBackoff, QueueHints, WindowPlan, plan_windows
 
 # The planner's log lines keep the logger they were always written under (log filters may name it).
@@ -40,12 +55,15 @@ class WindowPlanner:
     """
 
     def __init__(self, probe_at_once: ProbeAtOnce, *, max_messages: int, available_now: bool,
-                 idle_probe_max_seconds: float, look_back: Collection[str] = ()):
-        self.probe_at_once = probe_at_once
+                 idle_probe_max_seconds: float, look_back: Collection[str] = (), partitioned: Collection[str] = ()):
+        self.lane_probes = LaneProbes(probe_at_once)
+        self.probe_at_once = self.lane_probes
+        # Queues read lane by lane: partitioned as the administration API says, or as a probe's answer showed.
+        self.partitioned = set(partitioned)
         self.max_messages = max_messages
         self.available_now = available_now
         self.backoff = IdleBackoff(max_seconds=idle_probe_max_seconds)
-        self.target: dict[str, int] | None = None  # available-now: stop here
+        self.target: dict[str, int] | None = None  # available-now: stop here (by planner key: queue or lane)
         self.target_wanted = False  # an available-now run: the target is fixed by the next plan
         self.last_end: dict[str, dict] | None = None  # Spark 4.0/4.1 ask for the latest offset without a start
         self.tails: dict[str, int] = {}  # queue -> end of what was in it when last probed
@@ -78,13 +96,15 @@ class WindowPlanner:
         seen: dict[str, list] = {}
         tails = run_searches({queue: search_tail_from(offsets[queue].next, confirm=True) for queue in queues},
                              self.probe_at_once, count, seen)
-        self.unconfirmed = {queue for queue in queues if tails[queue] == offsets[queue].next}
-        self.target = {}
+        self.unconfirmed |= {queue for queue in queues if tails[queue] == offsets[queue].next}
+        self.target = {} if self.target is None else self.target
         for queue in queues:
             tail = tails[queue]
             if isinstance(tail, BacklogQueueMissingError):
                 if queue not in self.missing:
-                    logger.warning("backlog=%s does not exist: skipped (the other backlog queues drain)", queue)
+                    if split_lane_key(queue)[1] in (None, 0):  # a partitioned queue's lanes: said once
+                        logger.warning("backlog=%s does not exist: skipped (the other backlog queues drain)",
+                                       split_lane_key(queue)[0])
                     self.missing.add(queue)
                 tail = 0
             else:
@@ -115,29 +135,53 @@ class WindowPlanner:
             start = self.last_end or self.initial_offset(queues)
         if stopping:
             return normalise_offsets(start)
+        # A queue whose offset is per partition is read so (a queue recreated non-partitioned numbers in lane 0,
+        # where its recreation shows as always).
+        self.partitioned |= {queue for queue, value in start.items() if isinstance(parse_offset(value), PartitionedOffset)}
         count = ProbeCount()
-        if self.target_wanted and self.target is None:
-            self.fix_target(start, queues, count)
-        plan = self._plan(start, queues, budget, now)
-        count.add(plan.count)
-        if self.unconfirmed and self._confirm_targets(plan, count):
-            plan = self._plan(start, queues, budget, now)  # the target was wrong: plan again with the right one
+        while True:
+            learned_before = set(self.lane_probes.learned)
+            keys = self.keys(queues)
+            keyed = expand_lanes(start, self.partitioned)
+            if self.target_wanted and (self.target is None or any(key not in self.target for key in keys)):
+                self.fix_target(keyed, [key for key in keys if self.target is None or key not in self.target], count)
+            plan = self._plan(keyed, keys, budget, now)
             count.add(plan.count)
+            if self.unconfirmed and self._confirm_targets(plan, count):
+                plan = self._plan(keyed, keys, budget, now)  # the target was wrong: plan again with the right one
+                count.add(plan.count)
+            found = (self.lane_probes.learned - learned_before) - self.partitioned
+            if not found:
+                break
+            # A queue read as one turned out partitioned: its plan stopped at lane 0's end. Plan it by lanes.
+            logger.info("backlog=%s is partitioned (a peek answered with partition bits): read partition by "
+                        "partition", ", ".join(sorted(found)))
+            self.partitioned |= found
+            for queue in found:  # what was learnt under the queue's own key belonged to lane 0 only
+                self.tails.pop(queue, None)
+                self.unconfirmed.discard(queue)
+                if self.target is not None:
+                    self.target.pop(queue, None)
         self.last_count = count
         self.looked_back.update(plan.looked)
-        for queue in plan.restarted:
-            self.tails.pop(queue, None)
+        for key in plan.restarted:
+            self.tails.pop(key, None)
             if self.target is not None:  # an available-now run drains what the new queue holds now
-                self.target[queue] = max(plan.tails.get(queue, 0), position(plan.end[queue]))
-        for queue, tail in plan.tails.items():
-            self.tails[queue] = max(tail, self.tails.get(queue, 0))
-        self.last_end = plan.end
+                self.target[key] = max(plan.tails.get(key, 0), position(plan.end[key]))
+        for key, tail in plan.tails.items():
+            self.tails[key] = max(tail, self.tails.get(key, 0))
+        self.last_end = fold_lanes(plan.end)
         return self.last_end
+
+    def keys(self, queues: Sequence[str]) -> list[str]:
+        """The planner's keys: each queue, or each lane of a partitioned one."""
+        return [key for queue in queues
+                for key in ([lane_key(queue, p) for p in range(LANES)] if queue in self.partitioned else [queue])]
 
     def _plan(self, start: Mapping[str, object], queues: Sequence[str], budget: int, now: float) -> WindowPlan:
         return plan_windows(start, queues, budget, self.probe_at_once, backoff=self.backoff, now=now,
-                            target=self.target, missing=self.missing, look_back=self.look_back - self.looked_back,
-                            hints=self.hints)
+                            target=self.target, missing=self.missing,
+                            look_back=set(self.keys(sorted(self.look_back))) - self.looked_back, hints=self.hints)
 
     def _confirm_targets(self, plan: WindowPlan, count: ProbeCount) -> bool:
         """The second look at the queues the target found empty from their offsets: the plan's head probe
@@ -180,8 +224,9 @@ class WindowPlanner:
         """Whether ``end`` covers the available-now target of every queue (a missing queue has none)."""
         if self.target is None:
             return False
-        return all(queue in self.missing or position(end.get(queue, 0)) >= through
-                   for queue, through in self.target.items())
+        keyed = expand_lanes(end, self.partitioned)
+        return all(key in self.missing or position(keyed.get(key, 0)) >= through
+                   for key, through in self.target.items())
 
     def reported_latest(self, now_ms: int) -> dict[str, dict] | None:
         """Each queue's backlog as last probed, or None before any probe: its tail (``next``, never behind the
@@ -191,13 +236,19 @@ class WindowPlanner:
         here costs a probe."""
         if not self.tails:
             return None
-        ends = self.last_end or {}
-        reported = {}
-        for queue, tail in sorted(self.tails.items()):
-            planned = position(ends.get(queue, 0))
-            head = self.hints[queue].head if queue in self.hints else None
+        ends = expand_lanes(self.last_end or {}, self.partitioned)
+        reported: dict[str, dict] = {}
+        # A partitioned queue's lanes add up: its ``next`` is the sum of its lanes' tails in local numbers,
+        # which ``offsets.position`` of its offset matches, so a tail less an offset is what is left.
+        for key, tail in sorted(self.tails.items()):
+            queue = split_lane_key(key)[0]
+            planned = position(ends.get(key, 0))
+            head = self.hints[key].head if key in self.hints else None
             oldest = None if head is None or head[1] is None else max(0.0, (now_ms - head[1]) / 1000)
-            reported[queue] = {"next": max(tail, planned), "remaining": max(0, tail - planned),
-                               "oldest_age_seconds": None if oldest is None else round(oldest, 1)}
+            known = reported.setdefault(queue, {"next": 0, "remaining": 0, "oldest_age_seconds": None})
+            known["next"] += max(tail, planned)
+            known["remaining"] += max(0, tail - planned)
+            if oldest is not None:
+                known["oldest_age_seconds"] = max(round(oldest, 1), known["oldest_age_seconds"] or 0.0)
         reported[PLAN_KEY] = {"probes": self.last_count.probes, "rounds": self.last_count.rounds}
         return reported
