@@ -87,9 +87,10 @@ def legacy_backlog_bytes(original: OriginalMessage) -> bytes:
     ).encode()
 
 
-def send_legacy_backlog(secondary, per_queue: dict[str, list[OriginalMessage]]) -> None:
-    """Send each queue's originals, in order, as legacy backlog copies (batched); the queues at once
-    (``tools.testing.each_at_once``)."""
+def send_legacy_backlog(secondary, per_queue: dict[str, list[OriginalMessage]], *, singly: bool = False) -> None:
+    """Send each queue's originals, in order, as legacy backlog copies (batched; ``singly``: one transfer
+    each, as the legacy client sends them, so that keyless copies go round a partitioned queue's
+    partitions where a batch lands in one); the queues at once (``tools.testing.each_at_once``)."""
     from backlog_syphon.servicebus.clients import open_client
     from backlog_syphon.servicebus.sdk_internals import prompt
     from backlog_syphon.servicebus.send import send_encoded
@@ -97,9 +98,10 @@ def send_legacy_backlog(secondary, per_queue: dict[str, list[OriginalMessage]]) 
 
     def send(queue: str) -> None:
         with open_client(secondary, role="secondary") as client, prompt(client.get_queue_sender(queue)) as sender:
-            for _ in send_encoded(sender, (Outgoing(legacy_backlog_bytes(o), o.message_id, None, o.partition_key)
-                                           for o in per_queue[queue])):
-                pass
+            outgoing = [Outgoing(legacy_backlog_bytes(o), o.message_id, None, o.partition_key) for o in per_queue[queue]]
+            for sends in ([[one] for one in outgoing] if singly else [outgoing]):
+                for _ in send_encoded(sender, sends):
+                    pass
 
     each_at_once(per_queue, send, name="write-backlog")
 

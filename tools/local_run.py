@@ -1,9 +1,11 @@
 """``make run``: the whole story on one machine, against the embedded emulator (``python -m tools.local_run``).
 
-Starts the emulator (both namespaces of ``conf/emulator.yaml``, on free ports), writes a
-realistic legacy backlog plus a few poison messages, runs the syphon with ``available_now``,
-prints its summary, checks that every destination got what it should and that the poison
-messages were dead-lettered with their reasons, prints the backlog's status (what
+Starts the emulator (both namespaces of ``conf/emulator.yaml``, on free ports), recreates the last
+backlog queue partitioned (16 partitions, as an operator-created backlog queue on Standard may be),
+writes a realistic legacy backlog plus a few poison messages, and a share for the partitioned,
+deduplicating destination ``partitioned-dedupe-orders`` into the partitioned backlog queue, runs the
+syphon with ``available_now``, prints its summary, checks that every destination got what it should
+(the partitioned one: each message once, no duplicate dropped, partition keys kept) and that the poison messages were dead-lettered with their reasons, prints the backlog's status (what
 ``jobs/syphon.py --status`` prints: drained, with the poison messages in the dead-letter queues),
 then stops the emulator. Exit 0 only if all checks pass.
 """
@@ -21,10 +23,38 @@ from pathlib import Path
 
 from backlog_syphon.config import load_config
 from backlog_syphon.model import FINAL_OUTCOMES
+from backlog_syphon.restore.queue_names import backlog_queue_name
 from tools import backlog_writer
-from tools.testing import backlog_dead_letters, emulator_environment, expected_arrivals, received_counts
+from tools.testing import (
+    backlog_dead_letters, drain_destinations, emulator_environment, expected_arrivals, received_counts
+)
 
 PRIMARY, SECONDARY = "contoso", "contoso-secondary"
+PARTITIONED_DESTINATION = "partitioned-dedupe-orders"  # conf/emulator.yaml: partitioned, duplicate detection on
+PARTITIONED_SHARE = 10  # one message in ten of the backlog is for it, over 8 partition keys and none
+
+
+def partitioned_backlog(count: int, *, seed: int) -> list[backlog_writer.OriginalMessage]:
+    """Messages for the partitioned, deduplicating destination: most with a partition key (a tenant), some
+    without (spread over the partitions by MessageId, as the service does with duplicate detection on)."""
+    return [backlog_writer.OriginalMessage(PARTITIONED_DESTINATION, f"partitioned order {index}".encode(),
+                                           message_id=f"part-{seed}-{index}",
+                                           partition_key=f"tenant-{index % 9}" if index % 9 else None)
+            for index in range(count)]
+
+
+def check_partitioned(connection_string: str, originals, duplicates: int) -> list[str]:
+    """What the partitioned destination holds: every message once with its partition key, and no copy dropped
+    as a duplicate (nothing was sent twice)."""
+    arrived = drain_destinations(connection_string, [PARTITIONED_DESTINATION])[PARTITIONED_DESTINATION]
+    keys = {m.message_id: m.partition_key for m in originals}
+    got = collections.Counter(m.message_id for m in arrived)
+    wrong_keys = sum(1 for m in arrived if m.partition_key != keys.get(m.message_id))
+    ok = got == collections.Counter(list(keys)) and not wrong_keys and not duplicates
+    print(f"check {PARTITIONED_DESTINATION} (partitioned, deduplicating): {len(arrived)} of {len(keys)} arrived, "
+          f"{sum(n > 1 for n in got.values())} twice, {wrong_keys} with another partition key, {duplicates} "
+          f"dropped as duplicates {'ok' if ok else 'MISMATCH'}")
+    return [] if ok else [PARTITIONED_DESTINATION]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -57,13 +87,20 @@ def main(argv: list[str] | None = None) -> int:
             "storage.checkpoint_table": str((state / "tables/checkpoint").resolve()),
             "storage.checkpoint_location": str((state / "checkpoint").resolve()),
         })
+        partitioned_queue = backlog_queue_name(config.primary.namespace, config.backlog.queue_count - 1)
+        emulator.recreate_queue(SECONDARY, partitioned_queue, enable_partitioning=True)
         originals = backlog_writer.realistic_backlog(args.count, seed=7)
         poison = backlog_writer.poison_backlog(seed=7)
         written = backlog_writer.write_backlog(config.secondary, config.primary.namespace,
                                                originals + [message for message, _ in poison],
                                                queue_count=config.backlog.queue_count, seed=7)
+        # The legacy client's copies one transfer each, so that they go round the queue's partitions.
+        partitioned = partitioned_backlog(args.count // PARTITIONED_SHARE, seed=7)
+        backlog_writer.send_legacy_backlog(config.secondary, {partitioned_queue: partitioned}, singly=True)
+        written[partitioned_queue] = written.get(partitioned_queue, 0) + len(partitioned)
         print(f"wrote {sum(written.values())} legacy messages ({len(poison)} poison) over {len(written)} "
-              f"backlog queues")
+              f"backlog queues; {partitioned_queue} is partitioned ({emulator.stats(SECONDARY)[partitioned_queue]['partitions']} "
+              f"partitions) and holds {written[partitioned_queue]}")
 
         spark = build_spark_session("backlog-syphon-local")
         print("\n".join(dry_run(spark, config).lines()))
@@ -87,6 +124,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"check {entity:<20} expected {count:>6} received {arrived[entity]:>6} {status}")
             if arrived[entity] != count:
                 failures.append(entity)
+        duplicates = emulator.stats(PRIMARY)[PARTITIONED_DESTINATION].get("duplicates", 0)
+        failures += check_partitioned(emulator.connection_string(PRIMARY), partitioned, duplicates)
         want_dead = collections.Counter(str(reason) for _, reason in poison)
         print(f"check dead-lettered by reason: {dict(dead)} (expected {dict(want_dead)})")
         if dead != want_dead:

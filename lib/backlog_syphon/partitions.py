@@ -53,6 +53,14 @@ def is_partitioned_number(sequence_number: int) -> bool:
     return partition_of(sequence_number) != 0
 
 
+def sequence_label(sequence_number: int) -> str:
+    """A sequence number as an operator reads it: ``p7:2`` for partition 7's second message, a plain
+    queue's number as it is (``7 << 48 | 2`` printed whole says nothing)."""
+    if not is_partitioned_number(sequence_number):
+        return str(sequence_number)
+    return f"p{partition_of(sequence_number)}:{local_of(sequence_number)}"
+
+
 def lane_key(queue: str, partition: int) -> str:
     """The planner's key of one lane of ``queue``."""
     return f"{queue}{LANE_SEPARATOR}{partition}"

@@ -49,3 +49,11 @@ def test_lane_keys_round_trip_and_queue_names_are_not_lanes():
 def test_lanes_of_keeps_order_within_each_partition():
     seqs = [(1 << 48) | 2, 3, (1 << 48) | 1, 4]
     assert lanes_of(seqs) == {1: [(1 << 48) | 2, (1 << 48) | 1], 0: [3, 4]}
+
+
+def test_a_partitioned_sequence_number_reads_as_its_partition_and_place_and_a_plain_one_as_it_is():
+    from backlog_syphon.partitions import sequence_label
+
+    assert sequence_label(7 << 48 | 2) == "p7:2"
+    assert sequence_label(15 << 48 | 1) == "p15:1"
+    assert sequence_label(422) == "422"  # partition 0's numbers cannot tell: shown as they are

@@ -16,6 +16,7 @@ from typing import Iterable, Mapping
 
 from backlog_syphon.errors import EXIT_DEAD_LETTERS, EXIT_LEASE_HELD, EXIT_NOT_DRAINED, EXIT_OK
 from backlog_syphon.model import BacklogState, BrokerCount, CheckpointRow, Lease, RunRow
+from backlog_syphon.partitions import sequence_label
 
 STATUS_EXIT_CODES = {BacklogState.DRAINED: EXIT_OK, BacklogState.LEASE_HELD: EXIT_LEASE_HELD,
                      BacklogState.WAITING: EXIT_NOT_DRAINED, BacklogState.DEAD_LETTERS: EXIT_DEAD_LETTERS}
@@ -75,7 +76,7 @@ class StatusReport:
                f"{'purged':>10}  last batch"]
         for queue in self.backlog:
             mark = queue.checkpoint
-            marks = (f" {mark.incarnation:>11} {mark.delivered_through:>10} {mark.purged_through:>10}  "
+            marks = (f" {mark.incarnation:>11} {sequence_label(mark.delivered_through):>10} {sequence_label(mark.purged_through):>10}  "
                      f"{mark.updated_at:%Y-%m-%d %H:%M:%S} ({ago(at, mark.updated_at)} ago)") if mark else \
                 f" {'-':>11} {'-':>10} {'-':>10}  -"
             out.append(f"  {queue.queue:<40} {_count_text(queue.count):>9} {_age_text(at, queue.count):>8}{marks}")
