@@ -80,6 +80,12 @@ MEASURED_SECONDS = {
     "test_where_the_administration_api_describes_the_destination_they_are_dead_lettered_before_sending": 40,
     "test_partitioned_destinations_described_by_the_administration_api_get_their_shape_up_front": 45,
     "test_a_destination_whose_administration_api_does_not_answer_learns_its_shape_from_the_first_refusal": 45,
+    # Partitioned backlog queues, measured beside two soaks (load 8-12); the first is two cases.
+    "test_a_partitioned_backlog_is_delivered_once_in_order_per_partition_and_purged": 34,
+    "test_a_kill_mid_send_on_a_partitioned_backlog_loses_nothing_and_resends_at_most_that_batch": 59,
+    "test_a_queue_recreated_partitioned_is_a_new_incarnation_drained_from_its_start": 40,
+    "test_a_partitioned_queues_dead_letters_are_redriven_once_in_order_per_partition": 35,
+    "test_a_partitioned_queue_holding_one_partitions_messages_only": 16,
 }
 UNLISTED_INTEGRATION_SECONDS = 8
 

@@ -80,19 +80,19 @@ def _highest_sequence_numbers(emulator) -> dict[str, int]:
     return {queue: last for queue, last in found.items() if last is not None}
 
 
-def _send_counters(emulator) -> dict[str, tuple[int, int]]:
+def _send_counters(emulator, destinations=DESTINATIONS) -> dict[str, tuple[int, int]]:
     """Per destination: (messages stored, re-sends dropped by the broker's duplicate detection)."""
     stats = emulator.stats(PRIMARY)
-    return {d: (stats[d]["in"], stats[d]["duplicates"]) for d in DESTINATIONS}
+    return {d: (stats[d]["in"], stats[d]["duplicates"]) for d in destinations}
 
 
-def _settled_send_counters(emulator) -> dict[str, tuple[int, int]]:
+def _settled_send_counters(emulator, destinations=DESTINATIONS) -> dict[str, tuple[int, int]]:
     """The send counters once they stop moving (a killed sender's last frames may still be read)."""
     deadline = time.monotonic() + SETTLE_SECONDS
-    last = _send_counters(emulator)
+    last = _send_counters(emulator, destinations)
     while time.monotonic() < deadline:
         time.sleep(0.5)
-        now = _send_counters(emulator)
+        now = _send_counters(emulator, destinations)
         if now == last:
             return now
         last = now
@@ -124,17 +124,17 @@ class Run:
 class Destinations:
     """Drains the destinations after each run; checks every arrival against its original."""
 
-    def __init__(self, emulator, originals):
-        self.emulator = emulator
+    def __init__(self, emulator, originals, destinations=DESTINATIONS):
+        self.emulator, self.destinations = emulator, tuple(destinations)
         self.expected = {message.message_id: message for message in originals}
         self.arrived: collections.Counter = collections.Counter()
-        self.counters = _send_counters(emulator)
+        self.counters = _send_counters(emulator, self.destinations)
 
     def account(self, run: Run) -> None:
-        counters = _settled_send_counters(self.emulator)
-        received = drain_destinations(self.emulator, DESTINATIONS)
-        stored = sum(counters[d][0] - self.counters[d][0] for d in DESTINATIONS)
-        run.dropped = sum(counters[d][1] - self.counters[d][1] for d in DESTINATIONS)
+        counters = _settled_send_counters(self.emulator, self.destinations)
+        received = drain_destinations(self.emulator, self.destinations)
+        stored = sum(counters[d][0] - self.counters[d][0] for d in self.destinations)
+        run.dropped = sum(counters[d][1] - self.counters[d][1] for d in self.destinations)
         self.counters = counters
         for destination, messages in received.items():
             for message in messages:

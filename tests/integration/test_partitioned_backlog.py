@@ -22,7 +22,11 @@ from tools.backlog_writer import OriginalMessage, legacy_backlog_bytes, send_leg
 from .conftest import PRIMARY, ROOT, SECONDARY, make_config
 from .helpers import drain_destinations
 
-DESTINATIONS = ("payments", "small")  # no duplicate detection: every arrival counts
+# No duplicate detection, so every arrival counts; one plain and one partitioned (16 partitions, batches of one
+# partition key only): partitioned entities at both ends.
+DESTINATIONS = ("payments", "partitioned-orders")
+# The kill test's: partitioned both, one deduplicating (a re-send is dropped there and counted as such).
+KILL_DESTINATIONS = ("partitioned-dedupe-orders", "partitioned-orders")
 FINAL_OUTCOMES = {"delivered", "dead_lettered", "skipped_ping"}
 QUEUE = backlog_queue_name(PRIMARY, 0)
 
@@ -87,6 +91,8 @@ def _check(spark, config, emulator, originals, earlier=()) -> dict[str, int]:
     sequence = {row["message_id"]: row["sequence_number"] for row in final
                 if row["backlog_queue"] == QUEUE and row["message_id"] in wanted}
     for destination, messages in arrived.items():
+        if destination == "partitioned-orders":
+            continue  # keyless messages: a partitioned entity keeps order per partition key or session only
         lanes: dict[int, list[int]] = collections.defaultdict(list)
         for message in messages:
             seq = sequence[message.message_id]
@@ -197,21 +203,22 @@ def test_a_partitioned_queues_dead_letters_are_redriven_once_in_order_per_partit
 @pytest.mark.timeout(900)
 def test_a_kill_mid_send_on_a_partitioned_backlog_loses_nothing_and_resends_at_most_that_batch(emulator, tmp_path,
                                                                                                request):
-    """SIGKILL the job (its own process tree) while a send task of its first batch is sending; the rerun on the
+    """SIGKILL the job (its own process tree) while a send task of its first batch is sending, into partitioned
+    destinations (one deduplicating, where the single messages go several in flight); the rerun on the
     same streaming checkpoint and tables replays that batch's windows, partition by partition, and drains.
     Re-sends are the documented window only: at most the killed batch, each the same message."""
     from backlog_syphon.config import load_config
     from backlog_syphon.run.syphon import run_syphon
 
     from .helpers import job_command, job_env, kill_when_parked, tail
-    from .test_crash_replay import DESTINATIONS as CRASH_DESTINATIONS, Destinations, Run, _stream_log
+    from .test_crash_replay import Destinations, Run, _stream_log
 
     _partitioned(emulator)
     config = load_config(ROOT / "conf/local.yaml", environ=job_env(emulator), overrides={})
-    originals = [OriginalMessage(CRASH_DESTINATIONS[n % 2], f"crash body {n}".encode(), message_id=f"pkill-{n:04d}",
+    originals = [OriginalMessage(KILL_DESTINATIONS[n % 2], f"crash body {n}".encode(), message_id=f"pkill-{n:04d}",
                                  application_properties={"index": n}) for n in range(150)]
     _write_singles(config, originals)
-    destinations = Destinations(emulator, originals)
+    destinations = Destinations(emulator, originals, KILL_DESTINATIONS)
     log, marker = tmp_path / "killed.log", tmp_path / "fault-marker"
     why = kill_when_parked(job_command(tmp_path, run__max_messages_per_trigger=100), job_env(emulator), "mid_send",
                            marker, log, 300, settle_seconds=0.5)
