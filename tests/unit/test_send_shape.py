@@ -80,6 +80,18 @@ def test_next_send_size_takes_the_first_keys_run_and_bounds_messages_in_flight()
     assert next_send_size(SendShape.SINGLE_MESSAGES, []) == 0
 
 
+def test_a_sessions_or_partition_keys_single_messages_go_one_at_a_time_keyless_ones_in_flight():
+    # In flight, a transient refusal of one while the next of its session was stored would reorder the session.
+    session = [message(f"s{i}", "s1", "s1") for i in range(10)]
+    keyed = [message(f"k{i}", None, "k1") for i in range(10)]
+    keyless = [message(f"m{i}") for i in range(10)]
+    assert next_send_size(SendShape.SINGLE_MESSAGES, session) == 1
+    assert next_send_size(SendShape.SINGLE_MESSAGES, keyed) == 1
+    assert next_send_size(SendShape.SINGLE_MESSAGES, keyless) == 10
+    assert next_send_size(SendShape.SINGLE_MESSAGES, keyless + session) == 10  # the keyless run only
+    assert next_send_size(SendShape.KEYED_BATCHES, session) == 10  # a batch is one transfer: no such risk
+
+
 def test_learned_shapes_are_kept_by_name_in_any_case():
     shapes = SendShapes(known={"known": SendShape.SINGLE_MESSAGES})
     assert shapes.of("KNOWN") is SendShape.SINGLE_MESSAGES
@@ -216,7 +228,8 @@ def test_a_known_deduplicating_destination_gets_single_messages_in_flight_from_t
     results = deliver(rows, destination, SendShapes(known={"orders": SendShape.SINGLE_MESSAGES}))
     assert_all_delivered_once_in_order(results, destination, rows)
     assert destination.refusals == 0 and destination.batch_sizes == []
-    assert destination.singly_calls == [60] * 5  # each key's messages in flight together (at most MAX_IN_FLIGHT)
+    # The 60 keyless messages in flight together, each session's and key's (240) one after the other.
+    assert sorted(destination.singly_calls, reverse=True) == [60] + [1] * 240
 
 
 def test_the_first_refusal_of_a_batchs_shape_teaches_the_sender_and_dead_letters_nothing(caplog):
@@ -266,7 +279,7 @@ def test_a_single_message_refused_with_the_shapes_words_is_refused_for_itself():
 
 
 def test_a_transient_failure_in_flight_resumes_after_the_accepted_prefix_with_its_usual_back_off():
-    rows = [row(seq, "s1") for seq in range(10)]
+    rows = [row(seq) for seq in range(10)]  # keyless: in flight together
     destination = PartitionedDestination(dedupe=True, transient_failures={"m4": 2})
     results = deliver(rows, destination, SendShapes(known={"orders": SendShape.SINGLE_MESSAGES}))
     assert_all_delivered_once_in_order(results, destination, rows)
@@ -275,8 +288,18 @@ def test_a_transient_failure_in_flight_resumes_after_the_accepted_prefix_with_it
     assert [r.attempts for r in results] == [1] * 4 + [3] * 6
 
 
-def test_a_long_session_goes_at_most_max_in_flight_at_a_time_in_order():
-    rows = [row(seq, "s1") for seq in range(150)]
+def test_a_transient_failure_in_a_session_delays_only_that_message_and_nothing_of_its_session_passes_it():
+    rows = [row(seq, "s1") for seq in range(10)]
+    destination = PartitionedDestination(dedupe=True, transient_failures={"m4": 2})
+    results = deliver(rows, destination, SendShapes(known={"orders": SendShape.SINGLE_MESSAGES}))
+    assert_all_delivered_once_in_order(results, destination, rows)
+    assert destination.stored == [f"m{seq}" for seq in range(10)]
+    assert set(destination.singly_calls) == {1}  # one at a time: nothing of s1 in flight behind m4
+    assert [r.attempts for r in results] == [1] * 4 + [3] + [1] * 5
+
+
+def test_a_long_keyless_run_goes_at_most_max_in_flight_at_a_time_in_order():
+    rows = [row(seq) for seq in range(150)]
     destination = PartitionedDestination(dedupe=True)
     results = deliver(rows, destination, SendShapes(known={"orders": SendShape.SINGLE_MESSAGES}))
     assert_all_delivered_once_in_order(results, destination, rows)

@@ -10,9 +10,11 @@ PartitionKey, or MessageId is not supported". So:
   a partitioned one needs it, and on any other it costs nothing that can be seen (order is only
   observable per session, and a session's messages share their key);
 - a partitioned destination with duplicate detection gets one message per send
-  (``SendShape.SINGLE_MESSAGES``), with up to ``MAX_IN_FLIGHT`` of them in flight on its link at
-  once, in order (a link keeps the order of its transfers), so that it is not fed at one message
-  per round trip.
+  (``SendShape.SINGLE_MESSAGES``). Keyless ones (no session, no partition key: the service spreads
+  them over its partitions by MessageId, so it keeps no order among them) go up to ``MAX_IN_FLIGHT``
+  in flight on its link at once, so that it is not fed at one message per round trip. A session's or
+  partition key's go one after the other: in flight, a transient refusal of one while the next was
+  stored would put it after that one, and order per session is an invariant.
 
 Where the administration API answers, the shape is known before the first send
 (``shape_for``). Elsewhere a batch's refusal for its shape teaches the sender: it sends that batch
@@ -56,16 +58,20 @@ def batch_key(session_id: str | None, partition_key: str | None) -> tuple[str | 
 
 def next_send_size(shape: SendShape, messages: Sequence[Keyed], largest: int | None = None) -> int:
     """How many of ``messages`` (a destination's next ones, in order) go in its next send: one batch of
-    the first message's key, or, for single messages, how many go in flight at once (each its own send).
+    the first message's key, or, for single messages, how many go in flight at once (each its own send:
+    keyless ones up to ``MAX_IN_FLIGHT``, a session's or key's one).
     ``largest``: what else bounds it (the pacer, a refused send being narrowed down). At least 1 when
     there are messages."""
     if not messages:
         return 0
     # a batch is cut further by the service's limits where it is sent (``servicebus.send``: 4,500, 1 MB)
-    cap = MAX_IN_FLIGHT if shape is SendShape.SINGLE_MESSAGES else len(messages)
+    key = batch_key(messages[0].session_id, messages[0].partition_key)
+    if shape is SendShape.SINGLE_MESSAGES:
+        cap = MAX_IN_FLIGHT if key == (None, None) else 1  # a session's, a key's: one at a time, in order
+    else:
+        cap = len(messages)
     if largest is not None:
         cap = max(1, min(cap, largest))
-    key = batch_key(messages[0].session_id, messages[0].partition_key)
     count = 1
     while count < min(cap, len(messages)) and batch_key(messages[count].session_id, messages[count].partition_key) == key:
         count += 1
