@@ -104,8 +104,9 @@ def start_planners(spark) -> None:
 class BacklogWindow(InputPartition):
     """Messages ``start <= sequence number < end`` of one backlog queue (``batch_queues``: every queue
     of the batch, whose links a process opens together the first time). A partitioned queue's window is one
-    range per partition lane (``lanes``, by partition; ``start`` and ``end`` then are the first's), read one
-    after the other by the one task that sends the queue's rows: partition by partition, each in order."""
+    range per partition lane (``lanes``, by partition; ``start`` and ``end`` then are the first's), read at
+    once, each on a link of its own, by the one task that sends the queue's rows, and yielded partition by
+    partition, each in order."""
 
     queue: str
     start: int
@@ -143,21 +144,54 @@ def read_window(namespace: NamespaceConfig, window: BacklogWindow):
     has nothing left to read; a pooled link to a queue deleted and created since says "not found" too,
     so that is asked again on a fresh link.
     """
-    from backlog_syphon.servicebus.clients import open_peek_receivers, pooled_receiver
+    from backlog_syphon.servicebus.clients import open_peek_receivers
 
     open_peek_receivers(namespace, window.batch_queues)  # pooled: at once, the first time in this process
-    for start, end in window.ranges:  # a partitioned queue's lanes one after the other, each in order
-        reader = _WindowReader(window.queue, start, end)
-        for fresh_link in (False, True):
-            try:
-                with pooled_receiver(namespace, window.queue) as receiver:  # a failed link is dropped from the pool
-                    yield from reader.pages(receiver)
-                break
-            except BacklogQueueMissingError:
-                if fresh_link:
-                    logger.warning("backlog=%s no longer exists: the rest of its window [%d, %d) went with it",
-                                   window.queue, reader.read.position, end)
-                    return
+    if not window.lanes:
+        yield from _read_range(namespace, window.queue, window.queue, window.start, window.end)
+        return
+    yield from _read_lanes_at_once(namespace, window)
+
+
+def _read_lanes_at_once(namespace: NamespaceConfig, window: BacklogWindow):
+    """A partitioned queue's lanes, each read on a link of its own at once, yielded partition by partition,
+    each in order. A peek answers from one partition, perhaps one message a call (as reported of the
+    service): one lane after the other, a window of a queue's 16 would cost 16 lanes' round trips end to
+    end. The rows wait in memory until their lane's turn: a window is bounded by the batch's messages."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from backlog_syphon.partitions import lane_key, partition_of
+    from backlog_syphon.servicebus.clients import open_peek_receivers
+
+    links = [lane_key(window.queue, partition_of(start)) for start, _ in window.lanes]
+    open_peek_receivers(namespace, links)
+    with ThreadPoolExecutor(max_workers=len(links), thread_name_prefix="lane-read") as pool:
+        lanes = [pool.submit(_read_whole_range, namespace, window.queue, link, start, end)
+                 for link, (start, end) in zip(links, window.lanes)]
+        for lane in lanes:
+            yield from lane.result()
+
+
+def _read_whole_range(namespace: NamespaceConfig, queue: str, link: str, start: int, end: int) -> list:
+    return list(_read_range(namespace, queue, link, start, end))
+
+
+def _read_range(namespace: NamespaceConfig, queue: str, link: str, start: int, end: int):
+    """The record batches of ``[start, end)`` of ``queue``, peeked through the pooled link ``link`` (the queue's,
+    or one lane's)."""
+    from backlog_syphon.servicebus.clients import pooled_receiver
+
+    reader = _WindowReader(queue, start, end)
+    for fresh_link in (False, True):
+        try:
+            with pooled_receiver(namespace, link) as receiver:  # a failed link is dropped from the pool
+                yield from reader.pages(receiver)
+            return
+        except BacklogQueueMissingError:
+            if fresh_link:
+                logger.warning("backlog=%s no longer exists: the rest of its window [%d, %d) went with it",
+                               queue, reader.read.position, end)
+                return
 
 
 class _WindowReader:
