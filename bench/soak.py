@@ -22,7 +22,8 @@ queues empty (none dead-lettered). Any of these failing fails the bench (exit co
 Measured (``bench/soak_sampler.py``): each batch's ``foreachBatch`` seconds and its step split (plan,
 read+send, aggregate, record) from the sink's batch line in the job's log; every ``--sample-seconds``
 the resident memory of the job's processes (its Python driver, the JVM, PySpark's daemon and workers)
-and the state tables' files on disk (the audit table's data files and ``_delta_log`` entries; the
+and the state tables' files (the audit table's data files, those it holds now as its log says, and its
+``_delta_log`` entries on disk; the
 checkpoint table's and the streaming checkpoint's in the JSON); every ``--heap-seconds`` the JVM's
 heap after a full GC (jcmd). The ``--status`` command's wall time (a fresh process against the same
 configuration and state, while the job runs) after about 20 batches and at the end.
@@ -277,8 +278,9 @@ def print_report(figures: dict, rows, targets) -> None:
     print()
     print("\n".join(report.format_table(report.TENTH_HEADER, [report.tenth_cells(r) for r in rows])))
     print("fb: foreachBatch seconds (median, p95) and its steps' medians; lat: written -> received; RSS: the job's "
-          "processes together (median of the tenth's samples); heap: the JVM's after a full GC; audit files, log "
-          "entries: the audit table's data files and _delta_log files on disk at the tenth's last sample")
+          "processes together (median of the tenth's samples); heap: the JVM's after a full GC; audit files: the data "
+          "files the audit table holds (its log replayed; compacted-away ones stay on disk until VACUUM, in the JSON), "
+          "log entries: its _delta_log files on disk, at the tenth's last sample")
     print()
     print("\n".join(report.format_table(report.TARGET_HEADER, [report.target_cells(t) for t in targets])))
     print(f"messages: {figures['written']} written, {figures['received']} received, {figures['lost']} lost, "

@@ -35,7 +35,7 @@ class Sample:
     at: float  # epoch seconds
     rss_mb: float | None = None  # the job's processes together
     heap_mb: float | None = None  # the JVM's heap in use right after a full GC
-    audit_files: int | None = None  # the audit table's data files on disk
+    audit_files: int | None = None  # the audit table's data files (what it holds now; on disk: in state_files)
     audit_log_entries: int | None = None  # files in its _delta_log
     # The other state's files on disk (the checkpoint table's, the streaming checkpoint's offsets and commits):
     # in the JSON only.

@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import json
 import re
 import subprocess
 import threading
@@ -117,6 +118,31 @@ def table_files(table: Path) -> tuple[int, int]:
     return data, entries
 
 
+class LiveFiles:
+    """The data files a Delta table holds now (what a reader lists and opens), from its ``_delta_log``:
+    each commit's ``add`` and ``remove`` actions replayed in version order, each commit read once.
+
+    Not the files on disk: a compaction removes its small files from the table at once, but they stay
+    on disk until ``VACUUM`` deletes them (7 days later). The replay starts at version 0, which the log
+    keeps for ``delta.logRetentionDuration`` (7 days), far longer than a soak."""
+
+    def __init__(self, table: Path):
+        self.log = table / "_delta_log"
+        self.live: set[str] = set()
+        self.next_version = 0
+
+    def count(self) -> int:
+        while (commit := self.log / f"{self.next_version:020d}.json").exists():
+            for line in commit.read_text().splitlines():
+                action = json.loads(line) if line.strip() else {}
+                if "add" in action:
+                    self.live.add(action["add"]["path"])
+                elif "remove" in action:
+                    self.live.discard(action["remove"]["path"])
+            self.next_version += 1
+        return len(self.live)
+
+
 def folder_files(folder: Path) -> int:
     return sum(1 for p in folder.rglob("*") if p.is_file() and not p.name.startswith(".")) if folder.exists() else 0
 
@@ -137,6 +163,7 @@ class JobSampler:
         self.root, self.state = root, state
         self.interval, self.heap_interval = interval, heap_interval
         self.samples: list[Sample] = []
+        self._audit = LiveFiles(state / AUDIT_TABLE)
         self._done = threading.Event()
         self._thread = threading.Thread(target=self._run, name="soak-sampler", daemon=True)
 
@@ -163,5 +190,6 @@ class JobSampler:
         if heap:
             jvm = next((pid for pid in pids if is_jvm(pid)), None)
             heap_mb = heap_after_gc_mb(jvm) if jvm is not None else None
-        files, entries = table_files(self.state / AUDIT_TABLE)
-        return Sample(time.time(), sum(sizes) if sizes else None, heap_mb, files, entries, state_files(self.state))
+        on_disk, entries = table_files(self.state / AUDIT_TABLE)
+        return Sample(time.time(), sum(sizes) if sizes else None, heap_mb, self._audit.count(), entries,
+                      {**state_files(self.state), "audit data files on disk": on_disk})

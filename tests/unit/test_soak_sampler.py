@@ -48,3 +48,24 @@ def test_heap_in_use_sums_the_generations_not_the_metaspace():
     g1 = " garbage-first heap   total 262144K, used 51200K [0x1, 0x2)\n  region size 1024K\n"
     assert soak_sampler.heap_used_mb(g1) == 50.0
     assert soak_sampler.heap_used_mb("12345:\nAttachNotSupportedException") is None
+
+
+def test_live_files_replays_the_delta_log_so_compacted_away_files_no_longer_count(tmp_path):
+    import json
+
+    from soak_sampler import LiveFiles
+
+    log = tmp_path / "audit" / "_delta_log"
+    log.mkdir(parents=True)
+
+    def commit(version, *actions):
+        (log / f"{version:020d}.json").write_text("\n".join(json.dumps(a) for a in actions) + "\n")
+
+    live = LiveFiles(tmp_path / "audit")
+    assert live.count() == 0  # no table yet
+    commit(0, {"metaData": {}}, {"add": {"path": "a.parquet"}})
+    commit(1, {"add": {"path": "b.parquet"}})
+    assert live.count() == 2
+    commit(2, {"remove": {"path": "a.parquet"}}, {"remove": {"path": "b.parquet"}}, {"add": {"path": "c.parquet"}})
+    assert live.count() == 1  # a compaction: two small files out, one in (on disk: three until VACUUM)
+    assert live.next_version == 3  # each commit read once
