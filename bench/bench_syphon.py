@@ -248,10 +248,10 @@ def emulator_config(scenario: Scenario | None):
                     if entity["name"] in backlog_queue_names():
                         entity["enable_partitioning"] = True
         elif namespace["name"] == PRIMARY and scenario.destinations is not DestinationShape.PLAIN:
-            for entity in entities:
+            dedupe = scenario.destinations is DestinationShape.PARTITIONED_DEDUPE
+            for entity in entities:  # (conf/emulator.yaml's orders deduplicates: off here unless the row's is)
                 entity["enable_partitioning"] = True
-                if scenario.destinations is DestinationShape.PARTITIONED_DEDUPE:
-                    entity["duplicate_detection_window_seconds"] = 600
+                entity["duplicate_detection_window_seconds"] = 600 if dedupe else 0
     return EmulatorConfig.from_dict(raw, source="conf/emulator.yaml")
 
 
