@@ -222,8 +222,11 @@ def backlog_emulator(scenario: Scenario | None, geometry: Geometry, args):
             backlog = realistic_backlog(scenario.messages, seed=args.seed, body_size=scenario.body_size,
                                         session_share=scenario.session_share, sessions=scenario.sessions)
             with batch_headroom():
+                # A partitioned backlog queue takes a batch into one partition whole: the legacy client's
+                # copies one transfer each, so that they go round the partitions as they did on the day.
                 written = write_backlog(config.secondary, config.primary.namespace, backlog, queue_count=BACKLOG_QUEUES,
-                                        seed=args.seed, first_queue_share=scenario.first_queue_share)
+                                        seed=args.seed, first_queue_share=scenario.first_queue_share,
+                                        singly=scenario.backlog_partitioned)
             if backlog_left(emu) != (scenario.messages, 0):
                 raise BenchFailure(f"the backlog holds {backlog_left(emu)} (stored, dead-lettered) after "
                                    f"writing {scenario.messages} messages")

@@ -108,13 +108,14 @@ def send_legacy_backlog(secondary, per_queue: dict[str, list[OriginalMessage]], 
 
 def write_backlog(secondary, primary_namespace: str, messages: Iterable[OriginalMessage], *, queue_count: int = 10,
                   senders: int = 40, seed: int = 0, raw_overrides: dict | None = None,
-                  first_queue_share: float | None = None) -> dict[str, int]:
+                  first_queue_share: float | None = None, singly: bool = False) -> dict[str, int]:
     """Send ``messages`` to the backlog queues as legacy clients would; returns count per queue.
 
     A message's sender is chosen by its destination and session (so a session stays in one queue)
     or, without a session, by its position in chunks; each sender sticks to one random queue.
     ``first_queue_share``: about that share of the senders' messages go to queue 0 instead (a skewed
     backlog, as when one busy sender kept writing through the outage).
+    ``singly``: one transfer per message (``send_legacy_backlog``).
     """
     rng = random.Random(seed)
     sender_queue = [backlog_queue_name(primary_namespace, rng.randrange(queue_count)) for _ in range(senders)]
@@ -126,7 +127,7 @@ def write_backlog(secondary, primary_namespace: str, messages: Iterable[Original
             per_queue[backlog_queue_name(primary_namespace, 0)].append(message)
         else:
             per_queue[sender_queue[digest % senders]].append(message)
-    send_legacy_backlog(secondary, per_queue)
+    send_legacy_backlog(secondary, per_queue, singly=singly)
     return {queue: len(batch) for queue, batch in sorted(per_queue.items())}
 
 
