@@ -109,6 +109,10 @@ def test_a_long_continuous_run_keeps_the_audits_files_bounded_and_records_every_
         written = len(trickle.written)
         assert wait_for(lambda: _arrived(emulator) >= written or not query.isActive, 120), \
             f"only {_arrived(emulator)} of {written} arrived ({query.exception()})"
+        # Arrived is not recorded: stop only once the batch that sent the last ones has its audit rows, so
+        # that the stop never lands inside it (a stop mid-batch fails that batch, and it replays next run).
+        assert wait_for(lambda: not query.isActive or spark.read.format("delta").load(audit)
+                        .where("outcome = 'delivered'").count() >= written, 120), "the last batch was not recorded"
         assert query.isActive and query.exception() is None, f"a batch failed: {query.exception()}"
     finally:
         trickle.stop.set()
