@@ -147,6 +147,7 @@ def test_a_long_continuous_run_keeps_the_audits_files_bounded_and_records_every_
     assert upkeep.properties_to_set(properties, tables.AUDIT_TABLE_PROPERTIES) == {}
     versions = [_version(spark, path) for path in (audit, checkpoint)]
     tables.create_tables(spark, audit, checkpoint, config.storage.resolved_lease_table)
+    tables.set_upkeep_properties(spark, audit, checkpoint, config.storage.resolved_lease_table)
     assert [_version(spark, path) for path in (audit, checkpoint)] == versions
 
     # --status reads the audit from the oldest purge mark's day on: Delta prunes the partitions before it.

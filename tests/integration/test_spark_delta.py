@@ -195,12 +195,13 @@ def test_the_tables_are_created_with_their_upkeep_and_an_older_table_gets_it_at_
     assert all(properties(table)["delta.logRetentionDuration"] == "interval 7 days"
                and properties(table)["delta.deletedFileRetentionDuration"] == "interval 7 days" for table in names)
 
-    # A table an older version made (Delta's defaults) gets them when a run starts, in one commit; the
-    # start after that commits nothing.
+    # A table an older version made (Delta's defaults) gets its columns when a run starts, and its
+    # properties once the run holds the lease, in one commit; the start after that commits nothing.
     older = str(tmp_path / "older_checkpoint")
     spark.sql(f"CREATE TABLE delta.`{older}` (backlog_queue STRING) USING DELTA")
     for _ in range(2):
-        tables.create_table(spark, older, tables.CHECKPOINT_SCHEMA, (), tables.REWRITTEN_TABLE_PROPERTIES)
+        assert not tables.create_table(spark, older, tables.CHECKPOINT_SCHEMA, (), tables.REWRITTEN_TABLE_PROPERTIES)
+        tables.set_upkeep_properties(spark, names[0], older, names[2])
     assert upkeep.properties_to_set(properties(older), tables.REWRITTEN_TABLE_PROPERTIES) == {}
     operations = [row["operation"] for row in spark.sql(f"DESCRIBE HISTORY delta.`{older}`").collect()]
     assert operations.count("SET TBLPROPERTIES") == 1, operations

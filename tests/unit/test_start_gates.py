@@ -34,6 +34,9 @@ def table(monkeypatch):
     monkeypatch.setattr(probes, "executor_preflight", lambda spark, config: None)
     monkeypatch.setattr(entities, "destination_shapes", lambda namespace: {})
     monkeypatch.setattr(syphon, "start_planners", lambda spark: None)
+    table.upkeep_set = []  # the runs' property commits, with the lease holder they found
+    monkeypatch.setattr(tables, "set_upkeep_properties",
+                        lambda spark, *names: table.upkeep_set.append((names, table.row and table.row.run_id)))
     return table
 
 
@@ -87,6 +90,26 @@ def test_state_is_not_new_when_the_tables_existed_or_the_lease_had_a_holder_befo
     started, _ = gates(clock)
     started.wait()
     assert table.row.epoch == 2 and not started.state_is_new
+
+
+def test_older_tables_get_their_upkeep_properties_only_under_the_runs_lease(table, monkeypatch):
+    """A property change fails every append it races (Delta's MetadataChangedException): a start makes it
+    once it holds the lease, never while another run does, and a run that created the tables needs none."""
+    monkeypatch.setattr(tables, "create_tables", lambda spark, audit, checkpoint, lease: set())  # all there
+    table.row = new_lease("sb-host/contoso", "run-b", "elsewhere", 7, T0, 300)
+    with pytest.raises(LeaseHeldError):
+        gates()[0].wait()
+    assert table.upkeep_set == []  # run-b still appends
+
+    table.row = new_lease("sb-host/contoso", "run-b", "elsewhere", 7, T0 - dt.timedelta(seconds=600), 300)  # expired
+    gates()[0].wait()
+    assert table.upkeep_set == [(("/state/audit", "/state/checkpoint", "/state/lease"), "run-a")]
+
+    table.upkeep_set.clear()
+    monkeypatch.setattr(tables, "create_tables", lambda spark, *names: set(names))
+    table.row = None
+    gates()[0].wait()
+    assert table.upkeep_set == []
 
 
 def test_an_executor_check_that_fails_starts_nothing_and_gives_the_lease_back(table, monkeypatch):

@@ -108,6 +108,9 @@ class StartGates:
                     on_free=None if tables_new else lambda: reads.append(reader.submit(read_recovery, spark,
                                                                                        storage)))
                 timeline.mark(Milestone.LEASE_TAKEN)
+                if not tables_new:  # under the lease: its property commit fails no other run's append
+                    tables.set_upkeep_properties(spark, storage.audit_table, storage.checkpoint_table,
+                                                 storage.resolved_lease_table)
                 self.state_is_new = tables_new and lease.epoch == 1
                 keeper.start_heartbeat(spark)
                 if reads:

@@ -104,7 +104,8 @@ def create_table(spark: SparkSession, table: str, schema: StructType, partition_
     """Create ``table`` with exactly ``schema`` unless it exists, so its schema never depends on how its
     first writer spelled its types (a Spark Connect write declares strings with a collation, which
     other Delta readers refuse). Two runs creating it at once: one creates it, the other finds it.
-    A table an older version made gets the columns it lacks (nullable: its rows predate them).
+    A table an older version made gets the columns it lacks (nullable: its rows predate them), and not
+    the ``properties`` it lacks: those wait for the lease (``set_missing_properties``).
     True when this call created it (empty), False when it existed or another run created it."""
     existing = existing_table(spark, table)
     if existing is not None:
@@ -112,7 +113,6 @@ def create_table(spark: SparkSession, table: str, schema: StructType, partition_
         if missing:
             spark.sql(f"ALTER TABLE {sql_name(table)} ADD COLUMNS "
                       f"({', '.join(_ddl(f, constraints=False) for f in missing)})")
-        _set_missing_properties(spark, table, properties)
         return False
     columns = ", ".join(_ddl(f) for f in schema.fields)
     clauses = f" PARTITIONED BY ({', '.join(partition_by)})" if partition_by else ""
@@ -130,10 +130,14 @@ def create_table(spark: SparkSession, table: str, schema: StructType, partition_
     return True
 
 
-def _set_missing_properties(spark: SparkSession, table: str, properties: tuple[tuple[str, str], ...]) -> None:
+def set_missing_properties(spark: SparkSession, table: str, properties: tuple[tuple[str, str], ...]) -> None:
     """Give a table an older version created the ``properties`` it lacks or holds otherwise (one commit,
     once: a start that finds them all as wanted commits nothing). Two runs doing so at once: one commit
-    wins, the other finds it done next time."""
+    wins, the other finds it done next time.
+
+    A property change is a metadata commit, and Delta fails every concurrent append with it
+    (``MetadataChangedException``): a run makes it only once it holds the lease of its state tables
+    (``set_upkeep_properties``), when no other run appends to them."""
     if not properties:
         return
     try:
@@ -181,6 +185,17 @@ def create_tables(spark: SparkSession, audit_table: str, checkpoint_table: str, 
                        (checkpoint_table, CHECKPOINT_SCHEMA, (), REWRITTEN_TABLE_PROPERTIES),
                        (lease_table, LEASE_SCHEMA, (), REWRITTEN_TABLE_PROPERTIES))}
         return {table for table, future in created.items() if future.result()}
+
+
+def set_upkeep_properties(spark: SparkSession, audit_table: str, checkpoint_table: str, lease_table: str) -> None:
+    """Give the three tables the upkeep properties an older version did not (``set_missing_properties``),
+    at once: a start that finds them set pays one round trip, not three."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=3, thread_name_prefix="table-upkeep") as pool:
+        list(pool.map(lambda pair: set_missing_properties(spark, *pair),
+                      ((audit_table, AUDIT_TABLE_PROPERTIES), (checkpoint_table, REWRITTEN_TABLE_PROPERTIES),
+                       (lease_table, REWRITTEN_TABLE_PROPERTIES))))
 
 
 def read_checkpoint(spark: SparkSession, checkpoint_table: str) -> dict[str, CheckpointRow]:
@@ -376,15 +391,21 @@ def write_lease(spark: SparkSession, lease_table: str, lease: Lease, *, confirm:
 
 def append_run(spark: SparkSession, runs_table: str, row: RunRow) -> None:
     """Append a run's row, creating the table first where it does not exist (a table an older version
-    made gets the columns it lacks, as the others do). Runs append blindly, so two never conflict; on a
-    local path their commits still take turns (``commit_lock``)."""
-    create_table(spark, runs_table, RUNS_SCHEMA, properties=RUNS_TABLE_PROPERTIES)
+    made gets the columns and the properties it lacks). Runs append blindly, so two never conflict, except
+    with the one property change an upgrade makes (the runs table is no one lease's): such an append is
+    made again. On a local path the commits take turns (``commit_lock``)."""
+    if not create_table(spark, runs_table, RUNS_SCHEMA, properties=RUNS_TABLE_PROPERTIES):
+        set_missing_properties(spark, runs_table, RUNS_TABLE_PROPERTIES)
     writer = local_frame(spark, [row], RUNS_SCHEMA).write.format("delta").mode("append")
-    with commit_lock(spark, runs_table):
-        if _is_path(runs_table):
-            writer.save(runs_table)
-        else:
-            writer.saveAsTable(runs_table)
+
+    def append() -> None:
+        with commit_lock(spark, runs_table):
+            if _is_path(runs_table):
+                writer.save(runs_table)
+            else:
+                writer.saveAsTable(runs_table)
+
+    upkeep.retried(append, is_commit_conflict, f"the runs table's append to {runs_table}")
 
 
 def read_runs(spark: SparkSession, runs_table: str, limit: int) -> list[RunRow]:
