@@ -1,6 +1,7 @@
 """The continuous syphon over a long life: does the thousandth batch cost what the first did?
 
     make soak SOAK_ARGS="--batches 40"      # a short run; the default is 2,000 batches (about 70 minutes)
+    # Ctrl-C (SIGINT to this process) ends a run early: the run stops as after its last batch, and reports.
     PYTHONPATH=lib:emulator/src .venv/bin/python bench/soak.py [--batches N | --minutes M] [--rate R]
         [--library PATH] [--json PATH]
 
@@ -151,26 +152,34 @@ class Soak:
         self.progress("the job's query runs: writing")
 
     def run(self) -> list[BatchFigure]:
-        """Until ``--batches`` batches (or ``--minutes``): the batches of the run, the status timed early and at
-        the end."""
+        """Until ``--batches`` batches (or ``--minutes``), or a Ctrl-C (SIGINT), which ends the run early and
+        keeps its figures: the batches of the run, the status timed early and at the end."""
         args = self.args
         early = STATUS_EARLY_BATCHES if args.minutes else min(STATUS_EARLY_BATCHES, max(1, args.batches // 2))
         deadline = time.monotonic() + args.minutes * 60 if args.minutes else None
-        reported = 0
-        while True:
-            done = len(self.log.read())
-            if done >= early and "early" not in self.status:
-                self.time_status("early", done)
-            if (time.monotonic() >= deadline) if deadline is not None else done >= args.batches:
-                break
-            if self.job.poll() is not None:
-                raise SoakFailure(f"the job exited ({self.job.returncode}) after {done} batches:\n{self.tail()}")
-            if self.traffic.error is not None:
-                self.traffic.stop()  # raises what stopped the writing
-            if done >= reported + max(1, args.batches // 10):
-                reported = done
-                self.progress(f"{done} batches, {len(self.traffic.written)} written, {self.receiver.count()} received")
-            time.sleep(1.0)
+        reported = done = 0
+        try:
+            while True:
+                done = len(self.log.read())
+                if done >= early and "early" not in self.status:
+                    self.time_status("early", done)
+                if (time.monotonic() >= deadline) if deadline is not None else done >= args.batches:
+                    break
+                if self.job.poll() is not None:
+                    raise SoakFailure(f"the job exited ({self.job.returncode}) after {done} batches:\n{self.tail()}")
+                if self.traffic.error is not None:
+                    self.traffic.stop()  # raises what stopped the writing
+                if done >= reported + max(1, args.batches // 10):
+                    reported = done
+                    self.progress(f"{done} batches, {len(self.traffic.written)} written, {self.receiver.count()} "
+                                  f"received")
+                time.sleep(1.0)
+        except KeyboardInterrupt:
+            # The job runs in its own process group: the terminal's SIGINT reached this process only.
+            self.progress(f"interrupted after {done} batches: the run ends here, its report follows "
+                          f"(a second Ctrl-C abandons it)")
+            if self.status_run is not None and self.status_run.poll() is None:
+                self.status_run.wait()  # an early status in flight: it finishes, unrecorded
         self.time_status("end", done)
         return self.log.batches[:done]  # the batches after (the drain at the end) are not the run's
 
