@@ -12,11 +12,14 @@ from azure.servicebus.exceptions import MessagingEntityNotFoundError
 
 from backlog_syphon.servicebus.sdk_internals import attach, peek_stored_bytes, prompt
 from servicebus_emulator import Emulator, EmulatorConfig
+from tools.testing import drain_destinations
 
 LATENCY_MS = 40
+FAR_MS = 400  # a one-way delay longer than the drain's receive wait below
 CONFIG = {"namespaces": [
     {"name": "fast", "port": 0, "queues": [{"name": "q"}]},
     {"name": "slow", "port": 0, "latency_ms": LATENCY_MS, "queues": [{"name": "q"}]},
+    {"name": "far", "port": 0, "latency_ms": FAR_MS, "queues": [{"name": "q"}]},
 ]}
 
 
@@ -65,3 +68,25 @@ def test_a_prompt_link_to_a_missing_entity_fails_with_the_sdks_own_error(emulato
         for wrap in (prompt, lambda handler: handler):  # the same error, with and without
             with pytest.raises(MessagingEntityNotFoundError), wrap(client.get_queue_sender("no-such-queue")) as sender:
                 sender.send_messages(ServiceBusMessage("lost"))
+
+
+def test_a_drain_takes_everything_though_the_first_message_comes_later_than_a_receives_wait(emulator):
+    """The tests' drain stopped at its first empty receive: with the first message slower to arrive than
+    the receive's wait (a busy CI machine), it reported a destination full of messages empty. It now stops
+    only once a peek finds nothing receivable; a scheduled message does not keep it waiting."""
+    import datetime
+
+    bodies = [f"far-{n}" for n in range(5)]
+    connection_string = emulator.connection_string("far")
+    with ServiceBusClient.from_connection_string(connection_string, retry_total=0) as client:
+        with prompt(client.get_queue_sender("q")) as sender:
+            sender.send_messages([ServiceBusMessage(body, message_id=body) for body in bodies])
+            later = datetime.datetime.now(datetime.timezone.utc) + datetime.timedelta(hours=1)
+            sender.schedule_messages(ServiceBusMessage("later", message_id="later"), later)
+
+    drained = drain_destinations(connection_string, ["q"], max_wait_seconds=0.2)
+
+    assert [message.message_id for message in drained["q"]] == bodies
+    with ServiceBusClient.from_connection_string(connection_string, retry_total=0) as client:
+        with prompt(client.get_queue_receiver("q")) as receiver:
+            assert [m.message_id for m in receiver.peek_messages(max_message_count=5, sequence_number=1)] == ["later"]
