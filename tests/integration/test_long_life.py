@@ -145,7 +145,8 @@ def test_a_long_continuous_run_keeps_the_audits_files_bounded_and_records_every_
 
     # A second start finds every property as wanted: no commit.
     properties = upkeep.table_properties(spark, tables.sql_name(audit))
-    assert upkeep.properties_to_set(properties, tables.AUDIT_TABLE_PROPERTIES) == {}
+    assert upkeep.properties_to_set(properties, tables.with_retention(tables.AUDIT_TABLE_PROPERTIES,
+                                                                       config.storage.table_retention_days)) == {}
     versions = [_version(spark, path) for path in (audit, checkpoint)]
     tables.create_tables(spark, audit, checkpoint, config.storage.resolved_lease_table)
     tables.set_upkeep_properties(spark, audit, checkpoint, config.storage.resolved_lease_table)

@@ -189,22 +189,26 @@ def test_the_tables_are_created_with_their_upkeep_and_an_older_table_gets_it_at_
         return {row["key"]: row["value"] for row in spark.sql(f"SHOW TBLPROPERTIES delta.`{table}`").collect()}
 
     # The audit is appended to (a log checkpoint every 10 commits, auto compaction); the others are
-    # rewritten whole (every 50, one live file each); all keep a 7-day window.
+    # rewritten whole (every 50, one live file each); all keep a 1-day window by default.
     assert [properties(table).get("delta.checkpointInterval") for table in names] == ["10", "50", "50"]
     assert [properties(table).get("delta.autoOptimize.autoCompact") for table in names] == ["true", None, None]
-    assert all(properties(table)["delta.logRetentionDuration"] == "interval 7 days"
-               and properties(table)["delta.deletedFileRetentionDuration"] == "interval 7 days" for table in names)
+    assert all(properties(table)["delta.logRetentionDuration"] == "interval 1 days"
+               and properties(table)["delta.deletedFileRetentionDuration"] == "interval 1 days" for table in names)
 
     # A table an older version made (Delta's defaults) gets its columns when a run starts, and its
     # properties once the run holds the lease, in one commit; the start after that commits nothing.
     older = str(tmp_path / "older_checkpoint")
     spark.sql(f"CREATE TABLE delta.`{older}` (backlog_queue STRING) USING DELTA")
+    wanted = tables.with_retention(tables.REWRITTEN_TABLE_PROPERTIES, 3)
     for _ in range(2):
-        assert not tables.create_table(spark, older, tables.CHECKPOINT_SCHEMA, (), tables.REWRITTEN_TABLE_PROPERTIES)
-        tables.set_upkeep_properties(spark, names[0], older, names[2])
-    assert upkeep.properties_to_set(properties(older), tables.REWRITTEN_TABLE_PROPERTIES) == {}
+        assert not tables.create_table(spark, older, tables.CHECKPOINT_SCHEMA, (), wanted)
+        tables.set_upkeep_properties(spark, names[0], older, names[2], retention_days=3)
+    assert upkeep.properties_to_set(properties(older), wanted) == {}
     operations = [row["operation"] for row in spark.sql(f"DESCRIBE HISTORY delta.`{older}`").collect()]
     assert operations.count("SET TBLPROPERTIES") == 1, operations
+    # The 1-day tables moved to the 3-day window in that same start (one commit each), Delta's rule kept:
+    # the log's window is never shorter than the files'.
+    assert all(properties(table)["delta.logRetentionDuration"] == "interval 3 days" for table in names)
 
 
 def test_an_audit_table_an_older_version_wrote_gets_the_redrive_columns(spark, tmp_path):

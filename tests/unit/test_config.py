@@ -96,6 +96,16 @@ def test_the_runs_and_lease_tables_sit_next_to_the_checkpoint_table_unless_named
     assert (named.storage.resolved_runs_table, named.run.log_format) == ("main.ops.runs", "json")
 
 
+def test_the_state_tables_keep_a_day_of_log_unless_told_otherwise(tmp_path):
+    assert load_config(write(tmp_path, BASE), environ=ENV).storage.table_retention_days == 1
+    config = load_config(write(tmp_path, BASE), environ={**ENV, "SYPHON__STORAGE__TABLE_RETENTION_DAYS": "7"})
+    assert config.storage.table_retention_days == 7
+    for value, message in (("0", "storage.table_retention_days must be at least 1"),
+                           ("a week", "storage.table_retention_days in")):
+        with pytest.raises(ConfigError, match=message):
+            load_config(write(tmp_path, BASE), environ={**ENV, "SYPHON__STORAGE__TABLE_RETENTION_DAYS": value})
+
+
 def test_missing_required_key(tmp_path):
     with pytest.raises(ConfigError, match="'primary.namespace' is required"):
         load_config(write(tmp_path, BASE.replace("namespace: contoso", "namespace: ''")), environ=ENV)

@@ -21,27 +21,39 @@ def mark(queue, enqueued: dt.datetime | None):
     return CheckpointRow(queue, 1, 40, ms, 40, ms, 3, "run", dt.datetime(2026, 12, 1, tzinfo=UTC), 40, 0, 0)
 
 
+AUDIT = tables.with_retention(tables.AUDIT_TABLE_PROPERTIES, upkeep.DEFAULT_RETENTION_DAYS)
+
+
 def test_a_table_holding_every_property_as_wanted_is_given_none_so_a_start_commits_nothing():
-    current = dict(tables.AUDIT_TABLE_PROPERTIES) | {"delta.minReaderVersion": "1"}
-    assert upkeep.properties_to_set(current, tables.AUDIT_TABLE_PROPERTIES) == {}
+    current = dict(AUDIT) | {"delta.minReaderVersion": "1"}
+    assert upkeep.properties_to_set(current, AUDIT) == {}
 
 
 def test_an_older_table_gets_only_the_properties_it_lacks_or_holds_otherwise():
     current = {"delta.dataSkippingStatsColumns": "batch_id,backlog_queue,sequence_number,enqueued_time,outcome",
                "delta.logRetentionDuration": "interval 30 days"}
-    assert upkeep.properties_to_set(current, tables.AUDIT_TABLE_PROPERTIES) == {
-        "delta.checkpointInterval": "10", "delta.logRetentionDuration": "interval 7 days",
-        "delta.deletedFileRetentionDuration": "interval 7 days", "delta.autoOptimize.autoCompact": "true"}
+    assert upkeep.properties_to_set(current, AUDIT) == {
+        "delta.checkpointInterval": "10", "delta.logRetentionDuration": "interval 1 days",
+        "delta.deletedFileRetentionDuration": "interval 1 days", "delta.autoOptimize.autoCompact": "true"}
 
 
-def test_the_tables_keep_a_seven_day_window_and_only_the_appended_ones_compact_themselves():
+def test_a_table_made_under_another_window_gets_the_configured_one():
+    seven_days = dict(tables.with_retention(tables.REWRITTEN_TABLE_PROPERTIES, 7))
+    assert upkeep.properties_to_set(seven_days, tables.with_retention(tables.REWRITTEN_TABLE_PROPERTIES, 1)) == {
+        "delta.logRetentionDuration": "interval 1 days", "delta.deletedFileRetentionDuration": "interval 1 days"}
+
+
+@pytest.mark.parametrize("days", [1, 3])
+def test_the_tables_keep_one_window_for_log_and_files_and_only_the_appended_ones_compact_themselves(days):
     for properties in (tables.AUDIT_TABLE_PROPERTIES, tables.REWRITTEN_TABLE_PROPERTIES, tables.RUNS_TABLE_PROPERTIES):
-        settings = dict(properties)
-        # Time travel needs both the log and the files: the same window, and VACUUM keeps at least it.
-        assert settings["delta.logRetentionDuration"] == settings["delta.deletedFileRetentionDuration"] == "interval 7 days"
+        settings = dict(tables.with_retention(properties, days))
+        # Time travel needs both the log and the files: the same window (Delta refuses a log window shorter
+        # than the files'), and VACUUM keeps at least it.
+        assert settings["delta.logRetentionDuration"] == settings["delta.deletedFileRetentionDuration"] == \
+            f"interval {days} days"
         # Never set: it would let Delta forget a batch's transaction version, and a replay append twice.
         assert "delta.setTransactionRetentionDuration" not in settings
-    assert upkeep.VACUUM_RETAIN_HOURS == 7 * 24
+    assert upkeep.vacuum_retain_hours(days) == days * 24
     assert dict(tables.AUDIT_TABLE_PROPERTIES)["delta.autoOptimize.autoCompact"] == "true"
     assert dict(tables.RUNS_TABLE_PROPERTIES)["delta.autoOptimize.autoCompact"] == "true"
     assert "delta.autoOptimize.autoCompact" not in dict(tables.REWRITTEN_TABLE_PROPERTIES)  # one live file each
@@ -80,12 +92,12 @@ def test_a_lost_commit_race_is_retried_and_anything_else_raised_at_once():
 
 
 def test_the_maintenance_report_names_each_table_and_fails_when_one_failed():
-    done = TableUpkeep("/data/audit", exists=True, files_removed=48, files_added=1, seconds=3.2)
+    done = TableUpkeep("/data/audit", exists=True, retain_hours=24, files_removed=48, files_added=1, seconds=3.2)
     missing = TableUpkeep("/data/checkpoint_runs", exists=False)
     report = MaintenanceReport((done, missing))
     assert not report.failed
     assert report.lines() == ["state tables (OPTIMIZE, then VACUUM):",
-                              "  /data/audit: compacted 48 file(s) into 1, vacuumed files older than 168 h (3.2 s)",
+                              "  /data/audit: compacted 48 file(s) into 1, vacuumed files older than 24 h (3.2 s)",
                               "  /data/checkpoint_runs: does not exist yet (nothing to do)", "maintenance done"]
     failed = MaintenanceReport((done, dataclasses.replace(done, table="/data/checkpoint", error="IOError: denied")))
     assert failed.failed and failed.lines()[2] == "  /data/checkpoint: FAILED: IOError: denied"

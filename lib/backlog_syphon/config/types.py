@@ -178,6 +178,10 @@ class StorageConfig:
     # and costs a run that crashed only a longer read of the audit. A run's clean end always writes them.
     checkpoint_interval_seconds: float = 60.0
     runs_table: str = ""  # one row per run; default: the checkpoint table's name + "_runs"
+    # The state tables' time-travel window, in days: how long their log entries and the files a compaction or
+    # rewrite replaced stay (``storage.upkeep``). Every commit lists the whole log folder on most file systems,
+    # so a longer window is a slower batch at a batch every few seconds (docs/running/table-upkeep.md).
+    table_retention_days: int = 1
 
     @property
     def resolved_lease_table(self) -> str:

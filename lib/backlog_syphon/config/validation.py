@@ -156,6 +156,9 @@ def _validate(origin: str, *, primary: PrimaryConfig, secondary: NamespaceConfig
     if storage.checkpoint_interval_seconds < 0:
         raise ConfigError(f"{origin}: storage.checkpoint_interval_seconds must be 0 (after every batch) or more, "
                           f"got {storage.checkpoint_interval_seconds:g}")
+    if storage.table_retention_days < 1:
+        raise ConfigError(f"{origin}: storage.table_retention_days must be at least 1 (Delta drops log entries a day "
+                          f"at a time), got {storage.table_retention_days}")
     if run.lease_seconds < 1:
         raise ConfigError(f"{origin}: run.lease_seconds must be at least 1")
     if run.max_single_batch_messages < 1:

@@ -82,7 +82,7 @@ class RunRecorder:
                       per_destination=per_destination, remaining=remaining, batches=batches, earlier=earlier)
         table = self.config.storage.resolved_runs_table
         try:
-            tables.append_run(self.spark, table, row)
+            tables.append_run(self.spark, table, row, retention_days=self.config.storage.table_retention_days)
         except Exception as exc:  # noqa: BLE001 - the run's outcome stands; only its record is missing
             logger.warning("run_id=%s not recorded in the runs table %s (%s); the run's exit code stands",
                            self.run_id, table, type(exc).__name__)

@@ -96,7 +96,7 @@ class StartGates:
 
         def take_lease() -> None:
             created = tables.create_tables(spark, storage.audit_table, storage.checkpoint_table,
-                                           storage.resolved_lease_table)
+                                           storage.resolved_lease_table, retention_days=storage.table_retention_days)
             timeline.mark(Milestone.TABLES_READY)
             tables_new = {storage.audit_table, storage.checkpoint_table} <= created
             reads: list[Future] = []  # one per time the lease was found free: the last one counts
@@ -110,7 +110,8 @@ class StartGates:
                 timeline.mark(Milestone.LEASE_TAKEN)
                 if not tables_new:  # under the lease: its property commit fails no other run's append
                     tables.set_upkeep_properties(spark, storage.audit_table, storage.checkpoint_table,
-                                                 storage.resolved_lease_table)
+                                                 storage.resolved_lease_table,
+                                                 retention_days=storage.table_retention_days)
                 self.state_is_new = tables_new and lease.epoch == 1
                 keeper.start_heartbeat(spark)
                 if reads:

@@ -50,19 +50,24 @@ RUNS_SCHEMA = struct_of(RunRow)
 # (10 by default), five Spark jobs (seconds) in the commit that makes it. Their logs are small (an add
 # and a remove per commit), so replaying 50 commits costs less than checkpointing every 10: a batch's
 # write is a quarter quicker on average. Each holds one live file: nothing to compact, only the files
-# it replaced to vacuum. Log and file retention: ``storage.upkeep``.
-REWRITTEN_TABLE_PROPERTIES = (("delta.checkpointInterval", "50"),) + upkeep.RETENTION_PROPERTIES
+# it replaced to vacuum. Log and file retention (``storage.table_retention_days``): ``storage.upkeep``.
+REWRITTEN_TABLE_PROPERTIES: upkeep.Properties = (("delta.checkpointInterval", "50"),)
 # Delta collects min/max statistics of a table's first 32 columns for every file it writes, row by row:
 # for the audit table that was half of each batch's append (1.5 s for 10,000 rows; 0.77 s with these).
 # These are the columns the syphon's own reads filter on (a restart's unsettled rows by queue, sequence
 # number and enqueue time; an attempt's rows by batch; a re-drive's by outcome); the partition column
 # prunes by day. The audit table is appended to once per batch and read by filters: Delta's checkpoint
 # interval (10, stated), and auto compaction so that its files do not grow with the batches.
-AUDIT_TABLE_PROPERTIES = (("delta.dataSkippingStatsColumns",
-                           "batch_id,backlog_queue,sequence_number,enqueued_time,outcome"),
-                          ("delta.checkpointInterval", "10")) + upkeep.RETENTION_PROPERTIES + upkeep.AUTO_COMPACT
+AUDIT_TABLE_PROPERTIES: upkeep.Properties = (("delta.dataSkippingStatsColumns",
+                                              "batch_id,backlog_queue,sequence_number,enqueued_time,outcome"),
+                                             ("delta.checkpointInterval", "10")) + upkeep.AUTO_COMPACT
 # The runs table gains a row (a file) per run.
-RUNS_TABLE_PROPERTIES = upkeep.RETENTION_PROPERTIES + upkeep.AUTO_COMPACT
+RUNS_TABLE_PROPERTIES: upkeep.Properties = upkeep.AUTO_COMPACT
+
+
+def with_retention(properties: upkeep.Properties, retention_days: int) -> upkeep.Properties:
+    """A table's properties with the state tables' log and file window of ``retention_days``."""
+    return properties + upkeep.retention_properties(retention_days)
 
 
 def _is_path(table: str) -> bool:
@@ -167,9 +172,11 @@ def _created_meanwhile(spark: SparkSession, table: str, exc: BaseException) -> b
     return False
 
 
-def create_tables(spark: SparkSession, audit_table: str, checkpoint_table: str, lease_table: str) -> set[str]:
-    """Create the three tables with their declared schemas, where they do not exist yet (at once: each is
-    a few round trips to storage and none depends on another); return those this call created.
+def create_tables(spark: SparkSession, audit_table: str, checkpoint_table: str, lease_table: str, *,
+                  retention_days: int = upkeep.DEFAULT_RETENTION_DAYS) -> set[str]:
+    """Create the three tables with their declared schemas and upkeep (a log and file window of
+    ``retention_days``), where they do not exist yet (at once: each is a few round trips to storage and none
+    depends on another); return those this call created.
 
     A run that created the audit and the checkpoint table, and then takes the lease as its first
     holder (epoch 1), knows that nothing was ever recorded in them: every record is written under
@@ -179,7 +186,8 @@ def create_tables(spark: SparkSession, audit_table: str, checkpoint_table: str, 
     from concurrent.futures import ThreadPoolExecutor
 
     with ThreadPoolExecutor(max_workers=3, thread_name_prefix="create-table") as pool:
-        created = {table: pool.submit(create_table, spark, table, schema, partition_by, properties)
+        created = {table: pool.submit(create_table, spark, table, schema, partition_by,
+                                      with_retention(properties, retention_days))
                    for table, schema, partition_by, properties in (
                        (audit_table, AUDIT_SCHEMA, ("outcome_date",), AUDIT_TABLE_PROPERTIES),
                        (checkpoint_table, CHECKPOINT_SCHEMA, (), REWRITTEN_TABLE_PROPERTIES),
@@ -187,15 +195,18 @@ def create_tables(spark: SparkSession, audit_table: str, checkpoint_table: str, 
         return {table for table, future in created.items() if future.result()}
 
 
-def set_upkeep_properties(spark: SparkSession, audit_table: str, checkpoint_table: str, lease_table: str) -> None:
-    """Give the three tables the upkeep properties an older version did not (``set_missing_properties``),
-    at once: a start that finds them set pays one round trip, not three."""
+def set_upkeep_properties(spark: SparkSession, audit_table: str, checkpoint_table: str, lease_table: str, *,
+                          retention_days: int = upkeep.DEFAULT_RETENTION_DAYS) -> None:
+    """Give the three tables the upkeep properties (with a window of ``retention_days``) that an older version,
+    or another setting, did not (``set_missing_properties``), at once: a start that finds them set pays one
+    round trip, not three."""
     from concurrent.futures import ThreadPoolExecutor
 
     with ThreadPoolExecutor(max_workers=3, thread_name_prefix="table-upkeep") as pool:
-        list(pool.map(lambda pair: set_missing_properties(spark, *pair),
-                      ((audit_table, AUDIT_TABLE_PROPERTIES), (checkpoint_table, REWRITTEN_TABLE_PROPERTIES),
-                       (lease_table, REWRITTEN_TABLE_PROPERTIES))))
+        list(pool.map(lambda table, properties: set_missing_properties(spark, table,
+                                                                       with_retention(properties, retention_days)),
+                      (audit_table, checkpoint_table, lease_table),
+                      (AUDIT_TABLE_PROPERTIES, REWRITTEN_TABLE_PROPERTIES, REWRITTEN_TABLE_PROPERTIES)))
 
 
 def read_checkpoint(spark: SparkSession, checkpoint_table: str) -> dict[str, CheckpointRow]:
@@ -389,13 +400,15 @@ def write_lease(spark: SparkSession, lease_table: str, lease: Lease, *, confirm:
 
 # --- the runs table, and what the status command reads -------------------------------------------
 
-def append_run(spark: SparkSession, runs_table: str, row: RunRow) -> None:
+def append_run(spark: SparkSession, runs_table: str, row: RunRow, *,
+               retention_days: int = upkeep.DEFAULT_RETENTION_DAYS) -> None:
     """Append a run's row, creating the table first where it does not exist (a table an older version
-    made gets the columns and the properties it lacks). Runs append blindly, so two never conflict, except
+    made gets the columns and the properties it lacks; its log and file window: ``retention_days``). Runs append blindly, so two never conflict, except
     with the one property change an upgrade makes (the runs table is no one lease's): such an append is
     made again. On a local path the commits take turns (``commit_lock``)."""
-    if not create_table(spark, runs_table, RUNS_SCHEMA, properties=RUNS_TABLE_PROPERTIES):
-        set_missing_properties(spark, runs_table, RUNS_TABLE_PROPERTIES)
+    properties = with_retention(RUNS_TABLE_PROPERTIES, retention_days)
+    if not create_table(spark, runs_table, RUNS_SCHEMA, properties=properties):
+        set_missing_properties(spark, runs_table, properties)
     writer = local_frame(spark, [row], RUNS_SCHEMA).write.format("delta").mode("append")
 
     def append() -> None:

@@ -5,10 +5,14 @@ What grows with a long life, and what bounds it (docs/running/table-upkeep.md):
 - the audit table gains a data file per batch: auto compaction (``delta.autoOptimize.autoCompact``) rewrites
   a day's small files into one once ``spark.databricks.delta.autoCompact.minNumFiles`` (50) of them gather
   in the partition the batch wrote; ``OPTIMIZE`` compacts what a closed day kept;
-- every commit adds a log entry: ``delta.logRetentionDuration`` (7 days) says how long they stay; Delta
-  drops older ones when it writes a log checkpoint (every ``delta.checkpointInterval`` commits);
+- every commit adds log entries (its JSON and its checksum file): ``delta.logRetentionDuration`` says how
+  long they stay; Delta drops older ones when it writes a log checkpoint (every ``delta.checkpointInterval``
+  commits), a day at a time. Each commit lists the whole ``_delta_log`` folder on a file system without a
+  listing from a start key (local, HDFS, ADLS and GCS with open-source Delta), so the folder's size is a
+  cost every batch pays: the window is ``storage.table_retention_days`` (1 day by default), and the folder
+  holds up to a day more than that;
 - files a compaction or an overwrite replaced stay on storage until ``VACUUM`` removes those older than
-  ``delta.deletedFileRetentionDuration`` (7 days, the same window: time travel needs both);
+  ``delta.deletedFileRetentionDuration`` (the same window: Delta refuses a log window shorter than it);
 - the checkpoint and lease tables are overwritten whole per batch (one live file each): nothing to compact,
   only replaced files to vacuum; the runs table gains a row per run: auto compaction too.
 
@@ -28,14 +32,26 @@ from pyspark.sql import SparkSession
 
 logger = logging.getLogger(__name__)
 
-LOG_RETENTION = "interval 7 days"
-DELETED_FILE_RETENTION = "interval 7 days"
-# VACUUM's retention, in hours: the deleted-file retention above (Delta's own safety check refuses less).
-VACUUM_RETAIN_HOURS = 7 * 24
+# The state tables' time-travel window (``storage.table_retention_days``): their log and the files their
+# compactions and rewrites replaced. A day: the audit's rows are its record whatever the window, and a
+# shorter log is a cheaper listing at every batch (design.md, "Over a long life").
+DEFAULT_RETENTION_DAYS = 1
 
-RETENTION_PROPERTIES = (("delta.logRetentionDuration", LOG_RETENTION),
-                        ("delta.deletedFileRetentionDuration", DELETED_FILE_RETENTION))
-AUTO_COMPACT = (("delta.autoOptimize.autoCompact", "true"),)
+Properties = tuple[tuple[str, str], ...]
+AUTO_COMPACT: Properties = (("delta.autoOptimize.autoCompact", "true"),)
+
+
+def retention_properties(days: int) -> Properties:
+    """The log and deleted-file retention of ``days`` days: one window, as time travel needs both and Delta
+    refuses a log retention shorter than the deleted-file retention."""
+    window = f"interval {int(days)} days"
+    return (("delta.logRetentionDuration", window), ("delta.deletedFileRetentionDuration", window))
+
+
+def vacuum_retain_hours(days: int) -> int:
+    """VACUUM's retention for a window of ``days``: the deleted-file retention (Delta's own safety check
+    refuses less)."""
+    return int(days) * 24
 
 # Attempts of an OPTIMIZE or VACUUM that lost a race to another commit (a syphon's append, its own
 # auto compaction), and the pause between them.
@@ -67,7 +83,7 @@ def optimize(spark: SparkSession, sql_name: str) -> tuple[int, int]:
     return (0, 0) if metrics is None else (metrics["numFilesRemoved"], metrics["numFilesAdded"])
 
 
-def vacuum(spark: SparkSession, sql_name: str, retain_hours: int = VACUUM_RETAIN_HOURS) -> None:
+def vacuum(spark: SparkSession, sql_name: str, retain_hours: int) -> None:
     """Delete the files no version of the last ``retain_hours`` reads (never a file the table holds now).
     Delta's safety check (``retentionDurationCheck``) stays on: it refuses a retention below the table's
     ``delta.deletedFileRetentionDuration``."""
