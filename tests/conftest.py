@@ -85,7 +85,7 @@ MEASURED_SECONDS = {
     "test_a_kill_mid_send_on_a_partitioned_backlog_loses_nothing_and_resends_at_most_that_batch": 59,
     "test_a_queue_recreated_partitioned_is_a_new_incarnation_drained_from_its_start": 40,
     "test_a_partitioned_queues_dead_letters_are_redriven_once_in_order_per_partition": 35,
-    "test_a_partitioned_queue_holding_one_partitions_messages_only": 16,
+    "test_a_partitioned_queue_holding_partition_0s_messages_only_is_read_and_purged_as_partitioned": 16,
 }
 UNLISTED_INTEGRATION_SECONDS = 8
 

@@ -527,6 +527,20 @@ def test_successive_batches_of_one_run_purge_what_the_one_before_recorded():
     assert world.tables.checkpoint[Q0].purged_through == 3
 
 
+def test_a_queue_the_administration_api_calls_partitioned_is_purged_as_one_even_with_partition_0s_numbers_only():
+    """Its recorded numbers carry no partition bits (partition 0's), so only what the run's start read of the
+    administration API tells the purge that its receives interleave partitions (``PurgePlan.interleaved``)."""
+    world = World()
+    run = Run(world, "r1")
+    run.state = SinkState(partitioned_queues=frozenset({Q1.lower()}))
+    messages = world.backlog.add(Q0, "orders") + world.backlog.add(Q1, "orders")
+    run.batch(world.backlog.read(messages), 0)
+    plans = run.purges.submitted[0]
+    assert (plans[Q0].partitioned, plans[Q1].partitioned) == (False, True)
+    assert (plans[Q0].interleaved, plans[Q1].interleaved) == (False, True)
+    assert world.backlog.left() == {}
+
+
 def test_the_checkpoint_rows_are_rewritten_only_when_due_and_a_crash_between_costs_a_longer_read_only():
     """One commit per batch (the audit append); the checkpoint rows every ``checkpoint_every`` seconds and
     at the run's clean end, naming it as ended. A run that dies between two rewrites leaves older marks:

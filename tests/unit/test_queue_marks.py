@@ -235,3 +235,12 @@ def test_the_purge_mark_never_passes_a_message_held_for_a_skipped_destination():
     assert (marked[q].purged_through, marked[q].purged_enqueued_ms) == (3, T0 + 3)
     free = mark_purged(checkpoint, {q: PurgeResult(7, 0, 0, (), (before, after))}, {}, now=NOW)
     assert (free[q].purged_through, free[q].purged_enqueued_ms) == (9, T0 + 9)
+
+
+def test_the_purge_plans_of_queues_called_partitioned_expect_interleaved_receives_and_so_do_their_dead_letters():
+    q, other = "ns/x-servicebus-transfer/3", "ns/x-servicebus-transfer/4"
+    dead = f"{q}/$DeadLetterQueue"
+    unpurged = add_recorded({}, [RecordedSpan(name, 1, 2, T0 + 1, T0 + 2, 2) for name in (q, other, dead)])
+    plans = purge_plans(unpurged, frozenset({q.lower()}))
+    assert {name: plan.partitioned for name, plan in plans.items()} == {q: True, other: False, dead: True}
+    assert not any(plan.partitioned for plan in purge_plans(unpurged).values())  # nothing known: the numbers tell

@@ -52,3 +52,8 @@ def dead_letter_queue_name(queue: str) -> str:
 def is_dead_letter_queue_name(name: str) -> bool:
     """Whether ``name`` is a dead-letter sub-queue's path (compared case-insensitively, as Service Bus does)."""
     return name.lower().endswith("/" + DEAD_LETTER_SUBQUEUE.lower())
+
+
+def owning_queue(name: str) -> str:
+    """The queue an entity path belongs to: a dead-letter sub-queue's queue (partitioned as it is), else ``name``."""
+    return name.rsplit("/", 1)[0] if is_dead_letter_queue_name(name) else name

@@ -64,7 +64,7 @@ class StartGates:
                  check_access: bool, on_wait: Callable[[str], None] | None):
         from concurrent.futures import Future, ThreadPoolExecutor
 
-        from backlog_syphon.servicebus.entities import destination_shapes
+        from backlog_syphon.servicebus.entities import destination_shapes, partitioned_queue_names
         from backlog_syphon.servicebus.probes import executor_preflight, preflight
 
         self.spark, self.keeper = spark, keeper
@@ -74,8 +74,10 @@ class StartGates:
         # destinations (the source reads them again from their first message).
         self.recovery: Recovery = NOTHING_RECORDED
         self.look_back: tuple[str, ...] = ()
-        # What the destinations take, where the primary's administration API says (``servicebus.entities``).
+        # What the destinations take, and which backlog queues are partitioned, where each namespace's
+        # administration API says (``servicebus.entities``).
         self.destination_shapes: dict[str, DestinationShape] = {}
+        self.partitioned_queues: frozenset[str] = frozenset()
 
         def check_driver() -> None:
             if check_access:
@@ -87,6 +89,9 @@ class StartGates:
 
         def read_shapes() -> None:
             self.destination_shapes = destination_shapes(config.primary)
+
+        def read_partitioning() -> None:
+            self.partitioned_queues = partitioned_queue_names(config.secondary)
 
         def prepare_source() -> None:
             spark.dataSource.register(BacklogDataSource)
@@ -121,9 +126,9 @@ class StartGates:
             finally:
                 reader.shutdown(wait=False)
 
-        pool = ThreadPoolExecutor(max_workers=5, thread_name_prefix="start")
+        pool = ThreadPoolExecutor(max_workers=6, thread_name_prefix="start")
         self._checks = (pool.submit(check_driver), pool.submit(check_executors), pool.submit(prepare_source),
-                        pool.submit(read_shapes))
+                        pool.submit(read_shapes), pool.submit(read_partitioning))
         self._leased = pool.submit(take_lease)
         pool.shutdown(wait=False)  # the threads end with their work
 
@@ -264,7 +269,7 @@ def start_syphon(spark: SparkSession, config: SyphonConfig, *, run_id: str | Non
     sink = DeliverySink(config, run_id=run_id, lease_keeper=keeper, settle_in_batch=is_connect(spark),
                         stop_file=stop_file, timeline=timeline, state_is_new=gates.state_is_new,
                         recovery_at_start=None if is_connect(spark) else gates.recovery,
-                        destination_shapes=gates.destination_shapes,
+                        destination_shapes=gates.destination_shapes, partitioned_queues=gates.partitioned_queues,
                         fault_plan=FaultPlan.from_environment(os.environ))  # a test's, read once here
     records = AuditRecords(spark, storage.audit_table, run_id) if is_connect(spark) else SinkRecords(sink)
     listener = SyphonProgressListener(records.batch_stats, query_name=config.run.query_name, log_lines=log_progress)

@@ -14,7 +14,7 @@ import logging
 
 from backlog_syphon.config import NamespaceConfig
 from backlog_syphon.model import DestinationShape, EntityKind
-from backlog_syphon.restore.queue_names import is_dead_letter_queue_name
+from backlog_syphon.restore.queue_names import owning_queue
 from backlog_syphon.restore.destination_fit import by_name
 from backlog_syphon.servicebus.access import discovery_refused, shapes_unread_line
 from backlog_syphon.servicebus.peek import administration_client
@@ -55,22 +55,24 @@ def _bytes(kilobytes: int | None) -> int | None:
     return None if not kilobytes else int(kilobytes) * 1024
 
 
-def partitioned_queues(namespace: NamespaceConfig, queues) -> set[str]:
-    """Which of ``queues`` (backlog queues, or their dead-letter sub-queues, which are partitioned as their
-    queue is) the administration API calls partitioned (``enable_partitioning``); empty where it does not
-    answer: the planner then learns it from the partition bits of the numbers it peeks."""
-    queues = list(queues)
-    if not queues:
-        return set()
+def partitioned_queue_names(namespace: NamespaceConfig) -> frozenset[str]:
+    """The lower-case names of ``namespace``'s queues the administration API calls partitioned
+    (``enable_partitioning``); empty where it does not answer: the partition bits of the sequence numbers
+    seen then tell."""
     try:
         with administration_client(namespace) as admin:
-            partitioned = {queue.name.lower() for queue in admin.list_queues() if queue.enable_partitioning}
+            return frozenset(queue.name.lower() for queue in admin.list_queues() if queue.enable_partitioning)
     except Exception as exc:  # noqa: BLE001 - best effort: the sequence numbers tell as well
         logger.info("backlog queues' partitioning unavailable from the administration API (%s); the partition "
                     "bits of their sequence numbers tell", type(exc).__name__)
+        return frozenset()
+
+
+def partitioned_queues(namespace: NamespaceConfig, queues) -> set[str]:
+    """Which of ``queues`` (backlog queues, or their dead-letter sub-queues, which are partitioned as their
+    queue is) the administration API calls partitioned; empty where it does not answer."""
+    queues = list(queues)
+    if not queues:
         return set()
-    return {queue for queue in queues if _entity_of(queue).lower() in partitioned}
-
-
-def _entity_of(queue: str) -> str:
-    return queue.rsplit("/", 1)[0] if is_dead_letter_queue_name(queue) else queue
+    partitioned = partitioned_queue_names(namespace)
+    return {queue for queue in queues if owning_queue(queue).lower() in partitioned}

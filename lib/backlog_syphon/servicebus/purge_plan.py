@@ -144,8 +144,8 @@ class PurgePlan:
     # Where messages that stay may lie (the module docstring): passed over, never settled.
     held: HeldSpan | None = None  # a backlog queue's messages held for skipped destinations
     passing: bool = False  # a dead-letter sub-queue: any message no span holds may be one that stays
-    # Receives interleave partitions (the module docstring): known from the administration API, else from
-    # the partition bits of the recorded numbers (``partitioned_plan``).
+    # Receives interleave partitions (the module docstring): known from the administration API
+    # (``sink.queue_marks.purge_plans``), else from the partition bits of the recorded numbers (``interleaved``).
     partitioned: bool = False
 
     def __post_init__(self):

@@ -61,6 +61,7 @@ class DeliverySink:
                  stop_file: str | None = None, timeline: Timeline | None = None,
                  state_is_new: bool = False, recovery_at_start: Recovery | None = None,
                  destination_shapes: Mapping[str, DestinationShape] | None = None,
+                 partitioned_queues: frozenset[str] = frozenset(),
                  fault_plan: FaultPlan = NO_FAULTS,
                  clock: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.timezone.utc)):
         self.config = config
@@ -91,7 +92,8 @@ class DeliverySink:
         # Over Spark Connect the sink's copy in the server ends with the query, before the run's end could
         # write its rows: there every batch rewrites the checkpoint table.
         self.checkpoint_every = 0.0 if settle_in_batch else config.storage.checkpoint_interval_seconds
-        self.state = SinkState()
+        # The backlog queues the secondary's administration API calls partitioned (lower-case), for the purge.
+        self.state = SinkState(partitioned_queues=frozenset(partitioned_queues))
         self._purges = PurgeRunner(config.secondary)
         self.per_destination: dict[str, dict[str, int]] = {}  # this run's outcomes, for the summary
         self.batch_stats: dict[int, BatchStats] = {}  # read (and emptied) by the progress listener

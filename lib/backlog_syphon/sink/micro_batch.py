@@ -176,6 +176,9 @@ class SinkState:
     unpurged: dict[str, queue_marks.Unpurged] = field(default_factory=dict)
     checkpoint_unrecorded: bool = False  # the checkpoint rows moved on since the table was last written
     checkpoint_written_at: dt.datetime | None = None  # when this run last wrote (or first read) the table
+    # The backlog queues the administration API called partitioned at the run's start (lower-case names): their
+    # purges expect interleaved receives even where every recorded number is partition 0's.
+    partitioned_queues: frozenset[str] = frozenset()
 
     def apply_purges(self, results: dict[str, PurgeResult], now: dt.datetime) -> None:
         if not results or self.checkpoint is None:
@@ -271,7 +274,7 @@ def run_batch(state: SinkState, ports: BatchPorts, lease: LeasePort, purges: Pur
         if not purges.busy():
             # A round that ended since the record step is applied first, so its spans are not planned twice.
             state.apply_purges(purges.finished(), now)
-            purges.submit(queue_marks.purge_plans(state.unpurged))
+            purges.submit(queue_marks.purge_plans(state.unpurged, state.partitioned_queues))
         if settle_now:
             state.apply_purges(purges.wait(), now)
         return BatchReport(batch_id, aggregate, replayed, rounds)
@@ -291,7 +294,7 @@ def finish(state: SinkState, purges: PurgePort, now: dt.datetime) -> None:
     again at once, and a run whose messages all arrived should not end with them in the backlog."""
     state.apply_purges(purges.wait(), now)
     for _ in range(FINAL_PURGE_ROUNDS):
-        plans = queue_marks.purge_plans(state.unpurged)
+        plans = queue_marks.purge_plans(state.unpurged, state.partitioned_queues)
         if not plans:
             return
         purges.submit(plans)

@@ -28,7 +28,7 @@ from typing import Iterable
 
 from backlog_syphon.model import CheckpointRow, DeadLetterOrder, HeldSpan, RecordedSpan
 from backlog_syphon.partitions import partition_of
-from backlog_syphon.restore.queue_names import is_dead_letter_queue_name
+from backlog_syphon.restore.queue_names import is_dead_letter_queue_name, owning_queue
 from backlog_syphon.servicebus.purge_plan import PurgePlan, PurgeResult
 
 
@@ -72,13 +72,16 @@ def add_recorded(unpurged: dict[str, Unpurged], spans: Iterable[RecordedSpan],
     return new
 
 
-def purge_plans(unpurged: dict[str, Unpurged]) -> dict[str, PurgePlan]:
+def purge_plans(unpurged: dict[str, Unpurged], partitioned: frozenset[str] = frozenset()) -> dict[str, PurgePlan]:
     """Per queue with something recorded and not settled: what its purge settles (a re-drive's dead-letter
-    sub-queue in passing mode: past the messages the re-drive leaves there)."""
+    sub-queue in passing mode: past the messages the re-drive leaves there). ``partitioned``: the lower-case
+    names of the queues the administration API calls partitioned (a dead-letter sub-queue is as its queue):
+    their receives interleave partitions even where every recorded number is partition 0's."""
     return {queue: PurgePlan(queue, pending.spans, pending.count,
                              {(order.sequence_number, order.enqueued_ms): (order.reason_code, order.reason)
                               for order in pending.dead_letters}, pending.verify, pending.held,
-                             passing=is_dead_letter_queue_name(queue))
+                             passing=is_dead_letter_queue_name(queue),
+                             partitioned=owning_queue(queue).lower() in partitioned)
             for queue, pending in sorted(unpurged.items()) if pending.spans}
 
 
