@@ -1,7 +1,8 @@
 """The continuous syphon over a long life: does the thousandth batch cost what the first did?
 
     make soak SOAK_ARGS="--batches 40"      # a short run; the default is 2,000 batches (about 70 minutes)
-    # Ctrl-C (SIGINT to this process) ends a run early: the run stops as after its last batch, and reports.
+    # Ctrl-C (SIGINT to this process), or a SIGTERM, ends a run early: the run stops as after its last batch,
+    # and reports.
     PYTHONPATH=lib:emulator/src .venv/bin/python bench/soak.py [--batches N | --minutes M] [--rate R]
         [--library PATH] [--json PATH]
 
@@ -323,6 +324,10 @@ def main(argv: list[str] | None = None) -> int:
 
         return job_main(argv[2:])
     args = parse_args(argv)
+    # A run started in the background (``make soak ... &``) inherits SIGINT ignored, and SIGTERM would end it
+    # without a report: both end the run early instead, as Ctrl-C does in a terminal.
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, signal.default_int_handler)
     try:
         figures, rows, targets = run_soak(args)
     except SoakFailure as exc:
