@@ -31,7 +31,7 @@ The rows (``--rows``): ``30k`` (30,000 x 1 KB), ``200k`` (200,000 x 1 KB, the st
 64 KB, about 60 messages, as a distant namespace streams them), ``sessions`` (30,000 for the session queue, 500
 sessions over the 10 queues, interleaved), ``64k`` (20,000 x 64 KB), ``partitioned-pages`` (the 30k row
 over partitioned backlog queues, 16 partitions, a peek answering whole pages of one partition),
-``partitioned-peek-one`` (10,000 over partitioned backlog queues whose peeks answer one message per call,
+``partitioned-peek-one`` (the same over partitioned backlog queues whose peeks answer one message per call,
 as reported), ``partitioned-dest`` and ``partitioned-dedupe-dest`` (the 30k row into destinations that are
 all partitioned, without and with duplicate detection; there the loop sends one message per send, as a
 deduplicating partitioned entity takes one MessageId per batch), ``30k-0ms`` and ``30k-10ms``
@@ -191,10 +191,10 @@ SCENARIOS = {
     # Peeks answer as a namespace a region away streams them: about 60 messages of 1 KB a page, not 250.
     "30k-short-pages": Scenario("30k-short-pages", 30_000, FAR, peek_page_bytes=64 * 1024),
     # Partitioned entities at the same geometry: the 30k backlog over partitioned backlog queues (whole
-    # pages; one message per peek, a third of the backlog so that the row stays minutes), and into
-    # partitioned destinations with and without duplicate detection.
+    # pages, and one message per peek: the same size, so that a run's fixed start weighs on it as on the
+    # others), and into partitioned destinations with and without duplicate detection.
     "partitioned-pages": Scenario("partitioned-pages", 30_000, FAR, backlog_partitioned=True),
-    "partitioned-peek-one": Scenario("partitioned-peek-one", 10_000, FAR, backlog_partitioned=True,
+    "partitioned-peek-one": Scenario("partitioned-peek-one", 30_000, FAR, backlog_partitioned=True,
                                      peek_one_per_call=True),
     "partitioned-dest": Scenario("partitioned-dest", 30_000, FAR, destinations=DestinationShape.PARTITIONED),
     "partitioned-dedupe-dest": Scenario("partitioned-dedupe-dest", 30_000, FAR,
