@@ -18,8 +18,8 @@ from backlog_syphon.timeline import Milestone, Timeline
 from .test_fence import T0, Clock, LeaseTable, keeper
 
 STORAGE = SimpleNamespace(audit_table="/state/audit", checkpoint_table="/state/checkpoint",
-                          resolved_lease_table="/state/lease")
-CONFIG = SimpleNamespace(storage=STORAGE, run=SimpleNamespace(wait_for_lease=False), primary=None)
+                          resolved_lease_table="/state/lease", table_retention_days=1)
+CONFIG = SimpleNamespace(storage=STORAGE, run=SimpleNamespace(wait_for_lease=False), primary=None, secondary=None)
 SPARK = SimpleNamespace(dataSource=SimpleNamespace(register=lambda source: None))  # all else is patched below
 
 
@@ -28,15 +28,16 @@ def table(monkeypatch):
     table = LeaseTable()
     monkeypatch.setattr(tables, "read_lease", table.read)
     monkeypatch.setattr(tables, "write_lease", table.write)
-    monkeypatch.setattr(tables, "create_tables", lambda spark, *names: set(names))  # all three new
+    monkeypatch.setattr(tables, "create_tables", lambda spark, *names, **_: set(names))  # all three new
     monkeypatch.setattr(syphon, "read_recovery", lambda spark, storage: (Recovery({}, (), (), 0), ()))
     monkeypatch.setattr(probes, "preflight", lambda config: None)
     monkeypatch.setattr(probes, "executor_preflight", lambda spark, config: None)
     monkeypatch.setattr(entities, "destination_shapes", lambda namespace: {})
+    monkeypatch.setattr(entities, "partitioned_queue_names", lambda namespace: frozenset())
     monkeypatch.setattr(syphon, "start_planners", lambda spark: None)
     table.upkeep_set = []  # the runs' property commits, with the lease holder they found
     monkeypatch.setattr(tables, "set_upkeep_properties",
-                        lambda spark, *names: table.upkeep_set.append((names, table.row and table.row.run_id)))
+                        lambda spark, *names, **_: table.upkeep_set.append((names, table.row and table.row.run_id)))
     return table
 
 
@@ -79,12 +80,12 @@ def test_the_gates_wait_for_the_source_and_its_planners(table, monkeypatch):
 
 
 def test_state_is_not_new_when_the_tables_existed_or_the_lease_had_a_holder_before(table, monkeypatch):
-    monkeypatch.setattr(tables, "create_tables", lambda spark, audit, checkpoint, lease: {lease})
+    monkeypatch.setattr(tables, "create_tables", lambda spark, audit, checkpoint, lease, **_: {lease})
     started, _ = gates()
     started.wait()
     assert not started.state_is_new  # the audit and checkpoint tables were there already
 
-    monkeypatch.setattr(tables, "create_tables", lambda spark, *names: set(names))
+    monkeypatch.setattr(tables, "create_tables", lambda spark, *names, **_: set(names))
     clock = Clock()
     clock.at(600)  # the first holder's lease has expired
     started, _ = gates(clock)
@@ -95,7 +96,7 @@ def test_state_is_not_new_when_the_tables_existed_or_the_lease_had_a_holder_befo
 def test_older_tables_get_their_upkeep_properties_only_under_the_runs_lease(table, monkeypatch):
     """A property change fails every append it races (Delta's MetadataChangedException): a start makes it
     once it holds the lease, never while another run does, and a run that created the tables needs none."""
-    monkeypatch.setattr(tables, "create_tables", lambda spark, audit, checkpoint, lease: set())  # all there
+    monkeypatch.setattr(tables, "create_tables", lambda spark, audit, checkpoint, lease, **_: set())  # all there
     table.row = new_lease("sb-host/contoso", "run-b", "elsewhere", 7, T0, 300)
     with pytest.raises(LeaseHeldError):
         gates()[0].wait()
@@ -106,7 +107,7 @@ def test_older_tables_get_their_upkeep_properties_only_under_the_runs_lease(tabl
     assert table.upkeep_set == [(("/state/audit", "/state/checkpoint", "/state/lease"), "run-a")]
 
     table.upkeep_set.clear()
-    monkeypatch.setattr(tables, "create_tables", lambda spark, *names: set(names))
+    monkeypatch.setattr(tables, "create_tables", lambda spark, *names, **_: set(names))
     table.row = None
     gates()[0].wait()
     assert table.upkeep_set == []
@@ -143,7 +144,7 @@ def test_a_run_on_existing_state_reads_it_once_the_lease_is_free_and_keeps_what_
         reads.append((storage.checkpoint_table, storage.audit_table, table.row.run_id, len(table.writes)))
         return recovery, ("contoso/x-servicebus-transfer/0",)
 
-    monkeypatch.setattr(tables, "create_tables", lambda spark, audit, checkpoint, lease: set())  # all there
+    monkeypatch.setattr(tables, "create_tables", lambda spark, audit, checkpoint, lease, **_: set())  # all there
     monkeypatch.setattr(syphon, "read_recovery", read_recovery)
     table.row = new_lease("sb-host/contoso", "run-b", "elsewhere", 7, T0 - dt.timedelta(seconds=600), 300)  # expired
     started, _ = gates()
@@ -168,7 +169,7 @@ def test_a_failed_state_read_starts_nothing_and_gives_the_lease_back(table, monk
     def unreadable(spark, storage):
         raise OSError("the checkpoint table cannot be read")
 
-    monkeypatch.setattr(tables, "create_tables", lambda spark, audit, checkpoint, lease: set())
+    monkeypatch.setattr(tables, "create_tables", lambda spark, audit, checkpoint, lease, **_: set())
     monkeypatch.setattr(syphon, "read_recovery", unreadable)
     started, _ = gates()
     with pytest.raises(OSError, match="cannot be read"):
