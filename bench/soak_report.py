@@ -40,6 +40,9 @@ class Sample:
     # The other state's files on disk (the checkpoint table's, the streaming checkpoint's offsets and commits):
     # in the JSON only.
     state_files: dict[str, int] = field(default_factory=dict)
+    # ``rss_mb`` by kind of process (``soak_sampler``: the Python driver, the JVM, and PySpark's Python daemon
+    # and workers with the source's planner): in the JSON only, to tell which one grows.
+    rss_parts: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -26,6 +26,9 @@ BATCH_LINE = re.compile(r"^(?P<time>\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) \w+ \S
                         r"\bseconds=(?P<seconds>[\d.]+) \((?P<steps>[^)]*)\)\s*$")
 # The job's state under its state folder (``bench/soak.py`` configures the job with these).
 AUDIT_TABLE, CHECKPOINT_TABLE, STREAMING_CHECKPOINT = "audit", "checkpoint", "checkpoint-stream"
+# The job's processes by kind, for ``Sample.rss_parts``: the job's own (the Python driver), the JVM, and every
+# other (PySpark's daemon and Python workers, the streaming source's planner).
+RSS_DRIVER, RSS_JVM, RSS_PYTHON_WORKERS = "python driver", "jvm", "python workers"
 HEAP_USED = re.compile(r"total \d+K, used (\d+)K")  # a generation's (serial, parallel) or G1's whole heap
 
 
@@ -123,8 +126,8 @@ class LiveFiles:
     each commit's ``add`` and ``remove`` actions replayed in version order, each commit read once.
 
     Not the files on disk: a compaction removes its small files from the table at once, but they stay
-    on disk until ``VACUUM`` deletes them (7 days later). The replay starts at version 0, which the log
-    keeps for ``delta.logRetentionDuration`` (7 days), far longer than a soak."""
+    on disk until ``VACUUM`` deletes them (a day later). The replay starts at version 0, which the log
+    keeps until the day after next (Delta drops expired entries a whole day at a time), longer than a soak."""
 
     def __init__(self, table: Path):
         self.log = table / "_delta_log"
@@ -185,11 +188,16 @@ class JobSampler:
 
     def sample(self, *, heap: bool) -> Sample:
         pids = [self.root, *process_tree(self.root)]
-        sizes = [size for size in map(rss_mb, pids) if size is not None]
+        parts: dict[str, float] = {}
+        for pid in pids:
+            size = rss_mb(pid)
+            if size is not None:
+                kind = RSS_DRIVER if pid == self.root else RSS_JVM if is_jvm(pid) else RSS_PYTHON_WORKERS
+                parts[kind] = parts.get(kind, 0.0) + size
         heap_mb = None
         if heap:
             jvm = next((pid for pid in pids if is_jvm(pid)), None)
             heap_mb = heap_after_gc_mb(jvm) if jvm is not None else None
         on_disk, entries = table_files(self.state / AUDIT_TABLE)
-        return Sample(time.time(), sum(sizes) if sizes else None, heap_mb, self._audit.count(), entries,
-                      {**state_files(self.state), "audit data files on disk": on_disk})
+        return Sample(time.time(), sum(parts.values()) if parts else None, heap_mb, self._audit.count(), entries,
+                      {**state_files(self.state), "audit data files on disk": on_disk}, parts)
