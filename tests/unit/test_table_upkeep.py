@@ -53,7 +53,6 @@ def test_the_tables_keep_one_window_for_log_and_files_and_only_the_appended_ones
             f"interval {days} days"
         # Never set: it would let Delta forget a batch's transaction version, and a replay append twice.
         assert "delta.setTransactionRetentionDuration" not in settings
-    assert upkeep.vacuum_retain_hours(days) == days * 24
     assert dict(tables.AUDIT_TABLE_PROPERTIES)["delta.autoOptimize.autoCompact"] == "true"
     assert dict(tables.RUNS_TABLE_PROPERTIES)["delta.autoOptimize.autoCompact"] == "true"
     assert "delta.autoOptimize.autoCompact" not in dict(tables.REWRITTEN_TABLE_PROPERTIES)  # one live file each
@@ -92,12 +91,13 @@ def test_a_lost_commit_race_is_retried_and_anything_else_raised_at_once():
 
 
 def test_the_maintenance_report_names_each_table_and_fails_when_one_failed():
-    done = TableUpkeep("/data/audit", exists=True, retain_hours=24, files_removed=48, files_added=1, seconds=3.2)
+    done = TableUpkeep("/data/audit", exists=True, window="interval 1 days", files_removed=48, files_added=1,
+                       seconds=3.2)
     missing = TableUpkeep("/data/checkpoint_runs", exists=False)
     report = MaintenanceReport((done, missing))
     assert not report.failed
     assert report.lines() == ["state tables (OPTIMIZE, then VACUUM):",
-                              "  /data/audit: compacted 48 file(s) into 1, vacuumed files older than 24 h (3.2 s)",
+                              "  /data/audit: compacted 48 file(s) into 1, vacuumed files past its window (interval 1 days) (3.2 s)",
                               "  /data/checkpoint_runs: does not exist yet (nothing to do)", "maintenance done"]
     failed = MaintenanceReport((done, dataclasses.replace(done, table="/data/checkpoint", error="IOError: denied")))
     assert failed.failed and failed.lines()[2] == "  /data/checkpoint: FAILED: IOError: denied"

@@ -1,9 +1,9 @@
 """``--maintain``: compact and vacuum the state tables (audit, checkpoint, lease, runs), Delta's own way.
 
 For each table that exists: ``OPTIMIZE`` (bin-packing: the audit's closed days keep the small files
-auto compaction had not yet gathered; ``storage.upkeep``), then ``VACUUM`` with the retention of the
-tables' time-travel window (``storage.table_retention_days``, = ``delta.deletedFileRetentionDuration``
-= ``delta.logRetentionDuration``). The audit is the record of what moved: neither removes a row. OPTIMIZE
+auto compaction had not yet gathered; ``storage.upkeep``), then ``VACUUM`` keeping the table's own
+time-travel window (its ``delta.deletedFileRetentionDuration``, which a run sets to ``storage.table_retention_days``
+under its lease). The audit is the record of what moved: neither removes a row. OPTIMIZE
 rewrites files without changing data; VACUUM deletes only files that no version of the window reads,
 never one the table holds now, and Delta's safety check stays on.
 
@@ -35,7 +35,7 @@ class TableUpkeep:
 
     table: str
     exists: bool
-    retain_hours: int = 0  # VACUUM's retention
+    window: str = ""  # what VACUUM kept: the table's delta.deletedFileRetentionDuration
     files_removed: int = 0  # by OPTIMIZE (small files compacted)
     files_added: int = 0
     seconds: float = 0.0
@@ -47,7 +47,7 @@ class TableUpkeep:
         if self.error is not None:
             return f"  {self.table}: FAILED: {self.error}"
         return (f"  {self.table}: compacted {self.files_removed} file(s) into {self.files_added}, vacuumed "
-                f"files older than {self.retain_hours} h ({self.seconds:.1f} s)")
+                f"files past its window ({self.window}) ({self.seconds:.1f} s)")
 
 
 @dataclass(frozen=True)
@@ -69,26 +69,27 @@ def state_tables(config: SyphonConfig) -> tuple[str, ...]:
     return (storage.audit_table, storage.checkpoint_table, storage.resolved_lease_table, storage.resolved_runs_table)
 
 
-def maintain_table(spark: SparkSession, table: str, retention_days: int = upkeep.DEFAULT_RETENTION_DAYS) -> TableUpkeep:
-    """OPTIMIZE then VACUUM (keeping ``retention_days``) one table, each retried on a concurrent-modification
-    conflict."""
+def maintain_table(spark: SparkSession, table: str) -> TableUpkeep:
+    """OPTIMIZE then VACUUM one table, each retried on a concurrent-modification conflict."""
     if not tables.table_exists(spark, table):
         return TableUpkeep(table, exists=False)
-    name, hours = tables.sql_name(table), upkeep.vacuum_retain_hours(retention_days)
+    name = tables.sql_name(table)
     started = time.monotonic()
+    window = ""
     try:
+        window = upkeep.table_properties(spark, name).get("delta.deletedFileRetentionDuration",
+                                                          upkeep.DELTA_DEFAULT_FILE_RETENTION)
         removed, added = upkeep.retried(lambda: upkeep.optimize(spark, name), tables.is_commit_conflict,
                                         f"OPTIMIZE {table}")
-        upkeep.retried(lambda: upkeep.vacuum(spark, name, hours), tables.is_commit_conflict, f"VACUUM {table}")
+        upkeep.retried(lambda: upkeep.vacuum(spark, name), tables.is_commit_conflict, f"VACUUM {table}")
     except Exception as exc:  # noqa: BLE001 - one table's failure is reported, the others are still maintained
         logger.debug("maintenance of %s failed", table, exc_info=True)
-        return TableUpkeep(table, exists=True, retain_hours=hours, seconds=time.monotonic() - started,
+        return TableUpkeep(table, exists=True, window=window, seconds=time.monotonic() - started,
                            error=describe(exc))
-    return TableUpkeep(table, exists=True, retain_hours=hours, files_removed=removed, files_added=added,
+    return TableUpkeep(table, exists=True, window=window, files_removed=removed, files_added=added,
                        seconds=time.monotonic() - started)
 
 
 def maintain(spark: SparkSession, config: SyphonConfig) -> MaintenanceReport:
     """Maintain every state table of ``config`` in turn (one after the other: each is a few Spark jobs)."""
-    return MaintenanceReport(tuple(maintain_table(spark, table, config.storage.table_retention_days)
-                                   for table in state_tables(config)))
+    return MaintenanceReport(tuple(maintain_table(spark, table) for table in state_tables(config)))

@@ -47,11 +47,8 @@ def retention_properties(days: int) -> Properties:
     window = f"interval {int(days)} days"
     return (("delta.logRetentionDuration", window), ("delta.deletedFileRetentionDuration", window))
 
-
-def vacuum_retain_hours(days: int) -> int:
-    """VACUUM's retention for a window of ``days``: the deleted-file retention (Delta's own safety check
-    refuses less)."""
-    return int(days) * 24
+# What Delta keeps of replaced files where a table does not say (its own default).
+DELTA_DEFAULT_FILE_RETENTION = "interval 1 week"
 
 # Attempts of an OPTIMIZE or VACUUM that lost a race to another commit (a syphon's append, its own
 # auto compaction), and the pause between them.
@@ -83,11 +80,12 @@ def optimize(spark: SparkSession, sql_name: str) -> tuple[int, int]:
     return (0, 0) if metrics is None else (metrics["numFilesRemoved"], metrics["numFilesAdded"])
 
 
-def vacuum(spark: SparkSession, sql_name: str, retain_hours: int) -> None:
-    """Delete the files no version of the last ``retain_hours`` reads (never a file the table holds now).
-    Delta's safety check (``retentionDurationCheck``) stays on: it refuses a retention below the table's
-    ``delta.deletedFileRetentionDuration``."""
-    spark.sql(f"VACUUM {sql_name} RETAIN {int(retain_hours)} HOURS").collect()
+def vacuum(spark: SparkSession, sql_name: str) -> None:
+    """Delete the files no version of the table's window reads (never a file the table holds now): the window
+    is the table's own ``delta.deletedFileRetentionDuration``, as the syphon last set it under its lease. A
+    table an older version left with a longer window keeps it until a run sets the configured one (a property
+    change fails a racing append, so maintenance, which holds no lease, never makes one)."""
+    spark.sql(f"VACUUM {sql_name}").collect()
 
 
 def retried(action: Callable[[], T], is_conflict: Callable[[BaseException], bool], what: str, *,
