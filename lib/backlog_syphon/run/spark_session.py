@@ -141,7 +141,25 @@ def build_spark_session(app_name: str = "backlog-syphon", master: str | None = N
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel(log_level)
+    write_no_local_checksums(spark)
     return spark
+
+
+def write_no_local_checksums(spark: SparkSession) -> None:
+    """Have this JVM's local file system write no checksum file beside each file it writes.
+
+    Hadoop's local file system keeps a hidden ``.<name>.crc`` beside every file; cloud file systems have
+    none. A Delta commit writes two files (its JSON and its checksum), so each left four entries in the
+    ``_delta_log`` folder, which every commit lists whole on a local disk (41-48 us an entry here): half of
+    what a local table's log costs per batch, and a process started (``chmod``, where Hadoop's native
+    library is missing) for every file created. Files written before keep theirs and are still verified.
+    The setting belongs to the file system instance Hadoop caches for ``file:`` in this JVM, which every
+    writer of a session the syphon builds (driver and local executors) is handed."""
+    try:
+        jvm = spark._jvm
+        jvm.org.apache.hadoop.fs.FileSystem.getLocal(spark._jsc.hadoopConfiguration()).setWriteChecksum(False)
+    except Exception as exc:  # noqa: BLE001 - only speed is at stake
+        logger.info("the local file system keeps writing checksum files (%s)", type(exc).__name__)
 
 
 def spark_line(version: str) -> tuple[int, int]:
