@@ -206,9 +206,12 @@ def test_the_tables_are_created_with_their_upkeep_and_an_older_table_gets_it_at_
     assert upkeep.properties_to_set(properties(older), wanted) == {}
     operations = [row["operation"] for row in spark.sql(f"DESCRIBE HISTORY delta.`{older}`").collect()]
     assert operations.count("SET TBLPROPERTIES") == 1, operations
-    # The 1-day tables moved to the 3-day window in that same start (one commit each), Delta's rule kept:
-    # the log's window is never shorter than the files'.
-    assert all(properties(table)["delta.logRetentionDuration"] == "interval 3 days" for table in names)
+    # The 1-day tables that start named moved to the 3-day window in it (one commit each), Delta's rule
+    # kept: the log's window is never shorter than the files'. The checkpoint table it did not name keeps 1.
+    assert [properties(table)["delta.logRetentionDuration"] for table in names] == [
+        "interval 3 days", "interval 1 days", "interval 3 days"]
+    assert [properties(table)["delta.deletedFileRetentionDuration"] for table in names] == [
+        "interval 3 days", "interval 1 days", "interval 3 days"]
 
 
 def test_an_audit_table_an_older_version_wrote_gets_the_redrive_columns(spark, tmp_path):
