@@ -97,7 +97,7 @@ bench-emulator: setup ## The emulator's ceiling with the SDK alone, at 0, 5 and 
 
 # SOAK_ARGS="--batches 40": a short run of a few minutes; `$(PY) bench/soak.py --help` lists the rest.
 SOAK_ARGS ?=
-soak: setup ## The continuous syphon under a trickle for 2,000 batches (~70 min): per-tenth costs, memory, table files
+soak: setup ## The continuous syphon under a trickle for 2,000 batches (~80 min): per-tenth costs, memory, table files
 	$(PY) bench/soak.py $(SOAK_ARGS)
 
 lint: setup ## Byte-compile everything and look for unused names and other obvious mistakes

@@ -187,6 +187,23 @@ def targets(rows: Sequence[Tenth], *, audit_files_end: int | None, status_early:
     ]
 
 
+def past_start(batches: Sequence[BatchFigure], rows: Sequence[Tenth]) -> Target | None:
+    """The last tenth's median ``foreachBatch`` against the first tenth's second half: the first tenth also
+    holds the job's start (the JVM's compiler warming up, the catch-up's larger batches, the early
+    ``--status`` beside it), which flatters a ratio against it. A figure to read beside the targets, with the
+    same limit; None for a run too short to have a second half."""
+    batches = sorted(batches, key=lambda b: b.ended_at)
+    groups = tenth_groups(len(batches))
+    if not groups or len(groups[0]) < 2:
+        return None
+    first = groups[0]
+    settled = median([batches[i].seconds for i in first[len(first) // 2:]])
+    last = rows[-1].seconds_median
+    return Target(f"median foreachBatch seconds, last tenth / batches {batches[first[len(first) // 2]].batch_id}-"
+                  f"{batches[first[-1]].batch_id} (past the start)", ratio(last, settled), 1.1,
+                  " -> ".join("-" if v is None else f"{v:.2f} s" for v in (settled, last)))
+
+
 def _cell(value, digits: int = 2) -> str:
     if value is None:
         return "-"

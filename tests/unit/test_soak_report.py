@@ -88,3 +88,17 @@ def test_targets_of_a_run_without_batches_are_unknown():
     targets = soak_report.targets([], audit_files_end=None, status_early=None, status_end=3.0, batches=0,
                                   status_early_batches=0)
     assert [t.met for t in targets] == [None] * 5
+
+
+def test_past_the_start_compares_the_last_tenth_with_the_first_tenths_second_half():
+    # 40 batches: the first two of the first tenth's four are the start (3 s), the rest 1 s, the last tenth 1.2 s.
+    run = batches(40, seconds=lambda i: 3.0 if i < 2 else (1.2 if i >= 36 else 1.0))
+    rows = soak_report.tenths(run, [], [])
+    assert rows[0].seconds_median == 2.0 and rows[-1].seconds_median == pytest.approx(1.2)
+    settled = soak_report.past_start(run, rows)
+    assert settled.value == pytest.approx(1.2) and settled.met is False  # against the first tenth: 0.6, met
+    assert settled.measure == "median foreachBatch seconds, last tenth / batches 2-3 (past the start)"
+    assert settled.detail == "1.00 s -> 1.20 s"
+    short = batches(9)  # nine tenths of one batch each: no second half
+    assert soak_report.past_start(short, soak_report.tenths(short, [], [])) is None
+    assert soak_report.past_start([], []) is None
