@@ -196,11 +196,10 @@ def past_start(batches: Sequence[BatchFigure], rows: Sequence[Tenth]) -> Target 
     groups = tenth_groups(len(batches))
     if not groups or len(groups[0]) < 2:
         return None
-    first = groups[0]
-    settled = median([batches[i].seconds for i in first[len(first) // 2:]])
-    last = rows[-1].seconds_median
-    return Target(f"median foreachBatch seconds, last tenth / batches {batches[first[len(first) // 2]].batch_id}-"
-                  f"{batches[first[-1]].batch_id} (past the start)", ratio(last, settled), 1.1,
+    half = [batches[i] for i in groups[0][len(groups[0]) // 2:]]
+    settled, last = median([b.seconds for b in half]), rows[-1].seconds_median
+    return Target(f"median foreachBatch seconds, last tenth / batches {half[0].batch_id}-{half[-1].batch_id} "
+                  "(past the start)", ratio(last, settled), 1.1,
                   " -> ".join("-" if v is None else f"{v:.2f} s" for v in (settled, last)))
 
 
