@@ -149,6 +149,41 @@ def test_a_partitioned_queue_holding_partition_0s_messages_only_is_read_and_purg
         assert _left(emulator) == 0
 
 
+@pytest.mark.timeout(120)
+def test_a_partitioned_purge_verifies_partition_by_partition_and_reaches_a_recorded_message_behind_the_others(
+        one_per_peek_emulator, tmp_path):
+    """160 messages over the 16 partitions (10 each), peeks answering one message per call; recorded (to be
+    verified, as after a failed round): partition 0's first message and partition 15's. The verification peeks
+    the two partitions' ranges only (a walk from the first to the last would page through the 140 messages of
+    partitions 1-14 one by one); the receives take each partition's next message in turn, and the round reaches
+    partition 15's message behind the released heads of partitions 1-14 (a receive that asked for the one
+    recorded message left would bring partitions 1, 2, 3 ... one a call, and end on the idle bound first)."""
+    from backlog_syphon.model import RecordedSpan
+    from backlog_syphon.partitions import absolute
+    from backlog_syphon.servicebus.clients import pooled_receiver
+    from backlog_syphon.servicebus.peek import peek_identities
+    from backlog_syphon.servicebus.purge import purge_backlog
+    from backlog_syphon.servicebus.purge_plan import PurgePlan
+
+    emulator = one_per_peek_emulator
+    _partitioned(emulator)
+    config = make_config(emulator, tmp_path, **{"backlog.queue_count": 1})
+    _write_singles(config, _originals("verify", 160))
+    heads = {}
+    with pooled_receiver(config.secondary, QUEUE) as receiver:
+        for partition in (0, 15):
+            [(seq, enqueued_ms)] = peek_identities(receiver, absolute(partition, 1), absolute(partition, 1))
+            heads[partition] = RecordedSpan(QUEUE, seq, seq, enqueued_ms, enqueued_ms, 1)
+    peeks_before = emulator.stats(SECONDARY)[QUEUE]["ops"].get("peek", 0)
+
+    result = purge_backlog(config.secondary, PurgePlan(QUEUE, (heads[0], heads[15]), 2, verify=True, partitioned=True))
+    peeks = emulator.stats(SECONDARY)[QUEUE]["ops"].get("peek", 0) - peeks_before
+    print(f"\n[partitioned purge] {peeks} peeks, completed {result.completed}, released {result.released}")
+    assert (result.completed, result.remaining, set(result.settled)) == (2, (), {heads[0], heads[15]})
+    assert peeks <= 12  # each partition's message and the look past it, twice at most, and the closing looks
+    assert _left(emulator) == 158
+
+
 @pytest.mark.timeout(600)
 def test_a_queue_recreated_partitioned_is_a_new_incarnation_drained_from_its_start(spark, emulator, tmp_path):
     from backlog_syphon.run.syphon import run_syphon

@@ -4,7 +4,7 @@ messages exist, so neither ends the round; only recorded messages are settled, a
 from __future__ import annotations
 
 from backlog_syphon.model import RecordedSpan
-from backlog_syphon.partitions import absolute
+from backlog_syphon.partitions import LANES, absolute
 from backlog_syphon.servicebus.purge_plan import PARTITIONED_IDLE_RECEIVES, PurgePlan, PurgeProgress
 from backlog_syphon.sink.queue_marks import renumbered
 from backlog_syphon.model import CheckpointRow
@@ -59,11 +59,31 @@ def test_the_round_ends_after_a_bound_of_receives_that_bring_nothing_recorded():
     assert progress.stopped and progress.completed == 1
 
 
-def test_credit_never_exceeds_the_recorded_messages_left():
-    progress = PurgeProgress(plan(span(1, 1, 3)))
-    assert progress.credit() == 3
-    progress.on_settled(len(progress.on_page(identities(1, 1) + identities(4, 1)).complete))
-    assert progress.credit() == 2
+def test_credit_is_the_recorded_messages_left_but_at_least_one_per_partition():
+    progress = PurgeProgress(plan(*(span(p, 1, 3) for p in range(8))))
+    assert progress.credit() == 24
+    progress.on_settled(len(progress.on_page([i for p in range(7) for i in identities(p, 1, 2, 3)]).complete))
+    assert progress.credit() == LANES  # 3 recorded left, but a receive takes each partition's next in turn
+    assert PurgeProgress(plan(*(span(p, 1, 3) for p in range(8))), page=10).credit() == 10  # a page still bounds it
+
+
+def test_a_recorded_message_behind_the_released_heads_of_every_other_partition_is_reached():
+    """Receives take each partition's next message in turn, and what the purge releases is at its partition's head
+    again. Every partition but 13 holds only unrecorded messages: a receive asking for the recorded messages left
+    (one) would bring partitions 0, 1, 2, 3 in turn, release each, and end the round on the idle bound."""
+    progress = PurgeProgress(plan(span(13, 1, 1)))
+    heads = {p: identities(p, 2 if p == 13 else 1)[0] for p in range(LANES)} | {13: identities(13, 1)[0]}
+    turn = 0
+    while credit := progress.credit():
+        page = [heads[(turn + k) % LANES] for k in range(min(credit, LANES))]
+        turn += len(page)
+        progress.on_settled(len(progress.on_page(page).complete))
+    assert progress.completed == 1 and progress.released == LANES - 1
+
+
+def test_a_partitioned_plan_is_verified_partition_by_partition():
+    assert plan(span(9, 4, 6), span(0, 1, 3), span(9, 7, 8), span(0, 4, 5)).ranges == (
+        (absolute(0, 1), absolute(0, 5)), (absolute(9, 4), absolute(9, 8)))
 
 
 def test_a_plain_queue_still_stops_at_the_first_empty_or_unrecorded_receive():

@@ -151,7 +151,7 @@ def test_a_verified_plan_expects_only_the_present_messages_it_holds():
 
 def test_a_plan_spans_range_covers_its_spans():
     plan = plan_of(span(8, 9), span(3, 5))
-    assert (plan.first, plan.last) == (3, 9)
+    assert (plan.ranges, plan.last) == (((3, 9),), 9)
     assert plan.holds(msg(4)) and plan.holds(msg(9))
     assert not plan.holds(msg(6)) and not plan.holds((4, T0 + 50_000))
 

@@ -27,7 +27,8 @@ from azure.servicebus.exceptions import MessageLockLostError, MessagingEntityNot
 
 from backlog_syphon.config import NamespaceConfig
 from backlog_syphon.errors import BacklogQueueMissingError
-from backlog_syphon.servicebus.clients import pooled_receiver
+from backlog_syphon.partitions import lane_key, partition_of
+from backlog_syphon.servicebus.clients import each_at_once, pooled_receiver
 from backlog_syphon.servicebus.peek import first_identity_from, peek_identities
 from backlog_syphon.servicebus.purge_plan import (
     BulkSettlement,
@@ -68,7 +69,7 @@ def purge_backlog(namespace: NamespaceConfig, plan: PurgePlan, *, timing: Settle
     for fresh_link in (False, True):
         try:
             with pooled_receiver(namespace, plan.queue, purpose="settle") as receiver:  # a failed link leaves the pool
-                return _purge(receiver, plan, timing, max_wait_seconds)
+                return _purge(namespace, receiver, plan, timing, max_wait_seconds)
         except (MessagingEntityNotFoundError, BacklogQueueMissingError):
             # A pooled link to a queue deleted and created since says "not found" too: ask once on a fresh one.
             if fresh_link:
@@ -77,9 +78,10 @@ def purge_backlog(namespace: NamespaceConfig, plan: PurgePlan, *, timing: Settle
     return PurgeResult(0, 0, 0, (), plan.spans)
 
 
-def _purge(receiver, plan: PurgePlan, timing: SettleTiming, max_wait_seconds: float) -> PurgeResult:
+def _purge(namespace: NamespaceConfig, receiver, plan: PurgePlan, timing: SettleTiming,
+           max_wait_seconds: float) -> PurgeResult:
     if plan.verify and plan.expected:
-        plan = plan.verified(peek_identities(receiver, plan.first, plan.last))
+        plan = plan.verified(_present(namespace, receiver, plan))
     progress = PurgeProgress(plan, timing=timing)
     passed_over: list = []  # messages that stay (held, or left by a re-drive): locked until the round ends
     revoke_credit(receiver)  # the link's attach gave the broker one credit of its own
@@ -115,6 +117,22 @@ def _purge(receiver, plan: PurgePlan, timing: SettleTiming, max_wait_seconds: fl
     heads = {span.first: first_identity_from(receiver, span.first, confirm=unsettled) for span in plan.spans}
     release_buffered(receiver)
     return progress.result(heads)
+
+
+def _present(namespace: NamespaceConfig, receiver, plan: PurgePlan) -> list:
+    """The identities of the messages still in the plan's ranges (``PurgePlan.ranges``), peeked. A partitioned
+    queue's partitions are walked at once, each on its lane's pooled peek link: a peek may answer one message
+    a call there (as reported of the service), and 16 walks one after the other would cost their round trips
+    end to end."""
+    if len(plan.ranges) <= 1:
+        return [identity for first, last in plan.ranges for identity in peek_identities(receiver, first, last)]
+
+    def walk(lane: tuple[int, int]) -> list:
+        with pooled_receiver(namespace, lane_key(plan.queue, partition_of(lane[0]))) as lane_receiver:
+            return peek_identities(lane_receiver, *lane)
+
+    return [identity for present in each_at_once(plan.ranges, walk, name="purge-verify").values()
+            for identity in present]
 
 
 def _settle_page(receiver, plan: PurgePlan, progress: PurgeProgress, timing: SettleTiming, page: list,

@@ -34,7 +34,10 @@ Invariants:
   partitions and can come back empty while messages exist, so neither an empty receive nor an unrecorded
   message (another partition's, read by no batch yet) says that the recorded ones are gone. There the
   round goes on, releasing at once what no span holds (no delivery count, never settled), until every
-  recorded message was seen or ``PARTITIONED_IDLE_RECEIVES`` receives in a row brought nothing recorded.
+  recorded message was seen or ``PARTITIONED_IDLE_RECEIVES`` receives in a row brought nothing recorded;
+  and each receive asks for at least one message per partition (``LANES``), since one that asks for fewer
+  can keep bringing the released messages of partitions that are done. Its verification peeks partition
+  by partition (``PurgePlan.ranges``), never across partitions.
   What is left is still decided by looking: a peek at a span's first number answers from that span's
   partition while it holds anything there, and spans never cross partitions.
 - Settling never outlives the locks (``settle_timing``): a page holds no more messages than the requests
@@ -50,7 +53,7 @@ import dataclasses
 from dataclasses import dataclass, field
 
 from backlog_syphon.model import HeldSpan, RecordedSpan
-from backlog_syphon.partitions import is_partitioned_number
+from backlog_syphon.partitions import LANES, is_partitioned_number, partition_of
 from backlog_syphon.servicebus.settle_timing import SettleTiming, page_size
 
 RECEIVE_PAGE = 100  # messages asked for per receive call, at most
@@ -153,10 +156,6 @@ class PurgePlan:
             raise ValueError(f"invalid purge plan for {self.queue}: expected={self.expected}")
 
     @property
-    def first(self) -> int:
-        return min((span.first for span in self.spans), default=1)
-
-    @property
     def last(self) -> int:
         return max((span.last for span in self.spans), default=0)
 
@@ -167,6 +166,17 @@ class PurgePlan:
         """Whether ``identity`` (which no span holds) may be a message that stays in the queue: held for a
         skipped destination, or left in a dead-letter sub-queue by a re-drive."""
         return self.passing or (self.held is not None and self.held.holds(*identity))
+
+    @property
+    def ranges(self) -> tuple[tuple[int, int], ...]:
+        """Where the recorded messages lie, ``(first, last)`` per partition (one range for a queue that is one
+        ordered log): what a verification peeks. A peek walk from the first partition's first to the last
+        one's last would page through every message of every partition between, recorded or not."""
+        by_partition: dict[int, tuple[int, int]] = {}
+        for span in self.spans:
+            first, last = by_partition.get(partition_of(span.first), (span.first, span.last))
+            by_partition[partition_of(span.first)] = (min(first, span.first), max(last, span.last))
+        return tuple(by_partition[partition] for partition in sorted(by_partition))
 
     @property
     def interleaved(self) -> bool:
@@ -265,7 +275,13 @@ class PurgeProgress:
         if self.plan.passing:
             return page
         held_left = max(0, self.plan.held.count - self.passed) if self.plan.held is not None else 0
-        return min(page, self.plan.expected - self.seen + held_left)
+        wanted = self.plan.expected - self.seen + held_left
+        if self.plan.interleaved:
+            # A receive takes each partition's next message in turn: asked for fewer than the partitions, it can
+            # bring only partitions whose recorded messages are all settled (their unrecorded ones, released),
+            # again and again, and never reach the few recorded ones left elsewhere.
+            wanted = max(wanted, LANES)
+        return min(page, wanted)
 
     def locks_running_out(self) -> None:
         """The locks of the messages passed over are about to end: this round stops (they are released)."""
