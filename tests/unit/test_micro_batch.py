@@ -148,7 +148,8 @@ class Backlog:
         """``settle.purge_backlog`` against this backlog: verify, receive in order, settle what the plan holds."""
         held = self.queues[plan.queue]
         if plan.verify and plan.expected:
-            plan = plan.verified([m.identity for m in held if plan.first <= m.seq <= plan.last])
+            plan = plan.verified([m.identity for m in held
+                                  if any(first <= m.seq <= last for first, last in plan.ranges)])
         there = sum(plan.holds(m.identity) for m in held)
         if plan.expected > there:
             self.overasked.append((plan.queue, plan.expected, there))
