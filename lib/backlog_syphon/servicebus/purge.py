@@ -124,15 +124,15 @@ def _present(namespace: NamespaceConfig, receiver, plan: PurgePlan) -> list:
     queue's partitions are walked at once, each on its lane's pooled peek link: a peek may answer one message
     a call there (as reported of the service), and 16 walks one after the other would cost their round trips
     end to end."""
-    if len(plan.ranges) <= 1:
-        return [identity for first, last in plan.ranges for identity in peek_identities(receiver, first, last)]
+    ranges = plan.ranges
+    if len(ranges) == 1:
+        return peek_identities(receiver, *ranges[0])
 
     def walk(lane: tuple[int, int]) -> list:
         with pooled_receiver(namespace, lane_key(plan.queue, partition_of(lane[0]))) as lane_receiver:
             return peek_identities(lane_receiver, *lane)
 
-    return [identity for present in each_at_once(plan.ranges, walk, name="purge-verify").values()
-            for identity in present]
+    return [identity for present in each_at_once(ranges, walk, name="purge-verify").values() for identity in present]
 
 
 def _settle_page(receiver, plan: PurgePlan, progress: PurgeProgress, timing: SettleTiming, page: list,
