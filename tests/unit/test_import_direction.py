@@ -8,7 +8,7 @@ in milliseconds; the I/O lives in ``servicebus`` (Service Bus), ``storage`` (Del
 import counts, also one inside a function.
 
 The one exception is Spark's DataFrame API: ``restore.rules``, ``run.dry_run_plan`` and the row
-schemas of ``restore.rows`` are pure transforms built from column expressions and types
+schemas of ``rows`` are pure transforms built from column expressions and types
 (``pyspark.sql.functions``, ``Column``, ``DataFrame``, ``pyspark.sql.types``), which touch no
 session, no table and no stream. They may import those, and nothing else of ``pyspark.sql``.
 
@@ -51,7 +51,8 @@ PURE_MODULES = (
     "backlog_syphon.restore.amqp.restoring",
     "backlog_syphon.restore.legacy_properties",
     "backlog_syphon.restore.queue_names",
-    "backlog_syphon.restore.rows",
+    "backlog_syphon.restore.backlog_rows",
+    "backlog_syphon.rows",
     "backlog_syphon.restore.rules",
     "backlog_syphon.restore.destination_fit",
     "backlog_syphon.restore.redrive",
@@ -68,9 +69,12 @@ PURE_MODULES = (
     "backlog_syphon.sink.micro_batch",
     "backlog_syphon.sink.outcome_aggregate",
     "backlog_syphon.sink.fault_plan",
-    "backlog_syphon.servicebus.purge_plan",
-    "backlog_syphon.servicebus.settle_timing",
-    "backlog_syphon.servicebus.peek_pages",
+    "backlog_syphon.purge",
+    "backlog_syphon.purge.plan",
+    "backlog_syphon.purge.progress",
+    "backlog_syphon.purge.bulk_settlement",
+    "backlog_syphon.purge.settle_timing",
+    "backlog_syphon.peek_pages",
     "backlog_syphon.servicebus.access",
     "backlog_syphon.run.lease",
     "backlog_syphon.run.dry_run_plan",
@@ -101,7 +105,7 @@ SPARK_TRANSFORMS = ("pyspark.sql.functions", "pyspark.sql.types", "pyspark.sql.C
 ALLOWED = {
     "backlog_syphon.restore.rules": SPARK_TRANSFORMS,
     "backlog_syphon.restore.redrive": SPARK_TRANSFORMS,
-    "backlog_syphon.restore.rows": ("pyspark.sql.types", "pyspark.sql.pandas.types"),
+    "backlog_syphon.rows": ("pyspark.sql.types", "pyspark.sql.pandas.types"),
     "backlog_syphon.run.dry_run_plan": SPARK_TRANSFORMS,
 }
 
@@ -222,6 +226,9 @@ RANKS = {
     "model": 1, "config": 1, "errors": 1, "timeline": 1, "restore": 1,  # the vocabulary, the settings, pure restoring
     "partitions": 1,  # a partitioned queue's sequence numbers, which source, servicebus and sink share
     "probing": 1,  # the probe searches, which the planner (source) and the counts (servicebus) share
+    "peek_pages": 1,  # reading a range with peeks that come back short or empty: the source's, the purge's, the counts'
+    "purge": 1,  # the purge's decisions, which its I/O (servicebus) and its runner (sink) share
+    "rows": 1,  # the row schemas and their Arrow form: the source's, the sink's and the tables'
     "servicebus": 2, "storage": 2,  # the I/O of one system each
     "source": 3, "sink": 3,
     "run": 4,  # the wiring

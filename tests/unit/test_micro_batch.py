@@ -25,7 +25,9 @@ import pytest
 from backlog_syphon.config import SinkConfig
 from backlog_syphon.errors import BatchFailedError, DestinationUnavailableError, LeaseLostError
 from backlog_syphon.model import Action, CheckpointRow, DeadLetterOrder, Outcome, ReasonCode
-from backlog_syphon.servicebus.purge_plan import BulkSettlement, PurgePlan, PurgeProgress, PurgeResult
+from backlog_syphon.purge.bulk_settlement import BulkSettlement
+from backlog_syphon.purge.plan import PurgePlan, PurgeResult
+from backlog_syphon.purge.progress import PurgeProgress
 from backlog_syphon.sink.delivery import Outgoing, PartialSendError, RoundLimits, SendFailure, deliver_rows
 from backlog_syphon.sink.micro_batch import (
     ATTEMPTS_PER_BATCH,

@@ -5,16 +5,10 @@ import dataclasses
 import pytest
 
 from backlog_syphon.model import HeldSpan, RecordedSpan
-from backlog_syphon.servicebus.purge_plan import (
-    BulkSettlement,
-    PageActions,
-    PurgePlan,
-    PurgeProgress,
-    PurgeResult,
-    dead_letter_groups,
-    span_after_peek,
-)
-from backlog_syphon.servicebus.settle_timing import SettleTiming
+from backlog_syphon.purge.bulk_settlement import BulkSettlement
+from backlog_syphon.purge.plan import PurgePlan, PurgeResult, span_after_peek
+from backlog_syphon.purge.progress import PageActions, PurgeProgress, dead_letter_groups
+from backlog_syphon.purge.settle_timing import SettleTiming
 
 T0 = 1_700_000_000_000  # enqueue times in ms: message n of the first incarnation entered at T0 + n
 
@@ -360,7 +354,7 @@ def test_a_page_whose_locks_are_all_gone_stops_after_a_few_requests_not_two_per_
 
 
 def test_a_message_received_twice_in_one_page_is_settled_once_by_its_latest_delivery():
-    from backlog_syphon.servicebus.purge_plan import latest_of_each
+    from backlog_syphon.purge.progress import latest_of_each
 
     assert latest_of_each([5, 6, 7]) == ([0, 1, 2], [])
     # 6 came back (its earlier delivery's lock given up) after 7: the later copy is kept, the earlier given back

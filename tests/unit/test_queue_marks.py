@@ -7,7 +7,7 @@ import datetime as dt
 import pytest
 
 from backlog_syphon.model import CheckpointRow, DeadLetterOrder, HeldSpan, RecordedSpan
-from backlog_syphon.servicebus.purge_plan import PurgePlan, PurgeResult
+from backlog_syphon.purge.plan import PurgePlan, PurgeResult
 from backlog_syphon.sink.queue_marks import (
     Unpurged,
     add_recorded,

@@ -16,7 +16,7 @@ Int32 = int  # an int stored as a 32-bit column (table schemas are derived from 
 
 
 class OutcomeRecord(TypedDict):
-    """One backlog message's outcome: a row of the audit table (``restore.rows.OUTCOME_ROW_SCHEMA``,
+    """One backlog message's outcome: a row of the audit table (``rows.OUTCOME_ROW_SCHEMA``,
     which the table extends with its partition column ``outcome_date``).
 
     A ``TypedDict``, not a dataclass: the sink builds one per message and hands them to Arrow as

@@ -45,7 +45,7 @@ from backlog_syphon.restore.amqp.sections import broker_identity
 from backlog_syphon.restore.queue_names import dead_letter_queue_name, is_backlog_queue_name
 from backlog_syphon.servicebus.clients import each_at_once, open_client
 from backlog_syphon.servicebus.peek import LAST_SEQUENCE_NUMBER, administration_client, peek_raw
-from backlog_syphon.servicebus.peek_pages import PagedRead
+from backlog_syphon.peek_pages import PagedRead
 from backlog_syphon.servicebus.sdk_internals import prompt
 
 logger = logging.getLogger(__name__)

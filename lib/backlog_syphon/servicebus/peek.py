@@ -27,7 +27,7 @@ from backlog_syphon.restore.queue_names import is_backlog_queue_name
 from backlog_syphon.servicebus.access import discovery_refused, discovery_skipped_line
 from backlog_syphon.servicebus.clients import each_at_once, pooled_receiver
 from backlog_syphon.servicebus.credentials import credential_for
-from backlog_syphon.servicebus.peek_pages import PEEK_PAGE_SIZE, PagedRead
+from backlog_syphon.peek_pages import PEEK_PAGE_SIZE, PagedRead
 from backlog_syphon.servicebus.sdk_internals import entity_name, peek_stored_bytes
 
 logger = logging.getLogger(__name__)

@@ -1,7 +1,7 @@
 """The purge's I/O: receive exactly what is planned, complete or dead-letter what
 the plan holds by identity, release anything else, and leave no receive credit open.
 
-The decisions are ``purge_plan.PurgeProgress``'s and the timing ``settle_timing.SettleTiming``'s (both
+The decisions are ``purge.progress.PurgeProgress``'s and the timing ``purge.settle_timing.SettleTiming``'s (both
 pure); this is the I/O. Nothing here completes a backlog message unless one of the plan's recorded spans
 holds it (sequence number and enqueue time). The receive goes through the SDK's decoder, which only needs
 sequence numbers, enqueue times and lock tokens here (``sdk_internals`` teaches it the AMQP types legacy
@@ -30,14 +30,9 @@ from backlog_syphon.errors import BacklogQueueMissingError
 from backlog_syphon.partitions import lane_key, partition_of
 from backlog_syphon.servicebus.clients import each_at_once, pooled_receiver
 from backlog_syphon.servicebus.peek import first_identity_from, peek_identities
-from backlog_syphon.servicebus.purge_plan import (
-    BulkSettlement,
-    PurgePlan,
-    PurgeProgress,
-    PurgeResult,
-    dead_letter_groups,
-    latest_of_each,
-)
+from backlog_syphon.purge.bulk_settlement import BulkSettlement
+from backlog_syphon.purge.plan import PurgePlan, PurgeResult
+from backlog_syphon.purge.progress import PurgeProgress, dead_letter_groups, latest_of_each
 from backlog_syphon.servicebus.sdk_internals import (
     complete_by_lock_tokens,
     dead_letter_by_lock_tokens,
@@ -46,7 +41,7 @@ from backlog_syphon.servicebus.sdk_internals import (
     release_message,
     revoke_credit,
 )
-from backlog_syphon.servicebus.settle_timing import SettleTiming
+from backlog_syphon.purge.settle_timing import SettleTiming
 
 # The logger keeps the module's former name (``servicebus.settle``): log pipelines may filter on it.
 logger = logging.getLogger("backlog_syphon.servicebus.settle")
@@ -200,7 +195,7 @@ def _release_passed_over(receiver, plan: PurgePlan, passed_over: list) -> None:
 
 
 def latest_deliveries(receiver, queue: str, page: list) -> list:
-    """``page`` with each message once, its latest delivery (``purge_plan.latest_of_each``); the earlier
+    """``page`` with each message once, its latest delivery (``purge.progress.latest_of_each``); the earlier
     ones are given back (a no-op for a lock already gone)."""
     keep, stale = latest_of_each([message.sequence_number for message in page])
     if not stale:
@@ -239,7 +234,7 @@ def settle_all(receiver, messages: list, deadline: float, timing: SettleTiming, 
                *, clock=time.time) -> BulkSettlement:
     """Complete received messages (``dead_letter`` None), or dead-letter them with one (reason code, reason),
     with one management request instead of one round trip each; a request refused for a lost lock is split
-    and tried again, and nothing is sent after ``deadline`` (``purge_plan.BulkSettlement``). Each request is
+    and tried again, and nothing is sent after ``deadline`` (``purge.bulk_settlement.BulkSettlement``). Each request is
     timed into ``timing``. Returns the settlement: what was settled, and what was not (a lost lock; the
     deadline, a broken link or every lock gone: ``left``, for the caller to release)."""
     by_seq = {message.sequence_number: message for message in messages}

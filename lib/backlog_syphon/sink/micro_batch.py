@@ -45,7 +45,7 @@ from typing import Protocol, Sequence
 
 from backlog_syphon.errors import BatchFailedError, DestinationUnavailableError
 from backlog_syphon.model import CheckpointRow, DeadLetterOrder, HeldSpan, Outcome, ReasonCode, RecordedSpan
-from backlog_syphon.servicebus.purge_plan import PurgePlan, PurgeResult
+from backlog_syphon.purge.plan import PurgePlan, PurgeResult
 from backlog_syphon.sink import queue_marks
 from backlog_syphon.sink.delivery import RoundLimits
 

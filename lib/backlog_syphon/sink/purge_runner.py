@@ -18,8 +18,8 @@ import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 
 from backlog_syphon.errors import describe
-from backlog_syphon.servicebus.purge_plan import PurgePlan, PurgeResult
-from backlog_syphon.servicebus.settle_timing import SettleTiming
+from backlog_syphon.purge.plan import PurgePlan, PurgeResult
+from backlog_syphon.purge.settle_timing import SettleTiming
 
 logger = logging.getLogger(__name__)
 

@@ -29,7 +29,7 @@ from typing import Iterable
 from backlog_syphon.model import CheckpointRow, DeadLetterOrder, HeldSpan, RecordedSpan
 from backlog_syphon.partitions import partition_of
 from backlog_syphon.restore.queue_names import is_dead_letter_queue_name, owning_queue
-from backlog_syphon.servicebus.purge_plan import PurgePlan, PurgeResult
+from backlog_syphon.purge.plan import PurgePlan, PurgeResult
 
 
 @dataclass(frozen=True)

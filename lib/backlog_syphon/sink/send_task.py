@@ -19,7 +19,7 @@ from typing import Callable, Iterator, Mapping
 from backlog_syphon.model import Action, Outcome, OutcomeRecord, ReasonCode, SendShape
 from backlog_syphon.restore.amqp.restoring import restore_message_bytes
 from backlog_syphon.restore.queue_names import is_dead_letter_queue_name
-from backlog_syphon.restore.rows import OUTCOME_ROW_ARROW_SCHEMA, record_batch
+from backlog_syphon.rows import OUTCOME_ROW_ARROW_SCHEMA, record_batch
 from backlog_syphon.sink import delivery
 from backlog_syphon.sink.fault_injection import lose_first_attempt, pause_at
 from backlog_syphon.sink.fault_plan import NO_FAULTS, FaultPlan

@@ -33,7 +33,7 @@ from backlog_syphon.model import CheckpointRow, DeadLetterOrder, Outcome, Pacing
 from backlog_syphon.partitions import PARTITION_SHIFT
 from backlog_syphon.restore import redrive, rules
 from backlog_syphon.restore.queue_names import DEAD_LETTER_SUBQUEUE
-from backlog_syphon.restore.rows import OUTCOME_ROW_SCHEMA
+from backlog_syphon.rows import OUTCOME_ROW_SCHEMA
 from backlog_syphon.sink import delivery
 from backlog_syphon.sink.fault_plan import NO_FAULTS, FaultPlan
 from backlog_syphon.sink.micro_batch import NOTHING_RECORDED, BatchAggregate, Recovery

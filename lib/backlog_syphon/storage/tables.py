@@ -29,7 +29,7 @@ from pyspark.sql.types import DateType, StructField, StructType
 
 from backlog_syphon.model import CheckpointRow, Lease, Outcome, RunRow
 from backlog_syphon.restore.queue_names import DEAD_LETTER_SUBQUEUE
-from backlog_syphon.restore.rows import OUTCOME_ROW_SCHEMA, arrow_schema, record_batch, struct_of
+from backlog_syphon.rows import OUTCOME_ROW_SCHEMA, arrow_schema, record_batch, struct_of
 from backlog_syphon.storage import upkeep
 from backlog_syphon.storage.commit_lock import commit_lock
 
