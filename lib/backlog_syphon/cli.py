@@ -42,7 +42,7 @@ from backlog_syphon.run.run_end import failure_end
 
 from backlog_syphon.errors import EXIT_BATCH_FAILED, EXIT_OK, EXIT_SETTINGS, SyphonError
 
-logger = logging.getLogger("backlog_syphon")
+logger = logging.getLogger(__name__)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -16,7 +16,7 @@ from backlog_syphon.restore.amqp import decoding
 from backlog_syphon.restore.amqp.decoding import AmqpDecodeError, decode_value
 from backlog_syphon.restore.amqp.encoding import encode_list_raw, encode_map_raw, encode_value
 from backlog_syphon.restore.amqp.message_decoding import decode_envelope, decode_message
-from backlog_syphon.restore.amqp.restoring import LegacyPropertiesError, restore_message_bytes
+from backlog_syphon.restore.restored_message import LegacyPropertiesError, restore_message_bytes
 from backlog_syphon.restore.amqp.sections import (
     SectionCode,
     encode_section,

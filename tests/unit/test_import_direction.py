@@ -45,10 +45,11 @@ PURE_MODULES = (
     "backlog_syphon.restore.amqp.decoding",
     "backlog_syphon.restore.amqp.encoding",
     "backlog_syphon.restore.amqp.annotations",
+    "backlog_syphon.restore.amqp.describing",
     "backlog_syphon.restore.amqp.sections",
     "backlog_syphon.restore.amqp.message",
     "backlog_syphon.restore.amqp.message_decoding",
-    "backlog_syphon.restore.amqp.restoring",
+    "backlog_syphon.restore.restored_message",
     "backlog_syphon.restore.legacy_properties",
     "backlog_syphon.restore.queue_names",
     "backlog_syphon.restore.backlog_rows",
@@ -321,3 +322,14 @@ def test_the_rank_check_sees_imports_inside_functions_relative_ones_and_the_pack
     assert rank_violations("from . import rules\n", "backlog_syphon.restore", is_package=True) == []
     assert rank_violations("", "backlog_syphon.plugins.x") == [
         "backlog_syphon.plugins.x is in a package without a rank: give it one in RANKS"]
+
+
+def test_the_amqp_package_imports_nothing_from_the_rest_of_restore():
+    """The codec knows AMQP and Service Bus's annotations, not the legacy client: ``restore.amqp`` imports only
+    itself from ``restore``."""
+    offenders = [f"{module}:{line} imports {target}"
+                 for path, module, is_package in library_modules() if module.startswith("backlog_syphon.restore.amqp")
+                 for line, target in library_imports(path.read_text(), module, is_package=is_package)
+                 if target.startswith("backlog_syphon.restore") and not target.startswith("backlog_syphon.restore.amqp")]
+    assert not offenders, offenders
+

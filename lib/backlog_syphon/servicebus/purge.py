@@ -44,7 +44,7 @@ from backlog_syphon.servicebus.sdk_internals import (
 from backlog_syphon.purge.settle_timing import SettleTiming
 
 # The logger keeps the module's former name (``servicebus.settle``): log pipelines may filter on it.
-logger = logging.getLogger("backlog_syphon.servicebus.settle")
+logger = logging.getLogger(__name__)
 
 UNKNOWN_LOCK_SECONDS = 60.0  # the service's default lock, for a page whose messages carry no locked-until
 DESCRIPTION_LIMIT = 1024  # characters of a reason kept as the DeadLetterErrorDescription

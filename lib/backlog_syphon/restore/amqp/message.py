@@ -27,7 +27,7 @@ from backlog_syphon.restore.amqp.annotations import (
 from backlog_syphon.restore.amqp.encoding import encode_value
 from backlog_syphon.restore.amqp.sections import SectionCode, encode_section
 from backlog_syphon.restore.amqp.values import Symbol, Timestamp, UByte, UInt, ULong
-from backlog_syphon.restore.legacy_properties import ms_to_datetime
+from backlog_syphon.restore.amqp.values import ms_to_datetime
 
 
 # Section descriptor codes (AMQP 1.0 part 3.2).

@@ -31,7 +31,7 @@ from backlog_syphon.restore.amqp.message import (
 )
 from backlog_syphon.restore.amqp.sections import BODY_SECTIONS, Section, _as_bytes, decode_sections
 from backlog_syphon.restore.amqp.values import MapPairs, Symbol
-from backlog_syphon.restore.legacy_properties import amqp_type_name, quote
+from backlog_syphon.restore.amqp.describing import amqp_type_name, quote
 
 
 def decode_message(raw: bytes) -> DecodedMessage:

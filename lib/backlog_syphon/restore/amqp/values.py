@@ -379,3 +379,16 @@ _ELEMENT_CLASSES: dict[AmqpType, tuple[type, ...]] = {
     AmqpType.SYMBOL: (Symbol,), AmqpType.LIST: (list,), AmqpType.MAP: (dict, MapPairs),
     AmqpType.ARRAY: (Array,),
 }
+
+
+def ms_to_datetime(ms: int) -> datetime:
+    """Milliseconds since the Unix epoch (an AMQP timestamp) to a tz-aware UTC datetime (OverflowError
+    outside years 1-9999)."""
+    return _EPOCH + timedelta(milliseconds=ms)
+
+
+def datetime_to_ms(value: datetime) -> int:
+    """A datetime (naive means UTC) to milliseconds since the Unix epoch, sub-millisecond part floored."""
+    if value.tzinfo is None:
+        value = value.replace(tzinfo=timezone.utc)
+    return (value - _EPOCH) // timedelta(milliseconds=1)
