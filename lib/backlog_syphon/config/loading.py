@@ -33,7 +33,7 @@ from backlog_syphon.config.types import (
     SinkConfig,
     StorageConfig,
 )
-from backlog_syphon.config.validation import _check_type, _credential, _validate
+from backlog_syphon.config.validation import check_type, credential_config, validate_sections
 from backlog_syphon.model import CredentialKind, RunSource
 
 ENV_PREFIX = "SYPHON__"
@@ -208,10 +208,10 @@ def _build(raw: dict, origin: str, resolve_secret: Callable[[Any, str], Any]) ->
             if key == "connection_string":
                 values[key] = None if value is None else resolve_secret(value, where)
             elif key == "credential":
-                values[key] = None if value is None else _credential(value, f"{name}.credential", origin,
+                values[key] = None if value is None else credential_config(value, f"{name}.credential", origin,
                                                                      resolve_secret)
             else:
-                values[key] = _check_type(value, known[key].type, where)
+                values[key] = check_type(value, known[key].type, where)
         sections[name] = cls(**values)
-    _validate(origin, **sections)
+    validate_sections(origin, **sections)
     return SyphonConfig(**sections)

@@ -33,7 +33,7 @@ _INTERVAL = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(second|seconds|minute|minutes|ho
 _FACTORY = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")  # module.path:callable
 
 
-def _credential(value: Any, key: str, origin: str, resolve_secret: Callable[[Any, str], Any]) -> CredentialConfig:
+def credential_config(value: Any, key: str, origin: str, resolve_secret: Callable[[Any, str], Any]) -> CredentialConfig:
     """``<namespace>.credential``: a mapping with ``kind`` and that kind's fields (``CREDENTIAL_FIELDS``)."""
     if isinstance(value, CredentialConfig):
         return value
@@ -73,7 +73,7 @@ def _credential(value: Any, key: str, origin: str, resolve_secret: Callable[[Any
     return CredentialConfig(**fields)
 
 
-def _check_type(value: Any, annotation: str, where: str) -> Any:
+def check_type(value: Any, annotation: str, where: str) -> Any:
     if value is None and "None" in annotation:
         return None
     if annotation.startswith("dict[str, str]"):
@@ -112,7 +112,7 @@ def _check_type(value: Any, annotation: str, where: str) -> Any:
     raise ConfigError(f"{where}: expected {expected}, got {shown}")
 
 
-def _validate(origin: str, *, primary: PrimaryConfig, secondary: NamespaceConfig, backlog: BacklogConfig,
+def validate_sections(origin: str, *, primary: PrimaryConfig, secondary: NamespaceConfig, backlog: BacklogConfig,
               storage: StorageConfig, run: RunConfig, restore: RestoreConfig, sink: SinkConfig,
               redrive: RedriveConfig) -> None:
     """The sections of one configuration, checked together before they make a ``SyphonConfig`` (which lives

@@ -18,7 +18,7 @@ One role per module, each importing only those above it here:
 The package knows AMQP and Service Bus's annotations, nothing of the legacy client: it imports nothing from
 the rest of ``restore`` (``restore.restored_message`` turns a backlog copy back into its original with it).
 
-Names with a leading underscore are the package's own: its modules share them, callers do not.
+A leading underscore marks a name its module keeps to itself; what the package's modules share is public.
 
 The codec's names are re-exported here; the message modules' are not, import them from their modules.
 """
