@@ -2,7 +2,7 @@
 per namespace on a port of its own, as Microsoft's emulator serves it on 5300 since its 2.0 release.
 
 It answers GET of queues, topics and subscriptions (properties and runtime counts) and their paged lists
-from the live broker state; anything else is a 501 that names what is not served. See
+from the live broker state, and DELETE of a queue; anything else is a 501 that names what is not served. See
 ``admin_routes`` (paths), ``admin_auth`` (who may ask), ``admin_views`` (what is reported) and
 ``admin_atom`` (the documents).
 
@@ -11,6 +11,8 @@ Invariants:
 - broker state is read on the broker's loop thread only (``Server.call``); a request thread never touches it;
 - a request is authenticated before anything is looked up; a queue or topic that does not exist is the
   service's empty feed (200) even for a caller without Manage, an existing one needs Manage (as on Azure);
+- deleting a queue needs Manage (a key with it, or Data Owner on the namespace or the queue) before anything
+  is looked up or changed: the service's 401 otherwise; a queue that does not exist is a 404;
 - each response is delayed by the namespace's latency (one round trip), like the AMQP side's frames.
 """
 from __future__ import annotations
@@ -27,7 +29,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Dict, Optional
 from urllib.parse import quote
 
-from . import aad, admin_atom, admin_views, cbs
+from . import aad, admin_atom, admin_views, cbs, fault_switches
 from .admin_auth import (MANAGE_CLAIMS_REQUIRED, Caller, Unauthenticated, authenticate, subscription_refusal)
 from .admin_routes import BadRequest, Route, RouteKind, route
 from .admin_tls import TlsFiles, server_context, write_certificates
@@ -40,8 +42,8 @@ ENTRY_TYPE = "application/atom+xml;type=entry;charset=utf-8"
 FEED_TYPE = "application/atom+xml;type=feed;charset=utf-8"
 ERROR_TYPE = "application/xml; charset=utf-8"
 NOT_SERVED = ("The emulator's administration API does not serve {what}. It answers GET of queues, topics and "
-              "subscriptions (properties and runtime counts) and their lists; entities come from the emulator's "
-              "configuration (or Emulator.add_queue at run time).")
+              "subscriptions (properties and runtime counts) and their lists, and DELETE of a queue; entities come "
+              "from the emulator's configuration (or Emulator.add_queue at run time).")
 
 
 @dataclass(frozen=True)
@@ -76,6 +78,8 @@ class NamespaceApi:
             return self._error(401, str(exc), path)
         if request.kind is RouteKind.UNSUPPORTED:
             return self._error(501, NOT_SERVED.format(what=request.unsupported), path)
+        if request.kind is RouteKind.DELETE_ENTITY:
+            return self._delete(caller, request.entity, path)
         if request.kind is RouteKind.GET_ENTITY:
             view = self.server.call(admin_views.find_entity, self.ns, request.entity)
             if view is None:
@@ -100,6 +104,20 @@ class NamespaceApi:
             return self._refuse_subscription("EnumerateSubscriptions", target)
         views = self.server.call(admin_views.list_subscriptions, self.ns, request.entity)
         return self._page(request, views, topic_path)
+
+    def _delete(self, caller: Caller, name: str, path: str) -> Reply:
+        """DELETE of a queue: Manage first (nothing is looked up for a caller without it), then 404 for a name
+        that is no queue, else the queue goes with its dead-letter queue and messages (``Emulator.delete_queue``)."""
+        if not self._may_manage(caller, name):
+            return self._error(401, MANAGE_CLAIMS_REQUIRED, path)
+        view = self.server.call(admin_views.find_entity, self.ns, name)
+        if view is None:
+            return self._error(404, f"The messaging entity '{name}' could not be found. "
+                                    f"(MessagingEntityNotFound)", path)
+        if view.kind is not EntityKind.QUEUE:
+            return self._error(501, NOT_SERVED.format(what="deleting topics"), path)
+        self.server.call(fault_switches.delete_queue, self.ns, name)
+        return Reply(200)
 
     def _may_manage(self, caller: Caller, path: str) -> bool:
         if caller.principal is None:
