@@ -10,6 +10,7 @@ the driver and in every executor process), the unmodified SDK, real Spark and De
   the grant, a re-drive delivers them; the dry run and the source's plan show no secret.
 - Listen missing on one backlog queue, and a connection string where local auth is off: the pre-flight
   ends the job with exit code 2 and one line within seconds, nothing moved.
+- Manage missing for ``--decommission --confirm``: exit code 2 and one line naming Data Owner, nothing removed.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from tools.backlog_writer import realistic_backlog, send_legacy_backlog, write_b
 from tools.testing import drain_destinations, expected_arrivals
 
 from .conftest import PRIMARY, ROOT, SECONDARY
+from .test_operations import command_line  # noqa: F401 - a fixture: the command line's logging and signals, put back
 from .helpers import finish_job, job_command, job_env, kill_tree, read_with_deltalake, start_job, tail, wait_for
 
 SIGNING_KEY = "local-emulator-signing-key"  # conf/emulator-azure-ad.yaml's test key
@@ -266,3 +268,32 @@ def test_a_credential_that_cannot_get_a_token_is_named_by_the_pre_flight(tmp_pat
     line = str(failed.value)
     assert line.startswith("secondary.credential (workload_identity) could not get an Azure AD token (")
     assert line.endswith("set token_file (or AZURE_FEDERATED_TOKEN_FILE), client_id and tenant_id")
+
+
+def test_decommission_without_manage_ends_with_one_line_naming_data_owner(tmp_path, spark, capsys, monkeypatch,
+                                                                          command_line):
+    """The job's identity has Data Receiver on the secondary namespace, not Data Owner: ``--decommission
+    --confirm`` ends with exit code 2 and one line naming the role, before anything is read or removed."""
+    from backlog_syphon.cli import main as cli_main
+
+    monkeypatch.setenv("SB_EMULATOR_SIGNING_KEY", SIGNING_KEY)
+    with aad_emulator() as emulator:
+        before = backlog_totals(emulator)
+        settings = {**addresses(emulator), "storage.audit_table": tmp_path / "audit",
+                    "storage.checkpoint_table": tmp_path / "checkpoint",
+                    "storage.checkpoint_location": tmp_path / "stream"}
+        command = ["--config", str(ROOT / "conf/local-azure-ad.yaml"), "--decommission", "--confirm",
+                   "--log-file", str(tmp_path / "run.log")]
+        for key, value in settings.items():
+            command += ["--set", f"{key}={value}"]
+        code = cli_main(command)
+        assert backlog_totals(emulator) == before
+    out, err = capsys.readouterr()
+    errors = [line for line in err.splitlines() if line.startswith("error: ")]
+    assert (code, out, len(errors)) == (2, "", 1), err[-3000:]
+    assert errors[0] == (f"error: the secondary namespace refused Manage on {PRIMARY}/x-servicebus-transfer/*: grant "
+                         f"Azure Service Bus Data Owner (on it, or on the namespace) to the identity of "
+                         f"secondary.credential (custom 'servicebus_emulator.aad:credential') (removing backlog queues "
+                         f"takes Manage)")
+    assert_no_secret(err, "the command's output")
+    assert not any(path.name in ("audit", "checkpoint_lease", "checkpoint_runs") for path in tmp_path.iterdir())

@@ -81,6 +81,7 @@ PURE_MODULES = (
     "backlog_syphon.run.dry_run_plan",
     "backlog_syphon.run.run_end",
     "backlog_syphon.run.status_report",
+    "backlog_syphon.run.decommission_plan",
 )
 
 FORBIDDEN_PREFIXES = (

@@ -164,6 +164,10 @@ class PrimaryConfig(NamespaceConfig):
 class BacklogConfig:
     queue_count: int = 10  # legacy BacklogQueueCount: queues 0..count-1 are always read
     discover: bool = True  # also list <ns>/x-servicebus-transfer/* when a management API is reachable
+    # {backlog queue: dead-lettered messages exported}: the operator's acknowledgement that what its dead-letter
+    # sub-queue holds was exported (docs/running/finishing.md), so ``--decommission`` may remove the queue with
+    # them. Only an exact match counts: a queue whose dead-letter count differs is held (export again).
+    exported_dead_letters: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -28,6 +28,7 @@ from backlog_syphon.config.types import (
 )
 from backlog_syphon.model import DEAD_LETTER_REASON_CODES, CredentialKind, LogFormat, RunSource, TtlPolicy
 from backlog_syphon.restore.legacy_properties import entity_path_problem
+from backlog_syphon.restore.queue_names import is_backlog_queue_name
 
 _INTERVAL = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(second|seconds|minute|minutes|hour|hours)\s*$")
 _FACTORY = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")  # module.path:callable
@@ -76,7 +77,12 @@ def credential_config(value: Any, key: str, origin: str, resolve_secret: Callabl
 def check_type(value: Any, annotation: str, where: str) -> Any:
     if value is None and "None" in annotation:
         return None
-    if annotation.startswith("dict[str, str]"):
+    if annotation.startswith("dict[str, int]"):
+        if isinstance(value, Mapping) and all(isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool)
+                                              and v >= 0 for k, v in value.items()):
+            return dict(value)
+        expected = "a mapping of names to whole numbers of 0 or more, such as {name: 2}"
+    elif annotation.startswith("dict[str, str]"):
         if isinstance(value, Mapping) and all(isinstance(k, str) and isinstance(v, str) for k, v in value.items()):
             return dict(value)
         expected = "a mapping of names to names, such as {old-name: new-name}"
@@ -153,6 +159,11 @@ def validate_sections(origin: str, *, primary: PrimaryConfig, secondary: Namespa
                               f"which is not a readable file: give the PEM file of the certificates to trust")
     if backlog.queue_count < 1:
         raise ConfigError(f"{origin}: backlog.queue_count must be at least 1")
+    for name in backlog.exported_dead_letters:
+        if not is_backlog_queue_name(name, primary.namespace):
+            raise ConfigError(f"{origin}: backlog.exported_dead_letters names {name!r}, which is not a backlog queue of "
+                              f"{primary.namespace!r}: name the queue (such as {primary.namespace}/x-servicebus-transfer/0), "
+                              f"not its dead-letter sub-queue")
     if storage.checkpoint_interval_seconds < 0:
         raise ConfigError(f"{origin}: storage.checkpoint_interval_seconds must be 0 (after every batch) or more, "
                           f"got {storage.checkpoint_interval_seconds:g}")

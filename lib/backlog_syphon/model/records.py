@@ -119,6 +119,11 @@ class RunRow:
     # How long the send tasks ran below their cap because the primary throttled, summed over the
     # batches; null where their reports do not reach the driver (Spark Connect).
     throttled_seconds: float | None
+    # What the row records (a RunMode's value); null in rows older versions wrote, which are all syphon runs.
+    mode: str | None = None
+    # A decommission's row: the backlog queues it removed (``remaining`` then names those it refused, with the
+    # messages they hold); null for syphon runs.
+    removed_queues: list[str] | None = None
 
 
 @dataclass(frozen=True)

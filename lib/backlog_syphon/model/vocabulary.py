@@ -166,6 +166,22 @@ class BacklogState(StrEnum):
     DRAINED = "drained"  # nothing waits (but what restore.skip_destinations holds on purpose)
 
 
+class DrainHold(StrEnum):
+    """What keeps a backlog queue from being removed (``run.decommission_plan``): it is drained and safe to
+    remove only with none of these."""
+
+    MESSAGES = "messages"  # the broker holds messages in it: still to deliver (or held on purpose)
+    UNSETTLED = "recorded_unsettled"  # outcomes are recorded whose messages are not known settled yet
+    DEAD_LETTERS = "dead_letters"  # its dead-letter sub-queue holds messages not exported and acknowledged
+
+
+class RunMode(StrEnum):
+    """What a row of the runs table records (its ``mode``; None in rows older versions wrote: a syphon run)."""
+
+    SYPHON = "syphon"  # a run that drained (or re-drove) messages
+    DECOMMISSION = "decommission"  # ``--decommission --confirm``: drained backlog queues removed
+
+
 class TtlPolicy(StrEnum):
     """How a restored message's time to live treats the time it spent in the backlog (``restore.ttl_policy``)."""
 

@@ -1,8 +1,9 @@
 """``--status``: is the backlog drained, and if not, why not.
 
 Reads the broker (what each backlog queue and dead-letter sub-queue holds now, and how old its first
-message is: ``servicebus.counts``) and the state tables (checkpoint marks, the lease, the last runs,
-and, where messages wait and restore.skip_destinations is set, which of them are held on purpose),
+message is: ``servicebus.counts``) and the state tables (checkpoint marks, the lease, the last runs, what
+is recorded above the purge marks and so not known settled yet, and, where messages wait and
+restore.skip_destinations is set, which of them are held on purpose),
 and changes nothing: it takes no lease, writes no table (a table that does not exist yet reads as
 empty, and is not created), settles and locks nothing. The broker is read in threads while the tables
 are, so it takes about as long as the slower of the two. The verdict and the report's text are
@@ -47,12 +48,15 @@ def status(spark: SparkSession, config: SyphonConfig, *, now: dt.datetime | None
         backlog, dead_letters, counted_by = broker.result()
         checkpoint = marks.result()
     held = {}
+    # From the oldest purge mark's day on: a month of audit partitions costs what a day does.
+    since = audit_read_floor(checkpoint, queues)
     if config.restore.skip_destinations and any(count.messages for count in backlog.values()):
-        # From the oldest purge mark's day on: a month of audit partitions costs what a day does.
         held = tables.held_by_destination(spark, storage.audit_table, checkpoint, config.restore.skip_destinations,
-                                          since=audit_read_floor(checkpoint, queues))
+                                          since=since)
+    unsettled = tables.unsettled_by_queue(spark, storage.audit_table, checkpoint, since)
     return StatusReport(
         at=at, backlog=tuple(QueueStatus(queue, count, checkpoint.get(queue)) for queue, count in backlog.items()),
         dead_letters=tuple(QueueStatus(queue, count) for queue, count in dead_letters.items()),
         lease=lease.result(), runs=tuple(runs.result()), held=held, counted_by=counted_by,
-        runs_table=storage.resolved_runs_table, ended_run_id=ended.result())
+        runs_table=storage.resolved_runs_table, ended_run_id=ended.result(), unsettled=unsettled,
+        exported=config.backlog.exported_dead_letters)

@@ -427,8 +427,9 @@ def read_runs(spark: SparkSession, runs_table: str, limit: int) -> list[RunRow]:
     if table is None:
         return []
     rows = table.orderBy(F.desc("ended_at")).limit(limit).collect()
-    return [RunRow(**{name: _utc(row[name]) if name.endswith("_at") else row[name]
-                      for name in RUNS_SCHEMA.fieldNames()}) for row in rows]
+    # A table an older version made lacks the newest columns until a run appends to it: they read as null.
+    return [RunRow(**{name: _utc(values[name]) if name.endswith("_at") else values.get(name)
+                      for name in RUNS_SCHEMA.fieldNames()}) for values in (row.asDict() for row in rows)]
 
 
 def held_by_destination(spark: SparkSession, audit_table: str, checkpoint: dict[str, CheckpointRow],
@@ -446,6 +447,22 @@ def held_by_destination(spark: SparkSession, audit_table: str, checkpoint: dict[
     held = latest.where((F.col("outcome") == Outcome.HELD)
                         & F.lower("destination").isin([name.lower() for name in destinations]))
     return {row["destination"]: row["count"] for row in held.groupBy("destination").count().collect()}
+
+
+def unsettled_by_queue(spark: SparkSession, audit_table: str, checkpoint: dict[str, CheckpointRow],
+                       since: dt.date | None = None) -> dict[str, int]:
+    """Per backlog queue, the messages recorded with a final outcome (delivered, dead-lettered, skipped)
+    that lie above its purge mark (``recorded_unsettled``, from the outcome date ``since``): recorded, and
+    not known settled yet. Each message counts once, by its latest outcome; a re-drive's rows (of the
+    dead-letter sub-queues) do not count: what those hold the broker says. {} before the audit exists."""
+    rows = recorded_unsettled(spark, audit_table, checkpoint, since)
+    if rows is None:
+        return {}
+    latest = (rows.where(~F.lower(F.col("backlog_queue")).endswith("/" + DEAD_LETTER_SUBQUEUE.lower()))
+              .groupBy("backlog_queue", "sequence_number", "enqueued_time")
+              .agg(F.max_by("outcome", "outcome_time").alias("outcome")))
+    final = latest.where(F.col("outcome").isin([outcome.value for outcome in Outcome if outcome.is_final]))
+    return {row["backlog_queue"]: row["count"] for row in final.groupBy("backlog_queue").count().collect()}
 
 
 _CREATION_WAIT_POLLS = 40  # half a second apart: a first commit on slow storage
