@@ -1,5 +1,7 @@
 """Fixtures for end-to-end tests: a fresh emulator (both namespaces) and a syphon config per test."""
 
+import logging
+import signal
 from pathlib import Path
 
 import pytest
@@ -33,3 +35,15 @@ def make_config(emulator, tmp_path, **overrides):
 @pytest.fixture
 def syphon_config(emulator, tmp_path):
     return make_config(emulator, tmp_path)
+
+
+@pytest.fixture
+def command_line():
+    """The command line's logging and signal handlers are the process's: put the test runner's back."""
+    root = logging.getLogger()
+    saved = root.handlers[:], root.level
+    signals = {signum: signal.getsignal(signum) for signum in (signal.SIGTERM, signal.SIGINT)}
+    yield
+    root.handlers[:], _ = saved[0], root.setLevel(saved[1])
+    for signum, handler in signals.items():
+        signal.signal(signum, handler)

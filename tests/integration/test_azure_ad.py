@@ -33,7 +33,6 @@ from tools.backlog_writer import realistic_backlog, send_legacy_backlog, write_b
 from tools.testing import drain_destinations, expected_arrivals
 
 from .conftest import PRIMARY, ROOT, SECONDARY
-from .test_operations import command_line  # noqa: F401 - a fixture: the command line's logging and signals, put back
 from .helpers import finish_job, job_command, job_env, kill_tree, read_with_deltalake, start_job, tail, wait_for
 
 SIGNING_KEY = "local-emulator-signing-key"  # conf/emulator-azure-ad.yaml's test key
