@@ -47,8 +47,8 @@ MEASURED_SECONDS = {
     "test_a_kill_in_the_middle_of_the_sends_loses_nothing_and_resends_at_most_that_batch": 133,
     "test_two_runs_at_once_one_delivers_and_sigterm_ends_it_after_its_batch": 120,
     "test_a_redrive_killed_after_recording_is_finished_by_the_next_without_sending_anything_twice": 100,
-    # Measured alone on the 2-core machine (one worker, other helpers' tests beside it): 67-149 s.
-    "test_status_says_when_the_backlog_is_safe_to_remove_and_decommission_removes_only_drained_queues": 100,
+    # Measured alone on the 2-core machine (one worker, other helpers' tests beside it): 67-167 s.
+    "test_status_says_when_the_backlog_is_safe_to_remove_and_decommission_removes_only_drained_queues": 150,
     "test_recreated_backlog_queues_are_drained_from_their_start": 82,
     "test_a_destination_without_send_is_dead_lettered_naming_the_role_and_redriven_after_the_grant": 80,
     "test_a_deleted_streaming_checkpoint_restarts_with_a_new_identity": 77,
