@@ -164,6 +164,7 @@ class BacklogState(StrEnum):
     WAITING = "waiting"  # messages wait in the backlog queues that no run is delivering
     DEAD_LETTERS = "dead_letters"  # the backlog is drained, but its dead-letter sub-queues hold messages
     DRAINED = "drained"  # nothing waits (but what restore.skip_destinations holds on purpose)
+    DECOMMISSIONED = "decommissioned"  # drained, and its backlog queues were removed (``--decommission``)
 
 
 class DrainHold(StrEnum):

@@ -76,6 +76,11 @@ class PreflightError(SettingsError):
     """A namespace cannot be used as configured; the message is one line naming the setting to fix."""
 
 
+class NoBacklogQueuesError(PreflightError):
+    """The secondary holds none of the configured backlog queues: a wrong setting, or queues that were removed
+    (``--decommission``: the status tells the two apart by the runs table)."""
+
+
 def refusal_of(exc: BaseException) -> Refusal | None:
     """What an SDK error says about access (None: it is about something else, such as the network)."""
     for cause in _causes(exc):
@@ -192,7 +197,7 @@ def _preflight_secondary(namespace: NamespaceConfig, queues: list[str]) -> list[
                  AccessRight.LISTEN)
     pages = [page for page in results.values() if page is not None]
     if not pages:
-        raise PreflightError(f"the secondary namespace ({namespace.endpoint}) has none of the backlog queues "
+        raise NoBacklogQueuesError(f"the secondary namespace ({namespace.endpoint}) has none of the backlog queues "
                              f"'{queues[0]}'..: check primary.namespace (the backlog queues are "
                              f"<primary.namespace>/x-servicebus-transfer/<N>) and {_address_setting(namespace, 'secondary')}")
     return sorted({destination for page in pages if page for destination in [_destination(page[0])] if destination})
