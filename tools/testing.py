@@ -37,7 +37,7 @@ def emulator_environment(emulator, primary: str = "contoso", secondary: str = "c
                "SYPHON_SECONDARY_CONNECTION_STRING": emulator.connection_string(secondary)}
     for role, namespace in (("PRIMARY", primary), ("SECONDARY", secondary)):
         environ[f"SYPHON__{role}__ADMINISTRATION_ENDPOINT"] = emulator.admin_endpoint(namespace)
-        environ[f"SYPHON__{role}__ADMINISTRATION_CA_FILE"] = emulator.ca_file
+        environ[f"SYPHON__{role}__CA_FILE"] = emulator.ca_file
     return environ
 
 

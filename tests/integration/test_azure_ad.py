@@ -77,7 +77,7 @@ def addresses(emulator) -> dict[str, str]:
     for role, namespace in (("primary", PRIMARY), ("secondary", SECONDARY)):
         found[f"{role}.fully_qualified_namespace"] = host(emulator, namespace)
         found[f"{role}.administration_endpoint"] = emulator.admin_endpoint(namespace)
-        found[f"{role}.administration_ca_file"] = emulator.ca_file
+        found[f"{role}.ca_file"] = emulator.ca_file
     return found
 
 
