@@ -1,6 +1,7 @@
 """A real HTTP CONNECT proxy for tests and ``make run``: proxy.py (a maintained PyPI package, pinned in
 requirements.lock) in a process of its own, on 127.0.0.1 and a free port, optionally asking for basic
-credentials and refusing tunnels to some addresses, as a corporate egress proxy does.
+credentials and refusing tunnels to some addresses, as a corporate egress proxy does. It logs each tunnel
+(``tunnels``).
 
 Development only: not part of the wheel.
 """
@@ -34,7 +35,7 @@ class HttpProxy:
         folder = Path(self._dir.name)
         command = [sys.executable, "-m", "proxy", "--hostname", self.host, "--port", "0",
                    "--port-file", str(folder / "port"), "--num-acceptors", "1", "--num-workers", "1", "--threaded",
-                   "--log-level", "WARNING", "--data-dir", str(folder)]
+                   "--log-level", "INFO", "--data-dir", str(folder)]
         if self.user is not None:
             command += ["--basic-auth", f"{self.user}:{self.password}"]
         if self.refused_hosts:
@@ -73,6 +74,11 @@ class HttpProxy:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+    def tunnels(self) -> list[str]:
+        """The tunnels it carried (closed ones: proxy.py logs each as it ends), as ``host:port``, in order."""
+        log = Path(self._dir.name, "proxy.log").read_text(errors="replace") if self._dir else ""
+        return [line.split(" - CONNECT ", 1)[1].split(" ", 1)[0] for line in log.splitlines() if " - CONNECT " in line]
 
     def sdk_option(self, *, user: str | None = None, password: str | None = None) -> dict:
         """The SDK's ``http_proxy`` keyword for this proxy (with the given credentials, if any)."""

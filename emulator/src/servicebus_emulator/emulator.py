@@ -199,6 +199,11 @@ class Emulator:
         """Put-tokens the namespace took (``sas``, ``jwt``: Azure AD) and ``refused``, since it started."""
         return self._server.call(lambda: dict(self._ns(namespace).auth_counts))
 
+    def connection_stats(self, namespace: str) -> Dict[str, int]:
+        """Connections the namespace has taken since it started, per transport (``amqp``, ``amqps``,
+        ``amqp-websockets``)."""
+        return self._server.call(lambda: {t.value: self._ns(namespace).accepted[t.value] for t in Transport})
+
     def idle_stats(self, namespace: str) -> Dict[str, int]:
         """Links the namespace detached (``links``) and connections it closed (``connections``) because
         their idle timer ran out, since it started."""

@@ -50,6 +50,7 @@ class Namespace:
         self.entities: Dict[str, Entity] = {}     # receivable entities by lower-case path
         self.senders: Dict[str, Any] = {}         # send targets (queues, topics) by lower-case path
         self.listeners: Dict[Transport, socket.socket] = {}
+        self.accepted: Counter = Counter()             # connections taken per transport (its value)
         self.conns: set = set()
         self.busy_all = False
         self.refusing = False

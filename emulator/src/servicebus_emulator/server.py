@@ -224,6 +224,7 @@ class Server:
         sock.setblocking(False)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         c = Conn(ns, sock, wire_for(transport, self.tls_context))
+        ns.accepted[transport.value] += 1
         ns.conns.add(c)
         self.sel.register(sock, selectors.EVENT_READ, ("conn", c))
 
