@@ -72,6 +72,7 @@ PURE_MODULES = (
     "backlog_syphon.servicebus.settle_timing",
     "backlog_syphon.servicebus.peek_pages",
     "backlog_syphon.servicebus.access",
+    "backlog_syphon.servicebus.network",
     "backlog_syphon.run.lease",
     "backlog_syphon.run.dry_run_plan",
     "backlog_syphon.run.run_end",

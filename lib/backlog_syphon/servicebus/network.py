@@ -77,7 +77,7 @@ def network_problem_of(exc: BaseException, *, through_proxy: bool = False) -> Ne
             return NetworkProblem(NetworkFailure.PROXY_UNREACHABLE if through_proxy else NetworkFailure.REFUSED,
                                   _first_line(cause))
         if isinstance(cause, ssl.SSLError):
-            return NetworkProblem(NetworkFailure.TLS_FAILED, cause.reason or _first_line(cause))
+            return NetworkProblem(NetworkFailure.TLS_FAILED, getattr(cause, "reason", None) or _first_line(cause))
         if isinstance(cause, TimeoutError) or type(cause).__name__ == "WebSocketTimeoutException":
             return NetworkProblem(NetworkFailure.PROXY_UNREACHABLE if through_proxy else NetworkFailure.UNANSWERED,
                                   "no answer")
