@@ -59,7 +59,7 @@ class TlsLayer:
             except ssl.SSLWantReadError:
                 return b"", self._out.read()
             except ssl.SSLError as exc:
-                self.failed = f"TLS handshake failed: {getattr(exc, "reason", None) or exc}"
+                self.failed = f"TLS handshake failed: {getattr(exc, 'reason', None) or exc}"
                 return b"", self._out.read()
         chunks: List[bytes] = []
         while True:
@@ -71,7 +71,7 @@ class TlsLayer:
                 self.ended = True
                 break
             except ssl.SSLError as exc:
-                self.failed = f"TLS error: {getattr(exc, "reason", None) or exc}"
+                self.failed = f"TLS error: {getattr(exc, 'reason', None) or exc}"
                 break
             if not chunk:
                 self.ended = True
