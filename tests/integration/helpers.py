@@ -37,13 +37,14 @@ def job_command(tmp_path, config: str = "conf/local.yaml", **settings) -> list[s
 
 
 def job_env(emulator, extra: dict[str, str] | None = None, *, primary: str | None = None,
-            secondary: str | None = None) -> dict[str, str]:
-    """The job's environment: the emulator's connection strings (or the given ones) and the venv."""
+            secondary: str | None = None, transport: str = "amqp", proxy=None) -> dict[str, str]:
+    """The job's environment: the emulator's connection strings (or the given ones) and the venv;
+    ``transport`` and ``proxy``: the way to the emulator (``testing.emulator_environment``)."""
     env = {key: value for key, value in os.environ.items() if not key.startswith("SYPHON_FAULT_")}
-    env.update(testing.emulator_environment(emulator, PRIMARY, SECONDARY))
+    env.update(testing.emulator_environment(emulator, PRIMARY, SECONDARY, transport=transport, proxy=proxy))
     env.update({
-        "SYPHON_PRIMARY_CONNECTION_STRING": primary or emulator.connection_string(PRIMARY),
-        "SYPHON_SECONDARY_CONNECTION_STRING": secondary or emulator.connection_string(SECONDARY),
+        "SYPHON_PRIMARY_CONNECTION_STRING": primary or emulator.connection_string(PRIMARY, transport=transport),
+        "SYPHON_SECONDARY_CONNECTION_STRING": secondary or emulator.connection_string(SECONDARY, transport=transport),
         "PYTHONPATH": str(ROOT / "lib"),
         "PYSPARK_PYTHON": sys.executable,
         "PYSPARK_DRIVER_PYTHON": sys.executable,

@@ -1,5 +1,8 @@
 """Crash and replay with real processes: SIGKILL the syphon while its tasks are sending, restart it, lose nothing.
 
+The kill and the rerun reach the emulator over AMQP over WebSockets (TLS, as on 443), the way a firewalled
+workspace does (the other end-to-end tests cover plain AMQP; the lost task's test stays on it).
+
 One backlog (150 messages; ``run.max_messages_per_trigger`` 100 makes two micro-batches) and one
 streaming checkpoint. Run 1 of ``jobs/syphon.py`` runs in its own session (so its whole process tree,
 JVM included, can be killed at once) with ``SYPHON_FAULT_PAUSE_AT=mid_send``: once a send task has sent
@@ -47,6 +50,7 @@ KILL_WAIT_SECONDS = 300  # bound for a run to reach its fault point (a busy 2-co
 SETTLE_SECONDS = 10  # bound for the broker's counters to stop moving after a kill
 CHAIN = ["mid_send"]  # the kills, one run each; then a run that drains
 KILLED_BATCH_ID = 0
+TRANSPORT = "amqp-websockets"  # the kill's and the rerun's way to the emulator (``testing.emulator_environment``)
 
 
 # --- helpers --------------------------------------------------------------------------------------
@@ -165,7 +169,7 @@ def test_a_kill_in_the_middle_of_the_sends_loses_nothing_and_resends_at_most_tha
     from backlog_syphon.run.syphon import run_syphon
 
     started = time.monotonic()
-    config = load_config(ROOT / "conf/local.yaml", environ=job_env(emulator), overrides={})
+    config = load_config(ROOT / "conf/local.yaml", environ=job_env(emulator, transport=TRANSPORT), overrides={})
     originals = _backlog_messages()
     written = write_backlog(config.secondary, PRIMARY, originals, queue_count=10)
     assert sum(written.values()) == MESSAGES
@@ -182,7 +186,8 @@ def test_a_kill_in_the_middle_of_the_sends_loses_nothing_and_resends_at_most_tha
         marker = tmp_path / f"fault-marker-{number}"
         log = tmp_path / f"run{number}-{step}.log"
         # Once parked, other tasks of a mid_send batch get half a second to get as far as they get.
-        why = kill_when_parked(command, job_env(emulator), step, marker, log, KILL_WAIT_SECONDS, settle_seconds=0.5)
+        why = kill_when_parked(command, job_env(emulator, transport=TRANSPORT), step, marker, log, KILL_WAIT_SECONDS,
+                               settle_seconds=0.5)
         assert not why, f"run {number}: {why}:\n{tail(log)}"
         run = Run(step, time.monotonic() - run_started)
         planned, committed = _stream_log(stream)
@@ -199,10 +204,14 @@ def test_a_kill_in_the_middle_of_the_sends_loses_nothing_and_resends_at_most_tha
     run_started = time.monotonic()
     spark = request.getfixturevalue("spark")
     caplog.set_level(logging.INFO, logger="backlog_syphon")
-    summary = run_syphon(spark, load_config(ROOT / "conf/local.yaml", environ=job_env(emulator), overrides={
+    before = emulator.connection_stats(PRIMARY)
+    environ = job_env(emulator, transport=TRANSPORT)
+    summary = run_syphon(spark, load_config(ROOT / "conf/local.yaml", environ=environ, overrides={
         "storage.audit_table": str(tmp_path / "audit"), "storage.checkpoint_table": str(tmp_path / "checkpoint"),
         "storage.checkpoint_location": str(stream), "run.max_messages_per_trigger": str(BATCH_LIMIT)}))
     assert summary.drained, f"the last run did not drain: {summary.remaining}"
+    after = emulator.connection_stats(PRIMARY)  # the rerun's sends went over WebSockets (as the kill's did)
+    assert after[TRANSPORT] > before[TRANSPORT] and after["amqp"] == before["amqp"], (before, after)
     # The killed run's lease is taken over at once (its process is gone), not after it expires.
     assert any("crashed (its process is gone): taking its lease over" in record.getMessage()
                for record in caplog.records), [record.getMessage() for record in caplog.records][-20:]

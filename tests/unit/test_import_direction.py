@@ -77,6 +77,7 @@ PURE_MODULES = (
     "backlog_syphon.purge.settle_timing",
     "backlog_syphon.peek_pages",
     "backlog_syphon.servicebus.access",
+    "backlog_syphon.servicebus.network",
     "backlog_syphon.run.lease",
     "backlog_syphon.run.dry_run_plan",
     "backlog_syphon.run.run_end",
