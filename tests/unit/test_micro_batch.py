@@ -108,7 +108,8 @@ class Backlog:
 
     def __init__(self, clock: Clock | None = None):
         self.clock = clock if clock is not None else Clock()
-        self.locked_until: dict[tuple[str, int], float] = {}  # (queue, sequence number) -> when a dead receiver's lock ends
+        # (queue, sequence number) -> when the lock a dead receiver left on it ends
+        self.locked_until: dict[tuple[str, int], float] = {}
         self.lock_waits: list[float] = []  # how long the purges waited for such locks (fake seconds)
         self.queues: dict[str, list[Message]] = defaultdict(list)
         self.dead_lettered: list[tuple[str, int, str]] = []  # (queue, sequence number, reason code)
@@ -188,7 +189,7 @@ class Backlog:
             self.released += [(plan.queue, seq) for seq in actions.release]
             completed = self.complete(plan.queue, actions.complete)
             held[:] = [m for m in held if m.seq not in set(completed)]
-            if hooks is not None and page:
+            if hooks is not None and actions.dead_letter:
                 try:
                     hooks.reached(CrashPoint.MID_SETTLE)
                 except Crash:

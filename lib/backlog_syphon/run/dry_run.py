@@ -77,14 +77,15 @@ class DryRunReport:
                        f"{row['to_dead_letter']:>11} {row['to_skip']:>5} {row['to_hold']:>5}  {oldest} .. {newest}")
         if not self.per_destination:
             out.append("  (the dead-letter queues are empty)" if self.per_reason is not None
+                       else "  (nothing to deliver: earlier runs recorded what is there, below)" if self.recorded
                        else "  (the backlog queues are empty)")
         out.append(f"  {'dead-letter' if self.per_reason is not None else 'backlog'} queues: "
                    f"{sum(self.per_queue.values())} messages in "
                    f"{sum(1 for n in self.per_queue.values() if n)} of {len(self.per_queue)} queues")
         if self.recorded:
-            out.append(f"  recorded by earlier runs, waiting to be settled: {sum(self.recorded.values())} message(s) in "
-                       f"{len(self.recorded)} queue(s), not in the plan above: they were delivered or dead-lettered, "
-                       f"and the next run removes them from the backlog first, sending none of them again")
+            out.append(f"  recorded by earlier runs, waiting to be settled: {sum(self.recorded.values())} message(s) "
+                       f"in {len(self.recorded)} queue(s), not in the plan above: they were delivered or "
+                       f"dead-lettered, and the next run removes them from the backlog first, sending none again")
         for queue, lanes in sorted((self.per_partition or {}).items()):
             out.append(f"    {queue} is partitioned; read partition by partition, each in order: "
                        + ", ".join(f"partition {partition}: {count}" for partition, count in lanes.items()))

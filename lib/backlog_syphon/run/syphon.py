@@ -325,8 +325,8 @@ def settle_recorded(spark: SparkSession, config: SyphonConfig, sink: DeliverySin
     if waiting:
         queues = {span.backlog_queue for span in gates.recovery.unsettled}
         logger.info("earlier runs recorded up to %d message(s) in %d backlog queue(s) that may not be settled yet: "
-                    "this run settles them%s", waiting, len(queues),
-                    "" if is_connect(spark) else ", beside its first batch")
+                    "%s", waiting, len(queues), "settled before the query started" if is_connect(spark)
+                    else "this run settles them first, beside its first batch")
 
 
 # Spark waits a fixed 10 s (no setting changes it) for the Python process it starts for a streaming

@@ -62,8 +62,8 @@ def purge_backlog(namespace: NamespaceConfig, plan: PurgePlan, *, timing: Settle
     rest (which does not raise their delivery count), and makes sure no receive credit stays open, so
     nothing that is not recorded stays locked between calls (see ``sdk_internals.revoke_credit``).
     A queue that no longer exists holds none of the plan's messages: everything is settled. ``timing``:
-    what this queue's earlier rounds measured (updated here). ``on_completions_sent``: called after each
-    page's completions, before its dead-letterings (where a test may stop the process).
+    what this queue's earlier rounds measured (updated here). ``on_completions_sent``: called after the
+    completions of a page that has dead-letterings too, before those (where a test may stop the process).
     """
     timing = timing if timing is not None else SettleTiming()
     for fresh_link in (False, True):
@@ -129,15 +129,16 @@ def _purge(namespace: NamespaceConfig, receiver, plan: PurgePlan, timing: Settle
 def _look(namespace: NamespaceConfig, receiver, plan: PurgePlan, progress: PurgeProgress) -> None:
     """A receive missed recorded messages: peek what is still in the plan's ranges (``PurgeProgress.on_look``),
     and say when the round starts waiting for locks another receiver holds, and when it gives up."""
-    waiting = progress.lock_wait
-    progress.on_look(_present(namespace, receiver, plan), time.time())
+    waiting, now = progress.lock_wait, time.time()
+    progress.on_look(_present(namespace, receiver, plan), now)
     wait = progress.lock_wait
     if wait is not None and waiting is None:
         logger.warning("backlog=%s: %d recorded message(s) are in the queue but locked by an earlier receiver (a run "
                        "that ended without settling them, or a lost link): waiting up to %.0f s for their locks to end "
                        "(a lock of %.0f s%s, and a round trip)", plan.queue, wait.locked, wait.bound_seconds,
-                       wait.lock_seconds, "" if wait.lock_known else ", the service's longest: this queue's is not known")
-    elif wait is not None and progress.stopped:
+                       wait.lock_seconds,
+                       "" if wait.lock_known else ", the service's longest: this queue's is not known")
+    elif wait is not None and progress.stopped and wait.over(now):
         logger.warning("backlog=%s: recorded message(s) still locked after %.0f s, longer than their lock: another "
                        "receiver holds them; the next purge round tries again", plan.queue, wait.bound_seconds)
 
@@ -170,7 +171,7 @@ def _settle_page(receiver, plan: PurgePlan, progress: PurgeProgress, timing: Set
     if passed_over:  # their releases go out after this page's last answer, before their own locks end
         deadline = min(deadline, timing.deadline(lock_end_of(passed_over)) - (timing.round_trip or 0.0))
     completion = settle_all(receiver, [by_seq[seq] for seq in actions.complete], deadline, timing, None)
-    if on_completions_sent is not None and page:
+    if on_completions_sent is not None and actions.dead_letter:
         on_completions_sent()
     settlements = [completion]
     for (code, reason), seqs in dead_letter_groups(actions.dead_letter):

@@ -79,8 +79,9 @@ class PurgeRunner:
 
         try:
             timing = self._timings.setdefault(plan.queue, SettleTiming())
-            result = purge_backlog(self._secondary, plan, timing=timing,
-                                   on_completions_sent=lambda: pause_at(self._faults, CrashPoint.MID_SETTLE))
+            stops = self._faults.pauses_purge_of(span.batch_id for span in plan.spans)
+            result = purge_backlog(self._secondary, plan, timing=timing, on_completions_sent=(
+                (lambda: pause_at(self._faults, CrashPoint.MID_SETTLE)) if stops else None))
         except Exception as exc:  # noqa: BLE001 - a purge failure never fails a batch: retried later
             logger.warning("backlog=%s purge round failed (%s); what it settled is checked again by the next round",
                            plan.queue, describe(exc), exc_info=True)
