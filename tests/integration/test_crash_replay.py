@@ -331,7 +331,8 @@ def _kill_backlog(point: str, shape: dict) -> dict[str, list]:
     return backlog
 
 
-def _settled_backlog(emulator, queues) -> dict[str, int]:
+def _backlog_totals(emulator, queues) -> dict[str, int]:
+    """What each backlog queue holds now (locked messages included)."""
     stats = emulator.stats(SECONDARY)
     return {queue: stats[queue]["total"] for queue in queues}
 
@@ -412,7 +413,7 @@ def test_a_kill_at_each_step_of_the_last_batch_and_its_purge_leaves_nothing_for_
         killed = Run(point, time.monotonic() - started)
         planned, committed = _stream_log(stream)
         killed_batches = planned - planned_before
-        left = _settled_backlog(emulator, queues)
+        left = _backlog_totals(emulator, queues)
         if point == "mid_settle":
             assert planned == committed and len(killed_batches) > PAUSED_BATCH, (planned, committed)  # none to replay
             locked = sum(emulator.stats(SECONDARY)[queue]["locked"] for queue in queues)
@@ -441,7 +442,7 @@ def test_a_kill_at_each_step_of_the_last_batch_and_its_purge_leaves_nothing_for_
         print(f"[kill points] rerun after {point}: exit {end.exit_code} ({end.line}) in {rerun.seconds:.1f}s, "
               f"re-sent {rerun.resent}", flush=True)
         assert (end.exit_code, summary.drained) == (EXIT_OK, True), (point, end.line, summary.remaining)
-        assert _settled_backlog(emulator, queues) == dict.fromkeys(queues, 0), point
+        assert _backlog_totals(emulator, queues) == dict.fromkeys(queues, 0), point
         if point == "after_final_checkpoint":
             assert not any(TAKEOVER in message for message in messages)  # the killed run's last commit freed it
         else:
