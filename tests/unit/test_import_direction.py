@@ -75,6 +75,7 @@ PURE_MODULES = (
     "backlog_syphon.purge.progress",
     "backlog_syphon.purge.bulk_settlement",
     "backlog_syphon.purge.settle_timing",
+    "backlog_syphon.purge.lock_wait",
     "backlog_syphon.peek_pages",
     "backlog_syphon.servicebus.access",
     "backlog_syphon.servicebus.network",

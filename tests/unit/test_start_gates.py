@@ -29,11 +29,11 @@ def table(monkeypatch):
     monkeypatch.setattr(tables, "read_lease", table.read)
     monkeypatch.setattr(tables, "write_lease", table.write)
     monkeypatch.setattr(tables, "create_tables", lambda spark, *names, **_: set(names))  # all three new
-    monkeypatch.setattr(syphon, "read_recovery", lambda spark, storage: (Recovery({}, (), (), 0), ()))
+    monkeypatch.setattr(syphon, "read_recovery", lambda spark, storage: (Recovery({}, (), ()), ()))
     monkeypatch.setattr(probes, "preflight", lambda config: None)
     monkeypatch.setattr(probes, "executor_preflight", lambda spark, config: None)
     monkeypatch.setattr(entities, "destination_shapes", lambda namespace: {})
-    monkeypatch.setattr(entities, "partitioned_queue_names", lambda namespace: frozenset())
+    monkeypatch.setattr(entities, "queue_settings", lambda namespace: entities.QueueSettings())
     monkeypatch.setattr(syphon, "start_planners", lambda spark: None)
     table.upkeep_set = []  # the runs' property commits, with the lease holder they found
     monkeypatch.setattr(tables, "set_upkeep_properties",
@@ -137,7 +137,7 @@ def test_a_driver_check_that_fails_starts_nothing(table, monkeypatch):
 def test_a_run_on_existing_state_reads_it_once_the_lease_is_free_and_keeps_what_it_read(table, monkeypatch):
     """What the first batch recovers from and the queues with held messages are read while the lease's
     commit is written, after the lease was found free (so as the last holder left them), and only once."""
-    recovery = Recovery({"contoso/x-servicebus-transfer/0": None}, (), (), 0)
+    recovery = Recovery({"contoso/x-servicebus-transfer/0": None}, (), ())
     reads = []
 
     def read_recovery(spark, storage):
@@ -162,7 +162,7 @@ def test_state_this_run_created_is_not_read(table, monkeypatch):
     started, _ = gates()
     started.wait()
     assert started.state_is_new and started.look_back == ()
-    assert started.recovery == Recovery({}, (), (), 0)
+    assert started.recovery == Recovery({}, (), ())
 
 
 def test_a_failed_state_read_starts_nothing_and_gives_the_lease_back(table, monkeypatch):

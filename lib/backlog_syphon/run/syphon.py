@@ -27,7 +27,7 @@ from backlog_syphon.run.run_records import AuditRecords, RunSummary, SinkRecords
 from backlog_syphon.run.runs import RunRecorder
 from backlog_syphon.run.spark_session import is_connect, spark_line
 from backlog_syphon.sink.fault_plan import FaultPlan
-from backlog_syphon.sink.foreach_batch import DeliverySink
+from backlog_syphon.sink.foreach_batch import DeliverySink, settle_before_start
 from backlog_syphon.sink.micro_batch import NOTHING_RECORDED, Recovery
 from backlog_syphon.sink.spark_ports import read_recovery
 from backlog_syphon.source.data_source import (
@@ -64,7 +64,7 @@ class StartGates:
                  check_access: bool, on_wait: Callable[[str], None] | None):
         from concurrent.futures import Future, ThreadPoolExecutor
 
-        from backlog_syphon.servicebus.entities import destination_shapes, partitioned_queue_names
+        from backlog_syphon.servicebus.entities import destination_shapes, queue_settings
         from backlog_syphon.servicebus.probes import executor_preflight, preflight
 
         self.spark, self.keeper = spark, keeper
@@ -74,10 +74,11 @@ class StartGates:
         # destinations (the source reads them again from their first message).
         self.recovery: Recovery = NOTHING_RECORDED
         self.look_back: tuple[str, ...] = ()
-        # What the destinations take, and which backlog queues are partitioned, where each namespace's
-        # administration API says (``servicebus.entities``).
+        # What the destinations take, and which backlog queues are partitioned and how long they lock, where each
+        # namespace's administration API says (``servicebus.entities``).
         self.destination_shapes: dict[str, DestinationShape] = {}
         self.partitioned_queues: frozenset[str] = frozenset()
+        self.lock_seconds: dict[str, float] = {}
 
         def check_driver() -> None:
             if check_access:
@@ -90,8 +91,9 @@ class StartGates:
         def read_shapes() -> None:
             self.destination_shapes = destination_shapes(config.primary)
 
-        def read_partitioning() -> None:
-            self.partitioned_queues = partitioned_queue_names(config.secondary)
+        def read_queue_settings() -> None:
+            settings = queue_settings(config.secondary)
+            self.partitioned_queues, self.lock_seconds = settings.partitioned, settings.lock_seconds
 
         def prepare_source() -> None:
             spark.dataSource.register(BacklogDataSource)
@@ -128,7 +130,7 @@ class StartGates:
 
         pool = ThreadPoolExecutor(max_workers=6, thread_name_prefix="start")
         self._checks = (pool.submit(check_driver), pool.submit(check_executors), pool.submit(prepare_source),
-                        pool.submit(read_shapes), pool.submit(read_partitioning))
+                        pool.submit(read_shapes), pool.submit(read_queue_settings))
         self._leased = pool.submit(take_lease)
         pool.shutdown(wait=False)  # the threads end with their work
 
@@ -264,13 +266,12 @@ def start_syphon(spark: SparkSession, config: SyphonConfig, *, run_id: str | Non
     gates = StartGates(spark, config, keeper, timeline, check_access=check_access, on_wait=on_wait)
     gates.wait()
     stop_file = os.path.join(tempfile.gettempdir(), f"backlog-syphon-stop-{run_id}")
-    # What the start read serves the first batch only where the sink lives in this process for the whole
-    # run; a Connect server's copy of the sink reads the tables itself.
     sink = DeliverySink(config, run_id=run_id, lease_keeper=keeper, settle_in_batch=is_connect(spark),
                         stop_file=stop_file, timeline=timeline, state_is_new=gates.state_is_new,
-                        recovery_at_start=None if is_connect(spark) else gates.recovery,
                         destination_shapes=gates.destination_shapes, partitioned_queues=gates.partitioned_queues,
+                        lock_seconds=gates.lock_seconds,
                         fault_plan=FaultPlan.from_environment(os.environ))  # a test's, read once here
+    settle_recorded(spark, config, sink, gates, run_id)
     records = AuditRecords(spark, storage.audit_table, run_id) if is_connect(spark) else SinkRecords(sink)
     listener = SyphonProgressListener(records.batch_stats, query_name=config.run.query_name, log_lines=log_progress)
     spark.streams.addListener(listener)
@@ -299,12 +300,33 @@ def start_syphon(spark: SparkSession, config: SyphonConfig, *, run_id: str | Non
         query = start_query(writer.start)
     except BaseException:
         spark.streams.removeListener(listener)
+        sink.wait_for_purges()  # nothing settles under a lease given back
         keeper.release(spark)
         raise
     timeline.mark(Milestone.QUERY_STARTED)
     logger.info("started run_id=%s query=%s trigger=%s", run_id, config.run.query_name, config.run.trigger)
     return SyphonRun(query, sink, listener, keeper, stop_file, records, timeline,
                      spark if is_connect(spark) else None)
+
+
+def settle_recorded(spark: SparkSession, config: SyphonConfig, sink: DeliverySink, gates: StartGates,
+                    run_id: str) -> None:
+    """Under the lease, before the query starts: what earlier runs recorded and did not settle (what the start
+    read, ``StartGates.recovery``) is purged whether or not the run finds anything new to read, so an
+    available-now run after a killed one ends drained. Where the sink lives in this process (classic Spark)
+    in the background, beside the first batch (``DeliverySink.begin``); where it lives in a Spark Connect
+    server, here and now, its marks written for the server's first batch to read (``settle_before_start``).
+    A run on fresh state pays nothing."""
+    if is_connect(spark):
+        waiting = settle_before_start(spark, config, gates.recovery, run_id=run_id,
+                                      partitioned_queues=gates.partitioned_queues, lock_seconds=gates.lock_seconds)
+    else:
+        waiting = sink.begin(gates.recovery)
+    if waiting:
+        queues = {span.backlog_queue for span in gates.recovery.unsettled}
+        logger.info("earlier runs recorded up to %d message(s) in %d backlog queue(s) that may not be settled yet: "
+                    "%s", waiting, len(queues), "settled before the query started" if is_connect(spark)
+                    else "this run settles them first, beside its first batch")
 
 
 # Spark waits a fixed 10 s (no setting changes it) for the Python process it starts for a streaming
