@@ -174,13 +174,14 @@ class SparkBatch:
                 future.result()
 
 
-def read_recovery(spark: SparkSession, storage) -> tuple[Recovery, tuple[str, ...]]:
+def read_recovery(spark: SparkSession, storage, *, since=None) -> tuple[Recovery, tuple[str, ...]]:
     """What the tables say is recorded and may still be in the backlog, in one read of each: the recovery
     a run begins with, and the backlog queues where it includes messages held for skipped destinations,
     which the run reads again from their first message (a purge mark never passes a held message,
-    ``queue_marks.mark_purged``)."""
+    ``queue_marks.mark_purged``). ``since``: the audit's outcome dates read (``storage.tables.recorded_unsettled``).
+    The dry run and the status count what waits to be settled from it (``queue_marks.awaiting_settlement``)."""
     checkpoint = tables.read_checkpoint(spark, storage.checkpoint_table)
-    recorded = tables.recorded_unsettled(spark, storage.audit_table, checkpoint)
+    recorded = tables.recorded_unsettled(spark, storage.audit_table, checkpoint, since)
     if recorded is None:  # no audit table yet: nothing was ever recorded
         return Recovery(checkpoint, (), ()), ()
     aggregate = aggregate_outcomes(recorded)
