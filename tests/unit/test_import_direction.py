@@ -80,6 +80,7 @@ PURE_MODULES = (
     "backlog_syphon.servicebus.access",
     "backlog_syphon.servicebus.network",
     "backlog_syphon.run.lease",
+    "backlog_syphon.run.run_start",
     "backlog_syphon.run.dry_run_plan",
     "backlog_syphon.run.run_end",
     "backlog_syphon.run.status_report",

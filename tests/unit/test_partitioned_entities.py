@@ -5,6 +5,7 @@ import contextlib
 import datetime as dt
 from types import SimpleNamespace
 
+from backlog_syphon.model import QueueSettings
 from backlog_syphon.servicebus import entities
 
 
@@ -35,4 +36,4 @@ def test_an_administration_api_that_does_not_answer_knows_of_none(monkeypatch):
 
     monkeypatch.setattr(entities, "administration_client", refused)
     assert entities.partitioned_queues(None, ["q"]) == set()
-    assert entities.queue_settings(None) == entities.QueueSettings()
+    assert entities.queue_settings(None) == QueueSettings()

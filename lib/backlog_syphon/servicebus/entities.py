@@ -12,10 +12,9 @@ each topic; elsewhere nothing is known up front and the first refusal teaches th
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
 
 from backlog_syphon.config import NamespaceConfig
-from backlog_syphon.model import DestinationShape, EntityKind
+from backlog_syphon.model import DestinationShape, EntityKind, QueueSettings
 from backlog_syphon.restore.queue_names import owning_queue
 from backlog_syphon.restore.destination_fit import by_name
 from backlog_syphon.servicebus.access import discovery_refused, shapes_unread_line
@@ -55,15 +54,6 @@ def destination_shapes(namespace: NamespaceConfig) -> dict[str, DestinationShape
 
 def _bytes(kilobytes: int | None) -> int | None:
     return None if not kilobytes else int(kilobytes) * 1024
-
-
-@dataclass(frozen=True)
-class QueueSettings:
-    """What the administration API says of a namespace's queues, by lower-case name: which are partitioned
-    (``enable_partitioning``) and each one's lock duration in seconds; empty where it does not answer."""
-
-    partitioned: frozenset[str] = frozenset()
-    lock_seconds: dict[str, float] = field(default_factory=dict)
 
 
 def queue_settings(namespace: NamespaceConfig) -> QueueSettings:
