@@ -3,6 +3,7 @@
 import contextlib
 from types import SimpleNamespace
 
+from backlog_syphon.config import NamespaceConfig
 from backlog_syphon.servicebus import entities
 
 
@@ -16,7 +17,7 @@ def test_partitioned_queues_and_their_dead_letter_sub_queues_are_named(monkeypat
 
     monkeypatch.setattr(entities, "administration_client", admin)
     queues = ["ns/x-servicebus-transfer/0", "ns/x-servicebus-transfer/1", "ns/x-servicebus-transfer/0/$DeadLetterQueue"]
-    assert entities.partitioned_queues(None, queues) == {"ns/x-servicebus-transfer/0",
+    assert entities.partitioned_queues(NamespaceConfig(), queues) == {"ns/x-servicebus-transfer/0",
                                                          "ns/x-servicebus-transfer/0/$DeadLetterQueue"}
 
 
@@ -27,4 +28,4 @@ def test_an_administration_api_that_does_not_answer_knows_of_none(monkeypatch):
         yield
 
     monkeypatch.setattr(entities, "administration_client", refused)
-    assert entities.partitioned_queues(None, ["q"]) == set()
+    assert entities.partitioned_queues(NamespaceConfig(), ["q"]) == set()

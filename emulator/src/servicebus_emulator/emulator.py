@@ -140,7 +140,7 @@ class Emulator:
         """The namespace's credit budget (``credits_per_second``; 0: none) and, since it started, the credits
         spent per kind of operation (``spent``: send, filter, receive, peek, settle, renew_lock, management,
         administration; ``spent_total``) and the operations throttled per kind (``throttled``,
-        ``throttled_total``). Spending is counted with the budget off too. Connections refused for the
+        ``throttled_total``: out of credits, or under the ``server-busy`` switch). Spending is counted with the budget off too. Connections refused for the
         namespace's quota are ``refused_connections``."""
         def collect():
             ns = self._ns(namespace)

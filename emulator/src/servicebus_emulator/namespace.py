@@ -146,6 +146,7 @@ class Namespace:
         ``server-busy`` switch, or no credits left this second (``credits``)."""
         busy = refusals.busy_refusal(self, path)
         if busy is not None:
+            self.credits.throttled[kind.value] += 1
             return busy
         if not self.credits.admit(kind, time.monotonic()):
             return refusals.throttled(self, path)

@@ -148,6 +148,9 @@ def _validate(origin: str, *, primary: PrimaryConfig, secondary: NamespaceConfig
         if not 0 < ns.idle_link_seconds < 600:
             raise ConfigError(f"{origin}: '{name}.idle_link_seconds' must be above 0 and below 600 (Service Bus "
                               f"detaches a link idle for 10 minutes), got {ns.idle_link_seconds:g}")
+        if not 0 <= ns.max_credits_per_second < float("inf"):
+            raise ConfigError(f"{origin}: '{name}.max_credits_per_second' must be 0 (no budget) or the credits a "
+                              f"second the syphon may spend there, got {ns.max_credits_per_second:g}")
         if ns.administration_ca_file is not None and not os.path.isfile(ns.administration_ca_file):
             raise ConfigError(f"{origin}: '{name}.administration_ca_file' names {ns.administration_ca_file!r}, "
                               f"which is not a readable file: give the PEM file of the certificates to trust")

@@ -9,12 +9,13 @@ Outcome``): ``vocabulary`` (the enums), ``records`` (the tables' rows, spans and
 """
 
 from backlog_syphon.model.vocabulary import (
-    AccessRight, Action, BacklogState, CredentialKind, DEAD_LETTER_REASON_CODES, EntityKind, FINAL_OUTCOMES,
-    LogFormat, Outcome, REPORTED_OUTCOMES, ReasonCode, RunSource, STAYING_OUTCOMES, TtlPolicy
+    AccessRight, Action, BacklogState, CredentialKind, CreditKind, DEAD_LETTER_REASON_CODES, EntityKind,
+    FINAL_OUTCOMES, LogFormat, NamespaceRole, Outcome, REPORTED_OUTCOMES, ReasonCode, RunSource, STAYING_OUTCOMES,
+    TtlPolicy
 )
 from backlog_syphon.model.records import (
-    BrokerCount, CheckpointRow, DeadLetterOrder, HeldSpan, Int32, JobIds, Lease, OutcomeRecord, RecordedSpan,
-    RunRow, new_run_id
+    BrokerCount, CheckpointRow, CreditUsage, DeadLetterOrder, HeldSpan, Int32, JobIds, Lease, OutcomeRecord,
+    RecordedSpan, RunRow, new_run_id
 )
 from backlog_syphon.model.sending import (
     BatchStats, DestinationShape, EarlierBatches, MESSAGE_REFUSAL_REASONS, Outgoing, PacingStats, PartialSendError,
@@ -22,9 +23,9 @@ from backlog_syphon.model.sending import (
 )
 
 __all__ = [
-    "AccessRight", "Action", "BacklogState", "CredentialKind", "DEAD_LETTER_REASON_CODES", "EntityKind",
-    "FINAL_OUTCOMES", "LogFormat", "Outcome", "REPORTED_OUTCOMES", "ReasonCode", "RunSource", "STAYING_OUTCOMES",
-    "TtlPolicy", "BrokerCount", "CheckpointRow", "DeadLetterOrder", "HeldSpan", "Int32", "JobIds", "Lease",
+    "AccessRight", "Action", "BacklogState", "CredentialKind", "CreditKind", "DEAD_LETTER_REASON_CODES",
+    "EntityKind", "FINAL_OUTCOMES", "LogFormat", "NamespaceRole", "Outcome", "REPORTED_OUTCOMES", "ReasonCode", "RunSource", "STAYING_OUTCOMES",
+    "TtlPolicy", "BrokerCount", "CheckpointRow", "CreditUsage", "DeadLetterOrder", "HeldSpan", "Int32", "JobIds", "Lease",
     "OutcomeRecord", "RecordedSpan", "RunRow", "new_run_id", "BatchStats", "DestinationShape", "EarlierBatches",
     "MESSAGE_REFUSAL_REASONS", "Outgoing", "PacingStats", "PartialSendError", "SendFailure", "SendFailureClass",
     "SendShape", "THROTTLING_REASONS"

@@ -91,5 +91,6 @@ def _merged(rounds) -> dict[str, PurgeResult]:
             known = merged.get(queue)
             merged[queue] = result if known is None else PurgeResult(
                 known.completed + result.completed, known.dead_lettered + result.dead_lettered,
-                known.released + result.released, result.remaining, known.settled + result.settled)
+                known.released + result.released, result.remaining, known.settled + result.settled,
+                known.throttled or result.throttled)
     return merged

@@ -38,7 +38,7 @@ from backlog_syphon.sink import delivery
 from backlog_syphon.sink.fault_plan import NO_FAULTS, FaultPlan
 from backlog_syphon.sink.micro_batch import NOTHING_RECORDED, BatchAggregate, Recovery
 from backlog_syphon.sink.outcome_aggregate import combine_groups, cuts_span, pacing_after_round
-from backlog_syphon.sink.pacing import cap_share
+from backlog_syphon.sink.pacing import cap_share, send_cap
 from backlog_syphon.sink.send_shape import known_shapes
 from backlog_syphon.sink.send_task import deliver_partition
 from backlog_syphon.storage import tables
@@ -150,7 +150,7 @@ class SparkBatch:
         if config.redriving:
             classified = redrive.select_for_redrive(
                 classified, config.redrive, tables.redriven_dead_letters(self.spark, config.storage.audit_table))
-        cap = config.sink.max_messages_per_second
+        cap = send_cap(config)
         share = cap_share(cap, concurrent_send_tasks(self.spark, classified, fallback=config.backlog.queue_count)
                           ) if cap > 0 else None
         return classified, share, pacing_accumulator(self.spark)

@@ -21,8 +21,10 @@ from backlog_syphon.config import (
     NamespaceConfig,
     RunConfig,
     Secret,
+    SinkConfig,
     SyphonConfig,
 )
+from backlog_syphon.credits import CreditTerms
 from backlog_syphon.model import CredentialKind
 from backlog_syphon.restore.queue_names import backlog_queue_names, dead_letter_queue_name
 
@@ -31,7 +33,7 @@ from backlog_syphon.restore.queue_names import backlog_queue_names, dead_letter_
 SECRET_OPTION = "connection_string_secret"
 CREDENTIAL_SECRET_OPTION = "credential_secret"
 
-_BACKLOG, _RUN = BacklogConfig(), RunConfig()
+_BACKLOG, _RUN, _SINK = BacklogConfig(), RunConfig(), SinkConfig()
 
 
 @dataclass(frozen=True)
@@ -54,6 +56,16 @@ class SourceOptions:
     look_back: tuple[str, ...] = ()
     # A re-drive: read each backlog queue's dead-letter sub-queue ("<queue>/$DeadLetterQueue") instead.
     dead_letters: bool = False
+    # How the secondary's credits are paced (``credits``): its budget is the secondary's setting.
+    outage_seconds: float = _SINK.outage_wait_seconds
+    recovery_seconds: float = _SINK.throttle_recovery_seconds
+
+    def credit_terms(self, share: float, parts: int = 1) -> CreditTerms:
+        """How one of this source's processes paces the secondary: its ``share`` of the budget among ``parts``."""
+        from backlog_syphon.credits import SHARES
+
+        return CreditTerms(SHARES.of(self.secondary.max_credits_per_second, share, parts), self.outage_seconds,
+                           self.recovery_seconds)
 
     @classmethod
     def from_config(cls, config: SyphonConfig, *, stop_file: str | None = None,
@@ -64,7 +76,8 @@ class SourceOptions:
                    idle_probe_max_seconds=config.run.idle_probe_max_seconds,
                    available_now=config.run.trigger == AVAILABLE_NOW, stop_file=stop_file,
                    emulate_available_now=emulate_available_now, look_back=tuple(sorted(look_back)),
-                   dead_letters=config.redriving)
+                   dead_letters=config.redriving, outage_seconds=config.sink.outage_wait_seconds,
+                   recovery_seconds=config.sink.throttle_recovery_seconds)
 
     @property
     def configured_queues(self) -> list[str]:
@@ -102,6 +115,9 @@ class SourceOptions:
         if self.secondary.administration_ca_file:
             options["administrationCaFile"] = self.secondary.administration_ca_file
         options["idleLinkSeconds"] = str(self.secondary.idle_link_seconds)
+        options["maxCreditsPerSecond"] = str(self.secondary.max_credits_per_second)
+        options["outageSeconds"] = str(self.outage_seconds)
+        options["recoverySeconds"] = str(self.recovery_seconds)
         if self.stop_file:
             options["stopFile"] = self.stop_file
         if self.emulate_available_now:
@@ -123,7 +139,9 @@ class SourceOptions:
                                     administration_endpoint=options.get("administrationEndpoint") or None,
                                     administration_ca_file=options.get("administrationCaFile") or None,
                                     idle_link_seconds=float(options.get("idleLinkSeconds")
-                                                            or NamespaceConfig.idle_link_seconds))
+                                                            or NamespaceConfig.idle_link_seconds),
+                                    max_credits_per_second=float(options.get("maxCreditsPerSecond")
+                                                                 or NamespaceConfig.max_credits_per_second))
 
         def get(name: str, default, parse):
             text = options.get(name)
@@ -138,7 +156,9 @@ class SourceOptions:
                    stop_file=options.get("stopFile") or None,
                    emulate_available_now=get("emulateAvailableNow", cls.emulate_available_now, _boolean),
                    look_back=tuple(filter(None, (options.get("lookBack") or "").split("\n"))),
-                   dead_letters=get("deadLetters", cls.dead_letters, _boolean))
+                   dead_letters=get("deadLetters", cls.dead_letters, _boolean),
+                   outage_seconds=get("outageSeconds", cls.outage_seconds, float),
+                   recovery_seconds=get("recoverySeconds", cls.recovery_seconds, float))
 
 
 def _credential(options: Mapping[str, str]) -> CredentialConfig | None:
