@@ -435,3 +435,20 @@ def test_a_backlog_copy_that_expired_in_its_queue_is_not_sent_and_pings_and_held
                    4: ("hold", "destination_skipped"), 5: ("deliver", None)}
     reason = out.where("sequence_number = 1").first()["reason"]
     assert reason.startswith("the backlog copy expired in its queue at ") and "not sent" in reason
+
+
+def test_properties_larger_than_service_bus_takes_are_found_on_the_restored_bytes():
+    from backlog_syphon.restore.destination_fit import property_size_refusal
+
+    def encoded(**application_properties) -> bytes:
+        return DecodedMessage(properties=MessageProperties(message_id="m"), body=(b"x",),
+                              application_properties=application_properties).encode()
+
+    assert property_size_refusal(encoded(p="x" * (31 * 1024)), "m", None) is None
+    assert property_size_refusal(encoded(p="x" * (33 * 1024)), "m", None).startswith(
+        "its property 'p' is 33,")
+    three = encoded(**{f"p{i}": "x" * (30 * 1024) for i in range(3)})
+    assert "properties are 92," in property_size_refusal(three, "m", None)
+    assert property_size_refusal(encoded(), "i" * 129, None) == (
+        "its MessageId has 129 characters, more than the 128 Service Bus takes")
+    assert property_size_refusal(encoded(), "m", "s" * 129).startswith("its SessionId has 129 characters")

@@ -19,7 +19,7 @@ from backlog_syphon.model.records import (
 )
 from backlog_syphon.model.sending import (
     BatchStats, DestinationShape, EarlierBatches, MESSAGE_REFUSAL_REASONS, Outgoing, PacingStats, PartialSendError,
-    SendFailure, SendFailureClass, SendShape, THROTTLING_REASONS
+    RefusedBeforeSending, SendFailure, SendFailureClass, SendShape, THROTTLING_REASONS
 )
 
 __all__ = [
@@ -27,6 +27,6 @@ __all__ = [
     "EntityKind", "FINAL_OUTCOMES", "LogFormat", "NamespaceRole", "Outcome", "REPORTED_OUTCOMES", "ReasonCode", "RunSource", "STAYING_OUTCOMES",
     "TtlPolicy", "BrokerCount", "CheckpointRow", "CreditUsage", "DeadLetterOrder", "HeldSpan", "Int32", "JobIds", "Lease",
     "OutcomeRecord", "RecordedSpan", "RunRow", "new_run_id", "BatchStats", "DestinationShape", "EarlierBatches",
-    "MESSAGE_REFUSAL_REASONS", "Outgoing", "PacingStats", "PartialSendError", "SendFailure", "SendFailureClass",
+    "MESSAGE_REFUSAL_REASONS", "Outgoing", "PacingStats", "PartialSendError", "RefusedBeforeSending", "SendFailure", "SendFailureClass",
     "SendShape", "THROTTLING_REASONS"
 ]

@@ -99,6 +99,9 @@ class ReasonCode(StrEnum):
     # found before sending: the destination could not take the message as it is (Service Bus would refuse it)
     SESSION_REQUIRED = "session_required"  # the destination requires sessions; the message has no SessionId
     SESSION_ID_NOT_PARTITION_KEY = "session_id_not_partition_key"  # both set, and they differ
+    # a property above 32 KB, all of them above 64 KB, or a MessageId or SessionId above 128 characters: the
+    # service refuses it with a generic text that looks transient
+    PROPERTY_TOO_LARGE = "property_too_large"
     # The destination refused a batch for its shape (distinct partition keys, sessions or, with duplicate
     # detection on a partitioned entity, MessageIds): the sender learns to send it one message at a time and
     # sends the batch again. Only ever a log line and a count, never a message's outcome.
@@ -127,6 +130,7 @@ DEAD_LETTER_REASON_CODES = (
     ReasonCode.UNDECODABLE_MESSAGE, ReasonCode.EXPIRED_IN_BACKLOG, ReasonCode.MESSAGE_TOO_LARGE,
     ReasonCode.RESTORE_FAILED, ReasonCode.DESTINATION_NOT_FOUND, ReasonCode.UNAUTHORIZED,
     ReasonCode.DESTINATION_REFUSED, ReasonCode.SESSION_REQUIRED, ReasonCode.SESSION_ID_NOT_PARTITION_KEY,
+    ReasonCode.PROPERTY_TOO_LARGE,
 )
 
 

@@ -52,6 +52,7 @@ from backlog_syphon.model import (
     Outcome,
     Outgoing,
     PartialSendError,
+    RefusedBeforeSending,
     ReasonCode,
     SendFailure,
     SendFailureClass,
@@ -154,6 +155,8 @@ def deliver_rows(rows: Iterable[Row], *, build: Callable[[Row], Outgoing], sende
         for row in group:
             try:
                 pending.append((row, build(row)))
+            except RefusedBeforeSending as refused:  # its destination would refuse it for good: never sent
+                yield Delivery(row, Outcome.DEAD_LETTERED, refused.reason_code, refused.reason[:1024], 0)
             except Exception as exc:  # noqa: BLE001 - one message's problem is that message's outcome
                 yield Delivery(row, Outcome.DEAD_LETTERED, ReasonCode.RESTORE_FAILED,
                                f"the restored message could not be built: {type(exc).__name__}: {exc}"[:1024], 0)
