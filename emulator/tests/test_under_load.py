@@ -87,8 +87,11 @@ def test_out_of_credits_every_operation_is_throttled_with_the_services_text_and_
             receiver.renew_message_lock(held[0])
         with pytest.raises(ServiceBusServerBusyError, match=THROTTLED):
             receiver.complete_message(held[1])       # on the link: the disposition is rejected
-        with pytest.raises(ServiceBusServerBusyError, match=THROTTLED):
-            receiver.receive_messages(max_message_count=1, max_wait_time=1)   # the link is detached
+        # a receive on a link holding locks waits for credits (a detach would lose them); one without, detached
+        assert receiver.receive_messages(max_message_count=1, max_wait_time=1) == []
+        with client.get_queue_receiver(queue, prefetch_count=0) as other:
+            with pytest.raises(ServiceBusServerBusyError, match=THROTTLED):
+                other.receive_messages(max_message_count=1, max_wait_time=1)
         receiver.close()
     with ServiceBusAdministrationClient.from_connection_string(
             emu.admin_connection_string("budget"), connection_verify=emu.ca_file, retry_total=0) as admin:
@@ -133,11 +136,15 @@ def test_the_server_busy_switch_throttles_every_path_with_the_services_text(emu)
                     receiver.peek_messages(max_message_count=1)
                 with pytest.raises(ServiceBusServerBusyError, match=THROTTLED):
                     receiver.complete_message(held)
+                assert receiver.receive_messages(max_message_count=1, max_wait_time=1) == []
+                other = client.get_queue_receiver(queue, prefetch_count=0)
                 with pytest.raises(ServiceBusServerBusyError, match=THROTTLED):
-                    receiver.receive_messages(max_message_count=1, max_wait_time=1)
+                    other.receive_messages(max_message_count=1, max_wait_time=1)
             finally:
                 emu.set_available("plain")
-            receiver.close()    # azure-servicebus 7.15 raises a detach's error again on every receive until then
+            other.close()   # azure-servicebus 7.15 raises a detach's error again on every receive until then
+            receiver.complete_message(held)
+            receiver.close()
         with client.get_queue_receiver(queue, prefetch_count=0) as receiver:
             assert len(receiver.receive_messages(max_message_count=2, max_wait_time=5)) >= 1
 
@@ -261,3 +268,21 @@ def test_connections_past_the_namespaces_quota_are_refused(emu):
     finally:
         for client in clients:
             client.close()
+
+
+@pytest.mark.parametrize("namespace, settled", [("partial", 2), ("atomic", 0)])
+def test_a_lose_lock_fault_kills_the_last_token_of_a_multi_token_settlement(emu, namespace, settled):
+    queue = _queue(emu, namespace)
+    with _client(emu, namespace) as client:
+        with client.get_queue_sender(queue) as sender:
+            sender.send_messages([ServiceBusMessage(f"m{i}") for i in range(3)])
+        receiver = client.get_queue_receiver(queue, prefetch_count=0)
+        held = []
+        while len(held) < 3:
+            held += receiver.receive_messages(max_message_count=3 - len(held), max_wait_time=5)
+        emu.inject_fault(namespace, "lose_lock", entity=queue)
+        with pytest.raises(MessageLockLostError):
+            receiver._settle_message_via_mgmt_link("completed", [m.lock_token for m in held])  # noqa: SLF001
+        stats = emu.stats(namespace)[queue]
+        assert (stats["completed"], stats["active"], stats["ops"]["fault_lose_lock"]) == (settled, 1, 1)
+        receiver.close()

@@ -36,9 +36,12 @@ from backlog_syphon.rate_control import RateController, TokenBucket
 FLOOR_CREDITS_PER_SECOND = 10.0
 RATE_WINDOW_SECONDS = 2.0  # the measured spending is over the last this long
 # A throttled operation is asked again after this long, doubling while the answers stay busy (the service
-# asks for 2 seconds; .NET clients wait 10), up to MAX_RETRY_SECONDS.
+# asks for 2 seconds; .NET clients wait 10), up to MAX_RETRY_SECONDS. The answers of one moment (the
+# threads that were all refused in the same second) wait for the same retry: only an answer that comes
+# after the pause has ended doubles it.
 FIRST_RETRY_SECONDS = 1.0
 MAX_RETRY_SECONDS = 8.0
+SHORTEST_PAUSE_SECONDS = 0.1
 
 
 @dataclass(frozen=True)
@@ -74,14 +77,17 @@ class CreditPacer:
 
     def __init__(self, terms: CreditTerms, now: float):
         self.terms = terms
+        # The pauses between operations are the bucket's own (a page of 250 credits spaces the next one), so
+        # they count towards the climb back after a busy answer.
         self.controller = RateController(terms.credits_per_second, terms.recovery_seconds,
-                                         floor=FLOOR_CREDITS_PER_SECOND)
+                                         floor=FLOOR_CREDITS_PER_SECOND, pauses_earn=True)
         self.bucket = TokenBucket(terms.credits_per_second, now)
         self.spent: Counter = Counter()  # CreditKind -> credits spent by this process
         self.recent: deque[tuple[float, int]] = deque()  # (when, credits) of the last RATE_WINDOW_SECONDS
         self.throttled_count = 0
         self.busy_since: float | None = None  # the first busy answer of the current run of them
-        self.busy_answers = 0  # busy answers in a row
+        self.busy_answers = 0  # pauses in a row that ended in another busy answer
+        self.retry_at: float | None = None  # when the current pause ends
 
     def retune(self, terms: CreditTerms, now: float) -> None:
         """New terms (another share of the budget): the rate starts from the new share, what was learned
@@ -104,13 +110,27 @@ class CreditPacer:
         done (a peek's page), so it goes as soon as the bucket is not in debt, and its cost is taken after."""
         return self.bucket.wait(1, now)
 
-    def spend(self, kind: CreditKind, credits: int, now: float) -> None:
-        """An operation went through and cost ``credits``."""
-        self.busy_since, self.busy_answers = None, 0
+    def reserve(self, credits: int, now: float) -> None:
+        """Take what an operation about to go may cost at most (its page), so that the threads that found the
+        bucket not in debt at the same moment do not all go: the next one waits for this one's credits."""
+        if credits > 0:
+            self.bucket.take(credits, now)
+
+    def unreserve(self, credits: int, now: float) -> None:
+        """What was reserved for an operation that did not happen (refused, failed)."""
+        if credits > 0:
+            self.bucket.give_back(credits, now)
+
+    def spend(self, kind: CreditKind, credits: int, now: float, *, reserved: int = 0) -> None:
+        """An operation went through and cost ``credits`` (``reserved`` of them were taken before it)."""
+        self.busy_since, self.busy_answers, self.retry_at = None, 0, None
+        if credits > reserved:
+            self.bucket.take(credits - reserved, now)
+        elif reserved > credits:
+            self.bucket.give_back(reserved - credits, now)
         if credits <= 0:
             return
         self.spent[kind] += credits
-        self.bucket.take(credits, now)
         self.recent.append((now, credits))
         before = self.controller.rate
         self.controller.sent(now)
@@ -126,16 +146,21 @@ class CreditPacer:
         """The namespace answered server-busy: lower the rate (at most once a hold period) and return how
         long to wait before asking again."""
         self.throttled_count += 1
-        self.busy_answers += 1
         if self.busy_since is None:
             self.busy_since = now
+        if self.retry_at is None or now >= self.retry_at - SHORTEST_PAUSE_SECONDS:  # not within the last pause
+            self.busy_answers += 1
+            self.retry_at = now + min(MAX_RETRY_SECONDS, FIRST_RETRY_SECONDS * 2 ** (self.busy_answers - 1))
         if self.controller.throttled(now, self.measured_rate(now)):
             self.bucket.set_rate(self.controller.rate, now)
         self.bucket.empty(now)
-        return self.retry_after()
+        return self.retry_after(now)
 
-    def retry_after(self) -> float:
-        return min(MAX_RETRY_SECONDS, FIRST_RETRY_SECONDS * 2 ** max(0, self.busy_answers - 1))
+    def retry_after(self, now: float) -> float:
+        """Seconds until a throttled operation is asked again: the end of the current pause."""
+        if self.retry_at is None:
+            return FIRST_RETRY_SECONDS
+        return max(SHORTEST_PAUSE_SECONDS, self.retry_at - now)
 
     def given_up(self, now: float) -> bool:
         """Whether the namespace has answered busy to everything for longer than the outage bound."""

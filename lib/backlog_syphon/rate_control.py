@@ -60,6 +60,12 @@ class TokenBucket:
             self._refill(now)
             self.tokens -= messages
 
+    def give_back(self, messages: int, now: float) -> None:
+        """Tokens taken for something that did not happen (or cost less than was taken)."""
+        if self.rate is not None:
+            self._refill(now)
+            self.tokens = min(self.capacity, self.tokens + messages)
+
     def empty(self, now: float) -> None:
         """Spend what is saved: after a throttling answer, nothing goes out in a burst."""
         if self.rate is not None:
@@ -72,8 +78,12 @@ class RateController:
     through (not within ``HOLD_SECONDS`` of the last throttling answer), never above the cap nor below
     ``floor``."""
 
-    def __init__(self, cap: float | None, recovery_seconds: float, *, floor: float = MIN_RATE):
+    def __init__(self, cap: float | None, recovery_seconds: float, *, floor: float = MIN_RATE,
+                 pauses_earn: bool = False):
         self.cap = cap
+        # Whether a pause between sends earns its whole length of climb: where the pauses are the pacing's
+        # own (operations of many credits each, spaced by the bucket), not a sender waiting on something else.
+        self.pauses_earn = pauses_earn
         self.recovery_seconds = recovery_seconds
         self.floor = floor
         self.rate: float | None = cap  # None: not limited
@@ -99,7 +109,7 @@ class RateController:
 
     def sent(self, now: float) -> None:
         """Sends went through: after the hold, climb by ``step`` per second of sending (a pause in the
-        sends earns nothing beyond a second's step), up to the reference."""
+        sends earns nothing beyond a second's step, unless ``pauses_earn``), up to the reference."""
         since, self.last_sent = self.last_sent, now
         if self.rate is None or self.reference is None or self.rate >= self.reference:
             return
@@ -108,7 +118,8 @@ class RateController:
         start = since if since is not None else now
         if self.last_throttled is not None:
             start = max(start, self.last_throttled + HOLD_SECONDS)
-        self.rate = min(self.reference, self.rate + self.step * min(1.0, max(0.0, now - start)))
+        elapsed = max(0.0, now - start)
+        self.rate = min(self.reference, self.rate + self.step * (elapsed if self.pauses_earn else min(1.0, elapsed)))
         if self.rate >= self.reference and self.cap is None:
             self.rate = None  # recovered: an uncapped task is not limited any more
 

@@ -36,16 +36,38 @@ def test_a_share_paces_operations_whose_cost_is_known_after_them():
     assert pacer.spent == {CreditKind.PEEK: 250, CreditKind.SETTLE: 3} and pacer.total == 253
 
 
+def test_an_operation_reserves_its_page_so_that_threads_going_at_once_wait_for_each_other():
+    pacer = CreditPacer(CreditTerms(100.0), now=0.0)
+    pacer.reserve(250, 0.0)  # one thread's receive of up to 250 goes
+    assert pacer.wait(0.0) > 2.0  # another that looks now waits for it
+    pacer.spend(CreditKind.RECEIVE, 10, 0.5, reserved=250)  # it got 10: the rest is given back
+    assert pacer.wait(0.5) == 0.0 and pacer.spent == {CreditKind.RECEIVE: 10}
+    pacer.reserve(250, 0.5)
+    pacer.unreserve(250, 0.5)  # refused: nothing spent, nothing kept
+    assert pacer.wait(0.5) == 0.0 and pacer.total == 10
+
+
 def test_busy_answers_halve_the_rate_wait_longer_each_time_and_give_up_past_the_outage_bound():
     pacer = CreditPacer(CreditTerms(400.0, outage_seconds=30.0, recovery_seconds=10.0), now=0.0)
-    assert [pacer.throttled(t) for t in (0.0, 2.0, 4.0, 6.0, 8.0)] == [1.0, 2.0, 4.0, 8.0, 8.0]
+    # each asked again once its pause has ended
+    assert [pacer.throttled(t) for t in (0.0, 1.0, 3.0, 7.0, 15.0)] == [1.0, 2.0, 4.0, 8.0, 8.0]
     assert pacer.controller.rate == pytest.approx(400 / 2 ** 5)  # halved once a hold period, five times
+    assert pacer.throttled(16.0) == pytest.approx(7.0)  # another thread refused within the pause: the same retry
     assert not pacer.given_up(30.0) and pacer.given_up(30.1) and pacer.busy_for(20.0) == 20.0
     pacer.spend(CreditKind.RECEIVE, 10, 31.0)  # an answer went through: not busy any more
-    assert not pacer.given_up(100.0) and pacer.retry_after() == 1.0
+    assert not pacer.given_up(100.0) and pacer.retry_after(100.0) == 1.0
     for second in range(32, 60):  # it climbs back to its share over the recovery time
         pacer.spend(CreditKind.RECEIVE, 1, float(second))
     assert pacer.controller.rate == pytest.approx(400.0)
+
+
+def test_the_pauses_the_pacing_makes_count_towards_the_climb_back():
+    pacer = CreditPacer(CreditTerms(100.0, recovery_seconds=9.0), now=0.0)
+    pacer.throttled(0.0)
+    assert pacer.controller.rate == 50.0
+    pacer.spend(CreditKind.PEEK, 250, 1.0)  # the hold ends: a page of 250, the next waits for its credits
+    pacer.spend(CreditKind.PEEK, 250, 6.0)  # five seconds later: five seconds of climb (10 a second), not one
+    assert pacer.controller.rate == pytest.approx(100.0)
 
 
 def test_without_a_budget_a_busy_answer_limits_a_process_that_then_climbs_back_and_stops_limiting_itself():

@@ -171,6 +171,14 @@ def test_a_purge_reports_each_span_settled_or_left_from_what_is_still_there():
     assert result == PurgeResult(3, 0, 0, remaining=(second,), settled=(first,))
 
 
+def test_a_round_a_throttled_receive_ended_reports_what_it_settled_whole_and_leaves_the_rest_as_planned():
+    first, second = span(1, 3), span(5, 8)
+    progress = PurgeProgress(plan_of(first, second))
+    progress.on_page([msg(1), msg(2), msg(3), msg(5)])
+    progress.on_settled(4, completed_numbers=(1, 2, 3, 5))  # then the next receive was refused: no look
+    assert progress.throttled_result() == PurgeResult(4, 0, 0, remaining=(second,), settled=(first,), throttled=True)
+
+
 @pytest.mark.parametrize("spans, expected", [
     ((span(1, 3),), -1),
     ((span(1, 3, queue="other"),), 3),

@@ -264,7 +264,11 @@ class Emulator:
         - ``settle`` (``com.microsoft:message-lock-lost``): a disposition the client waits for is answered
           ``rejected`` with the condition, or an ``update-disposition`` request fails with it; the
           messages keep their locks;
-        - ``management`` (``com.microsoft:server-busy``): any management request fails with the condition.
+        - ``management`` (``com.microsoft:server-busy``): any management request fails with the condition;
+        - ``lose_lock``: an ``update-disposition`` of several lock tokens finds the lock of its last token lost
+          (the message available again, delivery count + 1, as when a lock expires), and is answered as the
+          namespace's ``multi_token_disposition`` says (410 ``com.microsoft:message-lock-lost``, the live tokens
+          settled or not).
         """
         if operation not in OPERATIONS:
             raise ValueError(f"operation must be one of {', '.join(map(repr, OPERATIONS))}, got {operation!r}")

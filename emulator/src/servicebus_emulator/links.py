@@ -9,9 +9,12 @@ Invariants:
   terminus present the SDK would report a retried connection error instead);
 - every error condition carries an ``info`` map with a tracking id: the SDK indexes it unconditionally;
 - a receive (a grant of credit) the namespace throttles (its ``server-busy`` switch, or no credits left:
-  ``credits``) detaches the link with ``com.microsoft:server-busy``: AMQP has no other answer to a flow,
-  and a receive link is how the service's throttling reaches receivers (azure-sdk-for-java#37594); a
-  receive whose credits run out part way gets what was delivered so far, the rest once credits return;
+  ``credits``) on a link that holds no lock detaches the link with ``com.microsoft:server-busy``: AMQP has
+  no other answer to a flow, and the throttling text reaches receivers on their receive links
+  (azure-sdk-for-java#37594); on a link that holds locks it is held until the namespace has credits again
+  (a detach would lose every lock the link holds, and no report of a throttled namespace describes
+  consumers losing theirs); a receive whose credits run out part way gets what was delivered so far, the
+  rest once credits return;
 - a receive gets at most its allowance (``short_receives``): a part of what it asked for, or all of it.
 """
 from __future__ import annotations
@@ -176,9 +179,12 @@ def on_credit(ctx: LinkCtx):
         ns, entity = ctx.conn.ns, ctx.target
         fault = ns.faults.take("receive", entity)
         refusal = fault.error() if fault is not None else ns.load_refusal(CreditKind.RECEIVE, entity.path)
-        if refusal is not None:
+        if refusal is not None and (fault is not None or not ctx.tokens):
             # the receive the credit was issued for fails, as when a namespace detaches a link
             detach(ctx, refusal.condition, refusal.description)
+            return
+        if refusal is not None:      # throttled, and the link holds locks: held until there are credits
+            ns.starved.add(entity)
             return
         # a partitioned entity's gateway may find nothing though messages wait: drawn anew for each receive
         ctx.withheld = bool(entity.partitions and ctx.session is None and not entity.requires_session

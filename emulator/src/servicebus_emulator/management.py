@@ -148,6 +148,11 @@ def _update_disposition(ctx, e: Entity, body):
     sid = _session_id(body)
     if e.requires_session and sid is not None:
         _owned_session(e, sid)
+    tokens = _tokens(body)
+    if len(tokens) > 1 and ctx.conn.ns.faults.take("lose_lock", e) is not None:
+        lost = e.locks.get(tokens[-1])
+        if lost is not None:          # its lock runs out now: the message is available again (count + 1)
+            e.abandon(lost)
     live, dead = _locked_messages(ctx, e, body)
     # One status answers the whole request: 410 when any token is dead. Whether the live ones were settled
     # is not documented; the namespace's ``multi_token_disposition`` says (partial: yes, atomic: no).

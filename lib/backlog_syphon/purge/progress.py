@@ -175,6 +175,13 @@ class PurgeProgress:
         """Whether this round settled every recorded message of ``span``: it is settled, no look needed."""
         return sum(1 for identity in self._settled if span.holds(*identity)) >= span.count
 
+    def throttled_result(self) -> PurgeResult:
+        """The result of a round a throttled receive ended: no look was made, so a span it did not settle whole
+        stays as it was (its first message may have gone: the next plan verifies, see ``after_purge``)."""
+        settled = tuple(span for span in self.plan.spans if self.settled_whole(span))
+        remaining = tuple(span for span in self.plan.spans if not self.settled_whole(span))
+        return PurgeResult(self.completed, self.dead_lettered, self.released, remaining, settled, throttled=True)
+
     def result(self, heads: dict[int, Identity | None]) -> PurgeResult:
         """``heads[span.first]``: the first message at or after each span's first sequence number now (none
         needed for a span this round settled whole: ``settled_whole``)."""

@@ -73,7 +73,7 @@ def peek_raw(receiver, from_sequence_number: int, max_count: int, *,
         try:
             if namespace is None:  # a receiver of the caller's own (a test's): not paced
                 return peek()
-            return paced(namespace, CreditKind.PEEK, peek, cost=lambda page: max(1, len(page)))
+            return paced(namespace, CreditKind.PEEK, peek, cost=lambda page: max(1, len(page)), reserve=max_count)
         except MessagingEntityNotFoundError:
             raise BacklogQueueMissingError(f"queue {entity_name(receiver)} does not exist") from None
         except OperationTimeoutError:

@@ -18,9 +18,11 @@ Invariants:
 - Lock tokens go in one request per partition (a partitioned entity refuses a request across partitions);
   a request refused for a lost lock is looked at before it is split (``BulkSettlement``): whether the
   service settled its live tokens or none, nothing settled is sent again and nothing live taken for settled.
-- Every receive, settlement and peek is paced by the secondary's credits (``throttling``): a busy settlement
-  is asked again while its page's deadline allows (else its messages are released, received again later);
-  a busy receive ends the round (the SDK's receiver, its link detached, is dropped), and the next goes on.
+- Every receive, settlement and peek is paced by the secondary's credits (``throttling``): a receive waits
+  until the process's share allows it, and its page's settlements go at once (their credits are paid by the
+  next receive's wait), so the pacing never eats into the locks; a busy settlement is asked again while its
+  page's deadline allows (else its messages are released, received again later); a busy receive ends the
+  round (the SDK's receiver, its link detached, is dropped), and the next goes on.
 """
 
 from __future__ import annotations
@@ -50,7 +52,7 @@ from backlog_syphon.servicebus.sdk_internals import (
     revoke_credit,
 )
 from backlog_syphon.purge.settle_timing import SettleTiming
-from backlog_syphon.servicebus.throttling import paced, pacer_of
+from backlog_syphon.servicebus.throttling import await_credits, pause_of, paced
 
 # The logger keeps the module's former name (``servicebus.settle``): log pipelines may filter on it.
 logger = logging.getLogger("backlog_syphon.servicebus.settle")
@@ -74,21 +76,30 @@ def purge_backlog(namespace: NamespaceConfig, plan: PurgePlan, *, timing: Settle
         try:
             with pooled_receiver(namespace, plan.queue, purpose="settle") as receiver:  # a failed link leaves the pool
                 return _purge(namespace, receiver, plan, timing, max_wait_seconds)
-        except ServiceBusServerBusyError:
+        except ThrottledRound as throttled:
             # A receive the namespace throttled: its link is detached (the SDK's receiver raises that again on
-            # every receive: the pool dropped it). What the round settled is found gone by the next round,
-            # which comes after the namespace's pause.
-            pause = pacer_of(namespace).retry_after()
+            # every receive: the pool dropped it). The round says what it settled; the next one comes after
+            # the namespace's pause.
+            pause = pause_of(namespace)
             logger.info("backlog=%s: the secondary is throttling (server-busy) the purge's receives: this round "
-                        "ends, the next one goes on in %.1f s at a lower rate", plan.queue, pause)
+                        "ends (completed=%d dead_lettered=%d), the next one goes on in %.1f s at a lower rate",
+                        plan.queue, throttled.result.completed, throttled.result.dead_lettered, pause)
             time.sleep(pause)
-            return PurgeResult(0, 0, 0, plan.spans, (), throttled=True)
+            return throttled.result
         except (MessagingEntityNotFoundError, BacklogQueueMissingError):
             # A pooled link to a queue deleted and created since says "not found" too: ask once on a fresh one.
             if fresh_link:
                 logger.warning("backlog=%s no longer exists: the %d recorded message(s) the purge was to settle "
                                "went with it", plan.queue, plan.expected)
     return PurgeResult(0, 0, 0, (), plan.spans)
+
+
+class ThrottledRound(Exception):
+    """A receive of the round was throttled (server-busy): ``result`` is what the round settled before it."""
+
+    def __init__(self, result: PurgeResult):
+        super().__init__("throttled")
+        self.result = result
 
 
 def _purge(namespace: NamespaceConfig, receiver, plan: PurgePlan, timing: SettleTiming,
@@ -108,8 +119,14 @@ def _purge(namespace: NamespaceConfig, receiver, plan: PurgePlan, timing: Settle
                     progress.locks_running_out()
                     break
                 wait = min(wait, max_wait_seconds)
+            await_credits(namespace, reserve=credit)  # the page's receive is timed from here, not from the pacing
             started, began = time.time(), time.monotonic()
-            page = _receive(namespace, receiver, credit, wait)
+            try:
+                page = _receive(namespace, receiver, credit, wait)
+            except ServiceBusServerBusyError:
+                # Refused while the link held no lock (else the service holds the receive back instead):
+                # nothing was received, and nothing is left to release. The link is detached: no look.
+                raise ThrottledRound(progress.throttled_result()) from None
             revoke_credit(receiver)  # a call that returns early leaves the rest of its credit open
             if page:  # an empty one waited out its time, which says nothing about the link
                 lock_end = first_lock_end(page)
@@ -135,11 +152,11 @@ def _purge(namespace: NamespaceConfig, receiver, plan: PurgePlan, timing: Settle
 
 
 def _receive(namespace: NamespaceConfig, receiver, credit: int, wait: float) -> list:
-    """One receive call, paced by the secondary's credits (one a message); a busy answer is raised: it ends
-    the round (see ``purge_backlog``)."""
+    """One receive call, paced by the secondary's credits (one a message; the caller's ``await_credits``
+    reserved ``credit`` of them); a busy answer is raised: it ends the round (see ``purge_backlog``)."""
     return paced(namespace, CreditKind.RECEIVE, lambda: receiver.receive_messages(max_message_count=credit,
                                                                                   max_wait_time=wait),
-                 cost=len, retry=False)
+                 cost=len, retry=False, wait=False, reserve=credit)
 
 
 def _present(namespace: NamespaceConfig, receiver, plan: PurgePlan) -> list:
@@ -291,7 +308,7 @@ def settle_all(receiver, messages: list, deadline: float, timing: SettleTiming, 
                         f"{len(set(request) - present)} of them were settled, the rest lost their lock")
             settlement.lock_lost(request, present=present)
         except ServiceBusServerBusyError:
-            pause = pacer_of(namespace).retry_after() if namespace is not None else None
+            pause = pause_of(namespace) if namespace is not None else None
             if pause is None or clock() + pause >= settlement.deadline:
                 logger.info("bulk %s of %d message(s) throttled (server-busy) too close to the locks' end: released, "
                             "received again by a later round", what, len(request))
@@ -324,4 +341,4 @@ def _settle(namespace: NamespaceConfig | None, receiver, tokens: list, dead_lett
     if namespace is None:  # a receiver of the caller's own (a test's): not paced
         request()
     else:
-        paced(namespace, CreditKind.SETTLE, request, cost=lambda _: len(tokens), retry=False)
+        paced(namespace, CreditKind.SETTLE, request, cost=lambda _: len(tokens), retry=False, wait=False)

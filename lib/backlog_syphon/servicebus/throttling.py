@@ -99,21 +99,50 @@ def count(namespace: NamespaceConfig, kind: CreditKind, credits: int) -> None:
         pacer.count(kind, credits)
 
 
-def paced(namespace: NamespaceConfig, kind: CreditKind, operation: Callable[[], T], *,
-          cost: Callable[[T], int] = lambda result: 1, retry: bool = True,
-          clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep) -> T:
-    """``operation()`` within this process's share of the namespace's credits, its ``cost(result)`` counted.
-    A busy answer lowers the rate and, with ``retry``, is asked again after a pause (else it is raised, for
-    the caller to end what it does); past the outage bound it raises ``NamespaceThrottledError``."""
+def pause_of(namespace: NamespaceConfig, *, clock: Callable[[], float] = time.monotonic) -> float:
+    """Seconds until an operation the namespace just throttled is asked again (the pacer's current pause)."""
+    pacer = pacer_of(namespace, clock=clock)
+    with _LOCK:
+        return pacer.retry_after(clock())
+
+
+def await_credits(namespace: NamespaceConfig, *, reserve: int = 0, clock: Callable[[], float] = time.monotonic,
+                  sleep: Callable[[float], None] = time.sleep) -> None:
+    """Wait until this process's share of the namespace's credits allows an operation, and take ``reserve``
+    credits for it (what it may cost at most: see ``CreditPacer.reserve``). Called by the caller before an
+    operation it times (the purge's receive), so that its time is the service's, not the pacing's."""
     pacer = pacer_of(namespace, clock=clock)
     while True:
         with _LOCK:
-            wait = pacer.wait(clock())
-        if wait > 0:
-            sleep(wait)
+            now = clock()
+            wait = pacer.wait(now)
+            if wait <= 0:
+                pacer.reserve(reserve, now)
+                return
+        sleep(wait)
+
+
+def paced(namespace: NamespaceConfig, kind: CreditKind, operation: Callable[[], T], *,
+          cost: Callable[[T], int] = lambda result: 1, retry: bool = True, wait: bool = True, reserve: int = 0,
+          clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep) -> T:
+    """``operation()`` within this process's share of the namespace's credits, its ``cost(result)`` counted.
+    ``reserve``: what it may cost at most (a page), taken before it goes and settled against its cost after.
+    A busy answer lowers the rate and, with ``retry``, is asked again after a pause (else it is raised, for
+    the caller to end what it does); past the outage bound it raises ``NamespaceThrottledError``. Without
+    ``wait`` the operation goes at once (``reserve``: what the caller's ``await_credits`` took for it) and
+    what it costs beyond is paid by the next one's wait: a settlement whose locks are running out, after the
+    receive that waited for both."""
+    pacer = pacer_of(namespace, clock=clock)
+    while True:
+        if wait:
+            await_credits(namespace, reserve=reserve, clock=clock, sleep=sleep)
         try:
             result = operation()
         except Exception as exc:  # noqa: BLE001 - only busy answers are this function's; the rest is raised
+            with _LOCK:
+                pacer.unreserve(reserve, clock())
+            if not wait:
+                reserve = 0  # the caller's reservation is given back; a retry reserves nothing
             if not is_busy(exc):
                 raise
             with _LOCK:
@@ -130,7 +159,7 @@ def paced(namespace: NamespaceConfig, kind: CreditKind, operation: Callable[[], 
             sleep(delay)
             continue
         with _LOCK:
-            pacer.spend(kind, cost(result), clock())
+            pacer.spend(kind, cost(result), clock(), reserved=reserve)
         return result
 
 
