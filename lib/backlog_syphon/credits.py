@@ -10,10 +10,10 @@ credits. So every process that operates on a namespace paces itself with a ``Cre
 - **a budget** (``<namespace>.max_credits_per_second``, 0: none): each process paces its operations with a
   token bucket at its *share* of it (``CreditShares``), so that the shares of all processes sum to at most
   the budget: the driver (the purge, the pre-flight, the counts), the source's planner (its probes), and the
-  executors' window reads, a share split among the batch's windows;
-- **AIMD on server-busy** (``rate_control.RateController``): a throttled answer halves the process's rate
-  (from its share, or, without a budget, from the rate it was spending at) and its operation is asked again
-  after a pause (``retry_after``); operations that go through raise the rate again over
+  executors' window reads, a share split among the batch's windows read at once;
+- **AIMD on server-busy** (``rate_control.RateController``): a throttled answer lowers the process's rate by
+  a quarter (from its share, or, without a budget, from the rate it was spending at) and its operation is
+  asked again after a pause (``retry_after``); operations that go through raise the rate again over
   ``sink.throttle_recovery_seconds``; without a budget the process then stops limiting itself;
 - **an end**: a namespace that throttled every operation for longer than ``sink.outage_wait_seconds``
   is not a busy moment but a namespace too small for its load: the pacer says so (``given_up``), and the
@@ -35,6 +35,10 @@ from backlog_syphon.rate_control import RateController, TokenBucket
 # up to 250, and it has to go some time.
 FLOOR_CREDITS_PER_SECOND = 10.0
 RATE_WINDOW_SECONDS = 2.0  # the measured spending is over the last this long
+# A busy answer lowers the rate by a quarter, not a half as a send task's does: a refused operation spends no
+# credits, so going a little over costs a pause, while every halving leaves a quarter of the budget unspent
+# on average (AIMD's saw-tooth between half the budget and all of it averages 75 %, this one 88 %).
+DECREASE_FACTOR = 0.75
 # A throttled operation is asked again after this long, doubling while the answers stay busy (the service
 # asks for 2 seconds; .NET clients wait 10), up to MAX_RETRY_SECONDS. The answers of one moment (the
 # threads that were all refused in the same second) wait for the same retry: only an answer that comes
@@ -48,11 +52,13 @@ SHORTEST_PAUSE_SECONDS = 0.1
 class CreditShares:
     """How a namespace's budget is shared among the processes that spend it, by what each spends per moved
     message: a window read peeks it once (1 credit), the purge receives it and settles it (2 credits), and
-    the planner probes a few times per queue and batch. Their shares sum to the whole budget."""
+    the planner probes a few times per queue and batch (about 0.1 credit a moved message in batches of
+    1,000). Their shares sum to the whole budget; the drain can move at most min(driver / 2, reads) of it
+    a second, 95 % of the budget's third (its credits per message allow a third)."""
 
-    driver: float = 0.6
-    planner: float = 0.1
-    reads: float = 0.3
+    driver: float = 0.63
+    planner: float = 0.05
+    reads: float = 0.32
 
     def of(self, budget: float, share: float, parts: int = 1) -> float | None:
         """A process's credits a second: its ``share`` of ``budget`` among ``parts`` processes alike
@@ -80,7 +86,7 @@ class CreditPacer:
         # The pauses between operations are the bucket's own (a page of 250 credits spaces the next one), so
         # they count towards the climb back after a busy answer.
         self.controller = RateController(terms.credits_per_second, terms.recovery_seconds,
-                                         floor=FLOOR_CREDITS_PER_SECOND, pauses_earn=True)
+                                         floor=FLOOR_CREDITS_PER_SECOND, pauses_earn=True, decrease=DECREASE_FACTOR)
         self.bucket = TokenBucket(terms.credits_per_second, now)
         self.spent: Counter = Counter()  # CreditKind -> credits spent by this process
         self.recent: deque[tuple[float, int]] = deque()  # (when, credits) of the last RATE_WINDOW_SECONDS

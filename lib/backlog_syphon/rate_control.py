@@ -74,13 +74,14 @@ class TokenBucket:
 
 
 class RateController:
-    """AIMD: halve on throttling (at most once per ``HOLD_SECONDS``), add ``step`` a second while sends go
+    """AIMD: halve (``decrease``) on throttling (at most once per ``HOLD_SECONDS``), add ``step`` a second while sends go
     through (not within ``HOLD_SECONDS`` of the last throttling answer), never above the cap nor below
     ``floor``."""
 
     def __init__(self, cap: float | None, recovery_seconds: float, *, floor: float = MIN_RATE,
-                 pauses_earn: bool = False):
+                 pauses_earn: bool = False, decrease: float = DECREASE_FACTOR):
         self.cap = cap
+        self.decrease = decrease  # the rate is multiplied by this on a throttling answer
         # Whether a pause between sends earns its whole length of climb: where the pauses are the pacing's
         # own (operations of many credits each, spaced by the bucket), not a sender waiting on something else.
         self.pauses_earn = pauses_earn
@@ -104,7 +105,7 @@ class RateController:
         current = self.rate if self.rate is not None else max(measured_rate, MIN_REFERENCE_RATE, self.floor)
         if self.cap is None:
             self.reference = max(current, MIN_REFERENCE_RATE, self.reference or 0.0)
-        self.rate = max(self.floor, current * DECREASE_FACTOR)
+        self.rate = max(self.floor, current * self.decrease)
         return True
 
     def sent(self, now: float) -> None:

@@ -21,9 +21,23 @@ from backlog_syphon.sink.pacing import send_cap
 def test_the_shares_of_a_budget_sum_to_the_budget_and_none_means_no_budget():
     assert SHARES.driver + SHARES.planner + SHARES.reads == pytest.approx(1.0)
     assert SHARES.of(0, SHARES.driver) is None
-    assert SHARES.of(900, SHARES.driver) == pytest.approx(540)
-    assert SHARES.of(900, SHARES.reads, parts=3) == pytest.approx(90)  # a window's read of a batch of three
-    assert SHARES.of(900, SHARES.reads, parts=0) == pytest.approx(270)
+    assert SHARES.of(1000, SHARES.driver) == pytest.approx(630)
+    assert SHARES.of(900, SHARES.reads, parts=3) == pytest.approx(96)  # a window's read of a batch of three
+    assert SHARES.of(900, SHARES.reads, parts=0) == pytest.approx(288)
+    # the drain moves at most min(driver / 2, reads) of the budget a second: 95 % of what 3 a message allow
+    assert min(SHARES.driver / 2, SHARES.reads) * 3 >= 0.94
+
+
+def test_the_reads_share_is_divided_among_the_windows_read_at_once_at_most_the_task_slots():
+    from backlog_syphon.source.options import SourceOptions
+
+    options = SourceOptions("primary", NamespaceConfig(fully_qualified_namespace="backlog.example:1",
+                                                       max_credits_per_second=1000), read_slots=2)
+    assert options.windows_at_once(10) == 2 and options.windows_at_once(1) == 1
+    assert SourceOptions.from_spark(options.to_spark()).read_slots == 2  # it reaches the executors
+    assert options.credit_terms(SHARES.reads, options.windows_at_once(10)).credits_per_second == pytest.approx(160)
+    unknown = SourceOptions("primary", options.secondary)  # Spark Connect: every window counts
+    assert unknown.windows_at_once(10) == 10 and "readSlots" not in unknown.to_spark()
 
 
 def test_a_share_paces_operations_whose_cost_is_known_after_them():
@@ -47,11 +61,11 @@ def test_an_operation_reserves_its_page_so_that_threads_going_at_once_wait_for_e
     assert pacer.wait(0.5) == 0.0 and pacer.total == 10
 
 
-def test_busy_answers_halve_the_rate_wait_longer_each_time_and_give_up_past_the_outage_bound():
+def test_busy_answers_lower_the_rate_wait_longer_each_time_and_give_up_past_the_outage_bound():
     pacer = CreditPacer(CreditTerms(400.0, outage_seconds=30.0, recovery_seconds=10.0), now=0.0)
     # each asked again once its pause has ended
     assert [pacer.throttled(t) for t in (0.0, 1.0, 3.0, 7.0, 15.0)] == [1.0, 2.0, 4.0, 8.0, 8.0]
-    assert pacer.controller.rate == pytest.approx(400 / 2 ** 5)  # halved once a hold period, five times
+    assert pacer.controller.rate == pytest.approx(400 * 0.75 ** 5)  # lowered once a hold period, five times
     assert pacer.throttled(16.0) == pytest.approx(7.0)  # another thread refused within the pause: the same retry
     assert not pacer.given_up(30.0) and pacer.given_up(30.1) and pacer.busy_for(20.0) == 20.0
     pacer.spend(CreditKind.RECEIVE, 10, 31.0)  # an answer went through: not busy any more
@@ -64,9 +78,9 @@ def test_busy_answers_halve_the_rate_wait_longer_each_time_and_give_up_past_the_
 def test_the_pauses_the_pacing_makes_count_towards_the_climb_back():
     pacer = CreditPacer(CreditTerms(100.0, recovery_seconds=9.0), now=0.0)
     pacer.throttled(0.0)
-    assert pacer.controller.rate == 50.0
+    assert pacer.controller.rate == 75.0
     pacer.spend(CreditKind.PEEK, 250, 1.0)  # the hold ends: a page of 250, the next waits for its credits
-    pacer.spend(CreditKind.PEEK, 250, 6.0)  # five seconds later: five seconds of climb (10 a second), not one
+    pacer.spend(CreditKind.PEEK, 250, 3.5)  # 2.5 s later: 2.5 s of climb (10 a second), not one
     assert pacer.controller.rate == pytest.approx(100.0)
 
 
@@ -75,7 +89,7 @@ def test_without_a_budget_a_busy_answer_limits_a_process_that_then_climbs_back_a
     for at in range(20):  # spending about 1,000 a second
         pacer.spend(CreditKind.PEEK, 100, at / 10)
     pacer.throttled(2.0)
-    assert pacer.controller.rate == pytest.approx(500.0)
+    assert pacer.controller.rate == pytest.approx(750.0)  # a quarter less than it was spending
     for second in range(4, 30):
         pacer.spend(CreditKind.PEEK, 1, float(second))
     assert pacer.controller.rate is None  # back where it was: no limit any more

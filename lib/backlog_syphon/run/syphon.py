@@ -29,7 +29,7 @@ from backlog_syphon.run.spark_session import is_connect, spark_line
 from backlog_syphon.sink.fault_plan import FaultPlan
 from backlog_syphon.sink.foreach_batch import DeliverySink
 from backlog_syphon.sink.micro_batch import NOTHING_RECORDED, Recovery
-from backlog_syphon.sink.spark_ports import read_recovery
+from backlog_syphon.sink.spark_ports import read_recovery, task_slots
 from backlog_syphon.source.data_source import (
     READ_LIMITS_SUPPORTED,
     SOURCE_NAME,
@@ -314,7 +314,7 @@ def start_syphon(spark: SparkSession, config: SyphonConfig, *, run_id: str | Non
                     len(look_back))
     stream = (spark.readStream.format(SOURCE_NAME)
               .options(**backlog_source_options(config, stop_file=stop_file, emulate_available_now=emulate,
-                                                look_back=look_back)).load())
+                                                look_back=look_back, read_slots=task_slots(spark))).load())
     writer = (stream.writeStream.foreachBatch(sink)
               .option("checkpointLocation", storage.checkpoint_location)
               .queryName(config.run.query_name)

@@ -246,6 +246,18 @@ def collect_dead_letters(outcomes: DataFrame) -> list[DeadLetterOrder]:
                             row["reason_code"] or "undeliverable", row["reason"] or "") for row in rows]
 
 
+def task_slots(spark: SparkSession) -> int:
+    """How many tasks the cluster runs at once (``defaultParallelism``), 0 where that is not known: over Spark
+    Connect (no SparkContext), or with dynamic allocation (the slots grow while a batch runs)."""
+    try:
+        context = spark.sparkContext
+        if context.getConf().get("spark.dynamicAllocation.enabled", "false").lower() == "true":
+            return 0
+        return max(0, int(context.defaultParallelism))
+    except Exception:  # noqa: BLE001 - Spark Connect has no SparkContext
+        return 0
+
+
 def concurrent_send_tasks(spark: SparkSession, classified: DataFrame, *, fallback: int) -> int:
     """How many send tasks of a round may run at once: its partitions (one per backlog queue with rows),
     at most the cluster's task slots. ``sink.max_messages_per_second`` is shared among that many, so the

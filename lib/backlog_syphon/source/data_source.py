@@ -66,10 +66,12 @@ READ_LIMITS_SUPPORTED = ReadMaxRows is not None  # Spark 4.2+
 
 
 def backlog_source_options(config: SyphonConfig, *, stop_file: str | None = None,
-                           emulate_available_now: bool = False, look_back: tuple[str, ...] = ()) -> dict[str, str]:
-    """The reader options for a syphon configuration (all strings, as Spark wants them)."""
+                           emulate_available_now: bool = False, look_back: tuple[str, ...] = (),
+                           read_slots: int = 0) -> dict[str, str]:
+    """The reader options for a syphon configuration (all strings, as Spark wants them); ``read_slots``: the
+    cluster's task slots, where known (``SourceOptions.read_slots``)."""
     return SourceOptions.from_config(config, stop_file=stop_file, emulate_available_now=emulate_available_now,
-                                     look_back=look_back).to_spark()
+                                     look_back=look_back, read_slots=read_slots).to_spark()
 
 
 # A batch read of no queue at all: nothing is listed or peeked, and planning it starts Spark's Python
@@ -281,11 +283,12 @@ class BacklogSnapshotReader(DataSourceReader):
 
 
 def _pace_reads(options: SourceOptions, window: BacklogWindow) -> None:
-    """A window's read paces the secondary at the reads' share of its budget, split among the batch's windows."""
+    """A window's read paces the secondary at the reads' share of its budget, split among the batch's windows
+    that are read at once (at most the task slots)."""
     from backlog_syphon.credits import SHARES
     from backlog_syphon.servicebus.throttling import pace
 
-    pace(options.secondary, options.credit_terms(SHARES.reads, len(window.batch_queues)))
+    pace(options.secondary, options.credit_terms(SHARES.reads, options.windows_at_once(len(window.batch_queues))))
 
 
 class BacklogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):

@@ -59,6 +59,9 @@ class SourceOptions:
     # How the secondary's credits are paced (``credits``): its budget is the secondary's setting.
     outage_seconds: float = _SINK.outage_wait_seconds
     recovery_seconds: float = _SINK.throttle_recovery_seconds
+    # The cluster's task slots (0: unknown): at most this many windows are read at once, so the reads' share
+    # of the budget is divided among no more (as the send cap is, ``sink.spark_ports.concurrent_send_tasks``).
+    read_slots: int = 0
 
     def credit_terms(self, share: float, parts: int = 1) -> CreditTerms:
         """How one of this source's processes paces the secondary: its ``share`` of the budget among ``parts``."""
@@ -67,9 +70,14 @@ class SourceOptions:
         return CreditTerms(SHARES.of(self.secondary.max_credits_per_second, share, parts), self.outage_seconds,
                            self.recovery_seconds)
 
+    def windows_at_once(self, windows: int) -> int:
+        """How many of a batch's ``windows`` are read at once: all of them, at most the task slots (if known)."""
+        return max(1, min(windows, self.read_slots) if self.read_slots > 0 else windows)
+
     @classmethod
     def from_config(cls, config: SyphonConfig, *, stop_file: str | None = None,
-                    emulate_available_now: bool = False, look_back: tuple[str, ...] = ()) -> SourceOptions:
+                    emulate_available_now: bool = False, look_back: tuple[str, ...] = (),
+                    read_slots: int = 0) -> SourceOptions:
         return cls(primary_namespace=config.primary.namespace, secondary=config.secondary,
                    queue_count=config.backlog.queue_count, discover=config.backlog.discover,
                    max_messages_per_trigger=config.run.max_messages_per_trigger,
@@ -77,7 +85,7 @@ class SourceOptions:
                    available_now=config.run.trigger == AVAILABLE_NOW, stop_file=stop_file,
                    emulate_available_now=emulate_available_now, look_back=tuple(sorted(look_back)),
                    dead_letters=config.redriving, outage_seconds=config.sink.outage_wait_seconds,
-                   recovery_seconds=config.sink.throttle_recovery_seconds)
+                   recovery_seconds=config.sink.throttle_recovery_seconds, read_slots=read_slots)
 
     @property
     def configured_queues(self) -> list[str]:
@@ -118,6 +126,8 @@ class SourceOptions:
         options["maxCreditsPerSecond"] = str(self.secondary.max_credits_per_second)
         options["outageSeconds"] = str(self.outage_seconds)
         options["recoverySeconds"] = str(self.recovery_seconds)
+        if self.read_slots:
+            options["readSlots"] = str(self.read_slots)
         if self.stop_file:
             options["stopFile"] = self.stop_file
         if self.emulate_available_now:
@@ -158,7 +168,8 @@ class SourceOptions:
                    look_back=tuple(filter(None, (options.get("lookBack") or "").split("\n"))),
                    dead_letters=get("deadLetters", cls.dead_letters, _boolean),
                    outage_seconds=get("outageSeconds", cls.outage_seconds, float),
-                   recovery_seconds=get("recoverySeconds", cls.recovery_seconds, float))
+                   recovery_seconds=get("recoverySeconds", cls.recovery_seconds, float),
+                   read_slots=get("readSlots", cls.read_slots, int))
 
 
 def _credential(options: Mapping[str, str]) -> CredentialConfig | None:
