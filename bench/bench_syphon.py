@@ -38,7 +38,10 @@ deduplicating partitioned entity takes one MessageId per batch), ``standard-cred
 ``standard-credits-partitioned`` (the 30k row, plain and over partitioned backlog queues, both namespaces
 with a Standard namespace's 1,000 credits a second: a peek, a receive and a send cost one per message, a
 settlement one per lock token; every other row runs with the emulator's credits off, so that it measures the
-syphon, not the budget), ``30k-0ms`` and ``30k-10ms`` (symmetric). The figures per row:
+syphon, not the budget), ``30k-0ms`` and ``30k-10ms`` (symmetric), ``30k-tls`` and ``30k-websockets`` (the
+30k row with the syphon reaching both namespaces over AMQP over TLS, a real namespace's 5671, and over AMQP
+over WebSockets over TLS, 443: what a firewalled workspace costs against the plain row of the same run, its
+``/30k``; no loops). The figures per row:
 
 - e2e msg/s: messages / time from just before the Spark session is built to the return of
   ``run_syphon``; ``/threads`` and ``/single``: that over each loop's rate in the same row; ``/30k``: that
@@ -170,6 +173,9 @@ class Scenario:
     # The namespaces' credits a second while the movers run (a Standard namespace's 1,000; 0: off, the emulator's
     # budget kept out of the way of the other rows). The backlog is written before, with them off.
     credits_per_second: float = 0.0
+    # How the syphon reaches the emulator (``testing.emulator_environment``): plain AMQP (the emulators'
+    # shortcut), ``amqps`` (TLS) or ``amqp-websockets`` (over TLS); the backlog is written plain either way.
+    transport: str = "amqp"
 
     def describe(self) -> str:
         shape = [f"{self.messages:,} x {self.body_size // 1024 if self.body_size >= 1024 else self.body_size}"
@@ -187,6 +193,8 @@ class Scenario:
             shape.append(f"{self.destinations.value} destinations")
         if self.credits_per_second:
             shape.append(f"{self.credits_per_second:,.0f} credits a second per namespace")
+        if self.transport != "amqp":
+            shape.append(f"over {self.transport}")
         return ", ".join(shape) + f", {self.geometry.label()}"
 
 
@@ -211,6 +219,9 @@ SCENARIOS = {
     "standard-credits": Scenario("standard-credits", 30_000, FAR, credits_per_second=1000),
     "standard-credits-partitioned": Scenario("standard-credits-partitioned", 30_000, FAR, backlog_partitioned=True,
                                              credits_per_second=1000),
+    # The network a deployment has: TLS (5671), and WebSockets over TLS (443) where only 443 is open.
+    "30k-tls": Scenario("30k-tls", 30_000, FAR, loops=(), transport="amqps"),
+    "30k-websockets": Scenario("30k-websockets", 30_000, FAR, loops=(), transport="amqp-websockets"),
     "30k-0ms": Scenario("30k-0ms", 30_000, Geometry(0.0, 0.0), loops=("threads", "single")),
     "30k-10ms": Scenario("30k-10ms", 30_000, Geometry(10.0, 10.0), loops=("threads", "single")),
 }
@@ -300,10 +311,11 @@ def batch_headroom(headroom_bytes: int = 1024):
         ServiceBusSender.create_message_batch = create
 
 
-def connection_env(emu, library: Path | None = None) -> dict[str, str]:
+def connection_env(emu, library: Path | None = None, transport: str = "amqp") -> dict[str, str]:
     """The environment a syphon needs for ``emu``: its connection strings, and its administration API where
-    ``library`` (this checkout's by default) knows the settings (an older checkout's may not)."""
-    environ = emulator_environment(emu, PRIMARY, SECONDARY)
+    ``library`` (this checkout's by default) knows the settings (an older checkout's may not); ``transport``:
+    the syphon's way to it."""
+    environ = emulator_environment(emu, PRIMARY, SECONDARY, transport=transport)
     package = Path(library or os.environ.get(LIBRARY_ENV) or ROOT / "lib") / "backlog_syphon"
     if not any("administration_endpoint" in path.read_text() for path in package.rglob("*.py")):
         environ = {name: value for name, value in environ.items() if name in CONNECTION_ENV.values()}
@@ -363,13 +375,14 @@ def backlog_left(emu) -> tuple[int, int]:
 # --- child processes ------------------------------------------------------------------------------
 
 @contextmanager
-def child_process(role: str, spec: dict, emu, workdir: Path, library: Path | None = None):
-    """This script as ``role`` with ``spec``; its output goes to ``<role>.log``.
+def child_process(role: str, spec: dict, emu, workdir: Path, library: Path | None = None, transport: str = "amqp"):
+    """This script as ``role`` with ``spec`` (reaching ``emu`` over ``transport``); its output goes to ``<role>.log``.
 
     The child runs in its own session (so that its JVM goes with it): on any error here, a timeout
     or Ctrl-C included, the whole group is killed.
     """
-    env = {**os.environ, **(connection_env(emu, library) if emu is not None else {}), LIBRARY_ENV: str(library or ""),
+    env = {**os.environ, **(connection_env(emu, library, transport) if emu is not None else {}),
+           LIBRARY_ENV: str(library or ""),
            "PYTHONPATH": os.pathsep.join(filter(None, [str(library or ROOT / "lib"), str(ROOT / "emulator" / "src"),
                                                        os.environ.get("PYTHONPATH")])),
            "PYSPARK_PYTHON": os.environ.get("PYSPARK_PYTHON", sys.executable)}
@@ -677,7 +690,8 @@ def measure_syphon(scenario: Scenario, args, *, per_trigger: int | None = None) 
         settings = {} if per_trigger is None else {"run.max_messages_per_trigger": per_trigger}
         spec = {"overrides": syphon_overrides(Path(tmp), **settings), "timeout_seconds": timeout,
                 "time_commits": scenario.time_commits}
-        with child_process("syphon", spec, emu, Path(tmp), args.library) as child, CpuSampler(child.pid) as cpu:
+        with child_process("syphon", spec, emu, Path(tmp), args.library, scenario.transport) as child, \
+                CpuSampler(child.pid) as cpu:
             result = child_result(child, "syphon", Path(tmp), timeout + 300)
             cpu.wait_for_exit()  # the JVM ends after the child: its CPU until then is the run's too
         ops = broker_ops(emu) - ops_before

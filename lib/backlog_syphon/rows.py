@@ -15,6 +15,7 @@ from typing import Iterable, Mapping
 
 import pyarrow as pa
 from pyspark.sql.types import (
+    ArrayType,
     BinaryType,
     DoubleType,
     IntegerType,
@@ -56,12 +57,13 @@ BACKLOG_ROW_COLUMNS = tuple(BACKLOG_ROW_SCHEMA.fieldNames())
 
 _FIELD_TYPES = {"str": StringType(), "int": LongType(), "Int32": IntegerType(), "datetime": TimestampType(),
                 "dt.datetime": TimestampType(), "float": DoubleType(),
-                "dict[str,int]": MapType(StringType(), LongType())}
+                "dict[str,int]": MapType(StringType(), LongType()), "list[str]": ArrayType(StringType())}
 
 
 def struct_of(record_type) -> StructType:
     """The Spark schema of a table row declared once, as a dataclass or a TypedDict (``model``): its
-    fields in order, ``X | None`` nullable, ``Int32`` a 32-bit column, ``dict[str, int]`` a map."""
+    fields in order, ``X | None`` nullable, ``Int32`` a 32-bit column, ``dict[str, int]`` a map,
+    ``list[str]`` an array."""
     if dataclasses.is_dataclass(record_type):
         annotations = [(f.name, f.type) for f in dataclasses.fields(record_type)]
     else:

@@ -45,10 +45,11 @@ PURE_MODULES = (
     "backlog_syphon.restore.amqp.decoding",
     "backlog_syphon.restore.amqp.encoding",
     "backlog_syphon.restore.amqp.annotations",
+    "backlog_syphon.restore.amqp.describing",
     "backlog_syphon.restore.amqp.sections",
     "backlog_syphon.restore.amqp.message",
     "backlog_syphon.restore.amqp.message_decoding",
-    "backlog_syphon.restore.amqp.restoring",
+    "backlog_syphon.restore.restored_message",
     "backlog_syphon.restore.legacy_properties",
     "backlog_syphon.restore.queue_names",
     "backlog_syphon.restore.backlog_rows",
@@ -74,14 +75,18 @@ PURE_MODULES = (
     "backlog_syphon.purge.progress",
     "backlog_syphon.purge.bulk_settlement",
     "backlog_syphon.purge.settle_timing",
+    "backlog_syphon.purge.lock_wait",
     "backlog_syphon.peek_pages",
     "backlog_syphon.rate_control",
     "backlog_syphon.credits",
     "backlog_syphon.servicebus.access",
+    "backlog_syphon.servicebus.network",
     "backlog_syphon.run.lease",
+    "backlog_syphon.run.run_start",
     "backlog_syphon.run.dry_run_plan",
     "backlog_syphon.run.run_end",
     "backlog_syphon.run.status_report",
+    "backlog_syphon.run.decommission_plan",
 )
 
 FORBIDDEN_PREFIXES = (
@@ -325,3 +330,14 @@ def test_the_rank_check_sees_imports_inside_functions_relative_ones_and_the_pack
     assert rank_violations("from . import rules\n", "backlog_syphon.restore", is_package=True) == []
     assert rank_violations("", "backlog_syphon.plugins.x") == [
         "backlog_syphon.plugins.x is in a package without a rank: give it one in RANKS"]
+
+
+def test_the_amqp_package_imports_nothing_from_the_rest_of_restore():
+    """The codec knows AMQP and Service Bus's annotations, not the legacy client: ``restore.amqp`` imports only
+    itself from ``restore``."""
+    offenders = [f"{module}:{line} imports {target}"
+                 for path, module, is_package in library_modules() if module.startswith("backlog_syphon.restore.amqp")
+                 for line, target in library_imports(path.read_text(), module, is_package=is_package)
+                 if target.startswith("backlog_syphon.restore") and not target.startswith("backlog_syphon.restore.amqp")]
+    assert not offenders, offenders
+

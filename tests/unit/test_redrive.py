@@ -12,7 +12,7 @@ from chispa import assert_df_equality
 from backlog_syphon.config import ConfigError, RedriveConfig, load_config
 from backlog_syphon.model import Action, Outcome, RecordedSpan, ReasonCode
 from backlog_syphon.restore.amqp.message_decoding import decode_message
-from backlog_syphon.restore.amqp.restoring import restore_message_bytes
+from backlog_syphon.restore.restored_message import restore_message_bytes
 from backlog_syphon.restore.queue_names import dead_letter_queue_name, is_dead_letter_queue_name
 from backlog_syphon.restore.redrive import matches_filters, select_for_redrive
 from backlog_syphon.restore.backlog_rows import backlog_row_values

@@ -56,6 +56,7 @@ class ServiceSettings:
     peek_one_per_call: bool = False   # a peek on a partitioned entity answers one message, as once reported
     receive_empty_probability: float = 0.0   # a receive on a partitioned entity gets nothing though messages wait
     receive_seed: int = 0                    # seeds those draws (and the short receives')
+    release_locks_on_link_loss: bool = False  # tests only: a lost receive link's locks end at once, not at expiry
     credits_per_second: float = limits.STANDARD_CREDITS_PER_SECOND   # 0: no credit budget (Premium's)
     multi_token_disposition: DispositionMode = DispositionMode.PARTIAL
     short_receive_probability: float = 0.5   # a receive of several messages gets a part of them
@@ -106,6 +107,10 @@ def service_settings_from_dict(d: Mapping[str, Any], where: str) -> ServiceSetti
     values["receive_seed"] = _integer(d, "receive_seed", where, 0)
     for key in ("receive_empty_probability", "short_receive_probability", "peek_other_partition_probability"):
         values[key] = _probability(d, key, where, getattr(ServiceSettings, key))
+    release = d.get("release_locks_on_link_loss", False)
+    if not isinstance(release, bool):
+        raise ConfigError(f"{where}.release_locks_on_link_loss: expected true or false, got {release!r}")
+    values["release_locks_on_link_loss"] = release
     values["credits_per_second"] = _credits(d, where, values["tier"])
     mode = d.get("multi_token_disposition", DispositionMode.PARTIAL.value)
     try:

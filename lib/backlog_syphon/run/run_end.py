@@ -16,7 +16,7 @@ from typing import Iterable, Mapping
 
 from backlog_syphon.config import AVAILABLE_NOW
 from backlog_syphon.errors import BATCH_FAILED_MARK, EXIT_BATCH_FAILED, EXIT_NOT_DRAINED, EXIT_OK, SyphonError
-from backlog_syphon.model import BatchStats, CreditUsage, EarlierBatches, JobIds, NamespaceRole, Outcome, RunRow
+from backlog_syphon.model import BatchStats, CreditUsage, EarlierBatches, JobIds, NamespaceRole, Outcome, RunMode, RunRow
 
 STOPPED_LINE = "stopped on request at a batch boundary; the next run resumes from the tables"
 
@@ -88,7 +88,7 @@ def run_row(*, run_id: str, source: str, trigger: str, job: JobIds, started_at: 
         skipped=counts[Outcome.SKIPPED_PING], held=counts[Outcome.HELD], not_selected=counts[Outcome.NOT_SELECTED],
         remaining=None if remaining is None else dict(remaining),
         remaining_total=None if remaining is None else sum(remaining.values()),
-        batches=earlier.batches + len(stats), throttled_seconds=throttled,
+        batches=earlier.batches + len(stats), throttled_seconds=throttled, mode=RunMode.SYPHON.value,
         secondary_credits=None if credits is None else credits.total(NamespaceRole.SECONDARY),
         primary_credits=None if credits is None else credits.total(NamespaceRole.PRIMARY),
         credits_by_kind=None if credits is None else credits.by_kind)
