@@ -229,3 +229,33 @@ def test_the_sends_cap_is_the_lower_of_the_message_cap_and_the_primarys_budget()
 
     assert send_cap(config(0, 0)) == 0 and send_cap(config(200, 0)) == 200
     assert send_cap(config(0, 300)) == 300 and send_cap(config(500, 300)) == 300
+
+
+def test_the_decommissions_listing_and_deletes_wait_out_busy_answers_and_spend_ten_credits_a_request(monkeypatch):
+    import contextlib
+    import functools
+    from types import SimpleNamespace
+
+    from backlog_syphon.servicebus import removal
+
+    clock = Clock()
+    throttling.pace(NAMESPACE, CreditTerms(None, outage_seconds=60.0), clock=clock)
+    monkeypatch.setattr(removal, "paced", functools.partial(throttling.paced, clock=clock, sleep=clock.sleep))
+    busy = HttpResponseError(message="throttled")
+    busy.status_code = 503
+    answers = [busy, [SimpleNamespace(name="p/x-servicebus-transfer/0"), SimpleNamespace(name="other")], busy, None]
+    deleted = []
+
+    @contextlib.contextmanager
+    def admin(namespace):
+        answer = answers.pop(0)
+        if isinstance(answer, BaseException):
+            raise answer
+        yield SimpleNamespace(list_queues=lambda: answer, delete_queue=deleted.append)
+
+    monkeypatch.setattr(removal, "administration_client", admin)
+    assert removal.require_manage(NAMESPACE, "p") == ["p/x-servicebus-transfer/0"]
+    assert removal.delete_queue(NAMESPACE, "p/x-servicebus-transfer/0") is True
+    # each busy answer waited out (1 s), and the pacer's own wait between (its rate lowered, the listing's ten paid)
+    assert deleted == ["p/x-servicebus-transfer/0"] and clock.slept.count(1.0) == 2
+    assert throttling.spent(NAMESPACE) == {CreditKind.ADMINISTRATION: 20}
