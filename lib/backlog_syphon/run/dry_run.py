@@ -139,7 +139,6 @@ def dry_run(spark: SparkSession, config: SyphonConfig, *, now: dt.datetime | Non
     from backlog_syphon.run.syphon import source_queues
     from backlog_syphon.servicebus.entities import destination_shapes
     from backlog_syphon.servicebus.probes import check_destinations
-
     from backlog_syphon.servicebus.throttling import pace_driver
 
     now = now or dt.datetime.now(dt.timezone.utc)
