@@ -25,14 +25,14 @@ def spark():
 
 
 # The suite runs on pytest-xdist workers (``make test``: ``--dist loadgroup``) of two kinds. Each test that
-# needs Spark (the integration tests, and the unit tests that take the ``spark`` fixture) belongs to one of
-# ``SPARK_LANES`` lanes, an ``xdist_group`` that one worker runs from start to end, with its one Spark
-# session: three JVMs keep two cores busy (a fourth only slowed each test down). The other tests (the
-# emulator's and the pure unit tests, which mostly wait on sockets and timers) go one by one to the other
-# workers, and to a lane's worker once its lane is nearly done. The lanes are dealt longest test first,
-# each to the lane with the fewest seconds so far, by the seconds measured on the 2-core machine with the
-# whole suite running (``--durations=0``); an integration test not listed counts as a short in-process
-# one. Only the lanes' balance depends on them.
+# takes the ``spark`` fixture belongs to one of ``SPARK_LANES`` lanes, an ``xdist_group`` that one worker
+# runs from start to end on its one Spark session: three such JVMs keep two cores busy (a fourth only
+# slowed each test down). The other tests go one by one to the other workers, and to a lane's worker once
+# its lane is nearly done: the end-to-end tests that only start jobs of their own (spark-submit, the
+# walkthrough, killed and signalled jobs), first, then the emulator's and the pure unit tests, which mostly
+# wait on sockets and timers. Both are dealt longest first, the lanes each test to the lane with the fewest
+# seconds so far, by the seconds measured on the 2-core machine with the whole suite running
+# (``--durations=0``); an integration test not listed counts as a short in-process one.
 MEASURED_SECONDS = {
     "test_a_continuous_run_keeps_the_audits_files_bounded_and_records_every_message_once": 60,
     "test_the_audits_files_stay_bounded_and_a_replayed_append_adds_nothing_across_compactions": 15,
@@ -105,11 +105,16 @@ def unmeasured_entries(items) -> list[str]:
     return sorted(set(MEASURED_SECONDS) - {getattr(item, "originalname", item.name) for item in integration})
 
 
-def spark_seconds(item) -> float:
-    """The seconds of a test that needs Spark (0 for one that does not)."""
+def needs_spark(item) -> bool:
+    return "spark" in getattr(item, "fixturenames", ())
+
+
+def seconds(item) -> float:
+    """What a test is expected to take: measured (integration), about a second (a unit test on Spark), or
+    nothing worth scheduling by."""
     if INTEGRATION in item.path.parents:
         return MEASURED_SECONDS.get(getattr(item, "originalname", item.name), UNLISTED_INTEGRATION_SECONDS)
-    return UNLISTED_SPARK_SECONDS if "spark" in getattr(item, "fixturenames", ()) else 0
+    return UNLISTED_SPARK_SECONDS if needs_spark(item) else 0
 
 
 @pytest.hookimpl(tryfirst=True)  # the whole collection, before ``-k`` or ``-m`` deselect any of it, and before
@@ -120,13 +125,13 @@ def pytest_collection_modifyitems(config, items):
         raise pytest.UsageError(f"tests/conftest.py MEASURED_SECONDS names tests that do not exist: {stale}")
     if not getattr(config.option, "loadgroup", False):  # set in each worker of ``--dist loadgroup``
         return
-    seconds = [spark_seconds(item) for item in items]
-    dealt = lanes(seconds, SPARK_LANES)
+    expected = {id(item): seconds(item) for item in items}
+    dealt = lanes([expected[id(item)] if needs_spark(item) else 0 for item in items], SPARK_LANES)
     for item, lane in zip(items, dealt):
         if lane is not None:
             item.add_marker(pytest.mark.xdist_group(f"spark-lane-{lane}"))
-    # Within a lane, longest first (a lane runs in the collection's order).
-    items[:] = sorted(items, key=lambda item: -spark_seconds(item))
+    # Longest first, within a lane (it runs in the collection's order) and among the others.
+    items.sort(key=lambda item: -expected[id(item)])
 
 
 def lanes(seconds: list[float], count: int) -> list[int | None]:

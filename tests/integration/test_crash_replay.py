@@ -158,7 +158,7 @@ class Destinations:
 
 # Every wait below is bounded; this only keeps pytest's default per-test timeout out of their way.
 @pytest.mark.timeout(len(CHAIN) * (KILL_WAIT_SECONDS + 60) + 600)
-def test_a_kill_in_the_middle_of_the_sends_loses_nothing_and_resends_at_most_that_batch(emulator, tmp_path, request,
+def test_a_kill_in_the_middle_of_the_sends_loses_nothing_and_resends_at_most_that_batch(emulator, tmp_path, spark,
                                                                                          caplog):
     from tools.backlog_writer import write_backlog
     from backlog_syphon.config import load_config
@@ -197,7 +197,6 @@ def test_a_kill_in_the_middle_of_the_sends_loses_nothing_and_resends_at_most_tha
     # process's Spark: what matters is what the killed job left behind, and the restart needs no JVM
     # of its own (the pause hooks are the killed job's environment only).
     run_started = time.monotonic()
-    spark = request.getfixturevalue("spark")
     caplog.set_level(logging.INFO, logger="backlog_syphon")
     summary = run_syphon(spark, load_config(ROOT / "conf/local.yaml", environ=job_env(emulator), overrides={
         "storage.audit_table": str(tmp_path / "audit"), "storage.checkpoint_table": str(tmp_path / "checkpoint"),
