@@ -35,7 +35,7 @@ sys.path.insert(0, str(ROOT / "lib"))
 
 from backlog_syphon.restore.amqp.message import DecodedMessage, MessageHeader, MessageProperties  # noqa: E402
 from backlog_syphon.restore.amqp.message_decoding import decode_envelope, decode_message  # noqa: E402
-from backlog_syphon.restore.amqp.restoring import restore_message_bytes  # noqa: E402
+from backlog_syphon.restore.restored_message import restore_message_bytes  # noqa: E402
 from backlog_syphon.restore.amqp.sections import sequence_number  # noqa: E402
 from backlog_syphon.restore.amqp.values import (  # noqa: E402
     Array,

@@ -35,7 +35,9 @@ over partitioned backlog queues, 16 partitions, a peek answering whole pages of 
 as reported), ``partitioned-dest`` and ``partitioned-dedupe-dest`` (the 30k row into destinations that are
 all partitioned, without and with duplicate detection; there the loop sends one message per send, as a
 deduplicating partitioned entity takes one MessageId per batch), ``30k-0ms`` and ``30k-10ms``
-(symmetric). The figures per row:
+(symmetric), ``30k-tls`` and ``30k-websockets`` (the 30k row with the syphon reaching both namespaces over
+AMQP over TLS, a real namespace's 5671, and over AMQP over WebSockets over TLS, 443: what a firewalled
+workspace costs against the plain row of the same run, its ``/30k``; no loops). The figures per row:
 
 - e2e msg/s: messages / time from just before the Spark session is built to the return of
   ``run_syphon``; ``/threads`` and ``/single``: that over each loop's rate in the same row; ``/30k``: that
@@ -164,6 +166,9 @@ class Scenario:
     backlog_partitioned: bool = False
     peek_one_per_call: bool = False
     destinations: DestinationShape = DestinationShape.PLAIN
+    # How the syphon reaches the emulator (``testing.emulator_environment``): plain AMQP (the emulators'
+    # shortcut), ``amqps`` (TLS) or ``amqp-websockets`` (over TLS); the backlog is written plain either way.
+    transport: str = "amqp"
 
     def describe(self) -> str:
         shape = [f"{self.messages:,} x {self.body_size // 1024 if self.body_size >= 1024 else self.body_size}"
@@ -179,6 +184,8 @@ class Scenario:
                                                      else "whole-partition peek pages"))
         if self.destinations is not DestinationShape.PLAIN:
             shape.append(f"{self.destinations.value} destinations")
+        if self.transport != "amqp":
+            shape.append(f"over {self.transport}")
         return ", ".join(shape) + f", {self.geometry.label()}"
 
 
@@ -199,6 +206,9 @@ SCENARIOS = {
     "partitioned-dest": Scenario("partitioned-dest", 30_000, FAR, destinations=DestinationShape.PARTITIONED),
     "partitioned-dedupe-dest": Scenario("partitioned-dedupe-dest", 30_000, FAR,
                                         destinations=DestinationShape.PARTITIONED_DEDUPE),
+    # The network a deployment has: TLS (5671), and WebSockets over TLS (443) where only 443 is open.
+    "30k-tls": Scenario("30k-tls", 30_000, FAR, loops=(), transport="amqps"),
+    "30k-websockets": Scenario("30k-websockets", 30_000, FAR, loops=(), transport="amqp-websockets"),
     "30k-0ms": Scenario("30k-0ms", 30_000, Geometry(0.0, 0.0), loops=("threads", "single")),
     "30k-10ms": Scenario("30k-10ms", 30_000, Geometry(10.0, 10.0), loops=("threads", "single")),
 }
@@ -283,10 +293,11 @@ def batch_headroom(headroom_bytes: int = 1024):
         ServiceBusSender.create_message_batch = create
 
 
-def connection_env(emu, library: Path | None = None) -> dict[str, str]:
+def connection_env(emu, library: Path | None = None, transport: str = "amqp") -> dict[str, str]:
     """The environment a syphon needs for ``emu``: its connection strings, and its administration API where
-    ``library`` (this checkout's by default) knows the settings (an older checkout's may not)."""
-    environ = emulator_environment(emu, PRIMARY, SECONDARY)
+    ``library`` (this checkout's by default) knows the settings (an older checkout's may not); ``transport``:
+    the syphon's way to it."""
+    environ = emulator_environment(emu, PRIMARY, SECONDARY, transport=transport)
     package = Path(library or os.environ.get(LIBRARY_ENV) or ROOT / "lib") / "backlog_syphon"
     if not any("administration_endpoint" in path.read_text() for path in package.rglob("*.py")):
         environ = {name: value for name, value in environ.items() if name in CONNECTION_ENV.values()}
@@ -335,13 +346,14 @@ def backlog_left(emu) -> tuple[int, int]:
 # --- child processes ------------------------------------------------------------------------------
 
 @contextmanager
-def child_process(role: str, spec: dict, emu, workdir: Path, library: Path | None = None):
-    """This script as ``role`` with ``spec``; its output goes to ``<role>.log``.
+def child_process(role: str, spec: dict, emu, workdir: Path, library: Path | None = None, transport: str = "amqp"):
+    """This script as ``role`` with ``spec`` (reaching ``emu`` over ``transport``); its output goes to ``<role>.log``.
 
     The child runs in its own session (so that its JVM goes with it): on any error here, a timeout
     or Ctrl-C included, the whole group is killed.
     """
-    env = {**os.environ, **(connection_env(emu, library) if emu is not None else {}), LIBRARY_ENV: str(library or ""),
+    env = {**os.environ, **(connection_env(emu, library, transport) if emu is not None else {}),
+           LIBRARY_ENV: str(library or ""),
            "PYTHONPATH": os.pathsep.join(filter(None, [str(library or ROOT / "lib"), str(ROOT / "emulator" / "src"),
                                                        os.environ.get("PYTHONPATH")])),
            "PYSPARK_PYTHON": os.environ.get("PYSPARK_PYTHON", sys.executable)}
@@ -614,7 +626,8 @@ def measure_syphon(scenario: Scenario, args, *, per_trigger: int | None = None) 
         settings = {} if per_trigger is None else {"run.max_messages_per_trigger": per_trigger}
         spec = {"overrides": syphon_overrides(Path(tmp), **settings), "timeout_seconds": timeout,
                 "time_commits": scenario.time_commits}
-        with child_process("syphon", spec, emu, Path(tmp), args.library) as child, CpuSampler(child.pid) as cpu:
+        with child_process("syphon", spec, emu, Path(tmp), args.library, scenario.transport) as child, \
+                CpuSampler(child.pid) as cpu:
             result = child_result(child, "syphon", Path(tmp), timeout + 300)
             cpu.wait_for_exit()  # the JVM ends after the child: its CPU until then is the run's too
         ops = broker_ops(emu) - ops_before

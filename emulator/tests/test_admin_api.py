@@ -338,7 +338,9 @@ def test_the_certificate_is_trusted_through_connection_verify(emulator):
 
 def test_what_is_not_served_answers_501_naming_it(admin):
     for call, what in ((lambda: admin.create_queue("new-queue"), "creating or updating entities and rules (PUT)"),
-                       (lambda: admin.delete_queue("orders"), "deleting entities and rules (DELETE)"),
+                       (lambda: admin.delete_subscription("events", "all"),
+                        "deleting subscriptions, rules and namespace resources (DELETE)"),
+                       (lambda: admin.delete_topic("events"), "deleting topics"),
                        (lambda: admin.get_namespace_properties(), "namespace properties ($namespaceinfo)"),
                        (lambda: list(admin.list_rules("events", "all")), "subscription rules")):
         with pytest.raises(HttpResponseError) as refused:
@@ -346,6 +348,47 @@ def test_what_is_not_served_answers_501_naming_it(admin):
         assert refused.value.status_code == 501
         assert f"The emulator's administration API does not serve {what}." in str(refused.value)
     assert admin.get_queue("orders").name == "orders"
+
+
+def test_deleting_a_queue_takes_manage_and_removes_it_with_its_dead_letters():
+    """As on Azure: a key with Manage, or Data Owner on the namespace or the queue, may delete it (with its
+    dead-letter queue and messages); a Listen or Send key, Data Receiver or a Data Owner of another queue gets
+    the 401 and nothing changes; a queue that is not there is a 404."""
+    config = EmulatorConfig.from_dict({"namespaces": [
+        {"name": "keys", "port": 0, "sas_keys": {ROOT: ROOT_KEY, "ListenOnly": "listen-key"},
+         "sas_key_rights": {"ListenOnly": ["Listen"]}, "queues": [{"name": "q0"}, {"name": "q1"}]},
+        {"name": "aad", "port": 0, "local_auth": False, "azure_ad": {"signing_key": SIGNING_KEY, "role_assignments": [
+            {"principal": "reader", "role": RECEIVER}, {"principal": "q1-owner", "role": OWNER, "scope": "q1"},
+            {"principal": "owner", "role": OWNER}]},
+         "queues": [{"name": "q0"}, {"name": "q1"}]}]})
+    with Emulator(config) as emu:
+        with ServiceBusClient.from_connection_string(emu.connection_string("keys", ROOT, ROOT_KEY)) as client:
+            with client.get_queue_sender("q0") as sender:
+                sender.send_messages([ServiceBusMessage(b"kept"), ServiceBusMessage(b"dead")])
+            with client.get_queue_receiver("q0", max_wait_time=5) as receiver:
+                [first] = receiver.receive_messages(max_message_count=1, max_wait_time=5)
+                receiver.dead_letter_message(first, reason="test")
+        with admin_client(emu, "keys", "ListenOnly", "listen-key") as listen_only, \
+                pytest.raises(ClientAuthenticationError) as refused:
+            listen_only.delete_queue("q0")
+        assert refused.value.status_code == 401 and MANAGE_CLAIMS in refused.value.response.text()
+        with admin_client(emu, "keys") as root:
+            counts = root.get_queue_runtime_properties("q0")
+            assert (counts.active_message_count, counts.dead_letter_message_count) == (1, 1)
+            root.delete_queue("q0")
+            assert [q.name for q in root.list_queues()] == ["q1"]
+            with pytest.raises(ResourceNotFoundError):
+                root.delete_queue("q0")
+        for principal in ("reader", "q1-owner"):
+            with aad_admin(emu, principal) as other, pytest.raises(ClientAuthenticationError) as refused:
+                other.delete_queue("q0")
+            assert refused.value.status_code == 401
+        with aad_admin(emu, "q1-owner") as q1_owner:
+            q1_owner.delete_queue("q1")                               # Data Owner of that queue only
+        with aad_admin(emu, "owner") as owner:
+            assert [q.name for q in owner.list_queues()] == ["q0"]
+            owner.delete_queue("q0")
+            assert list(owner.list_queues()) == []
 
 
 def test_each_answer_takes_the_namespaces_round_trip():
@@ -370,11 +413,13 @@ def test_cli_serves_the_administration_api_with_its_certificate(tmp_path):
         while not ready.exists() and time.monotonic() < deadline and proc.poll() is None:
             time.sleep(0.05)
         assert ready.exists()
-        banner = [proc.stdout.readline().strip() for _ in range(5)]    # printed before the ready file
+        banner = [proc.stdout.readline().strip() for _ in range(7)]    # printed before the ready file
         admin_lines = [line for line in banner if " administration API on https://127.0.0.1:" in line]
         assert [line.split()[2] for line in admin_lines] == ["contoso", "contoso-dr"]
-        assert banner[-1] == (f"servicebus-emulator: administration API certificate authority {tls_dir / 'ca.pem'} "
-                              f"(a client passes it as connection_verify)")
+        tls_lines = [line for line in banner if " AMQP over TLS on sb://127.0.0.1:" in line]
+        assert [line.split()[2] for line in tls_lines] == ["contoso", "contoso-dr"]
+        assert banner[-1] == (f"servicebus-emulator: certificate authority {tls_dir / 'ca.pem'} (of the administration "
+                              f"API and AMQP over TLS and WebSockets: a client passes it as connection_verify)")
         endpoint = admin_lines[0].rsplit("https://", 1)[1]
         assert endpoint.split(":")[1] not in ("5300", "5301")
         with ServiceBusAdministrationClient(endpoint, ServiceBusSharedKeyCredential(ROOT, "local-emulator-key"),

@@ -41,7 +41,8 @@ def test_routes_of_the_sdks_paths(target, expected):
 
 @pytest.mark.parametrize("method, target, what", [
     ("PUT", "/orders", "creating or updating entities and rules (PUT)"),
-    ("DELETE", "/orders", "deleting entities and rules (DELETE)"),
+    ("DELETE", "/events/subscriptions/all", "deleting subscriptions, rules and namespace resources (DELETE)"),
+    ("DELETE", "/$Resources/queues", "deleting subscriptions, rules and namespace resources (DELETE)"),
     ("GET", "/$namespaceinfo", "namespace properties ($namespaceinfo)"),
     ("GET", "/events/subscriptions/all/rules", "subscription rules"),
     ("GET", "/$Resources/eventhubs", "listing eventhubs (only $Resources/queues and $Resources/topics)"),
@@ -49,6 +50,11 @@ def test_routes_of_the_sdks_paths(target, expected):
 ])
 def test_what_is_not_served_is_named(method, target, what):
     assert route(method, target) == Route(RouteKind.UNSUPPORTED, unsupported=what)
+
+
+def test_a_delete_of_one_entity_names_it_decoded():
+    assert route("DELETE", "/contoso%2Fx-servicebus-transfer%2F0?api-version=2021-05") == Route(
+        RouteKind.DELETE_ENTITY, entity="contoso/x-servicebus-transfer/0")
 
 
 def test_a_bad_page_or_no_entity_is_a_bad_request():

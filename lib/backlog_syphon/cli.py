@@ -11,7 +11,10 @@ holds the backlog, 4 an available-now run ended with messages left in the backlo
 ``--maintain`` compacts and vacuums the state tables (``run.maintain``): 0 done, 1 a table failed.
 ``--status`` reads and changes nothing, and exits in the same family: 0 drained, 3 a run holds the
 lease now, 4 messages wait, 5 the backlog is drained but its dead-letter sub-queues are not
-(``run.run_end``, ``run.status_report``).
+(``run.run_end``, ``run.status_report``). ``--decommission`` says which backlog queues are safe to remove
+(a dry run) and, with ``--confirm``, removes them: 0 all removable (removed), 4 messages or unsettled
+records hold a queue, 5 only dead-letters do, 3 a run holds the lease, 2 Manage is missing
+(``run.decommission``).
 
 ``--log-format json`` (or ``run.log_format: json``): every line the command writes is one JSON object on
 stderr (``run.logs``), its results (run summary, status, dry run) included, and stdout stays empty.
@@ -42,7 +45,7 @@ from backlog_syphon.run.run_end import failure_end
 
 from backlog_syphon.errors import EXIT_BATCH_FAILED, EXIT_OK, EXIT_SETTINGS, SyphonError
 
-logger = logging.getLogger("backlog_syphon")
+logger = logging.getLogger(__name__)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -61,6 +64,14 @@ def build_parser() -> argparse.ArgumentParser:
     mode.add_argument("--maintain", action="store_true",
                       help="compact (OPTIMIZE) and vacuum (VACUUM) the state tables; safe while a syphon runs, "
                            "takes no lease, reads no queue (exit 0 done, 1 a table could not be maintained)")
+    mode.add_argument("--decommission", action="store_true",
+                      help="once a migration is over: say which backlog queues are drained and safe to remove, and "
+                           "what holds the others; with --confirm, remove the drained ones (needs Manage: Azure "
+                           "Service Bus Data Owner) under the backlog's lease (exit 0 all removable or removed, 4 "
+                           "messages or unsettled records hold a queue, 5 only dead-letters do, 3 a run holds the "
+                           "lease, 2 a right is missing)")
+    parser.add_argument("--confirm", action="store_true",
+                        help="with --decommission: remove the drained backlog queues (without it, a dry run)")
     parser.add_argument("--redrive-dead-letters", action="store_true",
                         help="re-drive the backlog queues' dead-letter sub-queues (run.source=dead_letters), "
                              "filtered by the redrive.* settings; with --dry-run, show what would move")
@@ -171,12 +182,15 @@ class StopOnSignal:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.confirm and not args.decommission:
+        parser.error("--confirm goes with --decommission")
     log_file = args.log_file or os.path.join(tempfile.gettempdir(), f"backlog-syphon-{os.getpid()}.log")
     configure_logging(args.log_level, log_file, args.verbose, args.log_format or LogFormat.TEXT)
     output = Output(args.log_format == LogFormat.JSON)
     job = JobIds(args.job_id, args.job_run_id)
-    running = not (args.dry_run or args.status or args.maintain)
+    running = not (args.dry_run or args.status or args.maintain or args.decommission) or args.confirm
     run_id = new_run_id(dt.datetime.now(dt.timezone.utc)) if running else None
     logs.set_context(run_id=run_id, job_id=job.job_id, job_run_id=job.job_run_id)
     try:
@@ -206,10 +220,11 @@ def main(argv: list[str] | None = None) -> int:
             logging.shutdown()
             os._exit(code)
 
-    # The pre-flight (a few round trips to each namespace) runs while Spark starts. The status command
-    # reads the secondary namespace only, and checks it itself; maintenance reads no namespace.
+    # The pre-flight (a few round trips to each namespace) runs while Spark starts. The status and
+    # decommission commands read the secondary namespace only, and check it themselves; maintenance reads
+    # no namespace.
     checking = threading.Thread(target=check_access, name="preflight", daemon=True)
-    broker_free = args.status or args.maintain
+    broker_free = args.status or args.maintain or args.decommission
     if not broker_free:
         checking.start()
 
@@ -236,6 +251,14 @@ def main(argv: list[str] | None = None) -> int:
             output.result(upkeep.lines(), f"maintenance: {upkeep.lines()[-1]}", event="maintenance",
                           tables=[dataclasses.asdict(table) for table in upkeep.tables])
             return EXIT_BATCH_FAILED if upkeep.failed else EXIT_OK
+        if args.decommission:
+            from backlog_syphon.run.decommission import decommission
+
+            removal = decommission(spark, config, confirm=args.confirm, run_id=run_id, job=job)
+            output.result(removal.lines(), f"decommission: {removal.closing_line}", event="decommission",
+                          exit_code=removal.exit_code, confirmed=removal.confirmed, removed=list(removal.removed),
+                          refused={r.queue: r.reason() for r in removal.refused})
+            return removal.exit_code
         if args.status:
             report = status(spark, config)
             verdict = report.verdict

@@ -18,7 +18,7 @@ Invariants:
   it (sequence numbers only grow, so none can appear before it later), or, where messages arrived during
   the search, the end just past the newest one it found.
 - A confirming search commits "nothing at or after x" only after two answers in a row say so at x (one
-  second look, as ``servicebus.peek_pages`` reads: an empty answer while messages exist is a transient
+  second look, as ``peek_pages`` reads: an empty answer while messages exist is a transient
   fault, so two in a row is the end); what a look finds is searched on from.
 - A search asks one probe at a time; its cost is counted in probes and rounds (``ProbeCount``).
 """

@@ -1,5 +1,7 @@
 """Fixtures for end-to-end tests: a fresh emulator (both namespaces) and a syphon config per test."""
 
+import logging
+import signal
 from pathlib import Path
 
 import pytest
@@ -16,12 +18,14 @@ def emulator():
         yield emu
 
 
-def make_config(emulator, tmp_path, **overrides):
+def make_config(emulator, tmp_path, *, transport: str = "amqp", proxy=None, **overrides):
+    """conf/local.yaml against ``emulator`` (over ``transport``, through ``proxy``: ``testing.emulator_environment``)
+    with state in ``tmp_path``; ``overrides``: dotted keys."""
     from backlog_syphon.config import load_config
 
     from tools.testing import emulator_environment
 
-    environ = emulator_environment(emulator, PRIMARY, SECONDARY)
+    environ = emulator_environment(emulator, PRIMARY, SECONDARY, transport=transport, proxy=proxy)
     settings = {"storage.audit_table": str(tmp_path / "audit"),
                 "storage.checkpoint_table": str(tmp_path / "checkpoint"),
                 "storage.checkpoint_location": str(tmp_path / "checkpoint-stream"),
@@ -33,3 +37,15 @@ def make_config(emulator, tmp_path, **overrides):
 @pytest.fixture
 def syphon_config(emulator, tmp_path):
     return make_config(emulator, tmp_path)
+
+
+@pytest.fixture
+def command_line():
+    """The command line's logging and signal handlers are the process's: put the test runner's back."""
+    root = logging.getLogger()
+    saved = root.handlers[:], root.level
+    signals = {signum: signal.getsignal(signum) for signum in (signal.SIGTERM, signal.SIGINT)}
+    yield
+    root.handlers[:], _ = saved[0], root.setLevel(saved[1])
+    for signum, handler in signals.items():
+        signal.signal(signum, handler)

@@ -20,9 +20,7 @@ The alerts' and dashboard's SQL is the bundle's own (resources/), with the table
 from __future__ import annotations
 
 import json
-import logging
 import re
-import signal
 
 import pytest
 import yaml
@@ -218,18 +216,6 @@ def test_status_runs_table_and_alerts_through_a_backlogs_life(spark, emulator, t
     assert held_now.verdict.line.startswith(f"lease held by run {live.sink.run_id} on ")
     assert len(runs()) == 5  # a run started without run_syphon records nothing
     assert emulator.stats(SECONDARY)[f"{PRIMARY}/x-servicebus-transfer/0"]["ops"].get("abandon", 0) == 0
-
-
-@pytest.fixture
-def command_line():
-    """The command line's logging and signal handlers are the process's: put the test runner's back."""
-    root = logging.getLogger()
-    saved = root.handlers[:], root.level
-    signals = {signum: signal.getsignal(signum) for signum in (signal.SIGTERM, signal.SIGINT)}
-    yield
-    root.handlers[:], _ = saved[0], root.setLevel(saved[1])
-    for signum, handler in signals.items():
-        signal.signal(signum, handler)
 
 
 def test_json_logs_carry_the_ids_and_the_status_command_exits_with_its_verdict(emulator, tmp_path, spark, capsys,

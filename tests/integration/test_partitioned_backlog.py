@@ -163,7 +163,7 @@ def test_a_partitioned_purge_verifies_partition_by_partition_and_reaches_a_recor
     from backlog_syphon.servicebus.clients import pooled_receiver
     from backlog_syphon.servicebus.peek import peek_identities
     from backlog_syphon.servicebus.purge import purge_backlog
-    from backlog_syphon.servicebus.purge_plan import PurgePlan
+    from backlog_syphon.purge.plan import PurgePlan
 
     emulator = one_per_peek_emulator
     _partitioned(emulator)

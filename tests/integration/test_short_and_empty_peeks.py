@@ -114,7 +114,7 @@ def _span_of(config, queue: str, first: int, last: int):
 def test_the_purges_verification_reads_on_past_short_and_empty_pages_and_settles_everything(emulator, tmp_path):
     """A plan to verify (after a restart: some may be gone): its peeks come back short, then one empty; the
     purge still counts all 300, receives them and completes them all."""
-    from backlog_syphon.servicebus.purge_plan import PurgePlan
+    from backlog_syphon.purge.plan import PurgePlan
     from backlog_syphon.servicebus.purge import purge_backlog
 
     config = make_config(emulator, tmp_path)
@@ -135,7 +135,7 @@ def test_the_purges_closing_look_at_a_span_left_unsettled_is_taken_twice(emulato
     """Spans 1..5 and 7..9, and 6 not recorded between them: the purge settles 1..5, meets 6 (released, the
     purge stops there) and leaves 9. The closing look at the second span comes back empty once; without a
     second look the span would count as settled and the purge mark would pass message 9."""
-    from backlog_syphon.servicebus.purge_plan import PurgePlan
+    from backlog_syphon.purge.plan import PurgePlan
     from backlog_syphon.servicebus.purge import purge_backlog
 
     config = make_config(emulator, tmp_path)

@@ -57,7 +57,7 @@ def test_the_local_driver_jvm_maps_the_class_archive_built_by_the_set_up(spark):
 def test_tables_are_created_by_their_first_write_with_stable_schemas(spark, tmp_path):
     import datetime as dt
 
-    from backlog_syphon.restore.rows import OUTCOME_ROW_SCHEMA
+    from backlog_syphon.rows import OUTCOME_ROW_SCHEMA
     from backlog_syphon.model import CheckpointRow
 
     audit, checkpoint, lease = str(tmp_path / "audit"), str(tmp_path / "checkpoint"), str(tmp_path / "lease")
@@ -140,7 +140,7 @@ def test_an_audit_table_of_an_older_version_gets_original_destination_and_takes_
 
     from pyspark.sql.types import StructType
 
-    from backlog_syphon.restore.rows import OUTCOME_ROW_SCHEMA
+    from backlog_syphon.rows import OUTCOME_ROW_SCHEMA
 
     audit = str(tmp_path / "audit")
     now = dt.datetime(2026, 11, 26, tzinfo=dt.timezone.utc)
@@ -222,7 +222,7 @@ def test_an_audit_table_an_older_version_wrote_gets_the_redrive_columns(spark, t
 
     from pyspark.sql.types import StructType
 
-    from backlog_syphon.restore.rows import OUTCOME_ROW_SCHEMA
+    from backlog_syphon.rows import OUTCOME_ROW_SCHEMA
 
     audit = str(tmp_path / "audit")
     old_schema = StructType([f for f in tables.AUDIT_SCHEMA.fields if f.name not in NEW_AUDIT_COLUMNS])

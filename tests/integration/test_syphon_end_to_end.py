@@ -171,7 +171,7 @@ def test_the_source_planners_start_on_a_read_of_no_queue(spark, monkeypatch, cap
     import logging
     from types import SimpleNamespace
 
-    from backlog_syphon.restore.rows import BACKLOG_ROW_SCHEMA
+    from backlog_syphon.rows import BACKLOG_ROW_SCHEMA
     from backlog_syphon.source import data_source
 
     spark.dataSource.register(data_source.BacklogDataSource)

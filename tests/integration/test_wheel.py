@@ -25,7 +25,7 @@ RUNTIME_PACKAGES = ("pyspark", "py4j", "pyarrow", "numpy", "pandas", "dateutil",
 JOB_MODULES = ("backlog_syphon", "backlog_syphon.cli", "backlog_syphon.run.syphon", "backlog_syphon.run.dry_run",
                "backlog_syphon.source.data_source", "backlog_syphon.sink.foreach_batch",
                "backlog_syphon.servicebus.purge", "backlog_syphon.servicebus.probes",
-               "backlog_syphon.restore.amqp.restoring")
+               "backlog_syphon.restore.restored_message")
 
 
 def _run(command, **kwargs) -> subprocess.CompletedProcess:

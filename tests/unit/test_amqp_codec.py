@@ -16,7 +16,7 @@ from backlog_syphon.restore.amqp import decoding
 from backlog_syphon.restore.amqp.decoding import AmqpDecodeError, decode_value
 from backlog_syphon.restore.amqp.encoding import encode_list_raw, encode_map_raw, encode_value
 from backlog_syphon.restore.amqp.message_decoding import decode_envelope, decode_message
-from backlog_syphon.restore.amqp.restoring import LegacyPropertiesError, restore_message_bytes
+from backlog_syphon.restore.restored_message import LegacyPropertiesError, restore_message_bytes
 from backlog_syphon.restore.amqp.sections import (
     SectionCode,
     encode_section,
@@ -194,7 +194,7 @@ LEGAL_ENCODINGS = [
 
 
 def test_the_legal_encodings_cover_every_constructor():
-    known = {code for code in range(256) if decoding._DECODERS[code] is not decoding._unknown}
+    known = {code for code in range(256) if decoding.DECODERS[code] is not decoding.unknown_constructor}
     assert len(known) == 40  # the 39 primitive constructors of AMQP 1.0, and 0x00 for described values
     assert {bytes.fromhex(hex_bytes)[0] for hex_bytes, _ in LEGAL_ENCODINGS} == known
 
@@ -389,7 +389,7 @@ def test_a_container_that_holds_itself_is_refused():
 # --- strict decoding ---------------------------------------------------------------------------------
 
 SECRET = "SharedAccessKey=abc123"
-UNASSIGNED = [code for code in range(256) if decoding._DECODERS[code] is decoding._unknown and code != 0x00]
+UNASSIGNED = [code for code in range(256) if decoding.DECODERS[code] is decoding.unknown_constructor and code != 0x00]
 
 
 def test_unknown_constructors_are_refused_with_their_offset():

@@ -15,7 +15,7 @@ from backlog_syphon.restore.amqp.decoding import AmqpDecodeError
 from backlog_syphon.restore.amqp.encoding import encode_value
 from backlog_syphon.restore.amqp.message import DecodedMessage, MessageHeader, MessageProperties
 from backlog_syphon.restore.amqp.message_decoding import decode_envelope, decode_message
-from backlog_syphon.restore.amqp.restoring import (
+from backlog_syphon.restore.restored_message import (
     UINT_MAX,
     LegacyPropertiesError,
     header_ttl_ms,

@@ -375,7 +375,7 @@ def test_use_development_emulator_goes_with_azure_ad_only(tmp_path):
                                              "Bus detaches a link idle for 10 minutes), got 900"),
     ({"primary.administration_endpoint": "https://127.0.0.1:5300"}, "'primary.administration_endpoint' is a host "
                                                                     "name and port, such as 127.0.0.1:5300"),
-    ({"primary.administration_ca_file": "/no/such/ca.pem"}, "'primary.administration_ca_file' names "
+    ({"primary.ca_file": "/no/such/ca.pem"}, "'primary.ca_file' names "
                                                             "'/no/such/ca.pem', which is not a readable file"),
 ])
 def test_link_and_administration_settings_are_checked(tmp_path, overrides, message):
@@ -392,3 +392,15 @@ def test_the_administration_api_is_the_namespaces_host_unless_named(tmp_path):
     assert config.primary.idle_link_seconds == 480
     rewritten = config.secondary.connection_string_with_endpoint("127.0.0.1:5301")
     assert rewritten.startswith("Endpoint=sb://127.0.0.1:5301/;") and "SharedAccessKey=" in rewritten
+
+
+def test_exported_dead_letters_name_backlog_queues_with_their_counts(tmp_path):
+    config = load_config(write(tmp_path, BASE), environ=ENV, overrides=parse_overrides(
+        ["backlog.exported_dead_letters={contoso/x-servicebus-transfer/3: 2}"]))
+    assert config.backlog.exported_dead_letters == {"contoso/x-servicebus-transfer/3": 2}
+    assert load_config(write(tmp_path, BASE), environ=ENV).backlog.exported_dead_letters == {}
+    for value, error in (("{contoso/x-servicebus-transfer/3/$DeadLetterQueue: 2}", "not a backlog queue of 'contoso'"),
+                         ("{orders: 1}", "not a backlog queue"), ("{contoso/x-servicebus-transfer/3: -1}",
+                                                                  "whole numbers of 0 or more")):
+        with pytest.raises(ConfigError, match=error):
+            load_config(write(tmp_path, BASE), environ=ENV, overrides={"backlog.exported_dead_letters": value})

@@ -169,7 +169,7 @@ def without_empty(value):
     return value
 
 
-TARGETS = ("dev", "prod")
+TARGETS = ("dev", "dev_dbr17", "dev_dbr18", "prod")
 JOBS = (AVAILABLE_NOW_JOB, CONTINUOUS_JOB, MAINTENANCE_JOB)
 
 
@@ -232,6 +232,25 @@ def test_targets_dev_is_the_default_development_target_and_prod_is_production(bu
     assert targets["prod"]["workspace"]["root_path"], "production mode needs an explicit root_path"
     for where in [config.get("workspace") or {}] + [t.get("workspace") or {} for t in targets.values()]:
         assert "host" not in where, "the workspace host comes from the CLI profile, not from the bundle"
+
+
+def test_the_defaults_are_the_current_runtimes_and_the_older_ones_have_their_targets(bundle, typed_jobs):
+    """Runtime 19 (Spark 4.2, JDK 21) and serverless environment 5 by default; 17.3 LTS and 18 as targets."""
+    config = bundle["config"]
+    runtimes = {}
+    for target in in_every_target(typed_jobs, JOBS):
+        name, jobs = target
+        [cluster] = [c.new_cluster for c in jobs[CONTINUOUS_JOB].job_clusters]
+        [environment] = jobs[AVAILABLE_NOW_JOB].environments
+        runtimes[name] = (cluster.spark_version, environment.spec.environment_version)
+    assert runtimes == {"dev": ("19.0.x-scala2.13", "5"), "prod": ("19.0.x-scala2.13", "5"),
+                        "dev_dbr17": ("17.3.x-scala2.13", "4"), "dev_dbr18": ("18.0.x-scala2.13", "5")}
+    for name in ("dev_dbr17", "dev_dbr18"):  # like dev: development mode, the dev tables
+        target = config["targets"][name]
+        assert (target["mode"], target["variables"]["schema"]) == ("development", "backlog_syphon_dev")
+    # The conventions of Databricks' own templates: a pinned CLI, a wheel version stamped at each deploy.
+    assert re.fullmatch(r">= 0\.\d+\.\d+, < 1\.0\.0", config["bundle"]["databricks_cli_version"])
+    assert config["presets"] == {"artifacts_dynamic_version": True}
 
 
 def test_the_wheel_artifact_is_built_from_the_repository_into_dist(bundle):

@@ -95,3 +95,28 @@ def test_the_documents_are_found():
 @pytest.mark.parametrize("document", DOCUMENTS, ids=lambda document: str(document.relative_to(ROOT)))
 def test_every_relative_link_resolves(document):
     assert broken_links(document, document.read_text()) == []
+
+
+LIB = ROOT / "lib" / "backlog_syphon"
+
+
+def code_map() -> str:
+    """The text of design.md's code map (its "Where the code is" section)."""
+    text = (ROOT / "docs" / "design.md").read_text()
+    start = text.index("## Where the code is")
+    return text[start:text.index("\n## ", start + 1)]
+
+
+def named_in(module: Path, text: str) -> bool:
+    """Whether ``text`` names ``module`` (a path under the library): by its path, or by its file name beside
+    each of its folders (``restore/`` ... ``amqp/`` ... ``values.py``)."""
+    relative = module.relative_to(LIB)
+    if f"`{relative.as_posix()}`" in text:
+        return True
+    return f"`{relative.name}`" in text and all(f"{folder}/" in text for folder in relative.parts[:-1])
+
+
+def test_the_code_map_names_every_library_module():
+    missing = [str(path.relative_to(LIB)) for path in sorted(LIB.rglob("*.py"))
+               if path.name != "__init__.py" and not named_in(path, code_map())]
+    assert not missing, f"docs/design.md's code map ('Where the code is') does not name: {missing}"

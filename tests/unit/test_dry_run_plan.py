@@ -5,7 +5,7 @@ from datetime import timedelta, timezone
 from chispa import assert_df_equality
 from pyspark.sql.types import LongType, StringType, StructField, StructType
 
-from backlog_syphon.restore.rows import BACKLOG_ROW_SCHEMA
+from backlog_syphon.rows import BACKLOG_ROW_SCHEMA
 from backlog_syphon.run.dry_run_plan import (DestinationProblem, apply_destination_checks, dead_letter_plan,
                                          destination_summary)
 from backlog_syphon.restore.rules import classify_messages

@@ -8,7 +8,7 @@ in milliseconds; the I/O lives in ``servicebus`` (Service Bus), ``storage`` (Del
 import counts, also one inside a function.
 
 The one exception is Spark's DataFrame API: ``restore.rules``, ``run.dry_run_plan`` and the row
-schemas of ``restore.rows`` are pure transforms built from column expressions and types
+schemas of ``rows`` are pure transforms built from column expressions and types
 (``pyspark.sql.functions``, ``Column``, ``DataFrame``, ``pyspark.sql.types``), which touch no
 session, no table and no stream. They may import those, and nothing else of ``pyspark.sql``.
 
@@ -45,13 +45,15 @@ PURE_MODULES = (
     "backlog_syphon.restore.amqp.decoding",
     "backlog_syphon.restore.amqp.encoding",
     "backlog_syphon.restore.amqp.annotations",
+    "backlog_syphon.restore.amqp.describing",
     "backlog_syphon.restore.amqp.sections",
     "backlog_syphon.restore.amqp.message",
     "backlog_syphon.restore.amqp.message_decoding",
-    "backlog_syphon.restore.amqp.restoring",
+    "backlog_syphon.restore.restored_message",
     "backlog_syphon.restore.legacy_properties",
     "backlog_syphon.restore.queue_names",
-    "backlog_syphon.restore.rows",
+    "backlog_syphon.restore.backlog_rows",
+    "backlog_syphon.rows",
     "backlog_syphon.restore.rules",
     "backlog_syphon.restore.destination_fit",
     "backlog_syphon.restore.redrive",
@@ -68,14 +70,21 @@ PURE_MODULES = (
     "backlog_syphon.sink.micro_batch",
     "backlog_syphon.sink.outcome_aggregate",
     "backlog_syphon.sink.fault_plan",
-    "backlog_syphon.servicebus.purge_plan",
-    "backlog_syphon.servicebus.settle_timing",
-    "backlog_syphon.servicebus.peek_pages",
+    "backlog_syphon.purge",
+    "backlog_syphon.purge.plan",
+    "backlog_syphon.purge.progress",
+    "backlog_syphon.purge.bulk_settlement",
+    "backlog_syphon.purge.settle_timing",
+    "backlog_syphon.purge.lock_wait",
+    "backlog_syphon.peek_pages",
     "backlog_syphon.servicebus.access",
+    "backlog_syphon.servicebus.network",
     "backlog_syphon.run.lease",
+    "backlog_syphon.run.run_start",
     "backlog_syphon.run.dry_run_plan",
     "backlog_syphon.run.run_end",
     "backlog_syphon.run.status_report",
+    "backlog_syphon.run.decommission_plan",
 )
 
 FORBIDDEN_PREFIXES = (
@@ -101,7 +110,7 @@ SPARK_TRANSFORMS = ("pyspark.sql.functions", "pyspark.sql.types", "pyspark.sql.C
 ALLOWED = {
     "backlog_syphon.restore.rules": SPARK_TRANSFORMS,
     "backlog_syphon.restore.redrive": SPARK_TRANSFORMS,
-    "backlog_syphon.restore.rows": ("pyspark.sql.types", "pyspark.sql.pandas.types"),
+    "backlog_syphon.rows": ("pyspark.sql.types", "pyspark.sql.pandas.types"),
     "backlog_syphon.run.dry_run_plan": SPARK_TRANSFORMS,
 }
 
@@ -222,6 +231,9 @@ RANKS = {
     "model": 1, "config": 1, "errors": 1, "timeline": 1, "restore": 1,  # the vocabulary, the settings, pure restoring
     "partitions": 1,  # a partitioned queue's sequence numbers, which source, servicebus and sink share
     "probing": 1,  # the probe searches, which the planner (source) and the counts (servicebus) share
+    "peek_pages": 1,  # reading a range with peeks that come back short or empty: the source's, the purge's, the counts'
+    "purge": 1,  # the purge's decisions, which its I/O (servicebus) and its runner (sink) share
+    "rows": 1,  # the row schemas and their Arrow form: the source's, the sink's and the tables'
     "servicebus": 2, "storage": 2,  # the I/O of one system each
     "source": 3, "sink": 3,
     "run": 4,  # the wiring
@@ -314,3 +326,14 @@ def test_the_rank_check_sees_imports_inside_functions_relative_ones_and_the_pack
     assert rank_violations("from . import rules\n", "backlog_syphon.restore", is_package=True) == []
     assert rank_violations("", "backlog_syphon.plugins.x") == [
         "backlog_syphon.plugins.x is in a package without a rank: give it one in RANKS"]
+
+
+def test_the_amqp_package_imports_nothing_from_the_rest_of_restore():
+    """The codec knows AMQP and Service Bus's annotations, not the legacy client: ``restore.amqp`` imports only
+    itself from ``restore``."""
+    offenders = [f"{module}:{line} imports {target}"
+                 for path, module, is_package in library_modules() if module.startswith("backlog_syphon.restore.amqp")
+                 for line, target in library_imports(path.read_text(), module, is_package=is_package)
+                 if target.startswith("backlog_syphon.restore") and not target.startswith("backlog_syphon.restore.amqp")]
+    assert not offenders, offenders
+

@@ -19,6 +19,7 @@ from backlog_syphon.restore.amqp.values import (
     ULong,
 )
 
+from backlog_syphon.restore.amqp.values import datetime_to_ms, ms_to_datetime
 from backlog_syphon.restore.legacy_properties import (
     DOTNET_TIMESPAN_MAX_TICKS,
     INVALID_DESTINATION,
@@ -27,10 +28,8 @@ from backlog_syphon.restore.legacy_properties import (
     MISSING_PATH,
     LegacyFields,
     Problem,
-    datetime_to_ms,
     decode_legacy_properties,
     is_legacy_key,
-    ms_to_datetime,
     strip_legacy_properties,
     ticks_to_timedelta,
     timedelta_to_ms,

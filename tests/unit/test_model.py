@@ -21,7 +21,7 @@ from backlog_syphon.model import (
     RunSource,
     TtlPolicy,
 )
-from backlog_syphon.restore.rows import OUTCOME_ROW_SCHEMA
+from backlog_syphon.rows import OUTCOME_ROW_SCHEMA
 
 
 def test_outcome_record_is_the_audit_row():

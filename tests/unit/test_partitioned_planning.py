@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from backlog_syphon.partitions import absolute, partition_of
-from backlog_syphon.servicebus.peek_pages import PagedRead
+from backlog_syphon.peek_pages import PagedRead
 from backlog_syphon.source.offsets import (
     PartitionedOffset,
     QueueOffset,

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from backlog_syphon.model import RecordedSpan
 from backlog_syphon.partitions import LANES, absolute
-from backlog_syphon.servicebus.purge_plan import PARTITIONED_IDLE_RECEIVES, PurgePlan, PurgeProgress
+from backlog_syphon.purge.plan import PARTITIONED_IDLE_RECEIVES, PurgePlan
+from backlog_syphon.purge.progress import PurgeProgress
 from backlog_syphon.sink.queue_marks import renumbered
 from backlog_syphon.model import CheckpointRow
 

@@ -1,4 +1,4 @@
-"""Reading a range with peeks that come back short or empty (``servicebus.peek_pages``): a short page is read
+"""Reading a range with peeks that come back short or empty (``peek_pages``): a short page is read
 on, an empty one looked at twice, against fake queues that answer short and empty pages, fixed and seeded."""
 
 import bisect
@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from backlog_syphon.servicebus.peek_pages import PagedRead
+from backlog_syphon.peek_pages import PagedRead
 
 
 class FlakyQueue:

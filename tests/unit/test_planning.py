@@ -252,7 +252,7 @@ def test_windows_of_a_queue_in_a_new_incarnation_start_at_its_beginning():
 def test_a_recreated_queue_is_read_from_its_start_in_a_new_incarnation(caplog):
     # Read up to 150 (newest seen enqueued at 1000); the queue was deleted and created again since.
     recreated = probe_over([(1, 5_000), (2, 5_010), (3, 5_020)])
-    with caplog.at_level(logging.WARNING, logger="backlog_syphon.source.planning"):
+    with caplog.at_level(logging.WARNING, logger="backlog_syphon.source.window_planner"):
         plan = plan_windows({"q0": offset(151, 1, 1_000)}, ["q0"], 100, at_once({"q0": recreated}),
                             backoff=IdleBackoff(), now=0.0)
     assert plan.restarted == ("q0",)
@@ -290,7 +290,7 @@ def test_a_missing_queue_is_skipped_and_warned_about_once_while_the_others_are_p
     probes = {"q0": probe_over(range(1, 21)), "gone": missing_probe}
     missing = set()
     backoff = IdleBackoff(min_seconds=1, max_seconds=1)
-    with caplog.at_level(logging.WARNING, logger="backlog_syphon.source.planning"):
+    with caplog.at_level(logging.WARNING, logger="backlog_syphon.source.window_planner"):
         first = plan_windows({"gone": 5}, ["q0", "gone"], 10, at_once(probes), backoff=backoff, now=0.0,
                              missing=missing)
         second = plan_windows(first.end, ["q0", "gone"], 10, at_once(probes), backoff=backoff, now=10.0,
@@ -312,7 +312,7 @@ def test_a_missing_queue_is_skipped_and_warned_about_once_while_the_others_are_p
 def test_the_planner_skips_a_missing_queue_in_an_available_now_run(caplog):
     probes = {QUEUES[0]: probe_over(range(1, 6)), QUEUES[1]: missing_probe}
     planner = WindowPlanner(at_once(probes), max_messages=10, available_now=True, idle_probe_max_seconds=900.0)
-    with caplog.at_level(logging.WARNING, logger="backlog_syphon.source.planning"):
+    with caplog.at_level(logging.WARNING, logger="backlog_syphon.source.window_planner"):
         assert planner.fix_target({}, QUEUES, ProbeCount()) == {QUEUES[0]: 6, QUEUES[1]: 0}
         end = planner.latest_offset(None, QUEUES, 10, now=0.0)
     assert nexts(end) == {QUEUES[0]: 6, QUEUES[1]: 0}

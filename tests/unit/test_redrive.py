@@ -12,11 +12,12 @@ from chispa import assert_df_equality
 from backlog_syphon.config import ConfigError, RedriveConfig, load_config
 from backlog_syphon.model import Action, Outcome, RecordedSpan, ReasonCode
 from backlog_syphon.restore.amqp.message_decoding import decode_message
-from backlog_syphon.restore.amqp.restoring import restore_message_bytes
+from backlog_syphon.restore.restored_message import restore_message_bytes
 from backlog_syphon.restore.queue_names import dead_letter_queue_name, is_dead_letter_queue_name
 from backlog_syphon.restore.redrive import matches_filters, select_for_redrive
-from backlog_syphon.restore.rows import backlog_row_values
-from backlog_syphon.servicebus.purge_plan import PurgePlan, PurgeProgress
+from backlog_syphon.restore.backlog_rows import backlog_row_values
+from backlog_syphon.purge.plan import PurgePlan
+from backlog_syphon.purge.progress import PurgeProgress
 from backlog_syphon.sink import queue_marks
 from backlog_syphon.sink.outcome_aggregate import combine_groups, cuts_span
 from backlog_syphon.source.options import SourceOptions
@@ -187,7 +188,7 @@ def test_what_a_redrive_leaves_or_dead_letters_again_cuts_the_spans_and_is_count
 
 
 def test_the_aggregate_of_a_redrive_batch_cuts_its_spans_around_what_stays(spark):
-    from backlog_syphon.restore.rows import OUTCOME_ROW_SCHEMA
+    from backlog_syphon.rows import OUTCOME_ROW_SCHEMA
     from backlog_syphon.sink.spark_ports import aggregate_outcomes
 
     def row(seq, outcome):

@@ -11,13 +11,8 @@ from backlog_syphon.restore.amqp.message import DecodedMessage, MessagePropertie
 from backlog_syphon.restore.amqp.values import Described, Symbol, Timestamp, ULong
 from backlog_syphon.model import TtlPolicy
 from backlog_syphon.restore.legacy_properties import PING_CONTENT_TYPE, LegacyFields, Problem
-from backlog_syphon.restore.rows import (
-    BACKLOG_ROW_COLUMNS,
-    BACKLOG_ROW_SCHEMA,
-    backlog_row_values,
-    legacy_fields_to_row_values,
-    message_id_text,
-)
+from backlog_syphon.restore.backlog_rows import backlog_row_values, legacy_fields_to_row_values, message_id_text
+from backlog_syphon.rows import BACKLOG_ROW_COLUMNS, BACKLOG_ROW_SCHEMA
 from backlog_syphon.restore.rules import CLASSIFICATION_COLUMNS, classify_messages
 
 UTC = timezone.utc

@@ -58,7 +58,7 @@ def test_the_runs_row_sums_outcomes_over_destinations_and_the_throttling_over_ba
                          started_at=NOW, ended_at=NOW + dt.timedelta(minutes=1), exit_code=4,
                          closing_line="4 message(s) remain in the backlog (see 'remaining'): run again, or look at why",
                          delivered=15, dead_lettered=1, skipped=0, held=2, not_selected=0, remaining={Q0: 4, Q1: 0},
-                         remaining_total=4, batches=2, throttled_seconds=1.75)
+                         remaining_total=4, batches=2, throttled_seconds=1.75, mode="syphon")
     # A failed run: nothing counted at its end. Over Spark Connect the tasks' pacing never reaches the driver.
     connect = run_row(run_id="r2", source="dead_letters", trigger="available_now", job=JobIds(), started_at=NOW,
                       ended_at=NOW, end=failure_end(RuntimeError("x")), per_destination={}, remaining=None,

@@ -1,9 +1,9 @@
-"""The purge's timing inside its locks (``servicebus.settle_timing``): margins, requests and pages that follow
+"""The purge's timing inside its locks (``purge.settle_timing``): margins, requests and pages that follow
 the lock and the measured round trip, never fixed seconds."""
 
 import pytest
 
-from backlog_syphon.servicebus.settle_timing import SAFETY_SHARE_OF_LOCK, SettleTiming, page_size
+from backlog_syphon.purge.settle_timing import SAFETY_SHARE_OF_LOCK, SettleTiming, page_size
 
 
 def timing(lock=None, receive=None, *requests):

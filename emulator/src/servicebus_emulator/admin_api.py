@@ -2,7 +2,7 @@
 per namespace on a port of its own, as Microsoft's emulator serves it on 5300 since its 2.0 release.
 
 It answers GET of queues, topics and subscriptions (properties and runtime counts) and their paged lists
-from the live broker state; anything else is a 501 that names what is not served. See
+from the live broker state, and DELETE of a queue; anything else is a 501 that names what is not served. See
 ``admin_routes`` (paths), ``admin_auth`` (who may ask), ``admin_views`` (what is reported) and
 ``admin_atom`` (the documents).
 
@@ -11,15 +11,14 @@ Invariants:
 - broker state is read on the broker's loop thread only (``Server.call``); a request thread never touches it;
 - a request is authenticated before anything is looked up; a queue or topic that does not exist is the
   service's empty feed (200) even for a caller without Manage, an existing one needs Manage (as on Azure);
+- deleting a queue needs Manage (a key with it, or Data Owner on the namespace or the queue) before anything
+  is looked up or changed: the service's 401 otherwise; a queue that does not exist is a 404;
 - each response is delayed by the namespace's latency (one round trip), like the AMQP side's frames.
 """
 from __future__ import annotations
 
 import logging
-import os
-import shutil
 import ssl
-import tempfile
 import threading
 import time
 from dataclasses import dataclass
@@ -27,10 +26,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Dict, Optional
 from urllib.parse import quote
 
-from . import aad, admin_atom, admin_views, cbs
+from . import aad, admin_atom, admin_views, cbs, fault_switches
 from .admin_auth import (MANAGE_CLAIMS_REQUIRED, Caller, Unauthenticated, authenticate, subscription_refusal)
 from .admin_routes import BadRequest, Route, RouteKind, route
-from .admin_tls import TlsFiles, server_context, write_certificates
 from .admin_views import EntityKind
 
 log = logging.getLogger(__name__)
@@ -40,8 +38,8 @@ ENTRY_TYPE = "application/atom+xml;type=entry;charset=utf-8"
 FEED_TYPE = "application/atom+xml;type=feed;charset=utf-8"
 ERROR_TYPE = "application/xml; charset=utf-8"
 NOT_SERVED = ("The emulator's administration API does not serve {what}. It answers GET of queues, topics and "
-              "subscriptions (properties and runtime counts) and their lists; entities come from the emulator's "
-              "configuration (or Emulator.add_queue at run time).")
+              "subscriptions (properties and runtime counts) and their lists, and DELETE of a queue; entities come "
+              "from the emulator's configuration (or Emulator.add_queue at run time).")
 
 
 @dataclass(frozen=True)
@@ -76,6 +74,8 @@ class NamespaceApi:
             return self._error(401, str(exc), path)
         if request.kind is RouteKind.UNSUPPORTED:
             return self._error(501, NOT_SERVED.format(what=request.unsupported), path)
+        if request.kind is RouteKind.DELETE_ENTITY:
+            return self._delete(caller, request.entity, path)
         if request.kind is RouteKind.GET_ENTITY:
             view = self.server.call(admin_views.find_entity, self.ns, request.entity)
             if view is None:
@@ -100,6 +100,20 @@ class NamespaceApi:
             return self._refuse_subscription("EnumerateSubscriptions", target)
         views = self.server.call(admin_views.list_subscriptions, self.ns, request.entity)
         return self._page(request, views, topic_path)
+
+    def _delete(self, caller: Caller, name: str, path: str) -> Reply:
+        """DELETE of a queue: Manage first (nothing is looked up for a caller without it), then 404 for a name
+        that is no queue, else the queue goes with its dead-letter queue and messages (``Emulator.delete_queue``)."""
+        if not self._may_manage(caller, name):
+            return self._error(401, MANAGE_CLAIMS_REQUIRED, path)
+        view = self.server.call(admin_views.find_entity, self.ns, name)
+        if view is None:
+            return self._error(404, f"The messaging entity '{name}' could not be found. "
+                                    f"(MessagingEntityNotFound)", path)
+        if view.kind is not EntityKind.QUEUE:
+            return self._error(501, NOT_SERVED.format(what="deleting topics"), path)
+        self.server.call(fault_switches.delete_queue, self.ns, name)
+        return Reply(200)
 
     def _may_manage(self, caller: Caller, path: str) -> bool:
         if caller.principal is None:
@@ -128,23 +142,15 @@ class NamespaceApi:
 
 
 class AdminApi:
-    """The administration API of every namespace: ``start()`` makes the certificates (in ``tls_dir``, or a
-    temporary directory removed by ``stop()``) and binds each namespace's port (``ports``; 0 = free)."""
+    """The administration API of every namespace: ``start(context)`` binds each namespace's port (``ports``;
+    0 = free) and serves it with the certificate of ``context`` (``admin_tls``)."""
 
-    def __init__(self, server, ports: Dict[str, int], tls_dir: Optional[str] = None):
+    def __init__(self, server, ports: Dict[str, int]):
         self.apis = {name: NamespaceApi(server, name) for name in server.namespaces}
         self._ports = ports
-        self._tls_dir = tls_dir
-        self._own_dir: Optional[str] = None
-        self.tls: Optional[TlsFiles] = None
         self._servers: list = []
 
-    def start(self) -> None:
-        directory = self._tls_dir or tempfile.mkdtemp(prefix="servicebus-emulator-tls-")
-        os.makedirs(directory, exist_ok=True)
-        self._own_dir = None if self._tls_dir else directory
-        self.tls = write_certificates(directory, [api.cfg.host for api in self.apis.values()])
-        context = server_context(self.tls)
+    def start(self, context: ssl.SSLContext) -> None:
         bound = []
         try:
             for name, api in self.apis.items():
@@ -153,7 +159,6 @@ class AdminApi:
         except OSError:
             for httpd in bound:
                 httpd.server_close()
-            self._remove_own_dir()
             raise
         for httpd in bound:           # every port is bound: serve them all
             threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.2}, daemon=True,
@@ -165,12 +170,6 @@ class AdminApi:
             httpd.shutdown()          # returns once its serve_forever has ended
             httpd.server_close()
         self._servers = []
-        self._remove_own_dir()
-
-    def _remove_own_dir(self) -> None:
-        if self._own_dir:
-            shutil.rmtree(self._own_dir, ignore_errors=True)
-            self._own_dir = None
 
 
 class _HttpsServer(ThreadingHTTPServer):

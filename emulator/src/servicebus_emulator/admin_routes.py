@@ -7,7 +7,8 @@ queue named ``contoso/x-servicebus-transfer/0`` arrives as one segment ``contoso
     GET    /$Resources/{queues|topics}?$skip&$top      a page of the list
     GET    /{topic}/subscriptions/{name}               a subscription
     GET    /{topic}/subscriptions?$skip&$top           a page of a topic's subscriptions
-    PUT, DELETE, rules, /$namespaceinfo                not served (``RouteKind.UNSUPPORTED``)
+    DELETE /{queue}                                    delete a queue (a topic: not served)
+    PUT, other DELETEs, rules, /$namespaceinfo         not served (``RouteKind.UNSUPPORTED``)
 
 Invariants: segments are split before they are decoded; an unencoded multi-segment path that is not a
 subscription path names one entity (``a/b/c``); ``$skip`` defaults to 0 and ``$top`` to 100, the SDK's page.
@@ -29,6 +30,7 @@ class RouteKind(Enum):
     LIST_ENTITIES = "list entities"
     GET_SUBSCRIPTION = "get subscription"
     LIST_SUBSCRIPTIONS = "list subscriptions"
+    DELETE_ENTITY = "delete entity"
     UNSUPPORTED = "unsupported"
 
 
@@ -56,7 +58,10 @@ def route(method: str, target: str) -> Route:
     if method == "PUT":
         return Route(RouteKind.UNSUPPORTED, unsupported="creating or updating entities and rules (PUT)")
     if method == "DELETE":
-        return Route(RouteKind.UNSUPPORTED, unsupported="deleting entities and rules (DELETE)")
+        if not segments or lower[0].startswith("$") or (len(lower) >= 2 and lower[1] == "subscriptions"):
+            return Route(RouteKind.UNSUPPORTED, unsupported="deleting subscriptions, rules and namespace "
+                                                            "resources (DELETE)")
+        return Route(RouteKind.DELETE_ENTITY, entity="/".join(segments))
     if method != "GET":
         return Route(RouteKind.UNSUPPORTED, unsupported=f"the method {method}")
     if not segments:

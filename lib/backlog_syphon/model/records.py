@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import datetime as dt
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TypedDict
 
@@ -16,7 +16,7 @@ Int32 = int  # an int stored as a 32-bit column (table schemas are derived from 
 
 
 class OutcomeRecord(TypedDict):
-    """One backlog message's outcome: a row of the audit table (``restore.rows.OUTCOME_ROW_SCHEMA``,
+    """One backlog message's outcome: a row of the audit table (``rows.OUTCOME_ROW_SCHEMA``,
     which the table extends with its partition column ``outcome_date``).
 
     A ``TypedDict``, not a dataclass: the sink builds one per message and hands them to Arrow as
@@ -119,6 +119,11 @@ class RunRow:
     # How long the send tasks ran below their cap because the primary throttled, summed over the
     # batches; null where their reports do not reach the driver (Spark Connect).
     throttled_seconds: float | None
+    # What the row records (a RunMode's value); null in rows older versions wrote, which are all syphon runs.
+    mode: str | None = None
+    # A decommission's row: the backlog queues it removed (``remaining`` then names those it refused, with the
+    # messages they hold); null for syphon runs.
+    removed_queues: list[str] | None = None
 
 
 @dataclass(frozen=True)
@@ -230,3 +235,12 @@ class Lease:
     def is_free_for(self, run_id: str, now: dt.datetime, *, holder_gone: bool = False) -> bool:
         """Whether ``run_id`` may take (or keep) this lease at ``now``; ``holder_gone``: its process is known dead."""
         return self.run_id == run_id or self.expires_at <= now or holder_gone
+
+
+@dataclass(frozen=True)
+class QueueSettings:
+    """What the administration API says of a namespace's queues, by lower-case name: which are partitioned
+    (``enable_partitioning``) and each one's lock duration in seconds; empty where it does not answer."""
+
+    partitioned: frozenset[str] = frozenset()
+    lock_seconds: dict[str, float] = field(default_factory=dict)

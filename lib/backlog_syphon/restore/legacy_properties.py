@@ -24,31 +24,22 @@ from __future__ import annotations
 
 import math
 import re
-import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 
+from backlog_syphon.model import ReasonCode
+from backlog_syphon.restore.amqp.describing import amqp_type_name, quote
 from backlog_syphon.restore.amqp.values import (
-    Array,
-    Byte,
     Char,
     Decimal32,
     Decimal64,
     Decimal128,
     Described,
-    Float,
-    Int,
-    MapPairs,
-    Short,
     Symbol,
     Timestamp,
-    UByte,
-    UInt,
-    ULong,
-    UShort,
+    ms_to_datetime,
 )
-from backlog_syphon.model import ReasonCode
 from backlog_syphon.restore.queue_names import BACKLOG_QUEUE_SEGMENT
 
 PATH_PROPERTY = "x-ms-path"
@@ -80,7 +71,6 @@ MISSING_PATH = ReasonCode.MISSING_PATH
 INVALID_DESTINATION = ReasonCode.INVALID_DESTINATION
 INVALID_LEGACY_PROPERTY = ReasonCode.INVALID_LEGACY_PROPERTY
 
-_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 _ENTITY_SEGMENT = re.compile(r"[A-Za-z0-9._-]+")
 # Only fixed-length units: years and months have no fixed duration, so they are ambiguous.
 _ISO_DURATION = re.compile(
@@ -92,7 +82,6 @@ _DOTNET_TIMESPAN = re.compile(
     r"(?P<sign>-)?(?:(?P<days>\d+)\.)?(?P<hours>\d{1,2}):(?P<minutes>\d{1,2}):(?P<seconds>\d{1,2})"
     r"(?:\.(?P<fraction>\d{1,7}))?"
 )
-_QUOTABLE = re.compile(r"[A-Za-z0-9._/: -]{0,64}")
 
 
 @dataclass(frozen=True)
@@ -129,18 +118,6 @@ def timedelta_to_ticks(value: timedelta) -> int:
 def timedelta_to_ms(value: timedelta) -> int:
     """A timedelta in whole milliseconds, rounded up so a positive duration never becomes zero."""
     return -(-value // timedelta(milliseconds=1))
-
-
-def ms_to_datetime(ms: int) -> datetime:
-    """Milliseconds since the Unix epoch to a tz-aware UTC datetime (OverflowError outside years 1-9999)."""
-    return _EPOCH + timedelta(milliseconds=ms)
-
-
-def datetime_to_ms(value: datetime) -> int:
-    """A datetime (naive means UTC) to milliseconds since the Unix epoch, sub-millisecond part floored."""
-    if value.tzinfo is None:
-        value = value.replace(tzinfo=timezone.utc)
-    return (value - _EPOCH) // timedelta(milliseconds=1)
 
 
 # --- decoding ----------------------------------------------------------------------------------
@@ -388,59 +365,3 @@ def _utc_scheduled_time(value: datetime) -> datetime | None:
     if utc == datetime.min.replace(tzinfo=timezone.utc):
         return None  # DateTime.MinValue: not scheduled
     return utc
-
-
-# --- wording -----------------------------------------------------------------------------------
-
-_AMQP_TYPE_NAMES = {
-    type(None): "null",
-    bool: "bool",
-    int: "long",
-    float: "double",
-    str: "string",
-    bytes: "binary",
-    bytearray: "binary",
-    list: "list",
-    tuple: "list",
-    dict: "map",
-    uuid.UUID: "uuid",
-    datetime: "datetime",
-    timedelta: "timedelta",
-    MapPairs: "map",
-    UByte: "ubyte",
-    UShort: "ushort",
-    UInt: "uint",
-    ULong: "ulong",
-    Byte: "byte",
-    Short: "short",
-    Int: "int",
-    Float: "float",
-    Timestamp: "timestamp",
-    Symbol: "symbol",
-    Char: "char",
-    Decimal32: "decimal32",
-    Decimal64: "decimal64",
-    Decimal128: "decimal128",
-    Array: "array",
-}
-
-
-def amqp_type_name(value) -> str:
-    """The AMQP type name of a decoded value, for reasons ("got long"); a plain int is what a long decodes to."""
-    if isinstance(value, Described):
-        descriptor = value.descriptor
-        if isinstance(descriptor, str):
-            shown = quote(str(descriptor))
-        elif isinstance(descriptor, int) and not isinstance(descriptor, bool):
-            shown = f"{int(descriptor):#x}"
-        else:
-            shown = f"a {amqp_type_name(descriptor)} descriptor"
-        return f"described value ({shown})"
-    return _AMQP_TYPE_NAMES.get(type(value), type(value).__name__)
-
-
-def quote(text: str) -> str:
-    """``text`` quoted when short and harmless, otherwise only its length, so reasons never carry secrets."""
-    if _QUOTABLE.fullmatch(text):
-        return repr(text)
-    return f"(a {len(text)}-character value)"

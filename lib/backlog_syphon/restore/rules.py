@@ -27,10 +27,8 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 from backlog_syphon.restore.destination_fit import KEY_MISMATCH_REASON, SESSION_REQUIRED_REASON, requires_session
-from backlog_syphon.restore.legacy_properties import (
-    PING_CONTENT_TYPE,
-    datetime_to_ms,
-)
+from backlog_syphon.restore.amqp.values import datetime_to_ms
+from backlog_syphon.restore.legacy_properties import PING_CONTENT_TYPE
 from backlog_syphon.model import Action, DestinationShape, ReasonCode, TtlPolicy
 
 

@@ -16,7 +16,7 @@ from typing import Iterable, Mapping
 
 from backlog_syphon.config import AVAILABLE_NOW
 from backlog_syphon.errors import BATCH_FAILED_MARK, EXIT_BATCH_FAILED, EXIT_NOT_DRAINED, EXIT_OK, SyphonError
-from backlog_syphon.model import BatchStats, EarlierBatches, JobIds, Outcome, RunRow
+from backlog_syphon.model import BatchStats, EarlierBatches, JobIds, Outcome, RunMode, RunRow
 
 STOPPED_LINE = "stopped on request at a batch boundary; the next run resumes from the tables"
 
@@ -87,4 +87,4 @@ def run_row(*, run_id: str, source: str, trigger: str, job: JobIds, started_at: 
         skipped=counts[Outcome.SKIPPED_PING], held=counts[Outcome.HELD], not_selected=counts[Outcome.NOT_SELECTED],
         remaining=None if remaining is None else dict(remaining),
         remaining_total=None if remaining is None else sum(remaining.values()),
-        batches=earlier.batches + len(stats), throttled_seconds=throttled)
+        batches=earlier.batches + len(stats), throttled_seconds=throttled, mode=RunMode.SYPHON.value)

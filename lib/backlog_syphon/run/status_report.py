@@ -11,15 +11,18 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Iterable, Mapping
 
 from backlog_syphon.errors import EXIT_DEAD_LETTERS, EXIT_LEASE_HELD, EXIT_NOT_DRAINED, EXIT_OK
-from backlog_syphon.model import BacklogState, BrokerCount, CheckpointRow, Lease, RunRow
+from backlog_syphon.model import BacklogState, BrokerCount, CheckpointRow, Lease, RunMode, RunRow
 from backlog_syphon.partitions import sequence_label
+from backlog_syphon.restore.queue_names import owning_queue
+from backlog_syphon.run.decommission_plan import QueueRemoval, QueueState, removal_line, removal_plan
 
-STATUS_EXIT_CODES = {BacklogState.DRAINED: EXIT_OK, BacklogState.LEASE_HELD: EXIT_LEASE_HELD,
-                     BacklogState.WAITING: EXIT_NOT_DRAINED, BacklogState.DEAD_LETTERS: EXIT_DEAD_LETTERS}
+STATUS_EXIT_CODES = {BacklogState.DRAINED: EXIT_OK, BacklogState.DECOMMISSIONED: EXIT_OK,
+                     BacklogState.LEASE_HELD: EXIT_LEASE_HELD, BacklogState.WAITING: EXIT_NOT_DRAINED,
+                     BacklogState.DEAD_LETTERS: EXIT_DEAD_LETTERS}
 
 
 @dataclass(frozen=True)
@@ -58,6 +61,32 @@ class StatusReport:
     # The run the checkpoint table names as ended (``CheckpointRow.ended_run_id``): a run gives its lease
     # back with that last commit, so a lease of that run is free although its row has not expired.
     ended_run_id: str | None = None
+    # Per backlog queue, messages recorded with a final outcome above its purge mark: not known settled yet
+    # (``sink.queue_marks.awaiting_settlement``); and the dead-letters an operator acknowledged as exported
+    # (backlog.exported_dead_letters). Both decide whether the backlog is safe to remove.
+    unsettled: Mapping[str, int] = field(default_factory=dict)
+    exported: Mapping[str, int] = field(default_factory=dict)
+
+    @property
+    def removal(self) -> tuple[QueueRemoval, ...]:
+        """Each backlog queue's verdict: drained and safe to remove, or what holds it (``run.decommission_plan``)."""
+        dead = {owning_queue(q.queue).lower(): q.count for q in self.dead_letters}
+        unsettled = {queue.lower(): count for queue, count in self.unsettled.items()}
+        exported = {queue.lower(): count for queue, count in self.exported.items()}
+        states = []
+        for queue in self.backlog:
+            key = queue.queue.lower()
+            letters = dead.get(key)
+            states.append(QueueState(queue.queue, queue.count.messages, queue.count.exact, queue.count.exists,
+                                     unsettled.get(key, 0), letters.messages if letters else 0,
+                                     letters.exact if letters else True, exported.get(key)))
+        return removal_plan(states)
+
+    @property
+    def lease_holder(self) -> str | None:
+        """Who holds the lease now, or None when it is free."""
+        lease = self.lease
+        return lease.holder if lease is not None and lease_live(lease, self.at, self.ended_run_id) else None
 
     @property
     def last_progress(self) -> dt.datetime | None:
@@ -93,6 +122,12 @@ class StatusReport:
         if empty:
             out.append(f"  ({empty} {'other ' if full else ''}dead-letter queue(s) empty)")
         out.append(f"  counted with {self.counted_by}")
+        waiting, exact = _total(self.backlog)
+        out.append(f"  still to deliver: {'' if exact else 'at most '}{waiting} message(s) in the backlog queues")
+        unsettled = sum(self.unsettled.values())
+        out.append(f"  recorded, not yet settled: {unsettled} message(s)" + (
+            " (" + ", ".join(f"{queue} {n}" for queue, n in sorted(self.unsettled.items()) if n)
+            + "): the next run settles them" if unsettled else ""))
         out.append(f"  lease: {lease_text(self.lease, at, self.ended_run_id)}")
         if self.held:
             out.append(f"  held for restore.skip_destinations: {sum(self.held.values())} message(s) ("
@@ -104,6 +139,7 @@ class StatusReport:
             job = f"  job run {run.job_run_id}" if run.job_run_id else ""
             out.append(f"    {run.run_id}  {run.source:<12} {run.trigger:<14} ended {run.ended_at:%Y-%m-%d %H:%M:%S}  "
                        f"exit {run.exit_code}  moved {moved}  left {left}{job}  {run.closing_line}")
+        out.append(f"  removal: {removal_line(self.removal, self.lease_holder)}")
         out.append(f"verdict: {self.verdict.line}")
         return out
 
@@ -127,6 +163,10 @@ class StatusReport:
                                                           "state": lease_text(self.lease, self.at,
                                                                                       self.ended_run_id)},
                 "held": dict(self.held), "last_progress": self.last_progress, "counted_by": self.counted_by,
+                "unsettled": dict(self.unsettled),
+                "removal": {"line": removal_line(self.removal, self.lease_holder),
+                            "queues": [{"queue": r.queue, "exists": r.exists, "removable": r.removable,
+                                        "holds": {h.kind.value: h.count for h in r.holds}} for r in self.removal]},
                 "runs": [dataclasses.asdict(run) for run in self.runs]}
 
 
@@ -164,7 +204,16 @@ def status_verdict(report: StatusReport) -> Verdict:
     held_text = f"; {waiting} message(s) held for restore.skip_destinations" if waiting else ""
     if dead_text:
         return Verdict(BacklogState.DEAD_LETTERS, dead_text + held_text)
+    removal = removed_by_decommission(report.runs)
+    if removal is not None and not any(queue.count.exists for queue in report.backlog):
+        return Verdict(BacklogState.DECOMMISSIONED, f"decommissioned: no backlog queue is left ({len(removal.removed_queues)} "
+                                                    f"removed by run {removal.run_id} at {removal.ended_at:%Y-%m-%d %H:%M:%S} UTC)")
     return Verdict(BacklogState.DRAINED, "drained" + held_text)
+
+
+def removed_by_decommission(runs: Iterable[RunRow]) -> RunRow | None:
+    """The newest run that removed backlog queues (``--decommission --confirm``), or None."""
+    return next((run for run in runs if run.mode == RunMode.DECOMMISSION and run.removed_queues), None)
 
 
 # How far a broker's enqueue times may run ahead of the clock that stamps outcome times (the driver's):

@@ -33,6 +33,7 @@ from collections import Counter
 from typing import Callable
 
 from azure.servicebus import ServiceBusReceiveMode
+from azure.servicebus.exceptions import MessagingEntityNotFoundError
 
 from backlog_syphon.config import NamespaceConfig
 from backlog_syphon.errors import BacklogQueueMissingError
@@ -45,7 +46,7 @@ from backlog_syphon.restore.amqp.sections import broker_identity
 from backlog_syphon.restore.queue_names import dead_letter_queue_name, is_backlog_queue_name
 from backlog_syphon.servicebus.clients import each_at_once, open_client
 from backlog_syphon.servicebus.peek import LAST_SEQUENCE_NUMBER, administration_client, peek_raw
-from backlog_syphon.servicebus.peek_pages import PagedRead
+from backlog_syphon.peek_pages import PagedRead
 from backlog_syphon.servicebus.sdk_internals import prompt
 
 logger = logging.getLogger(__name__)
@@ -104,7 +105,7 @@ def _count_entity(namespace: NamespaceConfig, name: str, *, dead_letters: bool, 
                                                   prefetch_count=0)) as receiver:
                 return survey(lambda first, count: peek_raw(receiver, first, count), known=known,
                               reasons=dead_letters)
-    except BacklogQueueMissingError:
+    except (BacklogQueueMissingError, MessagingEntityNotFoundError):  # refused at the peek, or at the link's attach
         return BrokerCount(0, True, None, {}, exists=False)
 
 

@@ -63,7 +63,7 @@ from backlog_syphon.sink.send_shape import SendShapes, batch_key, next_send_size
 
 logger = logging.getLogger(__name__)
 
-Row = Mapping[str, Any]  # a classified backlog row (``restore.rows`` columns + the restore rules')
+Row = Mapping[str, Any]  # a classified backlog row (``rows`` columns + the restore rules')
 
 # The outcome of a row the restore rules decided not to send.
 NOT_SENT_OUTCOMES = {Action.SKIP: Outcome.SKIPPED_PING, Action.DEAD_LETTER: Outcome.DEAD_LETTERED,

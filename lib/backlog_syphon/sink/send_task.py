@@ -2,7 +2,7 @@
 outcomes as Arrow record batches (``sink.spark_ports.send_on_executors`` starts one per queue).
 
 A task reads its rows in chunks (``SEND_CHUNK_ROWS``, whatever the window's size), restores each
-deliverable row's message with the codec (``restore.amqp.restoring``), and hands the chunks to the pure
+deliverable row's message with the codec (``restore.restored_message``), and hands the chunks to the pure
 delivery rounds (``sink.delivery``) with the real senders (``servicebus.send``, links pooled per
 process) and its share of the rate cap (``sink.pacing``). It runs in a Python worker: everything it
 needs comes through its closure (the settings, the round's limits, the test's ``FaultPlan``).
@@ -17,9 +17,9 @@ import time
 from typing import Callable, Iterator, Mapping
 
 from backlog_syphon.model import Action, Outcome, OutcomeRecord, ReasonCode, SendShape
-from backlog_syphon.restore.amqp.restoring import restore_message_bytes
+from backlog_syphon.restore.restored_message import restore_message_bytes
 from backlog_syphon.restore.queue_names import is_dead_letter_queue_name
-from backlog_syphon.restore.rows import OUTCOME_ROW_ARROW_SCHEMA, record_batch
+from backlog_syphon.rows import OUTCOME_ROW_ARROW_SCHEMA, record_batch
 from backlog_syphon.sink import delivery
 from backlog_syphon.sink.fault_injection import lose_first_attempt, pause_at
 from backlog_syphon.sink.fault_plan import NO_FAULTS, FaultPlan
@@ -28,7 +28,7 @@ from backlog_syphon.sink.pacing import Pacer
 from backlog_syphon.sink.send_shape import SendShapes
 
 # The sink's logger, as before the send task had a module of its own: its log lines stay the same.
-logger = logging.getLogger("backlog_syphon.sink.foreach_batch")
+logger = logging.getLogger(__name__)
 
 
 def deliver_partition(batches, *, primary, sink, run_id: str, batch_id: int, limits: delivery.RoundLimits,

@@ -41,8 +41,8 @@ from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceStrea
 
 from backlog_syphon.config import NamespaceConfig, SyphonConfig
 from backlog_syphon.errors import BacklogQueueMissingError
-from backlog_syphon.restore.rows import BACKLOG_ROW_SCHEMA
-from backlog_syphon.servicebus.peek_pages import PEEK_PAGE_SIZE
+from backlog_syphon.rows import BACKLOG_ROW_SCHEMA
+from backlog_syphon.peek_pages import PEEK_PAGE_SIZE
 from backlog_syphon.source.options import SourceOptions
 from backlog_syphon.source.offsets import windows
 from backlog_syphon.source.window_planner import WindowPlanner
@@ -146,7 +146,7 @@ def read_window(namespace: NamespaceConfig, window: BacklogWindow):
     has nothing left to read; a pooled link to a queue deleted and created since says "not found" too,
     so that is asked again on a fresh link.
     """
-    from backlog_syphon.restore.rows import BACKLOG_ROW_ARROW_SCHEMA, record_batch
+    from backlog_syphon.rows import BACKLOG_ROW_ARROW_SCHEMA, record_batch
     from backlog_syphon.servicebus.clients import open_peek_receivers
 
     open_peek_receivers(namespace, window.batch_queues)  # pooled: at once, the first time in this process
@@ -173,7 +173,7 @@ def _read_lanes_at_once(namespace: NamespaceConfig, window: BacklogWindow):
     from concurrent.futures import ThreadPoolExecutor
 
     from backlog_syphon.partitions import lane_key, partition_of
-    from backlog_syphon.restore.rows import BACKLOG_ROW_ARROW_SCHEMA, record_batch
+    from backlog_syphon.rows import BACKLOG_ROW_ARROW_SCHEMA, record_batch
     from backlog_syphon.servicebus.clients import open_peek_receivers
 
     links = [lane_key(window.queue, partition_of(start)) for start, _ in window.lanes]
@@ -215,14 +215,14 @@ class _WindowReader:
     the peek answered from the next non-empty partition: the lane holds nothing more at or after the ask."""
 
     def __init__(self, queue: str, start: int, end: int):
-        from backlog_syphon.servicebus.peek_pages import PagedRead
+        from backlog_syphon.peek_pages import PagedRead
 
         self.queue, self.end = queue, end
         self.read = PagedRead(start, end - 1)
 
     def pages(self, receiver):
-        """Each page's rows (``restore.rows.backlog_row_values``), as a list, in order."""
-        from backlog_syphon.restore.rows import backlog_row_values
+        """Each page's rows (``restore.backlog_rows.backlog_row_values``), as a list, in order."""
+        from backlog_syphon.restore.backlog_rows import backlog_row_values
         from backlog_syphon.servicebus.peek import peek_raw
 
         queue, read = self.queue, self.read

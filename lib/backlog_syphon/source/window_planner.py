@@ -37,7 +37,7 @@ from backlog_syphon.source.partition_lanes import LaneProbes
 from backlog_syphon.source.planning import IdleBackoff, QueueHints, WindowPlan, plan_windows
 
 # The planner's log lines keep the logger they were always written under (log filters may name it).
-logger = logging.getLogger("backlog_syphon.source.planning")
+logger = logging.getLogger(__name__)
 
 
 ALL_AVAILABLE_BUDGET = 1 << 40  # "no limit": more sequence numbers than any queue holds

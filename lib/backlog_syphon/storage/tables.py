@@ -29,7 +29,7 @@ from pyspark.sql.types import DateType, StructField, StructType
 
 from backlog_syphon.model import CheckpointRow, Lease, Outcome, RunRow
 from backlog_syphon.restore.queue_names import DEAD_LETTER_SUBQUEUE
-from backlog_syphon.restore.rows import OUTCOME_ROW_SCHEMA, arrow_schema, record_batch, struct_of
+from backlog_syphon.rows import OUTCOME_ROW_SCHEMA, arrow_schema, record_batch, struct_of
 from backlog_syphon.storage import upkeep
 from backlog_syphon.storage.commit_lock import commit_lock
 
@@ -181,7 +181,7 @@ def create_tables(spark: SparkSession, audit_table: str, checkpoint_table: str, 
     A run that created the audit and the checkpoint table, and then takes the lease as its first
     holder (epoch 1), knows that nothing was ever recorded in them: every record is written under
     the lease of its state tables, so a record made since the creation would have left a holder
-    before this one. Its first batch reads nothing back (``run.syphon.StartGates.state_is_new``).
+    before this one. Its first batch reads nothing back (``run.run_start.StartGates.state_is_new``).
     """
     from concurrent.futures import ThreadPoolExecutor
 
@@ -427,8 +427,9 @@ def read_runs(spark: SparkSession, runs_table: str, limit: int) -> list[RunRow]:
     if table is None:
         return []
     rows = table.orderBy(F.desc("ended_at")).limit(limit).collect()
-    return [RunRow(**{name: _utc(row[name]) if name.endswith("_at") else row[name]
-                      for name in RUNS_SCHEMA.fieldNames()}) for row in rows]
+    # A table an older version made lacks the newest columns until a run appends to it: they read as null.
+    return [RunRow(**{name: _utc(values[name]) if name.endswith("_at") else values.get(name)
+                      for name in RUNS_SCHEMA.fieldNames()}) for values in (row.asDict() for row in rows)]
 
 
 def held_by_destination(spark: SparkSession, audit_table: str, checkpoint: dict[str, CheckpointRow],

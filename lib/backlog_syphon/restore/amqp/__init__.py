@@ -12,14 +12,15 @@ One role per module, each importing only those above it here:
 - ``decoding``: bytes -> values, strict; ``encoding``: values -> bytes, type-exact;
 - ``annotations``: the names Service Bus gives its annotations and dead-letter properties;
 - ``sections``: a message's sections, map entries and list items with their byte ranges;
-- ``message``: a message as a typed description, and its encoding; ``message_decoding``: bytes -> one;
-- ``restoring``: a backlog copy -> the message its sender meant to send.
+- ``describing``: how a value is named in a reason, and a text shown without leaking it;
+- ``message``: a message as a typed description, and its encoding; ``message_decoding``: bytes -> one.
 
-Names with a leading underscore are the package's own: its modules share them, callers do not.
+The package knows AMQP and Service Bus's annotations, nothing of the legacy client: it imports nothing from
+the rest of ``restore`` (``restore.restored_message`` turns a backlog copy back into its original with it).
+
+A leading underscore marks a name its module keeps to itself; what the package's modules share is public.
 
 The codec's names are re-exported here; the message modules' are not, import them from their modules.
-They use :mod:`backlog_syphon.restore.legacy_properties`, which uses ``values`` and so runs this file
-first: importing them here would close a circle.
 """
 
 from backlog_syphon.restore.amqp.annotations import ENQUEUED_TIME_ANNOTATION, SEQUENCE_NUMBER_ANNOTATION

@@ -17,12 +17,12 @@ class _BidFormat(NamedTuple):
     digits: int
 
 
-_BID32 = _BidFormat(32, 8, 101, 7)
-_BID64 = _BidFormat(64, 10, 398, 16)
-_BID128 = _BidFormat(128, 14, 6176, 34)
+BID32 = _BidFormat(32, 8, 101, 7)
+BID64 = _BidFormat(64, 10, 398, 16)
+BID128 = _BidFormat(128, 14, 6176, 34)
 
 
-def _bid_to_decimal(bits: int, fmt: _BidFormat) -> Decimal:
+def bid_to_decimal(bits: int, fmt: _BidFormat) -> Decimal:
     sign = bits >> (fmt.bits - 1)
     top = (bits >> (fmt.bits - 6)) & 0x1F  # the five bits after the sign
     if top == 0x1F:
@@ -42,7 +42,7 @@ def _bid_to_decimal(bits: int, fmt: _BidFormat) -> Decimal:
     return Decimal((sign, tuple(int(d) for d in str(coefficient)), exponent - fmt.bias))
 
 
-def _decimal_to_bid(value: Decimal, fmt: _BidFormat) -> int:
+def decimal_to_bid(value: Decimal, fmt: _BidFormat) -> int:
     sign, digits, exponent = Decimal(value).as_tuple()
     top = sign << (fmt.bits - 1)
     if exponent == "n" or exponent == "N":

@@ -38,18 +38,18 @@ from backlog_syphon.restore.amqp.values import (
     UShort,
 )
 from backlog_syphon.restore.amqp.wire import (
-    _COUNTS8,
-    _COUNTS32,
-    _F32,
-    _F64,
-    _I8,
-    _I16,
-    _I32,
-    _I64,
-    _U8,
-    _U16,
-    _U32,
-    _U64,
+    COUNTS8,
+    COUNTS32,
+    F32,
+    F64,
+    I8,
+    I16,
+    I32,
+    I64,
+    U8,
+    U16,
+    U32,
+    U64,
 )
 
 
@@ -63,7 +63,7 @@ class AmqpDecodeError(ValueError):
 
 # Decoders take (buffer, offset just past the constructor, depth) and return (value, end offset);
 # the table is filled below, once the decoders are defined.
-_DECODERS: list = []
+DECODERS: list = []
 # Constructor byte -> the AMQP type it encodes (for array element types and error messages).
 _TYPE_OF_CONSTRUCTOR: dict[int, AmqpType] = {}
 
@@ -74,13 +74,13 @@ def decode_value(buf: bytes | bytearray | memoryview, offset: int = 0) -> tuple[
         buf = bytes(buf)
     if not 0 <= offset:
         raise ValueError(f"offset must be >= 0, got {offset}")
-    return _decode(buf, offset, 0)
+    return decode_at(buf, offset, 0)
 
 
-def _decode(buf: bytes, offset: int, depth: int) -> tuple[Any, int]:
+def decode_at(buf: bytes, offset: int, depth: int) -> tuple[Any, int]:
     if offset >= len(buf):
         raise AmqpDecodeError("truncated: a value is missing", offset)
-    return _DECODERS[buf[offset]](buf, offset + 1, depth)
+    return DECODERS[buf[offset]](buf, offset + 1, depth)
 
 
 def _truncated(type_name: str, constructor_offset: int, needed: int, buf: bytes) -> AmqpDecodeError:
@@ -89,13 +89,13 @@ def _truncated(type_name: str, constructor_offset: int, needed: int, buf: bytes)
                            f"{left} left", constructor_offset)
 
 
-def _unknown(buf: bytes, pos: int, depth: int):
+def unknown_constructor(buf: bytes, pos: int, depth: int):
     raise AmqpDecodeError(f"unknown constructor 0x{buf[pos - 1]:02x}", pos - 1)
 
 
 def _register(codes: Iterable[int], amqp_type: AmqpType, decoder) -> None:
     for code in codes:
-        _DECODERS[code] = decoder
+        DECODERS[code] = decoder
         _TYPE_OF_CONSTRUCTOR[code] = amqp_type
 
 
@@ -135,7 +135,7 @@ def _decode_char(buf, pos, depth):
     end = pos + 4
     if end > len(buf):
         raise _truncated("char", pos - 1, 4, buf)
-    code_point = _U32.unpack_from(buf, pos)[0]
+    code_point = U32.unpack_from(buf, pos)[0]
     if code_point > 0x10FFFF or 0xD800 <= code_point <= 0xDFFF:
         raise AmqpDecodeError("a char is not a Unicode code point (surrogate or above U+10FFFF)", pos - 1)
     return str.__new__(Char, chr(code_point)), end
@@ -158,7 +158,7 @@ def _decode_decimal128(buf, pos, depth):
 def _variable(type_name: str, wide: bool):
     """A decoder of binary, string or symbol with a one- or four-byte size (hot: written out, no helper calls)."""
     size_width = 4 if wide else 1
-    unpack_size = _U32.unpack_from
+    unpack_size = U32.unpack_from
 
     if type_name == "binary":
         def decode(buf, pos, depth):
@@ -194,19 +194,19 @@ def _overrun(type_name: str, constructor_offset: int, size: int, left: int) -> A
     return AmqpDecodeError(f"truncated: the {type_name} is {size} bytes long, {left} left", constructor_offset)
 
 
-def _compound_header(buf, pos, depth, type_name, wide):
+def compound_header(buf, pos, depth, type_name, wide):
     """(count, first element offset, end offset) of a list, map or array, checked against the bytes present."""
     if depth >= MAX_NESTING_DEPTH:
         raise AmqpDecodeError(f"values are nested more than {MAX_NESTING_DEPTH} deep", pos - 1)
     if wide:
         if pos + 8 > len(buf):
             raise _truncated(type_name, pos - 1, 8, buf)
-        size, count = _COUNTS32.unpack_from(buf, pos)
+        size, count = COUNTS32.unpack_from(buf, pos)
         width = 4
     else:
         if pos + 2 > len(buf):
             raise _truncated(type_name, pos - 1, 2, buf)
-        size, count = _COUNTS8.unpack_from(buf, pos)
+        size, count = COUNTS8.unpack_from(buf, pos)
         width = 1
     if size < width:
         raise AmqpDecodeError(f"the size of the {type_name} ({size} bytes) cannot hold its count", pos - 1)
@@ -216,13 +216,13 @@ def _compound_header(buf, pos, depth, type_name, wide):
     return count, pos + 2 * width, end
 
 
-def _check_count(count: int, start: int, end: int, type_name: str, constructor_offset: int) -> None:
+def check_count(count: int, start: int, end: int, type_name: str, constructor_offset: int) -> None:
     if count > end - start:  # every element takes at least one byte
         raise AmqpDecodeError(f"the {type_name} declares {count} elements in {end - start} bytes",
                               constructor_offset)
 
 
-def _check_end(position: int, end: int, type_name: str, constructor_offset: int) -> None:
+def check_end(position: int, end: int, type_name: str, constructor_offset: int) -> None:
     if position != end:
         raise AmqpDecodeError(f"the elements of the {type_name} at byte {constructor_offset} end at byte "
                               f"{position}, its size says {end}", position)
@@ -230,31 +230,31 @@ def _check_end(position: int, end: int, type_name: str, constructor_offset: int)
 
 def _list_decoder(wide: bool):
     def decode(buf, pos, depth):
-        count, p, end = _compound_header(buf, pos, depth, "list", wide)
-        _check_count(count, p, end, "list", pos - 1)
+        count, p, end = compound_header(buf, pos, depth, "list", wide)
+        check_count(count, p, end, "list", pos - 1)
         depth += 1
         items = []
         append = items.append
-        decoders = _DECODERS
+        decoders = DECODERS
         for _ in range(count):
             if p >= end:
                 raise AmqpDecodeError("truncated: a list element is missing", p)
             item, p = decoders[buf[p]](buf, p + 1, depth)
             append(item)
-        _check_end(p, end, "list", pos - 1)
+        check_end(p, end, "list", pos - 1)
         return items, end
     return decode
 
 
 def _map_decoder(wide: bool):
     def decode(buf, pos, depth):
-        count, p, end = _compound_header(buf, pos, depth, "map", wide)
+        count, p, end = compound_header(buf, pos, depth, "map", wide)
         if count % 2:
             raise AmqpDecodeError(f"the map has an odd number of elements ({count})", pos - 1)
-        _check_count(count, p, end, "map", pos - 1)
+        check_count(count, p, end, "map", pos - 1)
         depth += 1
         result = {}
-        decoders = _DECODERS
+        decoders = DECODERS
         try:
             for _ in range(count // 2):
                 if p >= end:
@@ -278,7 +278,7 @@ def _map_decoder(wide: bool):
                 result[key] = value
         except TypeError:  # an unhashable key
             return _map_pairs(buf, pos, depth, wide)
-        _check_end(p, end, "map", pos - 1)
+        check_end(p, end, "map", pos - 1)
         if len(result) != count // 2:  # keys equal in Python, distinct in AMQP
             return _map_pairs(buf, pos, depth, wide)
         return result, end
@@ -287,15 +287,15 @@ def _map_decoder(wide: bool):
 
 def _map_pairs(buf, pos, depth, wide):
     """The slow path of a map a dict cannot hold: decode it again as pairs."""
-    count, p, end = _compound_header(buf, pos, depth - 1, "map", wide)
+    count, p, end = compound_header(buf, pos, depth - 1, "map", wide)
     pairs = []
     for _ in range(count // 2):
-        key, p = _decode(buf, p, depth)
+        key, p = decode_at(buf, p, depth)
         if p >= end:
             raise AmqpDecodeError("truncated: a map value is missing", p)
-        value, p = _decode(buf, p, depth)
+        value, p = decode_at(buf, p, depth)
         pairs.append((key, value))
-    _check_end(p, end, "map", pos - 1)
+    check_end(p, end, "map", pos - 1)
     return tuple.__new__(MapPairs, pairs), end
 
 
@@ -304,14 +304,14 @@ _ZERO_WIDTH = frozenset({0x40, 0x41, 0x42, 0x43, 0x44, 0x45})
 
 def _array_decoder(wide: bool):
     def decode(buf, pos, depth):
-        count, p, end = _compound_header(buf, pos, depth, "array", wide)
+        count, p, end = compound_header(buf, pos, depth, "array", wide)
         depth += 1
         if p >= end:
             raise AmqpDecodeError("the array has no element constructor", pos - 1)
         code = buf[p]
         descriptor = None
         if code == 0x00:
-            descriptor, p = _decode(buf, p + 1, depth)
+            descriptor, p = decode_at(buf, p + 1, depth)
             if descriptor is None:
                 raise AmqpDecodeError("the array is described by null", pos - 1)
             if p >= end:
@@ -325,21 +325,21 @@ def _array_decoder(wide: bool):
             if count > len(buf):
                 raise AmqpDecodeError(f"the array declares {count} elements, more than the bytes given", pos - 1)
         else:
-            _check_count(count, p, end, "array", pos - 1)
-        decoder = _DECODERS[code]
+            check_count(count, p, end, "array", pos - 1)
+        decoder = DECODERS[code]
         elements = [None] * count
         for index in range(count):
             elements[index], p = decoder(buf, p, depth)
-        _check_end(p, end, "array", pos - 1)
-        return Array._trusted(element_type, tuple(elements), descriptor), end
+        check_end(p, end, "array", pos - 1)
+        return Array.from_decoded(element_type, tuple(elements), descriptor), end
     return decode
 
 
 def _decode_described(buf, pos, depth):
     if depth >= MAX_NESTING_DEPTH:
         raise AmqpDecodeError(f"values are nested more than {MAX_NESTING_DEPTH} deep", pos - 1)
-    descriptor, p = _decode(buf, pos, depth + 1)
-    value, p = _decode(buf, p, depth + 1)
+    descriptor, p = decode_at(buf, pos, depth + 1)
+    value, p = decode_at(buf, p, depth + 1)
     return Described(descriptor, value), p
 
 
@@ -347,33 +347,33 @@ def _typed(cls):
     return partial(int.__new__, cls)
 
 
-_DECODERS.extend([_unknown] * 256)
-_DECODERS[0x00] = _decode_described
+DECODERS.extend([unknown_constructor] * 256)
+DECODERS[0x00] = _decode_described
 _register([0x40], AmqpType.NULL, _constant(None))
 _register([0x41], AmqpType.BOOLEAN, _constant(True))
 _register([0x42], AmqpType.BOOLEAN, _constant(False))
 _register([0x56], AmqpType.BOOLEAN, _decode_boolean)
-_register([0x50], AmqpType.UBYTE, _fixed("ubyte", 1, _U8.unpack_from, _typed(UByte)))
-_register([0x60], AmqpType.USHORT, _fixed("ushort", 2, _U16.unpack_from, _typed(UShort)))
+_register([0x50], AmqpType.UBYTE, _fixed("ubyte", 1, U8.unpack_from, _typed(UByte)))
+_register([0x60], AmqpType.USHORT, _fixed("ushort", 2, U16.unpack_from, _typed(UShort)))
 _register([0x43], AmqpType.UINT, _constant(int.__new__(UInt, 0)))
-_register([0x52], AmqpType.UINT, _fixed("uint", 1, _U8.unpack_from, _typed(UInt)))
-_register([0x70], AmqpType.UINT, _fixed("uint", 4, _U32.unpack_from, _typed(UInt)))
+_register([0x52], AmqpType.UINT, _fixed("uint", 1, U8.unpack_from, _typed(UInt)))
+_register([0x70], AmqpType.UINT, _fixed("uint", 4, U32.unpack_from, _typed(UInt)))
 _register([0x44], AmqpType.ULONG, _constant(int.__new__(ULong, 0)))
-_register([0x53], AmqpType.ULONG, _fixed("ulong", 1, _U8.unpack_from, _typed(ULong)))
-_register([0x80], AmqpType.ULONG, _fixed("ulong", 8, _U64.unpack_from, _typed(ULong)))
-_register([0x51], AmqpType.BYTE, _fixed("byte", 1, _I8.unpack_from, _typed(Byte)))
-_register([0x61], AmqpType.SHORT, _fixed("short", 2, _I16.unpack_from, _typed(Short)))
-_register([0x54], AmqpType.INT, _fixed("int", 1, _I8.unpack_from, _typed(Int)))
-_register([0x71], AmqpType.INT, _fixed("int", 4, _I32.unpack_from, _typed(Int)))
-_register([0x55], AmqpType.LONG, _fixed("long", 1, _I8.unpack_from))
-_register([0x81], AmqpType.LONG, _fixed("long", 8, _I64.unpack_from))
-_register([0x72], AmqpType.FLOAT, _fixed("float", 4, _F32.unpack_from, partial(float.__new__, Float)))
-_register([0x82], AmqpType.DOUBLE, _fixed("double", 8, _F64.unpack_from))
-_register([0x74], AmqpType.DECIMAL32, _fixed("decimal32", 4, _U32.unpack_from, _typed(Decimal32)))
-_register([0x84], AmqpType.DECIMAL64, _fixed("decimal64", 8, _U64.unpack_from, _typed(Decimal64)))
+_register([0x53], AmqpType.ULONG, _fixed("ulong", 1, U8.unpack_from, _typed(ULong)))
+_register([0x80], AmqpType.ULONG, _fixed("ulong", 8, U64.unpack_from, _typed(ULong)))
+_register([0x51], AmqpType.BYTE, _fixed("byte", 1, I8.unpack_from, _typed(Byte)))
+_register([0x61], AmqpType.SHORT, _fixed("short", 2, I16.unpack_from, _typed(Short)))
+_register([0x54], AmqpType.INT, _fixed("int", 1, I8.unpack_from, _typed(Int)))
+_register([0x71], AmqpType.INT, _fixed("int", 4, I32.unpack_from, _typed(Int)))
+_register([0x55], AmqpType.LONG, _fixed("long", 1, I8.unpack_from))
+_register([0x81], AmqpType.LONG, _fixed("long", 8, I64.unpack_from))
+_register([0x72], AmqpType.FLOAT, _fixed("float", 4, F32.unpack_from, partial(float.__new__, Float)))
+_register([0x82], AmqpType.DOUBLE, _fixed("double", 8, F64.unpack_from))
+_register([0x74], AmqpType.DECIMAL32, _fixed("decimal32", 4, U32.unpack_from, _typed(Decimal32)))
+_register([0x84], AmqpType.DECIMAL64, _fixed("decimal64", 8, U64.unpack_from, _typed(Decimal64)))
 _register([0x94], AmqpType.DECIMAL128, _decode_decimal128)
 _register([0x73], AmqpType.CHAR, _decode_char)
-_register([0x83], AmqpType.TIMESTAMP, _fixed("timestamp", 8, _I64.unpack_from, _typed(Timestamp)))
+_register([0x83], AmqpType.TIMESTAMP, _fixed("timestamp", 8, I64.unpack_from, _typed(Timestamp)))
 _register([0x98], AmqpType.UUID, _decode_uuid)
 _register([0xA0], AmqpType.BINARY, _variable("binary", False))
 _register([0xB0], AmqpType.BINARY, _variable("binary", True))
@@ -402,7 +402,7 @@ _SIZE_WIDTH = {code: 1 for code in (0xA0, 0xA1, 0xA3, 0xC0, 0xC1, 0xE0)}
 _SIZE_WIDTH.update({code: 4 for code in (0xB0, 0xB1, 0xB3, 0xD0, 0xD1, 0xF0)})
 
 
-def _skip(buf: bytes, offset: int, depth: int = 0) -> int:
+def skip_value(buf: bytes, offset: int, depth: int = 0) -> int:
     """The end of the value at ``offset``, read from its constructor and size only (contents unchecked)."""
     if offset >= len(buf):
         raise AmqpDecodeError("truncated: a value is missing", offset)
@@ -418,11 +418,11 @@ def _skip(buf: bytes, offset: int, depth: int = 0) -> int:
         else:
             if offset + 5 > len(buf):
                 raise _truncated(_TYPE_OF_CONSTRUCTOR[code].value, offset, 4, buf)
-            end = offset + 5 + _U32.unpack_from(buf, offset + 1)[0]
+            end = offset + 5 + U32.unpack_from(buf, offset + 1)[0]
     elif code == 0x00:
         if depth >= MAX_NESTING_DEPTH:
             raise AmqpDecodeError(f"values are nested more than {MAX_NESTING_DEPTH} deep", offset)
-        return _skip(buf, _skip(buf, offset + 1, depth + 1), depth + 1)
+        return skip_value(buf, skip_value(buf, offset + 1, depth + 1), depth + 1)
     else:
         raise AmqpDecodeError(f"unknown constructor 0x{code:02x}", offset)
     if end > len(buf):

@@ -15,7 +15,7 @@ import uuid
 from typing import Any, Sequence
 
 from backlog_syphon.restore.amqp.values import (
-    _ELEMENT_CLASSES,
+    ELEMENT_CLASSES,
     MAX_NESTING_DEPTH,
     AmqpType,
     Array,
@@ -36,7 +36,7 @@ from backlog_syphon.restore.amqp.values import (
     ULong,
     UShort,
 )
-from backlog_syphon.restore.amqp.wire import _COUNTS32, _F32, _F64, _I8, _I16, _I32, _I64, _U8, _U16, _U32, _U64
+from backlog_syphon.restore.amqp.wire import COUNTS32, F32, F64, I8, I16, I32, I64, U8, U16, U32, U64
 
 
 def encode_value(value: Any) -> bytes:
@@ -71,10 +71,10 @@ def _encode_bool(value, out, depth):
 def _encode_long(value, out, depth):
     if -128 <= value <= 127:
         out.append(0x55)
-        out += _I8.pack(value)
+        out += I8.pack(value)
     elif -(2**63) <= value < 2**63:
         out.append(0x81)
-        out += _I64.pack(value)
+        out += I64.pack(value)
     else:
         raise ValueError(f"an int (AMQP long) must fit in 64 bits, got {value}")
 
@@ -87,7 +87,7 @@ def _encode_uint(value, out, depth):
         out.append(value)
     else:
         out.append(0x70)
-        out += _U32.pack(value)
+        out += U32.pack(value)
 
 
 def _encode_ulong(value, out, depth):
@@ -98,16 +98,16 @@ def _encode_ulong(value, out, depth):
         out.append(value)
     else:
         out.append(0x80)
-        out += _U64.pack(value)
+        out += U64.pack(value)
 
 
 def _encode_int(value, out, depth):
     if -128 <= value <= 127:
         out.append(0x54)
-        out += _I8.pack(value)
+        out += I8.pack(value)
     else:
         out.append(0x71)
-        out += _I32.pack(value)
+        out += I32.pack(value)
 
 
 def _fixed_encoder(code: int, pack, convert=None):
@@ -128,7 +128,7 @@ def _encode_variable(code8: int, code32: int, data: bytes, out: bytearray) -> No
         out.append(len(data))
     else:
         out.append(code32)
-        out += _U32.pack(len(data))
+        out += U32.pack(len(data))
     out += data
 
 
@@ -158,7 +158,7 @@ def _compound(code8: int, code32: int, count: int, body: bytearray, out: bytearr
         out.append(count)
     else:
         out.append(code32)
-        out += _COUNTS32.pack(len(body) + 4, count)
+        out += COUNTS32.pack(len(body) + 4, count)
     out += body
 
 
@@ -208,7 +208,7 @@ def _encode_array(value, out, depth):
         else:
             body.append(code32)
             for data in encoded:
-                body += _U32.pack(len(data))
+                body += U32.pack(len(data))
                 body += data
     else:
         code = _array_element_code(element_type, elements)
@@ -254,7 +254,7 @@ def _wide_list(value, out, depth):
     for item in value:
         _encode(item, body, depth)
     out.append(0xD0)
-    out += _COUNTS32.pack(len(body) + 4, len(value))
+    out += COUNTS32.pack(len(body) + 4, len(value))
     out += body
 
 
@@ -264,7 +264,7 @@ def _wide_map(value, out, depth):
         _encode(key, body, depth)
         _encode(item, body, depth)
     out.append(0xD1)
-    out += _COUNTS32.pack(len(body) + 4, 2 * len(value))
+    out += COUNTS32.pack(len(body) + 4, 2 * len(value))
     out += body
 
 
@@ -273,7 +273,7 @@ def _wide_array(value, out, depth):
     _encode_array(value, piece, depth)
     if piece[0] == 0xE0:  # re-frame a small array as a wide one, as the element constructor says
         size, count = piece[1], piece[2]
-        piece[0:3] = bytes([0xF0]) + _COUNTS32.pack(size + 3, count)
+        piece[0:3] = bytes([0xF0]) + COUNTS32.pack(size + 3, count)
     out += piece
 
 
@@ -281,20 +281,20 @@ _ENCODERS: dict[type, Any] = {
     type(None): _encode_null,
     bool: _encode_bool,
     int: _encode_long,
-    UByte: _fixed_encoder(0x50, _U8.pack),
-    UShort: _fixed_encoder(0x60, _U16.pack),
+    UByte: _fixed_encoder(0x50, U8.pack),
+    UShort: _fixed_encoder(0x60, U16.pack),
     UInt: _encode_uint,
     ULong: _encode_ulong,
-    Byte: _fixed_encoder(0x51, _I8.pack),
-    Short: _fixed_encoder(0x61, _I16.pack),
+    Byte: _fixed_encoder(0x51, I8.pack),
+    Short: _fixed_encoder(0x61, I16.pack),
     Int: _encode_int,
-    Float: _fixed_encoder(0x72, _F32.pack),
-    float: _fixed_encoder(0x82, _F64.pack),
-    Decimal32: _fixed_encoder(0x74, _U32.pack),
-    Decimal64: _fixed_encoder(0x84, _U64.pack),
+    Float: _fixed_encoder(0x72, F32.pack),
+    float: _fixed_encoder(0x82, F64.pack),
+    Decimal32: _fixed_encoder(0x74, U32.pack),
+    Decimal64: _fixed_encoder(0x84, U64.pack),
     Decimal128: _fixed_encoder(0x94, bytes),
-    Char: _fixed_encoder(0x73, _U32.pack, ord),
-    Timestamp: _fixed_encoder(0x83, _I64.pack),
+    Char: _fixed_encoder(0x73, U32.pack, ord),
+    Timestamp: _fixed_encoder(0x83, I64.pack),
     uuid.UUID: _fixed_encoder(0x98, operator.attrgetter("bytes")),
     bytes: _encode_binary,
     str: _encode_str,
@@ -310,15 +310,15 @@ _ENCODERS: dict[type, Any] = {
 _ARRAY_ELEMENT_ENCODERS = {
     0x40: _encode_null,
     0x56: lambda value, out, depth: out.extend(b"\x56\x01" if value else b"\x56\x00"),
-    0x52: _fixed_encoder(0x52, _U8.pack), 0x53: _fixed_encoder(0x53, _U8.pack),
-    0x54: _fixed_encoder(0x54, _I8.pack), 0x55: _fixed_encoder(0x55, _I8.pack),
-    0x70: _fixed_encoder(0x70, _U32.pack), 0x80: _fixed_encoder(0x80, _U64.pack),
-    0x71: _fixed_encoder(0x71, _I32.pack), 0x81: _fixed_encoder(0x81, _I64.pack),
+    0x52: _fixed_encoder(0x52, U8.pack), 0x53: _fixed_encoder(0x53, U8.pack),
+    0x54: _fixed_encoder(0x54, I8.pack), 0x55: _fixed_encoder(0x55, I8.pack),
+    0x70: _fixed_encoder(0x70, U32.pack), 0x80: _fixed_encoder(0x80, U64.pack),
+    0x71: _fixed_encoder(0x71, I32.pack), 0x81: _fixed_encoder(0x81, I64.pack),
     0xD0: _wide_list, 0xD1: _wide_map, 0xF0: _wide_array,
 }
 for _amqp_type, _code in _WIDE_ELEMENT.items():
     if _code not in _ARRAY_ELEMENT_ENCODERS:
-        _ARRAY_ELEMENT_ENCODERS[_code] = _ENCODERS[_ELEMENT_CLASSES[_amqp_type][0]]
+        _ARRAY_ELEMENT_ENCODERS[_code] = _ENCODERS[ELEMENT_CLASSES[_amqp_type][0]]
 del _amqp_type, _code
 
 

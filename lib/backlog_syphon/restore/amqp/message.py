@@ -27,7 +27,7 @@ from backlog_syphon.restore.amqp.annotations import (
 from backlog_syphon.restore.amqp.encoding import encode_value
 from backlog_syphon.restore.amqp.sections import SectionCode, encode_section
 from backlog_syphon.restore.amqp.values import Symbol, Timestamp, UByte, UInt, ULong
-from backlog_syphon.restore.legacy_properties import ms_to_datetime
+from backlog_syphon.restore.amqp.values import ms_to_datetime
 
 
 # Section descriptor codes (AMQP 1.0 part 3.2).
@@ -43,8 +43,8 @@ FOOTER = SectionCode.FOOTER
 BODY_KIND_BY_SECTION = {DATA: "data", AMQP_SEQUENCE: "sequence", AMQP_VALUE: "value"}
 BODY_KINDS = frozenset(BODY_KIND_BY_SECTION.values())
 
-_HEADER_FIELDS = ("durable", "priority", "ttl_ms", "first_acquirer", "delivery_count")
-_PROPERTY_FIELDS = (
+HEADER_FIELDS = ("durable", "priority", "ttl_ms", "first_acquirer", "delivery_count")
+PROPERTY_FIELDS = (
     "message_id", "user_id", "to", "subject", "reply_to", "correlation_id", "content_type",
     "content_encoding", "absolute_expiry_time", "creation_time", "group_id", "group_sequence",
     "reply_to_group_id",
@@ -237,7 +237,7 @@ _HEADER_TYPES = {"durable": bool, "priority": UByte, "ttl_ms": UInt, "first_acqu
 def _header_list(header: MessageHeader) -> list:
     # Header field types are fixed by the spec; plain ints and bools get them.
     values = []
-    for name in _HEADER_FIELDS:
+    for name in HEADER_FIELDS:
         value = getattr(header, name)
         if type(value) in (int, bool):
             value = _HEADER_TYPES[name](value)
@@ -246,7 +246,7 @@ def _header_list(header: MessageHeader) -> list:
 
 
 def _properties_list(properties: MessageProperties) -> list:
-    return _trimmed([_typed_property(name, getattr(properties, name)) for name in _PROPERTY_FIELDS])
+    return _trimmed([_typed_property(name, getattr(properties, name)) for name in PROPERTY_FIELDS])
 
 
 def _typed_property(name: str, value: Any) -> Any:

@@ -13,8 +13,8 @@ from typing import Any
 
 from backlog_syphon.restore.amqp.decoding import AmqpDecodeError
 from backlog_syphon.restore.amqp.message import (
-    _HEADER_FIELDS,
-    _PROPERTY_FIELDS,
+    HEADER_FIELDS,
+    PROPERTY_FIELDS,
     AMQP_VALUE,
     APPLICATION_PROPERTIES,
     BODY_KIND_BY_SECTION,
@@ -29,14 +29,14 @@ from backlog_syphon.restore.amqp.message import (
     MessageHeader,
     MessageProperties,
 )
-from backlog_syphon.restore.amqp.sections import BODY_SECTIONS, Section, _as_bytes, decode_sections
+from backlog_syphon.restore.amqp.sections import BODY_SECTIONS, Section, as_bytes, decode_sections
 from backlog_syphon.restore.amqp.values import MapPairs, Symbol
-from backlog_syphon.restore.legacy_properties import amqp_type_name, quote
+from backlog_syphon.restore.amqp.describing import amqp_type_name, quote
 
 
 def decode_message(raw: bytes) -> DecodedMessage:
     """Decode one AMQP message with exact types; AmqpDecodeError (a ValueError) if it is not one."""
-    raw = _as_bytes(raw)
+    raw = as_bytes(raw)
     sections = decode_sections(raw)
     body = [(section, value) for section, value in sections if section.code in BODY_SECTIONS]
     body_code = body[0][0].code if body else DATA
@@ -51,7 +51,7 @@ def decode_message(raw: bytes) -> DecodedMessage:
 
 def decode_envelope(raw: bytes) -> MessageEnvelope:
     """Like :func:`decode_message`, checking the whole message, but without copying a data body."""
-    raw = _as_bytes(raw)
+    raw = as_bytes(raw)
     sections = decode_sections(raw)
     body_code, body_size = DATA, 0
     for section, _ in sections:
@@ -70,22 +70,22 @@ def _non_body_parts(sections: list[tuple[Section, Any]]) -> dict:
     values = {section.code: (section, value) for section, value in sections if section.code not in BODY_SECTIONS}
     application = values.get(APPLICATION_PROPERTIES)
     return {
-        "header": MessageHeader(*_fields(values.get(HEADER), len(_HEADER_FIELDS))),
-        "delivery_annotations": _map_section(*values.get(DELIVERY_ANNOTATIONS, (None, None))),
-        "message_annotations": _map_section(*values.get(MESSAGE_ANNOTATIONS, (None, None))),
-        "properties": MessageProperties(*_fields(values.get(PROPERTIES), len(_PROPERTY_FIELDS))),
-        "application_properties": {} if application is None or application[1] is None else _application_properties(
+        "header": MessageHeader(*_fields(values.get(HEADER), len(HEADER_FIELDS))),
+        "delivery_annotations": map_section_dict(*values.get(DELIVERY_ANNOTATIONS, (None, None))),
+        "message_annotations": map_section_dict(*values.get(MESSAGE_ANNOTATIONS, (None, None))),
+        "properties": MessageProperties(*_fields(values.get(PROPERTIES), len(PROPERTY_FIELDS))),
+        "application_properties": {} if application is None or application[1] is None else decode_application_properties(
             application[0], _pairs(application[1])),
-        "footer": _map_section(*values.get(FOOTER, (None, None))),
+        "footer": map_section_dict(*values.get(FOOTER, (None, None))),
     }
 
 
 def _fields(section_value: tuple[Section, Any] | None, count: int) -> list:
     # Extra trailing fields would come from a later protocol revision; AMQP lets readers ignore them.
-    return _padded(list((section_value and section_value[1]) or [])[:count], count, None)
+    return padded(list((section_value and section_value[1]) or [])[:count], count, None)
 
 
-def _padded(values: list, count: int, filler: Any) -> list:
+def padded(values: list, count: int, filler: Any) -> list:
     return values + [filler] * (count - len(values))
 
 
@@ -93,7 +93,7 @@ def _pairs(value: dict | MapPairs):
     return value.items() if type(value) is dict else value
 
 
-def _map_section(section: Section | None, value: dict | MapPairs | None) -> dict:
+def map_section_dict(section: Section | None, value: dict | MapPairs | None) -> dict:
     """A map section as a dict; AmqpDecodeError if a dict cannot hold it."""
     if value is None:
         return {}
@@ -103,7 +103,7 @@ def _map_section(section: Section | None, value: dict | MapPairs | None) -> dict
     return value
 
 
-def _application_properties(section: Section, pairs) -> dict:
+def decode_application_properties(section: Section, pairs) -> dict:
     """String keys (binary keys decoded as UTF-8 when they are valid UTF-8), each at most once."""
     result: dict = {}
     for key, item in pairs:

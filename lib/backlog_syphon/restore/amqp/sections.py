@@ -16,15 +16,15 @@ from typing import Any, NamedTuple
 
 from backlog_syphon.restore.amqp.annotations import ENQUEUED_TIME_ANNOTATION, SEQUENCE_NUMBER_ANNOTATION
 from backlog_syphon.restore.amqp.decoding import (
-    _DECODERS,
+    DECODERS,
     AmqpDecodeError,
-    _check_count,
-    _check_end,
-    _compound_header,
-    _decode,
-    _skip,
+    check_count,
+    check_end,
+    compound_header,
+    decode_at,
+    skip_value,
 )
-from backlog_syphon.restore.amqp.wire import _U64
+from backlog_syphon.restore.amqp.wire import U64
 
 
 class SectionCode(IntEnum):
@@ -124,7 +124,7 @@ def split_sections(raw: bytes) -> list[Section]:
     The contents of the values are not checked here (decoding them does that). Sections in an
     unusual order are accepted. AmqpDecodeError otherwise.
     """
-    return _walk_sections(_as_bytes(raw), False)
+    return _walk_sections(as_bytes(raw), False)
 
 
 def decode_sections(raw: bytes) -> list[tuple[Section, Any]]:
@@ -133,7 +133,7 @@ def decode_sections(raw: bytes) -> list[tuple[Section, Any]]:
     The value of a Data section is None: its payload, ``raw[slice(*section.data_payload_range(raw))]``,
     needs no decoding, so it is neither decoded nor copied.
     """
-    raw = _as_bytes(raw)
+    raw = as_bytes(raw)
     return list(zip(*_walk_sections(raw, True)))  # type: ignore[arg-type]
 
 
@@ -158,10 +158,10 @@ def _walk_sections(raw: bytes, decode: bool):
                                   "appears twice", offset)
         seen.add(code)
         if decode and code is not SectionCode.DATA:
-            value, end = _DECODERS[raw[value_start]](raw, value_start + 1, 0)
+            value, end = DECODERS[raw[value_start]](raw, value_start + 1, 0)
             values.append(value)
         else:
-            end = _skip(raw, value_start)
+            end = skip_value(raw, value_start)
             values.append(None)
         sections.append(tuple.__new__(Section, (code, offset, value_start, end)))
         offset = end
@@ -178,10 +178,10 @@ def _section_start(raw: bytes, offset: int) -> tuple[SectionCode, int]:
         code = _SECTION_BY_BYTE[raw[descriptor_at + 1]]
         value_start = descriptor_at + 2
     else:
-        value_start = _skip(raw, descriptor_at)
+        value_start = skip_value(raw, descriptor_at)
         constructor = raw[descriptor_at]
         if constructor == 0x80:
-            number = _U64.unpack_from(raw, descriptor_at + 1)[0]
+            number = U64.unpack_from(raw, descriptor_at + 1)[0]
             code = _SECTION_BY_BYTE[number] if number < 256 else None
         elif constructor in (0xA3, 0xB3):
             code = _SECTION_BY_NAME.get(raw[descriptor_at + (2 if constructor == 0xA3 else 5):value_start])
@@ -197,7 +197,7 @@ def _section_start(raw: bytes, offset: int) -> tuple[SectionCode, int]:
     return code, value_start
 
 
-def _as_bytes(raw) -> bytes:
+def as_bytes(raw) -> bytes:
     return raw if type(raw) is bytes else bytes(raw)
 
 
@@ -208,7 +208,7 @@ def map_entries(raw: bytes, offset: int) -> list[MapEntry]:
     rewritten keeping untouched entries byte for byte (see :func:`encode_map_raw`). Everything is
     decoded and checked as :func:`decode_value` does, except that repeated keys are all listed.
     """
-    raw = _as_bytes(raw)
+    raw = as_bytes(raw)
     if offset >= len(raw):
         raise AmqpDecodeError("truncated: a map is missing", offset)
     constructor = raw[offset]
@@ -216,12 +216,12 @@ def map_entries(raw: bytes, offset: int) -> list[MapEntry]:
         return []
     if constructor not in _MAP_CONSTRUCTORS:
         raise AmqpDecodeError(f"expected a map, found constructor 0x{constructor:02x}", offset)
-    count, p, end = _compound_header(raw, offset + 1, 0, "map", constructor == 0xD1)
+    count, p, end = compound_header(raw, offset + 1, 0, "map", constructor == 0xD1)
     if count % 2:
         raise AmqpDecodeError(f"the map has an odd number of elements ({count})", offset)
-    _check_count(count, p, end, "map", offset)
+    check_count(count, p, end, "map", offset)
     entries = []
-    decoders = _DECODERS
+    decoders = DECODERS
     for _ in range(count // 2):
         if p >= end:
             raise AmqpDecodeError("truncated: a map element is missing", p)
@@ -231,13 +231,13 @@ def map_entries(raw: bytes, offset: int) -> list[MapEntry]:
         value, entry_end = decoders[raw[value_start]](raw, value_start + 1, 1)
         entries.append(tuple.__new__(MapEntry, (key, value, p, value_start, entry_end)))
         p = entry_end
-    _check_end(p, end, "map", offset)
+    check_end(p, end, "map", offset)
     return entries
 
 
 def list_items(raw: bytes, offset: int) -> list[ListItem]:
     """The items of the list (or null, which has none) encoded at ``offset``, decoded, with their byte ranges."""
-    raw = _as_bytes(raw)
+    raw = as_bytes(raw)
     if offset >= len(raw):
         raise AmqpDecodeError("truncated: a list is missing", offset)
     constructor = raw[offset]
@@ -245,17 +245,17 @@ def list_items(raw: bytes, offset: int) -> list[ListItem]:
         return []
     if constructor not in _LIST_CONSTRUCTORS:
         raise AmqpDecodeError(f"expected a list, found constructor 0x{constructor:02x}", offset)
-    count, p, end = _compound_header(raw, offset + 1, 0, "list", constructor == 0xD0)
-    _check_count(count, p, end, "list", offset)
+    count, p, end = compound_header(raw, offset + 1, 0, "list", constructor == 0xD0)
+    check_count(count, p, end, "list", offset)
     items = []
-    decoders = _DECODERS
+    decoders = DECODERS
     for _ in range(count):
         if p >= end:
             raise AmqpDecodeError("truncated: a list element is missing", p)
         value, item_end = decoders[raw[p]](raw, p + 1, 1)
         items.append(tuple.__new__(ListItem, (value, p, item_end)))
         p = item_end
-    _check_end(p, end, "list", offset)
+    check_end(p, end, "list", offset)
     return items
 
 
@@ -280,13 +280,13 @@ def broker_identity(raw: bytes) -> tuple[int | None, int | None]:
     Each is None when absent. AmqpDecodeError if the framing is broken or an annotation is not an
     integer (a timestamp is one).
     """
-    raw = _as_bytes(raw)
+    raw = as_bytes(raw)
     found: dict[str, int] = {}
     for section in split_sections(raw):
         if section.code is SectionCode.MESSAGE_ANNOTATIONS:
             for entry in map_entries(raw, section.value_start):
                 if isinstance(entry.key, str) and entry.key in _IDENTITY_ANNOTATIONS:
-                    value, _ = _decode(raw, entry.value_start, 1)
+                    value, _ = decode_at(raw, entry.value_start, 1)
                     if not isinstance(value, int) or isinstance(value, bool):
                         raise AmqpDecodeError(f"{entry.key} is not an integer", entry.value_start)
                     found[entry.key] = int(value)

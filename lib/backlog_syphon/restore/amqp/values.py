@@ -27,8 +27,8 @@ from decimal import Decimal
 from enum import Enum
 from typing import Any, Iterable
 
-from backlog_syphon.restore.amqp.decimals import _BID32, _BID64, _BID128, _bid_to_decimal, _decimal_to_bid
-from backlog_syphon.restore.amqp.wire import _F32
+from backlog_syphon.restore.amqp.decimals import BID32, BID64, BID128, bid_to_decimal, decimal_to_bid
+from backlog_syphon.restore.amqp.wire import F32
 
 MAX_NESTING_DEPTH = 64  # lists, maps, arrays and described values inside one another
 
@@ -151,10 +151,10 @@ class Decimal32(_BoundedInt):
 
     @classmethod
     def from_decimal(cls, value: Decimal) -> Decimal32:
-        return cls(_decimal_to_bid(value, _BID32))
+        return cls(decimal_to_bid(value, BID32))
 
     def to_decimal(self) -> Decimal:
-        return _bid_to_decimal(int(self), _BID32)
+        return bid_to_decimal(int(self), BID32)
 
 
 class Decimal64(_BoundedInt):
@@ -164,10 +164,10 @@ class Decimal64(_BoundedInt):
 
     @classmethod
     def from_decimal(cls, value: Decimal) -> Decimal64:
-        return cls(_decimal_to_bid(value, _BID64))
+        return cls(decimal_to_bid(value, BID64))
 
     def to_decimal(self) -> Decimal:
-        return _bid_to_decimal(int(self), _BID64)
+        return bid_to_decimal(int(self), BID64)
 
 
 class Decimal128(bytes):
@@ -189,10 +189,10 @@ class Decimal128(bytes):
 
     @classmethod
     def from_decimal(cls, value: Decimal) -> Decimal128:
-        return cls(_decimal_to_bid(value, _BID128).to_bytes(16, "big"))
+        return cls(decimal_to_bid(value, BID128).to_bytes(16, "big"))
 
     def to_decimal(self) -> Decimal:
-        return _bid_to_decimal(int.from_bytes(self, "big"), _BID128)
+        return bid_to_decimal(int.from_bytes(self, "big"), BID128)
 
     def __repr__(self) -> str:
         return f"Decimal128({bytes.__repr__(self)})"
@@ -205,7 +205,7 @@ class Float(float):
 
     def __new__(cls, value: float = 0.0):
         try:
-            rounded = _F32.unpack(_F32.pack(value))[0]
+            rounded = F32.unpack(F32.pack(value))[0]
         except OverflowError:
             raise ValueError(f"Float (float32) is out of range: {value!r}") from None
         except struct.error:
@@ -299,7 +299,7 @@ class Array(_Immutable):
 
     def __init__(self, element_type: AmqpType | str, elements: Iterable = (), descriptor: Any = None):
         element_type = AmqpType(element_type)
-        accepted = _ELEMENT_CLASSES[element_type]
+        accepted = ELEMENT_CLASSES[element_type]
         checked = []
         for element in elements:
             if type(element) not in accepted:
@@ -310,7 +310,8 @@ class Array(_Immutable):
         object.__setattr__(self, "descriptor", descriptor)
 
     @classmethod
-    def _trusted(cls, element_type: AmqpType, elements: tuple, descriptor: Any) -> Array:
+    def from_decoded(cls, element_type: AmqpType, elements: tuple, descriptor: Any) -> Array:
+        """An array of elements the decoder already read as ``element_type``: not checked again."""
         array = object.__new__(cls)
         object.__setattr__(array, "element_type", element_type)
         object.__setattr__(array, "elements", elements)
@@ -362,14 +363,14 @@ class MapPairs(tuple):
 
 
 def _coerce_element(element_type: AmqpType, element: Any) -> Any:
-    target = _ELEMENT_CLASSES[element_type][0]
+    target = ELEMENT_CLASSES[element_type][0]
     if target is not bool and any(type(element) is base and issubclass(target, base)
                                   for base in (int, float, str, bytes)):
         return target(element)
     raise TypeError(f"an array of {element_type.value} cannot hold a {type(element).__name__}")
 
 
-_ELEMENT_CLASSES: dict[AmqpType, tuple[type, ...]] = {
+ELEMENT_CLASSES: dict[AmqpType, tuple[type, ...]] = {
     AmqpType.NULL: (type(None),), AmqpType.BOOLEAN: (bool,), AmqpType.UBYTE: (UByte,),
     AmqpType.USHORT: (UShort,), AmqpType.UINT: (UInt,), AmqpType.ULONG: (ULong,), AmqpType.BYTE: (Byte,),
     AmqpType.SHORT: (Short,), AmqpType.INT: (Int,), AmqpType.LONG: (int,), AmqpType.FLOAT: (Float,),
@@ -379,3 +380,16 @@ _ELEMENT_CLASSES: dict[AmqpType, tuple[type, ...]] = {
     AmqpType.SYMBOL: (Symbol,), AmqpType.LIST: (list,), AmqpType.MAP: (dict, MapPairs),
     AmqpType.ARRAY: (Array,),
 }
+
+
+def ms_to_datetime(ms: int) -> datetime:
+    """Milliseconds since the Unix epoch (an AMQP timestamp) to a tz-aware UTC datetime (OverflowError
+    outside years 1-9999)."""
+    return _EPOCH + timedelta(milliseconds=ms)
+
+
+def datetime_to_ms(value: datetime) -> int:
+    """A datetime (naive means UTC) to milliseconds since the Unix epoch, sub-millisecond part floored."""
+    if value.tzinfo is None:
+        value = value.replace(tzinfo=timezone.utc)
+    return (value - _EPOCH) // timedelta(milliseconds=1)

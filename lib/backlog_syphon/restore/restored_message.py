@@ -28,8 +28,8 @@ from backlog_syphon.restore.amqp.annotations import (
 from backlog_syphon.restore.amqp.decoding import decode_value
 from backlog_syphon.restore.amqp.encoding import encode_list_raw, encode_map_raw, encode_value
 from backlog_syphon.restore.amqp.message import (
-    _HEADER_FIELDS,
-    _PROPERTY_FIELDS,
+    HEADER_FIELDS,
+    PROPERTY_FIELDS,
     AMQP_SEQUENCE,
     AMQP_VALUE,
     APPLICATION_PROPERTIES,
@@ -40,10 +40,10 @@ from backlog_syphon.restore.amqp.message import (
     PROPERTIES,
     DecodedMessage,
 )
-from backlog_syphon.restore.amqp.message_decoding import _application_properties, _map_section, _padded
+from backlog_syphon.restore.amqp.message_decoding import decode_application_properties, map_section_dict, padded
 from backlog_syphon.restore.amqp.sections import (
     BODY_SECTIONS,
-    _as_bytes,
+    as_bytes,
     encode_section,
     list_items,
     map_entries,
@@ -61,8 +61,8 @@ from backlog_syphon.restore.legacy_properties import (
 
 UINT_MAX = 2**32 - 1
 
-_TTL_FIELD, _DELIVERY_COUNT_FIELD = _HEADER_FIELDS.index("ttl_ms"), _HEADER_FIELDS.index("delivery_count")
-_GROUP_ID_FIELD = _PROPERTY_FIELDS.index("group_id")
+_TTL_FIELD, _DELIVERY_COUNT_FIELD = HEADER_FIELDS.index("ttl_ms"), HEADER_FIELDS.index("delivery_count")
+_GROUP_ID_FIELD = PROPERTY_FIELDS.index("group_id")
 _NULL = b"\x40"
 _SCHEDULED_KEY = encode_value(Symbol(SCHEDULED_ENQUEUE_TIME_ANNOTATION))
 
@@ -120,7 +120,7 @@ def restore_message_bytes(raw: bytes, restored_time_to_live_ms: int | None, *,
     """
     if restored_time_to_live_ms is not None and restored_time_to_live_ms <= 0:
         raise ValueError(f"restored_time_to_live_ms must be positive or None, got {restored_time_to_live_ms}")
-    raw = _as_bytes(raw)
+    raw = as_bytes(raw)
     sections = split_sections(raw)
     # One pass that checks every section (as decode_message does) and keeps what the splice needs.
     by_code: dict = {}
@@ -136,23 +136,23 @@ def restore_message_bytes(raw: bytes, restored_time_to_live_ms: int | None, *,
             properties_items = list_items(raw, section.value_start)
         elif code is MESSAGE_ANNOTATIONS:
             annotation_entries = map_entries(raw, section.value_start)
-            _map_section(section, _entries_as_map(annotation_entries))
+            map_section_dict(section, _entries_as_map(annotation_entries))
         elif code is APPLICATION_PROPERTIES:
             application_entries = map_entries(raw, section.value_start)
         elif code is not DATA:  # delivery annotations, an amqp-value or amqp-sequence body, the footer
             value, _ = decode_value(raw, section.value_start)
             if code is not AMQP_VALUE and code is not AMQP_SEQUENCE:
-                _map_section(section, value)
+                map_section_dict(section, value)
         if code not in BODY_SECTIONS:
             by_code[code] = section
-    application_properties = {} if not application_entries else _application_properties(
+    application_properties = {} if not application_entries else decode_application_properties(
         by_code[APPLICATION_PROPERTIES], ((entry.key, entry.value) for entry in application_entries))
     fields = decode_legacy_properties(application_properties)
     if fields.problems:
         raise LegacyPropertiesError(fields.problems)
 
     out = []
-    header = _padded([raw[item.start:item.end] for item in header_items], len(_HEADER_FIELDS), _NULL)
+    header = padded([raw[item.start:item.end] for item in header_items], len(HEADER_FIELDS), _NULL)
     ttl_ms = None if restored_time_to_live_ms is None else min(restored_time_to_live_ms, UINT_MAX)
     header[_TTL_FIELD] = _NULL if ttl_ms is None else encode_value(UInt(ttl_ms))
     header[_DELIVERY_COUNT_FIELD] = _NULL
@@ -171,7 +171,7 @@ def restore_message_bytes(raw: bytes, restored_time_to_live_ms: int | None, *,
 
     properties_section = by_code.get(PROPERTIES)
     if fields.session_id is not None:
-        properties = _padded([raw[item.start:item.end] for item in properties_items], len(_PROPERTY_FIELDS),
+        properties = padded([raw[item.start:item.end] for item in properties_items], len(PROPERTY_FIELDS),
                              _NULL)
         properties[_GROUP_ID_FIELD] = encode_value(fields.session_id)
         out.append(encode_section(PROPERTIES, encode_list_raw(properties)))

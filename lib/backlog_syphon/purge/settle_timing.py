@@ -1,5 +1,5 @@
 """How much settling fits inside a lock: the purge's timing, from the lock and the measured round trips.
-Pure: numbers in, numbers out. ``purge.py`` measures; ``purge_plan.PurgeProgress`` sizes its pages with it.
+Pure: numbers in, numbers out. ``servicebus.purge`` measures; ``purge.progress.PurgeProgress`` sizes its pages with it.
 
 A received message's lock starts when the broker sends it, and a settle request (one bulk completion, one
 bulk dead-lettering per distinct reason) counts only if it reaches the broker before that lock ends. A
@@ -10,7 +10,7 @@ one after the other, from the moment it arrived. So, for a page whose first lock
   between the broker's clock, which ``E`` is in, and this host's);
 - a page holds no more messages than the requests that fit between its arrival and that deadline can
   settle (``requests_per_page``; ``page_size`` turns requests into messages);
-- messages *passed over* (purge_plan's docstring) stay locked while the round goes on, and must be
+- messages *passed over* (``purge.plan``'s docstring) stay locked while the round goes on, and must be
   released before their own locks end: the next page is asked for only while its receive, its requests
   and then the releases fit before the first of those locks ends less the margin
   (``receive_wait_while_passing``).
