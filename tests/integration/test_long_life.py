@@ -80,7 +80,7 @@ APPENDS = 8  # auto compaction's bound passed three times, and a log checkpoint 
 
 def test_the_audits_files_stay_bounded_and_a_replayed_append_adds_nothing_across_compactions(spark, tmp_path,
                                                                                              small_compactions):
-    from backlog_syphon.restore.rows import OUTCOME_ROW_SCHEMA
+    from backlog_syphon.rows import OUTCOME_ROW_SCHEMA
     from backlog_syphon.storage import tables
 
     audit, checkpoint, lease = (str(tmp_path / name) for name in ("audit", "checkpoint", "lease"))
