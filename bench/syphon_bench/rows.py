@@ -1,0 +1,127 @@
+"""The bench's rows: a backlog, the latencies it sits at, the entities' shapes and the loops it is measured
+against. Plain values, no I/O."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+
+PRIMARY, SECONDARY = "contoso", "contoso-secondary"
+CONNECTION_ENV = {PRIMARY: "SYPHON_PRIMARY_CONNECTION_STRING", SECONDARY: "SYPHON_SECONDARY_CONNECTION_STRING"}
+BACKLOG_QUEUES = 10  # conf/emulator.yaml's backlog queues, conf/local.yaml's backlog.queue_count
+QUICK_MESSAGES = 3_000
+
+
+class Loop(str, Enum):
+    """The plain SDK loops a row's syphon is measured against (``loops``, ``async_loop``)."""
+
+    THREADS = "threads"  # a thread per backlog queue, one completion at a time
+    ASYNCIO = "asyncio"  # a task per backlog queue, the page's completions gathered
+    SINGLE = "single"  # one thread, queue after queue, one send per message
+
+
+# Every geometry row's loops: the syphon's ratio is against the faster of them in the same run.
+PLAIN_LOOPS = (Loop.THREADS, Loop.ASYNCIO)
+
+
+@dataclass(frozen=True)
+class Geometry:
+    """One-way latencies: the secondary namespace (the backlog) and the primary (the destinations)."""
+
+    secondary_ms: float
+    primary_ms: float
+
+    def label(self) -> str:
+        if self.secondary_ms == self.primary_ms:
+            return f"{self.secondary_ms:g} ms"
+        return f"{self.secondary_ms:g}/{self.primary_ms:g} ms"
+
+    def emulator_latency(self) -> dict[str, float]:
+        """The emulator's latency per namespace: it delays what it sends, so a round trip takes it once."""
+        return {SECONDARY: 2 * self.secondary_ms, PRIMARY: 2 * self.primary_ms}
+
+
+FAR = Geometry(25.0, 1.0)
+LOOPBACK = Geometry(0.0, 0.0)
+
+
+class DestinationShape(str, Enum):
+    """The primary's destinations in a row: as conf/emulator.yaml has them, or every one partitioned (16
+    partitions, as on Standard), with or without duplicate detection."""
+
+    PLAIN = "plain"
+    PARTITIONED = "partitioned"
+    PARTITIONED_DEDUPE = "partitioned, deduplicating"
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    messages: int
+    geometry: Geometry
+    body_size: int = 1024
+    session_share: float = 0.1
+    sessions: int = 20
+    first_queue_share: float | None = None  # a skewed backlog: that share in queue 0
+    loops: tuple[Loop, ...] = PLAIN_LOOPS
+    time_commits: bool = False  # time single Delta commits in this row's syphon process, after its run
+    # The secondary's peek pages, at most this many bytes of messages (the emulator's peek_page_bytes; None:
+    # its default, the service's ~256 KB): how a distant namespace streams a page.
+    peek_page_bytes: int | None = None
+    # Partitioned backlog queues (16 partitions): a peek answers from one partition, whole pages of it, or
+    # one message per call as once reported (the emulator's peek_one_per_call).
+    backlog_partitioned: bool = False
+    peek_one_per_call: bool = False
+    destinations: DestinationShape = DestinationShape.PLAIN
+    # The Spark master of the syphon's session (None: the session builder's default, local[*]); a
+    # ``local-cluster[N,C,M]`` row runs N executor JVMs, as a cluster does, on this one machine.
+    master: str | None = None
+
+    def describe(self) -> str:
+        shape = [f"{self.messages:,} x {self.body_size // 1024 if self.body_size >= 1024 else self.body_size}"
+                 f"{' KB' if self.body_size >= 1024 else ' B'}"]
+        if self.first_queue_share:
+            shape.append(f"{self.first_queue_share:.0%} in one queue")
+        if self.session_share >= 1:
+            shape.append(f"{self.sessions} sessions")
+        if self.peek_page_bytes:
+            shape.append(f"peek pages of {self.peek_page_bytes // 1024} KB")
+        if self.backlog_partitioned:
+            shape.append("partitioned backlog, " + ("one message per peek" if self.peek_one_per_call
+                                                     else "whole-partition peek pages"))
+        if self.destinations is not DestinationShape.PLAIN:
+            shape.append(f"{self.destinations.value} destinations")
+        if self.master:
+            shape.append(f"on {self.master}")
+        return ", ".join(shape) + f", {self.geometry.label()}"
+
+
+SCENARIOS = {
+    "30k": Scenario("30k", 30_000, FAR, loops=(*PLAIN_LOOPS, Loop.SINGLE), time_commits=True),
+    "200k": Scenario("200k", 200_000, FAR),
+    "skewed": Scenario("skewed", 30_000, FAR, first_queue_share=0.8),
+    "sessions": Scenario("sessions", 30_000, FAR, session_share=1.0, sessions=500),
+    "64k": Scenario("64k", 20_000, FAR, body_size=64 * 1024),
+    # Peeks answer as a namespace a region away streams them: about 60 messages of 1 KB a page, not 250.
+    "30k-short-pages": Scenario("30k-short-pages", 30_000, FAR, peek_page_bytes=64 * 1024),
+    # Partitioned entities at the same geometry: the 30k backlog over partitioned backlog queues (whole
+    # pages, and one message per peek: the same size, so that a run's fixed start weighs on it as on the
+    # others), and into partitioned destinations with and without duplicate detection.
+    "partitioned-pages": Scenario("partitioned-pages", 30_000, FAR, backlog_partitioned=True),
+    "partitioned-peek-one": Scenario("partitioned-peek-one", 30_000, FAR, backlog_partitioned=True,
+                                     peek_one_per_call=True),
+    "partitioned-dest": Scenario("partitioned-dest", 30_000, FAR, destinations=DestinationShape.PARTITIONED),
+    "partitioned-dedupe-dest": Scenario("partitioned-dedupe-dest", 30_000, FAR,
+                                        destinations=DestinationShape.PARTITIONED_DEDUPE),
+    # Scale out: the 200k backlog on executors of their own (local-cluster: a JVM and Python workers per
+    # executor), one and two of them with one core each, and two with two cores each: more cores than the
+    # loop's one process can use. On a 2-core machine a curve, not a record.
+    "200k-1x1": Scenario("200k-1x1", 200_000, FAR, master="local-cluster[1,1,2048]"),
+    "200k-2x1": Scenario("200k-2x1", 200_000, FAR, master="local-cluster[2,1,2048]"),
+    "200k-2x2": Scenario("200k-2x2", 200_000, FAR, master="local-cluster[2,2,2048]"),
+    "30k-0ms": Scenario("30k-0ms", 30_000, LOOPBACK, loops=(*PLAIN_LOOPS, Loop.SINGLE)),
+    "30k-10ms": Scenario("30k-10ms", 30_000, Geometry(10.0, 10.0), loops=(*PLAIN_LOOPS, Loop.SINGLE)),
+}
+
+
+def backlog_queue_names() -> list[str]:
+    return [f"{PRIMARY}/x-servicebus-transfer/{index}" for index in range(BACKLOG_QUEUES)]
