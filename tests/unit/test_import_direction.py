@@ -76,6 +76,7 @@ PURE_MODULES = (
     "backlog_syphon.purge.bulk_settlement",
     "backlog_syphon.purge.settle_timing",
     "backlog_syphon.peek_pages",
+    "backlog_syphon.worker_process",
     "backlog_syphon.servicebus.access",
     "backlog_syphon.run.lease",
     "backlog_syphon.run.dry_run_plan",
@@ -231,6 +232,7 @@ RANKS = {
     "peek_pages": 1,  # reading a range with peeks that come back short or empty: the source's, the purge's, the counts'
     "purge": 1,  # the purge's decisions, which its I/O (servicebus) and its runner (sink) share
     "rows": 1,  # the row schemas and their Arrow form: the source's, the sink's and the tables'
+    "worker_process": 1,  # what a Spark Python worker does once, for the source's reads and the send tasks
     "servicebus": 2, "storage": 2,  # the I/O of one system each
     "source": 3, "sink": 3,
     "run": 4,  # the wiring

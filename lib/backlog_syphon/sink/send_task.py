@@ -40,7 +40,9 @@ def deliver_partition(batches, *, primary, sink, run_id: str, batch_id: int, lim
     plan, acted on after the task's first send (``CrashPoint.MID_SEND``). ``send_shapes``: the send shapes
     the administration API decided, by lower-case destination name (``sink.send_shape.known_shapes``)."""
     from backlog_syphon.servicebus.send import DestinationSenders, classify_send_error
+    from backlog_syphon.worker_process import freeze_imports
 
+    freeze_imports()  # once per process: its collections skip what it imported
     mid_send = []
 
     def first_send() -> None:
@@ -53,7 +55,7 @@ def deliver_partition(batches, *, primary, sink, run_id: str, batch_id: int, lim
     opened: set[str] = set()
     pacer = Pacer(pace_share, sink.throttle_recovery_seconds, clock())
     shapes = SendShapes(known=dict(send_shapes or {}), learned=LEARNED_SHAPES.setdefault(primary.endpoint, {}))
-    for results in delivery.deliver_chunks(_chunks(batches, opened, senders), build=build_outgoing, sender=senders,
+    for results in delivery.deliver_chunks(row_chunks(batches, opened, senders), build=build_outgoing, sender=senders,
                                            classify=classify_send_error, sink=sink, limits=limits, clock=clock,
                                            on_sent=first_send, pacer=pacer, shapes=shapes):
         yield record_batch([outcome_row(result, run_id, batch_id, clock()) for result in results],
@@ -79,7 +81,7 @@ LEARNED_SHAPES: dict[str, dict[str, SendShape]] = {}
 SEND_CHUNK_ROWS = 2000  # rows a send task holds as Python objects at once, whatever the window's size
 
 
-def _chunks(batches, opened: set[str], senders) -> Iterator[list[dict]]:
+def row_chunks(batches, opened: set[str], senders) -> Iterator[list[dict]]:
     """A task's Arrow batches as lists of at most ``SEND_CHUNK_ROWS`` rows, in order, each as soon as it
     arrives (what arrives next is read meanwhile); the senders of each chunk's new destinations opened
     at once before it is delivered."""
