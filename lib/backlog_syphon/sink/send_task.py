@@ -17,6 +17,7 @@ import time
 from typing import Callable, Iterator, Mapping
 
 from backlog_syphon.model import Action, Outcome, OutcomeRecord, ReasonCode, SendShape
+from backlog_syphon.restore.legacy_properties import LegacyFields
 from backlog_syphon.restore.restored_message import restore_message_bytes
 from backlog_syphon.restore.queue_names import is_dead_letter_queue_name
 from backlog_syphon.rows import OUTCOME_ROW_ARROW_SCHEMA, record_batch
@@ -97,9 +98,14 @@ def row_chunks(batches, opened: set[str], senders) -> Iterator[list[dict]]:
 
 
 def build_outgoing(row) -> delivery.Outgoing:
-    """The restored message of a deliverable row, as the bytes to send, with the TTL its classification chose."""
+    """The restored message of a deliverable row, as the bytes to send, with the TTL its classification chose.
+    The source read the message whole to fill the row (a deliverable row has no decode problem), so the
+    splice takes the session id and scheduled enqueue time from the row and decodes nothing again but the
+    framing and the keys it rewrites (``restore_message_bytes``' ``checked``)."""
+    checked = LegacyFields(session_id=row["session_id"], scheduled_enqueue_time=row["scheduled_enqueue_time"])
     return delivery.Outgoing(restore_message_bytes(row["raw_message"], row["restored_time_to_live_ms"],
-                                                   from_dead_letters=is_dead_letter_queue_name(row["backlog_queue"])),
+                                                   from_dead_letters=is_dead_letter_queue_name(row["backlog_queue"]),
+                                                   checked=checked),
                              row["message_id"], row["session_id"], row["partition_key"])
 
 
