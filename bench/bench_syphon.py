@@ -42,10 +42,11 @@ over partitioned backlog queues, 16 partitions, a peek answering whole pages of 
 ``partitioned-peek-one`` (the same over partitioned backlog queues whose peeks answer one message per call,
 as reported), ``partitioned-dest`` and ``partitioned-dedupe-dest`` (the 30k row into destinations that are
 all partitioned, without and with duplicate detection; there the loops send one message per send, as a
-deduplicating partitioned entity takes one MessageId per batch), ``200k-1x1``, ``200k-2x1`` and ``200k-2x2``
-(the 200k row on ``local-cluster``: one executor of one core, two of one, two of two: how the syphon
-grows with executors, where the loop's one process cannot follow), ``30k-0ms`` and ``30k-10ms``
-(symmetric). The figures per row:
+deduplicating partitioned entity takes one MessageId per batch), ``scale-local2``, ``scale-1x1``, ``scale-2x1``
+and ``scale-2x2`` (100,000 x 1 KB: on one JVM with two task slots, then on ``local-cluster``, executors of
+their own: one of one core, two of one, two of two, more cores than the loop's one process can use; how the
+syphon grows with executors, against the first row's loops), ``30k-0ms`` and ``30k-10ms`` (symmetric). The
+figures per row:
 
 - e2e msg/s: messages / time from just before the Spark session is built to the return of
   ``run_syphon``; ``/loop``: that over the faster loop's rate in the same row; ``/30k``: that over the
@@ -168,14 +169,17 @@ def run_bench(args) -> int:
     figures: dict = {"args": {k: str(v) for k, v in vars(args).items()}, "rows": [],
                      "ceilings": [asdict(c) | {"combined": c.combined} for c in ceilings.values()]}
     table, before_table, details = [], [], []
+    loops_by_row: dict[str, dict] = {}
     for scenario in scenarios:
-        loops = {}
+        loops = loops_by_row[scenario.name] = {}
         for kind in scenario.loops if args.loops is None else [k for k in scenario.loops if k.value in args.loops]:
             loops[kind] = measure_loop(kind, scenario, args)
             progress(f"{scenario.name}: loop ({kind.value}): {loops[kind]['moved']} msgs in "
                      f"{loops[kind]['seconds']:.1f} s = {loops[kind]['rate']:.0f} msg/s, CPU "
                      f"{loops[kind]['cpu_per_1000']:.2f} s/1k, the emulator's {loops[kind]['emulator_cpu_per_1000']:.2f}")
         syphon, before = syphon_runs(scenario, scenario.name, args.max_per_trigger)
+        if not loops and scenario.loops_of:  # the same backlog's loops, measured on another row of this run
+            loops = loops_by_row.get(scenario.loops_of, {})
         ceiling = ceilings[(scenario.geometry, scenario.body_size)]
         table.append(report.row_cells(scenario, syphon, loops, ceiling))
         if before is not None:

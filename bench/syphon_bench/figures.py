@@ -43,6 +43,16 @@ def cycle_figures(result: dict) -> dict:
     return figures
 
 
+def steady_span(result: dict) -> tuple[float, float, int] | None:
+    """``(start, end, rows)`` of the steady cycle (epoch seconds): the non-empty batches after the first, from
+    the second's start to the last's end; None with fewer than two."""
+    busy = [b for b in sorted(result["batches"], key=lambda b: b["batch_id"]) if b["rows"]]
+    if len(busy) < 2:
+        return None
+    return (_epoch_ms(busy[1]["timestamp"]) / 1000, (_epoch_ms(busy[-1]["timestamp"]) + busy[-1]["ms"]) / 1000,
+            sum(b["rows"] for b in busy[1:]))
+
+
 def per_batch(result: dict) -> dict:
     """Probes, round trips and commits per non-empty batch. Probes: the most any plan after the first took,
     as the source reports them; else every single-message peek of the run (the start's too) per batch."""

@@ -89,7 +89,8 @@ def details_lines(scenario: Scenario, syphon: dict) -> list[str]:
              f"{counts['round_trips'] * max(1, syphon['busy_batches']):.0f}; between batches max "
              f"{syphon['between_max_seconds'] or 0:.2f} s; CPU of the start (to the first batch) "
              f"{syphon.get('start_cpu_seconds', 0):.1f} s, of the batches {syphon.get('batches_cpu_per_1000', 0):.2f} s "
-             f"per 1k; CPU per 1k by process: "
+             f"per 1k, of the steady cycle (batches after the first) {syphon.get('steady_cpu_per_1000') or 0:.2f} s per "
+             f"1k; CPU per 1k by process: "
              + ", ".join(f"{role} {entry['seconds'] * 1000 / scenario.messages:.2f}"
                          for role, entry in syphon["cpu_by_role"].items()
                          if entry["seconds"] * 1000 / scenario.messages >= 0.01)]

@@ -75,6 +75,7 @@ class Scenario:
     # The Spark master of the syphon's session (None: the session builder's default, local[*]); a
     # ``local-cluster[N,C,M]`` row runs N executor JVMs, as a cluster does, on this one machine.
     master: str | None = None
+    loops_of: str | None = None  # a row of the same backlog whose loops this row's ratios are against
 
     def describe(self) -> str:
         shape = [f"{self.messages:,} x {self.body_size // 1024 if self.body_size >= 1024 else self.body_size}"
@@ -112,12 +113,17 @@ SCENARIOS = {
     "partitioned-dest": Scenario("partitioned-dest", 30_000, FAR, destinations=DestinationShape.PARTITIONED),
     "partitioned-dedupe-dest": Scenario("partitioned-dedupe-dest", 30_000, FAR,
                                         destinations=DestinationShape.PARTITIONED_DEDUPE),
-    # Scale out: the 200k backlog on executors of their own (local-cluster: a JVM and Python workers per
-    # executor), one and two of them with one core each, and two with two cores each: more cores than the
-    # loop's one process can use. On a 2-core machine a curve, not a record.
-    "200k-1x1": Scenario("200k-1x1", 200_000, FAR, master="local-cluster[1,1,2048]"),
-    "200k-2x1": Scenario("200k-2x1", 200_000, FAR, master="local-cluster[2,1,2048]"),
-    "200k-2x2": Scenario("200k-2x2", 200_000, FAR, master="local-cluster[2,2,2048]"),
+    # Scale out: 100,000 messages on one JVM with two task slots (the default local[2]), then on executors of
+    # their own (local-cluster[N,C,MB]: a JVM and its Python workers per executor, as a cluster has): one of one
+    # core, two of one, two of two (more cores than the loop's one process can use). The loops' figures are
+    # the first row's (the same backlog). On a 2-core machine a curve, not a record.
+    "scale-local2": Scenario("scale-local2", 100_000, FAR),
+    "scale-1x1": Scenario("scale-1x1", 100_000, FAR, loops=(), loops_of="scale-local2",
+                          master="local-cluster[1,1,2048]"),
+    "scale-2x1": Scenario("scale-2x1", 100_000, FAR, loops=(), loops_of="scale-local2",
+                          master="local-cluster[2,1,2048]"),
+    "scale-2x2": Scenario("scale-2x2", 100_000, FAR, loops=(), loops_of="scale-local2",
+                          master="local-cluster[2,2,2048]"),
     "30k-0ms": Scenario("30k-0ms", 30_000, LOOPBACK, loops=(*PLAIN_LOOPS, Loop.SINGLE)),
     "30k-10ms": Scenario("30k-10ms", 30_000, Geometry(10.0, 10.0), loops=(*PLAIN_LOOPS, Loop.SINGLE)),
 }

@@ -26,7 +26,7 @@ from syphon_bench.broker import (
     requests,
 )
 from syphon_bench.children import child_process, child_result, log_tail
-from syphon_bench.figures import cycle_figures
+from syphon_bench.figures import cycle_figures, steady_span
 from syphon_bench.jvm_profile import jvm_samples_by_step
 from syphon_bench.python_profile import cpu_by_step, sampled
 from syphon_bench.rows import BACKLOG_QUEUES, LOOPBACK, DestinationShape, Scenario
@@ -51,11 +51,16 @@ def syphon_child(spec: dict) -> dict:
         Path("started").touch()  # the idle measurement waits for it (the child runs in its own folder)
 
     extra_conf = {"spark.sql.streaming.numRecentProgressUpdates": "100000"}
-    if spec.get("jfr"):  # a Java Flight Recording of the driver JVM, beside the options the syphon gives it
-        from backlog_syphon.local_setup.jvm_options import driver_java_options
+    from backlog_syphon.local_setup.jvm_options import DRIVER_JAVA_OPTIONS, driver_java_options
 
+    if spec.get("jfr"):  # a Java Flight Recording of the driver JVM, beside the options the syphon gives it
         extra_conf["spark.driver.extraJavaOptions"] = (f"{driver_java_options()} -XX:StartFlightRecording="
                                                       f"filename={spec['jfr']},settings=profile")
+    if (spec.get("master") or "").startswith("local-cluster"):
+        # Executors of their own on this machine, started as a local driver JVM is (the quick compiler, one GC
+        # thread): a cluster's long-lived executors keep their JVM's defaults, but on 2 cores their optimizing
+        # compiler alone took more CPU than the run's messages.
+        extra_conf["spark.executor.extraJavaOptions"] = DRIVER_JAVA_OPTIONS
     start = time.perf_counter()
     spark = build_spark_session("bench-syphon", master=spec.get("master"), extra_conf=extra_conf)
     session_ready = time.perf_counter()
@@ -191,6 +196,10 @@ def measure_syphon(scenario: Scenario, args, *, per_trigger: int | None = None, 
         # The start's CPU (every process, until the first batch) and the batches' per 1,000 messages.
         result["start_cpu_seconds"] = cpu.total_at(result["process_origin"] + marks["FIRST_BATCH"])
         result["batches_cpu_per_1000"] = (cpu.total() - result["start_cpu_seconds"]) / scenario.messages * 1000
+    steady = steady_span(result)
+    if steady is not None:  # the steady cycle's CPU: from the second non-empty batch's start to the last's end
+        began, ended, rows = steady
+        result["steady_cpu_per_1000"] = (cpu.total_at(ended) - cpu.total_at(began)) / rows * 1000
     # This process's CPU meanwhile, less its sampling: the emulator's (it runs in here), per 1,000 messages.
     result["emulator_cpu_per_1000"] = (own.seconds - cpu.own_seconds - follower.own_seconds) / scenario.messages * 1000
     return {**result, "e2e_rate": scenario.messages / result["seconds"], "ops": dict(ops),
