@@ -56,18 +56,22 @@ def test_an_error_comes_out_where_its_page_would_have():
         next(ahead)
 
 
-def test_a_consumer_that_stops_early_stops_the_reading():
-    def pages():
-        page = 0
-        while True:
-            yield page
-            page += 1
+def test_a_consumer_that_stops_early_stops_the_reading_and_closes_it_where_it_read():
+    closed_in = []
 
-    before = threading.active_count()
+    def pages():  # a window's pages, holding a pooled link until it is closed
+        page = 0
+        try:
+            while True:
+                yield page
+                page += 1
+        finally:
+            closed_in.append(threading.current_thread().name)
+
     ahead = read_ahead(pages())
     assert next(ahead) == 0
     ahead.close()
     deadline = time.monotonic() + 5
-    while threading.active_count() > before and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert threading.active_count() == before
+    while not closed_in and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert closed_in == ["read-ahead"]

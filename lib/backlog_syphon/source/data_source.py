@@ -221,6 +221,10 @@ def read_ahead(items: Iterator, depth: int = 1) -> Iterator:
         except BaseException as error:  # noqa: BLE001 - raised in the consumer, where the item would have been
             hand((_END, error))
             return
+        finally:  # here, in the thread that iterated it: a pooled link it holds goes back at once
+            close = getattr(items, "close", None)
+            if close is not None:
+                close()
         hand((_END, None))
 
     thread = threading.Thread(target=produce, name="read-ahead", daemon=True)
