@@ -313,8 +313,11 @@ class _WindowReader:
         freeze_imports()  # once per process: its collections skip what it imported
         queue, read = self.queue, self.read
         while (ask := read.next_ask()) is not None:
-            page = peek_raw(receiver, *ask)
-            messages = [placed(queue, raw, read.position) for raw in page]
+            messages = []
+            for raw in peek_raw(receiver, *ask):  # in order: once one lies past the range, the rest do too
+                messages.append(placed(queue, raw, read.position))
+                if messages[-1].sequence_number > read.last:
+                    break
             taken = read.on_page([message.sequence_number for message in messages])
             if read.confirming:
                 logger.info("backlog=%s empty peek page at %d before the window's end %d: looking again",
