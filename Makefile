@@ -80,8 +80,11 @@ test-runtimes: $(RUNTIME_STAMPS) ## Run the end-to-end runtime scenario on each 
 	done; \
 	if [ -n "$$failed" ]; then echo "test-runtimes failed on Spark:$$failed"; exit 1; fi
 
-run: setup ## Start the local emulator, write a backlog, run the syphon, check and print what moved
-	$(PY) -m tools.local_run --emulator-config $(EMULATOR_CONFIG) --config conf/local.yaml
+# TRANSPORT=amqp-websockets: the syphon over AMQP over WebSockets (TLS) through an HTTP proxy, as a firewalled
+# workspace reaches Azure on 443; TRANSPORT=amqps: over TLS (5671). The default: the emulators' plain AMQP.
+TRANSPORT ?= amqp
+run: setup ## Start the local emulator, write a backlog, run the syphon, check and print what moved (TRANSPORT=amqp-websockets: through a proxy)
+	$(PY) -m tools.local_run --emulator-config $(EMULATOR_CONFIG) --config conf/local.yaml --transport $(TRANSPORT)
 
 emulator: setup ## Run the local Service Bus emulator in the foreground (Ctrl-C stops it)
 	$(PY) -m servicebus_emulator --config $(EMULATOR_CONFIG)

@@ -45,8 +45,10 @@ all partitioned, without and with duplicate detection; there the loops send one 
 deduplicating partitioned entity takes one MessageId per batch), ``scale-local2``, ``scale-1x1``, ``scale-2x1``
 and ``scale-2x2`` (100,000 x 1 KB: on one JVM with two task slots, then on ``local-cluster``, executors of
 their own: one of one core, two of one, two of two, more cores than the loop's one process can use; how the
-syphon grows with executors, against the first row's loops), ``30k-0ms`` and ``30k-10ms`` (symmetric). The
-figures per row:
+syphon grows with executors, against the first row's loops), ``30k-0ms`` and ``30k-10ms`` (symmetric),
+``30k-tls`` and ``30k-websockets`` (the 30k row with the syphon reaching both namespaces over AMQP over TLS,
+a real namespace's 5671, and over AMQP over WebSockets over TLS, 443: what a firewalled workspace costs
+against the plain row of the same run, its ``/30k``; no loops). The figures per row:
 
 - e2e msg/s: messages / time from just before the Spark session is built to the return of
   ``run_syphon``; ``/loop``: that over the faster loop's rate in the same row; ``/30k``: that over the

@@ -8,12 +8,19 @@ syphon with ``available_now``, prints its summary, checks that every destination
 (the partitioned one: each message once, no duplicate dropped, partition keys kept) and that the poison messages were dead-lettered with their reasons, prints the backlog's status (what
 ``jobs/syphon.py --status`` prints: drained, with the poison messages in the dead-letter queues),
 then stops the emulator. Exit 0 only if all checks pass.
+
+``--transport amqp-websockets`` (``make run TRANSPORT=amqp-websockets``): the syphon reaches both namespaces
+the way a firewalled workspace does, over AMQP over WebSockets (TLS, the emulator's stand-in for 443) through
+an HTTP CONNECT proxy that asks for credentials (proxy.py, ``tools.http_proxy``), trusting the emulator's
+certificate authority; a last check says that every connection it made went that way. ``amqps``: AMQP over
+TLS (the stand-in for 5671). The default, ``amqp``, is the emulators' plain AMQP.
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import datetime as dt
 import logging
 import os
@@ -25,6 +32,7 @@ from backlog_syphon.config import load_config
 from backlog_syphon.model import FINAL_OUTCOMES
 from backlog_syphon.restore.queue_names import backlog_queue_name
 from tools import backlog_writer
+from tools.http_proxy import HttpProxy
 from tools.testing import (
     backlog_dead_letters, drain_destinations, emulator_environment, expected_arrivals, received_counts
 )
@@ -63,6 +71,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--config", default="conf/local.yaml")
     parser.add_argument("--count", type=int, default=2000)
     parser.add_argument("--state-dir", default="var/local")
+    parser.add_argument("--transport", choices=("amqp", "amqps", "amqp-websockets"), default="amqp",
+                        help="how the syphon reaches the emulator: plain AMQP, AMQP over TLS, or over WebSockets "
+                             "through an HTTP proxy")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     for noisy in ("azure", "py4j", "servicebus_emulator"):
@@ -78,8 +89,10 @@ def main(argv: list[str] | None = None) -> int:
 
     emulator_config = load_emulator_config(args.emulator_config)
     # Free ports, so a `make emulator` running elsewhere does not collide with this run.
-    with Emulator(emulator_config, ports={PRIMARY: 0, SECONDARY: 0}) as emulator:
-        os.environ.update(emulator_environment(emulator, PRIMARY, SECONDARY))
+    websockets = args.transport == "amqp-websockets"
+    with Emulator(emulator_config, ports={PRIMARY: 0, SECONDARY: 0}) as emulator, \
+            HttpProxy(user="local-run", password=os.urandom(8).hex()) if websockets else contextlib.nullcontext() as proxy:
+        os.environ.update(emulator_environment(emulator, PRIMARY, SECONDARY, transport=args.transport, proxy=proxy))
         # A fresh state folder per run: the emulator's sequence numbers start again with it.
         state = Path(args.state_dir) / dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%S")
         config = load_config(args.config, overrides={
@@ -103,10 +116,16 @@ def main(argv: list[str] | None = None) -> int:
               f"partitions) and holds {written[partitioned_queue]}")
 
         spark = build_spark_session("backlog-syphon-local")
+        print(f"the syphon reaches the emulator over {args.transport}"
+              f"{f' through the proxy {proxy.host}:{proxy.port}' if proxy else ''}: {config.primary.connect_endpoint} "
+              f"(primary), {config.secondary.connect_endpoint} (secondary)")
+        before = {namespace: emulator.connection_stats(namespace) for namespace in (PRIMARY, SECONDARY)}
         print("\n".join(dry_run(spark, config).lines()))
         started = time.monotonic()
         summary = run_syphon(spark, config, on_progress=print)
         elapsed = time.monotonic() - started
+        taken = {transport: sum(emulator.connection_stats(namespace)[transport] - before[namespace][transport]
+                                for namespace in before) for transport in before[PRIMARY]}
         print("\n".join(summary.lines()))
         moved = sum(c.get(outcome, 0) for c in summary.per_destination.values() for outcome in FINAL_OUTCOMES)
         print(f"moved {moved} messages in {elapsed:.1f} s ({moved / elapsed:.0f} msg/s); audit and checkpoint "
@@ -132,6 +151,11 @@ def main(argv: list[str] | None = None) -> int:
             failures.append("dead-letter reasons")
         if not summary.drained:
             failures.append("backlog not drained")
+        others = sum(count for transport, count in taken.items() if transport != args.transport)
+        print(f"check connections the syphon made: {taken} (all over {args.transport}"
+              f"{f', {len(proxy.tunnels())} tunnels through the proxy so far' if proxy else ''})")
+        if others or not taken[args.transport]:
+            failures.append("transport")
         print("status (what jobs/syphon.py --status prints for these tables):")
         report = backlog_status(spark, config)
         print("\n".join(report.lines()))

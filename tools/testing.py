@@ -29,15 +29,32 @@ def expected_arrivals(originals) -> collections.Counter:
     return expected
 
 
-def emulator_environment(emulator, primary: str = "contoso", secondary: str = "contoso-secondary") -> dict[str, str]:
+def emulator_environment(emulator, primary: str = "contoso", secondary: str = "contoso-secondary", *,
+                         transport: str = "amqp", proxy=None) -> dict[str, str]:
     """What a syphon's configuration (conf/local.yaml) reads from the environment to use a running emulator:
     the two connection strings, and where each namespace's administration API listens with the certificate
-    to trust for it (as ``SYPHON__<NAMESPACE>__...`` settings)."""
-    environ = {"SYPHON_PRIMARY_CONNECTION_STRING": emulator.connection_string(primary),
-               "SYPHON_SECONDARY_CONNECTION_STRING": emulator.connection_string(secondary)}
+    to trust for it (as ``SYPHON__<NAMESPACE>__...`` settings).
+
+    ``transport``: ``amqp`` (the emulator's plain port, ``UseDevelopmentEmulator=true``), ``amqps`` (AMQP over
+    TLS, as on 5671) or ``amqp-websockets`` (over WebSockets, as on 443): the connection strings then name the
+    host only, as a real namespace's do, and ``custom_endpoint_address`` the emulator's port for it.
+    ``proxy``: a running ``tools.http_proxy.HttpProxy`` the WebSockets go through (its user and password
+    as the settings, the password from the environment)."""
+    transport_setting = "amqp-websockets" if transport == "amqp-websockets" else "amqp"
+    environ = {"SYPHON_PRIMARY_CONNECTION_STRING": emulator.connection_string(primary, transport=transport),
+               "SYPHON_SECONDARY_CONNECTION_STRING": emulator.connection_string(secondary, transport=transport)}
     for role, namespace in (("PRIMARY", primary), ("SECONDARY", secondary)):
         environ[f"SYPHON__{role}__ADMINISTRATION_ENDPOINT"] = emulator.admin_endpoint(namespace)
-        environ[f"SYPHON__{role}__ADMINISTRATION_CA_FILE"] = emulator.ca_file
+        environ[f"SYPHON__{role}__CA_FILE"] = emulator.ca_file
+        if transport != "amqp":
+            environ[f"SYPHON__{role}__TRANSPORT"] = transport_setting
+            environ[f"SYPHON__{role}__CUSTOM_ENDPOINT_ADDRESS"] = emulator.endpoint(namespace, transport)
+        if proxy is not None:
+            environ[f"SYPHON__{role}__PROXY_HOST"] = proxy.host
+            environ[f"SYPHON__{role}__PROXY_PORT"] = str(proxy.port)
+            if proxy.user is not None:
+                environ[f"SYPHON__{role}__PROXY_USER"] = proxy.user
+                environ[f"SYPHON__{role}__PROXY_PASSWORD"] = proxy.password
     return environ
 
 

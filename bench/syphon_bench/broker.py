@@ -144,10 +144,11 @@ def batch_headroom(headroom_bytes: int = 1024):
         ServiceBusSender.create_message_batch = create
 
 
-def connection_env(emu, library: Path | None = None) -> dict[str, str]:
+def connection_env(emu, library: Path | None = None, transport: str = "amqp") -> dict[str, str]:
     """The environment a syphon needs for ``emu``: its connection strings, and its administration API where
-    ``library`` (this checkout's by default) knows the settings (an older checkout's may not)."""
-    environ = emulator_environment(emu, PRIMARY, SECONDARY)
+    ``library`` (this checkout's by default) knows the settings (an older checkout's may not); ``transport``:
+    the syphon's way to it."""
+    environ = emulator_environment(emu, PRIMARY, SECONDARY, transport=transport)
     package = Path(library or os.environ.get(LIBRARY_ENV) or ROOT / "lib") / "backlog_syphon"
     if not any("administration_endpoint" in path.read_text() for path in package.rglob("*.py")):
         environ = {name: value for name, value in environ.items() if name in CONNECTION_ENV.values()}

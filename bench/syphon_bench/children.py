@@ -18,13 +18,15 @@ BENCH_SCRIPT = ROOT / "bench" / "bench_syphon.py"
 
 
 @contextmanager
-def child_process(role: str, spec: dict, emu, workdir: Path, library: Path | None = None):
-    """The bench script as ``role`` with ``spec``; its output goes to ``<role>.log``.
+def child_process(role: str, spec: dict, emu, workdir: Path, library: Path | None = None, transport: str = "amqp"):
+    """The bench script as ``role`` with ``spec`` (reaching ``emu`` over ``transport``); its output goes to
+    ``<role>.log``.
 
     The child runs in its own session (so that its JVM goes with it): on any error here, a timeout
     or Ctrl-C included, the whole group is killed.
     """
-    env = {**os.environ, **(connection_env(emu, library) if emu is not None else {}), LIBRARY_ENV: str(library or ""),
+    env = {**os.environ, **(connection_env(emu, library, transport) if emu is not None else {}),
+           LIBRARY_ENV: str(library or ""),
            "PYTHONPATH": os.pathsep.join(filter(None, [str(library or ROOT / "lib"), str(ROOT / "emulator" / "src"),
                                                        os.environ.get("PYTHONPATH")])),
            "PYSPARK_PYTHON": os.environ.get("PYSPARK_PYTHON", sys.executable)}

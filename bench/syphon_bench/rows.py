@@ -76,6 +76,9 @@ class Scenario:
     # ``local-cluster[N,C,M]`` row runs N executor JVMs, as a cluster does, on this one machine.
     master: str | None = None
     loops_of: str | None = None  # a row of the same backlog whose loops this row's ratios are against
+    # How the syphon reaches the emulator (``testing.emulator_environment``): plain AMQP (the emulators'
+    # shortcut), ``amqps`` (TLS) or ``amqp-websockets`` (over TLS); the backlog is written plain either way.
+    transport: str = "amqp"
 
     def describe(self) -> str:
         shape = [f"{self.messages:,} x {self.body_size // 1024 if self.body_size >= 1024 else self.body_size}"
@@ -93,6 +96,8 @@ class Scenario:
             shape.append(f"{self.destinations.value} destinations")
         if self.master:
             shape.append(f"on {self.master}")
+        if self.transport != "amqp":
+            shape.append(f"over {self.transport}")
         return ", ".join(shape) + f", {self.geometry.label()}"
 
 
@@ -124,6 +129,9 @@ SCENARIOS = {
                           master="local-cluster[2,1,2048]"),
     "scale-2x2": Scenario("scale-2x2", 100_000, FAR, loops=(), loops_of="scale-local2",
                           master="local-cluster[2,2,2048]"),
+    # The network a deployment has: TLS (5671), and WebSockets over TLS (443) where only 443 is open.
+    "30k-tls": Scenario("30k-tls", 30_000, FAR, loops=(), transport="amqps"),
+    "30k-websockets": Scenario("30k-websockets", 30_000, FAR, loops=(), transport="amqp-websockets"),
     "30k-0ms": Scenario("30k-0ms", 30_000, LOOPBACK, loops=(*PLAIN_LOOPS, Loop.SINGLE)),
     "30k-10ms": Scenario("30k-10ms", 30_000, Geometry(10.0, 10.0), loops=(*PLAIN_LOOPS, Loop.SINGLE)),
 }

@@ -164,7 +164,7 @@ def measure_syphon(scenario: Scenario, args, *, per_trigger: int | None = None, 
         spec = {"overrides": syphon_overrides(Path(tmp), **settings), "timeout_seconds": timeout,
                 "time_commits": scenario.time_commits, "master": scenario.master,
                 "jfr": str(recording) if recording else None}
-        with OwnCpu() as own, child_process("syphon", spec, emu, Path(tmp), library) as child, \
+        with OwnCpu() as own, child_process("syphon", spec, emu, Path(tmp), library, scenario.transport) as child, \
                 CpuSampler(child.pid) as cpu, sampled(child.pid, spied) as follower:
             result = child_result(child, "syphon", Path(tmp), timeout + 300)
             cpu.wait_for_exit()  # the JVM ends after the child: its CPU until then is the run's too

@@ -413,11 +413,13 @@ def test_cli_serves_the_administration_api_with_its_certificate(tmp_path):
         while not ready.exists() and time.monotonic() < deadline and proc.poll() is None:
             time.sleep(0.05)
         assert ready.exists()
-        banner = [proc.stdout.readline().strip() for _ in range(5)]    # printed before the ready file
+        banner = [proc.stdout.readline().strip() for _ in range(7)]    # printed before the ready file
         admin_lines = [line for line in banner if " administration API on https://127.0.0.1:" in line]
         assert [line.split()[2] for line in admin_lines] == ["contoso", "contoso-dr"]
-        assert banner[-1] == (f"servicebus-emulator: administration API certificate authority {tls_dir / 'ca.pem'} "
-                              f"(a client passes it as connection_verify)")
+        tls_lines = [line for line in banner if " AMQP over TLS on sb://127.0.0.1:" in line]
+        assert [line.split()[2] for line in tls_lines] == ["contoso", "contoso-dr"]
+        assert banner[-1] == (f"servicebus-emulator: certificate authority {tls_dir / 'ca.pem'} (of the administration "
+                              f"API and AMQP over TLS and WebSockets: a client passes it as connection_verify)")
         endpoint = admin_lines[0].rsplit("https://", 1)[1]
         assert endpoint.split(":")[1] not in ("5300", "5301")
         with ServiceBusAdministrationClient(endpoint, ServiceBusSharedKeyCredential(ROOT, "local-emulator-key"),

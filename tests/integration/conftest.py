@@ -18,12 +18,14 @@ def emulator():
         yield emu
 
 
-def make_config(emulator, tmp_path, **overrides):
+def make_config(emulator, tmp_path, *, transport: str = "amqp", proxy=None, **overrides):
+    """conf/local.yaml against ``emulator`` (over ``transport``, through ``proxy``: ``testing.emulator_environment``)
+    with state in ``tmp_path``; ``overrides``: dotted keys."""
     from backlog_syphon.config import load_config
 
     from tools.testing import emulator_environment
 
-    environ = emulator_environment(emulator, PRIMARY, SECONDARY)
+    environ = emulator_environment(emulator, PRIMARY, SECONDARY, transport=transport, proxy=proxy)
     settings = {"storage.audit_table": str(tmp_path / "audit"),
                 "storage.checkpoint_table": str(tmp_path / "checkpoint"),
                 "storage.checkpoint_location": str(tmp_path / "checkpoint-stream"),

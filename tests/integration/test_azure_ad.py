@@ -6,8 +6,8 @@ the driver and in every executor process), the unmodified SDK, real Spark and De
 - A continuous run whose tokens live a minute: backlog messages written before, at the first tokens'
   renewal and after their expiry all arrive once, the token requests per process stay a handful, and
   neither the signing key nor a token shows in the job's output, its log or the audit.
-- A destination without Send: the others drain, its messages are dead-lettered naming the role; after
-  the grant, a re-drive delivers them; the dry run and the source's plan show no secret.
+- A destination without Send (dead-lettered naming the role, re-driven after the grant, the dry run and the
+  source's plan showing no secret) is ``test_network_paths``' WebSocket run, with Azure AD through a proxy.
 - Listen missing on one backlog queue, and a connection string where local auth is off: the pre-flight
   ends the job with exit code 2 and one line within seconds, nothing moved.
 - Manage missing for ``--decommission --confirm``: exit code 2 and one line naming Data Owner, nothing removed.
@@ -16,7 +16,6 @@ the driver and in every executor process), the unmodified SDK, real Spark and De
 from __future__ import annotations
 
 import collections
-import re
 import time
 from contextlib import contextmanager
 
@@ -24,11 +23,7 @@ import pytest
 import yaml
 
 from backlog_syphon.config import CredentialConfig, NamespaceConfig, Secret, load_config
-from backlog_syphon.run.dry_run import dry_run
-from backlog_syphon.run.syphon import run_syphon
 from backlog_syphon.servicebus.peek import peek_counts
-from backlog_syphon.source.data_source import SOURCE_NAME, BacklogDataSource, backlog_source_options
-from backlog_syphon.storage import tables
 from tools.backlog_writer import realistic_backlog, send_legacy_backlog, write_backlog
 from tools.testing import drain_destinations, expected_arrivals
 
@@ -78,7 +73,7 @@ def addresses(emulator) -> dict[str, str]:
     for role, namespace in (("primary", PRIMARY), ("secondary", SECONDARY)):
         found[f"{role}.fully_qualified_namespace"] = host(emulator, namespace)
         found[f"{role}.administration_endpoint"] = emulator.admin_endpoint(namespace)
-        found[f"{role}.administration_ca_file"] = emulator.ca_file
+        found[f"{role}.ca_file"] = emulator.ca_file
     return found
 
 
@@ -179,45 +174,6 @@ def read_with_deltalake_rows(table_path) -> list[dict]:
 
     read_with_deltalake(table_path)  # readable by another Delta reader
     return DeltaTable(str(table_path)).to_pyarrow_table().to_pylist()
-
-
-def test_a_destination_without_send_is_dead_lettered_naming_the_role_and_redriven_after_the_grant(tmp_path, spark):
-    granted = [(SENDER, name) for name in ("orders", "sessions-orders", "events", "small")]  # not payments
-    with aad_emulator(primary=granted) as emulator:
-        originals = realistic_backlog(120, seed=41, body_size=100)
-        written = write_backlog(tooling(emulator, SECONDARY), PRIMARY, originals, queue_count=10, seed=41)
-        config = aad_config(emulator, tmp_path)
-
-        # The dry run and the source's plan: the denial shows, no secret does.
-        plan = "\n".join(dry_run(spark, config).lines())
-        assert re.search(r"^  payments +\d+ .*", plan, re.M), plan
-        assert "refused Send on 'payments': grant Azure Service Bus Data Sender" in plan
-        assert_no_secret(plan, "the dry run")
-        spark.dataSource.register(BacklogDataSource)
-        frame = spark.readStream.format(SOURCE_NAME).options(**backlog_source_options(config)).load()
-        assert_no_secret(frame._jdf.queryExecution().toString(), "the source's plan")
-
-        summary = run_syphon(spark, config)
-        payments = sum(1 for message in originals if message.destination == "payments")
-        assert summary.per_destination["payments"]["dead_lettered"] == payments > 0
-        expected = expected_arrivals(originals)
-        arrived = drain_destinations(tooling(emulator, PRIMARY), DESTINATIONS, session_entities=["sessions-orders"])
-        assert {entity: len(messages) for entity, messages in arrived.items()} == {**expected, "payments": 0}
-        audit = [row.asDict() for row in tables.read_table(spark, config.storage.audit_table).collect()]
-        denied = [row for row in audit if row["destination"] == "payments"]
-        assert {(row["outcome"], row["reason_code"]) for row in denied} == {("dead_lettered", "unauthorized")}
-        assert all(row["reason"].startswith("the primary namespace refused Send on 'payments': grant Azure Service "
-                                            "Bus Data Sender on it") for row in denied)
-        assert_no_secret(str(audit), "the audit")
-
-        # Granted, a re-drive of what was refused delivers it, also over Azure AD.
-        emulator.assign_role(PRIMARY, SYPHON, SENDER, "payments")
-        redrive = aad_config(emulator, tmp_path, **{"run.source": "dead_letters", "redrive.reason_codes": "unauthorized"})
-        again = run_syphon(spark, redrive)
-        assert again.per_destination["payments"]["delivered"] == payments
-        assert len(drain_destinations(tooling(emulator, PRIMARY), ["payments"])["payments"]) == payments
-        assert peek_counts(tooling(emulator, SECONDARY), [f"{queue}/$DeadLetterQueue" for queue in written]) == \
-            {f"{queue}/$DeadLetterQueue": 0 for queue in written}
 
 
 @pytest.mark.parametrize("case", ["listen missing on one backlog queue", "a connection string where local auth is off"])

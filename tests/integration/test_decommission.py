@@ -20,7 +20,7 @@ import dataclasses
 
 import pytest
 
-from backlog_syphon.model import DrainHold, RunMode
+from backlog_syphon.model import BacklogState, DrainHold, RunMode
 from backlog_syphon.run.decommission import decommission
 from backlog_syphon.run.status import status
 from backlog_syphon.run.syphon import run_syphon
@@ -111,3 +111,6 @@ def test_status_says_when_the_backlog_is_safe_to_remove_and_decommission_removes
         0, "nothing to remove: the secondary namespace has no backlog queue of this primary namespace")
     assert [run.mode for run in tables.read_runs(spark, config.storage.resolved_runs_table, 5)] == [
         RunMode.DECOMMISSION, RunMode.SYPHON, RunMode.DECOMMISSION, RunMode.SYPHON]
+    gone = status(spark, acknowledged)  # no backlog queue is left, and the runs table says why: not a wrong setting
+    assert (gone.verdict.state, gone.verdict.exit_code) == (BacklogState.DECOMMISSIONED, 0)
+    assert gone.verdict.line.startswith("decommissioned: no backlog queue is left (3 removed by run decommission-2 at ")

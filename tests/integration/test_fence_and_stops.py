@@ -183,11 +183,12 @@ def test_a_lease_held_elsewhere_stops_a_run_or_makes_it_wait_until_it_expires(em
 WRONG_KEY = "Wr0ngKeyThatMustNeverBeShown0000000000000000="
 
 
-@pytest.mark.parametrize("case", ["wrong secondary key", "wrong primary key", "nothing listens"])
+@pytest.mark.parametrize("case", ["wrong secondary key", "wrong primary key", "5671 blocked"])
 def test_wrong_credentials_or_endpoint_end_the_run_in_seconds_with_one_line(emulator, tmp_path, case):
     config = _job_config(emulator, tmp_path)
     write_backlog(config.secondary, PRIMARY, _originals("untouched", 20), queue_count=10)
     primary, secondary = emulator.connection_string(PRIMARY), emulator.connection_string(SECONDARY)
+    network = {}
     if case == "wrong secondary key":
         secondary = emulator.connection_string(SECONDARY, key=WRONG_KEY)
         expected = ("the secondary namespace", "refused the credentials",
@@ -196,15 +197,18 @@ def test_wrong_credentials_or_endpoint_end_the_run_in_seconds_with_one_line(emul
         primary = emulator.connection_string(PRIMARY, key=WRONG_KEY)
         expected = ("the primary namespace", "refused the credentials",
                     "SharedAccessKeyName and SharedAccessKey in primary.connection_string")
-    else:
+    else:  # AMQP over TLS (a real namespace's 5671) where nothing answers: a firewall that rejects it
         port = free_port()
-        secondary = secondary.replace(f":{emulator.port(SECONDARY)};", f":{port};")
-        expected = ("cannot reach the secondary namespace", f"127.0.0.1:{port}",
-                    "check the Endpoint in secondary.connection_string")
+        secondary = emulator.connection_string(SECONDARY, transport="amqps")
+        network = {"SYPHON__SECONDARY__CUSTOM_ENDPOINT_ADDRESS": f"sb://127.0.0.1:{port}",
+                   "SYPHON__SECONDARY__CA_FILE": emulator.ca_file}
+        expected = (f"cannot reach the secondary namespace 127.0.0.1 over amqp at 127.0.0.1:{port}: TCP port {port} "
+                    f"refused the connection", "secondary.custom_endpoint_address",
+                    "set secondary.transport: amqp-websockets")
     before = {path: (entry["total"], entry["ops"]) for path, entry in _backlog(emulator).items()}
 
     started = time.monotonic()
-    job = start_job(job_command(tmp_path), job_env(emulator, primary=primary, secondary=secondary),
+    job = start_job(job_command(tmp_path), job_env(emulator, network, primary=primary, secondary=secondary),
                     tmp_path / "job.log")
     code = finish_job(job, 60)
     seconds = time.monotonic() - started

@@ -375,7 +375,7 @@ def test_use_development_emulator_goes_with_azure_ad_only(tmp_path):
                                              "Bus detaches a link idle for 10 minutes), got 900"),
     ({"primary.administration_endpoint": "https://127.0.0.1:5300"}, "'primary.administration_endpoint' is a host "
                                                                     "name and port, such as 127.0.0.1:5300"),
-    ({"primary.administration_ca_file": "/no/such/ca.pem"}, "'primary.administration_ca_file' names "
+    ({"primary.ca_file": "/no/such/ca.pem"}, "'primary.ca_file' names "
                                                             "'/no/such/ca.pem', which is not a readable file"),
 ])
 def test_link_and_administration_settings_are_checked(tmp_path, overrides, message):

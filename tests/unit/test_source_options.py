@@ -22,7 +22,7 @@ def test_options_survive_the_trip_through_sparks_strings():
     assert options.configured_queues == [f"contoso/x-servicebus-transfer/{i}" for i in range(3)]
     # the namespace's administration API (discovery) and its links' refresh reach the source too
     emulator = dataclasses.replace(SECONDARY, administration_endpoint="127.0.0.1:5301",
-                                   administration_ca_file="/tmp/ca.pem", idle_link_seconds=30.0)
+                                   ca_file="/tmp/ca.pem", idle_link_seconds=30.0)
     options = dataclasses.replace(options, secondary=emulator)
     assert SourceOptions.from_spark(options.to_spark()) == options
 

@@ -5,9 +5,9 @@ import datetime as dt
 
 import pytest
 
-from backlog_syphon.model import BacklogState, BrokerCount, CheckpointRow, RunRow
+from backlog_syphon.model import BacklogState, BrokerCount, CheckpointRow, RunMode, RunRow
 from backlog_syphon.run.lease import new_lease, released
-from backlog_syphon.run.status_report import QueueStatus, StatusReport, ago, lease_text
+from backlog_syphon.run.status_report import QueueStatus, StatusReport, ago, lease_text, removed_by_decommission
 
 NOW = dt.datetime(2026, 11, 27, 12, 0, tzinfo=dt.timezone.utc)
 Q0, Q1 = "contoso/x-servicebus-transfer/0", "contoso/x-servicebus-transfer/1"
@@ -114,3 +114,18 @@ def test_the_report_shows_queues_marks_lease_runs_and_ends_with_the_verdict():
                                            (3 * 86400, "3 d"), (-5, "0 s")])
 def test_ages_read_in_the_unit_people_use(seconds, text):
     assert ago(NOW + dt.timedelta(seconds=seconds), NOW) == text
+
+
+def test_a_backlog_whose_queues_a_decommission_removed_says_so_and_exits_0():
+    removal = RunRow("20261201T090000Z-cd", "backlog", "decommission", None, None, NOW, NOW - dt.timedelta(hours=1), 0,
+                     "removed 2 backlog queue(s)", 0, 0, 0, 0, 0, None, None, 0, None,
+                     mode=RunMode.DECOMMISSION, removed_queues=[Q0, Q1])
+    gone = [QueueStatus(Q0, count(exists=False)), QueueStatus(Q1, count(exists=False))]
+    verdict = report(gone, runs=[removal]).verdict
+    assert (verdict.state, verdict.exit_code, verdict.line) == (
+        BacklogState.DECOMMISSIONED, 0,
+        "decommissioned: no backlog queue is left (2 removed by run 20261201T090000Z-cd at 2026-11-27 11:00:00 UTC)")
+    # A queue that exists again (created anew by a legacy client still running) is no longer decommissioned.
+    again = report([QueueStatus(Q0, count()), gone[1]], runs=[removal]).verdict
+    assert (again.state, again.line) == (BacklogState.DRAINED, "drained")
+    assert removed_by_decommission([]) is None

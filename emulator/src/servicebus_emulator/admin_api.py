@@ -18,10 +18,7 @@ Invariants:
 from __future__ import annotations
 
 import logging
-import os
-import shutil
 import ssl
-import tempfile
 import threading
 import time
 from dataclasses import dataclass
@@ -32,7 +29,6 @@ from urllib.parse import quote
 from . import aad, admin_atom, admin_views, cbs, fault_switches
 from .admin_auth import (MANAGE_CLAIMS_REQUIRED, Caller, Unauthenticated, authenticate, subscription_refusal)
 from .admin_routes import BadRequest, Route, RouteKind, route
-from .admin_tls import TlsFiles, server_context, write_certificates
 from .admin_views import EntityKind
 
 log = logging.getLogger(__name__)
@@ -146,23 +142,15 @@ class NamespaceApi:
 
 
 class AdminApi:
-    """The administration API of every namespace: ``start()`` makes the certificates (in ``tls_dir``, or a
-    temporary directory removed by ``stop()``) and binds each namespace's port (``ports``; 0 = free)."""
+    """The administration API of every namespace: ``start(context)`` binds each namespace's port (``ports``;
+    0 = free) and serves it with the certificate of ``context`` (``admin_tls``)."""
 
-    def __init__(self, server, ports: Dict[str, int], tls_dir: Optional[str] = None):
+    def __init__(self, server, ports: Dict[str, int]):
         self.apis = {name: NamespaceApi(server, name) for name in server.namespaces}
         self._ports = ports
-        self._tls_dir = tls_dir
-        self._own_dir: Optional[str] = None
-        self.tls: Optional[TlsFiles] = None
         self._servers: list = []
 
-    def start(self) -> None:
-        directory = self._tls_dir or tempfile.mkdtemp(prefix="servicebus-emulator-tls-")
-        os.makedirs(directory, exist_ok=True)
-        self._own_dir = None if self._tls_dir else directory
-        self.tls = write_certificates(directory, [api.cfg.host for api in self.apis.values()])
-        context = server_context(self.tls)
+    def start(self, context: ssl.SSLContext) -> None:
         bound = []
         try:
             for name, api in self.apis.items():
@@ -171,7 +159,6 @@ class AdminApi:
         except OSError:
             for httpd in bound:
                 httpd.server_close()
-            self._remove_own_dir()
             raise
         for httpd in bound:           # every port is bound: serve them all
             threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.2}, daemon=True,
@@ -183,12 +170,6 @@ class AdminApi:
             httpd.shutdown()          # returns once its serve_forever has ended
             httpd.server_close()
         self._servers = []
-        self._remove_own_dir()
-
-    def _remove_own_dir(self) -> None:
-        if self._own_dir:
-            shutil.rmtree(self._own_dir, ignore_errors=True)
-            self._own_dir = None
 
 
 class _HttpsServer(ThreadingHTTPServer):

@@ -1,12 +1,14 @@
-"""The administration API's TLS: a certificate authority made at start, a server certificate it signs for
-the namespaces' hosts, and the server's SSL context.
+"""The emulator's TLS: a certificate authority made at start, a server certificate it signs for the
+namespaces' hosts, and the server's SSL context, shared by the administration API (HTTPS) and the AMQP
+listeners over TLS and WebSockets.
 
-``ServiceBusAdministrationClient`` speaks HTTPS only, so the emulator needs a certificate its clients can
-trust: they pass the authority's PEM file as azure-core's ``connection_verify=<path>``.
+``ServiceBusAdministrationClient`` speaks HTTPS only, and a real namespace's AMQP is TLS, so the emulator
+needs a certificate its clients can trust: they pass the authority's PEM file as ``connection_verify=<path>``.
 
 Invariants:
 - the server certificate names 127.0.0.1, ::1 and localhost and every namespace host (subjectAltName: IP
-  addresses as IP entries, names as DNS entries), so a client checking host names accepts it on any of them;
+  addresses as IP entries, names as DNS entries), so a client checking host names accepts it on any of them
+  (unless the names are given: a test of a host name the certificate does not name);
 - the server's private key is written with mode 0600; the authority's key is never written, so nothing
   else can be signed with it once the certificates are made;
 - the authority is a separate certificate (CA:TRUE, keyCertSign) from the server's (CA:FALSE, serverAuth),
@@ -19,7 +21,7 @@ import ipaddress
 import os
 import ssl
 from dataclasses import dataclass
-from typing import Iterable, List
+from typing import Iterable, List, Optional
 
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
@@ -42,7 +44,7 @@ class TlsFiles:
 def subject_alt_names(hosts: Iterable[str]) -> List[x509.GeneralName]:
     """IP entries for addresses, DNS entries for names; each once, in order."""
     names: List[x509.GeneralName] = []
-    for host in dict.fromkeys((*ALWAYS_NAMED, *hosts)):
+    for host in dict.fromkeys(hosts):
         try:
             names.append(x509.IPAddress(ipaddress.ip_address(host)))
         except ValueError:
@@ -50,9 +52,11 @@ def subject_alt_names(hosts: Iterable[str]) -> List[x509.GeneralName]:
     return names
 
 
-def write_certificates(directory: str, hosts: Iterable[str]) -> TlsFiles:
-    """Make an authority and a server certificate for ``hosts`` (valid from a day ago for ``VALID_DAYS``)
-    and write them to ``directory`` as PEM; returns the paths."""
+def write_certificates(directory: str, hosts: Iterable[str], names: Optional[Iterable[str]] = None) -> TlsFiles:
+    """Make an authority and a server certificate for ``hosts`` and ``ALWAYS_NAMED`` (or for ``names`` only,
+    when given), valid from a day ago for ``VALID_DAYS``, and write them to ``directory`` as PEM; returns the
+    paths."""
+    named = list(names) if names is not None else [*ALWAYS_NAMED, *hosts]
     now = datetime.datetime.now(datetime.timezone.utc)
     not_before, not_after = now - datetime.timedelta(days=1), now + datetime.timedelta(days=VALID_DAYS)
     ca_key, server_key = ec.generate_private_key(ec.SECP256R1()), ec.generate_private_key(ec.SECP256R1())
@@ -77,7 +81,7 @@ def write_certificates(directory: str, hosts: Iterable[str]) -> TlsFiles:
                                            data_encipherment=False, key_agreement=False, encipher_only=False,
                                            decipher_only=False), critical=True)
               .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
-              .add_extension(x509.SubjectAlternativeName(subject_alt_names(hosts)), critical=False)
+              .add_extension(x509.SubjectAlternativeName(subject_alt_names(named)), critical=False)
               .add_extension(x509.SubjectKeyIdentifier.from_public_key(server_key.public_key()), critical=False)
               .add_extension(x509.AuthorityKeyIdentifier.from_issuer_subject_key_identifier(ca_ski), critical=False)
               .sign(ca_key, hashes.SHA256()))

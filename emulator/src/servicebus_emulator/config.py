@@ -101,6 +101,8 @@ class NamespaceConfig:
     local_auth: bool = True             # False: SAS tokens are refused, as with disableLocalAuth
     azure_ad: Optional[AzureAdConfig] = None
     admin_port: int = 0                 # the administration API's HTTPS port (0 = pick a free port)
+    tls_port: int = 0                   # AMQP over TLS (5671 on a real namespace; 0 = pick a free port)
+    websocket_port: int = 0             # AMQP over WebSockets over TLS (443 on a real namespace; 0 = free)
     # key name -> its rights; a key without an entry has all three (Send, Listen, Manage)
     sas_key_rights: Mapping[str, FrozenSet[str]] = field(default_factory=dict)
 
@@ -258,12 +260,14 @@ def _no_duplicates(names, where):
 
 def _namespace_from_dict(d, where) -> NamespaceConfig:
     d = _mapping(d, where)
-    _unknown(d, {"name", "host", "port", "admin_port", "sas_keys", "sas_key_rights", "queues", "topics",
-                 "latency_ms", "local_auth", "azure_ad", *SERVICE_KEYS}, where)
+    _unknown(d, {"name", "host", "port", "admin_port", "tls_port", "websocket_port", "sas_keys", "sas_key_rights",
+                 "queues", "topics", "latency_ms", "local_auth", "azure_ad", *SERVICE_KEYS}, where)
     service = service_settings_from_dict(d, where)
     host = _check_type(d.get("host", "127.0.0.1"), str, f"{where}.host")
     port = _port(d, "port", 5672, where)
     admin_port = _port(d, "admin_port", 0, where)
+    tls_port = _port(d, "tls_port", 0, where)
+    websocket_port = _port(d, "websocket_port", 0, where)
     latency_ms = check_latency_ms(d.get("latency_ms", 0), f"{where}.latency_ms")
     keys = _mapping(d.get("sas_keys") or {}, f"{where}.sas_keys")
     for k, v in keys.items():
@@ -282,7 +286,8 @@ def _namespace_from_dict(d, where) -> NamespaceConfig:
         raise ConfigError(f"{where}.local_auth: false needs an azure_ad section (else nothing could sign in)")
     return NamespaceConfig(name=_name(d, where), host=host, port=port, sas_keys=dict(keys),
                            queues=queues, topics=topics, latency_ms=float(latency_ms), local_auth=local_auth,
-                           azure_ad=azure_ad, admin_port=admin_port, sas_key_rights=key_rights,
+                           azure_ad=azure_ad, admin_port=admin_port, tls_port=tls_port,
+                           websocket_port=websocket_port, sas_key_rights=key_rights,
                            service=service)
 
 

@@ -3,50 +3,78 @@ administration API (HTTPS) on threads of its own."""
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
+import os
+import shutil
+import tempfile
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Tuple, Union
 
 from . import entity_status, fault_switches
 from .aad import ROLES
 from .admin_api import AdminApi
+from .admin_tls import TlsFiles, server_context, write_certificates
 from .config import EmulatorConfig, QueueConfig, RoleAssignment, check_latency_ms, check_partitioning, queue_from_dict
 from .entity_status import EntityStatus
 from .faults import DEFAULT_CONDITIONS, OPERATIONS, PEEK_MODES, Fault
 from .server import Server
+from .wire import Transport
 
 DEVELOPMENT_SUFFIX = "UseDevelopmentEmulator=true"
 
 
 class Emulator:
-    """A local Service Bus emulator: one AMQP listener and one administration API (HTTPS) per configured
-    namespace.
+    """A local Service Bus emulator: per configured namespace, three AMQP listeners (plain, TLS, WebSockets
+    over TLS) and one administration API (HTTPS).
 
     ``ports`` overrides configured ports per namespace (0 = ephemeral). ``admin_ports`` does the same for
     the administration API; a namespace it leaves out whose AMQP port ``ports`` sets to 0 gets an ephemeral
     administration port too, so tests that pick free ports never collide on a configured one.
     ``latency_ms`` overrides the configured ``latency_ms`` (delay added to every frame the emulator sends,
     and to every administration answer): one number for every namespace, or ``{namespace: ms}`` for some.
-    ``tls_dir``: where the administration API's certificates are written (default: a temporary directory
-    removed by ``stop()``). Thread-safe: every method may be called from any thread while the emulator runs.
+    ``tls_ports`` and ``websocket_ports`` do the same for AMQP over TLS and over WebSockets.
+    ``tls_dir``: where the certificates are written (default: a temporary directory removed by ``stop()``).
+    ``certificate_names``: the host names and addresses the server certificate names (default: 127.0.0.1,
+    ::1, localhost and the namespaces' hosts): a test of a host name it does not name gives others.
+    Thread-safe: every method may be called from any thread while the emulator runs.
     """
 
     def __init__(self, config: EmulatorConfig, ports: Optional[Dict[str, int]] = None,
                  latency_ms: Union[None, float, Mapping[str, float]] = None,
-                 admin_ports: Optional[Dict[str, int]] = None, tls_dir: Optional[str] = None):
+                 admin_ports: Optional[Dict[str, int]] = None, tls_dir: Optional[str] = None,
+                 tls_ports: Optional[Dict[str, int]] = None, websocket_ports: Optional[Dict[str, int]] = None,
+                 certificate_names: Optional[Iterable[str]] = None):
         self.config = config
-        self._server = Server(config, ports, resolve_latency(config, latency_ms))
-        self._admin = AdminApi(self._server, resolve_admin_ports(config, ports, admin_ports), tls_dir)
+        tls = resolve_admin_ports(config, ports, tls_ports, "tls_port")
+        websocket = resolve_admin_ports(config, ports, websocket_ports, "websocket_port")
+        listener_ports = {ns.name: {Transport.AMQP: (ports or {}).get(ns.name, ns.port), Transport.AMQPS: tls[ns.name],
+                                    Transport.WEBSOCKETS: websocket[ns.name]} for ns in config.namespaces}
+        self._server = Server(config, listener_ports, resolve_latency(config, latency_ms))
+        self._admin = AdminApi(self._server, resolve_admin_ports(config, ports, admin_ports))
+        self._tls_dir = tls_dir
+        self._own_tls_dir: Optional[str] = None
+        self._certificate_names = None if certificate_names is None else list(certificate_names)
+        self._tls: Optional[TlsFiles] = None
         self._started = False
 
     # ---- lifecycle ------------------------------------------------------------------------------
     def start(self) -> "Emulator":
-        """Bind every listener and start serving; returns once all namespaces accept connections (AMQP and
-        HTTPS)."""
+        """Make the certificates, bind every listener and start serving; returns once all namespaces accept
+        connections (AMQP, TLS, WebSockets and HTTPS)."""
         if not self._started:
-            self._server.start()
+            directory = self._tls_dir or tempfile.mkdtemp(prefix="servicebus-emulator-tls-")
+            os.makedirs(directory, exist_ok=True)
+            self._own_tls_dir = None if self._tls_dir else directory
             try:
-                self._admin.start()
+                self._tls = write_certificates(directory, [ns.host for ns in self.config.namespaces],
+                                               self._certificate_names)
+                context = server_context(self._tls)
+                self._server.start(context)
+                try:
+                    self._admin.start(context)
+                except BaseException:
+                    self._server.stop()
+                    raise
             except BaseException:
-                self._server.stop()
+                self._remove_own_tls_dir()
                 raise
             self._started = True
         return self
@@ -55,7 +83,13 @@ class Emulator:
         if self._started:
             self._admin.stop()
             self._server.stop()
+            self._remove_own_tls_dir()
             self._started = False
+
+    def _remove_own_tls_dir(self) -> None:
+        if self._own_tls_dir:
+            shutil.rmtree(self._own_tls_dir, ignore_errors=True)
+            self._own_tls_dir = None
 
     def __enter__(self) -> "Emulator":
         return self.start()
@@ -64,17 +98,44 @@ class Emulator:
         self.stop()
 
     # ---- addressing -----------------------------------------------------------------------------
-    def port(self, namespace: str) -> int:
-        return self._ns(namespace).port
+    def port(self, namespace: str, transport: Union[str, Transport] = Transport.AMQP) -> int:
+        """The port of ``namespace``'s listener for ``transport`` (``amqp``: plain, ``amqps``: TLS,
+        ``amqp-websockets``: WebSockets over TLS), as bound once started."""
+        return self._ns(namespace).ports[Transport(transport)]
+
+    def endpoint(self, namespace: str, transport: Union[str, Transport] = Transport.AMQP) -> str:
+        """``sb://host:port`` of a listener: what a client passes as ``custom_endpoint_address`` to reach the
+        TLS or WebSocket listener (with ``transport_type`` and ``connection_verify=emulator.ca_file``)."""
+        return f"sb://{self._ns(namespace).host}:{self.port(namespace, transport)}"
+
+    def client_options(self, namespace: str, transport: Union[str, Transport]) -> Dict[str, Any]:
+        """The ``ServiceBusClient`` keywords that reach ``transport``'s listener with a connection string of
+        ``connection_string(namespace, transport=...)`` (or a credential and the namespace's host): the
+        listener as ``custom_endpoint_address``, the transport type, and the authority to trust."""
+        from azure.servicebus import TransportType     # the SDK is a client's, not the emulator's, dependency
+
+        transport = Transport(transport)
+        if transport is Transport.AMQP:
+            return {}
+        kind = TransportType.AmqpOverWebsocket if transport is Transport.WEBSOCKETS else TransportType.Amqp
+        return {"custom_endpoint_address": self.endpoint(namespace, transport), "transport_type": kind,
+                "connection_verify": self.ca_file}
 
     def latency_ms(self, namespace: str) -> float:
         """The delay added to every frame the emulator sends on ``namespace``'s connections."""
         return self._ns(namespace).latency_ms
 
     def connection_string(self, namespace: str, key_name: Optional[str] = None, key: Optional[str] = None,
-                          *, mask: bool = False) -> str:
-        """An SDK connection string for ``namespace``. ``mask=True`` hides the key (for printing)."""
-        return self._connection_string(namespace, self._ns(namespace).port, key_name, key, mask)
+                          *, mask: bool = False, transport: Union[str, Transport] = Transport.AMQP) -> str:
+        """An SDK connection string for ``namespace``. ``mask=True`` hides the key (for printing).
+
+        ``transport`` ``amqp`` (plain) names the plain port and says ``UseDevelopmentEmulator=true``; for TLS or
+        WebSockets the string names the namespace's host only, as a real namespace's does (the SDK then goes
+        to 5671 or 443 over TLS): a client adds ``client_options(namespace, transport)`` to reach the
+        emulator's port and trust its certificate."""
+        if Transport(transport) is Transport.AMQP:
+            return self._connection_string(namespace, self._ns(namespace).port, key_name, key, mask)
+        return self._connection_string(namespace, None, key_name, key, mask)
 
     def admin_port(self, namespace: str) -> int:
         """The administration API's HTTPS port of ``namespace`` (as bound, once started)."""
@@ -94,13 +155,13 @@ class Emulator:
 
     @property
     def ca_file(self) -> str:
-        """The PEM file of the authority that signed the administration API's certificate (made at
-        ``start()``): pass it as ``connection_verify``."""
-        if self._admin.tls is None:
-            raise RuntimeError("the administration API's certificate is made by start(): start the emulator first")
-        return self._admin.tls.ca_file
+        """The PEM file of the authority that signed the certificate of the administration API and of the
+        TLS and WebSocket listeners (made at ``start()``): pass it as ``connection_verify``."""
+        if self._tls is None:
+            raise RuntimeError("the certificates are made by start(): start the emulator first")
+        return self._tls.ca_file
 
-    def _connection_string(self, namespace: str, port: int, key_name: Optional[str], key: Optional[str],
+    def _connection_string(self, namespace: str, port: Optional[int], key_name: Optional[str], key: Optional[str],
                            mask: bool) -> str:
         ns = self._ns(namespace)
         keys = ns.cfg.sas_keys
@@ -110,6 +171,8 @@ class Emulator:
             key = keys.get(key_name, "local-emulator-key")
         if mask:
             key = "***"
+        if port is None:
+            return f"Endpoint=sb://{ns.host}/;SharedAccessKeyName={key_name};SharedAccessKey={key}"
         return (f"Endpoint=sb://{ns.host}:{port};SharedAccessKeyName={key_name};"
                 f"SharedAccessKey={key};{DEVELOPMENT_SUFFIX}")
 
@@ -148,6 +211,11 @@ class Emulator:
     def auth_stats(self, namespace: str) -> Dict[str, int]:
         """Put-tokens the namespace took (``sas``, ``jwt``: Azure AD) and ``refused``, since it started."""
         return self._server.call(lambda: dict(self._ns(namespace).auth_counts))
+
+    def connection_stats(self, namespace: str) -> Dict[str, int]:
+        """Connections the namespace has taken since it started, per transport (``amqp``, ``amqps``,
+        ``amqp-websockets``)."""
+        return self._server.call(lambda: {t.value: self._ns(namespace).accepted[t.value] for t in Transport})
 
     def idle_stats(self, namespace: str) -> Dict[str, int]:
         """Links the namespace detached (``links``) and connections it closed (``connections``) because
@@ -282,15 +350,15 @@ class Emulator:
 
 
 def resolve_admin_ports(config: EmulatorConfig, ports: Optional[Mapping[str, int]],
-                        admin_ports: Optional[Mapping[str, int]]) -> Dict[str, int]:
-    """Administration port per namespace: the one ``admin_ports`` gives, else 0 where ``ports`` picks a free
-    AMQP port, else the configured ``admin_port``."""
+                        admin_ports: Optional[Mapping[str, int]], key: str = "admin_port") -> Dict[str, int]:
+    """Administration port per namespace (``key`` ``tls_port``, ``websocket_port``: the port of that listener):
+    the one ``admin_ports`` gives, else 0 where ``ports`` picks a free AMQP port, else the configured one."""
     ports, admin_ports = ports or {}, admin_ports or {}
     names = [ns.name for ns in config.namespaces]
     for name in admin_ports:
         if name not in names:
-            raise KeyError(f"admin_ports: unknown namespace {name!r} (configured: {', '.join(names)})")
-    return {ns.name: admin_ports.get(ns.name, 0 if ports.get(ns.name) == 0 else ns.admin_port)
+            raise KeyError(f"{key}s: unknown namespace {name!r} (configured: {', '.join(names)})")
+    return {ns.name: admin_ports.get(ns.name, 0 if ports.get(ns.name) == 0 else getattr(ns, key))
             for ns in config.namespaces}
 
 

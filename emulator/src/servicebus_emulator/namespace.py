@@ -26,6 +26,7 @@ from .idle import IdleTimers
 from .message import PING_CONTENT_TYPE, Content
 from .partitions import Partitioner, ReceiveGaps, routing_key
 from .peek_pages import PeekPager
+from .wire import Transport
 
 
 def entity_path(address: Optional[str]) -> str:
@@ -40,15 +41,16 @@ def entity_path(address: Optional[str]) -> str:
 class Namespace:
     """One configured namespace while the emulator runs: its entities, listener, connections and switches."""
 
-    def __init__(self, cfg, port: int, latency_ms: float):
+    def __init__(self, cfg, ports: Dict[Transport, int], latency_ms: float):
         self.cfg = cfg
         self.name = cfg.name
         self.host = cfg.host
-        self.port = port
+        self.ports = dict(ports)                  # per transport: as configured, then as bound
         self.latency_ms = latency_ms
         self.entities: Dict[str, Entity] = {}     # receivable entities by lower-case path
         self.senders: Dict[str, Any] = {}         # send targets (queues, topics) by lower-case path
-        self.listener: Optional[socket.socket] = None
+        self.listeners: Dict[Transport, socket.socket] = {}
+        self.accepted: Counter = Counter()             # connections taken per transport (its value)
         self.conns: set = set()
         self.busy_all = False
         self.refusing = False
@@ -67,6 +69,11 @@ class Namespace:
             self.add_queue(q)
         for t in cfg.topics:
             self.add_topic(t)
+
+    @property
+    def port(self) -> int:
+        """The plain AMQP port (what a ``UseDevelopmentEmulator=true`` connection string names)."""
+        return self.ports[Transport.AMQP]
 
     def add_queue(self, qcfg) -> Entity:
         key = qcfg.name.lower()

@@ -10,9 +10,15 @@ link gone), ``transfers`` (a message sent, a disposition), ``node_requests`` (``
 ``$management``) and ``timers``. What a real namespace refuses or limits (``refusals``,
 ``entity_status``, ``peek_pages``, ``idle``) is decided there.
 
+Each namespace listens on three ports, as a real namespace does: plain AMQP (the emulators' shortcut),
+AMQP over TLS and AMQP over WebSockets over TLS (``wire``). A TLS or WebSocket connection's bytes go
+through its ``Wire`` both ways: what the socket brings is decoded into ``inbuf`` and pushed into the
+engine as it has room; what the engine produces is encoded and queued like delayed output.
+
 Simulated latency: on a namespace with ``latency`` > 0, what the engine produces for a connection is
 queued with a due time (produced + latency) and sent once due, in order; the loop's select timeout
-never passes the earliest due time, so nothing blocks. With latency 0 output goes straight out.
+never passes the earliest due time, so nothing blocks. With latency 0 a plain connection's output goes
+straight out (a TLS or WebSocket connection's is queued, due at once).
 """
 from __future__ import annotations
 
@@ -20,6 +26,7 @@ import logging
 import queue
 import selectors
 import socket
+import ssl
 import threading
 import time
 from collections import deque
@@ -33,6 +40,7 @@ from .broker import now_ms
 from .cbs import Grant
 from .links import LinkCtx
 from .namespace import Namespace
+from .wire import Transport as AmqpTransport, Wire, wire_for  # proton's Transport is the engine's
 
 log = logging.getLogger(__name__)
 
@@ -45,8 +53,11 @@ class Conn:
     """One client connection: its socket and proton engine, its links and grants, its output waiting for
     its due time (latency), and its idle timer's state."""
 
-    def __init__(self, ns: Namespace, sock: socket.socket):
-        self.ns, self.sock = ns, sock
+    def __init__(self, ns: Namespace, sock: socket.socket, wire: Optional[Wire] = None):
+        self.ns, self.sock, self.wire = ns, sock, wire
+        self.inbuf = bytearray()        # what the wire decoded that the engine has had no room for yet
+        self.tail_closed = False        # the client's side has ended (told to the engine)
+        self.eof = False                # ... seen, to tell the engine once inbuf is in
         self.transport = Transport(Transport.SERVER)
         self.transport.max_frame_size = 1 << 20
         sasl = self.transport.sasl()
@@ -70,13 +81,16 @@ class Conn:
 
 
 class Server:
-    def __init__(self, config, ports: Optional[Dict[str, int]] = None,
+    def __init__(self, config, ports: Optional[Dict[str, Dict[AmqpTransport, int]]] = None,
                  latency_ms: Optional[Dict[str, float]] = None):
+        """``ports``: per namespace, the port of each transport (those left out: as configured)."""
         self.config = config
         ports, latency_ms = ports or {}, latency_ms or {}
         self.namespaces: Dict[str, Namespace] = {
-            ns.name: Namespace(ns, ports.get(ns.name, ns.port), latency_ms.get(ns.name, ns.latency_ms))
+            ns.name: Namespace(ns, {**configured_ports(ns), **ports.get(ns.name, {})},
+                               latency_ms.get(ns.name, ns.latency_ms))
             for ns in config.namespaces}
+        self.tls_context: Optional[ssl.SSLContext] = None    # set by start(): the TLS listeners' certificate
         self.sel = selectors.DefaultSelector()
         self._calls: "queue.Queue" = queue.Queue()
         self._wake_r, self._wake_w = socket.socketpair()
@@ -88,9 +102,15 @@ class Server:
         self._delayed: set = set()      # connections with output waiting for its due time
 
     # ---- lifecycle / cross-thread -----------------------------------------------------------------
-    def start(self):
+    def start(self, tls_context: ssl.SSLContext):
+        self.tls_context = tls_context
         for ns in self.namespaces.values():
-            self.listen(ns)
+            try:
+                self.listen(ns)
+            except OSError:
+                for bound in self.namespaces.values():
+                    self.unlisten(bound)
+                raise
         self.sel.register(self._wake_r, selectors.EVENT_READ, ("wake", None))
         self._running = True
         self._thread = threading.Thread(target=self._run, name="servicebus-emulator", daemon=True)
@@ -118,20 +138,27 @@ class Server:
         return fut.result(timeout=30)
 
     def listen(self, ns: Namespace):
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((ns.host, ns.port))
-        sock.listen(128)
-        sock.setblocking(False)
-        ns.port = sock.getsockname()[1]
-        ns.listener = sock
-        self.sel.register(sock, selectors.EVENT_READ, ("listen", ns))
+        """Bind the namespace's listeners (a port 0 becomes the free port bound, kept for a later listen)."""
+        for transport in AmqpTransport:
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            try:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                sock.bind((ns.host, ns.ports[transport]))
+                sock.listen(128)
+            except OSError:
+                sock.close()
+                self.unlisten(ns)
+                raise
+            sock.setblocking(False)
+            ns.ports[transport] = sock.getsockname()[1]
+            ns.listeners[transport] = sock
+            self.sel.register(sock, selectors.EVENT_READ, ("listen", (ns, transport)))
 
     def unlisten(self, ns: Namespace):
-        if ns.listener is not None:
-            self.sel.unregister(ns.listener)
-            ns.listener.close()
-            ns.listener = None
+        for sock in ns.listeners.values():
+            self.sel.unregister(sock)
+            sock.close()
+        ns.listeners.clear()
 
     def _shutdown(self):
         for ns in self.namespaces.values():
@@ -148,7 +175,7 @@ class Server:
                 for key, mask in events:
                     kind, obj = key.data
                     if kind == "listen":
-                        self._accept(obj)
+                        self._accept(*obj)
                     elif kind == "wake":
                         self._run_calls()
                     elif not obj.dead:
@@ -186,9 +213,9 @@ class Server:
             except BaseException as exc:  # noqa: BLE001 - handed to the caller
                 fut.set_exception(exc)
 
-    def _accept(self, ns: Namespace):
+    def _accept(self, ns: Namespace, transport: AmqpTransport):
         try:
-            sock, _ = ns.listener.accept()
+            sock, _ = ns.listeners[transport].accept()
         except (BlockingIOError, OSError):
             return
         if ns.refusing:
@@ -196,11 +223,15 @@ class Server:
             return
         sock.setblocking(False)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        c = Conn(ns, sock)
+        c = Conn(ns, sock, wire_for(transport, self.tls_context))
+        ns.accepted[transport.value] += 1
         ns.conns.add(c)
         self.sel.register(sock, selectors.EVENT_READ, ("conn", c))
 
     def _read(self, c: Conn):
+        if c.wire is not None:
+            self._read_wire(c)
+            return
         t = c.transport
         while True:
             cap = t.capacity()
@@ -225,8 +256,60 @@ class Server:
                 break
         self._process(c)
 
+    def _read_wire(self, c: Conn):
+        """Decode what the socket brought (TLS, WebSocket) and give the engine what it has room for."""
+        if c.eof:
+            return
+        try:
+            data = c.sock.recv(1 << 20)
+        except BlockingIOError:
+            return
+        except OSError:
+            data = b""
+        if not data:
+            c.eof = True
+        else:
+            up, back = c.wire.receive(data)
+            self._queue(c, back)
+            if c.wire.failed:
+                log.debug("namespace %s: connection ended: %s", c.ns.name, c.wire.failed)
+                c.closing = True        # once what the wire answered (an alert, a refused upgrade) is out
+                self._send_due(c)
+                return
+            c.inbuf += up
+            c.eof = c.wire.ended
+        self._feed(c)
+
+    def _feed(self, c: Conn):
+        """Push decoded bytes into the engine as far as it has room; what is left waits for the next loop."""
+        t = c.transport
+        while c.inbuf:
+            cap = t.capacity()
+            if cap < 0:
+                c.inbuf.clear()
+                break
+            if cap == 0:
+                self._process(c)   # let the engine consume what it has
+                if c.dead or t.capacity() <= 0:
+                    break
+                continue
+            n = min(cap, len(c.inbuf))
+            t.push(bytes(c.inbuf[:n]))
+            del c.inbuf[:n]
+        if c.eof and not c.inbuf and not c.tail_closed:
+            c.tail_closed = True
+            t.close_tail()
+        if not c.dead:
+            self._process(c)
+
+    def _queue(self, c: Conn, data: bytes):
+        """Bytes for the socket, sent once due (now plus the namespace's latency), after those before them."""
+        if data:
+            c.outq.append((time.monotonic() + c.latency, data))
+            self._delayed.add(c)
+
     def _write(self, c: Conn):
-        if c.latency:
+        if c.latency or c.wire is not None:
             self._write_later(c)
             return
         t = c.transport
@@ -260,17 +343,18 @@ class Server:
             self.sel.modify(c.sock, selectors.EVENT_READ | (selectors.EVENT_WRITE if want else 0), ("conn", c))
 
     def _write_later(self, c: Conn):
-        """Latency > 0: take what the engine produced, due ``latency`` from now, then send what is due."""
+        """Latency > 0, or a wire: take what the engine produced (encoded by the wire, once it is open), due
+        ``latency`` from now, then send what is due."""
         t = c.transport
         chunks = []
         pending = t.pending()
-        while pending > 0:
+        while pending > 0 and (c.wire is None or c.wire.open):
             chunks.append(t.peek(pending))
             t.pop(pending)
             pending = t.pending()
         if chunks:
-            c.outq.append((time.monotonic() + c.latency, b"".join(chunks)))
-            self._delayed.add(c)
+            data = b"".join(chunks)
+            self._queue(c, data if c.wire is None else c.wire.send(data))
         if t.closed or (pending < 0 and not c.closed_by_broker):
             c.closing = True
         self._send_due(c)
@@ -301,7 +385,10 @@ class Server:
         for ns in self.namespaces.values():
             for c in list(ns.conns):
                 if not c.dead:
-                    self._process(c)
+                    if c.inbuf:
+                        self._feed(c)
+                    else:
+                        self._process(c)
 
     def _process(self, c: Conn):
         coll = c.collector
@@ -318,7 +405,7 @@ class Server:
             self._write(c)
 
     def drop(self, c: Conn):
-        """Close a connection's socket abruptly and release everything its links held."""
+        """Close a connection's socket abruptly: its links are lost (their locks outlive them, ``links``)."""
         if c.dead:
             return
         c.dead = True
@@ -330,6 +417,7 @@ class Server:
             self.sel.unregister(c.sock)
         except (KeyError, ValueError):
             pass
+        c.inbuf.clear()
         try:
             c.sock.close()
         except OSError:
@@ -359,7 +447,9 @@ class Server:
             link = ev.link
             ctx = getattr(link, "ctx", None)
             if ctx is not None:
-                links.link_gone(ctx)
+                # a detach with closed=true is the client's close; one without it (or none at all: a dropped
+                # connection) loses the link, whose locks outlive it (``links``)
+                links.link_gone(ctx, closed_by_client=t == Event.LINK_REMOTE_CLOSE)
             if link.state & Link.LOCAL_ACTIVE:
                 link.close()
         elif t == Event.SESSION_REMOTE_OPEN:
@@ -401,3 +491,8 @@ class Server:
             self._last_idle_check = t
             timers.expire_idle(self.namespaces.values(), t)
         timers.expire_entities(self.namespaces.values(), now_ms())
+
+
+def configured_ports(cfg) -> Dict[AmqpTransport, int]:
+    """A namespace configuration's port per transport."""
+    return {AmqpTransport.AMQP: cfg.port, AmqpTransport.AMQPS: cfg.tls_port, AmqpTransport.WEBSOCKETS: cfg.websocket_port}

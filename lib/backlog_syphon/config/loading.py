@@ -5,8 +5,10 @@ Sources, later ones winning: a YAML file (``conf/*.yaml``), environment variable
 are errors that name the key and where it came from.
 
 Secrets: connection strings (and an Azure AD credential's client secret) are given as ``{env: VAR}``,
-``{secret: scope/key}`` (Databricks secret scope) or, for a one-off run, literally; either way they end
-up in a ``Secret``, and no error message ever includes a value that could be one. Secret scopes are
+``{secret: scope/key}`` (Databricks secret scope) or, for a one-off run, literally; a proxy's password
+only from the environment (a reference, or its own ``SYPHON__`` variable) or a secret scope, never
+written in a file or on a command line. Either way they end up in a ``Secret``, and no error message
+ever includes a value that could be one. Secret scopes are
 read by the ``secret_reader`` the caller passes (``run.databricks_host.load_config`` passes Databricks' own), so
 this module stays pure: it reads the file and the variables it is given, nothing else.
 """
@@ -37,6 +39,7 @@ from backlog_syphon.config.validation import check_type, credential_config, vali
 from backlog_syphon.model import CredentialKind, RunSource
 
 ENV_PREFIX = "SYPHON__"
+SECRET_KEYS = ("connection_string", "proxy_password")  # a value is a secret reference, kept verbatim
 SECRET_SCOPES_NEED_DATABRICKS = "{secret: scope/key} references need Databricks (dbutils.secrets); use {env: VAR} elsewhere"
 
 
@@ -111,7 +114,7 @@ def load_config(path: str | os.PathLike | None = None, *, overrides: Mapping[str
             parts = name[len(ENV_PREFIX):].lower().split("__")
             if len(parts) != 2:
                 raise ConfigError(f"environment variable {name}: expected {ENV_PREFIX}<SECTION>__<KEY>")
-            _apply_override(raw, ".".join(parts), text, f"environment variable {name}")
+            _apply_override(raw, ".".join(parts), text, f"environment variable {name}", from_environment=True)
     for dotted, text in (overrides or {}).items():
         _apply_override(raw, dotted, text, "--set")
     resolver = _SecretResolver(environ, secret_reader)
@@ -131,7 +134,7 @@ def parse_overrides(pairs: list[str]) -> dict[str, str]:
 
 # --- internals ---------------------------------------------------------------------------------
 
-def _apply_override(raw: dict, dotted: str, text: str, origin: str) -> None:
+def _apply_override(raw: dict, dotted: str, text: str, origin: str, *, from_environment: bool = False) -> None:
     section, _, key = dotted.partition(".")
     if section not in _SECTIONS or not key:
         raise ConfigError(f"{origin}: unknown key '{dotted}'; keys look like section.key with section one of "
@@ -145,10 +148,12 @@ def _apply_override(raw: dict, dotted: str, text: str, origin: str) -> None:
     value: Any = text
     if key == "credential" and text.strip() in set(CredentialKind):
         value = {"kind": text.strip()}  # --set primary.credential=managed_identity
-    elif "connection_string" in key:
+    elif key in SECRET_KEYS:
         kind, sep, name = text.strip().partition(":")
         if sep and kind in ("env", "secret") and name and "=" not in name:
             value = {kind: name}
+        elif from_environment:
+            value = Secret(text, origin)  # the secret itself, from the environment
     else:
         try:
             value = yaml.safe_load(text) if text.strip() else text
@@ -206,6 +211,12 @@ def _build(raw: dict, origin: str, resolve_secret: Callable[[Any, str], Any]) ->
                 raise ConfigError(f"{origin}: unknown key '{name}.{key}'; known keys in '{name}': "
                                   f"{', '.join(known)}")
             if key == "connection_string":
+                values[key] = None if value is None else resolve_secret(value, where)
+            elif key == "proxy_password":
+                if isinstance(value, str):
+                    raise ConfigError(f"{where}: a password is never written in the configuration or on the command "
+                                      f"line: give {{env: VAR}} or {{secret: scope/key}}, or set {ENV_PREFIX}"
+                                      f"{name.upper()}__PROXY_PASSWORD")
                 values[key] = None if value is None else resolve_secret(value, where)
             elif key == "credential":
                 values[key] = None if value is None else credential_config(value, f"{name}.credential", origin,

@@ -1,8 +1,8 @@
 """The syphon's settings as frozen, typed records, one per section, and ``Secret``.
 
 Invariants:
-- Secrets (connection strings, an Azure AD credential's client secret) are ``Secret``s whose repr and
-  str are masked, also once pickled to executors.
+- Secrets (connection strings, an Azure AD credential's client secret, a proxy's password) are ``Secret``s
+  whose repr and str are masked, also once pickled to executors.
 - The defaults here are the documented defaults; :mod:`backlog_syphon.config.loading` fills the records
   and :mod:`backlog_syphon.config.validation` checks them.
 """
@@ -15,9 +15,10 @@ import hashlib
 import json
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import urlsplit
 
 from backlog_syphon.errors import SettingsError
-from backlog_syphon.model import CredentialKind, LogFormat, RunSource, TtlPolicy
+from backlog_syphon.model import CredentialKind, LogFormat, RunSource, Transport, TtlPolicy
 
 AVAILABLE_NOW = "available_now"  # run.trigger: drain what is there when the run starts, then stop
 
@@ -118,8 +119,22 @@ class NamespaceConfig:
     # The administration API (HTTPS): ``host[:port]``; by default the namespace's host, as on Azure. A local
     # emulator serves it on a port of its own (Microsoft's on 5300).
     administration_endpoint: str | None = None
-    # A PEM file of certificates to trust for the administration API instead of the system's (an emulator's).
-    administration_ca_file: str | None = None
+    # How the namespace is reached (``Transport``): AMQP over TLS on 5671, or AMQP over WebSockets on 443 where
+    # only 443 is open (a firewalled VNet, corporate egress), optionally through an HTTP proxy.
+    transport: str = Transport.AMQP.value
+    # Where to connect instead of the namespace's host: ``sb://host[:port]`` (an application gateway, a
+    # private endpoint's address). Service Bus still knows the namespace by its own host; TLS checks that the
+    # certificate names this host.
+    custom_endpoint_address: str | None = None
+    # An HTTP proxy on the way (amqp-websockets only): the tunnel is asked for with CONNECT, with basic
+    # credentials when a user is given; the password only from {env: VAR} or {secret: scope/key}.
+    proxy_host: str | None = None
+    proxy_port: int | None = None
+    proxy_user: str | None = None
+    proxy_password: Secret | None = None
+    # A PEM file of the certificate authorities to trust instead of the system's, for AMQP (TLS, WebSockets)
+    # and the administration API alike: a private authority (a TLS-inspecting proxy's), an emulator's own.
+    ca_file: str | None = None
     # A pooled link (a sender, a peek or purge receiver) idle this long is closed and opened again before
     # its next use: Service Bus detaches links idle for 10 minutes, and a link met detached fails its next
     # request first. Lower it behind a firewall or NAT that drops idle connections sooner.
@@ -142,6 +157,47 @@ class NamespaceConfig:
             if key.strip().lower() == "endpoint":
                 return value.strip().split("://", 1)[-1].strip("/")
         return ""
+
+    @property
+    def transport_kind(self) -> Transport:
+        return Transport(self.transport)
+
+    @property
+    def plain_amqp(self) -> bool:
+        """A local emulator's plain AMQP (``UseDevelopmentEmulator=true``, ``use_development_emulator``): no TLS."""
+        if self.connection_string is None:
+            return self.use_development_emulator
+        for piece in self.connection_string.reveal().split(";"):
+            key, _, value = piece.partition("=")
+            if key.strip().lower() == "usedevelopmentemulator":
+                return value == "true"  # as the SDK reads it: lower case only
+        return False
+
+    @property
+    def connect_endpoint(self) -> str:
+        """``host:port`` the syphon connects to (not a secret): the custom endpoint's, else the namespace's
+        host on its transport's port (plain AMQP to an emulator: the port its endpoint names)."""
+        if self.plain_amqp:
+            return self.endpoint
+        port = self.transport_kind.default_port
+        if self.custom_endpoint_address:
+            parts = urlsplit(self.custom_endpoint_address if "://" in self.custom_endpoint_address
+                             else f"sb://{self.custom_endpoint_address}")
+            return f"{parts.hostname}:{parts.port or port}"
+        return f"{self.endpoint.split(':', 1)[0].split('/', 1)[0]}:{port}"
+
+    @property
+    def proxy_address(self) -> str | None:
+        """``host:port`` of the HTTP proxy, or None (not a secret: no user or password)."""
+        return f"{self.proxy_host}:{self.proxy_port}" if self.proxy_host else None
+
+    @property
+    def network_key(self) -> tuple:
+        """Identifies how the namespace is reached, for a process's cache of clients (the proxy's password
+        only as a hash)."""
+        password = self.proxy_password.reveal() if self.proxy_password is not None else ""
+        return (self.transport, self.custom_endpoint_address, self.proxy_host, self.proxy_port, self.proxy_user,
+                hashlib.sha256(password.encode()).hexdigest(), self.ca_file)
 
     @property
     def administration_host(self) -> str:

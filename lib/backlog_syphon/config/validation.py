@@ -10,6 +10,7 @@ import datetime as dt
 import os
 import re
 from typing import Any, Callable, Mapping
+from urllib.parse import urlsplit
 
 from backlog_syphon.config.types import (
     AVAILABLE_NOW,
@@ -26,7 +27,7 @@ from backlog_syphon.config.types import (
     SinkConfig,
     StorageConfig,
 )
-from backlog_syphon.model import DEAD_LETTER_REASON_CODES, CredentialKind, LogFormat, RunSource, TtlPolicy
+from backlog_syphon.model import DEAD_LETTER_REASON_CODES, CredentialKind, LogFormat, RunSource, Transport, TtlPolicy
 from backlog_syphon.restore.legacy_properties import entity_path_problem
 from backlog_syphon.restore.queue_names import is_backlog_queue_name
 
@@ -77,6 +78,7 @@ def credential_config(value: Any, key: str, origin: str, resolve_secret: Callabl
 def check_type(value: Any, annotation: str, where: str) -> Any:
     if value is None and "None" in annotation:
         return None
+    annotation = annotation.removesuffix(" | None")
     if annotation.startswith("dict[str, int]"):
         if isinstance(value, Mapping) and all(isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool)
                                               and v >= 0 for k, v in value.items()):
@@ -154,9 +156,7 @@ def validate_sections(origin: str, *, primary: PrimaryConfig, secondary: Namespa
         if not 0 < ns.idle_link_seconds < 600:
             raise ConfigError(f"{origin}: '{name}.idle_link_seconds' must be above 0 and below 600 (Service Bus "
                               f"detaches a link idle for 10 minutes), got {ns.idle_link_seconds:g}")
-        if ns.administration_ca_file is not None and not os.path.isfile(ns.administration_ca_file):
-            raise ConfigError(f"{origin}: '{name}.administration_ca_file' names {ns.administration_ca_file!r}, "
-                              f"which is not a readable file: give the PEM file of the certificates to trust")
+        _validate_network(ns, name, origin)
     if backlog.queue_count < 1:
         raise ConfigError(f"{origin}: backlog.queue_count must be at least 1")
     for name in backlog.exported_dead_letters:
@@ -195,6 +195,46 @@ def validate_sections(origin: str, *, primary: PrimaryConfig, secondary: Namespa
                           f"got {sink.throttle_recovery_seconds:g}")
     _validate_routing(restore, origin)
     _validate_redrive(run, redrive, origin)
+
+
+def _validate_network(ns: NamespaceConfig, name: str, origin: str) -> None:
+    """``transport``, ``custom_endpoint_address``, ``proxy_*`` and ``ca_file`` of one namespace."""
+    if ns.transport not in set(Transport):
+        raise ConfigError(f"{origin}: '{name}.transport' must be one of {', '.join(Transport)}, got '{ns.transport}'")
+    websockets = ns.transport_kind is Transport.AMQP_WEBSOCKETS
+    if websockets and ns.plain_amqp:
+        raise ConfigError(f"{origin}: '{name}.transport' amqp-websockets needs TLS, which a local emulator's "
+                          f"UseDevelopmentEmulator=true (or use_development_emulator) turns off: remove it and point "
+                          f"{name}.custom_endpoint_address at the emulator's WebSocket port")
+    address = ns.custom_endpoint_address
+    if address is not None:
+        parts = urlsplit(address if "://" in address else f"sb://{address}")
+        try:
+            parts.port
+        except ValueError:
+            parts = None
+        if parts is None or parts.scheme != "sb" or not parts.hostname or parts.path.strip("/") or parts.query:
+            raise ConfigError(f"{origin}: '{name}.custom_endpoint_address' is sb://host[:port] (such as "
+                              f"sb://gateway.contoso.com:443), got '{address}'")
+    proxy = {key: getattr(ns, key) for key in ("proxy_host", "proxy_port", "proxy_user", "proxy_password")}
+    if any(value is not None for value in proxy.values()):
+        if not websockets:
+            raise ConfigError(f"{origin}: '{name}.proxy_host' and the other proxy settings need "
+                              f"'{name}.transport: amqp-websockets' (an HTTP proxy carries WebSockets, not AMQP on "
+                              f"5671)")
+        if not ns.proxy_host or ns.proxy_port is None:
+            raise ConfigError(f"{origin}: a proxy needs both '{name}.proxy_host' and '{name}.proxy_port'")
+        if "://" in ns.proxy_host or "/" in ns.proxy_host or ":" in ns.proxy_host.strip("[]"):
+            raise ConfigError(f"{origin}: '{name}.proxy_host' is a host name or address without a scheme or port "
+                              f"(the port goes in '{name}.proxy_port'), got '{ns.proxy_host}'")
+        if not 0 < ns.proxy_port < 65536:
+            raise ConfigError(f"{origin}: '{name}.proxy_port' must be a port number (1-65535), got {ns.proxy_port}")
+        if (ns.proxy_user is None) != (ns.proxy_password is None):
+            raise ConfigError(f"{origin}: a proxy's credentials are '{name}.proxy_user' and '{name}.proxy_password' "
+                              f"together (or neither, for a proxy that asks for none)")
+    if ns.ca_file is not None and not os.path.isfile(ns.ca_file):
+        raise ConfigError(f"{origin}: '{name}.ca_file' names {ns.ca_file!r}, which is not a readable file: give "
+                          f"the PEM file of the certificate authorities to trust")
 
 
 def _validate_redrive(run: RunConfig, redrive: RedriveConfig, origin: str) -> None:

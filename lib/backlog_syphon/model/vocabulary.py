@@ -137,6 +137,32 @@ class CredentialKind(StrEnum):
     CUSTOM = "custom"  # a "module:callable" of one's own that returns a token credential
 
 
+class Transport(StrEnum):
+    """How the syphon reaches a namespace (``<namespace>.transport``)."""
+
+    AMQP = "amqp"  # AMQP over TLS on TCP 5671 (plain AMQP to a local emulator's UseDevelopmentEmulator port)
+    AMQP_WEBSOCKETS = "amqp-websockets"  # AMQP over WebSockets over TLS on 443, optionally through an HTTP proxy
+
+    @property
+    def default_port(self) -> int:
+        return 443 if self is Transport.AMQP_WEBSOCKETS else 5671
+
+
+class NetworkFailure(StrEnum):
+    """Why a namespace could not be reached, as far as the network goes (before any credential is looked at)."""
+
+    CERTIFICATE_UNTRUSTED = "certificate_untrusted"  # signed by an authority the syphon does not trust
+    CERTIFICATE_NAME_MISMATCH = "certificate_name_mismatch"  # it does not name the host connected to
+    TLS_FAILED = "tls_failed"  # no TLS handshake (not a TLS port, or cut off on the way)
+    REFUSED = "refused"  # nothing takes connections there, or a firewall rejects them: the port is blocked
+    UNANSWERED = "unanswered"  # no answer at all: a firewall that drops what it blocks
+    PROXY_UNREACHABLE = "proxy_unreachable"  # the HTTP proxy itself refused the connection
+    PROXY_AUTHENTICATION = "proxy_authentication"  # the proxy asks for credentials (407)
+    PROXY_REFUSED = "proxy_refused"  # the proxy refused the tunnel (403 and other answers)
+    UNKNOWN_HOST = "unknown_host"  # the host name does not resolve
+    WEBSOCKET_REFUSED = "websocket_refused"  # something answered the WebSocket upgrade that is not Service Bus
+
+
 class AccessRight(StrEnum):
     """What Service Bus checks a token or key for, and the narrowest Azure role that grants it."""
 
@@ -164,6 +190,7 @@ class BacklogState(StrEnum):
     WAITING = "waiting"  # messages wait in the backlog queues that no run is delivering
     DEAD_LETTERS = "dead_letters"  # the backlog is drained, but its dead-letter sub-queues hold messages
     DRAINED = "drained"  # nothing waits (but what restore.skip_destinations holds on purpose)
+    DECOMMISSIONED = "decommissioned"  # drained, and its backlog queues were removed (``--decommission``)
 
 
 class DrainHold(StrEnum):

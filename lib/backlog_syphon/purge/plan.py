@@ -79,6 +79,9 @@ class PurgePlan:
     # Receives interleave partitions (the module docstring): known from the administration API
     # (``sink.queue_marks.purge_plans``), else from the partition bits of the recorded numbers (``interleaved``).
     partitioned: bool = False
+    # The queue's lock duration where the administration API said (seconds): how long recorded messages
+    # locked by an earlier receiver may take to come back (``purge.lock_wait``).
+    lock_seconds: float | None = None
 
     def __post_init__(self):
         if self.expected < 0 or any(span.backlog_queue != self.queue for span in self.spans):

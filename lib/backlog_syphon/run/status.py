@@ -19,7 +19,9 @@ from pyspark.sql import SparkSession
 
 from backlog_syphon.config import SyphonConfig
 from backlog_syphon.restore.queue_names import backlog_queue_names
-from backlog_syphon.run.status_report import QueueStatus, StatusReport, audit_read_floor
+from backlog_syphon.sink.queue_marks import awaiting_settlement
+from backlog_syphon.sink.spark_ports import read_recovery
+from backlog_syphon.run.status_report import QueueStatus, StatusReport, audit_read_floor, removed_by_decommission
 from backlog_syphon.storage import tables
 
 RUNS_SHOWN = 5
@@ -29,21 +31,26 @@ def status(spark: SparkSession, config: SyphonConfig, *, now: dt.datetime | None
     """The backlog's status now (``report.lines()`` to show it, ``report.verdict`` to act on it).
     ``PreflightError`` (exit code 2) when the secondary namespace cannot be read as configured."""
     from backlog_syphon.servicebus.counts import count_backlog
-    from backlog_syphon.servicebus.probes import preflight
+    from backlog_syphon.servicebus.probes import NoBacklogQueuesError, preflight
 
     storage = config.storage
     at = now or dt.datetime.now(dt.timezone.utc)
     queues = backlog_queue_names(config.primary.namespace, config.backlog.queue_count)
 
     def read_broker():
-        preflight(config, primary=False)  # wrong credentials or endpoint: one line naming the setting
+        try:
+            preflight(config, primary=False)  # wrong credentials or endpoint: one line naming the setting
+        except NoBacklogQueuesError as missing:
+            # Removed by ``--decommission`` (the runs table says so: counted as missing), or a wrong setting.
+            if not removed_by_decommission(runs.result()):
+                raise missing
         return count_backlog(config.secondary, config.primary.namespace, queues)
 
     with ThreadPoolExecutor(max_workers=4, thread_name_prefix="status") as pool:
+        runs = pool.submit(tables.read_runs, spark, storage.resolved_runs_table, RUNS_SHOWN)
         broker = pool.submit(read_broker)
         marks = pool.submit(tables.read_checkpoint, spark, storage.checkpoint_table)
         lease = pool.submit(tables.read_lease, spark, storage.resolved_lease_table)
-        runs = pool.submit(tables.read_runs, spark, storage.resolved_runs_table, RUNS_SHOWN)
         ended = pool.submit(tables.ended_run, spark, storage.checkpoint_table)
         backlog, dead_letters, counted_by = broker.result()
         checkpoint = marks.result()
@@ -53,7 +60,8 @@ def status(spark: SparkSession, config: SyphonConfig, *, now: dt.datetime | None
     if config.restore.skip_destinations and any(count.messages for count in backlog.values()):
         held = tables.held_by_destination(spark, storage.audit_table, checkpoint, config.restore.skip_destinations,
                                           since=since)
-    unsettled = tables.unsettled_by_queue(spark, storage.audit_table, checkpoint, since)
+    # Counted as the dry run counts it, from what a run would begin with (``sink.spark_ports.read_recovery``).
+    unsettled = awaiting_settlement(read_recovery(spark, storage, since=since)[0].unsettled)
     return StatusReport(
         at=at, backlog=tuple(QueueStatus(queue, count, checkpoint.get(queue)) for queue, count in backlog.items()),
         dead_letters=tuple(QueueStatus(queue, count) for queue, count in dead_letters.items()),

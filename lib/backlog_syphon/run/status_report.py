@@ -15,13 +15,14 @@ from dataclasses import dataclass, field
 from typing import Iterable, Mapping
 
 from backlog_syphon.errors import EXIT_DEAD_LETTERS, EXIT_LEASE_HELD, EXIT_NOT_DRAINED, EXIT_OK
-from backlog_syphon.model import BacklogState, BrokerCount, CheckpointRow, Lease, RunRow
+from backlog_syphon.model import BacklogState, BrokerCount, CheckpointRow, Lease, RunMode, RunRow
 from backlog_syphon.partitions import sequence_label
 from backlog_syphon.restore.queue_names import owning_queue
 from backlog_syphon.run.decommission_plan import QueueRemoval, QueueState, removal_line, removal_plan
 
-STATUS_EXIT_CODES = {BacklogState.DRAINED: EXIT_OK, BacklogState.LEASE_HELD: EXIT_LEASE_HELD,
-                     BacklogState.WAITING: EXIT_NOT_DRAINED, BacklogState.DEAD_LETTERS: EXIT_DEAD_LETTERS}
+STATUS_EXIT_CODES = {BacklogState.DRAINED: EXIT_OK, BacklogState.DECOMMISSIONED: EXIT_OK,
+                     BacklogState.LEASE_HELD: EXIT_LEASE_HELD, BacklogState.WAITING: EXIT_NOT_DRAINED,
+                     BacklogState.DEAD_LETTERS: EXIT_DEAD_LETTERS}
 
 
 @dataclass(frozen=True)
@@ -61,7 +62,7 @@ class StatusReport:
     # back with that last commit, so a lease of that run is free although its row has not expired.
     ended_run_id: str | None = None
     # Per backlog queue, messages recorded with a final outcome above its purge mark: not known settled yet
-    # (``storage.tables.unsettled_by_queue``); and the dead-letters an operator acknowledged as exported
+    # (``sink.queue_marks.awaiting_settlement``); and the dead-letters an operator acknowledged as exported
     # (backlog.exported_dead_letters). Both decide whether the backlog is safe to remove.
     unsettled: Mapping[str, int] = field(default_factory=dict)
     exported: Mapping[str, int] = field(default_factory=dict)
@@ -203,7 +204,16 @@ def status_verdict(report: StatusReport) -> Verdict:
     held_text = f"; {waiting} message(s) held for restore.skip_destinations" if waiting else ""
     if dead_text:
         return Verdict(BacklogState.DEAD_LETTERS, dead_text + held_text)
+    removal = removed_by_decommission(report.runs)
+    if removal is not None and not any(queue.count.exists for queue in report.backlog):
+        return Verdict(BacklogState.DECOMMISSIONED, f"decommissioned: no backlog queue is left ({len(removal.removed_queues)} "
+                                                    f"removed by run {removal.run_id} at {removal.ended_at:%Y-%m-%d %H:%M:%S} UTC)")
     return Verdict(BacklogState.DRAINED, "drained" + held_text)
+
+
+def removed_by_decommission(runs: Iterable[RunRow]) -> RunRow | None:
+    """The newest run that removed backlog queues (``--decommission --confirm``), or None."""
+    return next((run for run in runs if run.mode == RunMode.DECOMMISSION and run.removed_queues), None)
 
 
 # How far a broker's enqueue times may run ahead of the clock that stamps outcome times (the driver's):

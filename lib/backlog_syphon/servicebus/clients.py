@@ -6,7 +6,9 @@ link on any network). Like Spark's Kafka connector pools its consumers, executor
 and the driver keep them open per process and reuse them across tasks and batches; a link that
 fails is discarded and reopened on next use. Clients of a namespace with Azure AD share the
 process's credential (``credentials.credential_for``), so its token is taken once per process.
-Connection strings never appear in an exception or log line raised from here.
+Every client goes the way its namespace's settings say (``network_options``: the transport, a custom
+endpoint, an HTTP proxy, the certificate authorities to trust), on the driver and the executors alike.
+Connection strings and the proxy's password never appear in an exception or log line raised from here.
 """
 
 from __future__ import annotations
@@ -18,10 +20,11 @@ import time
 from contextlib import contextmanager
 from typing import Any, Callable, Iterable, TypeVar
 
-from azure.servicebus import ServiceBusClient, ServiceBusReceiveMode
+from azure.servicebus import ServiceBusClient, ServiceBusReceiveMode, TransportType
 
 from backlog_syphon.config import NamespaceConfig
 from backlog_syphon.errors import SettingsError
+from backlog_syphon.model import Transport
 from backlog_syphon.partitions import split_lane_key
 from backlog_syphon.servicebus import sdk_internals
 from backlog_syphon.servicebus.credentials import credential_for
@@ -37,9 +40,27 @@ class ServiceBusAccessError(SettingsError):
     """A namespace cannot be used as configured (auth, bad endpoint, missing entity): operator action needed."""
 
 
+def network_options(namespace: NamespaceConfig) -> dict[str, Any]:
+    """``ServiceBusClient`` keywords for the way to the namespace: its transport (AMQP over TLS, or over
+    WebSockets), a custom endpoint, the certificate authorities to trust, an HTTP proxy."""
+    websockets = namespace.transport_kind is Transport.AMQP_WEBSOCKETS
+    options: dict[str, Any] = {"transport_type": TransportType.AmqpOverWebsocket if websockets else TransportType.Amqp}
+    if namespace.custom_endpoint_address:
+        options["custom_endpoint_address"] = namespace.custom_endpoint_address
+    if namespace.ca_file:
+        options["connection_verify"] = namespace.ca_file
+    if namespace.proxy_host:
+        proxy: dict[str, Any] = {"proxy_hostname": namespace.proxy_host, "proxy_port": namespace.proxy_port}
+        if namespace.proxy_user is not None:
+            proxy.update(username=namespace.proxy_user, password=namespace.proxy_password.reveal())
+        options["http_proxy"] = proxy
+    return options
+
+
 def open_client(namespace: NamespaceConfig, *, retry_total: int = 3, role: str = "namespace") -> ServiceBusClient:
     """A ServiceBusClient for a namespace config; the caller closes it (``with``)."""
-    retries = {"retry_total": retry_total, "retry_backoff_factor": 0.5, "retry_backoff_max": 10}
+    retries = {"retry_total": retry_total, "retry_backoff_factor": 0.5, "retry_backoff_max": 10,
+               **network_options(namespace)}
     if namespace.connection_string is not None:
         try:
             return ServiceBusClient.from_connection_string(namespace.connection_string.reveal(), **retries)
@@ -77,7 +98,7 @@ class _HandlerPool:
         secret = namespace.connection_string.reveal() if namespace.connection_string else ""
         credential = namespace.azure_ad.cache_key if namespace.azure_ad is not None else None
         return (role, namespace.fully_qualified_namespace, hashlib.sha256(secret.encode()).hexdigest(), credential,
-                namespace.use_development_emulator)
+                namespace.use_development_emulator, namespace.network_key)
 
     def get(self, namespace: NamespaceConfig, role: str, key: tuple, make: Callable[[ServiceBusClient], Any], *,
             by_age: bool = False):

@@ -33,6 +33,7 @@ from collections import Counter
 from typing import Callable
 
 from azure.servicebus import ServiceBusReceiveMode
+from azure.servicebus.exceptions import MessagingEntityNotFoundError
 
 from backlog_syphon.config import NamespaceConfig
 from backlog_syphon.errors import BacklogQueueMissingError
@@ -104,7 +105,7 @@ def _count_entity(namespace: NamespaceConfig, name: str, *, dead_letters: bool, 
                                                   prefetch_count=0)) as receiver:
                 return survey(lambda first, count: peek_raw(receiver, first, count), known=known,
                               reasons=dead_letters)
-    except BacklogQueueMissingError:
+    except (BacklogQueueMissingError, MessagingEntityNotFoundError):  # refused at the peek, or at the link's attach
         return BrokerCount(0, True, None, {}, exists=False)
 
 

@@ -124,14 +124,17 @@ ADMINISTRATION_TIMEOUT_SECONDS = 10
 
 def administration_client(namespace: NamespaceConfig):
     """A ``ServiceBusAdministrationClient`` for the namespace's administration API (the caller closes it):
-    ``administration_endpoint`` (by default the namespace's host, as on Azure), trusting
-    ``administration_ca_file`` when set; with the connection string's key or token, or with Azure AD."""
+    ``administration_endpoint`` (by default the namespace's host, as on Azure), trusting ``ca_file`` when set,
+    through the namespace's HTTP proxy when it has one (HTTPS goes through it as WebSockets do); with the
+    connection string's key or token, or with Azure AD."""
     from azure.servicebus.management import ServiceBusAdministrationClient
 
     options = {"connection_timeout": ADMINISTRATION_TIMEOUT_SECONDS, "read_timeout": 3 * ADMINISTRATION_TIMEOUT_SECONDS,
                "retry_total": 1}
-    if namespace.administration_ca_file:
-        options["connection_verify"] = namespace.administration_ca_file
+    if namespace.ca_file:
+        options["connection_verify"] = namespace.ca_file
+    if namespace.proxy_host:
+        options["proxies"] = {"https": proxy_url(namespace)}
     if namespace.connection_string is None:
         return ServiceBusAdministrationClient(namespace.administration_host, credential_for(namespace.azure_ad),
                                               **options)
@@ -139,6 +142,17 @@ def administration_client(namespace: NamespaceConfig):
     # naming the administration API's host (which, on an emulator, is not the AMQP port).
     return ServiceBusAdministrationClient.from_connection_string(
         namespace.connection_string_with_endpoint(namespace.administration_host), **options)
+
+
+def proxy_url(namespace: NamespaceConfig) -> str:
+    """``http://[user:password@]host:port`` of the namespace's HTTP proxy, for azure-core (revealed: for a
+    client only, never to print)."""
+    from urllib.parse import quote
+
+    credentials = ""
+    if namespace.proxy_user is not None:
+        credentials = f"{quote(namespace.proxy_user, safe='')}:{quote(namespace.proxy_password.reveal(), safe='')}@"
+    return f"http://{credentials}{namespace.proxy_host}:{namespace.proxy_port}"
 
 
 _DISCOVERY_REFUSAL_TOLD = []  # the warning that discovery is not granted is given once per process

@@ -4,8 +4,8 @@ dry run's destination checks.
 Both attach links without using them: attaching is what fails for wrong credentials, a missing
 entity or a missing right, and an attached sender tells the largest message its destination takes.
 Failures become one plain line naming the setting to fix, or the role to grant and where
-(``PreflightError``, lines from ``access``), or a ``SendFailure`` per destination; connection
-strings, keys and tokens never appear in them.
+(``PreflightError``, lines from ``access`` and, for the way there, ``network``), or a ``SendFailure`` per
+destination; connection strings, keys, tokens and passwords never appear in them.
 """
 
 from __future__ import annotations
@@ -36,10 +36,17 @@ from backlog_syphon.servicebus.access import (
 )
 from backlog_syphon.servicebus.clients import ServiceBusAccessError, each_at_once, open_client
 from backlog_syphon.servicebus.credentials import NoTokenError
+from backlog_syphon.servicebus.network import (
+    NetworkProblem,
+    address_setting,
+    causes,
+    network_line,
+    network_problem_of,
+)
 from backlog_syphon.servicebus.peek import peek_raw
 from backlog_syphon.servicebus.sdk_internals import attach, link_max_message_size, prompt, token_refusal
 from backlog_syphon.servicebus.send import classify_send_error
-from backlog_syphon.model import AccessRight, SendFailure
+from backlog_syphon.model import AccessRight, NetworkFailure, SendFailure
 
 logger = logging.getLogger(__name__)
 
@@ -76,9 +83,14 @@ class PreflightError(SettingsError):
     """A namespace cannot be used as configured; the message is one line naming the setting to fix."""
 
 
+class NoBacklogQueuesError(PreflightError):
+    """The secondary holds none of the configured backlog queues: a wrong setting, or queues that were removed
+    (``--decommission``: the status tells the two apart by the runs table)."""
+
+
 def refusal_of(exc: BaseException) -> Refusal | None:
     """What an SDK error says about access (None: it is about something else, such as the network)."""
-    for cause in _causes(exc):
+    for cause in causes(exc):
         if isinstance(cause, NoTokenError):
             return Refusal(AccessFailure.NO_TOKEN, str(cause))
     if isinstance(exc, ServiceBusAuthenticationError):
@@ -91,17 +103,16 @@ def refusal_of(exc: BaseException) -> Refusal | None:
     return None
 
 
-def _causes(exc: BaseException):
-    """The error and what it wraps: the SDK keeps the exception a credential raised as ``inner_exception``."""
-    seen: list[BaseException] = []
-    todo = [exc]
-    while todo and len(seen) < 10:
-        current = todo.pop()
-        if current is None or any(current is known for known in seen):
-            continue
-        seen.append(current)
-        todo += [getattr(current, "inner_exception", None), current.__cause__, current.__context__]
-    return seen
+def unreachable_line(exc: BaseException, namespace: NamespaceConfig, role: str, *, on_executors: bool = False) -> str:
+    """The line for a namespace that could not be reached: what the network said (``network``), else the error's
+    type and the address to check."""
+    problem = network_problem_of(exc, through_proxy=bool(namespace.proxy_host))
+    if problem is not None:
+        return network_line(problem, namespace, role, on_executors=on_executors)
+    who = "executors cannot" if on_executors else "cannot"
+    return (f"{who} reach the {role} namespace {namespace.endpoint} over {namespace.transport} at "
+            f"{namespace.connect_endpoint} ({type(exc).__name__}): check {address_setting(namespace, role)} and that "
+            f"this machine can reach it")
 
 
 def preflight(config: SyphonConfig, *, timeout_seconds: float = PREFLIGHT_TIMEOUT_SECONDS,
@@ -133,18 +144,10 @@ def preflight(config: SyphonConfig, *, timeout_seconds: float = PREFLIGHT_TIMEOU
         pool.submit(check).result(timeout=timeout_seconds)
     except FutureTimeout:
         namespace = getattr(config, stage[0])
-        raise PreflightError(
-            f"the {stage[0]} namespace ({namespace.endpoint}) did not answer within {timeout_seconds:.0f} s: check "
-            f"{_address_setting(namespace, stage[0])} and that this machine can reach it (AMQP, TCP port "
-            f"5671)") from None
+        raise PreflightError(network_line(NetworkProblem(NetworkFailure.UNANSWERED, f"{timeout_seconds:.0f} s"),
+                                          namespace, stage[0])) from None
     finally:
         pool.shutdown(wait=False)
-
-
-def _address_setting(namespace: NamespaceConfig, role: str) -> str:
-    if namespace.connection_string is not None:
-        return f"the Endpoint in {role}.connection_string"
-    return f"{role}.fully_qualified_namespace"
 
 
 def _raise_first(failures: dict[str, BaseException], namespace: NamespaceConfig, role: str, right: AccessRight,
@@ -165,8 +168,7 @@ def _raise_first(failures: dict[str, BaseException], namespace: NamespaceConfig,
             logger.debug("pre-flight of the %s namespace failed on %s", role, entity, exc_info=exc)
             if isinstance(exc, ServiceBusAccessError):
                 raise PreflightError(str(exc))
-            raise PreflightError(f"cannot reach the {role} namespace ({namespace.endpoint}) ({type(exc).__name__}): "
-                                 f"check {_address_setting(namespace, role)} and that this machine can reach it")
+            raise PreflightError(unreachable_line(exc, namespace, role))
     return lacking
 
 
@@ -192,9 +194,9 @@ def _preflight_secondary(namespace: NamespaceConfig, queues: list[str]) -> list[
                  AccessRight.LISTEN)
     pages = [page for page in results.values() if page is not None]
     if not pages:
-        raise PreflightError(f"the secondary namespace ({namespace.endpoint}) has none of the backlog queues "
+        raise NoBacklogQueuesError(f"the secondary namespace ({namespace.endpoint}) has none of the backlog queues "
                              f"'{queues[0]}'..: check primary.namespace (the backlog queues are "
-                             f"<primary.namespace>/x-servicebus-transfer/<N>) and {_address_setting(namespace, 'secondary')}")
+                             f"<primary.namespace>/x-servicebus-transfer/<N>) and {address_setting(namespace, 'secondary')}")
     return sorted({destination for page in pages if page for destination in [_destination(page[0])] if destination})
 
 
@@ -264,15 +266,13 @@ def executor_preflight(spark, config: SyphonConfig, *, timeout_seconds: float = 
         if row["refusal"]:
             raise PreflightError(row["refusal"])
         if row["problem"]:
-            raise PreflightError(
-                f"executors cannot reach the {row['role']} namespace {row['endpoint']} ({row['problem']}): on "
-                f"Databricks serverless, allow it in the workspace's serverless network policy; elsewhere, let the "
-                f"cluster's workers reach it (AMQP, TCP port 5671)")
+            raise PreflightError(row["problem"])
 
 
 def _attach_problem(namespace: NamespaceConfig, role: str, timeout_seconds: float) -> tuple[str | None, str | None]:
-    """(network problem, access refusal line): both None when a sender link attaches, the probe entity is
-    simply not there, or it is there and only the Send right is missing (the token or key was taken)."""
+    """(the line for a namespace the executor cannot reach, access refusal line): both None when a sender link
+    attaches, the probe entity is simply not there, or it is there and only the Send right is missing (the
+    token or key was taken)."""
     def attach_probe() -> None:
         try:
             with open_client(namespace, role=role, retry_total=0) as client:
@@ -286,11 +286,12 @@ def _attach_problem(namespace: NamespaceConfig, role: str, timeout_seconds: floa
         pool.submit(attach_probe).result(timeout=timeout_seconds)
         return None, None
     except FutureTimeout:
-        return f"no answer within {timeout_seconds:.0f} s", None
-    except Exception as exc:  # noqa: BLE001 - reported by name only: never the connection string
+        return network_line(NetworkProblem(NetworkFailure.UNANSWERED, f"{timeout_seconds:.0f} s"), namespace, role,
+                            on_executors=True), None
+    except Exception as exc:  # noqa: BLE001 - reported by kind and type only: never the connection string
         refusal = refusal_of(exc)
         if refusal is None:
-            return type(exc).__name__, None
+            return unreachable_line(exc, namespace, role, on_executors=True), None
         if refusal.failure is AccessFailure.MISSING_RIGHT:
             return None, None
         return None, refusal_line(refusal, namespace, role, AccessRight.SEND, [PREFLIGHT_PROBE_ENTITY],

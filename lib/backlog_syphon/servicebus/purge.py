@@ -15,6 +15,9 @@ Invariants:
 - Messages passed over are released before their own locks end: the next page is received only while it
   and the releases fit before that (``SettleTiming.receive_wait_while_passing``).
 - Every request is timed, and the timing is kept for the queue's next rounds.
+- A round that misses recorded messages peeks for them before it ends (``PurgeProgress.on_look``); those
+  another receiver holds locked (a killed run's) are waited for, within one lock duration, with receives
+  that answer as soon as they come back (``purge.lock_wait``), and the wait is said on one line.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import time
+from typing import Callable
 
 from azure.servicebus.exceptions import MessageLockLostError, MessagingEntityNotFoundError, ServiceBusError
 
@@ -51,20 +55,21 @@ DESCRIPTION_LIMIT = 1024  # characters of a reason kept as the DeadLetterErrorDe
 
 
 def purge_backlog(namespace: NamespaceConfig, plan: PurgePlan, *, timing: SettleTiming | None = None,
-                  max_wait_seconds: float = 5.0) -> PurgeResult:
+                  max_wait_seconds: float = 5.0, on_completions_sent: Callable[[], None] | None = None) -> PurgeResult:
     """Settle what ``plan`` says in one backlog queue: complete or dead-letter recorded messages only.
 
     Receives in PeekLock exactly as many as are planned, settles those the plan holds, releases the
     rest (which does not raise their delivery count), and makes sure no receive credit stays open, so
     nothing that is not recorded stays locked between calls (see ``sdk_internals.revoke_credit``).
     A queue that no longer exists holds none of the plan's messages: everything is settled. ``timing``:
-    what this queue's earlier rounds measured (updated here).
+    what this queue's earlier rounds measured (updated here). ``on_completions_sent``: called after the
+    completions of a page that has dead-letterings too, before those (where a test may stop the process).
     """
     timing = timing if timing is not None else SettleTiming()
     for fresh_link in (False, True):
         try:
             with pooled_receiver(namespace, plan.queue, purpose="settle") as receiver:  # a failed link leaves the pool
-                return _purge(namespace, receiver, plan, timing, max_wait_seconds)
+                return _purge(namespace, receiver, plan, timing, max_wait_seconds, on_completions_sent)
         except (MessagingEntityNotFoundError, BacklogQueueMissingError):
             # A pooled link to a queue deleted and created since says "not found" too: ask once on a fresh one.
             if fresh_link:
@@ -74,15 +79,20 @@ def purge_backlog(namespace: NamespaceConfig, plan: PurgePlan, *, timing: Settle
 
 
 def _purge(namespace: NamespaceConfig, receiver, plan: PurgePlan, timing: SettleTiming,
-           max_wait_seconds: float) -> PurgeResult:
+           max_wait_seconds: float, on_completions_sent: Callable[[], None] | None) -> PurgeResult:
     if plan.verify and plan.expected:
         plan = plan.verified(_present(namespace, receiver, plan))
     progress = PurgeProgress(plan, timing=timing)
     passed_over: list = []  # messages that stay (held, or left by a re-drive): locked until the round ends
     revoke_credit(receiver)  # the link's attach gave the broker one credit of its own
     try:
-        while credit := progress.credit():
-            wait = max_wait_seconds
+        while (credit := progress.credit()) or progress.wants_look:
+            if not credit:
+                _look(namespace, receiver, plan, progress)
+                continue
+            time.sleep(progress.pause_before_receive(time.time()))
+            waiting = progress.lock_wait is not None  # the receive may wait until locks held elsewhere end
+            wait = progress.receive_wait(time.time(), max_wait_seconds)
             if passed_over:
                 wait = timing.receive_wait_while_passing(lock_end_of(passed_over) - time.time(),
                                                          progress.requests_needed())
@@ -93,10 +103,12 @@ def _purge(namespace: NamespaceConfig, receiver, plan: PurgePlan, timing: Settle
             started, began = time.time(), time.monotonic()
             page = receiver.receive_messages(max_message_count=credit, max_wait_time=wait)
             revoke_credit(receiver)  # a call that returns early leaves the rest of its credit open
-            if page:  # an empty one waited out its time, which says nothing about the link
+            if page and not waiting:  # an empty one waited out its time, which says nothing about the link;
+                # nor does one that waited for locks to end
                 lock_end = first_lock_end(page)
                 timing.observed_page(time.monotonic() - began, None if lock_end is None else lock_end - started)
-            _settle_page(receiver, plan, progress, timing, page, passed_over, started)
+            _settle_page(receiver, plan, progress, timing, page, passed_over, time.time() if waiting else started,
+                         on_completions_sent)
     finally:
         _release_passed_over(receiver, plan, passed_over)
     if progress.page < 1 or progress.late_only:
@@ -112,6 +124,23 @@ def _purge(namespace: NamespaceConfig, receiver, plan: PurgePlan, timing: Settle
     heads = {span.first: first_identity_from(receiver, span.first, confirm=unsettled) for span in plan.spans}
     release_buffered(receiver)
     return progress.result(heads)
+
+
+def _look(namespace: NamespaceConfig, receiver, plan: PurgePlan, progress: PurgeProgress) -> None:
+    """A receive missed recorded messages: peek what is still in the plan's ranges (``PurgeProgress.on_look``),
+    and say when the round starts waiting for locks another receiver holds, and when it gives up."""
+    waiting, now = progress.lock_wait, time.time()
+    progress.on_look(_present(namespace, receiver, plan), now)
+    wait = progress.lock_wait
+    if wait is not None and waiting is None:
+        logger.warning("backlog=%s: %d recorded message(s) are in the queue but locked by an earlier receiver (a run "
+                       "that ended without settling them, or a lost link): waiting up to %.0f s for their locks to end "
+                       "(a lock of %.0f s%s, and a round trip)", plan.queue, wait.locked, wait.bound_seconds,
+                       wait.lock_seconds,
+                       "" if wait.lock_known else ", the service's longest: this queue's is not known")
+    elif wait is not None and progress.stopped and wait.over(now):
+        logger.warning("backlog=%s: recorded message(s) still locked after %.0f s, longer than their lock: another "
+                       "receiver holds them; the next purge round tries again", plan.queue, wait.bound_seconds)
 
 
 def _present(namespace: NamespaceConfig, receiver, plan: PurgePlan) -> list:
@@ -131,7 +160,7 @@ def _present(namespace: NamespaceConfig, receiver, plan: PurgePlan) -> list:
 
 
 def _settle_page(receiver, plan: PurgePlan, progress: PurgeProgress, timing: SettleTiming, page: list,
-                 passed_over: list, received_at: float) -> None:
+                 passed_over: list, received_at: float, on_completions_sent: Callable[[], None] | None) -> None:
     page = latest_deliveries(receiver, plan.queue, page)
     by_seq = {message.sequence_number: message for message in page}
     actions = progress.on_page([received_identity(message) for message in page])
@@ -142,6 +171,8 @@ def _settle_page(receiver, plan: PurgePlan, progress: PurgeProgress, timing: Set
     if passed_over:  # their releases go out after this page's last answer, before their own locks end
         deadline = min(deadline, timing.deadline(lock_end_of(passed_over)) - (timing.round_trip or 0.0))
     completion = settle_all(receiver, [by_seq[seq] for seq in actions.complete], deadline, timing, None)
+    if on_completions_sent is not None and actions.dead_letter:
+        on_completions_sent()
     settlements = [completion]
     for (code, reason), seqs in dead_letter_groups(actions.dead_letter):
         settlements.append(settle_all(receiver, [by_seq[seq] for seq in seqs], deadline, timing, (code, reason)))

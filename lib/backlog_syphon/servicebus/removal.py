@@ -65,4 +65,4 @@ def _refusal(exc: BaseException, namespace: NamespaceConfig, entity: str) -> Man
     return ManageRefusedError(
         f"the secondary namespace's administration API ({namespace.administration_host}) did not answer "
         f"({type(exc).__name__}{f' {status}' if status else ''}): check secondary.administration_endpoint (and "
-        f"secondary.administration_ca_file); removing backlog queues goes through it")
+        f"secondary.ca_file); removing backlog queues goes through it")

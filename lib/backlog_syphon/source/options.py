@@ -30,6 +30,7 @@ from backlog_syphon.restore.queue_names import backlog_queue_names, dead_letter_
 # connection string (or the Azure AD credential's secret) never shows in plans, the Spark UI or event logs.
 SECRET_OPTION = "connection_string_secret"
 CREDENTIAL_SECRET_OPTION = "credential_secret"
+PROXY_SECRET_OPTION = "proxy_password_secret"
 
 _BACKLOG, _RUN = BacklogConfig(), RunConfig()
 
@@ -99,8 +100,16 @@ class SourceOptions:
             options["useDevelopmentEmulator"] = "true"
         if self.secondary.administration_endpoint:
             options["administrationEndpoint"] = self.secondary.administration_endpoint
-        if self.secondary.administration_ca_file:
-            options["administrationCaFile"] = self.secondary.administration_ca_file
+        options["transport"] = self.secondary.transport
+        for name, value in (("customEndpointAddress", self.secondary.custom_endpoint_address),
+                            ("proxyHost", self.secondary.proxy_host), ("proxyUser", self.secondary.proxy_user),
+                            ("caFile", self.secondary.ca_file)):
+            if value:
+                options[name] = value
+        if self.secondary.proxy_port is not None:
+            options["proxyPort"] = str(self.secondary.proxy_port)
+        if self.secondary.proxy_password is not None:
+            options[PROXY_SECRET_OPTION] = self.secondary.proxy_password.reveal()
         options["idleLinkSeconds"] = str(self.secondary.idle_link_seconds)
         if self.stop_file:
             options["stopFile"] = self.stop_file
@@ -116,12 +125,19 @@ class SourceOptions:
     def from_spark(cls, options: Mapping[str, str]) -> SourceOptions:
         """Read the options back (Spark's option map: look-ups only, its keys' case may differ)."""
         secret = options.get(SECRET_OPTION)
+        proxy_password = options.get(PROXY_SECRET_OPTION)
         secondary = NamespaceConfig(connection_string=Secret(secret, "source option") if secret else None,
                                     fully_qualified_namespace=options.get("fullyQualifiedNamespace") or None,
                                     credential=_credential(options),
                                     use_development_emulator=_boolean(options.get("useDevelopmentEmulator") or ""),
                                     administration_endpoint=options.get("administrationEndpoint") or None,
-                                    administration_ca_file=options.get("administrationCaFile") or None,
+                                    transport=options.get("transport") or NamespaceConfig.transport,
+                                    custom_endpoint_address=options.get("customEndpointAddress") or None,
+                                    proxy_host=options.get("proxyHost") or None,
+                                    proxy_port=int(options["proxyPort"]) if options.get("proxyPort") else None,
+                                    proxy_user=options.get("proxyUser") or None,
+                                    proxy_password=Secret(proxy_password, "source option") if proxy_password else None,
+                                    ca_file=options.get("caFile") or None,
                                     idle_link_seconds=float(options.get("idleLinkSeconds")
                                                             or NamespaceConfig.idle_link_seconds))
 
