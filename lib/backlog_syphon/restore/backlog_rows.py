@@ -64,10 +64,10 @@ def peeked_message(backlog_queue: str, raw_message: bytes) -> PeekedMessage:
     raw = bytes(raw_message)
     try:
         envelope = decode_envelope(raw)
-    except Exception:  # noqa: BLE001 - the row says why; the identity may still be readable without the rest
+    except Exception as error:  # noqa: BLE001 - the row says why; the identity may still be readable without the rest
         sequence_number, enqueued_ms = broker_identity(raw)
-        return PeekedMessage(sequence_number, enqueued_ms, backlog_row_values(
-            backlog_queue, raw, sequence_number=sequence_number, enqueued_time=_time_or_none(enqueued_ms)))
+        return PeekedMessage(sequence_number, enqueued_ms, _undecodable_row(
+            backlog_queue, raw, error, sequence_number=sequence_number, enqueued_time=_time_or_none(enqueued_ms)))
     sequence_number, enqueued_ms = _identity(envelope.message_annotations)
     return PeekedMessage(sequence_number, enqueued_ms, _row_of(
         backlog_queue, raw, envelope, sequence_number=sequence_number, enqueued_time=_time_or_none(enqueued_ms)))
