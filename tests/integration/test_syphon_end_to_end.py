@@ -165,10 +165,9 @@ def test_order_per_backlog_queue_and_per_session(emulator, syphon_config, spark)
 
 def test_the_source_planners_start_on_a_read_of_no_queue(spark, monkeypatch, caplog):
     """What a run's start does beside its lease (``start_planners``), once the source is registered: a batch
-    read of no queue is planned, which starts Spark's Python planner processes, once per application, and
-    one small job starts the Python workers the first batch's tasks will run in (``start_workers``). It opens
-    no connection (its options name no namespace, the workers only import), and it succeeded (a failure is
-    only logged, and leaves the application to try again)."""
+    read of no queue is planned, which starts Spark's Python planner processes, once per application.
+    It runs no Spark job and opens no connection (its options name no namespace), and it succeeded (a
+    failure is only logged, and leaves the application to try again)."""
     import logging
     from types import SimpleNamespace
 
@@ -181,7 +180,7 @@ def test_the_source_planners_start_on_a_read_of_no_queue(spark, monkeypatch, cap
     jobs = store.jobsList(None).size()
     caplog.set_level(logging.INFO, logger=data_source.logger.name)
     data_source.start_planners(spark)
-    assert store.jobsList(None).size() == jobs + 1  # the workers' job; the planning runs none
+    assert store.jobsList(None).size() == jobs
     assert [record.getMessage() for record in caplog.records] == []  # no "were not started early"
 
     reads = []

@@ -92,7 +92,7 @@ def start_planners(spark) -> None:
     with pyarrow's and this library's imports, about a second on a small machine, and a query's start
     would wait for them one after the other. Started here, alongside the run's other start-up work, they
     stay, and the query's own steps reuse them (``spark.python.worker.reuse``, on by default): once per
-    Spark application. The workers the first batch's tasks run in are started too (``start_workers``)."""
+    Spark application."""
     application = spark.sparkContext.applicationId
     if application in _PLANNERS_STARTED:
         return
@@ -102,36 +102,6 @@ def start_planners(spark) -> None:
         logger.info("Spark's Python planners were not started early (%s); the query starts them", type(exc).__name__)
         return
     _PLANNERS_STARTED.add(application)
-    try:
-        start_workers(spark)
-    except Exception as exc:  # noqa: BLE001 - only time is at stake: the first batch starts them itself
-        logger.info("Spark's Python workers were not started early (%s); the first batch starts them",
-                    type(exc).__name__)
-
-
-def start_workers(spark) -> None:
-    """Have Spark start the Python workers a batch's tasks run in, each with what it imports: a task reads its
-    window in one worker and sends it in another, so a tiny job of two Python steps per task slot starts
-    two workers per slot, which import the source's read and the send task's modules (pyarrow, the Service
-    Bus SDK, the codec: about half a second of CPU each) and freeze them (``worker_process``). The first
-    batch's tasks reuse them (``spark.python.worker.reuse``) and start reading at once."""
-    slots = max(1, spark.sparkContext.defaultParallelism)
-    spark.range(slots, numPartitions=slots).mapInArrow(_warm, "id long").mapInArrow(_warm, "id long").collect()
-
-
-def _warm(batches):
-    """A worker's imports for the source's reads and the send tasks (the heavy ones: pyarrow, the Service Bus
-    SDK, the codec), then what it was given, unchanged."""
-    from backlog_syphon.restore.restored_message import restore_message_bytes
-    from backlog_syphon.rows import BACKLOG_ROW_ARROW_SCHEMA, record_batch
-    from backlog_syphon.servicebus.peek import peek_raw
-    from backlog_syphon.servicebus.send import DestinationSenders
-    from backlog_syphon.worker_process import freeze_imports
-
-    assert peek_raw and DestinationSenders and restore_message_bytes  # imported for the batches to come
-    record_batch([], BACKLOG_ROW_ARROW_SCHEMA)  # pyarrow's first array loads what it loads on first use
-    freeze_imports()
-    yield from batches
 
 
 @dataclass(frozen=True)
