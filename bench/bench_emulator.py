@@ -60,7 +60,10 @@ def ceiling(latency_ms: float, messages: int, body_size: int, timeout: float = 9
     """Start an emulator with ``latency_ms`` here and measure it from a child process."""
     from servicebus_emulator import Emulator, EmulatorConfig
 
-    config = EmulatorConfig.from_dict({"namespaces": [{"name": NAMESPACE, "port": 0, "queues": [
+    # The emulator's own ceiling: no credit budget, whole receives (a Standard namespace's 1,000 credits a
+    # second, and receives that come back short, would measure those instead).
+    config = EmulatorConfig.from_dict({"namespaces": [{"name": NAMESPACE, "port": 0, "credits_per_second": 0,
+                                                       "short_receive_probability": 0, "queues": [
         {"name": QUEUE, "lock_duration_seconds": 300}]}]})
     with Emulator(config, latency_ms=latency_ms) as emu:
         env = {**os.environ, _CONNECTION_ENV: emu.connection_string(NAMESPACE)}

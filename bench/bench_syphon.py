@@ -42,7 +42,11 @@ over partitioned backlog queues, 16 partitions, a peek answering whole pages of 
 ``partitioned-peek-one`` (the same over partitioned backlog queues whose peeks answer one message per call,
 as reported), ``partitioned-dest`` and ``partitioned-dedupe-dest`` (the 30k row into destinations that are
 all partitioned, without and with duplicate detection; there the loops send one message per send, as a
-deduplicating partitioned entity takes one MessageId per batch), ``scale-local2``, ``scale-1x1``, ``scale-2x1``
+deduplicating partitioned entity takes one MessageId per batch), ``standard-credits`` and
+``standard-credits-partitioned`` (the 30k row, plain and over partitioned backlog queues, both namespaces
+with a Standard namespace's 1,000 credits a second: a peek, a receive and a send cost one per message, a
+settlement one per lock token; every other row runs with the emulator's credits off, so that it measures the
+syphon, not the budget), ``scale-local2``, ``scale-1x1``, ``scale-2x1``
 and ``scale-2x2`` (100,000 x 1 KB: on one JVM with two task slots, then on ``local-cluster``, executors of
 their own: one of one core, two of one, two of two, more cores than the loop's one process can use; how the
 syphon grows with executors, against the first row's loops), ``30k-0ms`` and ``30k-10ms`` (symmetric),
@@ -187,6 +191,8 @@ def run_bench(args) -> int:
         if before is not None:
             before_table.append(report.before_cells(scenario, syphon, before, loops))
         details += report.details_lines(scenario, syphon)
+        if scenario.credits_per_second:
+            details += report.credit_lines(scenario, syphon, loops)
         if before is not None:
             details += report.details_lines(replace(scenario, name=f"{scenario.name}, before"), before)
         figures["rows"].append({"scenario": asdict(scenario), "syphon": syphon, "before": before,

@@ -8,13 +8,25 @@ import asyncio
 import time
 
 from syphon_bench import BenchFailure
-from syphon_bench.loops import send_runs
+from syphon_bench.loops import BUSY_PAUSE_SECONDS, EMPTY_RECEIVES, send_runs
 
 PREFETCH, PAGE = 300, 100
 
 
+async def while_busy(operation):
+    """``await operation()``, asked again after the service's pause while the namespace answers it server-busy
+    (the SDK's own retries gave up), as ``loops.while_busy``."""
+    from azure.servicebus.exceptions import ServiceBusServerBusyError
+
+    while True:
+        try:
+            return await operation()
+        except ServiceBusServerBusyError:
+            await asyncio.sleep(BUSY_PAUSE_SECONDS)
+
+
 async def send_in_batches(sender, messages) -> None:
-    """``messages`` in as few sends as the entity's largest message batch allows."""
+    """``messages`` in as few sends as the entity's largest message batch allows, each waited out while busy."""
     from azure.servicebus.exceptions import MessageSizeExceededError
 
     batch = await sender.create_message_batch()
@@ -22,36 +34,53 @@ async def send_in_batches(sender, messages) -> None:
         try:
             batch.add_message(message)
         except MessageSizeExceededError:
-            await sender.send_messages(batch)
+            await while_busy(lambda: sender.send_messages(batch))  # noqa: B023
             batch = await sender.create_message_batch()
             batch.add_message(message)
-    await sender.send_messages(batch)
+    await while_busy(lambda: sender.send_messages(batch))
 
 
 async def move_queue(backlog, primary, queue: str, count: int, deadline: float, *, singles: bool) -> int:
     """One backlog queue, a page at a time: its sends in order, then its completions at once. ``singles``: one
-    message per send (a partitioned destination with duplicate detection takes one MessageId per batch)."""
+    message per send (a partitioned destination with duplicate detection takes one MessageId per batch). A busy
+    answer is waited out; a receive throttled on a detached link gets a new receiver (as ``loops.move_queue``)."""
     from azure.servicebus import ServiceBusReceiveMode
+    from azure.servicebus.exceptions import ServiceBusServerBusyError
 
-    moved, senders = 0, {}
+    moved, senders, empty = 0, {}, 0
+    receiver = None
     try:
-        async with backlog.get_queue_receiver(queue, receive_mode=ServiceBusReceiveMode.PEEK_LOCK,
-                                              prefetch_count=PREFETCH) as receiver:
-            while moved < count and time.perf_counter() < deadline:
+        while moved < count and time.perf_counter() < deadline:
+            if receiver is None:
+                receiver = backlog.get_queue_receiver(queue, receive_mode=ServiceBusReceiveMode.PEEK_LOCK,
+                                                      prefetch_count=PREFETCH)
+            try:
                 page = await receiver.receive_messages(max_message_count=min(PAGE, count - moved), max_wait_time=5)
-                if not page:
-                    raise BenchFailure(f"asyncio loop: {queue} gave nothing with {count - moved} messages left")
-                for destination, messages in send_runs(page):
-                    sender = senders.get(destination) or senders.setdefault(
-                        destination, primary.get_queue_sender(destination))
-                    if singles:
-                        for message in messages:
-                            await sender.send_messages(message)
-                    else:
-                        await send_in_batches(sender, messages)
-                await asyncio.gather(*(receiver.complete_message(message) for message in page))
-                moved += len(page)
+            except ServiceBusServerBusyError:  # the link is detached: the SDK's receiver keeps raising it
+                await receiver.close()
+                receiver = None
+                await asyncio.sleep(BUSY_PAUSE_SECONDS)
+                continue
+            if not page:  # a namespace out of credits holds a receive on a link with locks: asked again
+                empty += 1
+                if empty > EMPTY_RECEIVES:
+                    raise BenchFailure(f"asyncio loop: {queue} gave nothing {empty} times in a row with "
+                                       f"{count - moved} messages left")
+                continue
+            empty = 0
+            for destination, messages in send_runs(page):
+                sender = senders.get(destination) or senders.setdefault(
+                    destination, primary.get_queue_sender(destination))
+                if singles:
+                    for message in messages:
+                        await while_busy(lambda: sender.send_messages(message))  # noqa: B023
+                else:
+                    await send_in_batches(sender, messages)
+            await asyncio.gather(*(while_busy(lambda m=message: receiver.complete_message(m)) for message in page))
+            moved += len(page)
     finally:
+        if receiver is not None:
+            await receiver.close()
         await asyncio.gather(*(sender.close() for sender in senders.values()))
     return moved
 

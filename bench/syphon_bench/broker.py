@@ -47,7 +47,11 @@ def backlog_emulator(scenario: Scenario | None, geometry: Geometry, args):
             if backlog_left(emu) != (scenario.messages, 0):
                 raise BenchFailure(f"the backlog holds {backlog_left(emu)} (stored, dead-lettered) after "
                                    f"writing {scenario.messages} messages")
-        yield emu, Backlog.stored(emu)
+        stored = Backlog.stored(emu)
+        if scenario is not None and scenario.credits_per_second:
+            for namespace in CONNECTION_ENV:
+                emu.set_credits_per_second(namespace, scenario.credits_per_second)
+        yield emu, stored
 
 
 # The top 16 bits of a partitioned entity's sequence numbers are its partition (the emulator's, as the service's).
@@ -101,6 +105,8 @@ def emulator_config(scenario: Scenario | None):
     from servicebus_emulator.config import EmulatorConfig
 
     raw = yaml.safe_load((ROOT / "conf/emulator.yaml").read_text())
+    for namespace in raw["namespaces"]:
+        namespace["credits_per_second"] = 0  # on only while a row's movers run (``backlog_emulator``)
     for namespace in raw["namespaces"] if scenario is not None else ():
         entities = [*namespace.get("queues", []), *namespace.get("topics", [])]
         if namespace["name"] == SECONDARY:
@@ -153,6 +159,17 @@ def connection_env(emu, library: Path | None = None, transport: str = "amqp") ->
     if not any("administration_endpoint" in path.read_text() for path in package.rglob("*.py")):
         environ = {name: value for name, value in environ.items() if name in CONNECTION_ENV.values()}
     return environ
+
+
+def credits_spent(emu) -> dict[str, tuple[int, int]]:
+    """Per namespace: (credits spent, operations throttled) since the emulator started."""
+    stats = {namespace: emu.credit_stats(namespace) for namespace in CONNECTION_ENV}
+    return {namespace: (entry["spent_total"], entry["throttled_total"]) for namespace, entry in stats.items()}
+
+
+def credits_since(emu, before: dict[str, tuple[int, int]]) -> dict[str, dict[str, int]]:
+    return {namespace: {"spent": spent - before[namespace][0], "throttled": throttled - before[namespace][1]}
+            for namespace, (spent, throttled) in credits_spent(emu).items()}
 
 
 def requests(ops: collections.Counter) -> int:

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from process_cpu import CpuSampler, OwnCpu
 from syphon_bench import BenchFailure
-from syphon_bench.broker import arrivals, backlog_emulator, backlog_left
+from syphon_bench.broker import arrivals, backlog_emulator, backlog_left, credits_since, credits_spent
 from syphon_bench.children import child_process, child_result
 from syphon_bench.rows import CONNECTION_ENV, PRIMARY, SECONDARY, DestinationShape, Loop, Scenario
 
@@ -69,8 +69,25 @@ def send_runs(page):
     return runs
 
 
+BUSY_PAUSE_SECONDS = 2.0  # what a throttled namespace asks a client to wait
+EMPTY_RECEIVES = 6  # receives in a row that may come back empty (5 s each) before a loop is taken as stuck
+
+
+def while_busy(operation):
+    """``operation()``, asked again after the service's pause while the namespace answers it server-busy (the
+    SDK's own retries gave up): what a competent loop does on a Standard namespace out of credits."""
+    from azure.servicebus.exceptions import ServiceBusServerBusyError
+
+    while True:
+        try:
+            return operation()
+        except ServiceBusServerBusyError:
+            time.sleep(BUSY_PAUSE_SECONDS)
+
+
 def _send_in_batches(sender, messages) -> None:
-    """``messages`` in as few sends as the entity's largest message batch allows (large bodies need several)."""
+    """``messages`` in as few sends as the entity's largest message batch allows (large bodies need several),
+    each send asked again while the namespace answers it busy."""
     from azure.servicebus.exceptions import MessageSizeExceededError
 
     batch = sender.create_message_batch()
@@ -78,40 +95,56 @@ def _send_in_batches(sender, messages) -> None:
         try:
             batch.add_message(message)
         except MessageSizeExceededError:
-            sender.send_messages(batch)
+            while_busy(lambda: sender.send_messages(batch))  # noqa: B023
             batch = sender.create_message_batch()
             batch.add_message(message)
-    sender.send_messages(batch)
+    while_busy(lambda: sender.send_messages(batch))
 
 
 def move_queue(backlog, primary, queue: str, count: int, deadline: float, *, batched: bool) -> int:
     """One backlog queue, page by page (PeekLock, prefetch 100): send each page's messages (``batched``:
     consecutive messages for the same destination and session in one send; a deduplicating partitioned
-    destination takes one MessageId per send, so there the loop sends one by one), then complete each one."""
+    destination takes one MessageId per send, so there the loop sends one by one), then complete each one.
+    A busy answer is waited out (``while_busy``); a receive throttled on a detached link gets a new receiver."""
     from azure.servicebus import ServiceBusReceiveMode
+    from azure.servicebus.exceptions import ServiceBusServerBusyError
 
-    moved, senders = 0, {}
+    moved, senders, empty = 0, {}, 0
+    receiver = None
     try:
-        with backlog.get_queue_receiver(queue, receive_mode=ServiceBusReceiveMode.PEEK_LOCK,
-                                        prefetch_count=RECEIVE_PAGE) as receiver:
-            left = count
-            while left and time.perf_counter() < deadline:
+        left = count
+        while left and time.perf_counter() < deadline:
+            if receiver is None:
+                receiver = backlog.get_queue_receiver(queue, receive_mode=ServiceBusReceiveMode.PEEK_LOCK,
+                                                      prefetch_count=RECEIVE_PAGE)
+            try:
                 page = receiver.receive_messages(max_message_count=min(RECEIVE_PAGE, left), max_wait_time=5)
-                if not page:
-                    raise BenchFailure(f"loop: {queue} gave nothing with {left} messages left")
-                for destination, messages in send_runs(page):
-                    if destination not in senders:
-                        senders[destination] = primary.get_queue_sender(destination)
-                    if batched:
-                        _send_in_batches(senders[destination], messages)
-                    else:
-                        for message in messages:
-                            senders[destination].send_messages(message)
-                for message in page:
-                    receiver.complete_message(message)
-                moved += len(page)
-                left -= len(page)
+            except ServiceBusServerBusyError:  # the link is detached: the SDK's receiver keeps raising it
+                receiver.close()
+                receiver = None
+                time.sleep(BUSY_PAUSE_SECONDS)
+                continue
+            if not page:  # a namespace out of credits holds a receive on a link with locks: asked again
+                empty += 1
+                if empty > EMPTY_RECEIVES:
+                    raise BenchFailure(f"loop: {queue} gave nothing {empty} times in a row with {left} messages left")
+                continue
+            empty = 0
+            for destination, messages in send_runs(page):
+                if destination not in senders:
+                    senders[destination] = primary.get_queue_sender(destination)
+                if batched:
+                    _send_in_batches(senders[destination], messages)
+                else:
+                    for message in messages:
+                        while_busy(lambda: senders[destination].send_messages(message))  # noqa: B023
+            for message in page:
+                while_busy(lambda: receiver.complete_message(message))  # noqa: B023
+            moved += len(page)
+            left -= len(page)
     finally:
+        if receiver is not None:
+            receiver.close()
         for sender in senders.values():
             sender.close()
     return moved
@@ -167,12 +200,13 @@ def measure_loop(kind: Loop, scenario: Scenario, args) -> dict:
     dedupe = scenario.destinations is DestinationShape.PARTITIONED_DEDUPE
     with backlog_emulator(scenario, scenario.geometry, args) as (emu, backlog), \
             tempfile.TemporaryDirectory(prefix="bench-loop-") as tmp:
-        arrived_before = arrivals(emu)
+        arrived_before, credits_before = arrivals(emu), credits_spent(emu)
         spec = {"kind": kind.value, "written": backlog.written, "max_seconds": args.loop_seconds, "singles": dedupe}
         with OwnCpu() as own, child_process("loop", spec, emu, Path(tmp)) as child, CpuSampler(child.pid) as cpu:
             result = child_result(child, "loop", Path(tmp), args.loop_seconds + 300)
             cpu.wait_for_exit()
         arrived, (left, dead) = arrivals(emu) - arrived_before, backlog_left(emu)
+        credits = credits_since(emu, credits_before)
         disorder = backlog.arrival_problems(emu, keyless_unordered=dedupe)
     moved = result["moved"]
     if arrived != moved or left != scenario.messages - moved or dead or disorder:
@@ -180,6 +214,6 @@ def measure_loop(kind: Loop, scenario: Scenario, args) -> dict:
                            f"holds {left} and {dead} dead-lettered (of {scenario.messages})"
                            + "".join(f"; {problem}" for problem in disorder))
     return {"rate": moved / result["seconds"], "moved": moved, "seconds": result["seconds"],
-            "time_bound": moved < scenario.messages, "cpu_per_1000": cpu.total() / max(1, moved) * 1000,
+            "time_bound": moved < scenario.messages, "credits": credits, "cpu_per_1000": cpu.total() / max(1, moved) * 1000,
             # this process's CPU meanwhile, less its sampling: the emulator's, which runs in here
             "emulator_cpu_per_1000": (own.seconds - cpu.own_seconds) / max(1, moved) * 1000}

@@ -3,7 +3,7 @@ against the faster loop of the same row in the same run. Plain values in, text o
 from __future__ import annotations
 
 from syphon_bench.figures import per_batch
-from syphon_bench.rows import BACKLOG_QUEUES, Loop, Scenario
+from syphon_bench.rows import BACKLOG_QUEUES, PRIMARY, SECONDARY, Loop, Scenario
 
 COLUMNS = ["row", "geometry", "e2e msg/s", "loop thr", "loop aio", "loop 1", "/loop", "/30k", "cycle", "send",
            "cyc/send", "between s", "lease>1st s", "probes/b", "rt/b", "commits/b", "CPU s/1k", "emu", "loop CPU", "loop emu",
@@ -109,6 +109,39 @@ def details_lines(scenario: Scenario, syphon: dict) -> list[str]:
     if syphon.get("commit_ms"):
         lines.append("  one Delta commit on this machine's disk (median of 6): " + ", ".join(
             f"{kind} {ms:.0f} ms" for kind, ms in syphon["commit_ms"].items()))
+    return lines
+
+
+def drain_seconds(syphon: dict) -> float:
+    """A syphon run's drain: from its query's start to its stop (the run's timeline), when the namespaces' credits
+    are spent; the Spark start and the set-up before it spend none. The whole run where the timeline lacks it."""
+    marks = syphon.get("timeline") or {}
+    if "QUERY_STARTED" in marks and "QUERY_STOPPED" in marks:
+        return marks["QUERY_STOPPED"] - marks["QUERY_STARTED"]
+    return syphon["seconds"]
+
+
+def credit_lines(scenario: Scenario, syphon: dict, loops: dict) -> list[str]:
+    """What a row with the namespaces' credits on spent: per second and per moved message, per namespace, and
+    the share of the secondary's budget the syphon turned into moved messages (its rate over the rate its
+    credits per message allow); the loops' the same way."""
+    budget, moved = scenario.credits_per_second, scenario.messages
+
+    def spending(name: str, seconds: float, messages: int, credits: dict) -> str:
+        secondary, primary = credits[SECONDARY], credits[PRIMARY]
+        per_message = secondary["spent"] / max(1, messages)
+        allowed = budget / per_message if per_message else None
+        rate = messages / seconds
+        share = f", {rate / allowed:.0%} of what its credits per message allow" if allowed else ""
+        return (f"  {scenario.name}: {name}: {rate:.0f} msg/s over {seconds:.1f} s; secondary {secondary['spent']:,} "
+                f"credits ({secondary['spent'] / seconds:.0f}/s, {per_message:.2f} a moved message{share}), "
+                f"{secondary['throttled']} operations throttled; primary {primary['spent']:,} credits "
+                f"({primary['spent'] / seconds:.0f}/s, {primary['spent'] / max(1, messages):.2f} a message), "
+                f"{primary['throttled']} throttled")
+
+    lines = [spending("syphon (its query's drain)", drain_seconds(syphon), moved, syphon["credits"])]
+    lines += [spending(f"loop ({kind.value})", loop["seconds"], loop["moved"], loop["credits"])
+              for kind, loop in loops.items()]
     return lines
 
 

@@ -72,6 +72,9 @@ class Scenario:
     backlog_partitioned: bool = False
     peek_one_per_call: bool = False
     destinations: DestinationShape = DestinationShape.PLAIN
+    # The namespaces' credits a second while the movers run (a Standard namespace's 1,000; 0: off, the emulator's
+    # budget kept out of the way of the other rows). The backlog is written before, with them off.
+    credits_per_second: float = 0.0
     # The Spark master of the syphon's session (None: the session builder's default, local[*]); a
     # ``local-cluster[N,C,M]`` row runs N executor JVMs, as a cluster does, on this one machine.
     master: str | None = None
@@ -94,6 +97,8 @@ class Scenario:
                                                      else "whole-partition peek pages"))
         if self.destinations is not DestinationShape.PLAIN:
             shape.append(f"{self.destinations.value} destinations")
+        if self.credits_per_second:
+            shape.append(f"{self.credits_per_second:,.0f} credits a second per namespace")
         if self.master:
             shape.append(f"on {self.master}")
         if self.transport != "amqp":
@@ -118,6 +123,10 @@ SCENARIOS = {
     "partitioned-dest": Scenario("partitioned-dest", 30_000, FAR, destinations=DestinationShape.PARTITIONED),
     "partitioned-dedupe-dest": Scenario("partitioned-dedupe-dest", 30_000, FAR,
                                         destinations=DestinationShape.PARTITIONED_DEDUPE),
+    # A Standard namespace at each end, throttling as the service does once its 1,000 credits a second are spent.
+    "standard-credits": Scenario("standard-credits", 30_000, FAR, credits_per_second=1000),
+    "standard-credits-partitioned": Scenario("standard-credits-partitioned", 30_000, FAR, backlog_partitioned=True,
+                                             credits_per_second=1000),
     # Scale out: 100,000 messages on one JVM with two task slots (the default local[2]), then on executors of
     # their own (local-cluster[N,C,MB]: a JVM and its Python workers per executor, as a cluster has): one of one
     # core, two of one, two of two (more cores than the loop's one process can use). The loops' figures are

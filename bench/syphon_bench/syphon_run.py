@@ -21,6 +21,8 @@ from syphon_bench.broker import (
     backlog_emulator,
     backlog_left,
     broker_ops,
+    credits_since,
+    credits_spent,
     dead_letter_reasons,
     duplicates_dropped,
     requests,
@@ -67,6 +69,7 @@ def syphon_child(spec: dict) -> dict:
     summary = run_syphon(spark, config, timeout_seconds=spec["timeout_seconds"], on_start=on_start)
     end = time.perf_counter()
     returned_at = time.time()
+    logging.getLogger("backlog_syphon").info("summary:\n%s", "\n".join(summary.lines()))  # credits by kind
     run, query_started = started[0]
     batches = [{"batch_id": p.batchId, "rows": p.numInputRows, "ms": p.batchDuration, "timestamp": p.timestamp,
                 "duration_ms": dict(p.durationMs), "plan": planned_with(p)} for p in run.query.recentProgress]
@@ -153,7 +156,7 @@ def measure_syphon(scenario: Scenario, args, *, per_trigger: int | None = None, 
     """One syphon run over a fresh backlog of ``scenario`` (from ``library``'s ``lib``: None, this checkout's)."""
     with backlog_emulator(scenario, scenario.geometry, args) as (emu, backlog), \
             tempfile.TemporaryDirectory(prefix="bench-syphon-") as tmp:
-        ops_before, arrived_before = broker_ops(emu), arrivals(emu)
+        ops_before, arrived_before, credits_before = broker_ops(emu), arrivals(emu), credits_spent(emu)
         timeout = 600 + scenario.messages / 10
         settings = {} if per_trigger is None else {"run.max_messages_per_trigger": per_trigger}
         suffix = "" if library is None or library == args.library else "-before"
@@ -169,6 +172,7 @@ def measure_syphon(scenario: Scenario, args, *, per_trigger: int | None = None, 
             result = child_result(child, "syphon", Path(tmp), timeout + 300)
             cpu.wait_for_exit()  # the JVM ends after the child: its CPU until then is the run's too
         ops = broker_ops(emu) - ops_before
+        credits = credits_since(emu, credits_before)
         arrived, (left, dead) = arrivals(emu) - arrived_before, backlog_left(emu)
         twice = duplicates_dropped(emu)
         disorder = backlog.arrival_problems(
@@ -202,7 +206,7 @@ def measure_syphon(scenario: Scenario, args, *, per_trigger: int | None = None, 
         result["steady_cpu_per_1000"] = (cpu.total_at(ended) - cpu.total_at(began)) / rows * 1000
     # This process's CPU meanwhile, less its sampling: the emulator's (it runs in here), per 1,000 messages.
     result["emulator_cpu_per_1000"] = (own.seconds - cpu.own_seconds - follower.own_seconds) / scenario.messages * 1000
-    return {**result, "e2e_rate": scenario.messages / result["seconds"], "ops": dict(ops),
+    return {**result, "e2e_rate": scenario.messages / result["seconds"], "ops": dict(ops), "credits": credits,
             "failure": failure, "cpu_per_1000": cpu.total() / scenario.messages * 1000,
             "cpu_by_role": {role: {"processes": n, "seconds": s} for role, (n, s) in cpu.by_role().items()},
             "cpu_processes": [asdict(p) for p in cpu.processes()], "jvm_threads": cpu.jvm_threads(),

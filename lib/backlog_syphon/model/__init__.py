@@ -9,24 +9,25 @@ Outcome``): ``vocabulary`` (the enums), ``records`` (the tables' rows, spans and
 """
 
 from backlog_syphon.model.vocabulary import (
-    AccessRight, Action, BacklogState, CredentialKind, DEAD_LETTER_REASON_CODES, DrainHold, EntityKind,
-    FINAL_OUTCOMES, LogFormat, NetworkFailure, Outcome, REPORTED_OUTCOMES, ReasonCode, RunMode, RunSource,
-    STAYING_OUTCOMES, Transport, TtlPolicy
+    AccessRight, Action, BacklogState, CredentialKind, CreditKind, DEAD_LETTER_REASON_CODES, DrainHold, EntityKind,
+    FINAL_OUTCOMES, LogFormat, NamespaceRole, NetworkFailure, Outcome, REPORTED_OUTCOMES, ReasonCode, RunMode,
+    RunSource, STAYING_OUTCOMES, Transport, TtlPolicy
 )
 from backlog_syphon.model.records import (
-    BrokerCount, CheckpointRow, DeadLetterOrder, HeldSpan, Int32, JobIds, Lease, OutcomeRecord, QueueSettings,
-    RecordedSpan, RunRow, new_run_id
+    BrokerCount, CheckpointRow, CreditUsage, DeadLetterOrder, HeldSpan, Int32, JobIds, Lease, OutcomeRecord,
+    QueueSettings, RecordedSpan, RunRow, new_run_id
 )
 from backlog_syphon.model.sending import (
     BatchStats, DestinationShape, EarlierBatches, MESSAGE_REFUSAL_REASONS, Outgoing, PacingStats, PartialSendError,
-    SendFailure, SendFailureClass, SendShape, THROTTLING_REASONS
+    RefusedBeforeSending, SendFailure, SendFailureClass, SendShape, THROTTLING_REASONS
 )
 
 __all__ = [
-    "AccessRight", "Action", "BacklogState", "CredentialKind", "DEAD_LETTER_REASON_CODES", "DrainHold", "EntityKind",
-    "FINAL_OUTCOMES", "LogFormat", "NetworkFailure", "Outcome", "REPORTED_OUTCOMES", "ReasonCode", "RunMode", "RunSource",
-    "STAYING_OUTCOMES", "Transport", "TtlPolicy", "BrokerCount", "CheckpointRow", "DeadLetterOrder", "HeldSpan", "Int32", "JobIds", "Lease",
-    "OutcomeRecord", "QueueSettings", "RecordedSpan", "RunRow", "new_run_id", "BatchStats", "DestinationShape", "EarlierBatches",
-    "MESSAGE_REFUSAL_REASONS", "Outgoing", "PacingStats", "PartialSendError", "SendFailure", "SendFailureClass",
+    "AccessRight", "Action", "BacklogState", "CredentialKind", "CreditKind", "DEAD_LETTER_REASON_CODES", "DrainHold",
+    "EntityKind", "FINAL_OUTCOMES", "LogFormat", "NamespaceRole", "NetworkFailure", "Outcome", "REPORTED_OUTCOMES",
+    "ReasonCode", "RunMode", "RunSource", "STAYING_OUTCOMES", "Transport", "TtlPolicy", "BrokerCount",
+    "CheckpointRow", "CreditUsage", "DeadLetterOrder", "HeldSpan", "Int32", "JobIds", "Lease", "OutcomeRecord",
+    "QueueSettings", "RecordedSpan", "RunRow", "new_run_id", "BatchStats", "DestinationShape", "EarlierBatches",
+    "MESSAGE_REFUSAL_REASONS", "Outgoing", "PacingStats", "PartialSendError", "RefusedBeforeSending", "SendFailure", "SendFailureClass",
     "SendShape", "THROTTLING_REASONS"
 ]

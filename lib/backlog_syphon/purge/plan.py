@@ -127,6 +127,7 @@ class PurgeResult:
     released: int
     remaining: tuple[RecordedSpan, ...]  # spans with messages still there (their counts unknown)
     settled: tuple[RecordedSpan, ...]  # spans whose messages are all gone
+    throttled: bool = False  # the round ended because the namespace throttled it (server-busy): not an answer
 
 def span_after_peek(span: RecordedSpan, head: Identity | None) -> RecordedSpan | None:
     """What is left of ``span`` when ``head`` is the first message at or after its first sequence number.

@@ -15,7 +15,7 @@ Invariants:
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import NamedTuple
 
 from backlog_syphon.model import ReasonCode
@@ -131,6 +131,7 @@ def _row_of(backlog_queue: str, raw: bytes, envelope, *, sequence_number: int | 
         )
         row.update(legacy_fields_to_row_values(decode_legacy_properties(envelope.application_properties)))
         row.update(dead_letter_fields(envelope.application_properties))
+        row["backlog_expires_time"] = expires_time(row["enqueued_time"], envelope.header.ttl_ms)
     except Exception as error:  # noqa: BLE001 - one message's problem is that message's outcome
         return _undecodable_row(backlog_queue, raw, error, sequence_number=sequence_number,
                                 enqueued_time=enqueued_time, known=row)
@@ -153,6 +154,17 @@ def _undecodable_row(backlog_queue: str, raw: bytes, error: Exception, *, sequen
         "decode_problem_code": ReasonCode.UNDECODABLE_MESSAGE,
         "decode_problem_reason": reason[:1024],
     }
+
+
+def expires_time(enqueued_time: datetime | None, ttl_ms: int | None) -> datetime | None:
+    """When a backlog copy expires in its queue: its enqueue time plus its own time to live (the AMQP header's);
+    None without either (a queue's default time to live, which the syphon does not read, may end it sooner)."""
+    if enqueued_time is None or not ttl_ms:
+        return None
+    try:
+        return enqueued_time + timedelta(milliseconds=int(ttl_ms))
+    except OverflowError:  # past the year 9999: never
+        return None
 
 
 def dead_letter_fields(application_properties) -> dict:

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from pyspark.sql import SparkSession
 
-from backlog_syphon.model import STAYING_OUTCOMES, EarlierBatches, Outcome
+from backlog_syphon.model import STAYING_OUTCOMES, CreditUsage, EarlierBatches, Outcome
 from backlog_syphon.run import reports
 from backlog_syphon.run.progress import BatchStats, ProgressPoint
 from backlog_syphon.sink.foreach_batch import DeliverySink
@@ -20,7 +20,8 @@ from backlog_syphon.timeline import Timeline
 
 # The run summary's columns per destination: the reported outcomes (``model.REPORTED_OUTCOMES``) and their headings.
 SUMMARY_COLUMNS = ((Outcome.DELIVERED, "delivered"), (Outcome.DEAD_LETTERED, "dead-lettered"),
-                   (Outcome.SKIPPED_PING, "skipped"), (Outcome.HELD, "held"), (Outcome.NOT_SELECTED, "not selected"))
+                   (Outcome.SKIPPED_PING, "skipped"), (Outcome.EXPIRED, "expired"), (Outcome.HELD, "held"),
+                   (Outcome.NOT_SELECTED, "not selected"))
 
 
 def _width(heading: str) -> int:
@@ -38,6 +39,7 @@ class RunSummary:
     # A re-drive: ``remaining`` counts the dead-letter sub-queues, where what it left stays by design.
     redrive: bool = False
     stopped: bool = False  # it stopped on request (a signal, a timeout) at a batch boundary
+    credits: CreditUsage | None = None  # what the run spent of each namespace's credits
 
     @property
     def held(self) -> dict[str, int]:
@@ -69,9 +71,10 @@ class RunSummary:
         out = [f"run {self.run_id}"]
         # NOT_SELECTED only happens in a re-drive, HELD only under restore.skip_destinations: a run
         # without them keeps the summary it always had.
-        held = self.held
+        held, expired = self.held, self._counts(Outcome.EXPIRED)
         columns = [(outcome, heading) for outcome, heading in SUMMARY_COLUMNS
-                   if (outcome != Outcome.NOT_SELECTED or self.redrive) and (outcome != Outcome.HELD or held)]
+                   if (outcome != Outcome.NOT_SELECTED or self.redrive) and (outcome != Outcome.HELD or held)
+                   and (outcome != Outcome.EXPIRED or expired)]
         out.append(f"  {'destination':<32}" + "".join(f" {heading:>{_width(heading)}}" for _, heading in columns))
         for destination, counts in self.per_destination.items():
             out.append(f"  {destination:<32}" + "".join(f" {counts.get(outcome, 0):>{_width(heading)}}"
@@ -84,6 +87,8 @@ class RunSummary:
         if held:
             out.append(f"  left in the backlog for restore.skip_destinations: {sum(held.values())} message(s) "
                        f"({', '.join(f'{d} {n}' for d, n in held.items())}); a run without the skip delivers them")
+        if self.credits is not None:
+            out.append(f"  {self.credits.line()}")
         return out
 
 

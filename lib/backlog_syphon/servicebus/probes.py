@@ -181,7 +181,7 @@ def _preflight_secondary(namespace: NamespaceConfig, queues: list[str]) -> list[
             def peek_first(queue: str):
                 try:
                     with prompt(client.get_queue_receiver(queue)) as receiver:
-                        return peek_raw(receiver, 1, 1)
+                        return peek_raw(receiver, 1, 1, namespace=namespace)
                 except (BacklogQueueMissingError, MessagingEntityNotFoundError):
                     return None
                 except Exception as exc:  # noqa: BLE001 - judged with the others' below

@@ -15,6 +15,14 @@ Invariants:
 - Messages passed over are released before their own locks end: the next page is received only while it
   and the releases fit before that (``SettleTiming.receive_wait_while_passing``).
 - Every request is timed, and the timing is kept for the queue's next rounds.
+- Lock tokens go in one request per partition (a partitioned entity refuses a request across partitions);
+  a request refused for a lost lock is looked at before it is split (``BulkSettlement``): whether the
+  service settled its live tokens or none, nothing settled is sent again and nothing live taken for settled.
+- Every receive, settlement and peek is paced by the secondary's credits (``throttling``): a receive waits
+  until the process's share allows it, and its page's settlements go at once (their credits are paid by the
+  next receive's wait), so the pacing never eats into the locks; a busy settlement is asked again while its
+  page's deadline allows (else its messages are released, received again later); a busy receive ends the
+  round (the SDK's receiver, its link detached, is dropped), and the next goes on.
 - A round that misses recorded messages peeks for them before it ends (``PurgeProgress.on_look``); those
   another receiver holds locked (a killed run's) are waited for, within one lock duration, with receives
   that answer as soon as they come back (``purge.lock_wait``), and the wait is said on one line.
@@ -27,12 +35,14 @@ import logging
 import time
 from typing import Callable
 
-from azure.servicebus.exceptions import MessageLockLostError, MessagingEntityNotFoundError, ServiceBusError
+from azure.servicebus.exceptions import (MessageLockLostError, MessagingEntityNotFoundError, ServiceBusError,
+                                         ServiceBusServerBusyError)
 
 from backlog_syphon.config import NamespaceConfig
 from backlog_syphon.errors import BacklogQueueMissingError
+from backlog_syphon.model import CreditKind
 from backlog_syphon.partitions import lane_key, partition_of
-from backlog_syphon.servicebus.clients import each_at_once, pooled_receiver
+from backlog_syphon.servicebus.clients import each_at_once, namespace_of, pooled_receiver
 from backlog_syphon.servicebus.peek import first_identity_from, peek_identities
 from backlog_syphon.purge.bulk_settlement import BulkSettlement
 from backlog_syphon.purge.plan import PurgePlan, PurgeResult
@@ -46,6 +56,7 @@ from backlog_syphon.servicebus.sdk_internals import (
     revoke_credit,
 )
 from backlog_syphon.purge.settle_timing import SettleTiming
+from backlog_syphon.servicebus.throttling import await_credits, pause_of, paced
 
 # The logger keeps the module's former name (``servicebus.settle``): log pipelines may filter on it.
 logger = logging.getLogger(__name__)
@@ -70,12 +81,30 @@ def purge_backlog(namespace: NamespaceConfig, plan: PurgePlan, *, timing: Settle
         try:
             with pooled_receiver(namespace, plan.queue, purpose="settle") as receiver:  # a failed link leaves the pool
                 return _purge(namespace, receiver, plan, timing, max_wait_seconds, on_completions_sent)
+        except ThrottledRound as throttled:
+            # A receive the namespace throttled: its link is detached (the SDK's receiver raises that again on
+            # every receive: the pool dropped it). The round says what it settled; the next one comes after
+            # the namespace's pause.
+            pause = pause_of(namespace)
+            logger.info("backlog=%s: the secondary is throttling (server-busy) the purge's receives: this round "
+                        "ends (completed=%d dead_lettered=%d), the next one goes on in %.1f s at a lower rate",
+                        plan.queue, throttled.result.completed, throttled.result.dead_lettered, pause)
+            time.sleep(pause)
+            return throttled.result
         except (MessagingEntityNotFoundError, BacklogQueueMissingError):
             # A pooled link to a queue deleted and created since says "not found" too: ask once on a fresh one.
             if fresh_link:
                 logger.warning("backlog=%s no longer exists: the %d recorded message(s) the purge was to settle "
                                "went with it", plan.queue, plan.expected)
     return PurgeResult(0, 0, 0, (), plan.spans)
+
+
+class ThrottledRound(Exception):
+    """A receive of the round was throttled (server-busy): ``result`` is what the round settled before it."""
+
+    def __init__(self, result: PurgeResult):
+        super().__init__("throttled")
+        self.result = result
 
 
 def _purge(namespace: NamespaceConfig, receiver, plan: PurgePlan, timing: SettleTiming,
@@ -100,8 +129,14 @@ def _purge(namespace: NamespaceConfig, receiver, plan: PurgePlan, timing: Settle
                     progress.locks_running_out()
                     break
                 wait = min(wait, max_wait_seconds)
+            await_credits(namespace, reserve=credit)  # the page's receive is timed from here, not from the pacing
             started, began = time.time(), time.monotonic()
-            page = receiver.receive_messages(max_message_count=credit, max_wait_time=wait)
+            try:
+                page = _receive(namespace, receiver, credit, wait)
+            except ServiceBusServerBusyError:
+                # Refused while the link held no lock (else the service holds the receive back instead):
+                # nothing was received, and nothing is left to release. The link is detached: no look.
+                raise ThrottledRound(progress.throttled_result()) from None
             revoke_credit(receiver)  # a call that returns early leaves the rest of its credit open
             if page and not waiting:  # an empty one waited out its time, which says nothing about the link;
                 # nor does one that waited for locks to end
@@ -120,10 +155,20 @@ def _purge(namespace: NamespaceConfig, receiver, plan: PurgePlan, timing: Settle
     # Whatever could not be settled (lock lost, not there yet) is still there: look, don't count. An empty
     # answer where the round left something is looked at twice (a peek may come back empty while messages
     # exist). The peeks are also the barrier behind any transfer still on its way (see revoke_credit).
+    # A span this round settled whole needs no look (a look can miss where a peek answers from another partition).
     unsettled = progress.completed + progress.dead_lettered < plan.expected
-    heads = {span.first: first_identity_from(receiver, span.first, confirm=unsettled) for span in plan.spans}
+    heads = {span.first: first_identity_from(receiver, span.first, confirm=unsettled, lane=plan.interleaved)
+             for span in plan.spans if not progress.settled_whole(span)}
     release_buffered(receiver)
     return progress.result(heads)
+
+
+def _receive(namespace: NamespaceConfig, receiver, credit: int, wait: float) -> list:
+    """One receive call, paced by the secondary's credits (one a message; the caller's ``await_credits``
+    reserved ``credit`` of them); a busy answer is raised: it ends the round (see ``purge_backlog``)."""
+    return paced(namespace, CreditKind.RECEIVE, lambda: receiver.receive_messages(max_message_count=credit,
+                                                                                  max_wait_time=wait),
+                 cost=len, retry=False, wait=False, reserve=credit)
 
 
 def _look(namespace: NamespaceConfig, receiver, plan: PurgePlan, progress: PurgeProgress) -> None:
@@ -150,11 +195,11 @@ def _present(namespace: NamespaceConfig, receiver, plan: PurgePlan) -> list:
     end to end."""
     ranges = plan.ranges
     if len(ranges) == 1:
-        return peek_identities(receiver, *ranges[0])
+        return peek_identities(receiver, *ranges[0], lane=plan.interleaved)
 
     def walk(lane: tuple[int, int]) -> list:
         with pooled_receiver(namespace, lane_key(plan.queue, partition_of(lane[0]))) as lane_receiver:
-            return peek_identities(lane_receiver, *lane)
+            return peek_identities(lane_receiver, *lane, lane=True)
 
     return [identity for present in each_at_once(ranges, walk, name="purge-verify").values() for identity in present]
 
@@ -170,12 +215,14 @@ def _settle_page(receiver, plan: PurgePlan, progress: PurgeProgress, timing: Set
     deadline = timing.deadline(lock_end_of(page, received_at))
     if passed_over:  # their releases go out after this page's last answer, before their own locks end
         deadline = min(deadline, timing.deadline(lock_end_of(passed_over)) - (timing.round_trip or 0.0))
-    completion = settle_all(receiver, [by_seq[seq] for seq in actions.complete], deadline, timing, None)
+    completion = settle_all(receiver, [by_seq[seq] for seq in actions.complete], deadline, timing, None,
+                            lane=plan.interleaved)
     if on_completions_sent is not None and actions.dead_letter:
         on_completions_sent()
     settlements = [completion]
     for (code, reason), seqs in dead_letter_groups(actions.dead_letter):
-        settlements.append(settle_all(receiver, [by_seq[seq] for seq in seqs], deadline, timing, (code, reason)))
+        settlements.append(settle_all(receiver, [by_seq[seq] for seq in seqs], deadline, timing, (code, reason),
+                                      lane=plan.interleaved))
     if completion.all_lost:
         _give_back(receiver, [by_seq[seq] for settlement in settlements for seq in settlement.left])
         raise LocksLostError(f"backlog={plan.queue}: every lock of a page of {len(actions.complete)} message(s) was "
@@ -183,7 +230,8 @@ def _settle_page(receiver, plan: PurgePlan, progress: PurgeProgress, timing: Set
     late = [seq for settlement in settlements for seq in settlement.left]
     _give_back(receiver, [by_seq[seq] for seq in late])
     dead_lettered = [seq for settlement in settlements[1:] for seq in settlement.completed]
-    progress.on_settled(len(completion.completed), dead_lettered, given_back=len(late))
+    progress.on_settled(len(completion.completed), dead_lettered, given_back=len(late),
+                        completed_numbers=completion.completed)
     if late:
         logger.info("backlog=%s %d message(s) not settled before their locks' end (a round trip of %.2f s, locks of "
                     "%.1f s): released untouched and received again", plan.queue, len(late), timing.round_trip or 0.0,
@@ -262,14 +310,17 @@ class LocksLostError(RuntimeError):
 
 
 def settle_all(receiver, messages: list, deadline: float, timing: SettleTiming, dead_letter: tuple[str, str] | None,
-               *, clock=time.time) -> BulkSettlement:
+               *, lane: bool = False, clock=time.time, sleep=time.sleep) -> BulkSettlement:
     """Complete received messages (``dead_letter`` None), or dead-letter them with one (reason code, reason),
-    with one management request instead of one round trip each; a request refused for a lost lock is split
-    and tried again, and nothing is sent after ``deadline`` (``purge.bulk_settlement.BulkSettlement``). Each request is
-    timed into ``timing``. Returns the settlement: what was settled, and what was not (a lost lock; the
-    deadline, a broken link or every lock gone: ``left``, for the caller to release)."""
+    with one management request per partition instead of one round trip each; a request refused for a lost
+    lock is looked at (a peek of its range: ``lane``, one partition's) and split where that says nothing went,
+    a busy answer is asked again after the pacer's pause while the deadline allows, and nothing is sent after
+    ``deadline`` (``purge.bulk_settlement.BulkSettlement``). Each request is timed into ``timing``. Returns the
+    settlement: what was settled, and what was not (a lost lock; the deadline, a broken link or every lock
+    gone: ``left``, for the caller to release)."""
     by_seq = {message.sequence_number: message for message in messages}
-    settlement = BulkSettlement(sorted(by_seq), deadline)
+    settlement = BulkSettlement(sorted(by_seq), deadline, partition=partition_of)
+    namespace = namespace_of(receiver)
     what = "completion" if dead_letter is None else "dead-lettering"
     requests = 0
     while (request := settlement.next_request(clock())) is not None:
@@ -277,16 +328,24 @@ def settle_all(receiver, messages: list, deadline: float, timing: SettleTiming, 
         tokens = [by_seq[seq].lock_token for seq in request]
         began = time.monotonic()
         try:
-            if dead_letter is None:
-                complete_by_lock_tokens(receiver, tokens)
-            else:
-                dead_letter_by_lock_tokens(receiver, tokens, dead_letter[0], dead_letter[1][:DESCRIPTION_LIMIT])
+            _settle(namespace, receiver, tokens, dead_letter)
         except MessageLockLostError:
             timing.observed_request(time.monotonic() - began)
-            if len(request) > 1:
-                logger.info("bulk %s of %d message(s) refused for a lost lock: split and tried again", what,
-                            len(request))
-            settlement.lock_lost(request)
+            present = None
+            if settlement.needs_look(request):
+                present = {seq for seq, _ in peek_identities(receiver, request[0], request[-1], lane=lane)}
+            logger.info("bulk %s of %d message(s) refused for a lost lock: %s", what, len(request),
+                        "split and tried again" if present is None or set(request) <= present else
+                        f"{len(set(request) - present)} of them were settled, the rest lost their lock")
+            settlement.lock_lost(request, present=present)
+        except ServiceBusServerBusyError:
+            pause = pause_of(namespace) if namespace is not None else None
+            if pause is None or clock() + pause >= settlement.deadline:
+                logger.info("bulk %s of %d message(s) throttled (server-busy) too close to the locks' end: released, "
+                            "received again by a later round", what, len(request))
+                settlement.stop()
+            else:
+                sleep(pause)  # the same request goes again
         except ServiceBusError as exc:
             logger.info("bulk %s of %d message(s) failed (%s); the rest is received again by the next round", what,
                         len(request), type(exc).__name__)
@@ -299,3 +358,18 @@ def settle_all(receiver, messages: list, deadline: float, timing: SettleTiming, 
                     "failure or once every lock seemed gone %d) in %d request(s)", len(settlement.unsettled),
                     len(messages), what, len(settlement.lost), len(settlement.left), requests)
     return settlement
+
+
+def _settle(namespace: NamespaceConfig | None, receiver, tokens: list, dead_letter: tuple[str, str] | None) -> None:
+    """One bulk request, paced by the secondary's credits (one a lock token, an assumption); a busy answer is
+    raised (the caller knows the deadline)."""
+    def request() -> None:
+        if dead_letter is None:
+            complete_by_lock_tokens(receiver, tokens)
+        else:
+            dead_letter_by_lock_tokens(receiver, tokens, dead_letter[0], dead_letter[1][:DESCRIPTION_LIMIT])
+
+    if namespace is None:  # a receiver of the caller's own (a test's): not paced
+        request()
+    else:
+        paced(namespace, CreditKind.SETTLE, request, cost=lambda _: len(tokens), retry=False, wait=False)

@@ -113,9 +113,13 @@ def after_purge(unpurged: dict[str, Unpurged], results: dict[str, PurgeResult]) 
             continue
         untouched = tuple(span for span in pending.spans if not _was_planned(span, result))
         spans = untouched + result.remaining
+        # What is left is counted before the next receive (``PurgePlan.verify``), unless the round was
+        # throttled before it settled anything: then what is left is what was planned, counts and all.
+        unchanged = result.throttled and not (result.completed or result.dead_lettered)
         new[queue] = Unpurged(spans, tuple(order for order in pending.dead_letters if any(
             span.holds(order.sequence_number, order.enqueued_ms) for span in spans)),
-            pending.verify or bool(result.remaining), pending.held) if spans else Unpurged(held=pending.held)
+            pending.verify or (bool(result.remaining) and not unchanged), pending.held) \
+            if spans else Unpurged(held=pending.held)
     return new
 
 

@@ -16,7 +16,8 @@ import logging
 import time
 from typing import Callable, Iterator, Mapping
 
-from backlog_syphon.model import Action, Outcome, OutcomeRecord, ReasonCode, SendShape
+from backlog_syphon.model import Action, Outcome, OutcomeRecord, ReasonCode, RefusedBeforeSending, SendShape
+from backlog_syphon.restore.destination_fit import property_size_refusal
 from backlog_syphon.restore.legacy_properties import LegacyFields
 from backlog_syphon.restore.restored_message import restore_message_bytes
 from backlog_syphon.restore.queue_names import is_dead_letter_queue_name
@@ -98,15 +99,21 @@ def row_chunks(batches, opened: set[str], senders) -> Iterator[list[dict]]:
 
 
 def build_outgoing(row) -> delivery.Outgoing:
-    """The restored message of a deliverable row, as the bytes to send, with the TTL its classification chose.
-    The source read the message whole to fill the row (a deliverable row has no decode problem), so the
-    splice takes the session id and scheduled enqueue time from the row and decodes nothing again but the
-    framing and the keys it rewrites (``restore_message_bytes``' ``checked``)."""
+    """The restored message of a deliverable row, as the bytes to send, with the TTL its classification chose;
+    ``RefusedBeforeSending`` where Service Bus would refuse it for its properties' size. The source read the
+    message whole to fill the row (a deliverable row has no decode problem), so the splice takes the session id
+    and scheduled enqueue time from the row and decodes nothing again but the framing and the keys it rewrites
+    (``restore_message_bytes``' ``checked``)."""
     checked = LegacyFields(session_id=row["session_id"], scheduled_enqueue_time=row["scheduled_enqueue_time"])
-    return delivery.Outgoing(restore_message_bytes(row["raw_message"], row["restored_time_to_live_ms"],
-                                                   from_dead_letters=is_dead_letter_queue_name(row["backlog_queue"]),
-                                                   checked=checked),
-                             row["message_id"], row["session_id"], row["partition_key"])
+    encoded = restore_message_bytes(row["raw_message"], row["restored_time_to_live_ms"],
+                                    from_dead_letters=is_dead_letter_queue_name(row["backlog_queue"]), checked=checked)
+    too_large = property_size_refusal(encoded, row["message_id"], row["session_id"])
+    if too_large is not None:
+        raise RefusedBeforeSending(ReasonCode.PROPERTY_TOO_LARGE,
+                                   f"Service Bus would refuse the restored message: {too_large} (its answer, \"The "
+                                   f"service was unable to process the request; please retry the operation\", "
+                                   f"would look transient); no retry changes it")
+    return delivery.Outgoing(encoded, row["message_id"], row["session_id"], row["partition_key"])
 
 
 def outcome_row(result: delivery.Delivery, run_id: str, batch_id: int, now: float) -> OutcomeRecord:

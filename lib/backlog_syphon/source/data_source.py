@@ -48,7 +48,7 @@ from backlog_syphon.rows import BACKLOG_ROW_SCHEMA
 from backlog_syphon.peek_pages import PEEK_PAGE_SIZE
 from backlog_syphon.source.options import SourceOptions
 from backlog_syphon.source.offsets import windows
-from backlog_syphon.source.window_planner import WindowPlanner
+from backlog_syphon.source.window_planner import PLAN_KEY, WindowPlanner
 
 try:  # Spark 4.2+: read limits and Trigger.AvailableNow for Python sources (SPARK-55304)
     from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows, SupportsTriggerAvailableNow
@@ -69,10 +69,12 @@ READ_LIMITS_SUPPORTED = ReadMaxRows is not None  # Spark 4.2+
 
 
 def backlog_source_options(config: SyphonConfig, *, stop_file: str | None = None,
-                           emulate_available_now: bool = False, look_back: tuple[str, ...] = ()) -> dict[str, str]:
-    """The reader options for a syphon configuration (all strings, as Spark wants them)."""
+                           emulate_available_now: bool = False, look_back: tuple[str, ...] = (),
+                           read_slots: int = 0) -> dict[str, str]:
+    """The reader options for a syphon configuration (all strings, as Spark wants them); ``read_slots``: the
+    cluster's task slots, where known (``SourceOptions.read_slots``)."""
     return SourceOptions.from_config(config, stop_file=stop_file, emulate_available_now=emulate_available_now,
-                                     look_back=look_back).to_spark()
+                                     look_back=look_back, read_slots=read_slots).to_spark()
 
 
 # A batch read of no queue at all: nothing is listed or peeked, and planning it starts Spark's Python
@@ -233,7 +235,7 @@ def _read_lanes_at_once(namespace: NamespaceConfig, window: BacklogWindow):
     links = [lane_key(window.queue, partition_of(start)) for start, _ in window.lanes]
     open_peek_receivers(namespace, links)
     with ThreadPoolExecutor(max_workers=len(links), thread_name_prefix="lane-read") as pool:
-        lanes = [pool.submit(_read_whole_range, namespace, window.queue, link, start, end)
+        lanes = [pool.submit(_read_whole_range, namespace, window.queue, link, start, end, lane=True)
                  for link, (start, end) in zip(links, window.lanes)]
         for lane in lanes:
             rows = lane.result()
@@ -241,16 +243,17 @@ def _read_lanes_at_once(namespace: NamespaceConfig, window: BacklogWindow):
                 yield record_batch(rows[first:first + LANE_BATCH_ROWS], BACKLOG_ROW_ARROW_SCHEMA)
 
 
-def _read_whole_range(namespace: NamespaceConfig, queue: str, link: str, start: int, end: int) -> list[dict]:
-    return [row for rows in _read_range(namespace, queue, link, start, end) for row in rows]
+def _read_whole_range(namespace: NamespaceConfig, queue: str, link: str, start: int, end: int, *,
+                      lane: bool = False) -> list[dict]:
+    return [row for rows in _read_range(namespace, queue, link, start, end, lane=lane) for row in rows]
 
 
-def _read_range(namespace: NamespaceConfig, queue: str, link: str, start: int, end: int):
+def _read_range(namespace: NamespaceConfig, queue: str, link: str, start: int, end: int, *, lane: bool = False):
     """The rows of ``[start, end)`` of ``queue``, a list per peeked page, peeked through the pooled link ``link``
-    (the queue's, or one lane's)."""
+    (the queue's, or one lane's: ``lane``, a partition's range)."""
     from backlog_syphon.servicebus.clients import pooled_receiver
 
-    reader = _WindowReader(queue, start, end)
+    reader = _WindowReader(queue, start, end, lane=lane)
     for fresh_link in (False, True):
         try:
             with pooled_receiver(namespace, link) as receiver:  # a failed link is dropped from the pool
@@ -265,14 +268,15 @@ def _read_range(namespace: NamespaceConfig, queue: str, link: str, start: int, e
 
 class _WindowReader:
     """Where the reading of one window (one lane's, for a partitioned queue) stands, across the links it is
-    read through. Within a lane, a page from a higher partition lies past the range and ends it only because
-    the peek answered from the next non-empty partition: the lane holds nothing more at or after the ask."""
+    read through. Within a lane, a page from another partition is a miss, looked at again
+    (``peek_pages.LANE_LOOKS``): a peek may answer from another partition while this one holds messages; only
+    answers that keep missing end the lane (the next non-empty partition answers: nothing more here)."""
 
-    def __init__(self, queue: str, start: int, end: int):
+    def __init__(self, queue: str, start: int, end: int, *, lane: bool = False):
         from backlog_syphon.peek_pages import PagedRead
 
         self.queue, self.end = queue, end
-        self.read = PagedRead(start, end - 1)
+        self.read = PagedRead(start, end - 1, lane=lane)
 
     def pages(self, receiver):
         """Each page's rows (``restore.backlog_rows.peeked_message``: one decode pass gives a message's place and
@@ -290,8 +294,8 @@ class _WindowReader:
                     break
             taken = read.on_page([message.sequence_number for message in messages])
             if read.confirming:
-                logger.info("backlog=%s empty peek page at %d before the window's end %d: looking again",
-                            queue, ask[0], self.end)
+                logger.info("backlog=%s a peek at %d before the window's end %d found nothing of its range: "
+                            "looking again", queue, ask[0], self.end)
             if taken:
                 yield [message.row for message in messages[:taken]]
 
@@ -319,10 +323,21 @@ class BacklogSnapshotReader(DataSourceReader):
         self.options = SourceOptions.from_spark(options)
 
     def partitions(self):
-        return [BacklogWindow(queue, 0, _END_OF_QUEUE) for queue in backlog_queues(self.options)]
+        queues = backlog_queues(self.options)
+        return [BacklogWindow(queue, 0, _END_OF_QUEUE, tuple(queues)) for queue in queues]
 
     def read(self, partition: BacklogWindow):
+        _pace_reads(self.options, partition)
         yield from read_window(self.options.secondary, partition)
+
+
+def _pace_reads(options: SourceOptions, window: BacklogWindow) -> None:
+    """A window's read paces the secondary at the reads' share of its budget, split among the batch's windows
+    that are read at once (at most the task slots)."""
+    from backlog_syphon.credits import SHARES
+    from backlog_syphon.servicebus.throttling import pace
+
+    pace(options.secondary, options.credit_terms(SHARES.reads, options.windows_at_once(len(window.batch_queues))))
 
 
 class BacklogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
@@ -334,6 +349,11 @@ class BacklogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                                      look_back=self.options.look_back)
         self._queues: list[str] | None = None
         self._discovered_at = 0.0
+        from backlog_syphon.credits import SHARES
+        from backlog_syphon.servicebus.throttling import pace
+
+        pace(self.options.secondary, self.options.credit_terms(SHARES.planner))  # the planner's share: its probes
+        self._credits_before = self._credits_spent()  # the process may have planned earlier queries
 
     # --- driver: offsets ----------------------------------------------------------------------
 
@@ -371,8 +391,17 @@ class BacklogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def reportLatestOffset(self) -> dict | None:
         """Each queue's backlog as last probed (Spark 4.2+ shows it as the source's ``latestOffset`` in
         ``lastProgress`` and to listeners): its tail, what is left behind the planned end, and the age of
-        its oldest message; nothing is probed for it (``WindowPlanner.reported_latest``)."""
-        return self.planner.reported_latest(int(time.time() * 1000))
+        its oldest message; nothing is probed for it (``WindowPlanner.reported_latest``); and the credits the
+        planning spent on the secondary so far (what a drain cost: ``run.credit_usage``)."""
+        reported = self.planner.reported_latest(int(time.time() * 1000))
+        if reported is not None and PLAN_KEY in reported:
+            reported[PLAN_KEY]["credits"] = self._credits_spent() - self._credits_before
+        return reported
+
+    def _credits_spent(self) -> int:
+        from backlog_syphon.servicebus.throttling import spent
+
+        return sum(spent(self.options.secondary).values())
 
     def partitions(self, start: dict, end: dict):
         self.planner.resume(end)
@@ -401,6 +430,7 @@ class BacklogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     # --- executors: rows ----------------------------------------------------------------------
 
     def read(self, partition: BacklogWindow):
+        _pace_reads(self.options, partition)
         yield from read_window(self.options.secondary, partition)
 
     # --- helpers --------------------------------------------------------------------------------
