@@ -3,7 +3,7 @@
     .venv/bin/python bench/bench_emulator.py [--messages 5000] [--size 1024] [--latency-ms 0 5 20]
 
 For each ``--latency-ms`` (added to every frame the emulator sends, so to every client round trip;
-5 stands in for a namespace in the same region, see emulator/README.md), a fresh in-process
+5 stands in for a namespace in the same region, see emulator/docs/network.md), a fresh in-process
 emulator with one queue (ephemeral port on 127.0.0.1) and one client process with the
 ``azure-servicebus`` sync SDK. The client runs in a child process so that it does not share an
 interpreter lock with the emulator, as in the syphon benchmark. It times, in this order:

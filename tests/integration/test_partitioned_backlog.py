@@ -248,7 +248,7 @@ def test_a_partitioned_queues_dead_letters_are_redriven_once_in_order_per_partit
 
 @pytest.mark.timeout(900)
 def test_a_kill_mid_send_on_a_partitioned_backlog_loses_nothing_and_resends_at_most_that_batch(emulator, tmp_path,
-                                                                                               request):
+                                                                                               spark):
     """SIGKILL the job (its own process tree) while a send task of its first batch is sending, into partitioned
     destinations (one deduplicating, where the single messages go several in flight); the rerun on the
     same streaming checkpoint and tables replays that batch's windows, partition by partition, and drains.
@@ -274,7 +274,6 @@ def test_a_kill_mid_send_on_a_partitioned_backlog_loses_nothing_and_resends_at_m
     killed = Run("mid_send", 0.0, killed_batch_id=0)
     destinations.account(killed)
 
-    spark = request.getfixturevalue("spark")
     summary = run_syphon(spark, load_config(ROOT / "conf/local.yaml", environ=job_env(emulator), overrides={
         "storage.audit_table": str(tmp_path / "audit"), "storage.checkpoint_table": str(tmp_path / "checkpoint"),
         "storage.checkpoint_location": str(tmp_path / "checkpoint-stream"), "run.max_messages_per_trigger": "100"}))

@@ -2,7 +2,7 @@
 namespace listener and connection, and the broker state behind them.
 
 Only the loop thread touches proton objects or broker state; other threads go through ``Server.call``.
-Wire behaviour follows what azure-servicebus 7.15.0 expects (see README.md): SASL ANONYMOUS, ``$cbs``
+Wire behaviour follows what azure-servicebus 7.15.0 expects (see docs/answers.md and docs/fidelity.md): SASL ANONYMOUS, ``$cbs``
 put-token, null terminus plus closing detach for refused attaches, settlement echo of the outcome the
 client sent, error conditions always carrying an ``info`` map. This module is the transport: sockets,
 proton's engine, and the events it raises, handed on to ``attach`` (a link opened), ``links`` (credit, a
