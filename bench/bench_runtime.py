@@ -54,7 +54,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "lib"), str(ROOT / "emulator" / "src"), str(ROOT)]  # tools/ lives under ROOT
 
-from bench_syphon import PRIMARY, SECONDARY, peak_rss_mb, syphon_overrides  # noqa: E402 - this file's neighbour
+from syphon_bench.rows import PRIMARY, SECONDARY  # noqa: E402 - this file's neighbour
+from syphon_bench.syphon_run import peak_rss_mb, syphon_overrides  # noqa: E402
 from tools.testing import emulator_environment, process_tree  # noqa: E402
 DESTINATIONS = ("payments", "orders")  # conf/emulator.yaml's plain queues, used alternately
 BACKLOG_QUEUES = 10  # conf/emulator.yaml's backlog queues, conf/local.yaml's backlog.queue_count

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import collections
 import os
+import re
 import threading
 import time
 from dataclasses import dataclass
@@ -70,7 +71,8 @@ def role_of(pid: int, parent: int | None, root: int, roles: dict[int, str]) -> s
 
 
 class CpuSampler:
-    """Samples the CPU of ``root`` and its descendants in a background thread until ``stop()``."""
+    """Samples the CPU of ``root`` and its descendants in a background thread until ``stop()``; ``own_seconds``:
+    the CPU that thread took itself (known once stopped)."""
 
     def __init__(self, root: int, interval: float = 0.2):
         self.root, self.interval = root, interval
@@ -78,6 +80,9 @@ class CpuSampler:
         self._roles: dict[int, str] = {}
         self._done = threading.Event()
         self._thread = threading.Thread(target=self._run, name="cpu-sampler", daemon=True)
+        self.own_seconds = 0.0
+        self._threads: dict[tuple[int, int], tuple[str, float]] = {}  # (pid, tid) -> (name, CPU s): JVMs' threads
+        self._series: list[tuple[float, float]] = []  # (epoch seconds, total CPU s) of each sample
 
     def __enter__(self) -> "CpuSampler":
         self._thread.start()
@@ -94,6 +99,7 @@ class CpuSampler:
         while True:
             self.sample()
             if self._done.wait(self.interval):
+                self.own_seconds = time.thread_time()  # this thread's CPU: the sampling's cost, not the run's
                 return
 
     def sample(self) -> None:
@@ -105,6 +111,9 @@ class CpuSampler:
             if pid in tree:  # asked again each time: spark-submit is a shell script until it execs the JVM
                 self._roles[pid] = role_of(pid, tree[pid], self.root, self._roles)
             self._last[pid] = seconds
+            if self._roles.get(pid) == "JVM":
+                self._threads.update(thread_cpu(pid))
+        self._series.append((time.time(), self.total()))
 
     def wait_for_exit(self, timeout: float = 60.0) -> None:
         """Wait (at most ``timeout`` s) until every process seen has exited, e.g. a JVM that shuts
@@ -129,3 +138,51 @@ class CpuSampler:
 
     def total(self) -> float:
         return sum(self._last.values())
+
+    def total_at(self, epoch: float) -> float:
+        """The processes' CPU seconds as sampled last at or before ``epoch`` (0 before the first sample)."""
+        return max((total for at, total in self._series if at <= epoch), default=0.0)
+
+    def jvm_threads(self) -> dict[str, float]:
+        """The JVMs' CPU seconds by kind of thread (its name, numbers left out: ``C1 CompilerThre``, ``VM
+        Thread`` (the serial collector's work), ``Executor task la``...), most first; a thread's CPU as last seen."""
+        by_kind: collections.Counter = collections.Counter()
+        for name, seconds in self._threads.values():
+            by_kind[re.sub(r"\d+", "N", name)] += seconds
+        return dict(by_kind.most_common())
+
+
+def thread_cpu(pid: int) -> dict[tuple[int, int], tuple[str, float]]:
+    """Each live thread of ``pid``: its name (``comm``, 15 characters at most) and ``utime + stime``."""
+    out = {}
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return out
+    for tid in tids:
+        try:
+            stat = Path(f"/proc/{pid}/task/{tid}/stat").read_text()
+        except OSError:
+            continue
+        name = stat[stat.index("(") + 1:stat.rindex(")")]
+        fields = stat.rsplit(")", 1)[1].split()
+        out[(pid, int(tid))] = (name, (int(fields[11]) + int(fields[12])) / TICKS)
+    return out
+
+
+class OwnCpu:
+    """The CPU this process takes meanwhile (``os.times``: every thread's, user and system), for the part of
+    it that is neither the bench's sampling nor its bookkeeping: the emulator's, when it runs in here."""
+
+    def __enter__(self) -> "OwnCpu":
+        self._began = _own_seconds()
+        self.seconds = 0.0
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.seconds = _own_seconds() - self._began
+
+
+def _own_seconds() -> float:
+    times = os.times()
+    return times.user + times.system

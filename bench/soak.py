@@ -87,8 +87,8 @@ def emulator_config(queues: int):
 
 def job_environment(emu, library: Path | None) -> dict[str, str]:
     """This process's environment with the emulator's settings for the job (those ``library`` knows: see
-    ``bench_syphon.connection_env``) and its library first on the path."""
-    from bench_syphon import connection_env
+    ``syphon_bench.broker.connection_env``) and its library first on the path."""
+    from syphon_bench.broker import connection_env
 
     return {**os.environ, **connection_env(emu, library), LIBRARY_ENV: str(library or ""),
             "PYTHONPATH": os.pathsep.join(filter(None, [str(library or ROOT / "lib"), str(ROOT / "emulator" / "src"),

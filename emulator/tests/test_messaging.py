@@ -51,6 +51,17 @@ def test_list_and_batch_send_keep_order_and_sequence_numbers(client, queue, emul
     assert emulator.stats("contoso")[queue]["ops"]["send_batch"] == 2
 
 
+def test_stored_messages_lists_each_entity_in_sequence_order(client, queue, emulator):
+    _send(client, queue, *[ServiceBusMessage(f"m-{i}", message_id=f"id-{i}") for i in range(3)])
+    _send(client, "events", ServiceBusMessage("e", message_id="ev-1"))
+    with client.get_queue_receiver(queue) as r:
+        (first,) = r.receive_messages(max_message_count=1, max_wait_time=2)
+        r.complete_message(first)
+    stored = emulator.stored_messages("contoso")
+    assert stored[queue] == [(2, "id-1", None), (3, "id-2", None)]  # what it holds now, settled ones gone
+    assert [message_id for _, message_id, _ in stored["events/Subscriptions/all"]][-1:] == ["ev-1"]
+
+
 def test_peek_from_sequence_number_and_empty_queue(client, queue):
     with client.get_queue_receiver(queue) as r:
         assert r.peek_messages(max_message_count=5) == []          # 204 from the broker

@@ -525,6 +525,23 @@ def test_spliced_bytes_decode_to_the_restored_message(name, ttl_ms):
             if s.code in BODY_SECTIONS or s.code == SectionCode.FOOTER] == kept
 
 
+@pytest.mark.parametrize("from_dead_letters", [False, True])
+@pytest.mark.parametrize("name", VARIED)
+def test_a_send_tasks_splice_of_a_message_the_source_read_whole_gives_the_same_bytes(name, from_dead_letters):
+    """The send task restores a deliverable row's message with the legacy fields its row carries (decoded by
+    the source from the same bytes, which it read whole): nothing is decoded again but framing and keys."""
+    from backlog_syphon.restore.backlog_rows import backlog_row_values
+    from backlog_syphon.restore.legacy_properties import LegacyFields
+
+    raw = VARIED[name]
+    row = backlog_row_values("contoso/x-servicebus-transfer/0", raw)
+    assert row["decode_problem_code"] is None
+    checked = LegacyFields(session_id=row["session_id"], scheduled_enqueue_time=row["scheduled_enqueue_time"])
+    for ttl_ms in (None, 1234):
+        assert restore_message_bytes(raw, ttl_ms, from_dead_letters=from_dead_letters, checked=checked) == \
+            restore_message_bytes(raw, ttl_ms, from_dead_letters=from_dead_letters)
+
+
 def test_splice_keeps_untouched_entries_byte_for_byte():
     raw = _proton_backlog_message()
     spliced = restore_message_bytes(raw, 1000)

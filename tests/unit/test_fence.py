@@ -73,14 +73,19 @@ def test_a_fresh_lease_gives_its_expiry_less_the_margin_without_writing(table):
     assert send_deadline(lease, LEASE_SECONDS) == T0 + dt.timedelta(seconds=90)
 
 
-def test_a_lease_due_for_renewal_is_extended_before_the_round(table):
+def test_a_lease_due_for_renewal_is_the_heartbeats_and_a_round_extends_it_only_once_the_heartbeat_is_late(table):
+    # Due at 40 s: the heartbeat (every 20 s) extends it by 60 s; meanwhile a round starts at once, under the
+    # deadline the lease gives, and waits for no commit.
     clock = Clock()
     holder = keeper(clock)
     holder.acquire(None, wait=False)
-    clock.at(40)
-    assert holder.send_deadline(None) == (T0 + dt.timedelta(seconds=130)).timestamp()
+    clock.at(59)
+    assert holder.send_deadline(None) == (T0 + dt.timedelta(seconds=90)).timestamp()
+    assert len(table.writes) == 1
+    clock.at(60)
+    assert holder.send_deadline(None) == (T0 + dt.timedelta(seconds=150)).timestamp()
     assert [(w.epoch, w.acquired_at, w.renewed_at) for w in table.writes] == [
-        (1, T0, T0), (2, T0, T0 + dt.timedelta(seconds=40))]
+        (1, T0, T0), (2, T0, T0 + dt.timedelta(seconds=60))]
 
 
 def test_a_lease_taken_over_by_another_run_stops_the_sending(table):
@@ -108,14 +113,15 @@ def test_a_lease_whose_row_is_gone_stops_the_sending(table):
 
 
 def test_one_failed_extension_while_the_lease_is_still_good_does_not_stop_the_sending(table):
-    # At 50 s the renewal is due, but the lease is good until 90 s: a storage hiccup is survived (the
+    # At 65 s the renewal is overdue, but the lease is good until 90 s: a storage hiccup is survived (the
     # heartbeat or the next round extends it), as the fence's design promises.
     clock = Clock()
     holder = keeper(clock)
     holder.acquire(None, wait=False)
-    clock.at(50)
+    clock.at(65)
     table.failures.append(OSError("storage briefly unavailable"))
     assert holder.send_deadline(None) == (T0 + dt.timedelta(seconds=90)).timestamp()
+    assert not table.failures  # the extension was tried
 
 
 def test_the_identity_of_this_process_proves_it_alive():

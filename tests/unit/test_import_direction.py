@@ -77,6 +77,7 @@ PURE_MODULES = (
     "backlog_syphon.purge.settle_timing",
     "backlog_syphon.purge.lock_wait",
     "backlog_syphon.peek_pages",
+    "backlog_syphon.worker_process",
     "backlog_syphon.rate_control",
     "backlog_syphon.credits",
     "backlog_syphon.servicebus.access",
@@ -236,6 +237,7 @@ RANKS = {
     "peek_pages": 1,  # reading a range with peeks that come back short or empty: the source's, the purge's, the counts'
     "purge": 1,  # the purge's decisions, which its I/O (servicebus) and its runner (sink) share
     "rows": 1,  # the row schemas and their Arrow form: the source's, the sink's and the tables'
+    "worker_process": 1,  # what a Spark Python worker does once, for the source's reads and the send tasks
     "rate_control": 1,  # a token bucket and an AIMD controller: the sends' pacing and the credits'
     "credits": 1,  # pacing a namespace's credits, which the I/O (servicebus) and the source's options share
     "servicebus": 2, "storage": 2,  # the I/O of one system each

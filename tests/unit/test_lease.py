@@ -2,7 +2,15 @@
 
 import datetime as dt
 
-from backlog_syphon.run.lease import Lease, LeaseHeldError, may_send, new_lease, released, renewal_due
+from backlog_syphon.run.lease import (
+    Lease,
+    LeaseHeldError,
+    may_send,
+    new_lease,
+    released,
+    renewal_due,
+    renewal_overdue,
+)
 
 T0 = dt.datetime(2026, 11, 26, 8, 0, tzinfo=dt.timezone.utc)
 LEASE_SECONDS = 120
@@ -34,6 +42,8 @@ def test_extending_keeps_when_it_was_taken_and_a_takeover_starts_afresh():
 def test_renewal_after_a_third_and_no_sending_in_the_last_quarter():
     lease = new_lease("k", "run-a", "h", 1, T0, LEASE_SECONDS)
     assert not renewal_due(lease, at(39), LEASE_SECONDS) and renewal_due(lease, at(40), LEASE_SECONDS)
+    # a round extends it itself only once the heartbeat (every 20 s) is late with it
+    assert not renewal_overdue(lease, at(59), LEASE_SECONDS) and renewal_overdue(lease, at(60), LEASE_SECONDS)
     assert may_send(lease, at(89), LEASE_SECONDS)
     assert not may_send(lease, at(90), LEASE_SECONDS)  # 30 s (a quarter) before expiry
     assert not may_send(None, T0, LEASE_SECONDS)

@@ -6,7 +6,7 @@ import dataclasses
 import os
 import shutil
 import tempfile
-from typing import Any, Dict, Iterable, Mapping, Optional, Union
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Tuple, Union
 
 from . import entity_status, fault_switches
 from .aad import ROLES
@@ -192,6 +192,19 @@ class Emulator:
                     out[sub.dlq.path] = sub.dlq.stats()
                 if getattr(target, "dlq", None) is not None:
                     out[target.dlq.path] = target.dlq.stats()
+            return out
+        return self._server.call(collect)
+
+    def stored_messages(self, namespace: str) -> Dict[str, List[Tuple[int, Any, Optional[str]]]]:
+        """What each queue and subscription holds now, in sequence-number order: ``(sequence number,
+        MessageId, SessionId)`` per message (a benchmark's check that everything arrived once, in order)."""
+        def collect():
+            out: Dict[str, List[Tuple[int, Any, Optional[str]]]] = {}
+            for target in self._ns(namespace).senders.values():
+                for entity in [*getattr(target, "subscriptions", ()), target]:
+                    if hasattr(entity, "msgs"):
+                        out[entity.path] = [(seq, m.content.message_id, m.session)
+                                            for seq, m in sorted(entity.msgs.items())]
             return out
         return self._server.call(collect)
 

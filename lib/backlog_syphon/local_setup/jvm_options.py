@@ -25,7 +25,12 @@ from backlog_syphon.local_setup import delta_jars
 # batches, and from then on the JVM flushed and compiled its methods again without end (its sweeper
 # thread at a quarter of a core, 213,000 compilations in 45 minutes), and every step of a batch took
 # 2.5 times as long. The tiered default (240 MB) leaves room: only what is used is resident.
-DRIVER_JAVA_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:ReservedCodeCacheSize=240m -XX:+UseSerialGC"
+# The JVM collects the whole heap each time the classes it loaded outgrow a threshold that starts at about
+# 20 MB (``MetaspaceSize``), and a run's classes outside the archive reach some 35 MB: two full collections
+# during the start, the first of them 4.0 s of a 20,000-message run's start on a busy machine (Flight
+# Recorder, 2026-12-07). With the first threshold at 128 MB a run makes none; the space is committed only
+# as it is used.
+DRIVER_JAVA_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:ReservedCodeCacheSize=240m -XX:+UseSerialGC -XX:MetaspaceSize=128m"
 DEFAULT_CACHE = delta_jars.DEFAULT_CACHE.parent / "jvm"  # <repo>/.cache/jvm, beside the Delta JARs
 # How the session builder lays out the class path (Delta's JARs after pyspark's own, on the driver's
 # class path): an archive made for another layout would not match it.

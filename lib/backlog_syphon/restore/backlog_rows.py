@@ -8,15 +8,27 @@ Invariants:
   A message is decodable only if the codec reads all of it (body included), so a message that could
   only be forwarded half right is dead-lettered instead.
 - A data body is measured from its framing, never copied.
+- One decode pass per message (:func:`peeked_message`): the broker's identity of the message and its row
+  come from the same decoded envelope; only a message the codec cannot read is looked at a second time,
+  for its identity alone (``sections.broker_identity``, which reads the annotations without the rest).
 """
 
 from __future__ import annotations
 
 from datetime import datetime, timedelta
+from typing import NamedTuple
 
 from backlog_syphon.model import ReasonCode
-from backlog_syphon.restore.amqp.annotations import DEAD_LETTER_DESCRIPTION_PROPERTY, DEAD_LETTER_REASON_PROPERTY
+from backlog_syphon.restore.amqp.annotations import (
+    DEAD_LETTER_DESCRIPTION_PROPERTY,
+    DEAD_LETTER_REASON_PROPERTY,
+    ENQUEUED_TIME_ANNOTATION,
+    SEQUENCE_NUMBER_ANNOTATION,
+)
+from backlog_syphon.restore.amqp.decoding import AmqpDecodeError
 from backlog_syphon.restore.amqp.message_decoding import decode_envelope
+from backlog_syphon.restore.amqp.sections import broker_identity
+from backlog_syphon.restore.amqp.values import ms_to_datetime
 from backlog_syphon.restore.legacy_properties import LegacyFields, decode_legacy_properties, timedelta_to_ms
 from backlog_syphon.rows import BACKLOG_ROW_COLUMNS
 
@@ -36,6 +48,51 @@ def legacy_fields_to_row_values(fields: LegacyFields) -> dict:
     }
 
 
+class PeekedMessage(NamedTuple):
+    """A peeked backlog message, decoded once: where the broker put it (``sequence_number``, ``enqueued_ms``:
+    its ``x-opt-sequence-number`` and ``x-opt-enqueued-time``, None when absent) and its backlog row."""
+
+    sequence_number: int | None
+    enqueued_ms: int | None
+    row: dict
+
+
+def peeked_message(backlog_queue: str, raw_message: bytes) -> PeekedMessage:
+    """A peeked message's identity and row from one decode pass. AmqpDecodeError only when the broker's own
+    annotations cannot be read (a message nothing can place: the caller stops there); any other problem of
+    the message is its row's decode problem."""
+    raw = bytes(raw_message)
+    try:
+        envelope = decode_envelope(raw)
+    except Exception as error:  # noqa: BLE001 - the row says why; the identity may still be readable without the rest
+        sequence_number, enqueued_ms = broker_identity(raw)
+        return PeekedMessage(sequence_number, enqueued_ms, _undecodable_row(
+            backlog_queue, raw, error, sequence_number=sequence_number, enqueued_time=_time_or_none(enqueued_ms)))
+    sequence_number, enqueued_ms = _identity(envelope.message_annotations)
+    return PeekedMessage(sequence_number, enqueued_ms, _row_of(
+        backlog_queue, raw, envelope, sequence_number=sequence_number, enqueued_time=_time_or_none(enqueued_ms)))
+
+
+def _identity(annotations: dict) -> tuple[int | None, int | None]:
+    """What ``sections.broker_identity`` reads, from decoded annotations (the same checks, the same errors)."""
+    found = []
+    for name in (SEQUENCE_NUMBER_ANNOTATION, ENQUEUED_TIME_ANNOTATION):
+        value = annotations.get(name)
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
+            raise AmqpDecodeError(f"{name} is not an integer", 0)
+        found.append(None if value is None else int(value))
+    return found[0], found[1]
+
+
+def _time_or_none(ms: int | None) -> datetime | None:
+    """An enqueue time in ms as a datetime; None when absent or beyond what a datetime holds (the row's own
+    decoding then names the problem)."""
+    try:
+        return None if ms is None else ms_to_datetime(ms)
+    except (OverflowError, ValueError):
+        return None
+
+
 def backlog_row_values(
     backlog_queue: str,
     raw_message: bytes,
@@ -48,14 +105,21 @@ def backlog_row_values(
     ``sequence_number`` and ``enqueued_time`` from the peek take precedence over the message's own
     broker annotations (they are the same on a freshly peeked message).
     """
-    row = {
-        "backlog_queue": backlog_queue,
-        "sequence_number": sequence_number,
-        "enqueued_time": enqueued_time,
-        "raw_message": bytes(raw_message),
-    }
+    raw = bytes(raw_message)
     try:
-        envelope = decode_envelope(row["raw_message"])
+        envelope = decode_envelope(raw)
+    except Exception as error:  # noqa: BLE001 - one message's problem is that message's outcome
+        return _undecodable_row(backlog_queue, raw, error, sequence_number=sequence_number,
+                                enqueued_time=enqueued_time)
+    return _row_of(backlog_queue, raw, envelope, sequence_number=sequence_number, enqueued_time=enqueued_time)
+
+
+def _row_of(backlog_queue: str, raw: bytes, envelope, *, sequence_number: int | None,
+            enqueued_time: datetime | None) -> dict:
+    """The row of a message whose envelope decoded; a problem of its fields makes it undecodable still."""
+    row = {"backlog_queue": backlog_queue, "sequence_number": sequence_number, "enqueued_time": enqueued_time,
+           "raw_message": raw}
+    try:
         content_type = envelope.properties.content_type
         row.update(
             sequence_number=sequence_number if sequence_number is not None else envelope.sequence_number,
@@ -69,17 +133,27 @@ def backlog_row_values(
         row.update(dead_letter_fields(envelope.application_properties))
         row["backlog_expires_time"] = expires_time(row["enqueued_time"], envelope.header.ttl_ms)
     except Exception as error:  # noqa: BLE001 - one message's problem is that message's outcome
-        # AmqpDecodeError, a broker annotation of the wrong type or range, or anything else this
-        # message makes the decoding trip over: it is dead-lettered with the reason, never the batch.
-        reason = str(error) if isinstance(error, ValueError) else f"{type(error).__name__}: {error}"
-        return {
-            **dict.fromkeys(BACKLOG_ROW_COLUMNS),
-            **row,
-            "body_size": len(raw_message),
-            "decode_problem_code": ReasonCode.UNDECODABLE_MESSAGE,
-            "decode_problem_reason": reason[:1024],
-        }
+        return _undecodable_row(backlog_queue, raw, error, sequence_number=sequence_number,
+                                enqueued_time=enqueued_time, known=row)
     return {column: row[column] for column in BACKLOG_ROW_COLUMNS}
+
+
+def _undecodable_row(backlog_queue: str, raw: bytes, error: Exception, *, sequence_number: int | None,
+                     enqueued_time: datetime | None, known: dict | None = None) -> dict:
+    """The row of a message the codec cannot read, or whose broker annotations or legacy fields trip the
+    decoding over: it is dead-lettered with the reason, never the batch."""
+    reason = str(error) if isinstance(error, ValueError) else f"{type(error).__name__}: {error}"
+    return {
+        **dict.fromkeys(BACKLOG_ROW_COLUMNS),
+        "backlog_queue": backlog_queue,
+        "sequence_number": sequence_number,
+        "enqueued_time": enqueued_time,
+        "raw_message": raw,
+        **(known or {}),
+        "body_size": len(raw),
+        "decode_problem_code": ReasonCode.UNDECODABLE_MESSAGE,
+        "decode_problem_reason": reason[:1024],
+    }
 
 
 def expires_time(enqueued_time: datetime | None, ttl_ms: int | None) -> datetime | None:

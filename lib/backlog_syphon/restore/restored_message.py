@@ -108,7 +108,7 @@ def restored_message(decoded: DecodedMessage, fields: LegacyFields, time_to_live
 
 
 def restore_message_bytes(raw: bytes, restored_time_to_live_ms: int | None, *,
-                          from_dead_letters: bool = False) -> bytes:
+                          from_dead_letters: bool = False, checked: LegacyFields | None = None) -> bytes:
     """Restore a raw backlog message for sending, with the TTL the classification chose, by splicing ``raw``.
 
     The legacy fields are decoded again from the message itself so the bytes sent can never disagree
@@ -117,11 +117,17 @@ def restore_message_bytes(raw: bytes, restored_time_to_live_ms: int | None, *,
     LegacyPropertiesError if its legacy properties cannot be restored (both are ValueErrors;
     classification dead-letters those). ``from_dead_letters``: ``raw`` was read from a dead-letter
     sub-queue, whose dead-letter properties (``DEAD_LETTER_PROPERTIES``) are removed too.
+
+    ``checked``: the legacy fields the source decoded from these same bytes when it read them whole (a
+    backlog row without a decode problem, ``backlog_rows``): then nothing is decoded or checked again but
+    the framing and the keys of the maps the splice rewrites, and the session id and scheduled enqueue time
+    spliced in are those (a send task's restore, the second and last decode of a message).
     """
     if restored_time_to_live_ms is not None and restored_time_to_live_ms <= 0:
         raise ValueError(f"restored_time_to_live_ms must be positive or None, got {restored_time_to_live_ms}")
     raw = as_bytes(raw)
     sections = split_sections(raw)
+    values = checked is None
     # One pass that checks every section (as decode_message does) and keeps what the splice needs.
     by_code: dict = {}
     header_items: list = []
@@ -131,25 +137,29 @@ def restore_message_bytes(raw: bytes, restored_time_to_live_ms: int | None, *,
     for section in sections:
         code = section.code
         if code is HEADER:
-            header_items = list_items(raw, section.value_start)
+            header_items = list_items(raw, section.value_start, values=values)
         elif code is PROPERTIES:
-            properties_items = list_items(raw, section.value_start)
+            properties_items = list_items(raw, section.value_start, values=values)
         elif code is MESSAGE_ANNOTATIONS:
-            annotation_entries = map_entries(raw, section.value_start)
-            map_section_dict(section, _entries_as_map(annotation_entries))
+            annotation_entries = map_entries(raw, section.value_start, values=values)
+            if values:
+                map_section_dict(section, _entries_as_map(annotation_entries))
         elif code is APPLICATION_PROPERTIES:
-            application_entries = map_entries(raw, section.value_start)
-        elif code is not DATA:  # delivery annotations, an amqp-value or amqp-sequence body, the footer
+            application_entries = map_entries(raw, section.value_start, values=values)
+        elif code is not DATA and values:  # delivery annotations, an amqp-value or amqp-sequence body, the footer
             value, _ = decode_value(raw, section.value_start)
             if code is not AMQP_VALUE and code is not AMQP_SEQUENCE:
                 map_section_dict(section, value)
         if code not in BODY_SECTIONS:
             by_code[code] = section
-    application_properties = {} if not application_entries else decode_application_properties(
-        by_code[APPLICATION_PROPERTIES], ((entry.key, entry.value) for entry in application_entries))
-    fields = decode_legacy_properties(application_properties)
-    if fields.problems:
-        raise LegacyPropertiesError(fields.problems)
+    if checked is not None:
+        fields = checked
+    else:
+        application_properties = {} if not application_entries else decode_application_properties(
+            by_code[APPLICATION_PROPERTIES], ((entry.key, entry.value) for entry in application_entries))
+        fields = decode_legacy_properties(application_properties)
+        if fields.problems:
+            raise LegacyPropertiesError(fields.problems)
 
     out = []
     header = padded([raw[item.start:item.end] for item in header_items], len(HEADER_FIELDS), _NULL)

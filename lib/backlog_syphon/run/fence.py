@@ -32,11 +32,12 @@ from backlog_syphon.run.lease import (
     LeaseHeldError,
     LeaseLostError,
     LeaseTableMismatchError,
-    RENEW_AFTER_FRACTION,
+    HEARTBEAT_FRACTION,
     may_send,
     new_lease,
     released,
     renewal_due,
+    renewal_overdue,
     send_deadline,
 )
 
@@ -212,10 +213,11 @@ class LeaseKeeper:
             self.lease = latest
 
     def send_deadline(self, spark: SparkSession) -> float:
-        """Until when (epoch seconds) this run may send; extends the lease when due, and raises
-        ``LeaseLostError`` unless this run may send now."""
+        """Until when (epoch seconds) this run may send; extends the lease when the heartbeat is late with it
+        (``renewal_overdue``: the round would otherwise wait for that commit each time a renewal falls due),
+        and raises ``LeaseLostError`` unless this run may send now."""
         lease = self.lease
-        if lease is not None and (renewal_due(lease, self.clock(), self.lease_seconds)
+        if lease is not None and (renewal_overdue(lease, self.clock(), self.lease_seconds)
                                   or not may_send(lease, self.clock(), self.lease_seconds)):
             try:
                 self.extend(spark, if_due=True)
@@ -256,7 +258,7 @@ class LeaseKeeper:
             self._heartbeat = None
 
     def _beat(self, spark: SparkSession) -> None:
-        interval = max(0.5, self.lease_seconds * RENEW_AFTER_FRACTION / 2)
+        interval = max(0.5, self.lease_seconds * HEARTBEAT_FRACTION)
         while not self._stop.wait(interval):
             lease = self.lease
             if lease is None:

@@ -36,9 +36,21 @@ RENEW_AFTER_FRACTION = 1 / 3
 SAFETY_MARGIN_FRACTION = 1 / 4
 
 
+# The heartbeat looks every ``HEARTBEAT_FRACTION`` of a lease, so it extends a lease at most that long after
+# it is due; a send round extends it itself only once the heartbeat is that late (``renewal_overdue``).
+HEARTBEAT_FRACTION = RENEW_AFTER_FRACTION / 2
+
+
 def renewal_due(lease: Lease, now: dt.datetime, lease_seconds: float) -> bool:
-    """Time to extend a lease this run holds."""
+    """Time to extend a lease this run holds (the heartbeat's job)."""
     return now >= lease.renewed_at + dt.timedelta(seconds=lease_seconds * RENEW_AFTER_FRACTION)
+
+
+def renewal_overdue(lease: Lease, now: dt.datetime, lease_seconds: float) -> bool:
+    """The heartbeat should have extended the lease by now: a send round extends it before it starts. Until then
+    a round starts at once, under the deadline the lease gives (``send_deadline``), and no commit of the lease
+    waits in front of it (one commit is a second or more on cloud storage)."""
+    return now >= lease.renewed_at + dt.timedelta(seconds=lease_seconds * (RENEW_AFTER_FRACTION + HEARTBEAT_FRACTION))
 
 
 def may_send(lease: Lease | None, now: dt.datetime, lease_seconds: float) -> bool:

@@ -18,6 +18,7 @@ from typing import Callable, Iterator, Mapping
 
 from backlog_syphon.model import Action, Outcome, OutcomeRecord, ReasonCode, RefusedBeforeSending, SendShape
 from backlog_syphon.restore.destination_fit import property_size_refusal
+from backlog_syphon.restore.legacy_properties import LegacyFields
 from backlog_syphon.restore.restored_message import restore_message_bytes
 from backlog_syphon.restore.queue_names import is_dead_letter_queue_name
 from backlog_syphon.rows import OUTCOME_ROW_ARROW_SCHEMA, record_batch
@@ -41,7 +42,9 @@ def deliver_partition(batches, *, primary, sink, run_id: str, batch_id: int, lim
     plan, acted on after the task's first send (``CrashPoint.MID_SEND``). ``send_shapes``: the send shapes
     the administration API decided, by lower-case destination name (``sink.send_shape.known_shapes``)."""
     from backlog_syphon.servicebus.send import DestinationSenders, classify_send_error
+    from backlog_syphon.worker_process import freeze_imports
 
+    freeze_imports()  # once per process: its collections skip what it imported
     mid_send = []
 
     def first_send() -> None:
@@ -54,7 +57,7 @@ def deliver_partition(batches, *, primary, sink, run_id: str, batch_id: int, lim
     opened: set[str] = set()
     pacer = Pacer(pace_share, sink.throttle_recovery_seconds, clock())
     shapes = SendShapes(known=dict(send_shapes or {}), learned=LEARNED_SHAPES.setdefault(primary.endpoint, {}))
-    for results in delivery.deliver_chunks(_chunks(batches, opened, senders), build=build_outgoing, sender=senders,
+    for results in delivery.deliver_chunks(row_chunks(batches, opened, senders), build=build_outgoing, sender=senders,
                                            classify=classify_send_error, sink=sink, limits=limits, clock=clock,
                                            on_sent=first_send, pacer=pacer, shapes=shapes):
         yield record_batch([outcome_row(result, run_id, batch_id, clock()) for result in results],
@@ -80,7 +83,7 @@ LEARNED_SHAPES: dict[str, dict[str, SendShape]] = {}
 SEND_CHUNK_ROWS = 2000  # rows a send task holds as Python objects at once, whatever the window's size
 
 
-def _chunks(batches, opened: set[str], senders) -> Iterator[list[dict]]:
+def row_chunks(batches, opened: set[str], senders) -> Iterator[list[dict]]:
     """A task's Arrow batches as lists of at most ``SEND_CHUNK_ROWS`` rows, in order, each as soon as it
     arrives (what arrives next is read meanwhile); the senders of each chunk's new destinations opened
     at once before it is delivered."""
@@ -97,9 +100,13 @@ def _chunks(batches, opened: set[str], senders) -> Iterator[list[dict]]:
 
 def build_outgoing(row) -> delivery.Outgoing:
     """The restored message of a deliverable row, as the bytes to send, with the TTL its classification chose;
-    ``RefusedBeforeSending`` where Service Bus would refuse it for its properties' size."""
+    ``RefusedBeforeSending`` where Service Bus would refuse it for its properties' size. The source read the
+    message whole to fill the row (a deliverable row has no decode problem), so the splice takes the session id
+    and scheduled enqueue time from the row and decodes nothing again but the framing and the keys it rewrites
+    (``restore_message_bytes``' ``checked``)."""
+    checked = LegacyFields(session_id=row["session_id"], scheduled_enqueue_time=row["scheduled_enqueue_time"])
     encoded = restore_message_bytes(row["raw_message"], row["restored_time_to_live_ms"],
-                                    from_dead_letters=is_dead_letter_queue_name(row["backlog_queue"]))
+                                    from_dead_letters=is_dead_letter_queue_name(row["backlog_queue"]), checked=checked)
     too_large = property_size_refusal(encoded, row["message_id"], row["session_id"])
     if too_large is not None:
         raise RefusedBeforeSending(ReasonCode.PROPERTY_TOO_LARGE,

@@ -36,11 +36,14 @@ import logging
 import os
 import time
 from dataclasses import dataclass
+from typing import Iterator
 
 from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceStreamReader, InputPartition
 
 from backlog_syphon.config import NamespaceConfig, SyphonConfig
 from backlog_syphon.errors import BacklogQueueMissingError
+from backlog_syphon.restore.amqp.decoding import AmqpDecodeError
+from backlog_syphon.restore.backlog_rows import peeked_message
 from backlog_syphon.rows import BACKLOG_ROW_SCHEMA
 from backlog_syphon.peek_pages import PEEK_PAGE_SIZE
 from backlog_syphon.source.options import SourceOptions
@@ -153,10 +156,61 @@ def read_window(namespace: NamespaceConfig, window: BacklogWindow):
 
     open_peek_receivers(namespace, window.batch_queues)  # pooled: at once, the first time in this process
     if not window.lanes:
-        for rows in _read_range(namespace, window.queue, window.queue, window.start, window.end):
-            yield record_batch(rows, BACKLOG_ROW_ARROW_SCHEMA)
+        yield from read_ahead(record_batch(rows, BACKLOG_ROW_ARROW_SCHEMA)
+                              for rows in _read_range(namespace, window.queue, window.queue, window.start, window.end))
         return
     yield from _read_lanes_at_once(namespace, window)
+
+
+_END = object()
+
+
+def read_ahead(items: Iterator, depth: int = 1) -> Iterator:
+    """``items``, produced in a thread of their own up to ``depth`` ahead of the consumer: a window's next page
+    is peeked (a round trip to a namespace a region away) while Spark takes the one before, instead of after it.
+    The peeks still go one after the other, on the one link; an error comes out where its item would have, and
+    a consumer that stops early stops the thread at its next item."""
+    import queue
+    import threading
+
+    handed: queue.Queue = queue.Queue(maxsize=depth)
+    stop = threading.Event()
+
+    def hand(item) -> bool:
+        while not stop.is_set():
+            try:
+                handed.put(item, timeout=0.5)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def produce() -> None:
+        try:
+            for item in items:
+                if not hand((item, None)):
+                    return
+        except BaseException as error:  # noqa: BLE001 - raised in the consumer, where the item would have been
+            hand((_END, error))
+            return
+        finally:  # here, in the thread that iterated it: a pooled link it holds goes back at once
+            close = getattr(items, "close", None)
+            if close is not None:
+                close()
+        hand((_END, None))
+
+    thread = threading.Thread(target=produce, name="read-ahead", daemon=True)
+    thread.start()
+    try:
+        while True:
+            item, error = handed.get()
+            if error is not None:
+                raise error
+            if item is _END:
+                return
+            yield item
+    finally:
+        stop.set()
 
 
 # Rows per record batch of a partitioned queue's lanes. A lane's pages can be one message each (a peek
@@ -225,46 +279,41 @@ class _WindowReader:
         self.read = PagedRead(start, end - 1, lane=lane)
 
     def pages(self, receiver):
-        """Each page's rows (``restore.backlog_rows.backlog_row_values``), as a list, in order."""
-        from backlog_syphon.restore.backlog_rows import backlog_row_values
+        """Each page's rows (``restore.backlog_rows.peeked_message``: one decode pass gives a message's place and
+        its row), as a list, in order."""
         from backlog_syphon.servicebus.peek import peek_raw
+        from backlog_syphon.worker_process import freeze_imports
 
+        freeze_imports()  # once per process: its collections skip what it imported
         queue, read = self.queue, self.read
         while (ask := read.next_ask()) is not None:
-            page = peek_raw(receiver, *ask)
-            identities = [broker_identity_of(queue, raw, read.position) for raw in page]
-            taken = read.on_page([seq for seq, _ in identities])
+            messages = []
+            for raw in peek_raw(receiver, *ask):  # in order: once one lies past the range, the rest do too
+                messages.append(placed(queue, raw, read.position))
+                if messages[-1].sequence_number > read.last:
+                    break
+            taken = read.on_page([message.sequence_number for message in messages])
             if read.confirming:
                 logger.info("backlog=%s a peek at %d before the window's end %d found nothing of its range: "
                             "looking again", queue, ask[0], self.end)
             if taken:
-                yield [backlog_row_values(queue, raw, sequence_number=seq, enqueued_time=_from_ms(enqueued_ms))
-                       for raw, (seq, enqueued_ms) in zip(page[:taken], identities)]
+                yield [message.row for message in messages[:taken]]
 
 
-def _from_ms(ms: int | None):
-    import datetime as dt
-
-    return None if ms is None else dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc) + dt.timedelta(milliseconds=ms)
-
-
-def broker_identity_of(queue: str, raw: bytes, position: int) -> tuple[int, int | None]:
-    """The sequence number and enqueue time (ms) the broker gave a peeked message (read even when the
-    rest is unreadable)."""
-    from backlog_syphon.restore.amqp.decoding import AmqpDecodeError
-    from backlog_syphon.restore.amqp.sections import broker_identity
-
+def placed(queue: str, raw: bytes, position: int):
+    """A peeked message decoded once (``backlog_rows.peeked_message``), which must say where the broker put it:
+    its sequence number is read even when the rest is unreadable, and a message without one stops the read."""
     try:
-        seq, enqueued_ms = broker_identity(raw)
+        message = peeked_message(queue, raw)
     except AmqpDecodeError as error:
-        seq, enqueued_ms, why = None, None, str(error)
+        why = str(error)
     else:
+        if message.sequence_number is not None:
+            return message
         why = "it has no x-opt-sequence-number annotation"
-    if seq is None:
-        # The broker writes this annotation itself: without it nothing can tell where the window is.
-        raise RuntimeError(f"backlog queue {queue}: the message after sequence number {position - 1} cannot be "
-                           f"placed ({why}); the broker's own annotations are unreadable")
-    return seq, enqueued_ms
+    # The broker writes this annotation itself: without it nothing can tell where the window is.
+    raise RuntimeError(f"backlog queue {queue}: the message after sequence number {position - 1} cannot be "
+                       f"placed ({why}); the broker's own annotations are unreadable")
 
 
 class BacklogSnapshotReader(DataSourceReader):

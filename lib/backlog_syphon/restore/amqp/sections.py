@@ -201,12 +201,13 @@ def as_bytes(raw) -> bytes:
     return raw if type(raw) is bytes else bytes(raw)
 
 
-def map_entries(raw: bytes, offset: int) -> list[MapEntry]:
+def map_entries(raw: bytes, offset: int, *, values: bool = True) -> list[MapEntry]:
     """The entries of the map (or null, which has none) encoded at ``offset``, decoded, with their byte ranges.
 
     ``raw[entry.start:entry.end]`` is the entry's key and value exactly as encoded, so a map can be
     rewritten keeping untouched entries byte for byte (see :func:`encode_map_raw`). Everything is
     decoded and checked as :func:`decode_value` does, except that repeated keys are all listed.
+    ``values=False``: the values are only stepped over (``value`` None), for bytes already checked whole.
     """
     raw = as_bytes(raw)
     if offset >= len(raw):
@@ -228,15 +229,19 @@ def map_entries(raw: bytes, offset: int) -> list[MapEntry]:
         key, value_start = decoders[raw[p]](raw, p + 1, 1)
         if value_start >= end:
             raise AmqpDecodeError("truncated: a map value is missing", value_start)
-        value, entry_end = decoders[raw[value_start]](raw, value_start + 1, 1)
+        if values:
+            value, entry_end = decoders[raw[value_start]](raw, value_start + 1, 1)
+        else:
+            value, entry_end = None, skip_value(raw, value_start, 1)
         entries.append(tuple.__new__(MapEntry, (key, value, p, value_start, entry_end)))
         p = entry_end
     check_end(p, end, "map", offset)
     return entries
 
 
-def list_items(raw: bytes, offset: int) -> list[ListItem]:
-    """The items of the list (or null, which has none) encoded at ``offset``, decoded, with their byte ranges."""
+def list_items(raw: bytes, offset: int, *, values: bool = True) -> list[ListItem]:
+    """The items of the list (or null, which has none) encoded at ``offset``, decoded, with their byte ranges
+    (``values=False``: only stepped over, ``value`` None, for bytes already checked whole)."""
     raw = as_bytes(raw)
     if offset >= len(raw):
         raise AmqpDecodeError("truncated: a list is missing", offset)
@@ -252,7 +257,10 @@ def list_items(raw: bytes, offset: int) -> list[ListItem]:
     for _ in range(count):
         if p >= end:
             raise AmqpDecodeError("truncated: a list element is missing", p)
-        value, item_end = decoders[raw[p]](raw, p + 1, 1)
+        if values:
+            value, item_end = decoders[raw[p]](raw, p + 1, 1)
+        else:
+            value, item_end = None, skip_value(raw, p, 1)
         items.append(tuple.__new__(ListItem, (value, p, item_end)))
         p = item_end
     check_end(p, end, "list", offset)
