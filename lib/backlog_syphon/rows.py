@@ -49,6 +49,9 @@ BACKLOG_ROW_SCHEMA = StructType([
     # keeps it in the application properties; null elsewhere.
     StructField("dead_letter_reason", StringType(), True),
     StructField("dead_letter_error_description", StringType(), True),
+    # The migration mode's rows (``restore.backlog_rows.copy_row_values``): the message's state as the peek
+    # showed it (a ``model.MessageState``); null in a backlog row.
+    StructField("message_state", StringType(), True),
 ])
 BACKLOG_ROW_COLUMNS = tuple(BACKLOG_ROW_SCHEMA.fieldNames())
 

@@ -14,7 +14,8 @@ def audit_row(run_id, seq, destination, outcome, reason_code=None, size=10, seco
               "reason_code": reason_code, "reason": reason_code, "body_size": size, "enqueued_time": T0,
               "scheduled_enqueue_time": None, "time_to_live_ms": None,
               "outcome_time": T0 + dt.timedelta(seconds=seconds), "attempts": 1, "dead_letter_reason": None,
-              "dead_letter_error_description": None, "original_destination": None}
+              "dead_letter_error_description": None, "original_destination": None,
+              "message_state": None}
     return tuple(values[field.name] for field in AUDIT_ROW_SCHEMA.fields)
 
 

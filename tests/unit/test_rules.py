@@ -46,6 +46,7 @@ def backlog_row(sequence_number, **overrides):
         "decode_problem_reason": None,
         "dead_letter_reason": None,
         "dead_letter_error_description": None,
+        "message_state": None,
         **overrides,
     }
     return tuple(row[column] for column in BACKLOG_ROW_COLUMNS)
@@ -251,6 +252,7 @@ def test_backlog_row_values_from_a_raw_legacy_message(spark):
         "decode_problem_reason": None,
         "dead_letter_reason": None,
         "dead_letter_error_description": None,
+        "message_state": None,
     }
     assert list(row) == list(BACKLOG_ROW_COLUMNS)
     # The values fit the schema.

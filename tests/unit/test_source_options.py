@@ -50,7 +50,8 @@ def test_from_config_copies_every_setting(tmp_path):
     secret = "Endpoint=sb://h/;SharedAccessKeyName=k;SharedAccessKey=v"
     config = load_config(path, environ={"P": secret, "S": secret})
     options = SourceOptions.from_config(config, stop_file="stop", look_back=("q/1", "q/0"))
-    assert dataclasses.astuple(options)[2:] == (4, False, 9, 30.0, False, "stop", False, ("q/0", "q/1"), False)
+    assert dataclasses.astuple(options)[2:] == (4, False, 9, 30.0, False, "stop", False, ("q/0", "q/1"), False,
+                                                (), False, (), ())
     assert options.secondary == config.secondary
 
 

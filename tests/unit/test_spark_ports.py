@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from backlog_syphon.model import CheckpointRow, PacingStats, RecordedSpan
+from backlog_syphon.model import NO_MIGRATION, CheckpointRow, PacingStats, RecordedSpan
 from backlog_syphon.sink.micro_batch import Recovery
 from backlog_syphon.sink.outcome_aggregate import pacing_after_round
 from backlog_syphon.sink.spark_ports import PacingStatsParam, SparkBatch, held_by_any, read_recovery
@@ -29,7 +29,8 @@ def audit_row(run_id, seq, outcome, destination="orders", batch_id=4):
               "reason_code": "destination_unavailable" if outcome == "unsent" else None, "reason": None,
               "body_size": 10, "enqueued_time": at(T0 + 10 * seq), "scheduled_enqueue_time": None,
               "time_to_live_ms": None, "outcome_time": at(1_800_000_000_000), "attempts": 1,
-              "dead_letter_reason": None, "dead_letter_error_description": None, "original_destination": None}
+              "dead_letter_reason": None, "dead_letter_error_description": None, "original_destination": None,
+              "message_state": None}
     return tuple(values[field.name] for field in AUDIT_ROW_SCHEMA.fields)
 
 
@@ -60,7 +61,8 @@ def test_recovery_counts_every_row_earlier_attempts_of_the_batch_recorded(spark,
         at_start, held_in = read_recovery(spark, storage)
         assert held_in == () and at_start.recorded_rows_of_batch == 0
         del frames["/state/checkpoint"]  # the first batch must not read it again
-    sink = SimpleNamespace(state_is_new=False, config=SimpleNamespace(storage=storage), recovery_at_start=at_start)
+    sink = SimpleNamespace(state_is_new=False, config=SimpleNamespace(storage=storage), recovery_at_start=at_start,
+                           migration=NO_MIGRATION)
 
     recovery = SparkBatch(sink, spark.range(0), 4).recover()
     assert recovery.checkpoint == {Q0: checkpoint}

@@ -168,6 +168,11 @@ class SendFailure:
         return SendFailureClass.THROTTLED if self.reason_code in THROTTLING_REASONS else SendFailureClass.TRANSIENT
 
 
+class ExpiredBeforeSendError(ValueError):
+    """A migrated message's absolute expiry passed before its copy was built: it is not sent
+    (``Outcome.EXPIRED``), as if the rules had found it expired."""
+
+
 class PartialSendError(Exception):
     """A send that stopped after ``sent`` messages of the group went out, because of ``cause``, which refused
     the next ``attempted`` messages (one batched send; 0: nothing was transferred, the link itself failed)."""

@@ -67,6 +67,7 @@ class PurgeProgress:
         self._halted = False  # the round ends, whatever is left (see ``stopped``)
         self.idle_receives = 0  # receives in a row that brought nothing recorded (a partitioned queue's bound)
         self.late_only = False  # a page ended the round having settled nothing before its deadline
+        self.came_up_empty = False  # a receive brought nothing within its wait: nothing planned is there (now)
 
     @property
     def stopped(self) -> bool:
@@ -124,7 +125,7 @@ class PurgeProgress:
                 self.idle_receives += 1
                 self._halted = self.idle_receives >= PARTITIONED_IDLE_RECEIVES
                 return PageActions((), (), (), self.stopped)
-            self._halted = True  # nothing came within the wait: what is planned is not there (now)
+            self._halted = self.came_up_empty = True  # nothing came within the wait: what is planned is not there
             return PageActions((), (), (), True)
         complete, dead_letter, release, pass_over = [], [], [], []
         for identity in sorted(received, key=lambda item: item[0]):

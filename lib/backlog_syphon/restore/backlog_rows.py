@@ -14,8 +14,12 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from backlog_syphon.model import ReasonCode
-from backlog_syphon.restore.amqp.annotations import DEAD_LETTER_DESCRIPTION_PROPERTY, DEAD_LETTER_REASON_PROPERTY
+from backlog_syphon.model import MessageState, ReasonCode
+from backlog_syphon.restore.amqp.annotations import (
+    DEAD_LETTER_DESCRIPTION_PROPERTY,
+    DEAD_LETTER_REASON_PROPERTY,
+    MESSAGE_STATE_ANNOTATION,
+)
 from backlog_syphon.restore.amqp.message_decoding import decode_envelope
 from backlog_syphon.restore.legacy_properties import LegacyFields, decode_legacy_properties, timedelta_to_ms
 from backlog_syphon.rows import BACKLOG_ROW_COLUMNS
@@ -42,11 +46,13 @@ def backlog_row_values(
     *,
     sequence_number: int | None = None,
     enqueued_time: datetime | None = None,
+    copy: bool = False,
 ) -> dict:
     """Every column of ``BACKLOG_ROW_SCHEMA`` for one raw backlog message.
 
     ``sequence_number`` and ``enqueued_time`` from the peek take precedence over the message's own
-    broker annotations (they are the same on a freshly peeked message).
+    broker annotations (they are the same on a freshly peeked message). ``copy``: the migration mode's row of
+    a message sent as it was (``copy_fields``), not restored from legacy properties.
     """
     row = {
         "backlog_queue": backlog_queue,
@@ -65,7 +71,10 @@ def backlog_row_values(
             body_size=envelope.body_size,
             partition_key=envelope.partition_key,
         )
-        row.update(legacy_fields_to_row_values(decode_legacy_properties(envelope.application_properties)))
+        if copy:
+            row.update(copy_fields(envelope))
+        else:
+            row.update(legacy_fields_to_row_values(decode_legacy_properties(envelope.application_properties)))
         row.update(dead_letter_fields(envelope.application_properties))
     except Exception as error:  # noqa: BLE001 - one message's problem is that message's outcome
         # AmqpDecodeError, a broker annotation of the wrong type or range, or anything else this
@@ -78,7 +87,24 @@ def backlog_row_values(
             "decode_problem_code": ReasonCode.UNDECODABLE_MESSAGE,
             "decode_problem_reason": reason[:1024],
         }
-    return {column: row[column] for column in BACKLOG_ROW_COLUMNS}
+    return {column: row.get(column) for column in BACKLOG_ROW_COLUMNS}
+
+
+def copy_fields(envelope) -> dict:
+    """The decoded columns of a message the migration mode sends as it was: its own SessionId (group-id), time to
+    live (the header's, counted from its enqueue time) and scheduled enqueue time, and its state; no destination
+    (the source's route gives it)."""
+    ttl = envelope.header.ttl_ms
+    state = envelope.message_annotations.get(MESSAGE_STATE_ANNOTATION)
+    return {
+        "destination": None,
+        "session_id": envelope.properties.group_id,
+        "time_to_live_ms": None if not ttl else int(ttl),
+        "scheduled_enqueue_time": envelope.scheduled_enqueue_time,
+        "decode_problem_code": None,
+        "decode_problem_reason": None,
+        "message_state": MessageState.from_annotation(state if isinstance(state, int) else None).value,
+    }
 
 
 def dead_letter_fields(application_properties) -> dict:

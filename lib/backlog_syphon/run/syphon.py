@@ -20,7 +20,7 @@ from pyspark.sql.streaming import StreamingQuery
 
 from backlog_syphon.config import AVAILABLE_NOW, SyphonConfig, trigger_options
 from backlog_syphon.errors import SettingsError
-from backlog_syphon.model import DestinationShape, JobIds, new_run_id
+from backlog_syphon.model import NO_MIGRATION, DestinationShape, JobIds, MigrationPlan, new_run_id
 from backlog_syphon.run.fence import LeaseKeeper
 from backlog_syphon.run.progress import SyphonProgressListener, follow_progress
 from backlog_syphon.run.run_records import AuditRecords, RunSummary, SinkRecords
@@ -61,7 +61,8 @@ class StartGates:
     """
 
     def __init__(self, spark: SparkSession, config: SyphonConfig, keeper: LeaseKeeper, timeline: Timeline, *,
-                 check_access: bool, on_wait: Callable[[str], None] | None):
+                 check_access: bool, on_wait: Callable[[str], None] | None,
+                 migration: MigrationPlan = NO_MIGRATION):
         from concurrent.futures import Future, ThreadPoolExecutor
 
         from backlog_syphon.servicebus.entities import destination_shapes, partitioned_queue_names
@@ -79,9 +80,12 @@ class StartGates:
         self.destination_shapes: dict[str, DestinationShape] = {}
         self.partitioned_queues: frozenset[str] = frozenset()
 
+        # A migration run's plan goes with its state read and its pre-flight; a backlog run's calls stay as they were.
+        planned = {"migration": migration} if migration.sources else {}
+
         def check_driver() -> None:
             if check_access:
-                preflight(config)
+                preflight(config, **planned)
 
         def check_executors() -> None:
             executor_preflight(spark, config)
@@ -91,7 +95,8 @@ class StartGates:
             self.destination_shapes = destination_shapes(config.primary)
 
         def read_partitioning() -> None:
-            self.partitioned_queues = partitioned_queue_names(config.secondary)
+            if not migration.sources:  # a migration run knows its sources' from the listing they were selected in
+                self.partitioned_queues = partitioned_queue_names(config.secondary)
 
         def prepare_source() -> None:
             spark.dataSource.register(BacklogDataSource)
@@ -111,7 +116,7 @@ class StartGates:
                     spark, wait=config.run.wait_for_lease, on_wait=on_wait,
                     table_created=storage.resolved_lease_table in created,
                     on_free=None if tables_new else lambda: reads.append(reader.submit(read_recovery, spark,
-                                                                                       storage)))
+                                                                                       storage, **planned)))
                 timeline.mark(Milestone.LEASE_TAKEN)
                 if not tables_new:  # under the lease: its property commit fails no other run's append
                     tables.set_upkeep_properties(spark, storage.audit_table, storage.checkpoint_table,
@@ -122,7 +127,7 @@ class StartGates:
                 if reads:
                     self.recovery, self.look_back = reads[-1].result()
                 elif not self.state_is_new:  # this run created the tables, but the lease had a holder before
-                    self.recovery, self.look_back = read_recovery(spark, storage)
+                    self.recovery, self.look_back = read_recovery(spark, storage, **planned)
             finally:
                 reader.shutdown(wait=False)
 
@@ -145,20 +150,23 @@ class StartGates:
 def run_config(config: SyphonConfig, run_id: str) -> SyphonConfig:
     """The configuration a run works with. A re-drive reads the dead-letter sub-queues as they are when it
     starts, from their first message, whatever earlier re-drives left there: it gets a streaming checkpoint
-    of its own (``<checkpoint_location>_redrive/<run id>``). What an interrupted re-drive recorded is
-    known from the audit and checkpoint tables, as after a deleted streaming checkpoint: not sent again,
-    and settled by the next run."""
-    if not config.redriving:
+    of its own (``<checkpoint_location>_redrive/<run id>``). So does a migration run
+    (``<checkpoint_location>_migration/<run id>``): a dead-letter sub-queue's numbers are not in arrival order, a
+    scheduled message comes back under a new number, and what an earlier run left is read again. What an
+    interrupted run recorded is known from the audit and checkpoint tables, as after a deleted streaming
+    checkpoint: not sent again, and settled by the next run."""
+    if not config.redriving and not config.migrating:
         return config
-    location = f"{config.storage.checkpoint_location.rstrip('/')}_redrive/{run_id}"
+    kind = "redrive" if config.redriving else "migration"
+    location = f"{config.storage.checkpoint_location.rstrip('/')}_{kind}/{run_id}"
     return dataclasses.replace(config, storage=dataclasses.replace(config.storage, checkpoint_location=location))
 
 
-def source_queues(config: SyphonConfig) -> list[str]:
+def source_queues(config: SyphonConfig, migration: MigrationPlan = NO_MIGRATION) -> list[str]:
     """The queues a run reads: the configured backlog queues and, with ``backlog.discover``, every other one
-    the administration API lists; in a re-drive, their dead-letter sub-queues. What is left in any of them
-    is what the run leaves behind (its summary counts them all)."""
-    return backlog_queues(SourceOptions.from_config(config))
+    the administration API lists; in a re-drive, their dead-letter sub-queues; a migration run's sources. What
+    is left in any of them is what the run leaves behind (its summary counts them all)."""
+    return backlog_queues(SourceOptions.from_config(config, migration=migration))
 
 
 def lease_key(config: SyphonConfig) -> str:
@@ -178,6 +186,7 @@ class SyphonRun:
     records: SinkRecords | AuditRecords
     timeline: Timeline
     spark: SparkSession | None = None  # Spark Connect: how a stop request reaches the server
+    migration: MigrationPlan = NO_MIGRATION  # a migration run's sources and routes
     _forwarded: bool = False
 
     def request_stop(self) -> None:
@@ -260,9 +269,13 @@ def start_syphon(spark: SparkSession, config: SyphonConfig, *, run_id: str | Non
     storage = config.storage
     keeper = LeaseKeeper(lease_table=storage.resolved_lease_table, lease_key=lease_key(config), run_id=run_id,
                          lease_seconds=config.run.lease_seconds, checkpoint_table=storage.checkpoint_table)
+    migration = prepare_migration(config)
 
-    gates = StartGates(spark, config, keeper, timeline, check_access=check_access, on_wait=on_wait)
+    gates = StartGates(spark, config, keeper, timeline, check_access=check_access, on_wait=on_wait,
+                       migration=migration)
     gates.wait()
+    if migration.sources and not config.redriving:
+        move_states(config, migration, keeper, spark)
     stop_file = os.path.join(tempfile.gettempdir(), f"backlog-syphon-stop-{run_id}")
     # What the start read serves the first batch only where the sink lives in this process for the whole
     # run; a Connect server's copy of the sink reads the tables itself.
@@ -270,7 +283,8 @@ def start_syphon(spark: SparkSession, config: SyphonConfig, *, run_id: str | Non
                         stop_file=stop_file, timeline=timeline, state_is_new=gates.state_is_new,
                         recovery_at_start=None if is_connect(spark) else gates.recovery,
                         destination_shapes=gates.destination_shapes, partitioned_queues=gates.partitioned_queues,
-                        fault_plan=FaultPlan.from_environment(os.environ))  # a test's, read once here
+                        fault_plan=FaultPlan.from_environment(os.environ),  # a test's, read once here
+                        migration=migration)
     records = AuditRecords(spark, storage.audit_table, run_id) if is_connect(spark) else SinkRecords(sink)
     listener = SyphonProgressListener(records.batch_stats, query_name=config.run.query_name, log_lines=log_progress)
     spark.streams.addListener(listener)
@@ -280,7 +294,7 @@ def start_syphon(spark: SparkSession, config: SyphonConfig, *, run_id: str | Non
         emulate_available_now = not READ_LIMITS_SUPPORTED and not is_connect(spark)
     emulate = config.run.trigger == AVAILABLE_NOW and emulate_available_now
     if config.run.trigger == AVAILABLE_NOW and is_connect(spark) and not server_has_read_limits(spark):
-        refuse_unbounded_batch(config, spark.version)
+        refuse_unbounded_batch(config, spark.version, migration)
     # Where earlier runs held messages for skipped destinations: the source reads those queues again from
     # their first message once (what is recorded among them is dropped by identity in the sink).
     look_back = gates.look_back
@@ -289,7 +303,7 @@ def start_syphon(spark: SparkSession, config: SyphonConfig, *, run_id: str | Non
                     len(look_back))
     stream = (spark.readStream.format(SOURCE_NAME)
               .options(**backlog_source_options(config, stop_file=stop_file, emulate_available_now=emulate,
-                                                look_back=look_back)).load())
+                                                look_back=look_back, migration=migration)).load())
     writer = (stream.writeStream.foreachBatch(sink)
               .option("checkpointLocation", storage.checkpoint_location)
               .queryName(config.run.query_name)
@@ -304,7 +318,34 @@ def start_syphon(spark: SparkSession, config: SyphonConfig, *, run_id: str | Non
     timeline.mark(Milestone.QUERY_STARTED)
     logger.info("started run_id=%s query=%s trigger=%s", run_id, config.run.query_name, config.run.trigger)
     return SyphonRun(query, sink, listener, keeper, stop_file, records, timeline,
-                     spark if is_connect(spark) else None)
+                     spark if is_connect(spark) else None, migration)
+
+
+def prepare_migration(config: SyphonConfig) -> MigrationPlan:
+    """A migration run's plan (``servicebus.listing.migration_plan``), its browse-only sources registered for this
+    process's peeks; ``NO_MIGRATION`` for a backlog run."""
+    if not config.migrating:
+        return NO_MIGRATION
+    from backlog_syphon.servicebus.clients import browse_only
+    from backlog_syphon.servicebus.listing import migration_plan
+
+    plan = migration_plan(config)
+    browse_only(config.secondary, plan.browse_only)
+    return plan
+
+
+def move_states(config: SyphonConfig, migration: MigrationPlan, keeper: LeaseKeeper, spark: SparkSession) -> None:
+    """Move the session states of the migration's session-enabled sources, under the lease, before anything is
+    sent (``servicebus.session_states``); a failure gives the lease back and ends the run before its stream."""
+    if not migration.session_entities:
+        return
+    from backlog_syphon.servicebus.session_states import move_session_states
+
+    try:
+        move_session_states(config.secondary, config.primary, migration)
+    except BaseException:
+        keeper.release(spark)
+        raise
 
 
 # Spark waits a fixed 10 s (no setting changes it) for the Python process it starts for a streaming
@@ -382,10 +423,10 @@ def server_has_read_limits(spark: SparkSession) -> bool:
     return spark_line(spark.version) >= (4, 2)
 
 
-def refuse_unbounded_batch(config: SyphonConfig, spark_version: str) -> None:
+def refuse_unbounded_batch(config: SyphonConfig, spark_version: str, migration: MigrationPlan = NO_MIGRATION) -> None:
     """On a server that reads an available-now backlog as one batch, refuse a backlog larger than
     ``run.max_single_batch_messages`` (counted in sequence numbers, an upper bound, by a few peeks)."""
-    spans = backlog_spans(config.secondary, source_queues(config))
+    spans = backlog_spans(config.secondary, source_queues(config, migration))
     total = sum(spans.values())
     limit = config.run.max_single_batch_messages
     logger.warning("Spark %s reads an available-now backlog as one batch here: about %d messages", spark_version,
@@ -421,8 +462,9 @@ def summarise_run(config: SyphonConfig, run: SyphonRun) -> RunSummary:
     from backlog_syphon.servicebus.peek import peek_counts
 
     summary = RunSummary(run_id=run.sink.run_id, per_destination=run.records.per_destination(),
-                         remaining=peek_counts(config.secondary, source_queues(config)),
-                         progress=tuple(run.listener.points), earlier=run.listener.earlier, timeline=run.timeline, redrive=config.redriving,
-                         stopped=os.path.exists(run.stop_file))
+                         remaining=peek_counts(config.secondary, source_queues(config, run.migration)),
+                         progress=tuple(run.listener.points), earlier=run.listener.earlier, timeline=run.timeline,
+                         redrive=config.redriving, stopped=os.path.exists(run.stop_file),
+                         migration=bool(run.migration.sources), left_in_place=run.sink.left_in_place)
     run.timeline.mark(Milestone.SUMMARISED)
     return summary

@@ -49,7 +49,7 @@ import time
 from decimal import Decimal
 
 import azure.servicebus
-from azure.servicebus import ServiceBusMessageBatch, ServiceBusReceiver, ServiceBusSender
+from azure.servicebus import ServiceBusClient, ServiceBusMessageBatch, ServiceBusReceiver, ServiceBusSender
 from azure.servicebus._common import constants as sdk_constants
 from azure.servicebus.exceptions import ServiceBusError
 from azure.servicebus._pyamqp import _decode as sdk_decode
@@ -74,6 +74,7 @@ REQUIRED_ATTRIBUTES = (
     (ServiceBusSender, "_open_with_retry"),
     (ServiceBusSender, "_create_handler"),
     (ServiceBusReceiver, "_create_handler"),
+    (ServiceBusClient, "_create_session_browser"),
     (AMQPClient, "client_ready"),
     (sdk_constants, "_BATCH_MESSAGE_OVERHEAD_COST"),
     (sdk_constants, "REQUEST_RESPONSE_PEEK_OPERATION"),
@@ -134,6 +135,15 @@ def peek_stored_bytes(receiver, from_sequence_number: int, max_count: int, timeo
     receiver._check_live()
     return on_management_link(lambda: receiver._mgmt_request_response_with_retry(
         sdk_constants.REQUEST_RESPONSE_PEEK_OPERATION, request, keep_raw, timeout=timeout))
+
+
+def management_handle(client, entity_path: str):
+    """A handler that opens a connection and the entity's ``$management`` link only, no receive link: the SDK's
+    own session browser (``_SessionBrowser``), made for ``get-message-sessions``. Peeks go through it
+    (``peek_stored_bytes``) where a receive link would be refused: a session-enabled entity takes none without a
+    session (while the service answers a peek there without a session lock), and a topic takes none at all (while
+    its ``$management`` peeks its scheduled messages). ``entity_path`` is the whole path (a subscription's too)."""
+    return client._create_session_browser(entity_path)
 
 
 def management_link_lost(exc: BaseException) -> bool:

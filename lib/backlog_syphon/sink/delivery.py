@@ -49,6 +49,7 @@ from typing import Any, Callable, Iterable, Iterator, Mapping, Protocol, Sequenc
 from backlog_syphon.config import SinkConfig
 from backlog_syphon.model import (
     Action,
+    ExpiredBeforeSendError,
     Outcome,
     Outgoing,
     PartialSendError,
@@ -67,7 +68,7 @@ Row = Mapping[str, Any]  # a classified backlog row (``rows`` columns + the rest
 
 # The outcome of a row the restore rules decided not to send.
 NOT_SENT_OUTCOMES = {Action.SKIP: Outcome.SKIPPED_PING, Action.DEAD_LETTER: Outcome.DEAD_LETTERED,
-                     Action.HOLD: Outcome.HELD, Action.LEAVE: Outcome.NOT_SELECTED}
+                     Action.HOLD: Outcome.HELD, Action.LEAVE: Outcome.NOT_SELECTED, Action.EXPIRE: Outcome.EXPIRED}
 
 
 class Sender(Protocol):
@@ -154,6 +155,8 @@ def deliver_rows(rows: Iterable[Row], *, build: Callable[[Row], Outgoing], sende
         for row in group:
             try:
                 pending.append((row, build(row)))
+            except ExpiredBeforeSendError as exc:  # a migrated message's expiry passed since it was classified
+                yield Delivery(row, Outcome.EXPIRED, ReasonCode.EXPIRED_IN_SOURCE, str(exc)[:1024], 0)
             except Exception as exc:  # noqa: BLE001 - one message's problem is that message's outcome
                 yield Delivery(row, Outcome.DEAD_LETTERED, ReasonCode.RESTORE_FAILED,
                                f"the restored message could not be built: {type(exc).__name__}: {exc}"[:1024], 0)

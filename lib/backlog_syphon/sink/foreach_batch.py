@@ -5,8 +5,9 @@ the batch's state machine on them (``sink.micro_batch``, whose order and failure
 - recover (a run's first batch): the checkpoint table, and the audit rows above each queue's purge
   mark, aggregated into recorded spans;
 - exclude: the rows those spans hold, by identity (queue, sequence number, enqueue time);
-- send rounds under the lease: restore and classify (``restore.rules``), then one send task per
-  backlog queue on the executors (``sink.send_task``), the outcomes checkpointed once;
+- send rounds under the lease: restore and classify (``restore.rules``; the migration mode's copy rules,
+  ``migration.copy_rules``), then one send task per backlog queue (or source entity) on the executors
+  (``sink.send_task``), the outcomes checkpointed once;
 - aggregate: one Spark job turns every row's latest outcome into recorded spans, per-destination
   counts and the unsent destinations (``sink.outcome_aggregate``);
 - record: the audit append, idempotent on the attempt's transaction version (the batch's one commit);
@@ -29,7 +30,8 @@ from pyspark.sql import DataFrame, SparkSession
 
 from backlog_syphon.config import SyphonConfig
 from backlog_syphon.errors import BatchFailedError
-from backlog_syphon.model import REPORTED_OUTCOMES, BatchStats, DestinationShape, Outcome
+from backlog_syphon.migration.copy_rules import CopyClassifier
+from backlog_syphon.model import NO_MIGRATION, REPORTED_OUTCOMES, BatchStats, DestinationShape, MigrationPlan, Outcome
 from backlog_syphon.restore import rules
 from backlog_syphon.restore.destination_fit import session_subscription_warning
 from backlog_syphon.sink import micro_batch as machine
@@ -62,7 +64,7 @@ class DeliverySink:
                  state_is_new: bool = False, recovery_at_start: Recovery | None = None,
                  destination_shapes: Mapping[str, DestinationShape] | None = None,
                  partitioned_queues: frozenset[str] = frozenset(),
-                 fault_plan: FaultPlan = NO_FAULTS,
+                 fault_plan: FaultPlan = NO_FAULTS, migration: MigrationPlan = NO_MIGRATION,
                  clock: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.timezone.utc)):
         self.config = config
         self.run_id = run_id
@@ -87,18 +89,21 @@ class DeliverySink:
         # later rounds' tasks start knowing (``sink.send_shape``).
         self.learned_single_destinations: set[str] = set()
         self.fault_plan = fault_plan  # picklable: it goes with the sink (Spark Connect) and to the send tasks
+        self.migration = migration  # a migration run's sources and routes (picklable: to the send tasks too)
         self._warned_topics: set[str] = set()  # topics whose session subscriptions were warned about
         self.app_id: str | None = None  # known at the run's first batch (the checkpoint's query id)
         # Over Spark Connect the sink's copy in the server ends with the query, before the run's end could
         # write its rows: there every batch rewrites the checkpoint table.
         self.checkpoint_every = 0.0 if settle_in_batch else config.storage.checkpoint_interval_seconds
         # The backlog queues the secondary's administration API calls partitioned (lower-case), for the purge.
-        self.state = SinkState(partitioned_queues=frozenset(partitioned_queues))
+        self.state = SinkState(partitioned_queues=frozenset(partitioned_queues) | migration.partitioned,
+                               session_entities=migration.session_entities)
         self._purges = PurgeRunner(config.secondary)
         self.per_destination: dict[str, dict[str, int]] = {}  # this run's outcomes, for the summary
+        self.left_in_place = 0  # final outcomes whose message stays in its source (``BatchAggregate.left_in_place``)
         self.batch_stats: dict[int, BatchStats] = {}  # read (and emptied) by the progress listener
         self.failure: BaseException | None = None  # the last batch failure (classic Spark: this process)
-        self._classifiers: dict[tuple, rules.Classifier] = {}  # by the rows' columns (``classifier``)
+        self._classifiers: dict[tuple, object] = {}  # by the rows' columns (``classifier``)
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
         self.timeline.mark(Milestone.FIRST_BATCH)
@@ -125,6 +130,7 @@ class DeliverySink:
         if aggregate.rows:
             self.timeline.mark(Milestone.LAST_RECORD, again=True)
         self._warn_of_session_subscriptions(aggregate)
+        self.left_in_place += aggregate.left_in_place
         for (destination, outcome), n in aggregate.per_destination.items():
             if outcome in REPORTED_OUTCOMES:
                 per = self.per_destination.setdefault(destination, {o.value: 0 for o in REPORTED_OUTCOMES})
@@ -153,9 +159,15 @@ class DeliverySink:
                     self._warned_topics.add(destination.lower())
                     logger.warning("destination=%s %s", destination, warning)
 
-    def classifier(self, columns: list[str]) -> rules.Classifier:
-        """The restore rules for this run's rows, built once in the process that runs the batches."""
+    def classifier(self, columns: list[str]) -> rules.Classifier | CopyClassifier:
+        """The restore rules (a migration run's copy rules) for this run's rows, built once in the process that runs
+        the batches."""
         key = tuple(columns)
+        if key not in self._classifiers and self.migration.sources and self.migration.copy:
+            self._classifiers[key] = CopyClassifier(
+                columns, routes=self.migration.routes, max_message_size_bytes=self.config.sink.max_message_size_bytes,
+                scheduled_margin_seconds=self.migration.scheduled_margin_seconds,
+                destination_shapes=self.destination_shapes, topics=self.migration.topics)
         if key not in self._classifiers:
             restore = self.config.restore
             self._classifiers[key] = rules.Classifier(

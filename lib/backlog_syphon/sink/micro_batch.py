@@ -44,7 +44,15 @@ from enum import StrEnum
 from typing import Protocol, Sequence
 
 from backlog_syphon.errors import BatchFailedError, DestinationUnavailableError
-from backlog_syphon.model import CheckpointRow, DeadLetterOrder, HeldSpan, Outcome, ReasonCode, RecordedSpan
+from backlog_syphon.model import (
+    CheckpointRow,
+    DeadLetterOrder,
+    HeldSpan,
+    Outcome,
+    ReasonCode,
+    RecordedSpan,
+    SettleOrder,
+)
 from backlog_syphon.purge.plan import PurgePlan, PurgeResult
 from backlog_syphon.sink import queue_marks
 from backlog_syphon.sink.delivery import RoundLimits
@@ -82,6 +90,10 @@ class Recovery:
     unsettled: tuple[RecordedSpan, ...]  # recorded, maybe not settled (verified before purging)
     dead_letters: tuple[DeadLetterOrder, ...]
     recorded_rows_of_batch: int  # rows (final or unsent) earlier attempts of this batch recorded
+    # The migration mode's: recorded scheduled and deferred messages, and per session-settled source its recorded
+    # messages per session.
+    settle_orders: tuple[SettleOrder, ...] = ()
+    sessions: dict[str, dict[str, int]] = field(default_factory=dict)
 
 
 NOTHING_RECORDED = Recovery({}, (), (), 0)  # state a run created: no checkpoint rows, nothing unsettled
@@ -107,6 +119,13 @@ class BatchAggregate:
     # Messages held for skipped destinations: not sent, not settled, and no reason to fail or to send again.
     held: tuple[HeldSpan, ...] = ()
     first_outcome_ms: int | None = None  # when the batch's first final outcome was reached (its first send)
+    # The migration mode's: per source settled session by session, its recorded messages per session; and how
+    # many recorded messages a receive does not bring (scheduled, deferred: ``BatchPorts.settle_orders``).
+    sessions: dict[str, dict[str, int]] = field(default_factory=dict)
+    special: int = 0
+    # Final outcomes whose message stays where it is: dead-lettered (or expired) where that cannot be carried out
+    # (in a dead-letter sub-queue; a scheduled message), so what is left in the source is not all unfinished work.
+    left_in_place: int = 0
 
     @property
     def rows(self) -> int:
@@ -131,7 +150,10 @@ class BatchPorts(Protocol):
         """Send what is pending (everything, then what the last round left unsent); aggregate every row."""
 
     def dead_letters(self) -> list[DeadLetterOrder]:
-        """The batch's recorded dead-letter outcomes (asked for only when there are some)."""
+        """The batch's recorded dead-letter outcomes, and the expired ones (asked for only when there are some)."""
+
+    def settle_orders(self) -> list[SettleOrder]:
+        """The batch's recorded messages a receive does not bring (asked for only when there are some)."""
 
     def record(self, checkpoint: list[CheckpointRow] | None, version: int) -> None:
         """Append the final outcomes to the audit, idempotently on ``version``, and rewrite the checkpoint
@@ -179,6 +201,11 @@ class SinkState:
     # The backlog queues the administration API called partitioned at the run's start (lower-case names): their
     # purges expect interleaved receives even where every recorded number is partition 0's.
     partitioned_queues: frozenset[str] = frozenset()
+    # The migration mode's sources settled session by session (lower-case names).
+    session_entities: frozenset[str] = frozenset()
+
+    def plans(self) -> dict[str, PurgePlan]:
+        return queue_marks.purge_plans(self.unpurged, self.partitioned_queues, self.session_entities)
 
     def apply_purges(self, results: dict[str, PurgeResult], now: dt.datetime) -> None:
         if not results or self.checkpoint is None:
@@ -224,7 +251,8 @@ def run_batch(state: SinkState, ports: BatchPorts, lease: LeasePort, purges: Pur
             state.checkpoint_written_at = now  # as read: the table says what the rows say
             # Held rows of earlier runs are not carried into this one: the run reads those messages again
             # (and holds them again, or sends them), and a mark held back by old rows would never move.
-            state.unpurged = queue_marks.add_recorded({}, recovery.unsettled, recovery.dead_letters, verify=True)
+            state.unpurged = queue_marks.add_recorded({}, recovery.unsettled, recovery.dead_letters, verify=True,
+                                                      orders=recovery.settle_orders, sessions=recovery.sessions)
             recorded_before = recovery.recorded_rows_of_batch
             replayed = sum(span.count for span in recovery.unsettled if span.batch_id == batch_id)
         ports.exclude([span for pending in state.unpurged.values() for span in pending.spans])
@@ -250,7 +278,9 @@ def run_batch(state: SinkState, ports: BatchPorts, lease: LeasePort, purges: Pur
         lease.confirm_held()  # a batch that lost its lease neither records nor purges
 
         step = Step.RECORD
-        dead_letters = ports.dead_letters() if aggregate.total(Outcome.DEAD_LETTERED) else []
+        dead_letters = ports.dead_letters() if aggregate.total(Outcome.DEAD_LETTERED) or aggregate.total(
+            Outcome.EXPIRED) else []
+        orders = ports.settle_orders() if aggregate.special else []
         state.apply_purges(purges.finished(), now)
         state.checkpoint = queue_marks.advance_checkpoint(state.checkpoint, aggregate.spans, batch_id=batch_id,
                                                           run_id=run_id, now=now)
@@ -260,7 +290,8 @@ def run_batch(state: SinkState, ports: BatchPorts, lease: LeasePort, purges: Pur
         state.checkpoint_unrecorded = not rewrite
         if rewrite:
             state.checkpoint_written_at = now
-        state.unpurged = queue_marks.add_recorded(state.unpurged, aggregate.spans, dead_letters, held=aggregate.held)
+        state.unpurged = queue_marks.add_recorded(state.unpurged, aggregate.spans, dead_letters, held=aggregate.held,
+                                                  orders=orders, sessions=aggregate.sessions)
         hooks.reached(CrashPoint.AFTER_RECORD)
         unavailable = aggregate.final_unavailable
         if unavailable:
@@ -274,7 +305,7 @@ def run_batch(state: SinkState, ports: BatchPorts, lease: LeasePort, purges: Pur
         if not purges.busy():
             # A round that ended since the record step is applied first, so its spans are not planned twice.
             state.apply_purges(purges.finished(), now)
-            purges.submit(queue_marks.purge_plans(state.unpurged, state.partitioned_queues))
+            purges.submit(state.plans())
         if settle_now:
             state.apply_purges(purges.wait(), now)
         return BatchReport(batch_id, aggregate, replayed, rounds)
@@ -294,7 +325,7 @@ def finish(state: SinkState, purges: PurgePort, now: dt.datetime) -> None:
     again at once, and a run whose messages all arrived should not end with them in the backlog."""
     state.apply_purges(purges.wait(), now)
     for _ in range(FINAL_PURGE_ROUNDS):
-        plans = queue_marks.purge_plans(state.unpurged, state.partitioned_queues)
+        plans = state.plans()
         if not plans:
             return
         purges.submit(plans)

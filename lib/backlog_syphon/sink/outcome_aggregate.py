@@ -14,27 +14,36 @@ from __future__ import annotations
 
 import dataclasses
 
-from backlog_syphon.model import HeldSpan, Outcome, PacingStats, ReasonCode, RecordedSpan
+from backlog_syphon.model import HeldSpan, MessageState, Outcome, PacingStats, ReasonCode, RecordedSpan
 from backlog_syphon.restore.queue_names import is_dead_letter_queue_name
 from backlog_syphon.sink.micro_batch import BatchAggregate, Unsent
 
 NO_DESTINATION = "(no destination)"
 
 
-def cuts_span(outcome: Outcome, backlog_queue: str) -> bool:
+# Final outcomes the purge carries out by dead-lettering the message in its source (where it can).
+DEAD_LETTERING_OUTCOMES = (Outcome.DEAD_LETTERED, Outcome.EXPIRED)
+
+
+def cuts_span(outcome: Outcome, backlog_queue: str, message_state: str | None = None) -> bool:
     """Whether a message with this outcome stays where it is, untouched by the purge, so that no recorded
     span may hold it: every non-final outcome (left unsent, or on purpose: held or not selected,
-    ``Outcome.stays``), and one a re-drive dead-lettered again (a dead-letter sub-queue cannot
-    dead-letter, so the message stays in it). ``sink.spark_ports.aggregate_outcomes`` says the same in
-    Spark."""
-    return not outcome.is_final or (
-        outcome == Outcome.DEAD_LETTERED and is_dead_letter_queue_name(backlog_queue))
+    ``Outcome.stays``), and a dead-lettering outcome (dead-lettered, expired) the source cannot carry out: in a
+    dead-letter sub-queue, which cannot dead-letter, and for a scheduled message, which no receive brings (the
+    migration mode). ``sink.spark_ports.aggregate_outcomes`` says the same in Spark."""
+    return not outcome.is_final or (outcome in DEAD_LETTERING_OUTCOMES and (
+        is_dead_letter_queue_name(backlog_queue) or message_state == MessageState.SCHEDULED))
 
 
 def combine_groups(groups: list[dict]) -> BatchAggregate:
-    """The aggregate from group rows (run, batch, queue, island, destination, outcome, reason code)
-    with their sequence and enqueue ranges and counts."""
+    """The aggregate from group rows (run, batch, queue, island, destination, outcome, reason code, message
+    state, session key) with their sequence and enqueue ranges and counts. A group's ``session_key`` is its
+    session in a source settled session by session (else null): what the spans hold is counted per session,
+    so the purge asks each session for exactly its own."""
     spans: dict[tuple, dict] = {}
+    sessions: dict[str, dict[str, int]] = {}
+    special = 0  # recorded messages a receive does not bring (scheduled, deferred): settled by their own means
+    left_in_place = 0  # final outcomes whose message stays where it is (dead-lettered where it cannot be)
     per_destination: dict[tuple[str, Outcome], int] = {}
     unsent: dict[str, Unsent] = {}
     held: dict[tuple, HeldSpan] = {}  # (run, batch, queue) -> where its held messages lie
@@ -58,8 +67,15 @@ def combine_groups(groups: list[dict]) -> BatchAggregate:
             unsent[destination] = Unsent(group["n"] + (known.count if known else 0), code, reason,
                                          min(since, known.since) if known else since)
             continue
-        if cuts_span(outcome, group["backlog_queue"]):
+        state = group.get("message_state")
+        if cuts_span(outcome, group["backlog_queue"], state):
+            left_in_place += group["n"] if outcome.is_final else 0
             continue  # stays in its queue: counted, never settled
+        if state in (MessageState.SCHEDULED, MessageState.DEFERRED):
+            special += group["n"]
+        if group.get("session_key") is not None:
+            per_session = sessions.setdefault(group["backlog_queue"], {})
+            per_session[group["session_key"]] = per_session.get(group["session_key"], 0) + group["n"]
         first_outcome_ms = _min(first_outcome_ms, group["since"])
         key = (group["run_id"], group["batch_id"], group["backlog_queue"], group["island"])
         span = spans.setdefault(key, {"first": group["first"], "last": group["last"],
@@ -68,7 +84,7 @@ def combine_groups(groups: list[dict]) -> BatchAggregate:
         span["first"], span["last"] = min(span["first"], group["first"]), max(span["last"], group["last"])
         span["from"] = _min(span["from"], group["enqueued_from"])
         span["to"] = _max(span["to"], group["enqueued_to"])
-        span[outcome] += group["n"]
+        span[Outcome.DEAD_LETTERED if outcome == Outcome.EXPIRED else outcome] += group["n"]
     recorded = tuple(
         RecordedSpan(queue, s["first"], s["last"], s["from"] if s["from"] is not None else 0,
                      s["to"] if s["to"] is not None else 0,
@@ -77,7 +93,7 @@ def combine_groups(groups: list[dict]) -> BatchAggregate:
         for (_, batch_id, queue, _), s in sorted(spans.items(), key=lambda item: (item[0][2], item[1]["first"])))
     return BatchAggregate(recorded, per_destination, unsent,
                           tuple(span for _, span in sorted(held.items(), key=lambda item: (item[0][2], item[1].first))),
-                          first_outcome_ms)
+                          first_outcome_ms, sessions, special, left_in_place)
 
 
 def _min(a, b):
