@@ -35,6 +35,8 @@ def expire_entities(namespaces: Iterable[Namespace], now: int):
                     reject(w.link, "com.microsoft:timeout", "No session available to accept within the timeout.")
             if changed:
                 pump(e)
+            while e.touched_elsewhere:       # a topic's scheduled message fanned out to its subscriptions
+                pump(e.touched_elsewhere.pop())
 
 
 def expire_idle(namespaces: Iterable[Namespace], now: float):

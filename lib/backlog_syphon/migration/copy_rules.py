@@ -8,7 +8,8 @@ Every row gets exactly one action, checked in this order:
    and cancelling it would race its activation (it comes back under a new sequence number), so it is left to
    become active and is read again then; ``hold`` (``in_transit``): a topic's own log holds its scheduled
    messages, and active ones only on their way to its subscriptions, where they are read;
-3. ``expire`` (``expired_in_source``): not scheduled, and its enqueue time plus its time to live has passed;
+3. ``expire`` (``expired_in_source``): not scheduled, and its enqueue time plus its time to live has passed (the
+   broker still shows it to a peek, but collects it at the next receive: it is not sent);
 4. ``dead_letter`` (``message_too_large``): larger than ``sink.max_message_size_bytes``;
 5. ``dead_letter`` (``session_id_not_partition_key``, ``session_required``): what the destination would refuse
    (``restore.destination_fit``), as the backlog mode judges it;

@@ -23,8 +23,10 @@ class Action(StrEnum):
     # Re-drive only: the message is not sent and stays in the dead-letter sub-queue, untouched (the
     # re-drive's filters did not select it, or an earlier re-drive dead-lettered it again).
     LEAVE = "leave"
-    # Migration only: the message's absolute expiry has passed. Not sent; recorded as EXPIRED and, like a
-    # dead-letter, moved to its source's dead-letter sub-queue by the purge (there: left where it is).
+    # The message had expired where it was read (the migration mode: its enqueue time plus its time to live had
+    # passed): Service Bus still shows it to a peek, but collects it at the next receive (removes it, or
+    # dead-letters it with TTLExpiredException where the entity dead-letters on expiration); no receiver would
+    # ever get it, so it is not sent either.
     EXPIRE = "expire"
 
     @property
@@ -50,9 +52,8 @@ class Outcome(StrEnum):
     # Not a final outcome either (re-drive only): the message was seen and deliberately left in the
     # dead-letter sub-queue (``Action.LEAVE``); the rows tell the audit what the re-drive saw and left.
     NOT_SELECTED = "not_selected"
-    # Migration only, final: the message had expired when it was read (its enqueue time plus its time to live
-    # had passed). Never sent; the purge dead-letters it in its source's dead-letter sub-queue
-    # (``ReasonCode.EXPIRED_IN_SOURCE``), what the service does with dead-lettering on expiration.
+    # Final: the message had expired where it was read (``Action.EXPIRE``): never sent, and the broker, not the
+    # purge, takes it out (in a dead-letter sub-queue, which expires nothing, it stays).
     EXPIRED = "expired"
 
     @property
@@ -116,7 +117,7 @@ class ReasonCode(StrEnum):
     FILTERED_OUT = "filtered_out"  # the redrive.* filters do not select it
     REDRIVEN_BEFORE = "redriven_before"  # an earlier re-drive dead-lettered it again (redrive.retry_dead_lettered)
     # migration only
-    EXPIRED_IN_SOURCE = "expired_in_source"  # EXPIRED: its absolute expiry had passed when it was read
+    EXPIRED_IN_SOURCE = "expired_in_source"  # EXPIRED: its absolute expiry had passed when it was read (migration)
     # HELD: a scheduled message due within migration.scheduled_margin_seconds, left to become active (and read
     # again then) rather than moved and cancelled at the moment it activates
     SCHEDULED_SOON = "scheduled_soon"
@@ -130,7 +131,6 @@ DEAD_LETTER_REASON_CODES = (
     ReasonCode.UNDECODABLE_MESSAGE, ReasonCode.EXPIRED_IN_BACKLOG, ReasonCode.MESSAGE_TOO_LARGE,
     ReasonCode.RESTORE_FAILED, ReasonCode.DESTINATION_NOT_FOUND, ReasonCode.UNAUTHORIZED,
     ReasonCode.DESTINATION_REFUSED, ReasonCode.SESSION_REQUIRED, ReasonCode.SESSION_ID_NOT_PARTITION_KEY,
-    ReasonCode.EXPIRED_IN_SOURCE,
 )
 
 

@@ -13,7 +13,8 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 from backlog_syphon.config import AVAILABLE_NOW, SyphonConfig
-from backlog_syphon.model import Action
+from backlog_syphon.migration.copy_rules import CopyClassifier
+from backlog_syphon.model import Action, Route, SourceEntity
 from backlog_syphon.restore.destination_fit import session_subscription_warning
 from backlog_syphon.restore.redrive import select_for_redrive
 from backlog_syphon.restore.rules import classify_messages
@@ -40,6 +41,24 @@ class DryRunReport:
     destination_warnings: tuple[str, ...] = ()
     # A partitioned queue's messages per partition (read partition by partition, each in order)
     per_partition: dict[str, dict[int, int]] | None = None
+    # A migration: per source entity what it holds and would become (dry_run_plan.source_summary rows), and its
+    # route (its kind, destination and, for a subscription, the delivery chosen)
+    per_source: list[dict] | None = None
+    routes: dict[str, str] | None = None
+
+    def migration_lines(self) -> list[str]:
+        """What a migration run would move, per source entity, and where each one's messages go."""
+        out = ["migration: the sources selected, what each holds, what would become of it and where it goes",
+               f"  {'source':<40} {'messages':>8} {'sessions':>8} {'scheduled':>9} {'deferred':>8} {'deliver':>7} "
+               f"{'hold':>5} {'expire':>6} {'dead-letter':>11}  route"]
+        rows = {row["backlog_queue"]: row for row in self.per_source or []}
+        for source, route in (self.routes or {}).items():
+            row = rows.get(source, {})
+            out.append(f"  {source:<40} {row.get('messages', 0):>8} {row.get('sessions', 0):>8} "
+                       f"{row.get('scheduled', 0):>9} {row.get('deferred', 0):>8} {row.get('to_deliver', 0):>7} "
+                       f"{row.get('to_hold', 0):>5} {row.get('to_expire', 0):>6} {row.get('to_dead_letter', 0):>11}"
+                       f"  -> {route}")
+        return out
 
     def redrive_lines(self) -> list[str]:
         """What a re-drive would move, per destination and dead-letter reason."""
@@ -58,6 +77,8 @@ class DryRunReport:
 
     def lines(self) -> list[str]:
         out = ["dry run: nothing was sent, settled or written"]
+        if self.routes is not None:
+            out += self.migration_lines()
         if self.per_reason is not None:
             out += self.redrive_lines()
         out.append(f"  {'destination':<28} {'messages':>8} {'bytes':>10} {'sessions':>8} {'scheduled':>9} "
@@ -121,18 +142,25 @@ def dry_run(spark: SparkSession, config: SyphonConfig, *, now: dt.datetime | Non
     Uses the same source rows and restore rules as the syphon, and attaches (without sending) a
     sender to each destination to find those the primary namespace would refuse.
     """
-    from backlog_syphon.run.syphon import source_queues
+    from backlog_syphon.run.syphon import prepare_migration, source_queues
     from backlog_syphon.servicebus.entities import destination_shapes
     from backlog_syphon.servicebus.probes import check_destinations
 
     now = now or dt.datetime.now(dt.timezone.utc)
+    migration = prepare_migration(config)  # a migration's sources and routes (a refused one says so here)
     spark.dataSource.register(BacklogDataSource)
-    snapshot = spark.read.format(SOURCE_NAME).options(**backlog_source_options(config)).load()
+    snapshot = spark.read.format(SOURCE_NAME).options(**backlog_source_options(config, migration=migration)).load()
     shapes = destination_shapes(config.primary)
-    classified = classify_messages(snapshot, now=now, ttl_policy=config.restore.ttl_policy,
-                                   max_message_size_bytes=config.sink.max_message_size_bytes,
-                                   destination_map=config.restore.destination_map,
-                                   skip_destinations=config.restore.skip_destinations, destination_shapes=shapes)
+    if migration.sources and migration.copy:
+        classified = CopyClassifier(snapshot.columns, routes=migration.routes,
+                                    max_message_size_bytes=config.sink.max_message_size_bytes,
+                                    scheduled_margin_seconds=migration.scheduled_margin_seconds,
+                                    destination_shapes=shapes, topics=migration.topics)(snapshot, now=now)
+    else:
+        classified = classify_messages(snapshot, now=now, ttl_policy=config.restore.ttl_policy,
+                                       max_message_size_bytes=config.sink.max_message_size_bytes,
+                                       destination_map=config.restore.destination_map,
+                                       skip_destinations=config.restore.skip_destinations, destination_shapes=shapes)
     if config.redriving:
         classified = select_for_redrive(classified, config.redrive,
                                         tables.redriven_dead_letters(spark, config.storage.audit_table))
@@ -152,7 +180,7 @@ def dry_run(spark: SparkSession, config: SyphonConfig, *, now: dt.datetime | Non
         dead_letters = dry_run_plan.dead_letter_plan(planned)
         return DryRunReport(
             per_destination=[row.asDict() for row in dry_run_plan.destination_summary(planned, now=now).collect()],
-            per_queue=dict.fromkeys(source_queues(config), 0) | per_queue, per_partition=per_partition,
+            per_queue=dict.fromkeys(source_queues(config, migration), 0) | per_queue, per_partition=per_partition,
             dead_letters=[row.asDict() for row in dead_letters.limit(dead_letter_limit).collect()],
             dead_letter_total=dead_letters.count(),
             unchecked={d: c.failure.reason for d, c in checks.items() if c.failure is not None and c.failure.transient},
@@ -164,9 +192,26 @@ def dry_run(spark: SparkSession, config: SyphonConfig, *, now: dt.datetime | Non
             destination_warnings=tuple(warning for destination in sorted(sessionless)
                                        if destination.lower() in shapes
                                        for warning in [session_subscription_warning(shapes[destination.lower()])]
-                                       if warning))
+                                       if warning),
+            per_source=[row.asDict() for row in dry_run_plan.source_summary(planned).collect()]
+            if migration.sources else None,
+            routes={source.path: describe_route(migration.route(source.path), source) for source in migration.sources}
+            if migration.sources else None)
     finally:
         classified.unpersist()
+
+
+def describe_route(route: Route, source: SourceEntity) -> str:
+    """``events (property x-syphon-subscription=eu)``: where a source's messages go, and how."""
+    how = [source.kind.value]
+    if route.delivery is not None:
+        how.append(f"{route.delivery.value}" + (f" {route.property_name}={route.property_value}"
+                                                if route.property_name else ""))
+    if source.requires_session:
+        how.append("sessions" + (f", states to {route.session_state_entity}" if route.session_state_entity else ""))
+    if route.provenance:
+        how.append("provenance")
+    return f"{route.destination} ({'; '.join(how)})"
 
 
 def batch_bound(spark: SparkSession, config: SyphonConfig) -> str:

@@ -75,9 +75,10 @@ class RunSummary:
         # NOT_SELECTED only happens in a re-drive, HELD only under restore.skip_destinations: a run
         # without them keeps the summary it always had.
         held = self.held
+        expired = self._counts(Outcome.EXPIRED)
         columns = [(outcome, heading) for outcome, heading in SUMMARY_COLUMNS
                    if (outcome != Outcome.NOT_SELECTED or self.redrive) and (outcome != Outcome.HELD or held)
-                   and (outcome != Outcome.EXPIRED or self.migration)]
+                   and (outcome != Outcome.EXPIRED or expired)]
         out.append(f"  {'destination':<32}" + "".join(f" {heading:>{_width(heading)}}" for _, heading in columns))
         for destination, counts in self.per_destination.items():
             out.append(f"  {destination:<32}" + "".join(f" {counts.get(outcome, 0):>{_width(heading)}}"

@@ -1,7 +1,7 @@
 """Moving a session-enabled source's session states to the target, before the migration run sends anything.
 
 Per source: its sessions are listed (``get-message-sessions`` in its default mode: "sessions with active messages
-or stored session state", the SDK's ``list_sessions``); each session with a state gets it set on the target's
+or stored session state", the SDK's ``list_queue_sessions``); each session with a state gets it set on the target's
 session of the same id (``Route.session_state_entity``: the route's queue, or the target topic's subscription of
 the same name), then cleared in the source. Both sides take the session's lock for the moment (a session
 receiver, which receives nothing).
@@ -33,7 +33,7 @@ def listed_sessions(namespace: NamespaceConfig, source: SourceEntity) -> list[st
         if source.subscription is not None:
             found = client.list_subscription_sessions(source.topic, source.subscription)
         else:
-            found = client.list_sessions(source.path)
+            found = client.list_queue_sessions(source.path)
         return list(dict.fromkeys(found))
 
 

@@ -150,7 +150,7 @@ class BatchPorts(Protocol):
         """Send what is pending (everything, then what the last round left unsent); aggregate every row."""
 
     def dead_letters(self) -> list[DeadLetterOrder]:
-        """The batch's recorded dead-letter outcomes, and the expired ones (asked for only when there are some)."""
+        """The batch's recorded dead-letter outcomes (asked for only when there are some)."""
 
     def settle_orders(self) -> list[SettleOrder]:
         """The batch's recorded messages a receive does not bring (asked for only when there are some)."""
@@ -278,8 +278,7 @@ def run_batch(state: SinkState, ports: BatchPorts, lease: LeasePort, purges: Pur
         lease.confirm_held()  # a batch that lost its lease neither records nor purges
 
         step = Step.RECORD
-        dead_letters = ports.dead_letters() if aggregate.total(Outcome.DEAD_LETTERED) or aggregate.total(
-            Outcome.EXPIRED) else []
+        dead_letters = ports.dead_letters() if aggregate.total(Outcome.DEAD_LETTERED) else []
         orders = ports.settle_orders() if aggregate.special else []
         state.apply_purges(purges.finished(), now)
         state.checkpoint = queue_marks.advance_checkpoint(state.checkpoint, aggregate.spans, batch_id=batch_id,

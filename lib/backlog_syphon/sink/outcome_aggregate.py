@@ -21,17 +21,18 @@ from backlog_syphon.sink.micro_batch import BatchAggregate, Unsent
 NO_DESTINATION = "(no destination)"
 
 
-# Final outcomes the purge carries out by dead-lettering the message in its source (where it can).
-DEAD_LETTERING_OUTCOMES = (Outcome.DEAD_LETTERED, Outcome.EXPIRED)
+# Final outcomes whose message may stay where it is: dead-lettered where that cannot be carried out, expired where
+# the broker collects nothing (``cuts_span``).
+STAYING_WHERE_THEY_ARE = (Outcome.DEAD_LETTERED, Outcome.EXPIRED)
 
 
 def cuts_span(outcome: Outcome, backlog_queue: str, message_state: str | None = None) -> bool:
     """Whether a message with this outcome stays where it is, untouched by the purge, so that no recorded
     span may hold it: every non-final outcome (left unsent, or on purpose: held or not selected,
-    ``Outcome.stays``), and a dead-lettering outcome (dead-lettered, expired) the source cannot carry out: in a
-    dead-letter sub-queue, which cannot dead-letter, and for a scheduled message, which no receive brings (the
-    migration mode). ``sink.spark_ports.aggregate_outcomes`` says the same in Spark."""
-    return not outcome.is_final or (outcome in DEAD_LETTERING_OUTCOMES and (
+    ``Outcome.stays``), one dead-lettered or expired in a dead-letter sub-queue (which cannot dead-letter again,
+    and expires nothing), and a scheduled message dead-lettered by the migration mode (no receive brings it, and
+    cancelling it would lose it). ``sink.spark_ports.aggregate_outcomes`` says the same in Spark."""
+    return not outcome.is_final or (outcome in STAYING_WHERE_THEY_ARE and (
         is_dead_letter_queue_name(backlog_queue) or message_state == MessageState.SCHEDULED))
 
 
@@ -71,7 +72,7 @@ def combine_groups(groups: list[dict]) -> BatchAggregate:
         if cuts_span(outcome, group["backlog_queue"], state):
             left_in_place += group["n"] if outcome.is_final else 0
             continue  # stays in its queue: counted, never settled
-        if state in (MessageState.SCHEDULED, MessageState.DEFERRED):
+        if state in (MessageState.SCHEDULED, MessageState.DEFERRED) and outcome != Outcome.EXPIRED:
             special += group["n"]
         if group.get("session_key") is not None:
             per_session = sessions.setdefault(group["backlog_queue"], {})
@@ -80,15 +81,16 @@ def combine_groups(groups: list[dict]) -> BatchAggregate:
         key = (group["run_id"], group["batch_id"], group["backlog_queue"], group["island"])
         span = spans.setdefault(key, {"first": group["first"], "last": group["last"],
                                       "from": group["enqueued_from"], "to": group["enqueued_to"],
-                                      Outcome.DELIVERED: 0, Outcome.DEAD_LETTERED: 0, Outcome.SKIPPED_PING: 0})
+                                      Outcome.DELIVERED: 0, Outcome.DEAD_LETTERED: 0, Outcome.SKIPPED_PING: 0,
+                                      Outcome.EXPIRED: 0})
         span["first"], span["last"] = min(span["first"], group["first"]), max(span["last"], group["last"])
         span["from"] = _min(span["from"], group["enqueued_from"])
         span["to"] = _max(span["to"], group["enqueued_to"])
-        span[Outcome.DEAD_LETTERED if outcome == Outcome.EXPIRED else outcome] += group["n"]
+        span[outcome] += group["n"]
     recorded = tuple(
         RecordedSpan(queue, s["first"], s["last"], s["from"] if s["from"] is not None else 0,
                      s["to"] if s["to"] is not None else 0,
-                     s[Outcome.DELIVERED] + s[Outcome.DEAD_LETTERED] + s[Outcome.SKIPPED_PING],
+                     s[Outcome.DELIVERED] + s[Outcome.DEAD_LETTERED] + s[Outcome.SKIPPED_PING] + s[Outcome.EXPIRED],
                      s[Outcome.DELIVERED], s[Outcome.DEAD_LETTERED], s[Outcome.SKIPPED_PING], batch_id)
         for (_, batch_id, queue, _), s in sorted(spans.items(), key=lambda item: (item[0][2], item[1]["first"])))
     return BatchAggregate(recorded, per_destination, unsent,

@@ -49,7 +49,7 @@ from backlog_syphon.rows import OUTCOME_ROW_SCHEMA
 from backlog_syphon.sink import delivery
 from backlog_syphon.sink.fault_plan import NO_FAULTS, FaultPlan
 from backlog_syphon.sink.micro_batch import NOTHING_RECORDED, BatchAggregate, Recovery
-from backlog_syphon.sink.outcome_aggregate import DEAD_LETTERING_OUTCOMES, combine_groups, cuts_span, pacing_after_round
+from backlog_syphon.sink.outcome_aggregate import STAYING_WHERE_THEY_ARE, combine_groups, cuts_span, pacing_after_round
 from backlog_syphon.sink.pacing import cap_share
 from backlog_syphon.sink.send_shape import known_shapes
 from backlog_syphon.sink.send_task import deliver_partition
@@ -203,8 +203,7 @@ def read_recovery(spark: SparkSession, storage, migration: MigrationPlan = NO_MI
     if recorded is None:  # no audit table yet: nothing was ever recorded
         return Recovery(checkpoint, (), (), 0), ()
     aggregate = aggregate_outcomes(recorded, migration.session_entities)
-    dead_letters = tuple(collect_dead_letters(recorded)) if aggregate.total(Outcome.DEAD_LETTERED) or aggregate.total(
-        Outcome.EXPIRED) else ()
+    dead_letters = tuple(collect_dead_letters(recorded)) if aggregate.total(Outcome.DEAD_LETTERED) else ()
     orders = tuple(collect_settle_orders(recorded)) if aggregate.special else ()
     held_in = tuple(sorted({span.backlog_queue for span in aggregate.held}))
     return Recovery(checkpoint, aggregate.spans, dead_letters, 0, orders, aggregate.sessions), held_in
@@ -245,7 +244,7 @@ def aggregate_outcomes(outcomes: DataFrame, session_entities: frozenset[str] = f
         in_dead_letters = F.lower(F.col("backlog_queue")).endswith("/" + DEAD_LETTER_SUBQUEUE.lower())
         scheduled = F.coalesce(F.col("message_state") == MessageState.SCHEDULED, F.lit(False))
         stays = (F.col("outcome").isin([outcome.value for outcome in Outcome if not outcome.is_final]) | (
-            F.col("outcome").isin([outcome.value for outcome in DEAD_LETTERING_OUTCOMES])
+            F.col("outcome").isin([outcome.value for outcome in STAYING_WHERE_THEY_ARE])
             & (in_dead_letters | scheduled))).cast("long")
         groups = _group_outcomes(outcomes.withColumn(
             "island", lane + F.sum(stays).over(order.rowsBetween(Window.unboundedPreceding, 0))))
@@ -265,13 +264,12 @@ def _group_outcomes(outcomes: DataFrame) -> list[dict]:
 
 
 def collect_dead_letters(outcomes: DataFrame) -> list[DeadLetterOrder]:
-    """The dead-letter outcomes among ``outcomes``, and the migration mode's expired ones (rare: collected to the
-    driver for the purge). A re-drive's are left out: its message stays in the dead-letter sub-queue, which
-    cannot dead-letter it again; and so are a scheduled message's, which no receive brings."""
+    """The dead-letter outcomes among ``outcomes`` (rare: collected to the driver for the purge). A re-drive's
+    are left out: its message stays in the dead-letter sub-queue, which cannot dead-letter it again; and so is a
+    scheduled message's (the migration mode), which no receive brings."""
     in_dead_letter_queue = F.lower(F.col("backlog_queue")).endswith("/" + DEAD_LETTER_SUBQUEUE.lower())
     scheduled = F.coalesce(F.col("message_state") == MessageState.SCHEDULED, F.lit(False))
-    rows = (outcomes.where(F.col("outcome").isin([outcome.value for outcome in DEAD_LETTERING_OUTCOMES])
-                           & ~in_dead_letter_queue & ~scheduled)
+    rows = (outcomes.where((F.col("outcome") == Outcome.DEAD_LETTERED) & ~in_dead_letter_queue & ~scheduled)
             .select("backlog_queue", "sequence_number", F.unix_millis("enqueued_time").alias("enqueued_ms"),
                     "reason_code", "reason").collect())
     return [DeadLetterOrder(row["backlog_queue"], row["sequence_number"], row["enqueued_ms"],
@@ -280,8 +278,10 @@ def collect_dead_letters(outcomes: DataFrame) -> list[DeadLetterOrder]:
 
 def collect_settle_orders(outcomes: DataFrame) -> list[SettleOrder]:
     """The recorded messages among ``outcomes`` that a receive does not bring (the migration mode's scheduled and
-    deferred messages with a final outcome the purge carries out), collected to the driver for the purge."""
-    rows = (outcomes.where(F.col("message_state").isin(MessageState.SCHEDULED.value, MessageState.DEFERRED.value))
+    deferred messages with a final outcome the purge carries out; an expired one the broker collects itself),
+    collected to the driver for the purge."""
+    rows = (outcomes.where(F.col("message_state").isin(MessageState.SCHEDULED.value, MessageState.DEFERRED.value)
+                           & (F.col("outcome") != Outcome.EXPIRED))
             .select("backlog_queue", "sequence_number", F.unix_millis("enqueued_time").alias("enqueued_ms"), "outcome",
                     "message_state", "session_id").collect())
     return [SettleOrder(row["backlog_queue"], row["sequence_number"], row["enqueued_ms"],
