@@ -15,7 +15,7 @@ scheduled messages of its own; the queues' dead-letter sub-queues.
   deferred ones settled by their numbers, the session states before the messages; the expired one is not sent and
   stays where it was dead-lettered. The audit records each by identity with its state, the runs table says the
   migration ran, and ``--status`` answers per entity.
-- A second run finds nothing to move and sends nothing again.
+- A run killed (SIGKILL) once its first batch is recorded is finished by the next run, which sends nothing twice.
 """
 
 from __future__ import annotations
@@ -116,5 +116,36 @@ def test_a_standard_namespace_drains_into_premium_once_exact_in_order_with_its_s
     assert {queue.queue: queue.count.messages for queue in report.dead_letters if queue.count.messages} == {
         f"{ORDERS}/$DeadLetterQueue": 1}
 
-    again = run_syphon(spark, config)
-    assert again.drained and not any(counts.get(Outcome.DELIVERED, 0) for counts in again.per_destination.values())
+
+@pytest.mark.timeout(900)
+def test_a_migration_killed_after_recording_is_finished_by_the_next_run_without_sending_anything_twice(
+        migration_emulator, tmp_path, spark):
+    """SIGKILL of the job (``jobs/syphon.py --migrate``) once its first batch is recorded and before its purge: the
+    next run (in this process, on the same tables) sends nothing of what was recorded again, settles it by identity
+    (the deferred messages by their numbers, the scheduled ones cancelled, the sessions' messages session by
+    session, from the audit rows the killed run left) and moves the rest: every message arrives once."""
+    import os
+    import sys
+
+    from .helpers import JOB_SUBMIT_ARGS, job_command, kill_when_parked, tail
+
+    emulator = migration_emulator
+    written = write_migration_backlog(emulator.connection_string(SOURCE), count=12)
+    env = {**{key: value for key, value in os.environ.items() if not key.startswith("SYPHON_")},
+           **emulator_environment(emulator, TARGET, SOURCE), "PYTHONPATH": str(ROOT / "lib"),
+           "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable}
+    env.setdefault("PYSPARK_SUBMIT_ARGS", JOB_SUBMIT_ARGS)
+    command = job_command(tmp_path, config="conf/local-migration.yaml", run__max_messages_per_trigger=25)
+    log = tmp_path / "killed.log"
+    why = kill_when_parked(command, env, "after_record", tmp_path / "marker", log, 300)
+    assert not why, f"{why}:\n{tail(log)}"
+    killed = tables.read_table(spark, str(tmp_path / "audit")).select("backlog_queue", "message_state").collect()
+    assert killed and MessageState.DEFERRED in {row["message_state"] for row in killed}, killed
+
+    summary = run_syphon(spark, migration_config(emulator, tmp_path, **{"storage.checkpoint_location":
+                                                                        str(tmp_path / "checkpoint-stream")}))
+    assert summary.drained, summary.lines()
+    assert check_migration(emulator, written) == []
+    rows = tables.read_table(spark, str(tmp_path / "audit")).select("backlog_queue", "message_id").collect()
+    twice = [key for key, n in collections.Counter((r["backlog_queue"], r["message_id"]) for r in rows).items() if n > 1]
+    assert not twice, twice

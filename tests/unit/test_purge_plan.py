@@ -360,3 +360,21 @@ def test_a_message_received_twice_in_one_page_is_settled_once_by_its_latest_deli
     # 6 came back (its earlier delivery's lock given up) after 7: the later copy is kept, the earlier given back
     assert latest_of_each([5, 6, 7, 6]) == ([0, 2, 3], [1])
     assert latest_of_each([9, 9, 9]) == ([2], [0, 1])
+
+
+def test_special_messages_are_not_received_a_verified_plan_keeps_those_still_there_and_a_session_asks_for_its_own():
+    from backlog_syphon.model import SettleKind, SettleOrder
+
+    scheduled = SettleOrder("q", 3, T0 + 3, SettleKind.CANCEL_SCHEDULED)
+    plan = dataclasses.replace(plan_of(span(1, 4), expected=3), special={msg(3): scheduled}, verify=True)
+    verified = plan.verified([msg(2), msg(3), msg(4)])  # 1 is gone already
+    assert (verified.expected, verified.special, verified.verify) == (2, {msg(3): scheduled}, False)
+    assert plan.verified([msg(2)]).special == {}
+    in_session = dataclasses.replace(plan, sessions={"s-a": 2}).in_session("s-a", 2)
+    assert (in_session.expected, in_session.sessions, in_session.special) == (2, None, {})
+
+
+def test_a_receive_that_brings_nothing_says_nothing_planned_is_there():
+    progress = PurgeProgress(plan_of(span(1, 2)))
+    progress.on_page([])
+    assert progress.came_up_empty and progress.stopped

@@ -93,9 +93,11 @@ class DryRunReport:
         if not self.per_destination:
             out.append("  (the dead-letter queues are empty)" if self.per_reason is not None
                        else "  (the backlog queues are empty)")
-        out.append(f"  {'dead-letter' if self.per_reason is not None else 'backlog'} queues: "
-                   f"{sum(self.per_queue.values())} messages in "
-                   f"{sum(1 for n in self.per_queue.values() if n)} of {len(self.per_queue)} queues")
+        kind = "sources" if self.routes is not None else (
+            "dead-letter queues" if self.per_reason is not None else "backlog queues")
+        out.append(f"  {kind}: {sum(self.per_queue.values())} messages in "
+                   f"{sum(1 for n in self.per_queue.values() if n)} of {len(self.per_queue)} "
+                   f"{'entities' if self.routes is not None else 'queues'}")
         for queue, lanes in sorted((self.per_partition or {}).items()):
             out.append(f"    {queue} is partitioned; read partition by partition, each in order: "
                        + ", ".join(f"partition {partition}: {count}" for partition, count in lanes.items()))

@@ -72,7 +72,7 @@ def status(spark: SparkSession, config: SyphonConfig, *, now: dt.datetime | None
         dead_letters=tuple(QueueStatus(queue, count) for queue, count in dead_letters.items()),
         lease=lease.result(), runs=tuple(runs.result()), held=held, counted_by=counted_by,
         runs_table=storage.resolved_runs_table, ended_run_id=ended.result(), unsettled=unsettled,
-        exported=config.backlog.exported_dead_letters)
+        exported=config.backlog.exported_dead_letters, migration=bool(migration.sources))
 
 
 def migration_counts(config: SyphonConfig, migration: MigrationPlan):
