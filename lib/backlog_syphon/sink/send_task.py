@@ -12,6 +12,7 @@ mode its routes: each message is then sent as it was, ``restore.copied_message``
 from __future__ import annotations
 
 import dataclasses
+import functools
 import datetime as dt
 import logging
 import time
@@ -56,10 +57,9 @@ def deliver_partition(batches, *, primary, sink, run_id: str, batch_id: int, lim
     opened: set[str] = set()
     pacer = Pacer(pace_share, sink.throttle_recovery_seconds, clock())
     shapes = SendShapes(known=dict(send_shapes or {}), learned=LEARNED_SHAPES.setdefault(primary.endpoint, {}))
-    build = build_outgoing
+    build = build_outgoing  # chosen once: the per-message path of a backlog run stays as it was
     if migration.sources and migration.copy:
-        def build(row) -> delivery.Outgoing:
-            return copy_outgoing(row, migration, clock())
+        build = functools.partial(_copy_outgoing_now, migration=migration, clock=clock)
     for results in delivery.deliver_chunks(_chunks(batches, opened, senders), build=build, sender=senders,
                                            classify=classify_send_error, sink=sink, limits=limits, clock=clock,
                                            on_sent=first_send, pacer=pacer, shapes=shapes):
@@ -99,6 +99,10 @@ def _chunks(batches, opened: set[str], senders) -> Iterator[list[dict]]:
                 senders.open(new)
                 opened.update(new)
             yield chunk
+
+
+def _copy_outgoing_now(row, *, migration: MigrationPlan, clock) -> delivery.Outgoing:
+    return copy_outgoing(row, migration, clock())
 
 
 def build_outgoing(row) -> delivery.Outgoing:

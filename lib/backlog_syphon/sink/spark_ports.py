@@ -43,7 +43,7 @@ from backlog_syphon.model import (
     settle_kind,
 )
 from backlog_syphon.partitions import PARTITION_SHIFT
-from backlog_syphon.restore import redrive, rules
+from backlog_syphon.restore import redrive
 from backlog_syphon.restore.queue_names import DEAD_LETTER_SUBQUEUE
 from backlog_syphon.rows import OUTCOME_ROW_SCHEMA
 from backlog_syphon.sink import delivery
