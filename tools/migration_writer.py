@@ -11,7 +11,9 @@ Written with the unmodified SDK, as an application would have left it:
 - ``partitioned-orders`` (16 partitions on Standard, none on Premium): messages over partition keys and without;
 - the topic ``events``: its subscription ``all`` takes everything, ``eu`` what has region=eu;
 - the topic ``alerts``: its only subscription ``ops``, and two messages scheduled an hour ahead (in the topic
-  until their time).
+  until their time);
+- the topic ``news``: its subscriptions ``mobile`` and ``web`` take everything, so they hold the same messages
+  (drained through ``mobile``, sent to the topic once for both).
 
 Development only: not part of the wheel.
 """
@@ -23,7 +25,8 @@ import time
 from dataclasses import dataclass, field
 
 ORDERS, SESSIONS, PARTITIONED = "orders", "sessions-orders", "partitioned-orders"
-EVENTS, ALERTS, EVENTS_ALL_QUEUE = "events", "alerts", "events-all"
+EVENTS, ALERTS, EVENTS_ALL_QUEUE, NEWS = "events", "alerts", "events-all", "news"
+NEWS_SUBSCRIPTIONS = ("mobile", "web")  # mobile, the first by name, sends for both
 SESSION_COUNTS = {"s-a": 4, "s-b": 3, "s-c": 2}
 SESSION_STATES = {"s-a": b"state of s-a", "s-b": b"state of s-b", "s-d": b"a session with a state only"}
 DEFERRED_IN_SESSION = "s-b"
@@ -125,6 +128,13 @@ def write_migration_backlog(namespace, *, count: int = 30, scale: int = 1) -> Mi
                                      later)
         written.subscriptions[f"{ALERTS}/Subscriptions/ops"] = alerts
         written.scheduled[ALERTS] = [f"a-later-{n}" for n in range(2)]
+
+        with client.get_topic_sender(NEWS) as sender:
+            news = [f"n-{n}" for n in range(5 * scale)]
+            sender.send_messages([ServiceBusMessage(f"news {n}".encode(), message_id=message_id)
+                                  for n, message_id in enumerate(news)])
+        for name in NEWS_SUBSCRIPTIONS:
+            written.subscriptions[f"{NEWS}/Subscriptions/{name}"] = news
     time.sleep(1.2)  # o-expired's time to live runs out
     return written
 
@@ -142,8 +152,9 @@ def check_migration(emulator, written: MigrationBacklog) -> list[str]:
 
     problems: list[str] = []
     target = emulator.connection_string(TARGET)
+    news = [f"{NEWS}/{name}" for name in NEWS_SUBSCRIPTIONS]
     drained = drain_destinations(target, [ORDERS, PARTITIONED, EVENTS_ALL_QUEUE, f"{EVENTS}/eu", f"{EVENTS}/all",
-                                          f"{ALERTS}/ops"], settle_seconds=1.0)
+                                          f"{ALERTS}/ops", *news], settle_seconds=1.0)
 
     def once(entity: str, got: list, want: list[str], *, ordered: bool = False) -> None:
         ids = [str(message.message_id) for message in got]
@@ -176,6 +187,9 @@ def check_migration(emulator, written: MigrationBacklog) -> list[str]:
     once(f"{EVENTS}/eu", drained[f"{EVENTS}/eu"], written.subscriptions[f"{EVENTS}/Subscriptions/eu"])
     once(f"{EVENTS}/all", drained[f"{EVENTS}/all"], [])
     once(f"{ALERTS}/ops", drained[f"{ALERTS}/ops"], written.subscriptions[f"{ALERTS}/Subscriptions/ops"])
+    for name in NEWS_SUBSCRIPTIONS:  # each subscription's copy once: the topic's of the one message sent for both
+        once(f"{NEWS}/{name}", drained[f"{NEWS}/{name}"], written.subscriptions[f"{NEWS}/Subscriptions/{name}"],
+             ordered=True)
     problems += _check_sessions(emulator, written)
     problems += _check_scheduled(emulator, written)
     problems += _check_source_left(emulator, written)

@@ -6,7 +6,8 @@ One source holds every kind and state (``tools.migration_writer``): a plain queu
 live, scheduled, deferred and dead-lettered messages and one that expired; a session-enabled queue with session
 states, a deferred message in a session and a session with a state only; a partitioned queue; a topic with two
 subscriptions (one sent to a queue, one by property), a topic with one subscription (sent to its topic) and
-scheduled messages of its own; the queues' dead-letter sub-queues.
+scheduled messages of its own, a topic whose two subscriptions hold the same messages (sent to it once, through
+the first, the other's copies covered); the queues' dead-letter sub-queues.
 
 - Before anything is read, a configuration that would duplicate silently is refused (a subscription of a topic with
   two sent to its topic; a subscription without a choice), and the dry run shows what matched and where it goes.
@@ -35,6 +36,7 @@ from backlog_syphon.storage import tables
 from tools.migration_writer import (
     ALERTS,
     EVENTS,
+    NEWS,
     ORDERS,
     SESSIONS,
     SOURCE,
@@ -85,6 +87,8 @@ def test_a_standard_namespace_drains_into_premium_once_exact_in_order_with_its_s
 
     plan = dry_run(spark, config).lines()
     assert any("events/Subscriptions/eu" in line and "property" in line for line in plan), plan
+    assert any("news/Subscriptions/web" in line and "covered: sent once, from news/Subscriptions/mobile" in line
+               for line in plan), plan
 
     def throttle_the_target(run) -> None:
         emulator.set_unavailable(TARGET, mode="server-busy")
@@ -104,6 +108,10 @@ def test_a_standard_namespace_drains_into_premium_once_exact_in_order_with_its_s
                                  if row["message_state"] != MessageState.ACTIVE)
     assert states == {(ORDERS, MessageState.DEFERRED): 3, (SESSIONS, MessageState.DEFERRED): 1,
                       (ORDERS, MessageState.SCHEDULED): 3, (ALERTS, MessageState.SCHEDULED): 2}
+    news = collections.Counter((row["backlog_queue"], row["outcome"], row["reason_code"]) for row in rows
+                               if row["backlog_queue"].startswith(NEWS))
+    assert news == {(f"{NEWS}/Subscriptions/mobile", Outcome.DELIVERED, None): 5,
+                    (f"{NEWS}/Subscriptions/web", Outcome.COVERED, "fanned_out"): 5}
     (expired,) = [row for row in rows if row["message_id"] == "o-expired"]
     assert (expired["outcome"], expired["reason_code"]) == (Outcome.EXPIRED, "expired_in_source")
     run, *refused = tables.read_runs(spark, config.storage.resolved_runs_table, 5)  # newest first

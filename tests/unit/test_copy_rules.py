@@ -60,3 +60,17 @@ def test_each_row_goes_along_its_route_and_gets_one_action_in_precedence_order(s
         9: ("alerts", Action.HOLD, ReasonCode.IN_TRANSIT, None),  # a topic's active message: read in a subscription
         10: ("alerts", Action.DELIVER, None, None),
     }
+
+
+def test_a_covered_subscriptions_copy_is_covered_after_the_rules_that_judge_the_message_itself(spark):
+    lead, other = "events/Subscriptions/all", "events/Subscriptions/eu"
+    routes = {lead.lower(): Route(lead, "events"), other.lower(): Route(other, "events", covered_by=lead)}
+    frame = spark.createDataFrame([row(1, queue=lead), row(1, queue=other), row(2, queue=other, time_to_live_ms=1),
+                                   row(3, queue=other, body_size=1001)], BACKLOG_ROW_SCHEMA)
+    classifier = CopyClassifier(frame.columns, routes=routes, max_message_size_bytes=1000, scheduled_margin_seconds=60)
+    got = {(r["backlog_queue"], r["sequence_number"]): (r["action"], r["reason_code"], r["reason"])
+           for r in classifier(frame, now=NOW).collect()}
+    assert got[(lead, 1)][:2] == (Action.DELIVER, None)
+    assert got[(other, 1)] == (Action.COVER, ReasonCode.FANNED_OUT, f"sent to the topic events once, from {lead}, "
+                                                                     f"whose copy the topic gives this subscription again")
+    assert got[(other, 2)][0] == Action.EXPIRE and got[(other, 3)][0] == Action.DEAD_LETTER

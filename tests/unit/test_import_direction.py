@@ -36,6 +36,7 @@ PURE_MODULES = (
     "backlog_syphon.migration.selection",
     "backlog_syphon.migration.routes",
     "backlog_syphon.migration.copy_rules",
+    "backlog_syphon.migration.fan_out",
     "backlog_syphon.restore.copied_message",
     "backlog_syphon.config",
     "backlog_syphon.config.types",

@@ -117,3 +117,36 @@ def test_a_subscriptions_own_choice_wins_over_a_pattern():
     assert subscription_choice("events/Subscriptions/ALL", choices) is SubscriptionDelivery.QUEUE
     assert subscription_choice("events/Subscriptions/eu", choices) is SubscriptionDelivery.PROPERTY
     assert subscription_choice("alerts/Subscriptions/ops", choices) is None
+
+
+def test_every_subscription_of_a_topic_to_it_goes_through_its_first_by_name_and_covers_the_others():
+    found = routes(["events/Subscriptions/eu", "events/Subscriptions/all"], subscriptions={"events/*": "topic"})
+    all_, eu = found["events/subscriptions/all"], found["events/subscriptions/eu"]
+    assert (all_.destination, all_.delivery, all_.covered_by) == ("events", SubscriptionDelivery.TOPIC, None)
+    assert (eu.destination, eu.delivery, eu.covered_by) == ("events", SubscriptionDelivery.TOPIC,
+                                                            "events/Subscriptions/all")
+
+
+@pytest.mark.parametrize("entities, settings, says", [
+    (["events/Subscriptions/all", "events/Subscriptions/eu"],
+     {"subscriptions": {"events/Subscriptions/all": "topic", "events/Subscriptions/eu": "property"}},
+     "routed otherwise: eu"),
+    (["events/Subscriptions/all", "events/Subscriptions/eu"],
+     {"subscriptions": {"events/*": "topic"}, "destination_map": {"events/Subscriptions/eu": "events-all"}},
+     "routed otherwise: eu"),
+    (["events/Subscriptions/all", "events/Subscriptions/eu", "events/Subscriptions/eu/$DeadLetterQueue"],
+     {"subscriptions": {"events/*": "topic"}}, "its messages are that subscription's alone"),
+])
+def test_a_topic_through_one_subscription_needs_every_one_of_them_and_never_takes_a_dead_letter_queue(entities,
+                                                                                                       settings, says):
+    with pytest.raises(RouteError) as refused:
+        routes(entities, **settings)
+    assert says in str(refused.value)
+
+
+def test_a_dead_letter_queue_of_such_a_subscription_goes_where_the_map_names():
+    found = routes(["events/Subscriptions/all", "events/Subscriptions/eu", "events/Subscriptions/eu/$DeadLetterQueue"],
+                   subscriptions={"events/*": "topic"},
+                   destination_map={"events/Subscriptions/eu/$DeadLetterQueue": "events-all"})
+    assert found["events/subscriptions/eu/$deadletterqueue"].destination == "events-all"
+    assert found["events/subscriptions/eu/$deadletterqueue"].covered_by is None

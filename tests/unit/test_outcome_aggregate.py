@@ -111,3 +111,10 @@ def test_a_migration_counts_its_sessions_and_special_messages_and_what_stays_cut
     assert (aggregate.special, aggregate.left_in_place) == (2, 2)
     assert aggregate.spans == (RecordedSpan("orders", 1, 2, T0 + 10, T0 + 20, 2, 1, 0, 0, 4),
                                RecordedSpan("sessions", 1, 3, T0 + 10, T0 + 30, 3, 3, 0, 0, 4))
+
+
+def test_a_covered_copy_is_recorded_in_its_span_and_settled_as_a_ping_is():
+    aggregate = combine_groups([group("events/Subscriptions/eu", 0, "events", "covered", 1, 3, 3,
+                                      reason_code="fanned_out")])
+    assert aggregate.spans == (RecordedSpan("events/Subscriptions/eu", 1, 3, T0 + 10, T0 + 30, 3, 0, 0, 3, 4),)
+    assert aggregate.per_destination == {("events", Outcome.COVERED): 3} and aggregate.left_in_place == 0

@@ -13,7 +13,11 @@ Every row gets exactly one action, checked in this order:
 4. ``dead_letter`` (``message_too_large``): larger than ``sink.max_message_size_bytes``;
 5. ``dead_letter`` (``session_id_not_partition_key``, ``session_required``): what the destination would refuse
    (``restore.destination_fit``), as the backlog mode judges it;
-6. ``deliver``.
+6. ``cover`` (``fanned_out``): a subscription's message whose lead subscription sends its copy to the topic
+   (``Route.covered_by``), which gives this subscription the message again. After the dead-letter rules: they
+   judge the same message against the same topic for every subscription, so a copy the lead cannot deliver is
+   dead-lettered in each subscription, not covered;
+7. ``deliver``.
 
 ``destination`` is the row's route (``migration.routes``, by source path, case-insensitively); the TTL column
 (``restored_time_to_live_ms``) is what is left at classification, for the audit: the send task computes it again
@@ -47,9 +51,10 @@ class CopyClassifier:
         self.staging = {"destination": route_column(routes), "original_destination": F.lit(None).cast("string")}
         sessions_required = sorted(name for name in (destination_shapes or {})
                                    if requires_session(destination_shapes, name))
+        covered = {route.source.lower(): route.covered_by for route in routes.values() if route.covered_by}
         self.projection = _classification(list(columns), F.col(NOW_COLUMN), max_message_size_bytes,
                                           int(scheduled_margin_seconds * 1000), sessions_required,
-                                          sorted(topic.lower() for topic in topics))
+                                          sorted(topic.lower() for topic in topics), covered)
 
     def __call__(self, df: DataFrame, *, now: datetime) -> DataFrame:
         if now.tzinfo is None:
@@ -78,7 +83,7 @@ def expires_at_ms() -> Column:
 
 
 def _classification(columns: list[str], now_ms: Column, max_message_size_bytes: int | None, margin_ms: int,
-                    sessions_required: list[str], topics: list[str]) -> list[Column]:
+                    sessions_required: list[str], topics: list[str], covered: Mapping[str, str]) -> list[Column]:
     expiry = expires_at_ms()
     remaining = expiry - now_ms
     scheduled = F.coalesce(F.col("message_state") == MessageState.SCHEDULED, F.lit(False))
@@ -92,6 +97,10 @@ def _classification(columns: list[str], now_ms: Column, max_message_size_bytes: 
     keys_differ = F.coalesce(session_id != partition_key, F.lit(False))
     session_missing = (session_id.isNull() & F.lower(F.col("destination")).isin(sessions_required)
                        if sessions_required else F.lit(False))
+    source = F.lower(F.col("backlog_queue"))
+    is_covered = source.isin(sorted(covered)) if covered else F.lit(False)
+    lead = first_match([(source == path, F.lit(lead)) for path, lead in sorted(covered.items())],
+                       F.lit(None)) if covered else F.lit(None)
     rules = [  # (condition, action, reason_code, reason), in precedence order
         (F.col("decode_problem_code").isNotNull(), Action.DEAD_LETTER, F.col("decode_problem_code"),
          F.col("decode_problem_reason")),
@@ -109,6 +118,9 @@ def _classification(columns: list[str], now_ms: Column, max_message_size_bytes: 
          F.format_string(KEY_MISMATCH_REASON.format(session_id="%s", partition_key="%s"), session_id, partition_key)),
         (session_missing, Action.DEAD_LETTER, F.lit(ReasonCode.SESSION_REQUIRED),
          F.format_string(SESSION_REQUIRED_REASON.format(destination="%s"), F.col("destination"))),
+        (is_covered, Action.COVER, F.lit(ReasonCode.FANNED_OUT),
+         F.format_string("sent to the topic %s once, from %s, whose copy the topic gives this subscription again",
+                         F.col("destination"), lead)),
     ]
     action = first_match([(condition, F.lit(act)) for condition, act, _, _ in rules], F.lit(Action.DELIVER))
     reason_code = first_match([(condition, code) for condition, _, code, _ in rules], F.lit(None))

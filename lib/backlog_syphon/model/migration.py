@@ -96,6 +96,9 @@ class Route:
     # name; None where they have nowhere to go (a session-less source, or a target that takes no sessions).
     session_state_entity: str | None = None
     provenance: bool = False  # the broker's own fields travel as ``x-syphon-*`` application properties
+    # ``topic`` delivery of a topic whose every subscription holds the same messages: the lead subscription's path
+    # (whose messages are sent to the topic for all of them) on each other subscription's route; None elsewhere.
+    covered_by: str | None = None
 
 
 @dataclass(frozen=True)
@@ -160,6 +163,21 @@ class MigrationPlan:
     @property
     def partitioned(self) -> frozenset[str]:
         return frozenset(source.path.lower() for source in self.sources if source.partitioned)
+
+    @property
+    def covered(self) -> tuple[str, ...]:
+        """The sources whose messages their lead subscription's send to the topic gives them again
+        (``Route.covered_by``)."""
+        return tuple(route.source for route in self.routes.values() if route.covered_by)
+
+    def fan_out_groups(self) -> dict[str, tuple[str, ...]]:
+        """{lead subscription's path: the paths of the subscriptions it sends for}, for each ``topic`` route of a
+        topic with several subscriptions."""
+        groups: dict[str, list[str]] = {}
+        for route in self.routes.values():
+            if route.covered_by:
+                groups.setdefault(route.covered_by, []).append(route.source)
+        return {lead: tuple(sorted(covered)) for lead, covered in sorted(groups.items())}
 
     def route(self, source: str) -> Route | None:
         return self.routes.get(source.lower())

@@ -111,7 +111,7 @@ class RunRow:
     # What the run recorded, per outcome (Outcome values), over every destination.
     delivered: int
     dead_lettered: int
-    skipped: int
+    skipped: int  # pings; a migration run's covered copies too (``Outcome.COVERED``: settled, never sent)
     held: int
     not_selected: int
     # Per backlog queue (a re-drive: per dead-letter sub-queue), the messages left when the run ended,

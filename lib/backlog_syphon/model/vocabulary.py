@@ -28,6 +28,10 @@ class Action(StrEnum):
     # dead-letters it with TTLExpiredException where the entity dead-letters on expiration); no receiver would
     # ever get it, so it is not sent either.
     EXPIRE = "expire"
+    # The migration mode's ``topic`` route of a topic whose every subscription holds the same messages: one of
+    # them (its lead) sends each message to the target topic, which gives every subscription its copy again; the
+    # others' copies of it are recorded and settled (completed), never sent.
+    COVER = "cover"
 
     @property
     def stays(self) -> bool:
@@ -55,6 +59,9 @@ class Outcome(StrEnum):
     # Final: the message had expired where it was read (``Action.EXPIRE``): never sent, and the broker, not the
     # purge, takes it out (in a dead-letter sub-queue, which expires nothing, it stays).
     EXPIRED = "expired"
+    # Final: a subscription's copy of a message its lead subscription's send to the topic gives it again
+    # (``Action.COVER``): never sent, settled (completed) once recorded.
+    COVERED = "covered"
 
     @property
     def is_final(self) -> bool:
@@ -123,6 +130,8 @@ class ReasonCode(StrEnum):
     SCHEDULED_SOON = "scheduled_soon"
     # HELD: an active message a topic's own log shows is on its way to the topic's subscriptions, where it is read
     IN_TRANSIT = "in_transit"
+    # COVERED: the lead subscription's copy of the message goes to the topic, which fans it out to this one again
+    FANNED_OUT = "fanned_out"
 
 
 # The reason codes a syphon run writes as a message's dead-letter reason (``redrive.reason_codes`` picks among them).

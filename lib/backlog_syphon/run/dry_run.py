@@ -50,14 +50,14 @@ class DryRunReport:
         """What a migration run would move, per source entity, and where each one's messages go."""
         out = ["migration: the sources selected, what each holds, what would become of it and where it goes",
                f"  {'source':<40} {'messages':>8} {'sessions':>8} {'scheduled':>9} {'deferred':>8} {'deliver':>7} "
-               f"{'hold':>5} {'expire':>6} {'dead-letter':>11}  route"]
+               f"{'hold':>5} {'expire':>6} {'dead-letter':>11} {'covered':>7}  route"]
         rows = {row["backlog_queue"]: row for row in self.per_source or []}
         for source, route in (self.routes or {}).items():
             row = rows.get(source, {})
             out.append(f"  {source:<40} {row.get('messages', 0):>8} {row.get('sessions', 0):>8} "
                        f"{row.get('scheduled', 0):>9} {row.get('deferred', 0):>8} {row.get('to_deliver', 0):>7} "
                        f"{row.get('to_hold', 0):>5} {row.get('to_expire', 0):>6} {row.get('to_dead_letter', 0):>11}"
-                       f"  -> {route}")
+                       f" {row.get('to_cover', 0):>7}  -> {route}")
         return out
 
     def redrive_lines(self) -> list[str]:
@@ -209,6 +209,8 @@ def describe_route(route: Route, source: SourceEntity) -> str:
     if route.delivery is not None:
         how.append(f"{route.delivery.value}" + (f" {route.property_name}={route.property_value}"
                                                 if route.property_name else ""))
+    if route.covered_by:
+        how.append(f"covered: sent once, from {route.covered_by}")
     if source.requires_session:
         how.append("sessions" + (f", states to {route.session_state_entity}" if route.session_state_entity else ""))
     if route.provenance:

@@ -118,7 +118,7 @@ def redrive_summary(planned: DataFrame) -> DataFrame:
 
 def source_summary(planned: DataFrame) -> DataFrame:
     """A migration's plan, one row per source entity: what it holds in each state, its sessions, and what would
-    become of it (delivered, held, expired, dead-lettered)."""
+    become of it (delivered, held, expired, dead-lettered, covered by its lead subscription's send)."""
     def count_where(condition):
         return F.sum(F.when(condition, 1).otherwise(0)).cast("long")
 
@@ -129,7 +129,8 @@ def source_summary(planned: DataFrame) -> DataFrame:
                  count_where(F.col("action") == Action.DELIVER).alias("to_deliver"),
                  count_where(F.col("action") == Action.HOLD).alias("to_hold"),
                  count_where(F.col("action") == Action.EXPIRE).alias("to_expire"),
-                 count_where(F.col("action") == Action.DEAD_LETTER).alias("to_dead_letter"))
+                 count_where(F.col("action") == Action.DEAD_LETTER).alias("to_dead_letter"),
+                 count_where(F.col("action") == Action.COVER).alias("to_cover"))
             .orderBy("backlog_queue"))
 
 

@@ -88,7 +88,7 @@ def run_row(*, run_id: str, source: str, trigger: str, job: JobIds, started_at: 
         run_id=run_id, source=source, trigger=trigger, job_id=job.job_id, job_run_id=job.job_run_id,
         started_at=started_at, ended_at=ended_at, exit_code=end.exit_code, closing_line=end.line,
         delivered=counts[Outcome.DELIVERED], dead_lettered=counts[Outcome.DEAD_LETTERED],
-        skipped=counts[Outcome.SKIPPED_PING], held=counts[Outcome.HELD], not_selected=counts[Outcome.NOT_SELECTED],
+        skipped=counts[Outcome.SKIPPED_PING] + counts[Outcome.COVERED], held=counts[Outcome.HELD], not_selected=counts[Outcome.NOT_SELECTED],
         remaining=None if remaining is None else dict(remaining),
         remaining_total=None if remaining is None else sum(remaining.values()),
         batches=earlier.batches + len(stats), throttled_seconds=throttled, mode=mode.value,

@@ -20,8 +20,8 @@ from backlog_syphon.timeline import Timeline
 
 # The run summary's columns per destination: the reported outcomes (``model.REPORTED_OUTCOMES``) and their headings.
 SUMMARY_COLUMNS = ((Outcome.DELIVERED, "delivered"), (Outcome.DEAD_LETTERED, "dead-lettered"),
-                   (Outcome.SKIPPED_PING, "skipped"), (Outcome.EXPIRED, "expired"), (Outcome.HELD, "held"),
-                   (Outcome.NOT_SELECTED, "not selected"))
+                   (Outcome.SKIPPED_PING, "skipped"), (Outcome.EXPIRED, "expired"), (Outcome.COVERED, "covered"),
+                   (Outcome.HELD, "held"), (Outcome.NOT_SELECTED, "not selected"))
 
 
 def _width(heading: str) -> int:
@@ -75,10 +75,10 @@ class RunSummary:
         # NOT_SELECTED only happens in a re-drive, HELD only under restore.skip_destinations: a run
         # without them keeps the summary it always had.
         held = self.held
-        expired = self._counts(Outcome.EXPIRED)
+        shown_when_any = {outcome for outcome in (Outcome.EXPIRED, Outcome.COVERED) if self._counts(outcome)}
         columns = [(outcome, heading) for outcome, heading in SUMMARY_COLUMNS
                    if (outcome != Outcome.NOT_SELECTED or self.redrive) and (outcome != Outcome.HELD or held)
-                   and (outcome != Outcome.EXPIRED or expired)]
+                   and (outcome not in (Outcome.EXPIRED, Outcome.COVERED) or outcome in shown_when_any)]
         out.append(f"  {'destination':<32}" + "".join(f" {heading:>{_width(heading)}}" for _, heading in columns))
         for destination, counts in self.per_destination.items():
             out.append(f"  {destination:<32}" + "".join(f" {counts.get(outcome, 0):>{_width(heading)}}"

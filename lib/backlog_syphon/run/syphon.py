@@ -275,6 +275,7 @@ def start_syphon(spark: SparkSession, config: SyphonConfig, *, run_id: str | Non
                        migration=migration)
     gates.wait()
     if migration.sources and not config.redriving:
+        check_fan_out(config, migration, keeper, spark)
         move_states(config, migration, keeper, spark)
     stop_file = os.path.join(tempfile.gettempdir(), f"backlog-syphon-stop-{run_id}")
     # What the start read serves the first batch only where the sink lives in this process for the whole
@@ -332,6 +333,28 @@ def prepare_migration(config: SyphonConfig) -> MigrationPlan:
     plan = migration_plan(config)
     browse_only(config.secondary, plan.browse_only)
     return plan
+
+
+def check_fan_out(config: SyphonConfig, migration: MigrationPlan, keeper: LeaseKeeper, spark: SparkSession) -> None:
+    """Under the lease, before anything is sent: the subscriptions each ``topic`` route drains through one lead hold
+    the same messages (``migration.fan_out``: peeked now, and what earlier runs recorded of them), else the run
+    gives the lease back and ends with ``FanOutError``."""
+    groups = migration.fan_out_groups()
+    if not groups:
+        return
+    from backlog_syphon.migration.fan_out import check_same_messages
+    from backlog_syphon.servicebus.fan_out import live_sequence_numbers
+
+    members = sorted({path for lead, covered in groups.items() for path in (lead, *covered)}, key=str.lower)
+    try:
+        live = live_sequence_numbers(config.secondary, members, browse_only=migration.browse_only,
+                                     partitioned=migration.partitioned)
+        check_same_messages(groups, live, tables.recorded_sequence_numbers(spark, config.storage.audit_table, members))
+    except BaseException:
+        keeper.release(spark)
+        raise
+    logger.info("the subscriptions drained through one lead hold the same messages: %s",
+                "; ".join(f"{lead} for {', '.join(covered)}" for lead, covered in groups.items()))
 
 
 def move_states(config: SyphonConfig, migration: MigrationPlan, keeper: LeaseKeeper, spark: SparkSession) -> None:

@@ -68,7 +68,8 @@ Row = Mapping[str, Any]  # a classified backlog row (``rows`` columns + the rest
 
 # The outcome of a row the restore rules decided not to send.
 NOT_SENT_OUTCOMES = {Action.SKIP: Outcome.SKIPPED_PING, Action.DEAD_LETTER: Outcome.DEAD_LETTERED,
-                     Action.HOLD: Outcome.HELD, Action.LEAVE: Outcome.NOT_SELECTED, Action.EXPIRE: Outcome.EXPIRED}
+                     Action.HOLD: Outcome.HELD, Action.LEAVE: Outcome.NOT_SELECTED, Action.EXPIRE: Outcome.EXPIRED,
+                     Action.COVER: Outcome.COVERED}
 
 
 class Sender(Protocol):

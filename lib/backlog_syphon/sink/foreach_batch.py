@@ -137,15 +137,16 @@ class DeliverySink:
                 per[outcome.value] += n
         if aggregate.rows or report.replayed:
             oldest = min((span.enqueued_from_ms for span in aggregate.spans), default=None)
+            skipped = aggregate.total(Outcome.SKIPPED_PING) + aggregate.total(Outcome.COVERED)  # settled, never sent
             self.batch_stats[batch_id] = BatchStats(
-                aggregate.total(Outcome.DELIVERED), aggregate.total(Outcome.DEAD_LETTERED),
-                aggregate.total(Outcome.SKIPPED_PING), report.replayed, round(time.monotonic() - started, 2),
+                aggregate.total(Outcome.DELIVERED), aggregate.total(Outcome.DEAD_LETTERED), skipped, report.replayed,
+                round(time.monotonic() - started, 2),
                 None if oldest is None else dt.datetime.fromtimestamp(oldest / 1000, dt.timezone.utc),
                 held=aggregate.total(Outcome.HELD), pacing=ports.pacing)
             logger.info("batch_id=%s queues=%d delivered=%d dead_lettered=%d skipped=%d held=%d replayed=%d "
                         "rounds=%d seconds=%.2f (%s)", batch_id, len({span.backlog_queue for span in aggregate.spans}),
                         aggregate.total(Outcome.DELIVERED), aggregate.total(Outcome.DEAD_LETTERED),
-                        aggregate.total(Outcome.SKIPPED_PING), aggregate.total(Outcome.HELD), report.replayed,
+                        skipped, aggregate.total(Outcome.HELD), report.replayed,
                         report.rounds, time.monotonic() - started,
                         ", ".join(f"{step} {seconds:.2f}" for step, seconds in ports.seconds.items()))
 

@@ -82,7 +82,7 @@ def combine_groups(groups: list[dict]) -> BatchAggregate:
         span = spans.setdefault(key, {"first": group["first"], "last": group["last"],
                                       "from": group["enqueued_from"], "to": group["enqueued_to"],
                                       Outcome.DELIVERED: 0, Outcome.DEAD_LETTERED: 0, Outcome.SKIPPED_PING: 0,
-                                      Outcome.EXPIRED: 0})
+                                      Outcome.EXPIRED: 0, Outcome.COVERED: 0})
         span["first"], span["last"] = min(span["first"], group["first"]), max(span["last"], group["last"])
         span["from"] = _min(span["from"], group["enqueued_from"])
         span["to"] = _max(span["to"], group["enqueued_to"])
@@ -90,8 +90,11 @@ def combine_groups(groups: list[dict]) -> BatchAggregate:
     recorded = tuple(
         RecordedSpan(queue, s["first"], s["last"], s["from"] if s["from"] is not None else 0,
                      s["to"] if s["to"] is not None else 0,
-                     s[Outcome.DELIVERED] + s[Outcome.DEAD_LETTERED] + s[Outcome.SKIPPED_PING] + s[Outcome.EXPIRED],
-                     s[Outcome.DELIVERED], s[Outcome.DEAD_LETTERED], s[Outcome.SKIPPED_PING], batch_id)
+                     s[Outcome.DELIVERED] + s[Outcome.DEAD_LETTERED] + s[Outcome.SKIPPED_PING] + s[Outcome.EXPIRED]
+                     + s[Outcome.COVERED],
+                     # a covered copy is settled as a ping is: completed, never sent
+                     s[Outcome.DELIVERED], s[Outcome.DEAD_LETTERED], s[Outcome.SKIPPED_PING] + s[Outcome.COVERED],
+                     batch_id)
         for (_, batch_id, queue, _), s in sorted(spans.items(), key=lambda item: (item[0][2], item[1]["first"])))
     return BatchAggregate(recorded, per_destination, unsent,
                           tuple(span for _, span in sorted(held.items(), key=lambda item: (item[0][2], item[1].first))),
