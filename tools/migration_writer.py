@@ -4,8 +4,9 @@ migration mode drained it: ``make run SCENARIO=migration`` and the migration tes
 
 Written with the unmodified SDK, as an application would have left it:
 - ``orders``: messages with application properties of several types and a time to live, three scheduled an hour
-  ahead, three deferred by a receiver, four dead-lettered by one (their dead-letter sub-queue), and one whose time
-  to live runs out before the drain;
+  ahead, three deferred by a receiver, four dead-lettered by one (their dead-letter sub-queue), one whose time
+  to live runs out before the drain, and one of ``LARGE_BODY`` bytes (a run with a lower
+  ``sink.max_message_size_bytes`` dead-letters it: what a re-drive then moves);
 - ``sessions-orders`` (sessions): three sessions in order, two with a session state, one message deferred in its
   session, and a session with a state only;
 - ``partitioned-orders`` (16 partitions on Standard, none on Premium): messages over partition keys and without;
@@ -30,6 +31,7 @@ NEWS_SUBSCRIPTIONS = ("mobile", "web")  # mobile, the first by name, sends for b
 SESSION_COUNTS = {"s-a": 4, "s-b": 3, "s-c": 2}
 SESSION_STATES = {"s-a": b"state of s-a", "s-b": b"state of s-b", "s-d": b"a session with a state only"}
 DEFERRED_IN_SESSION = "s-b"
+LARGE_ID, LARGE_BODY = "o-large", 70 * 1024
 
 
 @dataclass
@@ -79,6 +81,7 @@ def write_migration_backlog(namespace, *, count: int = 30, scale: int = 1) -> Mi
             sender.send_messages(ServiceBusMessage(b"short-lived", message_id="o-expired",
                                                    time_to_live=dt.timedelta(seconds=1)))
             written.expired.append("o-expired")
+            sender.send_messages(ServiceBusMessage(b"L" * LARGE_BODY, message_id=LARGE_ID))
         with client.get_queue_receiver(ORDERS, max_wait_time=5) as receiver:
             taken = []
             while len(taken) < 7:
@@ -89,7 +92,7 @@ def write_migration_backlog(namespace, *, count: int = 30, scale: int = 1) -> Mi
             for message in taken[3:]:
                 receiver.dead_letter_message(message, reason="Poison", error_description="the consumer gave up")
                 written.dead_lettered.append(str(message.message_id))
-        written.queues[ORDERS] = [i for i in ids if i not in written.dead_lettered]
+        written.queues[ORDERS] = [i for i in ids if i not in written.dead_lettered] + [LARGE_ID]
 
         with client.get_queue_sender(SESSIONS) as sender:
             for session, n in SESSION_COUNTS.items():

@@ -14,8 +14,10 @@ the first, the other's copies covered); the queues' dead-letter sub-queues.
 - The run (in process; the target answers ``server-busy`` for its first seconds) moves every message once, exact,
   in order per session, with its absolute expiry, the scheduled ones as scheduled (cancelled in the source), the
   deferred ones settled by their numbers, the session states before the messages; the expired one is not sent and
-  stays where it was dead-lettered. The audit records each by identity with its state, the runs table says the
-  migration ran, and ``--status`` answers per entity.
+  stays where it was dead-lettered; one over the run's size limit is dead-lettered in its source with the reason,
+  and a re-drive (``run.source: dead_letters`` with the same ``migration`` section) moves it once the limit is
+  raised. The audit records each by identity with its state, the runs table says which mode ran, and ``--status``
+  answers per entity.
 - A run killed (SIGKILL) once its first batch is recorded is finished by the next run, which sends nothing twice.
 """
 
@@ -36,6 +38,7 @@ from backlog_syphon.storage import tables
 from tools.migration_writer import (
     ALERTS,
     EVENTS,
+    LARGE_ID,
     NEWS,
     ORDERS,
     SESSIONS,
@@ -94,12 +97,17 @@ def test_a_standard_namespace_drains_into_premium_once_exact_in_order_with_its_s
         emulator.set_unavailable(TARGET, mode="server-busy")
         threading.Timer(THROTTLED_SECONDS, emulator.set_available, (TARGET,)).start()
 
-    summary = run_syphon(spark, config, on_start=throttle_the_target)
+    limited = config.with_overrides({"sink.max_message_size_bytes": str(64 * 1024)})  # o-large is over it
+    summary = run_syphon(spark, limited, on_start=throttle_the_target)
     assert summary.drained, summary.lines()
-    assert check_migration(emulator, written) == []
+    assert emulator.stats(SOURCE)[ORDERS]["dead_letter_count"] == 2  # o-large beside the expired one
+    redrive = run_syphon(spark, config.with_overrides({"run.source": "dead_letters",
+                                                       "redrive.reason_codes": "[message_too_large]"}))
+    assert redrive.drained and check_migration(emulator, written) == [], redrive.lines()
 
     audit = tables.read_table(spark, config.storage.audit_table)
-    rows = audit.select("backlog_queue", "message_id", "outcome", "message_state", "reason_code").collect()
+    rows = audit.where(audit.outcome != Outcome.NOT_SELECTED)  # (the re-drive saw o-expired and left it)
+    rows = rows.select("backlog_queue", "message_id", "outcome", "message_state", "reason_code").collect()
     by_id = collections.defaultdict(list)  # (source, message id): a topic's message is in each of its subscriptions
     for row in rows:
         by_id[(row["backlog_queue"], row["message_id"])].append(row)
@@ -114,7 +122,11 @@ def test_a_standard_namespace_drains_into_premium_once_exact_in_order_with_its_s
                     (f"{NEWS}/Subscriptions/web", Outcome.COVERED, "fanned_out"): 5}
     (expired,) = [row for row in rows if row["message_id"] == "o-expired"]
     assert (expired["outcome"], expired["reason_code"]) == (Outcome.EXPIRED, "expired_in_source")
-    run, *refused = tables.read_runs(spark, config.storage.resolved_runs_table, 5)  # newest first
+    large = {row["backlog_queue"]: (row["outcome"], row["reason_code"]) for row in rows if row["message_id"] == LARGE_ID}
+    assert large == {ORDERS: (Outcome.DEAD_LETTERED, "message_too_large"),
+                     f"{ORDERS}/$DeadLetterQueue": (Outcome.DELIVERED, None)}
+    redriven, run, *refused = tables.read_runs(spark, config.storage.resolved_runs_table, 5)  # newest first
+    assert (redriven.source, redriven.mode, redriven.delivered) == (RunSource.DEAD_LETTERS, RunMode.MIGRATION, 1)
     assert (run.source, run.mode, run.exit_code, run.expired) == (RunSource.MIGRATION, RunMode.MIGRATION, 0, 1)
     assert [row.exit_code for row in refused] == [2, 2]
 

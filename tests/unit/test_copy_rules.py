@@ -62,7 +62,7 @@ def test_each_row_goes_along_its_route_and_gets_one_action_in_precedence_order(s
     }
 
 
-def test_a_covered_subscriptions_copy_is_covered_after_the_rules_that_judge_the_message_itself(spark):
+def test_a_covered_subscriptions_copy_is_covered_unless_expired_and_only_the_leads_is_judged(spark):
     lead, other = "events/Subscriptions/all", "events/Subscriptions/eu"
     routes = {lead.lower(): Route(lead, "events"), other.lower(): Route(other, "events", covered_by=lead)}
     frame = spark.createDataFrame([row(1, queue=lead), row(1, queue=other), row(2, queue=other, time_to_live_ms=1),
@@ -73,4 +73,4 @@ def test_a_covered_subscriptions_copy_is_covered_after_the_rules_that_judge_the_
     assert got[(lead, 1)][:2] == (Action.DELIVER, None)
     assert got[(other, 1)] == (Action.COVER, ReasonCode.FANNED_OUT, f"sent to the topic events once, from {lead}, "
                                                                      f"whose copy the topic gives this subscription again")
-    assert got[(other, 2)][0] == Action.EXPIRE and got[(other, 3)][0] == Action.DEAD_LETTER
+    assert got[(other, 2)][0] == Action.EXPIRE and got[(other, 3)][0] == Action.COVER

@@ -49,6 +49,8 @@ def test_exclude_takes_out_again_and_the_dead_letters_of_a_re_drive_are_those_of
     assert paths(sources) == ["orders", "partitioned", "Sessions-Orders"]
     assert paths(dead_letter_sources_of(select_sources(LISTING, ["orders", "events", "events/Subscriptions/all"]))) == [
         "events/Subscriptions/all/$DeadLetterQueue", "orders/$DeadLetterQueue"]
+    assert paths(dead_letter_sources_of(select_sources(LISTING, ["orders", "events/Subscriptions/all"]),
+                                        ["*/Subscriptions/*/$DeadLetterQueue"])) == ["orders/$DeadLetterQueue"]
 
 
 @pytest.mark.parametrize("entities, exclude, says", [

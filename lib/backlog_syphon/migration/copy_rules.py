@@ -10,13 +10,13 @@ Every row gets exactly one action, checked in this order:
    messages, and active ones only on their way to its subscriptions, where they are read;
 3. ``expire`` (``expired_in_source``): not scheduled, and its enqueue time plus its time to live has passed (the
    broker still shows it to a peek, but collects it at the next receive: it is not sent);
-4. ``dead_letter`` (``message_too_large``): larger than ``sink.max_message_size_bytes``;
-5. ``dead_letter`` (``session_id_not_partition_key``, ``session_required``): what the destination would refuse
+4. ``cover`` (``fanned_out``): a subscription's message whose lead subscription sends its copy to the topic
+   (``Route.covered_by``), which gives this subscription the message again. Before the dead-letter rules: only the
+   lead's copy is judged and, if it cannot be delivered, dead-lettered (in the lead's dead-letter sub-queue, the
+   one place a re-drive of the group reads), so no subscription's dead-letter sub-queue gets a copy of it twice;
+5. ``dead_letter`` (``message_too_large``): larger than ``sink.max_message_size_bytes``;
+6. ``dead_letter`` (``session_id_not_partition_key``, ``session_required``): what the destination would refuse
    (``restore.destination_fit``), as the backlog mode judges it;
-6. ``cover`` (``fanned_out``): a subscription's message whose lead subscription sends its copy to the topic
-   (``Route.covered_by``), which gives this subscription the message again. After the dead-letter rules: they
-   judge the same message against the same topic for every subscription, so a copy the lead cannot deliver is
-   dead-lettered in each subscription, not covered;
 7. ``deliver``.
 
 ``destination`` is the row's route (``migration.routes``, by source path, case-insensitively); the TTL column
@@ -112,15 +112,15 @@ def _classification(columns: list[str], now_ms: Column, max_message_size_bytes: 
         (expired, Action.EXPIRE, F.lit(ReasonCode.EXPIRED_IN_SOURCE),
          F.format_string("expired in the source: time to live %d ms from its enqueue time, %d ms ago",
                          F.col("time_to_live_ms"), -remaining)),
+        (is_covered, Action.COVER, F.lit(ReasonCode.FANNED_OUT),
+         F.format_string("sent to the topic %s once, from %s, whose copy the topic gives this subscription again",
+                         F.col("destination"), lead)),
         (too_large, Action.DEAD_LETTER, F.lit(ReasonCode.MESSAGE_TOO_LARGE),
          F.format_string(f"body of %d bytes exceeds the limit of {max_message_size_bytes} bytes", F.col("body_size"))),
         (keys_differ, Action.DEAD_LETTER, F.lit(ReasonCode.SESSION_ID_NOT_PARTITION_KEY),
          F.format_string(KEY_MISMATCH_REASON.format(session_id="%s", partition_key="%s"), session_id, partition_key)),
         (session_missing, Action.DEAD_LETTER, F.lit(ReasonCode.SESSION_REQUIRED),
          F.format_string(SESSION_REQUIRED_REASON.format(destination="%s"), F.col("destination"))),
-        (is_covered, Action.COVER, F.lit(ReasonCode.FANNED_OUT),
-         F.format_string("sent to the topic %s once, from %s, whose copy the topic gives this subscription again",
-                         F.col("destination"), lead)),
     ]
     action = first_match([(condition, F.lit(act)) for condition, act, _, _ in rules], F.lit(Action.DELIVER))
     reason_code = first_match([(condition, code) for condition, _, code, _ in rules], F.lit(None))

@@ -48,15 +48,18 @@ class RouteError(SettingsError):
 
 
 def plan_routes(sources: Iterable[SourceEntity], migration: MigrationConfig, source_listing: NamespaceListing,
-                target_listing: NamespaceListing | None, *, redrive: bool = False) -> dict[str, Route]:
+                target_listing: NamespaceListing | None, *, redrive: bool = False,
+                selected: Iterable[SourceEntity] = ()) -> dict[str, Route]:
     """{source path (lower case): its route}. ``target_listing``: the target's administration API's listing,
     None where it does not answer (then ``property`` cannot be checked and is refused). ``redrive``: the sources
     are dead-letter sub-queues re-driven along their entity's route, as a direct delivery would have gone
-    (provenance only when ``migration.provenance`` asks for it)."""
+    (provenance only when ``migration.provenance`` asks for it); ``selected``: the entities whose sub-queues they
+    are (a ``migration.destination_map`` key may name one of them)."""
     sources = list(sources)
     mapped = {key.lower(): value for key, value in migration.destination_map.items()}
-    known = {source.path.lower() for source in sources} | {source.topic.lower() for source in sources if source.topic}
-    known |= {source.owner.lower() for source in sources if source.owner}
+    named = [*sources, *selected]
+    known = {source.path.lower() for source in named} | {source.topic.lower() for source in named if source.topic}
+    known |= {source.owner.lower() for source in named if source.owner}
     for key in migration.destination_map:
         if key.lower() not in known:
             raise RouteError(f"migration.destination_map names {key!r}, which is not a selected source (nor the topic "

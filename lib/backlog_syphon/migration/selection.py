@@ -105,8 +105,11 @@ def _nothing_matches(key: str, pattern: str, known: list[SourceEntity]) -> str:
             f"{hint}")
 
 
-def dead_letter_sources_of(sources: Iterable[SourceEntity]) -> list[SourceEntity]:
-    """The dead-letter sub-queues of the selected queues and subscriptions: what a re-drive of what the migration
-    dead-lettered reads (``run.source: dead_letters`` with a ``migration`` section)."""
-    return [_dead_letters_of(entity) for entity in sources
-            if entity.kind in (SourceKind.QUEUE, SourceKind.SUBSCRIPTION)]
+def dead_letter_sources_of(sources: Iterable[SourceEntity], exclude: Iterable[str] = ()) -> list[SourceEntity]:
+    """The dead-letter sub-queues of the selected queues and subscriptions, less those ``exclude`` names: what a
+    re-drive of what the migration dead-lettered reads (``run.source: dead_letters`` with a ``migration``
+    section)."""
+    exclude = list(exclude)
+    found = [_dead_letters_of(entity) for entity in sources
+             if entity.kind in (SourceKind.QUEUE, SourceKind.SUBSCRIPTION)]
+    return [entity for entity in found if not any(matches(pattern, entity) for pattern in exclude)]

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pyspark.sql import SparkSession
 
 from backlog_syphon.model import STAYING_OUTCOMES, EarlierBatches, Outcome
+from backlog_syphon.restore.queue_names import is_dead_letter_queue_name
 from backlog_syphon.run import reports
 from backlog_syphon.run.progress import BatchStats, ProgressPoint
 from backlog_syphon.sink.foreach_batch import DeliverySink
@@ -67,8 +68,14 @@ class RunSummary:
         """Nothing is left but what this run left on purpose: a skip is what the operator asked for, so a
         scheduled run that honours it has drained (exit code 0), not fallen short. A re-drive leaves by
         design what it did not select or still cannot deliver (dead-lettered again, where it was), which
-        ``remaining`` counts too: it has drained once it ends (the audit says what it left)."""
-        return self.redrive or sum(self.remaining.values()) <= sum(self.stayed.values()) + self.left_in_place
+        ``remaining`` counts too: it has drained once it ends (the audit says what it left). So does a migration's
+        dead-letter sub-queue source: what it holds at the end is what was dead-lettered (by this run too, into a
+        sub-queue it had read) or left there with its outcome; its other sources count as the backlog queues do."""
+        if self.redrive:
+            return True
+        waiting = sum(n for source, n in self.remaining.items()
+                      if not (self.migration and is_dead_letter_queue_name(source)))
+        return waiting <= sum(self.stayed.values()) + self.left_in_place
 
     def lines(self) -> list[str]:
         out = [f"run {self.run_id}"]

@@ -109,9 +109,9 @@ def migration_plan(config: SyphonConfig) -> MigrationPlan:
     for what cannot start as configured."""
     migration = config.migration
     listing = source_listing(config.secondary)
-    sources = select_sources(listing, migration.entities, migration.exclude)
+    selected = sources = select_sources(listing, migration.entities, migration.exclude)
     if config.redriving:
-        sources = dead_letter_sources_of(sources)
+        sources = dead_letter_sources_of(selected, migration.exclude)
     # The target topics a subscription goes to by property: their subscriptions' rules are checked.
     by_property = sorted({migration.destination_map.get(source.path) or migration.destination_map.get(source.topic)
                           or source.topic for source in sources
@@ -119,7 +119,7 @@ def migration_plan(config: SyphonConfig) -> MigrationPlan:
                           and subscription_choice(source.owner or source.path, migration.subscriptions)
                           is SubscriptionDelivery.PROPERTY})
     target = target_listing(config.primary, by_property)
-    routes = plan_routes(sources, migration, listing, target, redrive=config.redriving)
+    routes = plan_routes(sources, migration, listing, target, redrive=config.redriving, selected=selected)
     plan = MigrationPlan(tuple(sources), routes, migration.message_rules == MessageRules.COPY,
                          migration.scheduled_margin_seconds)
     logger.info("migration: %d source(s) selected (%s)", len(sources),
