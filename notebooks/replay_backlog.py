@@ -154,7 +154,8 @@ show(reports.dead_letter_reasons(audit, run_id=summary.run_id), notebook_display
 # COMMAND ----------
 
 moved = reports.moved_over_time(audit, run_id=summary.run_id, bucket="10 seconds")
-remaining = [(f"batch {point.batch_id}", point.remaining_total) for point in summary.progress]
+remaining = [(f"batch {point.batch_id}", point.remaining_total) for point in summary.progress
+             if point.remaining_total is not None]  # a batch whose tail was not measured has no point
 if notebook_display is not None:
     notebook_display(moved)  # choose the line chart in the cell's visualisations
     notebook_display(spark.createDataFrame(remaining or [("none", 0)], "batch string, remaining long"))

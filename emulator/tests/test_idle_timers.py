@@ -1,21 +1,25 @@
 """Idle timers as a real namespace runs them, shortened to 2 seconds: a link without activity is detached
 (``amqp:link:detach-forced``), a connection without links is closed (``amqp:connection:forced``); and what
-the real SDK (azure-servicebus 7.15.0) does on its next call after each."""
+the real SDK (azure-servicebus 7.15.0) does on its next call after each. A detached receive link's locks
+outlive it, as any lost link's (``test_lost_links``): locks here run a few seconds longer than the timer."""
 import re
 import time
 
 import pytest
 from azure.servicebus import ServiceBusClient, ServiceBusMessage
-from azure.servicebus.exceptions import MessageLockLostError, ServiceBusConnectionError, ServiceBusError
+from azure.servicebus.exceptions import ServiceBusConnectionError, ServiceBusError
 from proton.utils import BlockingConnection, ConnectionClosed, LinkDetached
 
 from servicebus_emulator import Emulator, EmulatorConfig
 
 TIMER = 2.0
+LOCK = 10.0  # a lock that outlives the detach by far
+SHORT_LOCK = 4.0  # one that ends soon after it, for a test that waits for the message to come back
 CONFIG = {"namespaces": [
     {"name": "idle", "port": 0, "link_idle_timeout_seconds": TIMER, "connection_idle_timeout_seconds": 600,
-     "new_connection_idle_timeout_seconds": TIMER},
-    {"name": "closing", "port": 0, "link_idle_timeout_seconds": TIMER, "connection_idle_timeout_seconds": TIMER},
+     "new_connection_idle_timeout_seconds": TIMER, "allow_short_locks": True},
+    {"name": "closing", "port": 0, "link_idle_timeout_seconds": TIMER, "connection_idle_timeout_seconds": TIMER,
+     "allow_short_locks": True},
 ]}
 
 
@@ -35,9 +39,9 @@ def wait_for(condition, timeout=15.0):
 _names = iter(range(1, 1000))
 
 
-def _queue(emu, namespace, messages=0):
+def _queue(emu, namespace, messages=0, lock=LOCK):
     name = f"q{next(_names)}"
-    emu.add_queue(namespace, name)
+    emu.add_queue(namespace, name, lock_duration_seconds=lock)
     if messages:
         with ServiceBusClient.from_connection_string(emu.connection_string(namespace)) as client:
             with client.get_queue_sender(name) as sender:
@@ -80,31 +84,30 @@ def test_with_retries_the_sdk_sends_on_a_new_link_without_raising_or_duplicating
             assert [str(m) for m in receiver.peek_messages(max_message_count=10)] == ["before", "after"]
 
 
-def test_an_idle_receiver_raises_the_detach_once_then_receives_again_and_its_lock_is_lost(emu):
+def test_an_idle_receiver_raises_the_detach_once_then_receives_again_and_its_lock_outlives_the_link(emu):
     """Without retries the next receive raises the detach (the service's text), the one after attaches a
-    new link; the lock taken on the detached link went with it: settling it raises lock lost (the SDK,
-    its link gone, settles through $management)."""
+    new link; the lock taken on the detached link outlives it: the message stays locked, and settling it
+    completes it (the SDK, its link gone, settles through $management)."""
     queue = _queue(emu, "idle", messages=3)
     with ServiceBusClient.from_connection_string(emu.connection_string("idle"), retry_total=0) as client:
         with client.get_queue_receiver(queue) as receiver:
             (held,) = receiver.receive_messages(max_message_count=1, max_wait_time=5)
             wait_for(lambda: _idle_detaches(emu, "idle", queue) == 1)
-            assert emu.stats("idle")[queue]["locked"] == 0
+            assert emu.stats("idle")[queue]["locked"] == 1
             with pytest.raises(ServiceBusConnectionError) as detached:
                 receiver.receive_messages(max_message_count=3, max_wait_time=1)
             assert re.match(r"The link '[\w-]+' is force detached\. Code: consumer\(link\d+\)\. Details: "
                             r"AmqpMessageConsumer\.IdleTimerExpired: Idle timeout: 00:00:02\.", str(detached.value))
             got = receiver.receive_messages(max_message_count=3, max_wait_time=1)
-            assert [(str(m), m.delivery_count) for m in got] == [("0", 1), ("1", 0), ("2", 0)]
-            with pytest.raises(MessageLockLostError):
-                receiver.complete_message(held)
+            assert [(str(m), m.delivery_count) for m in got] == [("1", 0), ("2", 0)]  # the first is still locked
+            receiver.complete_message(held)
             for message in got:
                 receiver.complete_message(message)
-    assert emu.stats("idle")[queue]["total"] == 0
+    assert (emu.stats("idle")[queue]["total"], emu.stats("idle")[queue]["completed"]) == (0, 3)
 
 
-def test_with_retries_an_idle_receiver_attaches_anew_without_raising(emu):
-    queue = _queue(emu, "idle", messages=1)
+def test_with_retries_an_idle_receiver_attaches_anew_and_gets_the_message_back_once_its_lock_ends(emu):
+    queue = _queue(emu, "idle", messages=1, lock=SHORT_LOCK)
     with ServiceBusClient.from_connection_string(emu.connection_string("idle"), retry_total=3,
                                                  retry_backoff_factor=0.1) as client:
         with client.get_queue_receiver(queue) as receiver:
@@ -112,21 +115,20 @@ def test_with_retries_an_idle_receiver_attaches_anew_without_raising(emu):
             wait_for(lambda: _idle_detaches(emu, "idle", queue) == 1)
             # the re-attach counts against max_wait_time: with a second or less the SDK may raise
             # OperationTimeoutError("Timed out waiting for the AMQP link to open") instead
-            (again,) = receiver.receive_messages(max_message_count=1, max_wait_time=5)
+            (again,) = receiver.receive_messages(max_message_count=1, max_wait_time=SHORT_LOCK + 3)
             assert (again.sequence_number, again.delivery_count) == (held.sequence_number, 1)
             receiver.complete_message(again)
     assert emu.stats("idle")[queue]["total"] == 0
 
 
-def test_a_lock_of_a_detached_link_settled_first_thing_is_lost(emu):
+def test_a_lock_of_a_detached_link_settled_first_thing_settles_through_management(emu):
     queue = _queue(emu, "idle", messages=1)
     with ServiceBusClient.from_connection_string(emu.connection_string("idle"), retry_total=0) as client:
         with client.get_queue_receiver(queue) as receiver:
             (held,) = receiver.receive_messages(max_message_count=1, max_wait_time=5)
             wait_for(lambda: _idle_detaches(emu, "idle", queue) == 1)
-            with pytest.raises(MessageLockLostError):
-                receiver.complete_message(held)
-    assert (emu.stats("idle")[queue]["active"], emu.stats("idle")[queue]["completed"]) == (1, 0)
+            receiver.complete_message(held)
+    assert (emu.stats("idle")[queue]["total"], emu.stats("idle")[queue]["completed"]) == (0, 1)
 
 
 def test_an_idle_peek_caller_fails_once_then_peeks_on(emu):
@@ -166,9 +168,8 @@ def test_a_connection_whose_links_are_gone_is_closed_and_the_sdk_opens_a_new_one
             with pytest.raises(ServiceBusConnectionError, match="IdleTimerExpired"):
                 receiver.receive_messages(max_message_count=2, max_wait_time=1)
             got = receiver.receive_messages(max_message_count=2, max_wait_time=1)
-            assert [(str(m), m.delivery_count) for m in got] == [("0", 1), ("1", 0)]
-            with pytest.raises(MessageLockLostError):
-                receiver.complete_message(held)
+            assert [(str(m), m.delivery_count) for m in got] == [("1", 0)]  # the other is still locked
+            receiver.complete_message(held)  # through $management, on the new connection
             for message in got:
                 receiver.complete_message(message)
     assert emu.stats("closing")[queue]["total"] == 0

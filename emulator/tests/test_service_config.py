@@ -101,6 +101,7 @@ def test_service_settings_default_to_a_standard_namespace_and_premium_raises_the
     assert (ns.service.link_idle_timeout_seconds, ns.service.connection_idle_timeout_seconds,
             ns.service.new_connection_idle_timeout_seconds) == (600, 300, 60)
     assert (ns.service.peek_empty_page_probability, ns.service.allow_short_locks) == (0, False)
+    assert ns.service.release_locks_on_link_loss is False  # a lost link's locks outlive it, as on the service
     premium = EmulatorConfig.from_dict(_yaml(tier="premium")).namespaces[0].service
     assert (premium.tier, premium.max_messages_per_batch) == (Tier.PREMIUM, 15000)
     assert EmulatorConfig.from_dict(_yaml(tier="premium", max_messages_per_batch=100)).namespaces[0] \
@@ -118,6 +119,8 @@ def test_service_settings_default_to_a_standard_namespace_and_premium_raises_the
     ({"connection_idle_timeout_seconds": True},
      "namespaces[0].connection_idle_timeout_seconds: expected a number, got True"),
     ({"allow_short_locks": "yes"}, "namespaces[0].allow_short_locks: expected true or false, got 'yes'"),
+    ({"release_locks_on_link_loss": 1},
+     "namespaces[0].release_locks_on_link_loss: expected true or false, got 1"),
 ])
 def test_a_bad_service_setting_names_its_key_and_what_is_allowed(setting, message):
     assert _error(_yaml(**setting)) == message

@@ -89,11 +89,12 @@ def kill_tree(proc: subprocess.Popen, extra_pids=()) -> None:
 
 
 def kill_when_parked(command: list[str], env: dict[str, str], step: str, marker, log, timeout: float, *,
-                     settle_seconds: float = 0.0) -> str:
+                     settle_seconds: float = 0.0, until=None) -> str:
     """Run the job with the sink's test hook at ``step`` (``SYPHON_FAULT_PAUSE_AT``: the process that reaches
     it writes ``<step> <pid>`` to ``marker`` and sleeps), then SIGKILL its whole process tree, the parked
     processes included. Returns '' once killed there, or why it never parked. ``settle_seconds``: let the
-    job's other tasks get as far as they get before the kill."""
+    job's other tasks get as far as they get before the kill. ``until``: once parked, wait (within the
+    timeout) until this holds too, as when a thread parks while the rest of the job goes on."""
     proc = start_job(command, {**env, "SYPHON_FAULT_PAUSE_AT": step, "SYPHON_FAULT_MARKER": str(marker)}, log)
     parked_pids: list[int] = []
     try:
@@ -103,6 +104,10 @@ def kill_when_parked(command: list[str], env: dict[str, str], step: str, marker,
             return f"the job ended (rc={proc.returncode}) before reaching {step}"
         if not parked:
             return f"the job did not reach {step} within {timeout:.0f} s"
+        if until is not None and not wait_for(lambda: proc.poll() is not None or until(), timeout, interval=0.2):
+            return f"parked at {step}, but what the test waits for did not come within {timeout:.0f} s"
+        if proc.poll() is not None:
+            return f"the job ended (rc={proc.returncode}) while parked at {step}"
         time.sleep(settle_seconds)
         words = marker.read_text().split()
         parked_pids = [int(pid) for pid in words[1::2]]

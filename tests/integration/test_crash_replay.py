@@ -298,3 +298,195 @@ def test_a_lost_send_task_is_run_again_and_resends_only_what_its_first_attempt_s
     assert resent == len(originals)
     assert emulator.stats(SECONDARY)  # the backlog: settled
     assert all(emulator.stats(SECONDARY)[queue]["total"] == 0 for queue in written)
+
+
+# --- every step of the last batch and of its purge ------------------------------------------------
+
+# The kills, in order, each on a fresh part of the backlog and the same state (tables, streaming checkpoint).
+# mid_settle is the issue's scenario: 2,000 messages over four queues (one partitioned), 200 a batch, killed
+# once every batch was recorded and committed while its purge was at work; the others, one batch each.
+KILL_POINTS = ("after_send", "after_record", "mid_settle", "after_final_checkpoint")
+KILL_QUEUES = 4  # backlog queues 0-2 plain, 3 partitioned (16 partitions)
+PARTITIONED = 3
+# The backlog queues' lock: what the killed purge held must still be locked when the rerun's purge starts (the
+# last batch, the kill and the rerun's start take 10-25 s on 2 busy cores), which then waits out the rest.
+LOCK_SECONDS = 45
+PAUSED_BATCH = 8  # mid_settle: a purge round of the scenario's ninth batch (of ten) or a later one stops
+# Longer than a kill and the rerun's start take, so that the rerun must take the killed run's lease over (its
+# process is gone): it never waits for the lease to expire, whatever its length.
+LEASE_SECONDS = 180
+# 3 * 600 + 200 = 2,000 messages, one in a hundred poison; the small ones: one batch, the last message poison
+SCENARIO = {"plain": 600, "partitioned": 200, "batch": 200, "poison_every": 100}
+SMALL = {"plain": 8, "partitioned": 8, "batch": 1000, "poison_every": 8}
+TAKEOVER = "crashed (its process is gone): taking its lease over"
+LOCK_WAIT = "locked by an earlier receiver"
+
+
+def _kill_backlog(point: str, shape: dict) -> dict[str, list]:
+    """Per backlog queue, its originals: every ``poison_every``-th message is poison (no x-ms-path:
+    dead-lettered with a reason), so purge pages hold a dead-lettering (``mid_settle`` stops between a page's
+    completions and its dead-letterings); the rest to orders (duplicate detection) and payments (none)."""
+    from backlog_syphon.restore.queue_names import backlog_queue_name
+    from tools.backlog_writer import OriginalMessage
+
+    backlog = {}
+    for index in range(KILL_QUEUES):
+        count = shape["partitioned" if index == PARTITIONED else "plain"]
+        backlog[backlog_queue_name(PRIMARY, index)] = [
+            OriginalMessage(None if n % shape["poison_every"] == shape["poison_every"] - 1 else DESTINATIONS[n % 2],
+                            f"{point} q{index} body {n}".encode(),
+                            message_id=f"{point}-{index}-{n:04d}", application_properties={"index": n})
+            for n in range(count)]
+    return backlog
+
+
+def _backlog_totals(emulator, queues) -> dict[str, int]:
+    """What each backlog queue holds now (locked messages included)."""
+    stats = emulator.stats(SECONDARY)
+    return {queue: stats[queue]["total"] for queue in queues}
+
+
+@pytest.mark.timeout(len(KILL_POINTS) * (KILL_WAIT_SECONDS + 180) + 300)
+def test_a_kill_at_each_step_of_the_last_batch_and_its_purge_leaves_nothing_for_the_run_after_it(
+        emulator, tmp_path, request, caplog):
+    """SIGKILL the job at each step of its last batch and of that batch's purge, then run it again on the same
+    state: the rerun ends with exit code 0, the backlog empty and its poison dead-lettered with its reason,
+    nothing lost, at most the killed batch sent again (each re-send the same MessageId and body).
+
+    The emulator keeps the locks of the killed process's purge until they end (as the service keeps a lost
+    link's), so the rerun's purge meets recorded messages it cannot receive yet and waits them out. In the
+    issue's scenario (mid_settle) every batch was committed before the kill: the rerun reads nothing new
+    (no batch at all) and still settles everything the killed run recorded. The rerun takes the killed run's
+    lease over at once (its process is gone, same host); after the killed run's last commit it finds it free."""
+    from backlog_syphon.config import load_config
+    from backlog_syphon.errors import EXIT_OK
+    from backlog_syphon.restore.queue_names import backlog_queue_name
+    from backlog_syphon.run.dry_run import dry_run
+    from backlog_syphon.run.runs import summary_end
+    from backlog_syphon.run.syphon import run_syphon
+    from tools.backlog_writer import send_legacy_backlog
+    from tools.testing import read_queues
+
+    queues = [backlog_queue_name(PRIMARY, index) for index in range(KILL_QUEUES)]
+    for index, queue in enumerate(queues):
+        emulator.recreate_queue(SECONDARY, queue, lock_duration_seconds=LOCK_SECONDS,
+                                enable_partitioning=index == PARTITIONED)
+    env = job_env(emulator)
+    state = {"storage.audit_table": str(tmp_path / "audit"), "storage.checkpoint_table": str(tmp_path / "checkpoint"),
+             "storage.checkpoint_location": str(tmp_path / "checkpoint-stream"),
+             "backlog.queue_count": str(KILL_QUEUES), "run.lease_seconds": str(LEASE_SECONDS)}
+    stream = tmp_path / "checkpoint-stream"
+    spark = request.getfixturevalue("spark")
+    caplog.set_level(logging.INFO, logger="backlog_syphon")
+    originals: list = []
+    poison: set[str] = set()
+    destinations = None
+    for point in KILL_POINTS:
+        shape = SCENARIO if point == "mid_settle" else SMALL
+        backlog = _kill_backlog(point, shape)
+        config = load_config(ROOT / "conf/local.yaml", environ=env, overrides={
+            **state, "run.max_messages_per_trigger": str(shape["batch"])})
+        send_legacy_backlog(config.secondary, {q: m for q, m in backlog.items() if q != queues[PARTITIONED]})
+        send_legacy_backlog(config.secondary, {queues[PARTITIONED]: backlog[queues[PARTITIONED]]}, singly=True)
+        written = [message for messages in backlog.values() for message in messages]
+        originals += written
+        poison |= {message.message_id for message in written if message.destination is None}
+        if destinations is None:
+            destinations = Destinations(emulator, written)
+        destinations.expected.update({message.message_id: message for message in written})
+        planned_before = _stream_log(stream)[0]
+
+        # The kill. mid_settle parks the threads of a purge round of the last batches only: the job goes on to its
+        # end (every batch recorded and committed) and waits there for them; it is killed once the streaming
+        # checkpoint says so, its purge's locks a few seconds old.
+        started = time.monotonic()
+        marker, log = tmp_path / f"marker-{point}", tmp_path / f"{point}.log"
+        first_batch = max(planned_before, default=-1) + 1
+
+        sent_before = sum(map(sum, _send_counters(emulator).values()))
+        to_send = sum(1 for message in written if message.destination is not None)
+
+        def all_committed() -> bool:
+            """Every message of the point sent, and its batch committed: the last batch is done."""
+            planned, committed = _stream_log(stream)
+            return (sum(map(sum, _send_counters(emulator).values())) - sent_before >= to_send
+                    and planned != planned_before and planned == committed)
+
+        why = kill_when_parked(job_command(tmp_path, backlog__queue_count=KILL_QUEUES,
+                                           run__lease_seconds=LEASE_SECONDS,
+                                           run__max_messages_per_trigger=shape["batch"]),
+                               {**env, "SYPHON_FAULT_PAUSE_PURGE_FROM_BATCH": str(first_batch + PAUSED_BATCH)},
+                               point, marker, log, KILL_WAIT_SECONDS,
+                               until=all_committed if point == "mid_settle" else None)
+        assert not why, f"{point}: {why}:\n{tail(log)}"
+        killed = Run(point, time.monotonic() - started)
+        planned, committed = _stream_log(stream)
+        killed_batches = planned - planned_before
+        left = _backlog_totals(emulator, queues)
+        if point == "mid_settle":
+            assert planned == committed and len(killed_batches) > PAUSED_BATCH, (planned, committed)  # none to replay
+            locked = sum(emulator.stats(SECONDARY)[queue]["locked"] for queue in queues)
+            print(f"\n[kill points] {point}: {len(killed_batches)} batches committed, {sum(left.values())} messages "
+                  f"left in the backlog, {locked} locked by the killed purge", flush=True)
+            assert locked >= 1 and sum(left.values()) > locked  # its purge was at work, its locks held
+        else:
+            assert len(killed_batches) == 1 and planned - committed == (
+                set() if point == "after_final_checkpoint" else killed_batches)
+            destinations.account(killed)  # (mid_settle's sends are counted with its rerun's: its locks run)
+        if point == "after_record":
+            # The dry run counts what waits to be settled apart from what is to deliver: nothing, here.
+            report = dry_run(spark, config)
+            assert report.recorded == {queue: count for queue, count in left.items() if count}, report.recorded
+            assert report.per_destination == [] and sum(report.per_queue.values()) == sum(left.values())
+            assert "waiting to be settled: " in "\n".join(report.lines())
+
+        # The rerun, in this process's Spark (what matters is what the killed job left behind).
+        caplog.clear()
+        started = time.monotonic()
+        summary = run_syphon(spark, config)
+        end = summary_end(summary, config.run.trigger)
+        rerun = Run(None, time.monotonic() - started)
+        destinations.account(rerun)
+        messages = [record.getMessage() for record in caplog.records]
+        print(f"[kill points] rerun after {point}: exit {end.exit_code} ({end.line}) in {rerun.seconds:.1f}s, "
+              f"re-sent {rerun.resent}", flush=True)
+        assert (end.exit_code, summary.drained) == (EXIT_OK, True), (point, end.line, summary.remaining)
+        assert _backlog_totals(emulator, queues) == dict.fromkeys(queues, 0), point
+        if point == "after_final_checkpoint":
+            assert not any(TAKEOVER in message for message in messages)  # the killed run's last commit freed it
+        else:
+            assert any(TAKEOVER in message for message in messages), (point, messages[-20:])
+        if point == "mid_settle":
+            assert not [p for p in summary.progress if p.stats is not None]  # no batch: nothing new to read
+            waits = [message for message in messages if LOCK_WAIT in message]
+            assert waits, messages[-20:]
+            print(f"[kill points] {waits[0]}", flush=True)
+        planned_after, committed_after = _stream_log(stream)
+        assert planned_after == committed_after
+
+        # Re-sends: only after a kill between the sends and their record, and at most the killed batch.
+        audit = [row.asDict() for row in spark.read.format("delta").load(str(tmp_path / "audit")).collect()]
+        killed_rows = sum(1 for row in audit if row["batch_id"] in killed_batches)
+        assert rerun.resent <= (killed_rows if point == "after_send" else 0), (point, rerun.resent, killed_rows)
+        if point == "after_send":
+            assert rerun.resent >= 1
+
+    # Nothing lost: every deliverable message at its destination, every poison dead-lettered once, with its reason.
+    deliverable = {message.message_id for message in originals} - poison
+    assert set(destinations.arrived) == deliverable, sorted(deliverable - set(destinations.arrived))[:10]
+    # (received, not peeked: a peek of the partitioned queue's sub-queue answers from one partition)
+    def received(receiver) -> list:
+        got = []
+        while page := receiver.receive_messages(max_message_count=100, max_wait_time=2):
+            for message in page:
+                receiver.complete_message(message)
+            got += page
+        return got
+
+    dead = [message for messages in read_queues(emulator.connection_string(SECONDARY), queues, received,
+                                                dead_letters=True).values() for message in messages]
+    assert collections.Counter(message.message_id for message in dead) == dict.fromkeys(poison, 1)
+    assert {message.dead_letter_reason for message in dead} == {"missing_path"}
+    audit = [row.asDict() for row in spark.read.format("delta").load(str(tmp_path / "audit")).collect()]
+    final = collections.Counter((row["message_id"], row["outcome"]) for row in audit)
+    assert final == {**{(m, "delivered"): 1 for m in deliverable}, **{(m, "dead_lettered"): 1 for m in poison}}

@@ -36,8 +36,10 @@ from backlog_syphon.sink.micro_batch import (
     NoHooks,
     Recovery,
     SinkState,
+    begin_run,
     finish,
     run_batch,
+    settle_recorded,
 )
 from backlog_syphon.sink.outcome_aggregate import combine_groups
 
@@ -97,10 +99,18 @@ class Message:
                 "reason": None if deliver else "no x-ms-path"}
 
 
-class Backlog:
-    """The secondary namespace's backlog queues, and what the purge dead-lettered."""
+LOCK_SECONDS = 60.0  # the backlog queues' lock
 
-    def __init__(self):
+
+class Backlog:
+    """The secondary namespace's backlog queues, and what the purge dead-lettered. A purge that dies holding
+    locks (``CrashPoint.MID_SETTLE``) leaves them for ``LOCK_SECONDS``, as the service keeps a lost link's."""
+
+    def __init__(self, clock: Clock | None = None):
+        self.clock = clock if clock is not None else Clock()
+        # (queue, sequence number) -> when the lock a dead receiver left on it ends
+        self.locked_until: dict[tuple[str, int], float] = {}
+        self.lock_waits: list[float] = []  # how long the purges waited for such locks (fake seconds)
         self.queues: dict[str, list[Message]] = defaultdict(list)
         self.dead_lettered: list[tuple[str, int, str]] = []  # (queue, sequence number, reason code)
         self.numbered: Counter[str] = Counter()  # the last sequence number each queue gave
@@ -146,24 +156,48 @@ class Backlog:
     def left(self) -> dict[str, list[int]]:
         return {queue: [m.seq for m in held] for queue, held in sorted(self.queues.items()) if held}
 
-    def purge(self, plan: PurgePlan) -> PurgeResult:
-        """``settle.purge_backlog`` against this backlog: verify, receive in order, settle what the plan holds."""
+    def locked(self, message: Message) -> bool:
+        return self.locked_until.get((message.queue, message.seq), 0.0) > self.clock()
+
+    def purge(self, plan: PurgePlan, hooks=None) -> PurgeResult:
+        """``settle.purge_backlog`` against this backlog: verify, receive in order (past messages a dead
+        receiver left locked, waiting for their locks where the round says so), settle what the plan holds.
+        ``hooks`` reach ``MID_SETTLE`` after a page's completions: a crash there leaves the page's
+        dead-letterings undone and their messages locked."""
         held = self.queues[plan.queue]
+        present = [m.identity for m in held if any(first <= m.seq <= last for first, last in plan.ranges)]
         if plan.verify and plan.expected:
-            plan = plan.verified([m.identity for m in held
-                                  if any(first <= m.seq <= last for first, last in plan.ranges)])
+            plan = plan.verified(present)
         there = sum(plan.holds(m.identity) for m in held)
         if plan.expected > there:
             self.overasked.append((plan.queue, plan.expected, there))
         progress = PurgeProgress(plan)
-        while credit := progress.credit():
-            page = held[:credit]  # the broker hands over the head of the queue
+        while (credit := progress.credit()) or progress.wants_look:
+            if not credit:
+                progress.on_look([m.identity for m in held if any(a <= m.seq <= b for a, b in plan.ranges)],
+                                 self.clock())
+                continue
+            self.clock.sleep(progress.pause_before_receive(self.clock()))
+            wait = progress.receive_wait(self.clock(), 5.0)
+            ends = sorted(until for (queue, _), until in self.locked_until.items()
+                          if queue == plan.queue and self.clock() < until <= self.clock() + wait)
+            if not [m for m in held if not self.locked(m)] and ends:  # a receive answers once a lock ends
+                self.lock_waits.append(ends[0] - self.clock())
+                self.clock.now = ends[0]
+            page = [m for m in held if not self.locked(m)][:credit]  # the head of what is not locked
             actions = progress.on_page([m.identity for m in page])
             self.released += [(plan.queue, seq) for seq in actions.release]
             completed = self.complete(plan.queue, actions.complete)
-            gone = set(completed) | {seq for seq, _, _ in actions.dead_letter}
+            held[:] = [m for m in held if m.seq not in set(completed)]
+            if hooks is not None and actions.dead_letter:
+                try:
+                    hooks.reached(CrashPoint.MID_SETTLE)
+                except Crash:
+                    for seq, _, _ in actions.dead_letter:  # the dead process held them: locked until the lock ends
+                        self.locked_until[(plan.queue, seq)] = self.clock() + LOCK_SECONDS
+                    raise
             self.dead_lettered += [(plan.queue, seq, code) for seq, code, _ in actions.dead_letter]
-            held[:] = [m for m in held if m.seq not in gone]
+            held[:] = [m for m in held if m.seq not in {seq for seq, _, _ in actions.dead_letter}]
             progress.on_settled(len(completed), [seq for seq, _, _ in actions.dead_letter])
         heads = {span.first: next((m.identity for m in held if m.seq >= span.first), None) for span in plan.spans}
         return progress.result(heads)
@@ -242,11 +276,11 @@ class Tables:
         self.versions: list[int] = []  # versions written, in order
         self.skipped: list[int] = []
 
-    def recover(self, batch_id: int) -> Recovery:
-        """What ``SparkBatch.recover`` reads: the checkpoint rows, the audit rows above each queue's purge
-        mark aggregated, their dead-letters, and the rows earlier attempts of this batch recorded."""
+    def recover(self) -> Recovery:
+        """What ``spark_ports.read_recovery`` reads: the checkpoint rows, the audit rows above each queue's
+        purge mark aggregated, and their dead-letters."""
         if not self.versions:
-            return Recovery(dict(self.checkpoint), (), (), 0)
+            return Recovery(dict(self.checkpoint), (), ())
 
         def above_mark(row: dict) -> bool:
             mark = self.checkpoint.get(row["backlog_queue"])
@@ -257,8 +291,11 @@ class Tables:
             return row["sequence_number"] > mark.purged_through
 
         recorded = [row for row in self.audit if above_mark(row)]
-        return Recovery(dict(self.checkpoint), aggregate(recorded).spans, tuple(dead_letter_orders(recorded)),
-                        sum(row["batch_id"] == batch_id for row in self.audit))
+        return Recovery(dict(self.checkpoint), aggregate(recorded).spans, tuple(dead_letter_orders(recorded)))
+
+    def rows_of_batch(self, batch_id: int) -> int:
+        """The rows earlier attempts of a batch recorded (``SparkBatch.recorded_rows_of_batch``)."""
+        return sum(row["batch_id"] == batch_id for row in self.audit)
 
     def record(self, outcomes: list[dict], checkpoint: list[CheckpointRow] | None, version: int) -> None:
         if self.versions and version <= self.versions[-1]:
@@ -278,7 +315,7 @@ class Tables:
 class World:
     def __init__(self, *, send_seconds: float = 0.0, sink: SinkConfig = SINK):
         self.clock = Clock()
-        self.backlog = Backlog()
+        self.backlog = Backlog(self.clock)
         self.destinations = Destinations(self.clock, send_seconds)
         self.tables = Tables()
         self.sink = sink
@@ -309,8 +346,8 @@ class Purges:
     """``PurgePort``: each round settles at once (against the backlog) and is reported by ``finished``.
     ``failing``: how many more rounds fail for a queue (they come back with nothing settled)."""
 
-    def __init__(self, backlog: Backlog, failing: dict[str, int] | None = None):
-        self.backlog = backlog
+    def __init__(self, backlog: Backlog, failing: dict[str, int] | None = None, hooks=None):
+        self.backlog, self.hooks = backlog, hooks
         self.failing = Counter(failing or {})
         self.submitted: list[dict[str, PurgePlan]] = []
         self.results: dict[str, PurgeResult] = {}
@@ -327,7 +364,7 @@ class Purges:
                 self.failing[queue] -= 1
                 result = PurgeResult(0, 0, 0, plan.spans, ())
             else:
-                result = self.backlog.purge(plan)
+                result = self.backlog.purge(plan, self.hooks)
             known = self.results.get(queue)
             self.results[queue] = result if known is None else PurgeResult(
                 known.completed + result.completed, known.dead_lettered + result.dead_lettered,
@@ -390,7 +427,10 @@ class FakeBatch:
         self.excluded: list[int] = []
 
     def recover(self) -> Recovery:
-        return self.world.tables.recover(self.batch_id)
+        return self.world.tables.recover()
+
+    def recorded_rows_of_batch(self) -> int:
+        return self.world.tables.rows_of_batch(self.batch_id)
 
     def exclude(self, spans) -> None:
         kept = [row for row in self.pending if not any(
@@ -440,8 +480,14 @@ class Run:
         self.hooks = NoHooks() if hooks is None else hooks
         self.lease = Lease(world.clock) if lease is None else lease
         self.state = SinkState()
-        self.purges = Purges(world.backlog, failing_purges)
+        self.purges = Purges(world.backlog, failing_purges, self.hooks)
         self.batches: list[FakeBatch] = []
+
+    def begin(self) -> int:
+        """``DeliverySink.begin``: the run's start, under its lease, reads the tables and starts purging what
+        earlier runs recorded and did not settle, before any batch."""
+        begin_run(self.state, self.world.tables.recover(), run_id=self.run_id, now=NOW)
+        return settle_recorded(self.state, self.purges)
 
     def batch(self, rows: list[dict], batch_id: int, *, settle_now: bool = False, now: dt.datetime = NOW,
               checkpoint_every: float = 0.0):
@@ -456,6 +502,7 @@ class Run:
         rows = self.state.final_checkpoint(self.run_id)
         if rows is not None:
             self.world.tables.checkpoint = {row.backlog_queue: row for row in rows}
+            self.hooks.reached(CrashPoint.AFTER_FINAL_CHECKPOINT)
 
 
 def usual_backlog(world: World) -> list[Message]:
@@ -501,6 +548,71 @@ def test_a_run_killed_at_any_crash_point_delivers_everything_when_the_batch_is_r
     assert [(r.backlog_queue, r.incarnation, r.delivered_through, r.delivered_count, r.dead_lettered_count,
              r.purged_through, r.purged_enqueued_ms) for r in checkpoint.values()] == [
         (Q0, 1, 6, 5, 1, 6, T0 + 60), (Q1, 1, 4, 4, 0, 4, T0 + 40)]
+
+
+@pytest.mark.parametrize("point, replayed, resent", [
+    (CrashPoint.BEFORE_SEND, True, []),
+    (CrashPoint.MID_SEND, True, ["0:1", "0:3", "0:6"]),
+    (CrashPoint.AFTER_SEND, True, DELIVERABLE),
+    (CrashPoint.AFTER_RECORD, True, []),
+    # the batch had returned (its purge runs beside the next): Spark committed it, nothing is read again
+    (CrashPoint.MID_SETTLE, False, []),
+    (CrashPoint.AFTER_FINAL_CHECKPOINT, False, []),
+])
+def test_the_run_after_a_kill_at_any_step_of_the_last_batch_and_its_purge_ends_drained(point, replayed, resent):
+    """The run after the kill begins by purging what the killed one recorded (``begin_run``,
+    ``settle_recorded``), whether or not Spark gives it a batch: the last batch of an available-now run
+    that committed leaves nothing to read, and its recorded messages are settled all the same. A purge killed
+    mid-settlement leaves its page's dead-lettering locked for a lock (the service keeps a lost link's
+    locks): the next purge waits it out, within one lock."""
+    world = World()
+    window = usual_backlog(world)
+    killed = Run(world, "r1", hooks=CrashAt(point))
+    with pytest.raises(Crash):
+        killed.batch(world.backlog.read(window), 7)
+        killed.finish()
+    if point == CrashPoint.MID_SETTLE:
+        assert world.backlog.left() == {Q0: [4], Q1: [1, 2, 3, 4]}  # Q0's completions went, its dead-letter not
+        assert list(world.backlog.locked_until) == [(Q0, 4)]
+
+    rerun = Run(world, "r2")
+    waiting = rerun.begin()
+    assert waiting == {CrashPoint.AFTER_RECORD: 10, CrashPoint.MID_SETTLE: 10}.get(point, 0)  # what r1 recorded
+    if replayed:
+        report = rerun.batch(world.backlog.read(window), 7)
+        assert report.replayed == (10 if point == CrashPoint.AFTER_RECORD else 0)
+    rerun.finish()
+
+    assert sorted(world.destinations.arrivals) == DELIVERABLE
+    assert sorted(m for m, n in world.destinations.arrivals.items() if n > 1) == sorted(resent)
+    assert world.tables.final_outcomes() == Counter(ALL)
+    assert world.backlog.left() == {} and world.backlog.dead_lettered == [(Q0, 4, "missing_path")]
+    assert world.backlog.lock_waits == ([LOCK_SECONDS] if point == CrashPoint.MID_SETTLE else [])
+    if waiting:  # purged once, from the start: the replayed batch plans none of it again
+        assert [list(plans) for plans in rerun.purges.submitted] == [[Q0, Q1]]
+    checkpoint = world.tables.checkpoint
+    assert [(r.backlog_queue, r.delivered_through, r.purged_through, r.ended_run_id) for r in checkpoint.values()] == [
+        (Q0, 6, 6, "r2"), (Q1, 4, 4, "r2")]
+    assert Run(world, "r3").begin() == 0  # nothing left for any later run to settle
+
+
+def test_a_run_that_died_before_its_first_checkpoint_write_gets_its_rows_and_marks_from_the_next():
+    """The checkpoint rows are written only when due (or at a clean end): a run killed in its first minute
+    leaves audit rows and no checkpoint row. The next run makes the rows from what was recorded, so the
+    purge marks it moves are recorded and no later run reads those rows back, or counts them as waiting."""
+    world = World()
+    window = usual_backlog(world)
+    with pytest.raises(Crash):
+        Run(world, "r1", hooks=CrashAt(CrashPoint.AFTER_RECORD)).batch(world.backlog.read(window), 0,
+                                                                          checkpoint_every=60)
+    assert world.tables.checkpoint == {}
+    rerun = Run(world, "r2")
+    assert rerun.begin() == 10
+    rerun.finish()
+    checkpoint = world.tables.checkpoint
+    assert [(r.backlog_queue, r.delivered_through, r.delivered_count, r.dead_lettered_count, r.purged_through)
+            for r in checkpoint.values()] == [(Q0, 6, 5, 1, 6), (Q1, 4, 4, 0, 4)]
+    assert world.backlog.left() == {} and Run(world, "r3").begin() == 0
 
 
 def test_a_replay_after_the_record_sends_nothing_and_writes_under_a_new_transaction_version():

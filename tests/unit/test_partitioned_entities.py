@@ -1,14 +1,19 @@
-"""Which backlog queues the administration API calls partitioned (a fake client: no I/O)."""
+"""Which backlog queues the administration API calls partitioned, and their lock durations (a fake client: no
+I/O)."""
 
 import contextlib
+import datetime as dt
 from types import SimpleNamespace
 
+from backlog_syphon.model import QueueSettings
 from backlog_syphon.servicebus import entities
 
 
 def test_partitioned_queues_and_their_dead_letter_sub_queues_are_named(monkeypatch):
-    listed = [SimpleNamespace(name="ns/x-servicebus-transfer/0", enable_partitioning=True),
-              SimpleNamespace(name="ns/x-servicebus-transfer/1", enable_partitioning=False)]
+    listed = [SimpleNamespace(name="ns/x-servicebus-transfer/0", enable_partitioning=True,
+                              lock_duration=dt.timedelta(seconds=30)),
+              SimpleNamespace(name="ns/X-servicebus-transfer/1", enable_partitioning=False,
+                              lock_duration=dt.timedelta(minutes=1))]
 
     @contextlib.contextmanager
     def admin(namespace):
@@ -18,6 +23,9 @@ def test_partitioned_queues_and_their_dead_letter_sub_queues_are_named(monkeypat
     queues = ["ns/x-servicebus-transfer/0", "ns/x-servicebus-transfer/1", "ns/x-servicebus-transfer/0/$DeadLetterQueue"]
     assert entities.partitioned_queues(None, queues) == {"ns/x-servicebus-transfer/0",
                                                          "ns/x-servicebus-transfer/0/$DeadLetterQueue"}
+    # the lock each queue's purge may wait out for messages an earlier receiver left locked, by lower-case name
+    assert entities.queue_settings(None).lock_seconds == {"ns/x-servicebus-transfer/0": 30.0,
+                                                          "ns/x-servicebus-transfer/1": 60.0}
 
 
 def test_an_administration_api_that_does_not_answer_knows_of_none(monkeypatch):
@@ -28,3 +36,4 @@ def test_an_administration_api_that_does_not_answer_knows_of_none(monkeypatch):
 
     monkeypatch.setattr(entities, "administration_client", refused)
     assert entities.partitioned_queues(None, ["q"]) == set()
+    assert entities.queue_settings(None) == QueueSettings()

@@ -10,6 +10,7 @@ from backlog_syphon.run.progress import (
     SyphonProgressListener,
     behind_latest,
     follow_progress,
+    progress_fields,
     progress_line,
     send_rate_text,
 )
@@ -33,19 +34,23 @@ def test_behind_latest_reads_the_offsets_of_incarnations():
     assert behind_latest(end, latest) == {Q0: 250, Q1: 0}
 
 
-def test_behind_latest_mixes_old_and_new_offsets_and_a_missing_tail():
+def test_behind_latest_mixes_old_and_new_offsets_and_a_missing_tail_is_not_measured():
     end = json.dumps({Q0: 101, Q1: {"incarnation": 1, "next": 4, "seen_ms": 5}})
-    latest = json.dumps({Q0: {"incarnation": 1, "next": 120, "seen_ms": 9}})
-    assert behind_latest(end, latest) == {Q0: 19, Q1: 0}  # Q1 has no tail reported: nothing behind it
-    assert behind_latest(end, None) == {Q0: 0, Q1: 0}
+    latest = json.dumps({Q0: {"incarnation": 1, "next": 120, "seen_ms": 9},
+                         Q1: {"next": 9, "remaining": 5, "oldest_age_seconds": 3.0}, "(last plan)": {"probes": 2}})
+    assert behind_latest(end, latest) == {Q0: 19, Q1: 5}
+    # Q1 has no tail reported: what is behind it was not measured, so neither is the total
+    assert behind_latest(end, json.dumps({Q0: 120})) is None
 
 
-def test_behind_latest_without_a_reported_tail_is_zero_not_an_error():
-    assert behind_latest(json.dumps({Q0: 5}), None) == {Q0: 0}
-    assert behind_latest(None, None) == {}
+def test_behind_latest_without_a_reported_tail_is_not_measured_never_zero():
+    """The first batch of a resumed run is a replay Spark runs before the source probed anything (no reported
+    latest offset), and Spark before 4.2 reports none at all: their remaining is unknown, not 0."""
+    assert behind_latest(json.dumps({Q0: 5}), None) is None
+    assert behind_latest(json.dumps({Q0: 9}), "null") is None
+    assert behind_latest(None, None) is None
+    assert behind_latest("not json", json.dumps({Q0: 3})) is None
     assert behind_latest(json.dumps({Q0: 9}), json.dumps({Q0: 3})) == {Q0: 0}  # a stale tail never goes negative
-    assert behind_latest(json.dumps({Q0: 9}), "null") == {Q0: 0}
-    assert behind_latest("not json", json.dumps({Q0: 3})) == {}
 
 
 def test_progress_line_names_counts_age_rate_and_the_queues_behind():
@@ -85,6 +90,17 @@ def test_progress_line_of_an_empty_batch():
     point = ProgressPoint(9, NOW, None, {Q0: 0})
     assert progress_line(point) == "batch 9: idle; remaining 0"
     assert point.remaining_total == 0
+
+
+def test_a_progress_line_whose_remaining_was_not_measured_leaves_it_out():
+    stats = BatchStats(delivered=200, dead_lettered=0, skipped=0, replayed=200, send_seconds=1.0,
+                       oldest_enqueued=NOW - dt.timedelta(seconds=40))
+    point = ProgressPoint(7, NOW, stats, None)  # a resumed run's first batch: a replay, nothing probed yet
+    assert progress_line(point) == ("batch 7: delivered 200, dead-lettered 0, skipped 0, replayed 200; oldest "
+                                    "message age 40s; send rate 200 msg/s")
+    assert point.remaining_total is None
+    assert (progress_fields(point)["remaining"], progress_fields(point)["remaining_total"]) == (None, None)
+    assert progress_line(ProgressPoint(8, NOW, None, None)) == "batch 8: idle"
 
 
 class FakeQuery:

@@ -39,7 +39,13 @@ def run_purge(plan, queue, *, page=100, settle_fails=()):
     progress = PurgeProgress(plan, page=page)
     remaining = list(queue)
     requests, actions, locked = [], [], []
-    while credit := progress.credit():
+    looks = 0
+    while (credit := progress.credit()) or progress.wants_look:
+        if not credit:  # a receive missed recorded messages: count those still there (none: the round ends);
+            # the fake's clock moves on by more than any lock between looks, so a second miss ends a wait
+            progress.on_look(remaining, 1000.0 * looks)
+            looks += 1
+            continue
         requests.append(credit)
         received, remaining = remaining[:credit], remaining[credit:]
         step = progress.on_page(received)
@@ -69,11 +75,12 @@ def test_completes_and_dead_letters_exactly_the_plan_asking_for_no_more_than_pla
 
 
 def test_a_message_outside_the_plan_is_released_and_stops_the_purge():
-    # 5 is locked by someone else, so the broker fills the credit with 9, which is not recorded.
+    # 5 is not received, so the broker fills the credit with 9, which is not recorded: the round looks whether 5
+    # is still there (it is not, for the fake) before it ends.
     recorded = span(3, 8, count=6)
     result, requests, actions, _ = run_purge(plan_of(recorded), [msg(s) for s in (3, 4, 6, 7, 8, 9, 10)])
     assert requests == [6]
-    assert actions == [PageActions(complete=(3, 4, 6, 7, 8), dead_letter=(), release=(9,), stop=True)]
+    assert actions == [PageActions(complete=(3, 4, 6, 7, 8), dead_letter=(), release=(9,), stop=True, look=True)]
     assert result.released == 1 and result.completed == 5
     assert result.settled == (recorded,)  # 5 is not there (for the fake): the first message from 3 on is 9
 
@@ -95,7 +102,7 @@ def test_nothing_arriving_ends_the_purge_and_nothing_planned_asks_for_nothing():
 
 def test_messages_below_the_plan_are_released_not_settled():
     _, _, actions, left = run_purge(plan_of(span(5, 6)), [msg(2), msg(5), msg(6)])
-    assert actions[0] == PageActions(complete=(5,), dead_letter=(), release=(2,), stop=True)
+    assert actions[0] == PageActions(complete=(5,), dead_letter=(), release=(2,), stop=True, look=True)
     assert left == [msg(2), msg(6)]
 
 
@@ -110,7 +117,7 @@ def test_a_recreated_queues_message_inside_the_span_numbers_is_released_never_co
     newcomer = msg(4, T0 + 1_000_000)
     result, requests, actions, left = run_purge(plan_of(recorded), [msg(1), msg(2), newcomer, msg(5)])
     assert requests == [10]
-    assert actions == [PageActions(complete=(1, 2, 5), dead_letter=(), release=(4,), stop=True)]
+    assert actions == [PageActions(complete=(1, 2, 5), dead_letter=(), release=(4,), stop=True, look=True)]
     assert result.completed == 3 and result.released == 1
     assert newcomer in left
     assert result.settled == (recorded,)  # the first message from 1 on is not one of the span's
@@ -119,7 +126,7 @@ def test_a_recreated_queues_message_inside_the_span_numbers_is_released_never_co
 def test_only_the_recreated_queues_messages_come_and_none_is_touched():
     recorded = span(1, 3)
     result, _, actions, left = run_purge(plan_of(recorded), [msg(1, T0 + 9_000), msg(2, T0 + 9_001)])
-    assert actions == [PageActions(complete=(), dead_letter=(), release=(1, 2), stop=True)]
+    assert actions == [PageActions(complete=(), dead_letter=(), release=(1, 2), stop=True, look=True)]
     assert (result.completed, result.dead_lettered, result.released) == (0, 0, 2)
     assert left == [msg(1, T0 + 9_000), msg(2, T0 + 9_001)]
 
@@ -374,7 +381,12 @@ def test_special_messages_are_not_received_a_verified_plan_keeps_those_still_the
     assert (in_session.expected, in_session.sessions, in_session.special) == (2, None, {})
 
 
-def test_a_receive_that_brings_nothing_says_nothing_planned_is_there():
+def test_a_look_that_finds_no_recorded_message_says_nothing_planned_is_there():
     progress = PurgeProgress(plan_of(span(1, 2)))
-    progress.on_page([])
+    assert progress.on_page([]).look and not progress.came_up_empty
+    progress.on_look([], now=0.0)
     assert progress.came_up_empty and progress.stopped
+    locked = PurgeProgress(plan_of(span(1, 2)))
+    locked.on_page([])
+    locked.on_look([msg(1)], now=0.0)  # still there, locked elsewhere: not empty, and the round waits
+    assert not locked.came_up_empty and not locked.stopped

@@ -13,6 +13,7 @@ from backlog_syphon.sink.queue_marks import (
     add_recorded,
     advance_checkpoint,
     after_purge,
+    awaiting_settlement,
     by_queue,
     mark_purged,
     purge_plans,
@@ -261,3 +262,18 @@ def test_a_migrations_settle_orders_and_session_counts_go_to_the_purge_and_what_
     left = after_purge(pending, {"sessions": PurgeResult(2, 0, 0, (dataclasses.replace(recorded, first=5),), (),
                                                          sessions_settled={"s-a": 4, "s-b": 1})})
     assert (left["sessions"].sessions, left["sessions"].orders) == ({"s-b": 2}, ())  # 2 is past the span's rest
+
+
+def test_the_purge_plans_carry_their_queues_lock_where_the_administration_api_said_and_dead_letters_their_queues():
+    q, other = "ns/x-servicebus-transfer/3", "ns/x-servicebus-transfer/4"
+    dead = f"{q}/$DeadLetterQueue"
+    unpurged = add_recorded({}, [RecordedSpan(name, 1, 2, T0 + 1, T0 + 2, 2) for name in (q, other, dead)])
+    plans = purge_plans(unpurged, lock_seconds={q.lower(): 30.0})
+    assert {name: plan.lock_seconds for name, plan in plans.items()} == {q: 30.0, other: None, dead: 30.0}
+
+
+def test_what_waits_to_be_settled_is_what_the_recovered_spans_hold_per_queue():
+    spans = [RecordedSpan("q1", 1, 5, T0 + 1, T0 + 5, 5), RecordedSpan("q0", 2, 3, T0 + 2, T0 + 3, 2),
+             RecordedSpan("q1", 9, 9, T0 + 9, T0 + 9, 1)]
+    assert awaiting_settlement(spans) == {"q0": 2, "q1": 6}
+    assert awaiting_settlement([]) == {}

@@ -4,8 +4,6 @@ tables, the rows a replay drops, and how the send tasks' pacing adds up (on smal
 import datetime as dt
 from types import SimpleNamespace
 
-import pytest
-
 from backlog_syphon.model import NO_MIGRATION, CheckpointRow, PacingStats, RecordedSpan
 from backlog_syphon.sink.micro_batch import Recovery
 from backlog_syphon.sink.outcome_aggregate import pacing_after_round
@@ -34,15 +32,13 @@ def audit_row(run_id, seq, outcome, destination="orders", batch_id=4):
     return tuple(values[field.name] for field in AUDIT_ROW_SCHEMA.fields)
 
 
-@pytest.mark.parametrize("read_at_start", [False, True], ids=["table-read", "read-at-start"])
-def test_recovery_counts_every_row_earlier_attempts_of_the_batch_recorded(spark, monkeypatch, read_at_start):
-    """An attempt's Delta transaction version is the number of rows earlier attempts of its batch recorded
-    (``Recovery.recorded_rows_of_batch``), so that it is above every earlier attempt's: Delta skips a
-    write whose version is not above the last one. Rows below the purge mark count too.
-
-    ``read_at_start``: the run read the tables at its start (``read_recovery``, ``DeliverySink.recovery_at_start``),
-    and the first batch uses that without reading the checkpoint table again (it is not there to read);
-    only its own batch's rows are counted then."""
+def test_recovery_reads_the_spans_above_the_marks_and_counts_every_row_earlier_attempts_of_the_batch_recorded(
+        spark, monkeypatch):
+    """What a run begins with (``read_recovery``): the checkpoint rows and the audit rows above each queue's
+    purge mark, aggregated. And an attempt's Delta transaction version is the number of rows earlier attempts
+    of its batch recorded (``SparkBatch.recorded_rows_of_batch``), so that it is above every earlier
+    attempt's: Delta skips a write whose version is not above the last one. Rows below the purge mark count
+    too."""
     from backlog_syphon.storage import tables
 
     checkpoint = CheckpointRow(Q0, 1, 4, T0 + 40, 2, T0 + 20, 4, "r2", at(1_800_000_000_000), 3, 0, 0)
@@ -56,21 +52,15 @@ def test_recovery_counts_every_row_earlier_attempts_of_the_batch_recorded(spark,
     monkeypatch.setattr(tables, "existing_table", lambda spark, table: frames.get(table))
     monkeypatch.setattr(tables, "read_table", lambda spark, table: frames[table])
     storage = SimpleNamespace(audit_table="/state/audit", checkpoint_table="/state/checkpoint")
-    at_start = None
-    if read_at_start:
-        at_start, held_in = read_recovery(spark, storage)
-        assert held_in == () and at_start.recorded_rows_of_batch == 0
-        del frames["/state/checkpoint"]  # the first batch must not read it again
-    sink = SimpleNamespace(state_is_new=False, config=SimpleNamespace(storage=storage), recovery_at_start=at_start,
-                           migration=NO_MIGRATION)
-
-    recovery = SparkBatch(sink, spark.range(0), 4).recover()
-    assert recovery.checkpoint == {Q0: checkpoint}
+    recovery, held_in = read_recovery(spark, storage)
+    assert held_in == () and recovery.checkpoint == {Q0: checkpoint}
     # above the purge mark (enqueued after message 2): 3 and 4 of both attempts; r2 delivered 3
     assert recovery.unsettled == (RecordedSpan(Q0, 3, 3, T0 + 30, T0 + 30, 1, 1, 0, 0, 4),)
     assert recovery.dead_letters == ()
-    assert recovery.recorded_rows_of_batch == 6  # both attempts' rows of batch 4, below the mark or not
-    assert isinstance(recovery, Recovery)
+
+    sink = SimpleNamespace(state_is_new=False, config=SimpleNamespace(storage=storage), migration=NO_MIGRATION)
+    del frames["/state/checkpoint"]  # the batch reads no more than the audit's rows of its own batch
+    assert SparkBatch(sink, spark.range(0), 4).recorded_rows_of_batch() == 6  # both attempts', below the mark or not
 
 
 def test_the_start_finds_the_queues_where_held_messages_lie_above_the_purge_marks(spark, monkeypatch):
@@ -95,7 +85,7 @@ def test_the_start_finds_the_queues_where_held_messages_lie_above_the_purge_mark
     frames["/state/audit"] = spark.createDataFrame(audit + [audit_row("r1", 4, "held")], tables.AUDIT_ROW_SCHEMA)
     assert read_recovery(spark, storage)[1] == (Q0,)  # above the mark: read again
     del frames["/state/audit"]
-    assert read_recovery(spark, storage) == (Recovery({Q0: checkpoint}, (), (), 0), ())  # no audit yet
+    assert read_recovery(spark, storage) == (Recovery({Q0: checkpoint}, (), ()), ())  # no audit yet
 
 
 def test_a_run_that_created_its_state_tables_reads_nothing_back():
@@ -107,7 +97,8 @@ def test_a_run_that_created_its_state_tables_reads_nothing_back():
 
     sink = SimpleNamespace(state_is_new=True, config=None)
     batch = SimpleNamespace(sparkSession=NoSession())
-    assert SparkBatch(sink, batch, 0).recover() == Recovery({}, (), (), 0)
+    assert SparkBatch(sink, batch, 0).recover() == Recovery({}, (), ())
+    assert SparkBatch(sink, batch, 0).recorded_rows_of_batch() == 0
 
 
 def test_the_send_tasks_pacing_adds_up_per_round_and_over_the_rounds_of_a_batch():

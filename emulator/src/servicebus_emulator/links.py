@@ -2,9 +2,15 @@
 receiver: messages as credit allows, locks, sessions. Functions of the loop thread, on proton links.
 
 Invariants:
-- a link that is gone (closed by either side, or its connection dropped) holds nothing: the locks it held
-  end (the messages are available again, delivery count + 1), its session is free, and the entity's
-  other receivers are served at once (``link_gone``);
+- a link that is gone (closed by either side, or its connection dropped) delivers nothing more, its session
+  is free, and the entity's other receivers are served at once (``link_gone``);
+- the locks of a receive link the client closed (a detach with ``closed=true``, as the SDK's ``close``
+  sends) end with it: the messages are available again at once, delivery count + 1; those of a receive link
+  lost otherwise (its connection dropped, its process killed, a detach without ``closed``, a detach by the
+  broker) outlive it, as on the service: the messages stay locked until their locks end (then delivery
+  count + 1) and their tokens settle through ``$management`` meanwhile. A session's messages are freed with
+  its link either way (the session lock ends with it). ``release_locks_on_link_loss`` (tests only) frees
+  them at once on every loss, as the emulator once did;
 - a refused attach is answered with null termini and a closing detach that carries the condition (with a
   terminus present the SDK would report a retried connection error instead);
 - every error condition carries an ``info`` map with a tracking id: the SDK indexes it unconditionally.
@@ -76,7 +82,8 @@ def open_link(ctx: LinkCtx):
 
 
 def detach(ctx: LinkCtx, name: str, description: str):
-    """Release what the link held, then close it with an error the client sees on its next use."""
+    """Close the link with an error the client sees on its next use: a loss, not a clean close (its locks
+    outlive it, ``link_gone``)."""
     link = ctx.link
     link_gone(ctx)
     if link.state & Link.LOCAL_ACTIVE:
@@ -84,7 +91,9 @@ def detach(ctx: LinkCtx, name: str, description: str):
         link.close()
 
 
-def link_gone(ctx: LinkCtx):
+def link_gone(ctx: LinkCtx, *, closed_by_client: bool = False):
+    """The link delivers nothing more. ``closed_by_client``: the client closed it (a detach with
+    ``closed=true``); otherwise it was lost, and its locks outlive it (the module's invariants)."""
     if ctx.closed:
         return
     ctx.closed = True
@@ -103,11 +112,14 @@ def link_gone(ctx: LinkCtx):
         entity.consumers.remove(ctx)
     if ctx in entity.session_waiters:
         entity.session_waiters.remove(ctx)
-    # locks held through this link end with it: the messages become available again (count + 1)
-    for token in list(ctx.tokens):
-        m = entity.locks.get(token)
-        if m is not None and m.lock_owner is ctx:
-            entity.abandon(m)
+    if closed_by_client or ctx.session is not None or ctx.conn.ns.settings.release_locks_on_link_loss:
+        # the locks end with the link: the messages become available again (count + 1)
+        for token in list(ctx.tokens):
+            m = entity.locks.get(token)
+            if m is not None and m.lock_owner is ctx:
+                entity.abandon(m)
+    # else each stays locked until its lock ends (``Entity.tick`` then abandons it, count + 1); its token
+    # still settles through ``$management`` (``management._update_disposition``)
     ctx.tokens.clear()
     if ctx.session is not None and ctx.session.owner is ctx:
         ctx.session.owner = None

@@ -405,7 +405,7 @@ class Server:
             self._write(c)
 
     def drop(self, c: Conn):
-        """Close a connection's socket abruptly and release everything its links held."""
+        """Close a connection's socket abruptly: its links are lost (their locks outlive them, ``links``)."""
         if c.dead:
             return
         c.dead = True
@@ -447,7 +447,9 @@ class Server:
             link = ev.link
             ctx = getattr(link, "ctx", None)
             if ctx is not None:
-                links.link_gone(ctx)
+                # a detach with closed=true is the client's close; one without it (or none at all: a dropped
+                # connection) loses the link, whose locks outlive it (``links``)
+                links.link_gone(ctx, closed_by_client=t == Event.LINK_REMOTE_CLOSE)
             if link.state & Link.LOCAL_ACTIVE:
                 link.close()
         elif t == Event.SESSION_REMOTE_OPEN:

@@ -42,6 +42,7 @@ class ServiceSettings:
     peek_one_per_call: bool = False   # a peek on a partitioned entity answers one message, as once reported
     receive_empty_probability: float = 0.0   # a receive on a partitioned entity gets nothing though messages wait
     receive_seed: int = 0                    # seeds those draws
+    release_locks_on_link_loss: bool = False  # tests only: a lost receive link's locks end at once, not at expiry
 
 
 SERVICE_KEYS = frozenset(f.name for f in fields(ServiceSettings))
@@ -88,6 +89,10 @@ def service_settings_from_dict(d: Mapping[str, Any], where: str) -> ServiceSetti
     if not 0 <= probability <= 1:
         raise ConfigError(f"{where}.receive_empty_probability: must be from 0 to 1, got {probability!r}")
     values["receive_empty_probability"] = float(probability)
+    release = d.get("release_locks_on_link_loss", False)
+    if not isinstance(release, bool):
+        raise ConfigError(f"{where}.release_locks_on_link_loss: expected true or false, got {release!r}")
+    values["release_locks_on_link_loss"] = release
     return ServiceSettings(**values)
 
 

@@ -15,11 +15,12 @@ from backlog_syphon.model.vocabulary import (
     RunMode, RunSource, STAYING_OUTCOMES, SettleKind, SourceKind, SubscriptionDelivery, Transport, TtlPolicy
 )
 from backlog_syphon.model.records import (
-    BrokerCount, CheckpointRow, DeadLetterOrder, HeldSpan, Int32, JobIds, Lease, OutcomeRecord, RecordedSpan,
-    RunRow, new_run_id
+    BrokerCount, CheckpointRow, DeadLetterOrder, HeldSpan, Int32, JobIds, Lease, OutcomeRecord, QueueSettings,
+    RecordedSpan, RunRow, new_run_id
 )
 from backlog_syphon.model.sending import (
-    BatchStats, DestinationShape, EarlierBatches, ExpiredBeforeSendError, MESSAGE_REFUSAL_REASONS, Outgoing, PacingStats, PartialSendError,
+    BatchStats, DestinationShape, EarlierBatches, ExpiredBeforeSendError, MESSAGE_REFUSAL_REASONS, Outgoing, PacingStats,
+    PartialSendError,
     SendFailure, SendFailureClass, SendShape, THROTTLING_REASONS
 )
 from backlog_syphon.model.migration import (
@@ -31,7 +32,8 @@ __all__ = [
     "AccessRight", "Action", "BacklogState", "CredentialKind", "DEAD_LETTER_REASON_CODES", "DrainHold", "EntityKind",
     "FINAL_OUTCOMES", "LogFormat", "NetworkFailure", "Outcome", "REPORTED_OUTCOMES", "ReasonCode", "RunMode", "RunSource",
     "STAYING_OUTCOMES", "Transport", "TtlPolicy", "BrokerCount", "CheckpointRow", "DeadLetterOrder", "HeldSpan", "Int32", "JobIds", "Lease",
-    "OutcomeRecord", "RecordedSpan", "RunRow", "new_run_id", "BatchStats", "DestinationShape", "EarlierBatches", "ExpiredBeforeSendError",
+    "OutcomeRecord", "QueueSettings", "RecordedSpan", "RunRow", "new_run_id", "BatchStats", "DestinationShape",
+    "EarlierBatches", "ExpiredBeforeSendError",
     "MESSAGE_REFUSAL_REASONS", "Outgoing", "PacingStats", "PartialSendError", "SendFailure", "SendFailureClass",
     "SendShape", "THROTTLING_REASONS", "MessageRules", "MessageState", "SettleKind", "SourceKind",
     "SubscriptionDelivery", "ListedEntity", "ListedSubscription", "NamespaceListing", "Route", "RuleFilter",

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import datetime as dt
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TypedDict
 
@@ -240,3 +240,12 @@ class Lease:
     def is_free_for(self, run_id: str, now: dt.datetime, *, holder_gone: bool = False) -> bool:
         """Whether ``run_id`` may take (or keep) this lease at ``now``; ``holder_gone``: its process is known dead."""
         return self.run_id == run_id or self.expires_at <= now or holder_gone
+
+
+@dataclass(frozen=True)
+class QueueSettings:
+    """What the administration API says of a namespace's queues, by lower-case name: which are partitioned
+    (``enable_partitioning``) and each one's lock duration in seconds; empty where it does not answer."""
+
+    partitioned: frozenset[str] = frozenset()
+    lock_seconds: dict[str, float] = field(default_factory=dict)

@@ -88,6 +88,9 @@ class PurgePlan:
     special: dict[Identity, SettleOrder] = field(default_factory=dict)
     # A session-enabled source: its recorded messages per session (upper bounds after a crash); None elsewhere.
     sessions: dict[str, int] | None = None
+    # The queue's lock duration where the administration API said (seconds): how long recorded messages
+    # locked by an earlier receiver may take to come back (``purge.lock_wait``).
+    lock_seconds: float | None = None
 
     def __post_init__(self):
         if self.expected < 0 or any(span.backlog_queue != self.queue for span in self.spans):

@@ -1,13 +1,21 @@
 """The purge of one queue as a state machine (``PurgeProgress``): how many messages to ask for, what to do
 with each received page (complete, dead-letter, release or pass over), and when the round ends. Pure: the
 receiving and settling is ``servicebus.purge``'s; what to settle is the plan's (``purge.plan``, whose
-docstring states the invariants)."""
+docstring states the invariants).
+
+A round that *misses* recorded messages (a receive brings none of those it expects: it comes back empty, or
+with other messages) does not end on that alone: the I/O side first looks (peeks) how many recorded ones are
+still there (``on_look``). None: the round ends. Some: another receiver holds their locks (a run killed while
+its purge held them), and the round waits for those locks to end, within one lock duration
+(``purge.lock_wait``), before it gives up."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Sequence
 
-from backlog_syphon.partitions import LANES
+from backlog_syphon.partitions import LANES, partition_of
+from backlog_syphon.purge.lock_wait import LockWait
 from backlog_syphon.purge.plan import (
     PARTITIONED_IDLE_RECEIVES,
     RECEIVE_PAGE,
@@ -35,8 +43,9 @@ class PageActions:
     complete: tuple[int, ...]
     dead_letter: tuple[tuple[int, str, str], ...]  # (sequence number, reason code, reason)
     release: tuple[int, ...]
-    stop: bool  # the head of the queue left the plan: ask for nothing more
+    stop: bool  # ask for nothing more (unless a look finds recorded messages still there: ``look``)
     pass_over: tuple[int, ...] = ()  # messages that stay: keep locked until the round ends, then release
+    look: bool = False  # the page missed recorded messages: count those still there (``PurgeProgress.on_look``)
 
 
 def dead_letter_groups(orders: tuple[tuple[int, str, str], ...]) -> list[tuple[tuple[str, str], tuple[int, ...]]]:
@@ -56,6 +65,7 @@ class PurgeProgress:
         self.plan = plan
         self.max_page = page
         self.timing = timing if timing is not None else SettleTiming()
+        self.expected = plan.expected  # recorded messages still there, at most (a look counts them again)
         self.seen = 0  # recorded messages received and settled, or lost (lost ones come back only later)
         self.completed = 0
         self.dead_lettered = 0
@@ -65,15 +75,64 @@ class PurgeProgress:
         self._dead_letters_left = dict(plan.dead_letters)  # -> (reason code, reason): not dead-lettered yet
         self._page: dict[int, Identity] = {}  # the last page's recorded messages, by sequence number
         self._halted = False  # the round ends, whatever is left (see ``stopped``)
+        self._missed = False  # the last receive missed recorded messages: the round ends unless a look says
         self.idle_receives = 0  # receives in a row that brought nothing recorded (a partitioned queue's bound)
         self.late_only = False  # a page ended the round having settled nothing before its deadline
-        self.came_up_empty = False  # a receive brought nothing within its wait: nothing planned is there (now)
+        self.came_up_empty = False  # a look found no recorded message still there (``on_look``)
+        self.lock_wait: LockWait | None = None  # waiting for recorded messages locked elsewhere (``on_look``)
+        self._brought_recorded = True  # the last receive brought recorded messages (or nothing at all)
+        # Per partition, the first unrecorded message received since the last look: recorded ones before it
+        # were skipped by the receives (locked elsewhere), those after it lie behind it.
+        self._first_other: dict[int, int] = {}
 
     @property
     def stopped(self) -> bool:
         """Whether the round is over: every recorded message was seen, or something ended it (an unrecorded
-        message at the head, a passed-over one back, nothing received, nothing settled, locks running out)."""
-        return self._halted or self.seen >= self.plan.expected
+        message at the head, a passed-over one back, nothing received, nothing settled, locks running out),
+        or a receive missed recorded messages (until ``on_look`` says some are still there)."""
+        return self._halted or self._missed or self.seen >= self.expected
+
+    @property
+    def wants_look(self) -> bool:
+        """A receive missed recorded messages the round still expects: before it ends, the I/O side counts
+        how many are still there (``on_look``)."""
+        return self._missed and not self._halted and self.seen < self.expected
+
+    def on_look(self, present: Sequence[Identity], now: float) -> None:
+        """``present``: the messages peeked in the plan's ranges now (those this round settled are gone).
+
+        The recorded ones among them that the receives skipped (nothing came, or only messages after them in
+        their partition) are locked by a receiver this round cannot see (``purge.lock_wait``): the round
+        receives on, waiting for them until one lock duration and a round trip after its first miss, then
+        ends. Recorded ones behind an unrecorded message end the round as always (the purge stops there
+        until it is recorded), and so does finding none."""
+        self._missed = False
+        self.idle_receives = 0
+        recorded = [identity for identity in present if self.plan.holds(identity)]
+        skipped = [identity for identity in recorded
+                   if identity[0] < self._first_other.get(partition_of(identity[0]), identity[0] + 1)]
+        self._first_other = {}
+        self.expected = self.completed + self.dead_lettered + len(recorded)
+        self.came_up_empty = not recorded
+        if not skipped:
+            self._halted = True
+        elif self.lock_wait is None:
+            self.lock_wait = LockWait.start(now, len(skipped), queue_lock=self.plan.lock_seconds,
+                                            seen_lock=self.timing.lock_seconds, round_trip=self.timing.round_trip)
+        elif self.lock_wait.over(now):
+            self._halted = True  # someone alive holds them: a later round tries again
+
+    def receive_wait(self, now: float, default: float) -> float:
+        """How long the next receive may wait for a message: ``default``, or while waiting for locks held
+        elsewhere, until that wait ends (a receive answers as soon as one is available)."""
+        return default if self.lock_wait is None else max(default, self.lock_wait.receive_wait(now))
+
+    def pause_before_receive(self, now: float) -> float:
+        """Seconds to pause before the next receive: while waiting for locks held elsewhere, after a receive
+        that brought only other messages (released: they would come again at once); else none."""
+        if self.lock_wait is None or self._brought_recorded:
+            return 0.0
+        return self.lock_wait.pause(now)
 
     @property
     def page(self) -> int:
@@ -81,7 +140,7 @@ class PurgeProgress:
         left to receive)."""
         left = self._dead_letters_left
         return min(self.max_page, page_size(self.timing.requests_per_page(), max_page=self.max_page,
-                                            remaining=max(1, self.plan.expected - self.seen),
+                                            remaining=max(1, self.expected - self.seen),
                                             dead_letters=len(left), reasons=len(set(left.values()))))
 
     def requests_needed(self) -> int:
@@ -105,7 +164,7 @@ class PurgeProgress:
         if self.plan.passing:
             return page
         held_left = max(0, self.plan.held.count - self.passed) if self.plan.held is not None else 0
-        wanted = self.plan.expected - self.seen + held_left
+        wanted = self.expected - self.seen + held_left
         if self.plan.interleaved:
             # A receive takes each partition's next message in turn: asked for fewer than the partitions, it can
             # bring only partitions whose recorded messages are all settled (their unrecorded ones, released),
@@ -120,13 +179,14 @@ class PurgeProgress:
     def on_page(self, received: list[Identity]) -> PageActions:
         """``received``: the identities of the messages one receive call brought, in any order."""
         self._page = {}
+        self._brought_recorded = not received
         if not received:
             if self.plan.interleaved:  # a partitioned queue's receive can come back empty while messages exist
                 self.idle_receives += 1
-                self._halted = self.idle_receives >= PARTITIONED_IDLE_RECEIVES
-                return PageActions((), (), (), self.stopped)
-            self._halted = self.came_up_empty = True  # nothing came within the wait: what is planned is not there
-            return PageActions((), (), (), True)
+                self._missed = self.idle_receives >= PARTITIONED_IDLE_RECEIVES
+            else:
+                self._missed = True  # nothing came within the wait: what is planned is not there, or locked
+            return PageActions((), (), (), self.stopped, look=self.wants_look)
         complete, dead_letter, release, pass_over = [], [], [], []
         for identity in sorted(received, key=lambda item: item[0]):
             seq = identity[0]
@@ -140,6 +200,10 @@ class PurgeProgress:
                 complete.append(seq)
             else:
                 dead_letter.append((seq, reason[0], reason[1]))
+        self._brought_recorded = bool(self._page)
+        for seq in release:
+            lane = partition_of(seq)
+            self._first_other[lane] = min(seq, self._first_other.get(lane, seq))
         self.released += len(release)
         self.passed += len(pass_over)
         # A passed-over message that comes back was not kept locked after all: stop rather than go round
@@ -151,10 +215,14 @@ class PurgeProgress:
             # Another partition's message says nothing about this one's: go on while receives bring recorded
             # ones, up to a bound of those that bring none (what was released comes round again).
             self.idle_receives = 0 if self._page else self.idle_receives + 1
-            self._halted = bool(again) or self.idle_receives >= PARTITIONED_IDLE_RECEIVES
+            self._halted = bool(again)
+            self._missed = self.idle_receives >= PARTITIONED_IDLE_RECEIVES
         else:
-            self._halted = bool(release) or bool(again) or passed_last
-        return PageActions(tuple(complete), tuple(dead_letter), tuple(release), self.stopped, tuple(pass_over))
+            # Something unrecorded at the head: the recorded ones before it are gone, or locked elsewhere.
+            self._halted = bool(again) or passed_last
+            self._missed = bool(release)
+        return PageActions(tuple(complete), tuple(dead_letter), tuple(release), self.stopped, tuple(pass_over),
+                           look=self.wants_look)
 
     def on_settled(self, completed: int, dead_lettered=(), *, given_back: int = 0) -> None:
         """The last page's settlement: ``completed`` messages completed, the sequence numbers ``dead_lettered``

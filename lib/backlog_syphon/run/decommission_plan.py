@@ -37,7 +37,7 @@ class QueueState:
     messages: int  # an upper bound when not ``exact``
     exact: bool
     exists: bool
-    unsettled: int  # recorded outcomes above the purge mark (``storage.tables.unsettled_by_queue``)
+    unsettled: int  # recorded outcomes above the purge mark (``sink.queue_marks.awaiting_settlement``)
     dead_letters: int
     dead_letters_exact: bool
     exported: int | None = None  # dead-letters acknowledged as exported (backlog.exported_dead_letters)

@@ -19,6 +19,8 @@ from backlog_syphon.restore.destination_fit import session_subscription_warning
 from backlog_syphon.restore.redrive import select_for_redrive
 from backlog_syphon.restore.rules import classify_messages
 from backlog_syphon.run import dry_run_plan
+from backlog_syphon.sink.queue_marks import awaiting_settlement
+from backlog_syphon.sink.spark_ports import held_by_any, read_recovery
 from backlog_syphon.source.data_source import SOURCE_NAME, BacklogDataSource, backlog_source_options
 from backlog_syphon.storage import tables
 
@@ -45,6 +47,10 @@ class DryRunReport:
     # route (its kind, destination and, for a subscription, the delivery chosen)
     per_source: list[dict] | None = None
     routes: dict[str, str] | None = None
+    # Per queue, messages earlier runs recorded (delivered, dead-lettered) that may still wait to be settled:
+    # the next run settles them and sends none again (``sink.queue_marks.awaiting_settlement``); the plan above
+    # leaves them out
+    recorded: dict[str, int] | None = None
 
     def migration_lines(self) -> list[str]:
         """What a migration run would move, per source entity, and where each one's messages go."""
@@ -92,12 +98,17 @@ class DryRunReport:
                        f"{row['to_dead_letter']:>11} {row['to_skip']:>5} {row['to_hold']:>5}  {oldest} .. {newest}")
         if not self.per_destination:
             out.append("  (the dead-letter queues are empty)" if self.per_reason is not None
+                       else "  (nothing to deliver: earlier runs recorded what is there, below)" if self.recorded
                        else "  (the backlog queues are empty)")
         kind = "sources" if self.routes is not None else (
             "dead-letter queues" if self.per_reason is not None else "backlog queues")
         out.append(f"  {kind}: {sum(self.per_queue.values())} messages in "
                    f"{sum(1 for n in self.per_queue.values() if n)} of {len(self.per_queue)} "
                    f"{'entities' if self.routes is not None else 'queues'}")
+        if self.recorded:
+            out.append(f"  recorded by earlier runs, waiting to be settled: {sum(self.recorded.values())} message(s) "
+                       f"in {len(self.recorded)} queue(s), not in the plan above: they were delivered or "
+                       f"dead-lettered, and the next run removes them from the backlog first, sending none again")
         for queue, lanes in sorted((self.per_partition or {}).items()):
             out.append(f"    {queue} is partitioned; read partition by partition, each in order: "
                        + ", ".join(f"partition {partition}: {count}" for partition, count in lanes.items()))
@@ -151,6 +162,9 @@ def dry_run(spark: SparkSession, config: SyphonConfig, *, now: dt.datetime | Non
     now = now or dt.datetime.now(dt.timezone.utc)
     migration = prepare_migration(config)  # a migration's sources and routes (a refused one says so here)
     spark.dataSource.register(BacklogDataSource)
+    # What earlier runs recorded and may not have settled: the next run drops those rows (by identity) and
+    # settles them, so they are counted apart, not planned.
+    recorded = read_recovery(spark, config.storage, migration)[0].unsettled
     snapshot = spark.read.format(SOURCE_NAME).options(**backlog_source_options(config, migration=migration)).load()
     shapes = destination_shapes(config.primary)
     if migration.sources and migration.copy:
@@ -169,13 +183,14 @@ def dry_run(spark: SparkSession, config: SyphonConfig, *, now: dt.datetime | Non
     classified = classified.persist()
     try:
         per_queue, per_partition = dry_run_plan.by_partition(dry_run_plan.partition_counts(classified).collect())
-        deliverable = classified.where(F.col("action") == Action.DELIVER)
+        to_plan = classified.where(~held_by_any(recorded)) if recorded else classified
+        deliverable = to_plan.where(F.col("action") == Action.DELIVER)
         destinations = [row[0] for row in deliverable.select("destination").distinct().collect()]
         sessionless = [row[0] for row in deliverable.where(F.col("session_id").isNull()).select("destination")
                        .distinct().collect()]
         checks = check_destinations(config.primary, destinations) if destinations else {}
         planned = dry_run_plan.apply_destination_checks(
-            classified,
+            to_plan,
             problems={d: dry_run_plan.DestinationProblem(c.failure.reason_code, c.failure.reason)
                       for d, c in checks.items() if c.failure is not None and not c.failure.transient},
             max_sizes={d: c.max_message_size for d, c in checks.items() if c.max_message_size})
@@ -190,7 +205,7 @@ def dry_run(spark: SparkSession, config: SyphonConfig, *, now: dt.datetime | Non
             batch_bound=batch_bound(spark, config), destination_map=dict(config.restore.destination_map),
             renamed=[row.asDict() for row in dry_run_plan.renamed_destinations(planned).collect()],
             per_reason=[row.asDict() for row in dry_run_plan.redrive_summary(planned).collect()]
-            if config.redriving else None,
+            if config.redriving else None, recorded=awaiting_settlement(recorded),
             destination_warnings=tuple(warning for destination in sorted(sessionless)
                                        if destination.lower() in shapes
                                        for warning in [session_subscription_warning(shapes[destination.lower()])]

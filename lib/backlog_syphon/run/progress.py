@@ -36,21 +36,26 @@ class ProgressPoint:
     batch_id: int
     at: dt.datetime
     stats: BatchStats | None  # None: the batch had no messages
-    remaining: dict[str, int]  # backlog queue -> sequence numbers behind its tail
+    # backlog queue -> sequence numbers behind its tail; None: not measured (no tail reported for every queue)
+    remaining: dict[str, int] | None
 
     @property
-    def remaining_total(self) -> int:
-        return sum(self.remaining.values())
+    def remaining_total(self) -> int | None:
+        return None if self.remaining is None else sum(self.remaining.values())
 
 
-def behind_latest(end_offset: str | None, latest_offset: str | None) -> dict[str, int]:
+def behind_latest(end_offset: str | None, latest_offset: str | None) -> dict[str, int] | None:
     """Per queue, how many sequence numbers lie between the batch's end and the queue's tail.
 
-    An upper bound on the messages left (sequence numbers of removed messages count too); zero
-    when the source has not reported a tail (Spark before 4.2).
+    An upper bound on the messages left (sequence numbers of removed messages count too). None where the
+    source has not reported a tail for every queue of the batch: Spark before 4.2 (no reported latest
+    offset), and the first batch of a resumed run, which Spark replays before the source has probed
+    anything. A zero nobody measured would tell an operator the backlog is drained.
     """
     end, latest = _offsets(end_offset), _offsets(latest_offset)
-    return {queue: max(0, offset_position(latest.get(queue, value)) - offset_position(value))
+    if not end or any(queue not in latest for queue in end):
+        return None
+    return {queue: max(0, offset_position(latest[queue]) - offset_position(value))
             for queue, value in sorted(end.items())}
 
 
@@ -64,21 +69,24 @@ def _offsets(text: str | None) -> dict:
 
 
 def progress_line(point: ProgressPoint) -> str:
-    remaining = ", ".join(f"{queue.rsplit('/', 1)[-1]}:{count}" for queue, count in point.remaining.items() if count)
+    """The batch's line; ``remaining`` only where it was measured (``behind_latest``)."""
+    left = ""
+    if point.remaining is not None:
+        behind = ", ".join(f"{queue.rsplit('/', 1)[-1]}:{count}" for queue, count in point.remaining.items() if count)
+        left = f"; remaining {point.remaining_total}" + (f" ({behind})" if behind else "")
     stats = point.stats
     if stats is None:
-        return f"batch {point.batch_id}: idle; remaining {point.remaining_total}"
+        return f"batch {point.batch_id}: idle{left}"
     age = "-" if stats.oldest_enqueued is None else f"{(point.at - stats.oldest_enqueued).total_seconds():.0f}s"
     return (f"batch {point.batch_id}: delivered {stats.delivered}, dead-lettered {stats.dead_lettered}, "
             f"skipped {stats.skipped}, " + (f"held {stats.held}, " if stats.held else "")
-            + f"replayed {stats.replayed}; oldest message age {age}; "
-            f"{send_rate_text(stats)}; remaining {point.remaining_total}"
-            + (f" ({remaining})" if remaining else ""))
+            + f"replayed {stats.replayed}; oldest message age {age}; {send_rate_text(stats)}{left}")
 
 
 def progress_fields(point: ProgressPoint) -> dict:
     """The progress line's facts, as fields of its JSON log line (``run.logs``)."""
-    fields = {"event": "batch", "batch_id": point.batch_id, "remaining": dict(point.remaining),
+    fields = {"event": "batch", "batch_id": point.batch_id,
+              "remaining": None if point.remaining is None else dict(point.remaining),
               "remaining_total": point.remaining_total}
     stats = point.stats
     if stats is None:

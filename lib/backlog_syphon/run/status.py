@@ -20,6 +20,8 @@ from pyspark.sql import SparkSession
 from backlog_syphon.config import SyphonConfig
 from backlog_syphon.model import MigrationPlan, SourceKind
 from backlog_syphon.restore.queue_names import backlog_queue_names
+from backlog_syphon.sink.queue_marks import awaiting_settlement
+from backlog_syphon.sink.spark_ports import read_recovery
 from backlog_syphon.run.status_report import QueueStatus, StatusReport, audit_read_floor, removed_by_decommission
 from backlog_syphon.storage import tables
 
@@ -66,7 +68,8 @@ def status(spark: SparkSession, config: SyphonConfig, *, now: dt.datetime | None
     if config.restore.skip_destinations and any(count.messages for count in backlog.values()):
         held = tables.held_by_destination(spark, storage.audit_table, checkpoint, config.restore.skip_destinations,
                                           since=since)
-    unsettled = tables.unsettled_by_queue(spark, storage.audit_table, checkpoint, since)
+    # Counted as the dry run counts it, from what a run would begin with (``sink.spark_ports.read_recovery``).
+    unsettled = awaiting_settlement(read_recovery(spark, storage, migration, since=since)[0].unsettled)
     return StatusReport(
         at=at, backlog=tuple(QueueStatus(queue, count, checkpoint.get(queue)) for queue, count in backlog.items()),
         dead_letters=tuple(QueueStatus(queue, count) for queue, count in dead_letters.items()),

@@ -62,7 +62,7 @@ class StatusReport:
     # back with that last commit, so a lease of that run is free although its row has not expired.
     ended_run_id: str | None = None
     # Per backlog queue, messages recorded with a final outcome above its purge mark: not known settled yet
-    # (``storage.tables.unsettled_by_queue``); and the dead-letters an operator acknowledged as exported
+    # (``sink.queue_marks.awaiting_settlement``); and the dead-letters an operator acknowledged as exported
     # (backlog.exported_dead_letters). Both decide whether the backlog is safe to remove.
     unsettled: Mapping[str, int] = field(default_factory=dict)
     exported: Mapping[str, int] = field(default_factory=dict)

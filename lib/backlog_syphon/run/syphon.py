@@ -20,23 +20,22 @@ from pyspark.sql.streaming import StreamingQuery
 
 from backlog_syphon.config import AVAILABLE_NOW, SyphonConfig, trigger_options
 from backlog_syphon.errors import SettingsError
-from backlog_syphon.model import NO_MIGRATION, DestinationShape, JobIds, MigrationPlan, new_run_id
+from backlog_syphon.model import NO_MIGRATION, JobIds, MigrationPlan, new_run_id
 from backlog_syphon.run.fence import LeaseKeeper
 from backlog_syphon.run.progress import SyphonProgressListener, follow_progress
 from backlog_syphon.run.run_records import AuditRecords, RunSummary, SinkRecords
+from backlog_syphon.run.run_start import StartGates
 from backlog_syphon.run.runs import RunRecorder
+from backlog_syphon.run.start_ports import SparkStartPorts
 from backlog_syphon.run.spark_session import is_connect, spark_line
 from backlog_syphon.sink.fault_plan import FaultPlan
-from backlog_syphon.sink.foreach_batch import DeliverySink
-from backlog_syphon.sink.micro_batch import NOTHING_RECORDED, Recovery
-from backlog_syphon.sink.spark_ports import read_recovery
+from backlog_syphon.sink.foreach_batch import DeliverySink, settle_before_start
+from backlog_syphon.sink.micro_batch import NOTHING_RECORDED
 from backlog_syphon.source.data_source import (
     READ_LIMITS_SUPPORTED,
     SOURCE_NAME,
-    BacklogDataSource,
     backlog_queues,
     backlog_source_options,
-    start_planners,
 )
 from backlog_syphon.source.options import SourceOptions
 from backlog_syphon.storage import tables
@@ -47,104 +46,22 @@ logger = logging.getLogger(__name__)
 EMULATED_AVAILABLE_NOW_TRIGGER = "1 second"  # between batches of a played available-now run
 
 
-class StartGates:
-    """What must hold before the query starts: the tables exist, this run holds the lease (kept by a
-    heartbeat from then on), the driver and an executor reach both namespaces, and the source is
-    registered, with Spark's Python processes for planning it started (``start_planners``). The four run
-    in background threads from construction (the pre-flights' round trips and the Python starts overlap
-    the lease's Delta commits); ``wait`` joins them. The state tables are read (``read_recovery``:
-    ``recovery`` and ``look_back``) while the lease's commit is written: from the moment the lease is
-    found free nobody else writes them.
+def start_gates(spark: SparkSession, config: SyphonConfig, keeper: LeaseKeeper, timeline: Timeline, *,
+                check_access: bool, on_wait: Callable[[str], None] | None,
+                migration: MigrationPlan = NO_MIGRATION) -> StartGates:
+    """What must hold before the query starts (``run.run_start``), checked on Spark, Delta and Service Bus,
+    its steps at once; raises what failed, having given the lease back."""
+    from concurrent.futures import ThreadPoolExecutor
 
-    The query itself does not start before the lease is taken: its streaming checkpoint is shared by
-    every run of the backlog, and two runs that both found the lease free would both write to it.
-    """
-
-    def __init__(self, spark: SparkSession, config: SyphonConfig, keeper: LeaseKeeper, timeline: Timeline, *,
-                 check_access: bool, on_wait: Callable[[str], None] | None,
-                 migration: MigrationPlan = NO_MIGRATION):
-        from concurrent.futures import Future, ThreadPoolExecutor
-
-        from backlog_syphon.servicebus.entities import destination_shapes, partitioned_queue_names
-        from backlog_syphon.servicebus.probes import executor_preflight, preflight
-
-        self.spark, self.keeper = spark, keeper
-        storage = config.storage
-        self.state_is_new = False  # nothing was ever recorded in the state tables (``tables.create_tables``)
-        # What the first batch recovers from, and the queues where earlier runs held messages for skipped
-        # destinations (the source reads them again from their first message).
-        self.recovery: Recovery = NOTHING_RECORDED
-        self.look_back: tuple[str, ...] = ()
-        # What the destinations take, and which backlog queues are partitioned, where each namespace's
-        # administration API says (``servicebus.entities``).
-        self.destination_shapes: dict[str, DestinationShape] = {}
-        self.partitioned_queues: frozenset[str] = frozenset()
-
-        # A migration run's plan goes with its state read and its pre-flight; a backlog run's calls stay as they were.
-        planned = {"migration": migration} if migration.sources else {}
-
-        def check_driver() -> None:
-            if check_access:
-                preflight(config, **planned)
-
-        def check_executors() -> None:
-            executor_preflight(spark, config)
-            timeline.mark(Milestone.PREFLIGHT_DONE)
-
-        def read_shapes() -> None:
-            self.destination_shapes = destination_shapes(config.primary)
-
-        def read_partitioning() -> None:
-            if not migration.sources:  # a migration run knows its sources' from the listing they were selected in
-                self.partitioned_queues = partitioned_queue_names(config.secondary)
-
-        def prepare_source() -> None:
-            spark.dataSource.register(BacklogDataSource)
-            if not is_connect(spark):  # a Connect server plans the source itself: nothing here to start early
-                start_planners(spark)
-            timeline.mark(Milestone.SOURCE_READY)
-
-        def take_lease() -> None:
-            created = tables.create_tables(spark, storage.audit_table, storage.checkpoint_table,
-                                           storage.resolved_lease_table, retention_days=storage.table_retention_days)
-            timeline.mark(Milestone.TABLES_READY)
-            tables_new = {storage.audit_table, storage.checkpoint_table} <= created
-            reads: list[Future] = []  # one per time the lease was found free: the last one counts
-            reader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="state-read")
-            try:
-                lease = keeper.acquire(
-                    spark, wait=config.run.wait_for_lease, on_wait=on_wait,
-                    table_created=storage.resolved_lease_table in created,
-                    on_free=None if tables_new else lambda: reads.append(reader.submit(read_recovery, spark,
-                                                                                       storage, **planned)))
-                timeline.mark(Milestone.LEASE_TAKEN)
-                if not tables_new:  # under the lease: its property commit fails no other run's append
-                    tables.set_upkeep_properties(spark, storage.audit_table, storage.checkpoint_table,
-                                                 storage.resolved_lease_table,
-                                                 retention_days=storage.table_retention_days)
-                self.state_is_new = tables_new and lease.epoch == 1
-                keeper.start_heartbeat(spark)
-                if reads:
-                    self.recovery, self.look_back = reads[-1].result()
-                elif not self.state_is_new:  # this run created the tables, but the lease had a holder before
-                    self.recovery, self.look_back = read_recovery(spark, storage, **planned)
-            finally:
-                reader.shutdown(wait=False)
-
-        pool = ThreadPoolExecutor(max_workers=6, thread_name_prefix="start")
-        self._checks = (pool.submit(check_driver), pool.submit(check_executors), pool.submit(prepare_source),
-                        pool.submit(read_shapes), pool.submit(read_partitioning))
-        self._leased = pool.submit(take_lease)
+    pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="start")  # the steps, and the state's reads
+    try:
+        gates = StartGates(SparkStartPorts(spark, config, keeper, timeline, on_wait=on_wait, migration=migration),
+                           pool.submit,
+                           check_access=check_access, nothing_recorded=NOTHING_RECORDED)
+        gates.wait()
+    finally:
         pool.shutdown(wait=False)  # the threads end with their work
-
-    def wait(self) -> None:
-        """Return once all passed; else give the lease back (if it was taken) and raise the failure: a
-        pre-flight's first (it says what to fix), else the lease's."""
-        failures = [future.exception() for future in (*self._checks, self._leased)]  # waits for each
-        failure = next((failure for failure in failures if failure is not None), None)
-        if failure is not None:
-            self.keeper.release(self.spark)
-            raise failure
+    return gates
 
 
 def run_config(config: SyphonConfig, run_id: str) -> SyphonConfig:
@@ -271,21 +188,19 @@ def start_syphon(spark: SparkSession, config: SyphonConfig, *, run_id: str | Non
                          lease_seconds=config.run.lease_seconds, checkpoint_table=storage.checkpoint_table)
     migration = prepare_migration(config)
 
-    gates = StartGates(spark, config, keeper, timeline, check_access=check_access, on_wait=on_wait,
-                       migration=migration)
-    gates.wait()
+    gates = start_gates(spark, config, keeper, timeline, check_access=check_access, on_wait=on_wait,
+                        migration=migration)
     if migration.sources and not config.redriving:
         check_fan_out(config, migration, keeper, spark)
         move_states(config, migration, keeper, spark)
     stop_file = os.path.join(tempfile.gettempdir(), f"backlog-syphon-stop-{run_id}")
-    # What the start read serves the first batch only where the sink lives in this process for the whole
-    # run; a Connect server's copy of the sink reads the tables itself.
     sink = DeliverySink(config, run_id=run_id, lease_keeper=keeper, settle_in_batch=is_connect(spark),
                         stop_file=stop_file, timeline=timeline, state_is_new=gates.state_is_new,
-                        recovery_at_start=None if is_connect(spark) else gates.recovery,
-                        destination_shapes=gates.destination_shapes, partitioned_queues=gates.partitioned_queues,
+                        destination_shapes=gates.destination_shapes, partitioned_queues=gates.queue_settings.partitioned,
+                        lock_seconds=gates.queue_settings.lock_seconds,
                         fault_plan=FaultPlan.from_environment(os.environ),  # a test's, read once here
                         migration=migration)
+    settle_recorded(spark, config, sink, gates, run_id, migration)
     records = AuditRecords(spark, storage.audit_table, run_id) if is_connect(spark) else SinkRecords(sink)
     listener = SyphonProgressListener(records.batch_stats, query_name=config.run.query_name, log_lines=log_progress)
     spark.streams.addListener(listener)
@@ -314,6 +229,7 @@ def start_syphon(spark: SparkSession, config: SyphonConfig, *, run_id: str | Non
         query = start_query(writer.start)
     except BaseException:
         spark.streams.removeListener(listener)
+        sink.wait_for_purges()  # nothing settles under a lease given back
         keeper.release(spark)
         raise
     timeline.mark(Milestone.QUERY_STARTED)
@@ -369,6 +285,27 @@ def move_states(config: SyphonConfig, migration: MigrationPlan, keeper: LeaseKee
     except BaseException:
         keeper.release(spark)
         raise
+
+
+def settle_recorded(spark: SparkSession, config: SyphonConfig, sink: DeliverySink, gates: StartGates,
+                    run_id: str, migration: MigrationPlan = NO_MIGRATION) -> None:
+    """Under the lease, before the query starts: what earlier runs recorded and did not settle (what the start
+    read, ``StartGates.recovery``) is purged whether or not the run finds anything new to read, so an
+    available-now run after a killed one ends drained. Where the sink lives in this process (classic Spark)
+    in the background, beside the first batch (``DeliverySink.begin``); where it lives in a Spark Connect
+    server, here and now, its marks written for the server's first batch to read (``settle_before_start``).
+    A run on fresh state pays nothing."""
+    if is_connect(spark):
+        waiting = settle_before_start(spark, config, gates.recovery, run_id=run_id,
+                                      partitioned_queues=gates.queue_settings.partitioned,
+                                      lock_seconds=gates.queue_settings.lock_seconds, migration=migration)
+    else:
+        waiting = sink.begin(gates.recovery)
+    if waiting:
+        queues = {span.backlog_queue for span in gates.recovery.unsettled}
+        logger.info("earlier runs recorded up to %d message(s) in %d backlog queue(s) that may not be settled yet: "
+                    "%s", waiting, len(queues), "settled before the query started" if is_connect(spark)
+                    else "this run settles them first, beside its first batch")
 
 
 # Spark waits a fixed 10 s (no setting changes it) for the Python process it starts for a streaming

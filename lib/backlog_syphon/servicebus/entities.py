@@ -1,4 +1,5 @@
-"""What the primary namespace's queues and topics take, read from its administration API once per run.
+"""What the primary namespace's queues and topics take, and the secondary's backlog queues' settings (partitioned
+or not, their lock durations), read from the administration API once per run.
 
 The send's shape should fit the destination before the first refusal (``restore.destination_fit``): a
 session-enabled queue refuses a message without SessionId, a partitioned entity with duplicate detection
@@ -13,7 +14,7 @@ from __future__ import annotations
 import logging
 
 from backlog_syphon.config import NamespaceConfig
-from backlog_syphon.model import DestinationShape, EntityKind
+from backlog_syphon.model import DestinationShape, EntityKind, QueueSettings
 from backlog_syphon.restore.queue_names import owning_queue
 from backlog_syphon.restore.destination_fit import by_name
 from backlog_syphon.servicebus.access import discovery_refused, shapes_unread_line
@@ -55,17 +56,26 @@ def _bytes(kilobytes: int | None) -> int | None:
     return None if not kilobytes else int(kilobytes) * 1024
 
 
+def queue_settings(namespace: NamespaceConfig) -> QueueSettings:
+    """``namespace``'s queues as the administration API describes them (one listing); empty where it does not
+    answer: the partition bits of the sequence numbers seen tell then, and the locks the purge sees."""
+    try:
+        with administration_client(namespace) as admin:
+            queues = list(admin.list_queues())
+    except Exception as exc:  # noqa: BLE001 - best effort: the sequence numbers and the locks seen tell as well
+        logger.info("backlog queues' settings unavailable from the administration API (%s); the partition bits of "
+                    "their sequence numbers and the locks the purge sees tell instead", type(exc).__name__)
+        return QueueSettings()
+    return QueueSettings(frozenset(queue.name.lower() for queue in queues if queue.enable_partitioning),
+                         {queue.name.lower(): queue.lock_duration.total_seconds() for queue in queues
+                          if queue.lock_duration is not None})
+
+
 def partitioned_queue_names(namespace: NamespaceConfig) -> frozenset[str]:
     """The lower-case names of ``namespace``'s queues the administration API calls partitioned
     (``enable_partitioning``); empty where it does not answer: the partition bits of the sequence numbers
     seen then tell."""
-    try:
-        with administration_client(namespace) as admin:
-            return frozenset(queue.name.lower() for queue in admin.list_queues() if queue.enable_partitioning)
-    except Exception as exc:  # noqa: BLE001 - best effort: the sequence numbers tell as well
-        logger.info("backlog queues' partitioning unavailable from the administration API (%s); the partition "
-                    "bits of their sequence numbers tell", type(exc).__name__)
-        return frozenset()
+    return queue_settings(namespace).partitioned
 
 
 def partitioned_queues(namespace: NamespaceConfig, queues) -> set[str]:

@@ -15,6 +15,9 @@ Invariants:
 - Messages passed over are released before their own locks end: the next page is received only while it
   and the releases fit before that (``SettleTiming.receive_wait_while_passing``).
 - Every request is timed, and the timing is kept for the queue's next rounds.
+- A round that misses recorded messages peeks for them before it ends (``PurgeProgress.on_look``); those
+  another receiver holds locked (a killed run's) are waited for, within one lock duration, with receives
+  that answer as soon as they come back (``purge.lock_wait``), and the wait is said on one line.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import datetime as dt
 import logging
 import time
 from dataclasses import dataclass
+from typing import Callable
 
 from azure.servicebus.exceptions import (
     MessageLockLostError,
@@ -66,7 +70,7 @@ DESCRIPTION_LIMIT = 1024  # characters of a reason kept as the DeadLetterErrorDe
 
 
 def purge_backlog(namespace: NamespaceConfig, plan: PurgePlan, *, timing: SettleTiming | None = None,
-                  max_wait_seconds: float = 5.0) -> PurgeResult:
+                  max_wait_seconds: float = 5.0, on_completions_sent: Callable[[], None] | None = None) -> PurgeResult:
     """Settle what ``plan`` says in one backlog queue: complete or dead-letter recorded messages only.
 
     Receives in PeekLock exactly as many as are planned, settles those the plan holds, releases the
@@ -75,15 +79,16 @@ def purge_backlog(namespace: NamespaceConfig, plan: PurgePlan, *, timing: Settle
     A queue that no longer exists holds none of the plan's messages: everything is settled. ``timing``:
     what this queue's earlier rounds measured (updated here). The migration mode's recorded scheduled and
     deferred messages are settled by their own means first (``_settle_special``), and a session-enabled source
-    session by session (``_purge_sessions``).
+    session by session (``_purge_sessions``). ``on_completions_sent``: called after the completions of a page
+    that has dead-letterings too, before those (where a test may stop the process).
     """
     timing = timing if timing is not None else SettleTiming()
     for fresh_link in (False, True):
         try:
             if plan.sessions is not None or _cancels_only(plan):
-                return _purge_sessions(namespace, plan, timing, max_wait_seconds)
+                return _purge_sessions(namespace, plan, timing, max_wait_seconds, on_completions_sent)
             with pooled_receiver(namespace, plan.queue, purpose="settle") as receiver:  # a failed link leaves the pool
-                return _purge(namespace, receiver, plan, timing, max_wait_seconds)
+                return _purge(namespace, receiver, plan, timing, max_wait_seconds, on_completions_sent)
         except (MessagingEntityNotFoundError, BacklogQueueMissingError):
             # A pooled link to a queue deleted and created since says "not found" too: ask once on a fresh one.
             if fresh_link:
@@ -100,11 +105,12 @@ def _cancels_only(plan: PurgePlan) -> bool:
 
 
 def _purge(namespace: NamespaceConfig, receiver, plan: PurgePlan, timing: SettleTiming,
-           max_wait_seconds: float) -> PurgeResult:
+           max_wait_seconds: float, on_completions_sent: Callable[[], None] | None) -> PurgeResult:
     if plan.verify and (plan.expected or plan.special):
         plan = plan.verified(_present(namespace, receiver, plan))
     special = _settle_special(namespace, receiver, plan, timing, {ANY_SESSION: receiver}, session=ANY_SESSION)
-    progress = _receive_round(receiver, plan, timing, max_wait_seconds)
+    progress = _receive_round(receiver, plan, timing, max_wait_seconds, on_completions_sent,
+                              present=lambda: _present(namespace, receiver, plan))
     # Whatever could not be settled (lock lost, not there yet) is still there: look, don't count. An empty
     # answer where the round left something is looked at twice (a peek may come back empty while messages
     # exist). The peeks are also the barrier behind any transfer still on its way (see revoke_credit).
@@ -114,15 +120,22 @@ def _purge(namespace: NamespaceConfig, receiver, plan: PurgePlan, timing: Settle
     return special.added_to(progress.result(heads))
 
 
-def _receive_round(receiver, plan: PurgePlan, timing: SettleTiming, max_wait_seconds: float) -> PurgeProgress:
+def _receive_round(receiver, plan: PurgePlan, timing: SettleTiming, max_wait_seconds: float,
+                   on_completions_sent: Callable[[], None] | None, *, present: Callable[[], list]) -> PurgeProgress:
     """Receive what ``plan`` expects and settle what it holds, page by page, within the locks (the purge's round
-    on one receiver: the queue's, or one session's)."""
+    on one receiver: the queue's, or one session's). ``present``: peeks the identities still in the plan's ranges
+    where this receiver could receive them (a look, ``_look``)."""
     progress = PurgeProgress(plan, timing=timing)
     passed_over: list = []  # messages that stay (held, or left by a re-drive): locked until the round ends
     revoke_credit(receiver)  # the link's attach gave the broker one credit of its own
     try:
-        while credit := progress.credit():
-            wait = max_wait_seconds
+        while (credit := progress.credit()) or progress.wants_look:
+            if not credit:
+                _look(present, plan, progress)
+                continue
+            time.sleep(progress.pause_before_receive(time.time()))
+            waiting = progress.lock_wait is not None  # the receive may wait until locks held elsewhere end
+            wait = progress.receive_wait(time.time(), max_wait_seconds)
             if passed_over:
                 wait = timing.receive_wait_while_passing(lock_end_of(passed_over) - time.time(),
                                                          progress.requests_needed())
@@ -133,10 +146,12 @@ def _receive_round(receiver, plan: PurgePlan, timing: SettleTiming, max_wait_sec
             started, began = time.time(), time.monotonic()
             page = receiver.receive_messages(max_message_count=credit, max_wait_time=wait)
             revoke_credit(receiver)  # a call that returns early leaves the rest of its credit open
-            if page:  # an empty one waited out its time, which says nothing about the link
+            if page and not waiting:  # an empty one waited out its time, which says nothing about the link;
+                # nor does one that waited for locks to end
                 lock_end = first_lock_end(page)
                 timing.observed_page(time.monotonic() - began, None if lock_end is None else lock_end - started)
-            _settle_page(receiver, plan, progress, timing, page, passed_over, started)
+            _settle_page(receiver, plan, progress, timing, page, passed_over, time.time() if waiting else started,
+                         on_completions_sent)
     finally:
         _release_passed_over(receiver, plan, passed_over)
     if progress.page < 1 or progress.late_only:
@@ -149,7 +164,7 @@ def _receive_round(receiver, plan: PurgePlan, timing: SettleTiming, max_wait_sec
 
 
 def _purge_sessions(namespace: NamespaceConfig, plan: PurgePlan, timing: SettleTiming,
-                    max_wait_seconds: float) -> PurgeResult:
+                    max_wait_seconds: float, on_completions_sent: Callable[[], None] | None) -> PurgeResult:
     """The purge of a source whose messages no plain receive link can settle: a session-enabled entity, session by
     session (each session's receiver takes its lock, receives exactly its recorded count, settles what a span holds
     and releases the rest), and a topic, whose recorded messages are all scheduled ones. What is left is looked at
@@ -174,11 +189,17 @@ def _purge_sessions(namespace: NamespaceConfig, plan: PurgePlan, timing: SettleT
                     special = special.plus(in_session)
                     count = sessions.get(session, 0)
                     if count:
-                        progress = _receive_round(receiver, plan.in_session(session, count), timing, max_wait_seconds)
+                        in_plan = plan.in_session(session, count)
+                        # A look peeks this session only (its receiver's peeks are the session's).
+                        progress = _receive_round(
+                            receiver, in_plan, timing, max_wait_seconds, on_completions_sent,
+                            present=lambda: [identity for span in in_plan.ranges
+                                             for identity in peek_identities(receiver, *span)])
                         totals = PurgeResult(totals.completed + progress.completed,
                                              totals.dead_lettered + progress.dead_lettered,
                                              totals.released + progress.released, (), ())
-                        # Nothing more came: what the count still expects is not there (settled before a crash).
+                        # A look found none of its recorded messages left: what the count still expects is not there
+                        # (settled before a crash).
                         settled[session] = count if progress.came_up_empty else progress.completed + \
                             progress.dead_lettered
                     receivers.pop(session, None)
@@ -288,6 +309,23 @@ def receive_deferred(receiver, sequence_numbers: list[int]) -> list:
         return found
 
 
+def _look(present: Callable[[], list], plan: PurgePlan, progress: PurgeProgress) -> None:
+    """A receive missed recorded messages: peek what is still in the plan's ranges (``PurgeProgress.on_look``),
+    and say when the round starts waiting for locks another receiver holds, and when it gives up."""
+    waiting, now = progress.lock_wait, time.time()
+    progress.on_look(present(), now)
+    wait = progress.lock_wait
+    if wait is not None and waiting is None:
+        logger.warning("backlog=%s: %d recorded message(s) are in the queue but locked by an earlier receiver (a run "
+                       "that ended without settling them, or a lost link): waiting up to %.0f s for their locks to end "
+                       "(a lock of %.0f s%s, and a round trip)", plan.queue, wait.locked, wait.bound_seconds,
+                       wait.lock_seconds,
+                       "" if wait.lock_known else ", the service's longest: this queue's is not known")
+    elif wait is not None and progress.stopped and wait.over(now):
+        logger.warning("backlog=%s: recorded message(s) still locked after %.0f s, longer than their lock: another "
+                       "receiver holds them; the next purge round tries again", plan.queue, wait.bound_seconds)
+
+
 def _present(namespace: NamespaceConfig, receiver, plan: PurgePlan) -> list:
     """The identities of the messages still in the plan's ranges (``PurgePlan.ranges``), peeked. A partitioned
     queue's partitions are walked at once, each on its lane's pooled peek link: a peek may answer one message
@@ -305,7 +343,7 @@ def _present(namespace: NamespaceConfig, receiver, plan: PurgePlan) -> list:
 
 
 def _settle_page(receiver, plan: PurgePlan, progress: PurgeProgress, timing: SettleTiming, page: list,
-                 passed_over: list, received_at: float) -> None:
+                 passed_over: list, received_at: float, on_completions_sent: Callable[[], None] | None) -> None:
     page = latest_deliveries(receiver, plan.queue, page)
     by_seq = {message.sequence_number: message for message in page}
     actions = progress.on_page([received_identity(message) for message in page])
@@ -316,6 +354,8 @@ def _settle_page(receiver, plan: PurgePlan, progress: PurgeProgress, timing: Set
     if passed_over:  # their releases go out after this page's last answer, before their own locks end
         deadline = min(deadline, timing.deadline(lock_end_of(passed_over)) - (timing.round_trip or 0.0))
     completion = settle_all(receiver, [by_seq[seq] for seq in actions.complete], deadline, timing, None)
+    if on_completions_sent is not None and actions.dead_letter:
+        on_completions_sent()
     settlements = [completion]
     for (code, reason), seqs in dead_letter_groups(actions.dead_letter):
         settlements.append(settle_all(receiver, [by_seq[seq] for seq in seqs], deadline, timing, (code, reason)))

@@ -10,6 +10,8 @@ The variables (what the integration tests set on the job):
   it appends ``<point> <pid>`` to the file named by ``SYPHON_FAULT_MARKER`` and stops there, so a test
   can SIGKILL it; with ``SYPHON_FAULT_PAUSE_SECONDS`` it goes on after that long instead, or as soon as
   the test removes the marker.
+- ``SYPHON_FAULT_PAUSE_PURGE_FROM_BATCH=<batch id>``: with ``mid_settle``, only a purge round that settles
+  messages of that batch or a later one stops (the last batch's purge, say), not the first round to get there.
 - ``SYPHON_FAULT_LOSE_TASK_AT=mid_send`` ends a send task's first attempt after its first send, as a
   lost executor would.
 
@@ -25,6 +27,7 @@ from backlog_syphon.sink.micro_batch import CrashPoint
 
 PAUSE_AT = "SYPHON_FAULT_PAUSE_AT"
 PAUSE_SECONDS = "SYPHON_FAULT_PAUSE_SECONDS"
+PAUSE_PURGE_FROM_BATCH = "SYPHON_FAULT_PAUSE_PURGE_FROM_BATCH"
 MARKER = "SYPHON_FAULT_MARKER"
 LOSE_TASK_AT = "SYPHON_FAULT_LOSE_TASK_AT"
 
@@ -38,6 +41,7 @@ class FaultPlan:
     marker: str | None = None  # the file the paused process writes to, and whose removal lets it go on
     pause_seconds: float | None = None  # None: it stops for good (until killed)
     lose_task_at: CrashPoint | None = None  # where a send task's first attempt ends, as a lost executor
+    pause_purge_from_batch: int = 0  # ``mid_settle``: the first batch whose purge round stops
 
     @classmethod
     def from_environment(cls, environ: Mapping[str, str]) -> FaultPlan:
@@ -45,7 +49,12 @@ class FaultPlan:
         pause = environ.get(PAUSE_SECONDS) or None
         return cls(pause_at=_crash_point(environ, PAUSE_AT), marker=environ.get(MARKER) or None,
                    pause_seconds=None if pause is None else float(pause),
-                   lose_task_at=_crash_point(environ, LOSE_TASK_AT))
+                   lose_task_at=_crash_point(environ, LOSE_TASK_AT),
+                   pause_purge_from_batch=int(environ.get(PAUSE_PURGE_FROM_BATCH) or 0))
+
+    def pauses_purge_of(self, batch_ids) -> bool:
+        """Whether a purge round settling messages of these batches stops inside its settlement."""
+        return self.pause_at == CrashPoint.MID_SETTLE and max(batch_ids, default=-1) >= self.pause_purge_from_batch
 
 
 NO_FAULTS = FaultPlan()

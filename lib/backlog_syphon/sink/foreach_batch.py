@@ -1,9 +1,12 @@
 """The foreachBatch sink: ``DeliverySink``, what Spark calls once per micro-batch, on the driver.
 
-Per batch it builds the batch's ports (``sink.spark_ports``: Spark, Delta and the send tasks) and runs
-the batch's state machine on them (``sink.micro_batch``, whose order and failure cases are these):
-- recover (a run's first batch): the checkpoint table, and the audit rows above each queue's purge
-  mark, aggregated into recorded spans;
+At a run's start (``DeliverySink.begin``) it takes what the run read of the tables (the checkpoint table,
+and the audit rows above each queue's purge mark, aggregated into recorded spans) and starts purging what
+earlier runs recorded and did not settle, in the background; over Spark Connect, where the sink lives in
+the server, that is settled before the query starts (``settle_before_start``). Per batch it builds the
+batch's ports (``sink.spark_ports``: Spark, Delta and the send tasks) and runs the batch's state machine on
+them (``sink.micro_batch``, whose order and failure cases are these):
+- recover (a Connect server's first batch): the tables, as above;
 - exclude: the rows those spans hold, by identity (queue, sequence number, enqueue time);
 - send rounds under the lease: restore and classify (``restore.rules``; the migration mode's copy rules,
   ``migration.copy_rules``), then one send task per backlog queue (or source entity) on the executors
@@ -61,9 +64,9 @@ class DeliverySink:
 
     def __init__(self, config: SyphonConfig, *, run_id: str, lease_keeper, settle_in_batch: bool = False,
                  stop_file: str | None = None, timeline: Timeline | None = None,
-                 state_is_new: bool = False, recovery_at_start: Recovery | None = None,
+                 state_is_new: bool = False,
                  destination_shapes: Mapping[str, DestinationShape] | None = None,
-                 partitioned_queues: frozenset[str] = frozenset(),
+                 partitioned_queues: frozenset[str] = frozenset(), lock_seconds: Mapping[str, float] | None = None,
                  fault_plan: FaultPlan = NO_FAULTS, migration: MigrationPlan = NO_MIGRATION,
                  clock: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.timezone.utc)):
         self.config = config
@@ -79,9 +82,6 @@ class DeliverySink:
         self.clock = clock
         self.timeline = timeline if timeline is not None else Timeline()  # the run's, in a classic session
         self.state_is_new = state_is_new  # nothing was ever recorded: the first batch reads nothing back
-        # What the tables said at the run's start (``sink.spark_ports.read_recovery``), read when it found the
-        # lease free: its first batch recovers from it instead of reading the tables again. None: it reads them.
-        self.recovery_at_start = recovery_at_start
         # What the destinations take (by lower-case name), where the administration API said: the restore
         # rules dead-letter what a destination would refuse before it is sent.
         self.destination_shapes = dict(destination_shapes or {})
@@ -95,15 +95,25 @@ class DeliverySink:
         # Over Spark Connect the sink's copy in the server ends with the query, before the run's end could
         # write its rows: there every batch rewrites the checkpoint table.
         self.checkpoint_every = 0.0 if settle_in_batch else config.storage.checkpoint_interval_seconds
-        # The backlog queues the secondary's administration API calls partitioned (lower-case), for the purge.
+        # The backlog queues the secondary's administration API calls partitioned (with a migration's partitioned
+        # sources), and their lock durations (lower-case names), for the purge; a migration's session-settled sources.
         self.state = SinkState(partitioned_queues=frozenset(partitioned_queues) | migration.partitioned,
-                               session_entities=migration.session_entities)
-        self._purges = PurgeRunner(config.secondary)
+                               lock_seconds=dict(lock_seconds or {}), session_entities=migration.session_entities)
+        self._purges = PurgeRunner(config.secondary, fault_plan)
         self.per_destination: dict[str, dict[str, int]] = {}  # this run's outcomes, for the summary
         self.left_in_place = 0  # final outcomes whose message stays in its source (``BatchAggregate.left_in_place``)
         self.batch_stats: dict[int, BatchStats] = {}  # read (and emptied) by the progress listener
         self.failure: BaseException | None = None  # the last batch failure (classic Spark: this process)
         self._classifiers: dict[tuple, object] = {}  # by the rows' columns (``classifier``)
+
+    def begin(self, recovery: Recovery) -> int:
+        """The run's start, under its lease, where the sink lives in this process for the whole run (classic
+        Spark): ``recovery`` (what the start read of the tables, ``sink.spark_ports.read_recovery``) becomes the
+        run's state, and the purge of what earlier runs recorded and did not settle starts in the background,
+        beside the first batch, or with none (``micro_batch.begin_run``, ``settle_recorded``). Returns how many
+        recorded messages it settles at most."""
+        machine.begin_run(self.state, recovery, run_id=self.run_id, now=self.clock())
+        return machine.settle_recorded(self.state, self._purges)
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
         self.timeline.mark(Milestone.FIRST_BATCH)
@@ -196,4 +206,28 @@ class DeliverySink:
             return False
         tables.write_checkpoint(spark, self.config.storage.checkpoint_table, rows)
         self.state.checkpoint_unrecorded = False
+        PlannedFaults(self.fault_plan).reached(machine.CrashPoint.AFTER_FINAL_CHECKPOINT)
         return True
+
+
+def settle_before_start(spark: SparkSession, config: SyphonConfig, recovery: Recovery, *, run_id: str,
+                        partitioned_queues: frozenset[str] = frozenset(),
+                        lock_seconds: Mapping[str, float] | None = None,
+                        migration: MigrationPlan = NO_MIGRATION) -> int:
+    """What earlier runs recorded and did not settle, settled before the query starts, where the sink runs in
+    a Spark Connect server: its state there is its own, so the purge runs here, to its end (locks an earlier
+    receiver left included, ``purge.lock_wait``), and the checkpoint rows get its marks (the server's first
+    batch reads them). Returns how many recorded messages it settled at most; nothing to settle costs
+    nothing. ``migration``: a migration run's plan (its partitioned and session-settled sources)."""
+    state = SinkState(partitioned_queues=frozenset(partitioned_queues) | migration.partitioned,
+                      lock_seconds=dict(lock_seconds or {}), session_entities=migration.session_entities)
+    purges = PurgeRunner(config.secondary)
+    now = dt.datetime.now(dt.timezone.utc)
+    machine.begin_run(state, recovery, run_id=run_id, now=now)
+    waiting = machine.settle_recorded(state, purges)
+    if waiting:
+        machine.finish(state, purges, now)
+        if state.checkpoint_unrecorded:
+            tables.write_checkpoint(spark, config.storage.checkpoint_table,
+                                    sorted(state.checkpoint.values(), key=lambda row: row.backlog_queue))
+    return waiting

@@ -6,8 +6,11 @@ is tested with fakes in milliseconds (``tests/unit/test_micro_batch.py``); ``sin
 real ports (Spark, Delta, Service Bus).
 
 Transitions and what a crash at each leaves behind (the invariants the tests walk):
-- ``recover`` (first batch of a run): the tables say what is recorded and not yet settled; nothing
-  else is trusted from memory.
+- ``begin_run`` (a run's start, once it holds the lease, before or beside its first batch): the tables say
+  what is recorded and not yet settled; nothing else is trusted from memory. ``settle_recorded`` starts
+  purging it at once, in the background, so a run that finds nothing new to read settles it too (an
+  available-now run with no batch would otherwise leave it, run after run). Where the sink is not in the
+  starting process for the whole run (Spark Connect's server), the first batch's ``recover`` reads it.
 - ``exclude``: rows that a recorded, unsettled span holds are dropped, by identity: a replayed batch
   sends only what its earlier attempt did not record.
 - ``fence`` then ``send``, in rounds: each round gets a deadline before the lease could expire, so
@@ -25,7 +28,13 @@ Transitions and what a crash at each leaves behind (the invariants the tests wal
   records what it delivered first, so its replay re-sends nothing that was delivered; then it fails.
   Crash point ``after_record``: nothing is re-sent.
 - ``purge``: submitted in the background (settled within the batch over Spark Connect). A failed
-  purge round is logged and retried later; it never fails a batch.
+  purge round is logged and retried later; it never fails a batch. Crash point ``mid_settle`` (the purge's
+  threads): a page's completions went out, its dead-letterings not; the messages the killed process held
+  stay locked until their locks end (the service keeps a lost link's locks), and the next run's purge
+  waits them out (``purge.lock_wait``).
+- ``finish`` (the run's end): the last purge rounds, then the checkpoint rows with the final purge marks,
+  which free the lease (``run.syphon.SyphonRun.finish``). Crash point ``after_final_checkpoint``: nothing
+  is left to do; the next run finds the lease free and the marks moved.
 
 Messages left where they are on purpose (``Outcome.stays``: HELD for ``restore.skip_destinations``,
 NOT_SELECTED in a re-drive) are recorded like unsent ones (their audit rows cut the spans) but neither
@@ -74,29 +83,31 @@ class Step(StrEnum):
 
 
 class CrashPoint(StrEnum):
-    """Where a test may stop the batch (``Hooks.reached``); ``mid_send`` is reached on the executors."""
+    """Where a test may stop the run (``Hooks.reached``); ``mid_send`` is reached on the executors,
+    ``mid_settle`` on the purge's threads, ``after_final_checkpoint`` at the run's end."""
 
     BEFORE_SEND = "before_send"
     MID_SEND = "mid_send"
     AFTER_SEND = "after_send"
     AFTER_RECORD = "after_record"
+    MID_SETTLE = "mid_settle"
+    AFTER_FINAL_CHECKPOINT = "after_final_checkpoint"
 
 
 @dataclass(frozen=True)
 class Recovery:
-    """What the tables say at a run's first batch."""
+    """What the tables say at a run's start."""
 
     checkpoint: dict[str, CheckpointRow]
     unsettled: tuple[RecordedSpan, ...]  # recorded, maybe not settled (verified before purging)
     dead_letters: tuple[DeadLetterOrder, ...]
-    recorded_rows_of_batch: int  # rows (final or unsent) earlier attempts of this batch recorded
     # The migration mode's: recorded scheduled and deferred messages, and per session-settled source its recorded
     # messages per session.
     settle_orders: tuple[SettleOrder, ...] = ()
     sessions: dict[str, dict[str, int]] = field(default_factory=dict)
 
 
-NOTHING_RECORDED = Recovery({}, (), (), 0)  # state a run created: no checkpoint rows, nothing unsettled
+NOTHING_RECORDED = Recovery({}, (), ())  # state a run created: no checkpoint rows, nothing unsettled
 
 
 @dataclass(frozen=True)
@@ -142,6 +153,9 @@ class BatchAggregate:
 class BatchPorts(Protocol):
     def recover(self) -> Recovery:
         """Read the tables: the checkpoint rows and what is recorded but maybe not settled."""
+
+    def recorded_rows_of_batch(self) -> int:
+        """Rows (final or unsent) earlier attempts of this batch recorded."""
 
     def exclude(self, spans: Sequence[RecordedSpan]) -> None:
         """Drop the batch's rows that these spans hold (already recorded)."""
@@ -201,11 +215,19 @@ class SinkState:
     # The backlog queues the administration API called partitioned at the run's start (lower-case names): their
     # purges expect interleaved receives even where every recorded number is partition 0's.
     partitioned_queues: frozenset[str] = frozenset()
+    # Their lock durations in seconds, where it said (lower-case names): what a purge waits out at most for
+    # recorded messages an earlier receiver left locked.
+    lock_seconds: dict[str, float] = field(default_factory=dict)
+    # What the run's start recovered as recorded and maybe unsettled, until its first batch has counted the
+    # replayed rows among it (None: the run has not begun, or its first batch has run).
+    recovered: tuple[RecordedSpan, ...] | None = None
+
     # The migration mode's sources settled session by session (lower-case names).
     session_entities: frozenset[str] = frozenset()
 
-    def plans(self) -> dict[str, PurgePlan]:
-        return queue_marks.purge_plans(self.unpurged, self.partitioned_queues, self.session_entities)
+    def purge_plans(self) -> dict[str, PurgePlan]:
+        return queue_marks.purge_plans(self.unpurged, self.partitioned_queues, self.lock_seconds,
+                                       self.session_entities)
 
     def apply_purges(self, results: dict[str, PurgeResult], now: dt.datetime) -> None:
         if not results or self.checkpoint is None:
@@ -236,6 +258,37 @@ class BatchReport:
     rounds: int
 
 
+def begin_run(state: SinkState, recovery: Recovery, *, run_id: str, now: dt.datetime) -> None:
+    """A run's start, under its lease: the tables' content becomes the run's state. What earlier runs
+    recorded and may not have settled is to be verified (peeked) before it is purged: a run that died may
+    have settled some of it without recording that.
+
+    A queue whose recorded messages have no checkpoint row (a run that died before it first wrote the
+    table) gets one from them now, so that its purge marks can be recorded: otherwise every later run would
+    read those audit rows again, and count them as waiting to be settled, for ever."""
+    rowless = [span for span in recovery.unsettled if span.backlog_queue not in recovery.checkpoint]
+    state.checkpoint = dict(recovery.checkpoint)
+    if rowless:
+        state.checkpoint = queue_marks.advance_checkpoint(state.checkpoint, rowless, run_id=run_id, now=now,
+                                                          batch_id=max(span.batch_id for span in rowless))
+    state.checkpoint_unrecorded = bool(rowless)
+    state.checkpoint_written_at = now  # as read: the table says what the rows say
+    # Held rows of earlier runs are not carried into this one: the run reads those messages again (and holds
+    # them again, or sends them), and a mark held back by old rows would never move.
+    state.unpurged = queue_marks.add_recorded({}, recovery.unsettled, recovery.dead_letters, verify=True,
+                                              orders=recovery.settle_orders, sessions=recovery.sessions)
+    state.recovered = recovery.unsettled
+
+
+def settle_recorded(state: SinkState, purges: PurgePort) -> int:
+    """Start purging what earlier runs recorded and did not settle, before or beside the run's first batch,
+    so that a run with nothing new to read settles it too; return how many messages that is at most (0:
+    nothing, no round started)."""
+    plans = state.purge_plans()
+    purges.submit(plans)
+    return sum(plan.expected + len(plan.special) for plan in plans.values())
+
+
 def run_batch(state: SinkState, ports: BatchPorts, lease: LeasePort, purges: PurgePort, *, batch_id: int,
               run_id: str, now: dt.datetime, settle_now: bool = False, hooks: Hooks = NoHooks(),
               checkpoint_every: float = 0.0) -> BatchReport:
@@ -245,16 +298,12 @@ def run_batch(state: SinkState, ports: BatchPorts, lease: LeasePort, purges: Pur
     try:
         recorded_before = 0
         replayed = 0
-        if state.checkpoint is None:
-            recovery = ports.recover()
-            state.checkpoint = dict(recovery.checkpoint)
-            state.checkpoint_written_at = now  # as read: the table says what the rows say
-            # Held rows of earlier runs are not carried into this one: the run reads those messages again
-            # (and holds them again, or sends them), and a mark held back by old rows would never move.
-            state.unpurged = queue_marks.add_recorded({}, recovery.unsettled, recovery.dead_letters, verify=True,
-                                                      orders=recovery.settle_orders, sessions=recovery.sessions)
-            recorded_before = recovery.recorded_rows_of_batch
-            replayed = sum(span.count for span in recovery.unsettled if span.batch_id == batch_id)
+        if state.checkpoint is None:  # the run did not begin at its start (the sink of a Spark Connect server)
+            begin_run(state, ports.recover(), run_id=run_id, now=now)
+        if state.recovered is not None:  # the run's first batch: maybe a replay of one an earlier run recorded
+            recorded_before = ports.recorded_rows_of_batch()
+            replayed = sum(span.count for span in state.recovered if span.batch_id == batch_id)
+            state.recovered = None
         ports.exclude([span for pending in state.unpurged.values() for span in pending.spans])
 
         step = Step.SEND
@@ -304,7 +353,7 @@ def run_batch(state: SinkState, ports: BatchPorts, lease: LeasePort, purges: Pur
         if not purges.busy():
             # A round that ended since the record step is applied first, so its spans are not planned twice.
             state.apply_purges(purges.finished(), now)
-            purges.submit(state.plans())
+            purges.submit(state.purge_plans())
         if settle_now:
             state.apply_purges(purges.wait(), now)
         return BatchReport(batch_id, aggregate, replayed, rounds)
@@ -324,7 +373,7 @@ def finish(state: SinkState, purges: PurgePort, now: dt.datetime) -> None:
     again at once, and a run whose messages all arrived should not end with them in the backlog."""
     state.apply_purges(purges.wait(), now)
     for _ in range(FINAL_PURGE_ROUNDS):
-        plans = state.plans()
+        plans = state.purge_plans()
         if not plans:
             return
         purges.submit(plans)

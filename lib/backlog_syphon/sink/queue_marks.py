@@ -58,6 +58,18 @@ def by_queue(spans: Iterable[RecordedSpan]) -> dict[str, list[RecordedSpan]]:
     return dict(grouped)
 
 
+def awaiting_settlement(spans: Iterable[RecordedSpan]) -> dict[str, int]:
+    """Per backlog queue, the recorded messages that may still be in it, waiting to be settled: what the
+    recorded, unsettled spans a run begins with hold (``sink.spark_ports.read_recovery``: the audit rows above
+    the purge marks, as ``storage.tables.recorded_unsettled`` selects them, with final outcomes). An upper
+    bound (some may be settled already, unrecorded); the next run settles them first and sends none again.
+    The dry run shows it; a status that counts them should count them so."""
+    counts: dict[str, int] = {}
+    for span in spans:
+        counts[span.backlog_queue] = counts.get(span.backlog_queue, 0) + span.count
+    return dict(sorted(counts.items()))
+
+
 def add_recorded(unpurged: dict[str, Unpurged], spans: Iterable[RecordedSpan],
                  dead_letters: Iterable[DeadLetterOrder] = (), *, verify: bool = False,
                  held: Iterable[HeldSpan] = (), orders: Iterable[SettleOrder] = (),
@@ -84,17 +96,21 @@ def add_recorded(unpurged: dict[str, Unpurged], spans: Iterable[RecordedSpan],
 
 
 def purge_plans(unpurged: dict[str, Unpurged], partitioned: frozenset[str] = frozenset(),
+                lock_seconds: Mapping[str, float] | None = None,
                 session_entities: frozenset[str] = frozenset()) -> dict[str, PurgePlan]:
     """Per queue with something recorded and not settled: what its purge settles (a re-drive's dead-letter
     sub-queue in passing mode: past the messages the re-drive leaves there). ``partitioned``: the lower-case
     names of the queues the administration API calls partitioned (a dead-letter sub-queue is as its queue):
     their receives interleave partitions even where every recorded number is partition 0's.
+    ``lock_seconds``: each queue's lock duration where the administration API said, by lower-case name.
     ``session_entities``: the lower-case names of the sources settled session by session (the migration mode)."""
+    locks = lock_seconds or {}
     return {queue: PurgePlan(queue, pending.spans, pending.count - len(pending.orders),
                              {(order.sequence_number, order.enqueued_ms): (order.reason_code, order.reason)
                               for order in pending.dead_letters}, pending.verify, pending.held,
                              passing=is_dead_letter_queue_name(queue),
                              partitioned=owning_queue(queue).lower() in partitioned,
+                             lock_seconds=locks.get(owning_queue(queue).lower()),
                              special={order.identity: order for order in pending.orders},
                              sessions=dict(pending.sessions) if queue.lower() in session_entities else None)
             for queue, pending in sorted(unpurged.items()) if pending.spans}

@@ -1,7 +1,8 @@
 """The Spark and Delta ports of the micro-batch state machine (``sink.micro_batch``), for one batch.
 
 - ``SparkBatch`` (``BatchPorts``): the batch's rows as DataFrames; recover from the tables (the
-  checkpoint table, and the audit rows above each queue's purge mark aggregated into recorded spans);
+  checkpoint table, and the audit rows above each queue's purge mark aggregated into recorded spans:
+  ``read_recovery``, which a run's start calls too);
   exclude what those spans hold, by identity (queue, sequence number, enqueue time); send rounds
   (restore rules as column expressions, then ``mapInArrow``, one send task per backlog queue,
   ``sink.send_task``), the outcomes checkpointed on the executors once, so no later step can recompute
@@ -17,7 +18,6 @@ through it, so its memory does not grow with the batch size.
 
 from __future__ import annotations
 
-import dataclasses
 import datetime as dt
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -63,7 +63,6 @@ class RunSettings(Protocol):
     run_id: str
     app_id: str | None  # the Delta transaction app id, known from the run's first batch
     state_is_new: bool  # nothing was ever recorded: the first batch reads nothing back
-    recovery_at_start: Recovery | None  # what the run's start read of the tables, if it may be used
     fault_plan: FaultPlan
     clock: Callable[[], dt.datetime]
     migration: MigrationPlan  # a migration run's sources and routes (``NO_MIGRATION`` in the backlog mode)
@@ -111,15 +110,16 @@ class SparkBatch:
     def _recover(self) -> Recovery:
         if self.sink.state_is_new:  # this run created the tables and is the lease's first holder
             return NOTHING_RECORDED
-        storage = self.sink.config.storage
-        recovery = self.sink.recovery_at_start
-        if recovery is None:
-            recovery, _ = read_recovery(self.spark, storage, self.sink.migration)
-        # Every row earlier attempts of this batch recorded, settled or not: the attempt's transaction
-        # version must lie above theirs (rows of an older checkpoint with the same batch id only raise it).
-        audit = tables.existing_table(self.spark, storage.audit_table)
-        this_batch = 0 if audit is None else audit.where(F.col("batch_id") == self.batch_id).count()
-        return dataclasses.replace(recovery, recorded_rows_of_batch=this_batch)
+        return read_recovery(self.spark, self.sink.config.storage, self.sink.migration)[0]
+
+    def recorded_rows_of_batch(self) -> int:
+        """Every row earlier attempts of this batch recorded, settled or not: the attempt's transaction version
+        must lie above theirs (rows of an older checkpoint with the same batch id only raise it)."""
+        if self.sink.state_is_new:
+            return 0
+        with self.timed("recover"):
+            audit = tables.existing_table(self.spark, self.sink.config.storage.audit_table)
+            return 0 if audit is None else audit.where(F.col("batch_id") == self.batch_id).count()
 
     def exclude(self, spans: Sequence[RecordedSpan]) -> None:
         if spans:
@@ -191,22 +191,23 @@ class SparkBatch:
                 future.result()
 
 
-def read_recovery(spark: SparkSession, storage, migration: MigrationPlan = NO_MIGRATION
-                  ) -> tuple[Recovery, tuple[str, ...]]:
+def read_recovery(spark: SparkSession, storage, migration: MigrationPlan = NO_MIGRATION, *,
+                  since=None) -> tuple[Recovery, tuple[str, ...]]:
     """What the tables say is recorded and may still be in the backlog, in one read of each: the recovery
-    of a run's first batch (without that batch's own rows: ``recorded_rows_of_batch`` is 0), and the
-    backlog queues where it includes messages held for skipped destinations, which the run reads again
-    from their first message (a purge mark never passes a held message, ``queue_marks.mark_purged``).
-    ``migration``: a migration run's plan (its sources settled session by session)."""
+    a run begins with, and the backlog queues where it includes messages held for skipped destinations,
+    which the run reads again from their first message (a purge mark never passes a held message,
+    ``queue_marks.mark_purged``). ``migration``: a migration run's plan (its sources settled session by
+    session). ``since``: the audit's outcome dates read (``storage.tables.recorded_unsettled``).
+    The dry run and the status count what waits to be settled from it (``queue_marks.awaiting_settlement``)."""
     checkpoint = tables.read_checkpoint(spark, storage.checkpoint_table)
-    recorded = tables.recorded_unsettled(spark, storage.audit_table, checkpoint)
+    recorded = tables.recorded_unsettled(spark, storage.audit_table, checkpoint, since)
     if recorded is None:  # no audit table yet: nothing was ever recorded
-        return Recovery(checkpoint, (), (), 0), ()
+        return Recovery(checkpoint, (), ()), ()
     aggregate = aggregate_outcomes(recorded, migration.session_entities)
     dead_letters = tuple(collect_dead_letters(recorded)) if aggregate.total(Outcome.DEAD_LETTERED) else ()
     orders = tuple(collect_settle_orders(recorded)) if aggregate.special else ()
     held_in = tuple(sorted({span.backlog_queue for span in aggregate.held}))
-    return Recovery(checkpoint, aggregate.spans, dead_letters, 0, orders, aggregate.sessions), held_in
+    return Recovery(checkpoint, aggregate.spans, dead_letters, orders, aggregate.sessions), held_in
 
 
 def held_by_any(spans: Sequence[RecordedSpan]):

@@ -181,7 +181,7 @@ def create_tables(spark: SparkSession, audit_table: str, checkpoint_table: str, 
     A run that created the audit and the checkpoint table, and then takes the lease as its first
     holder (epoch 1), knows that nothing was ever recorded in them: every record is written under
     the lease of its state tables, so a record made since the creation would have left a holder
-    before this one. Its first batch reads nothing back (``run.syphon.StartGates.state_is_new``).
+    before this one. Its first batch reads nothing back (``run.run_start.StartGates.state_is_new``).
     """
     from concurrent.futures import ThreadPoolExecutor
 
@@ -463,22 +463,6 @@ def held_by_destination(spark: SparkSession, audit_table: str, checkpoint: dict[
     held = latest.where((F.col("outcome") == Outcome.HELD)
                         & F.lower("destination").isin([name.lower() for name in destinations]))
     return {row["destination"]: row["count"] for row in held.groupBy("destination").count().collect()}
-
-
-def unsettled_by_queue(spark: SparkSession, audit_table: str, checkpoint: dict[str, CheckpointRow],
-                       since: dt.date | None = None) -> dict[str, int]:
-    """Per backlog queue, the messages recorded with a final outcome (delivered, dead-lettered, skipped)
-    that lie above its purge mark (``recorded_unsettled``, from the outcome date ``since``): recorded, and
-    not known settled yet. Each message counts once, by its latest outcome; a re-drive's rows (of the
-    dead-letter sub-queues) do not count: what those hold the broker says. {} before the audit exists."""
-    rows = recorded_unsettled(spark, audit_table, checkpoint, since)
-    if rows is None:
-        return {}
-    latest = (rows.where(~F.lower(F.col("backlog_queue")).endswith("/" + DEAD_LETTER_SUBQUEUE.lower()))
-              .groupBy("backlog_queue", "sequence_number", "enqueued_time")
-              .agg(F.max_by("outcome", "outcome_time").alias("outcome")))
-    final = latest.where(F.col("outcome").isin([outcome.value for outcome in Outcome if outcome.is_final]))
-    return {row["backlog_queue"]: row["count"] for row in final.groupBy("backlog_queue").count().collect()}
 
 
 _CREATION_WAIT_POLLS = 40  # half a second apart: a first commit on slow storage
