@@ -46,7 +46,8 @@ def test_the_wheel_installs_without_a_compiler_and_the_job_imports(tmp_path):
     metadata = zipfile.ZipFile(wheel).read(next(n for n in names if n.endswith("METADATA"))).decode()
     runtime_requires = [line.split(":", 1)[1].strip() for line in metadata.splitlines()
                         if line.startswith("Requires-Dist:") and "extra ==" not in line]
-    assert sorted(runtime_requires) == ["azure-servicebus==7.15.0", "pyyaml==6.0.3"]
+    # websocket-client is what the SDK's amqp-websockets transport needs (a pure-Python wheel).
+    assert sorted(runtime_requires) == ["azure-servicebus==7.15.0", "pyyaml==6.0.3", "websocket-client==1.9.2"]
 
     venv = tmp_path / "venv"
     _run([sys.executable, "-m", "venv", str(venv)])
