@@ -7,7 +7,8 @@ live, scheduled, deferred and dead-lettered messages and one that expired; a ses
 states, a deferred message in a session and a session with a state only; a partitioned queue; a topic with two
 subscriptions (one sent to a queue, one by property), a topic with one subscription (sent to its topic) and
 scheduled messages of its own, a topic whose two subscriptions hold the same messages (sent to it once, through
-the first, the other's copies covered); the queues' dead-letter sub-queues.
+the first, the other's copies covered); the dead-letter sub-queues of the queues and of a subscription (``eu``'s,
+sent along its route: to the topic by property).
 
 - Before anything is read, a configuration that would duplicate silently is refused (a subscription of a topic with
   two sent to its topic; a subscription without a choice), and the dry run shows what matched and where it goes.
@@ -120,6 +121,9 @@ def test_a_standard_namespace_drains_into_premium_once_exact_in_order_with_its_s
                                if row["backlog_queue"].startswith(NEWS))
     assert news == {(f"{NEWS}/Subscriptions/mobile", Outcome.DELIVERED, None): 5,
                     (f"{NEWS}/Subscriptions/web", Outcome.COVERED, "fanned_out"): 5}
+    poisoned = {(row["message_id"], row["outcome"]) for row in rows
+                if row["backlog_queue"] == f"{EVENTS}/Subscriptions/eu/$DeadLetterQueue"}
+    assert poisoned == {(message_id, Outcome.DELIVERED) for message_id in written.subscription_dead_lettered}
     (expired,) = [row for row in rows if row["message_id"] == "o-expired"]
     assert (expired["outcome"], expired["reason_code"]) == (Outcome.EXPIRED, "expired_in_source")
     large = {row["backlog_queue"]: (row["outcome"], row["reason_code"]) for row in rows if row["message_id"] == LARGE_ID}

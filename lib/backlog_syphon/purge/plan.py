@@ -133,8 +133,9 @@ class PurgePlan:
                                    special=special, verify=False)
 
     def in_session(self, session_id: str, expected: int) -> PurgePlan:
-        """This plan as one session's: its receives ask that session for ``expected`` messages at most."""
-        return dataclasses.replace(self, expected=expected, sessions=None, special={}, verify=False)
+        """This plan as one session's: its receives ask that session for ``expected`` messages at most (its special
+        messages are settled before, by their own means, ``servicebus.purge``; a look leaves them out)."""
+        return dataclasses.replace(self, expected=expected, sessions=None, verify=False)
 
 @dataclass(frozen=True)
 class PurgeResult:

@@ -80,6 +80,7 @@ REQUIRED_ATTRIBUTES = (
     (sdk_constants, "REQUEST_RESPONSE_PEEK_OPERATION"),
     (sdk_constants, "MGMT_REQUEST_FROM_SEQUENCE_NUMBER"),
     (sdk_constants, "MGMT_REQUEST_MAX_MESSAGE_COUNT"),
+    (sdk_constants, "MGMT_REQUEST_SESSION_ID"),
     (sdk_constants, "ERROR_CODE_MESSAGE_NOT_FOUND"),
     (sdk_constants, "SETTLEMENT_COMPLETE"),
     (sdk_constants, "SETTLEMENT_DEADLETTER"),
@@ -109,8 +110,9 @@ def check_sdk() -> list[str]:
 def peek_stored_bytes(receiver, from_sequence_number: int, max_count: int, timeout: float | None = None) -> list[bytes]:
     """The stored bytes of up to ``max_count`` messages with sequence number >= the given one.
 
-    The same management request as ``receiver.peek_messages``, but each message's raw encoding is
-    kept, so AMQP types (long vs int, described timespans, symbols) survive untouched. "No messages" is
+    The same management request as ``receiver.peek_messages`` (a session receiver's: that session's messages),
+    but each message's raw encoding is kept, so AMQP types (long vs int, described timespans, symbols) survive
+    untouched. "No messages" is
     an empty list, however the service says it: status 204 (or 202), or the condition
     ``com.microsoft:message-not-found``, which the SDK would raise as ``MessageNotFoundError``.
     ``timeout`` bounds the request and the SDK's own retries together.
@@ -119,6 +121,8 @@ def peek_stored_bytes(receiver, from_sequence_number: int, max_count: int, timeo
         sdk_constants.MGMT_REQUEST_FROM_SEQUENCE_NUMBER: {TYPE: AMQPTypes.long, VALUE: int(from_sequence_number)},
         sdk_constants.MGMT_REQUEST_MAX_MESSAGE_COUNT: int(max_count),
     }
+    if getattr(receiver, "_session", None) is not None:  # a session's receiver peeks that session, as the SDK's does
+        request[sdk_constants.MGMT_REQUEST_SESSION_ID] = receiver._session_id
 
     def keep_raw(status_code, message, description, **_):
         if status_code == 200:
