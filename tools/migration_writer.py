@@ -10,7 +10,8 @@ Written with the unmodified SDK, as an application would have left it:
 - ``sessions-orders`` (sessions): three sessions in order, two with a session state, one message deferred in its
   session, and a session with a state only;
 - ``partitioned-orders`` (16 partitions on Standard, none on Premium): messages over partition keys and without;
-- the topic ``events``: its subscription ``all`` takes everything, ``eu`` what has region=eu;
+- the topic ``events``: its subscription ``all`` takes everything, ``eu`` what has region=eu (one of its messages
+  dead-lettered by a consumer: its dead-letter sub-queue goes along its route, to the topic by property);
 - the topic ``alerts``: its only subscription ``ops``, and two messages scheduled an hour ahead (in the topic
   until their time);
 - the topic ``news``: its subscriptions ``mobile`` and ``web`` take everything, so they hold the same messages
@@ -43,6 +44,7 @@ class MigrationBacklog:
     subscriptions: dict[str, list[str]] = field(default_factory=dict)  # "topic/Subscriptions/name" -> ids
     scheduled: dict[str, list[str]] = field(default_factory=dict)  # target entity -> scheduled message ids
     dead_lettered: list[str] = field(default_factory=list)  # ids in orders/$DeadLetterQueue (poison)
+    subscription_dead_lettered: list[str] = field(default_factory=list)  # in events/Subscriptions/eu/$DeadLetterQueue
     deferred: list[str] = field(default_factory=list)
     expired: list[str] = field(default_factory=list)  # expires before the drain: never arrives
     partition_keys: dict[str, str | None] = field(default_factory=dict)  # partitioned-orders' ids -> key
@@ -123,6 +125,10 @@ def write_migration_backlog(namespace, *, count: int = 30, scale: int = 1) -> Mi
                                   for n, (message_id, region) in enumerate(events)])
         written.queues[EVENTS_ALL_QUEUE] = [message_id for message_id, _ in events]
         written.subscriptions[f"{EVENTS}/Subscriptions/eu"] = [m for m, region in events if region == "eu"]
+        with client.get_subscription_receiver(EVENTS, "eu", max_wait_time=5) as receiver:
+            (poison,) = receiver.receive_messages(max_message_count=1, max_wait_time=5)
+            receiver.dead_letter_message(poison, reason="Poison", error_description="the consumer gave up")
+            written.subscription_dead_lettered.append(str(poison.message_id))
 
         with client.get_topic_sender(ALERTS) as sender:
             alerts = [f"a-{n}" for n in range(4)]
