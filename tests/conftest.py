@@ -92,7 +92,7 @@ MEASURED_SECONDS = {
     "test_a_partitioned_queues_dead_letters_are_redriven_once_in_order_per_partition": 35,
     "test_a_partitioned_queue_holding_partition_0s_messages_only_is_read_and_purged_as_partitioned": 16,
     # The migration mode, measured alone on the 2-core machine (other helpers' tests beside it).
-    "test_a_standard_namespace_drains_into_premium_once_exact_in_order_with_its_states": 165,
+    "test_a_standard_namespace_drains_into_premium_once_exact_in_order_with_its_states": 110,
     "test_a_migration_killed_after_recording_is_finished_by_the_next_run_without_sending_anything_twice": 105,
 }
 UNLISTED_INTEGRATION_SECONDS = 8
