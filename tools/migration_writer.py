@@ -155,8 +155,9 @@ SUBSCRIPTION_PROPERTY = "x-syphon-subscription"
 
 def check_migration(emulator, written: MigrationBacklog) -> list[str]:
     """What the Premium namespace received and what the Standard one still holds, against what was written:
-    one line per problem (none: the drain moved every message once, exact, in order per session, and left in the
-    source only what stays by its outcome: the expired message, in its dead-letter sub-queue)."""
+    one line per problem (none: the drain moved every message once, exact, in order per session and per source (per
+    partition key for a partitioned one), and left in the source only what stays by its outcome: the expired
+    message, in its dead-letter sub-queue)."""
     from tools.testing import drain_destinations
 
     problems: list[str] = []
@@ -172,8 +173,15 @@ def check_migration(emulator, written: MigrationBacklog) -> list[str]:
                             f"{len(ids)} ({sorted(set(want) - set(ids))[:5]} missing, "
                             f"{sorted(i for i in set(ids) if ids.count(i) > 1)[:5]} twice)")
 
+    def in_order(entity: str, got: list[str], want: list[str]) -> None:
+        if got != want:
+            problems.append(f"{entity}: arrived as {got}, not in the order written {want}")
+
     orders = drained[ORDERS]
     once(ORDERS, orders, written.queues[ORDERS] + written.dead_lettered)
+    # In order per source: what came from orders itself (not its dead-letter sub-queue, nor the re-drive of o-large)
+    in_place = [i for i in written.queues[ORDERS] if i != LARGE_ID]
+    in_order(ORDERS, [str(m.message_id) for m in orders if str(m.message_id) in set(in_place)], in_place)
     for message in orders:
         message_id = str(message.message_id)
         sent = written.properties.get(message_id, {})
@@ -188,14 +196,23 @@ def check_migration(emulator, written: MigrationBacklog) -> list[str]:
         if sent and sent["n"] % 4 == 0 and not dt.timedelta(hours=5) < message.time_to_live < dt.timedelta(hours=6):
             problems.append(f"{ORDERS} {message_id}: time to live {message.time_to_live} is not what was left of 6 h")
     once(PARTITIONED, drained[PARTITIONED], list(written.partition_keys))
+    for key in set(written.partition_keys.values()) - {None}:  # in order per partition key (read lane by lane)
+        want = [i for i, k in written.partition_keys.items() if k == key]
+        in_order(f"{PARTITIONED} key {key}", [str(m.message_id) for m in drained[PARTITIONED]
+                                              if str(m.message_id) in set(want)], want)
     wrong_keys = [str(m.message_id) for m in drained[PARTITIONED]
                   if m.partition_key != written.partition_keys.get(str(m.message_id))]
     if wrong_keys:
         problems.append(f"{PARTITIONED}: partition keys changed for {wrong_keys[:5]}")
-    once(EVENTS_ALL_QUEUE, drained[EVENTS_ALL_QUEUE], written.queues[EVENTS_ALL_QUEUE])
-    once(f"{EVENTS}/eu", drained[f"{EVENTS}/eu"], written.subscriptions[f"{EVENTS}/Subscriptions/eu"])
+    once(EVENTS_ALL_QUEUE, drained[EVENTS_ALL_QUEUE], written.queues[EVENTS_ALL_QUEUE], ordered=True)
+    eu = written.subscriptions[f"{EVENTS}/Subscriptions/eu"]
+    once(f"{EVENTS}/eu", drained[f"{EVENTS}/eu"], eu)
+    kept = [i for i in eu if i not in written.subscription_dead_lettered]  # the rest came from its sub-queue
+    in_order(f"{EVENTS}/eu", [str(m.message_id) for m in drained[f"{EVENTS}/eu"] if str(m.message_id) in set(kept)],
+             kept)
     once(f"{EVENTS}/all", drained[f"{EVENTS}/all"], [])
-    once(f"{ALERTS}/ops", drained[f"{ALERTS}/ops"], written.subscriptions[f"{ALERTS}/Subscriptions/ops"])
+    once(f"{ALERTS}/ops", drained[f"{ALERTS}/ops"], written.subscriptions[f"{ALERTS}/Subscriptions/ops"],
+         ordered=True)
     for name in NEWS_SUBSCRIPTIONS:  # each subscription's copy once: the topic's of the one message sent for both
         once(f"{NEWS}/{name}", drained[f"{NEWS}/{name}"], written.subscriptions[f"{NEWS}/Subscriptions/{name}"],
              ordered=True)
