@@ -41,14 +41,14 @@ CLASS_ARCHIVE = $(1) -m backlog_syphon.local_setup.class_archive >/dev/null || e
 setup: $(STAMP) $(JARS_STAMP) ## Create the virtualenv, install pinned packages, fetch Delta's JARs, build the JVM's class archive
 	@$(call CLASS_ARCHIVE,$(PY))
 
-# The suite on TEST_WORKERS processes (pytest-xdist): its end-to-end tests spend much of their time
-# waiting on brokers, leases, triggers and outages: on two cores, one test's waits are the others' CPU
-# (with two workers a fifth of the CPU idled; three keep it busy; four took longer, 20.2 against
-# 18.6 minutes, and starved Spark's Python workers past the 10 s Spark gives them to connect back).
-# TEST_WORKERS=0: one process.
-TEST_WORKERS ?= 3
+# The suite on TEST_WORKERS processes (pytest-xdist): three of them run the tests that need Spark, each
+# on its own Spark session, in lanes of about equal measured seconds (tests/conftest.py); on two cores,
+# one lane's waits on brokers, leases and triggers are the others' CPU, and a fourth Spark JVM only slowed
+# each test down. The emulator's tests and the pure unit tests, which mostly wait on sockets and timers,
+# run on the other two workers (and on a lane's once it is done). TEST_WORKERS=0: one process.
+TEST_WORKERS ?= 5
 test: setup ## Run the whole test suite (unit, emulator/tests, Spark/Delta integration)
-	$(PY) -m pytest -n $(TEST_WORKERS) --dist worksteal
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup
 
 test-unit: setup ## Run only the fast unit tests
 	$(PY) -m pytest tests/unit
@@ -56,9 +56,15 @@ test-unit: setup ## Run only the fast unit tests
 # The other Spark lines the job supports (docs/running/compute.md, "Supported runtimes"): each gets its own
 # virtualenv .venv-spark<X.Y> from requirements-spark<X.Y>.lock (set up again only when that file
 # changes) and its Delta JARs in .cache/jars (one folder per artifact and version), then runs
-# tests/runtimes with its own interpreter. `make test-runtimes RUNTIMES=4.1` runs one of them.
+# tests/runtimes with its own interpreter. The virtualenvs are set up side by side (Maven then fetches
+# one line's JARs after the other's), and the lines' tests run side by side too: their end-to-end runs
+# mostly wait on jobs starting, brokers and triggers. Each line's output goes to
+# .cache/test-runtimes/<X.Y>.log, printed once both are done. No class archive is built for them: on a fresh
+# clone its build (about a minute per line) costs more than the few JVMs a scenario starts would gain.
+# `make test-runtimes RUNTIMES=4.1` runs one of them.
 RUNTIMES ?= 4.0 4.1
-RUNTIME_STAMPS := $(foreach r,$(RUNTIMES),.venv-spark$(r)/.installed .cache/jars/.fetched-spark$(r))
+RUNTIME_VENVS := $(foreach r,$(RUNTIMES),.venv-spark$(r)/.installed)
+RUNTIME_JARS := $(foreach r,$(RUNTIMES),.cache/jars/.fetched-spark$(r))
 
 .venv-spark%/.installed: requirements-spark%.lock setup.cfg emulator/pyproject.toml
 	test -x $(@D)/bin/python || $(PYTHON) -m venv $(@D)
@@ -71,12 +77,16 @@ RUNTIME_STAMPS := $(foreach r,$(RUNTIMES),.venv-spark$(r)/.installed .cache/jars
 	.venv-spark$*/bin/python -m backlog_syphon.local_setup.delta_jars
 	touch $@
 
-test-runtimes: $(RUNTIME_STAMPS) ## Run the end-to-end runtime scenario on each other Spark line (4.0, 4.1), each in its venv
-	@failed=""; for r in $(RUNTIMES); do \
+test-runtimes: ## Run the end-to-end runtime scenario on each other Spark line (4.0, 4.1), each in its venv, side by side
+	@$(MAKE) --no-print-directory -j $(words $(RUNTIMES)) $(RUNTIME_VENVS)
+	@$(MAKE) --no-print-directory $(RUNTIME_JARS)
+	@mkdir -p .cache/test-runtimes; for r in $(RUNTIMES); do \
 	  py="$(CURDIR)/.venv-spark$$r/bin/python"; \
-	  echo "== Spark $$r: $$py"; \
-	  $(call CLASS_ARCHIVE,"$$py"); \
-	  PYSPARK_PYTHON="$$py" PYSPARK_DRIVER_PYTHON="$$py" "$$py" -m pytest tests/runtimes || failed="$$failed $$r"; \
+	  { PYSPARK_PYTHON="$$py" PYSPARK_DRIVER_PYTHON="$$py" "$$py" -m pytest tests/runtimes -p no:cacheprovider \
+	      > .cache/test-runtimes/$$r.log 2>&1; echo $$? > .cache/test-runtimes/$$r.rc; } & \
+	done; wait; failed=""; for r in $(RUNTIMES); do \
+	  echo "== Spark $$r: $(CURDIR)/.venv-spark$$r/bin/python"; cat .cache/test-runtimes/$$r.log; \
+	  [ "$$(cat .cache/test-runtimes/$$r.rc)" = 0 ] || failed="$$failed $$r"; \
 	done; \
 	if [ -n "$$failed" ]; then echo "test-runtimes failed on Spark:$$failed"; exit 1; fi
 

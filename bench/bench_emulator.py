@@ -3,7 +3,7 @@
     .venv/bin/python bench/bench_emulator.py [--messages 5000] [--size 1024] [--latency-ms 0 5 20]
 
 For each ``--latency-ms`` (added to every frame the emulator sends, so to every client round trip;
-5 stands in for a namespace in the same region, see emulator/README.md), a fresh in-process
+5 stands in for a namespace in the same region, see emulator/docs/network.md), a fresh in-process
 emulator with one queue (ephemeral port on 127.0.0.1) and one client process with the
 ``azure-servicebus`` sync SDK. The client runs in a child process so that it does not share an
 interpreter lock with the emulator, as in the syphon benchmark. It times, in this order:
@@ -60,7 +60,10 @@ def ceiling(latency_ms: float, messages: int, body_size: int, timeout: float = 9
     """Start an emulator with ``latency_ms`` here and measure it from a child process."""
     from servicebus_emulator import Emulator, EmulatorConfig
 
-    config = EmulatorConfig.from_dict({"namespaces": [{"name": NAMESPACE, "port": 0, "queues": [
+    # The emulator's own ceiling: no credit budget, whole receives (a Standard namespace's 1,000 credits a
+    # second, and receives that come back short, would measure those instead).
+    config = EmulatorConfig.from_dict({"namespaces": [{"name": NAMESPACE, "port": 0, "credits_per_second": 0,
+                                                       "short_receive_probability": 0, "queues": [
         {"name": QUEUE, "lock_duration_seconds": 300}]}]})
     with Emulator(config, latency_ms=latency_ms) as emu:
         env = {**os.environ, _CONNECTION_ENV: emu.connection_string(NAMESPACE)}

@@ -34,10 +34,14 @@ over partitioned backlog queues, 16 partitions, a peek answering whole pages of 
 ``partitioned-peek-one`` (the same over partitioned backlog queues whose peeks answer one message per call,
 as reported), ``partitioned-dest`` and ``partitioned-dedupe-dest`` (the 30k row into destinations that are
 all partitioned, without and with duplicate detection; there the loop sends one message per send, as a
-deduplicating partitioned entity takes one MessageId per batch), ``30k-0ms`` and ``30k-10ms``
-(symmetric), ``30k-tls`` and ``30k-websockets`` (the 30k row with the syphon reaching both namespaces over
-AMQP over TLS, a real namespace's 5671, and over AMQP over WebSockets over TLS, 443: what a firewalled
-workspace costs against the plain row of the same run, its ``/30k``; no loops). The figures per row:
+deduplicating partitioned entity takes one MessageId per batch), ``standard-credits`` and
+``standard-credits-partitioned`` (the 30k row, plain and over partitioned backlog queues, both namespaces
+with a Standard namespace's 1,000 credits a second: a peek, a receive and a send cost one per message, a
+settlement one per lock token; every other row runs with the emulator's credits off, so that it measures the
+syphon, not the budget), ``30k-0ms`` and ``30k-10ms`` (symmetric), ``30k-tls`` and ``30k-websockets`` (the
+30k row with the syphon reaching both namespaces over AMQP over TLS, a real namespace's 5671, and over AMQP
+over WebSockets over TLS, 443: what a firewalled workspace costs against the plain row of the same run, its
+``/30k``; no loops). The figures per row:
 
 - e2e msg/s: messages / time from just before the Spark session is built to the return of
   ``run_syphon``; ``/threads`` and ``/single``: that over each loop's rate in the same row; ``/30k``: that
@@ -166,6 +170,9 @@ class Scenario:
     backlog_partitioned: bool = False
     peek_one_per_call: bool = False
     destinations: DestinationShape = DestinationShape.PLAIN
+    # The namespaces' credits a second while the movers run (a Standard namespace's 1,000; 0: off, the emulator's
+    # budget kept out of the way of the other rows). The backlog is written before, with them off.
+    credits_per_second: float = 0.0
     # How the syphon reaches the emulator (``testing.emulator_environment``): plain AMQP (the emulators'
     # shortcut), ``amqps`` (TLS) or ``amqp-websockets`` (over TLS); the backlog is written plain either way.
     transport: str = "amqp"
@@ -184,6 +191,8 @@ class Scenario:
                                                      else "whole-partition peek pages"))
         if self.destinations is not DestinationShape.PLAIN:
             shape.append(f"{self.destinations.value} destinations")
+        if self.credits_per_second:
+            shape.append(f"{self.credits_per_second:,.0f} credits a second per namespace")
         if self.transport != "amqp":
             shape.append(f"over {self.transport}")
         return ", ".join(shape) + f", {self.geometry.label()}"
@@ -206,6 +215,10 @@ SCENARIOS = {
     "partitioned-dest": Scenario("partitioned-dest", 30_000, FAR, destinations=DestinationShape.PARTITIONED),
     "partitioned-dedupe-dest": Scenario("partitioned-dedupe-dest", 30_000, FAR,
                                         destinations=DestinationShape.PARTITIONED_DEDUPE),
+    # A Standard namespace at each end, throttling as the service does once its 1,000 credits a second are spent.
+    "standard-credits": Scenario("standard-credits", 30_000, FAR, credits_per_second=1000),
+    "standard-credits-partitioned": Scenario("standard-credits-partitioned", 30_000, FAR, backlog_partitioned=True,
+                                             credits_per_second=1000),
     # The network a deployment has: TLS (5671), and WebSockets over TLS (443) where only 443 is open.
     "30k-tls": Scenario("30k-tls", 30_000, FAR, loops=(), transport="amqps"),
     "30k-websockets": Scenario("30k-websockets", 30_000, FAR, loops=(), transport="amqp-websockets"),
@@ -240,6 +253,9 @@ def backlog_emulator(scenario: Scenario | None, geometry: Geometry, args):
             if backlog_left(emu) != (scenario.messages, 0):
                 raise BenchFailure(f"the backlog holds {backlog_left(emu)} (stored, dead-lettered) after "
                                    f"writing {scenario.messages} messages")
+        if scenario is not None and scenario.credits_per_second:
+            for namespace in CONNECTION_ENV:
+                emu.set_credits_per_second(namespace, scenario.credits_per_second)
         yield emu, written
 
 
@@ -250,6 +266,8 @@ def emulator_config(scenario: Scenario | None):
     from servicebus_emulator.config import EmulatorConfig
 
     raw = yaml.safe_load((ROOT / "conf/emulator.yaml").read_text())
+    for namespace in raw["namespaces"]:
+        namespace["credits_per_second"] = 0  # on only while a row's movers run (``backlog_emulator``)
     for namespace in raw["namespaces"] if scenario is not None else ():
         entities = [*namespace.get("queues", []), *namespace.get("topics", [])]
         if namespace["name"] == SECONDARY:
@@ -320,6 +338,17 @@ def broker_ops(emu) -> collections.Counter:
         for entity in emu.stats(namespace).values():
             total.update(entity.get("ops", {}))
     return total
+
+
+def credits_spent(emu) -> dict[str, tuple[int, int]]:
+    """Per namespace: (credits spent, operations throttled) since the emulator started."""
+    stats = {namespace: emu.credit_stats(namespace) for namespace in CONNECTION_ENV}
+    return {namespace: (entry["spent_total"], entry["throttled_total"]) for namespace, entry in stats.items()}
+
+
+def credits_since(emu, before: dict[str, tuple[int, int]]) -> dict[str, dict[str, int]]:
+    return {namespace: {"spent": spent - before[namespace][0], "throttled": throttled - before[namespace][1]}
+            for namespace, (spent, throttled) in credits_spent(emu).items()}
 
 
 def arrivals(emu) -> int:
@@ -407,7 +436,8 @@ def _restored(message):
 
 
 def _send_in_batches(sender, messages) -> None:
-    """``messages`` in as few sends as the entity's largest message batch allows (large bodies need several)."""
+    """``messages`` in as few sends as the entity's largest message batch allows (large bodies need several),
+    each send asked again while the namespace answers it busy."""
     from azure.servicebus.exceptions import MessageSizeExceededError
 
     batch = sender.create_message_batch()
@@ -415,47 +445,79 @@ def _send_in_batches(sender, messages) -> None:
         try:
             batch.add_message(message)
         except MessageSizeExceededError:
-            sender.send_messages(batch)
+            while_busy(lambda: sender.send_messages(batch))  # noqa: B023
             batch = sender.create_message_batch()
             batch.add_message(message)
-    sender.send_messages(batch)
+    while_busy(lambda: sender.send_messages(batch))
+
+
+BUSY_PAUSE_SECONDS = 2.0  # what a throttled namespace asks a client to wait
+EMPTY_RECEIVES = 6  # receives in a row that may come back empty (5 s each) before a loop is taken as stuck
+
+
+def while_busy(operation):
+    """``operation()``, asked again after the service's pause while the namespace answers it server-busy (the
+    SDK's own retries gave up): what a competent loop does on a Standard namespace out of credits."""
+    from azure.servicebus.exceptions import ServiceBusServerBusyError
+
+    while True:
+        try:
+            return operation()
+        except ServiceBusServerBusyError:
+            time.sleep(BUSY_PAUSE_SECONDS)
 
 
 def move_queue(backlog, primary, queue: str, count: int, deadline: float, *, batched: bool) -> int:
     """One backlog queue, page by page (PeekLock, prefetch 100): send each page's messages (``batched``:
     consecutive messages for the same destination and session in one send; a deduplicating partitioned
-    destination takes one MessageId per send, so there the loop sends one by one), then complete each one."""
+    destination takes one MessageId per send, so there the loop sends one by one), then complete each one.
+    A busy answer is waited out (``while_busy``); a receive throttled on a detached link gets a new receiver."""
     from azure.servicebus import ServiceBusReceiveMode
+    from azure.servicebus.exceptions import ServiceBusServerBusyError
 
-    moved, senders = 0, {}
+    moved, senders, empty = 0, {}, 0
+    receiver = None
     try:
-        with backlog.get_queue_receiver(queue, receive_mode=ServiceBusReceiveMode.PEEK_LOCK,
-                                        prefetch_count=RECEIVE_PAGE) as receiver:
-            left = count
-            while left and time.perf_counter() < deadline:
+        left = count
+        while left and time.perf_counter() < deadline:
+            if receiver is None:
+                receiver = backlog.get_queue_receiver(queue, receive_mode=ServiceBusReceiveMode.PEEK_LOCK,
+                                                      prefetch_count=RECEIVE_PAGE)
+            try:
                 page = receiver.receive_messages(max_message_count=min(RECEIVE_PAGE, left), max_wait_time=5)
-                if not page:
-                    raise BenchFailure(f"loop: {queue} gave nothing with {left} messages left")
-                run_key, run = None, []
-                for message in page:
-                    destination, session, restored = _restored(message)
-                    if destination not in senders:
-                        senders[destination] = primary.get_queue_sender(destination)
-                    if not batched:
-                        senders[destination].send_messages(restored)
-                        continue
-                    if (destination, session) != run_key and run:
-                        _send_in_batches(senders[run_key[0]], run)
-                        run = []
-                    run_key = (destination, session)
-                    run.append(restored)
-                if run:
+            except ServiceBusServerBusyError:  # the link is detached: the SDK's receiver keeps raising it
+                receiver.close()
+                receiver = None
+                time.sleep(BUSY_PAUSE_SECONDS)
+                continue
+            if not page:  # a namespace out of credits holds a receive on a link with locks: asked again
+                empty += 1
+                if empty > EMPTY_RECEIVES:
+                    raise BenchFailure(f"loop: {queue} gave nothing {empty} times in a row with {left} messages left")
+                continue
+            empty = 0
+            run_key, run = None, []
+            for message in page:
+                destination, session, restored = _restored(message)
+                if destination not in senders:
+                    senders[destination] = primary.get_queue_sender(destination)
+                if not batched:
+                    while_busy(lambda: senders[destination].send_messages(restored))  # noqa: B023
+                    continue
+                if (destination, session) != run_key and run:
                     _send_in_batches(senders[run_key[0]], run)
-                for message in page:
-                    receiver.complete_message(message)
-                moved += len(page)
-                left -= len(page)
+                    run = []
+                run_key = (destination, session)
+                run.append(restored)
+            if run:
+                _send_in_batches(senders[run_key[0]], run)
+            for message in page:
+                while_busy(lambda: receiver.complete_message(message))  # noqa: B023
+            moved += len(page)
+            left -= len(page)
     finally:
+        if receiver is not None:
+            receiver.close()
         for sender in senders.values():
             sender.close()
     return moved
@@ -517,6 +579,7 @@ def syphon_child(spec: dict) -> dict:
     summary = run_syphon(spark, config, timeout_seconds=spec["timeout_seconds"], on_start=on_start)
     end = time.perf_counter()
     returned_at = time.time()
+    logging.getLogger("backlog_syphon").info("summary:\n%s", "\n".join(summary.lines()))  # credits by kind
     run, query_started = started[0]
     batches = [{"batch_id": p.batchId, "rows": p.numInputRows, "ms": p.batchDuration, "timestamp": p.timestamp,
                 "duration_ms": dict(p.durationMs), "plan": planned_with(p)} for p in run.query.recentProgress]
@@ -599,18 +662,19 @@ def syphon_overrides(workdir: Path, **settings) -> dict[str, str]:
 def measure_loop(kind: str, scenario: Scenario, args) -> dict:
     with backlog_emulator(scenario, scenario.geometry, args) as (emu, written), \
             tempfile.TemporaryDirectory(prefix="bench-loop-") as tmp:
-        arrived_before = arrivals(emu)
+        arrived_before, credits_before = arrivals(emu), credits_spent(emu)
         spec = {"kind": kind, "written": written, "max_seconds": args.loop_seconds,
                 "singles": scenario.destinations is DestinationShape.PARTITIONED_DEDUPE}
         with child_process("loop", spec, emu, Path(tmp)) as child:
             result = child_result(child, "loop", Path(tmp), args.loop_seconds + 300)
         arrived, (left, dead) = arrivals(emu) - arrived_before, backlog_left(emu)
+        credits = credits_since(emu, credits_before)
     moved = result["moved"]
     if arrived != moved or left != scenario.messages - moved or dead:
         raise BenchFailure(f"loop ({kind}): reports {moved} moved, destinations received {arrived}, backlog holds "
                            f"{left} and {dead} dead-lettered (of {scenario.messages})")
     return {"rate": moved / result["seconds"], "moved": moved, "seconds": result["seconds"],
-            "time_bound": moved < scenario.messages}
+            "time_bound": moved < scenario.messages, "credits": credits}
 
 
 def delta_commits(state: Path) -> dict[str, int]:
@@ -621,7 +685,7 @@ def delta_commits(state: Path) -> dict[str, int]:
 def measure_syphon(scenario: Scenario, args, *, per_trigger: int | None = None) -> dict:
     with backlog_emulator(scenario, scenario.geometry, args) as (emu, _), \
             tempfile.TemporaryDirectory(prefix="bench-syphon-") as tmp:
-        ops_before, arrived_before = broker_ops(emu), arrivals(emu)
+        ops_before, arrived_before, credits_before = broker_ops(emu), arrivals(emu), credits_spent(emu)
         timeout = 600 + scenario.messages / 10
         settings = {} if per_trigger is None else {"run.max_messages_per_trigger": per_trigger}
         spec = {"overrides": syphon_overrides(Path(tmp), **settings), "timeout_seconds": timeout,
@@ -631,6 +695,7 @@ def measure_syphon(scenario: Scenario, args, *, per_trigger: int | None = None) 
             result = child_result(child, "syphon", Path(tmp), timeout + 300)
             cpu.wait_for_exit()  # the JVM ends after the child: its CPU until then is the run's too
         ops = broker_ops(emu) - ops_before
+        credits = credits_since(emu, credits_before)
         arrived, (left, dead) = arrivals(emu) - arrived_before, backlog_left(emu)
         twice = duplicates_dropped(emu)
         reasons = dead_letter_reasons(emu) if dead else {}
@@ -644,7 +709,7 @@ def measure_syphon(scenario: Scenario, args, *, per_trigger: int | None = None) 
             failure = (f"drained={result['drained']}, destinations received {arrived} of {scenario.messages}, backlog "
                        f"queues hold {left}, {dead} dead-lettered, {twice} sent twice (dropped as duplicates)"
                        + "".join(f"; {n} x {why}" for why, n in reasons.items()) + f"; the run's log: {kept}")
-    return {**result, "e2e_rate": scenario.messages / result["seconds"], "ops": dict(ops),
+    return {**result, "e2e_rate": scenario.messages / result["seconds"], "ops": dict(ops), "credits": credits,
             "failure": failure, "cpu_per_1000": cpu.total() / scenario.messages * 1000,
             "cpu_by_role": {role: {"processes": n, "seconds": s} for role, (n, s) in cpu.by_role().items()},
             "cpu_processes": [asdict(p) for p in cpu.processes()], **cycle_figures(result)}
@@ -828,6 +893,38 @@ def row_cells(scenario: Scenario, syphon: dict, loops: dict, ceiling: GeometryCe
             f"{syphon['cpu_per_1000']:.2f}", ratio(syphon["cycle_rate"], ceiling.combined)]
 
 
+def drain_seconds(syphon: dict) -> float:
+    """A syphon run's drain: from its query's start to its stop (the run's timeline), when the namespaces' credits
+    are spent; the Spark start and the set-up before it spend none. The whole run where the timeline lacks it."""
+    marks = syphon.get("timeline") or {}
+    if "QUERY_STARTED" in marks and "QUERY_STOPPED" in marks:
+        return marks["QUERY_STOPPED"] - marks["QUERY_STARTED"]
+    return syphon["seconds"]
+
+
+def credit_lines(scenario: Scenario, syphon: dict, loops: dict) -> list[str]:
+    """What a row with the namespaces' credits on spent: per second and per moved message, per namespace, and
+    the share of the secondary's budget the syphon turned into moved messages (its rate over the rate its
+    credits per message allow); the loops' the same way."""
+    budget, moved = scenario.credits_per_second, scenario.messages
+
+    def spending(name: str, seconds: float, messages: int, credits: dict) -> str:
+        secondary, primary = credits[SECONDARY], credits[PRIMARY]
+        per_message = secondary["spent"] / max(1, messages)
+        allowed = budget / per_message if per_message else None
+        rate = messages / seconds
+        share = f", {rate / allowed:.0%} of what its credits per message allow" if allowed else ""
+        return (f"  {scenario.name}: {name}: {rate:.0f} msg/s over {seconds:.1f} s; secondary {secondary['spent']:,} "
+                f"credits ({secondary['spent'] / seconds:.0f}/s, {per_message:.2f} a moved message{share}), "
+                f"{secondary['throttled']} operations throttled; primary {primary['spent']:,} credits "
+                f"({primary['spent'] / seconds:.0f}/s, {primary['spent'] / max(1, messages):.2f} a message), "
+                f"{primary['throttled']} throttled")
+
+    lines = [spending("syphon (its query's drain)", drain_seconds(syphon), moved, syphon["credits"])]
+    lines += [spending(f"loop ({kind})", loop["seconds"], loop["moved"], loop["credits"]) for kind, loop in loops.items()]
+    return lines
+
+
 def format_table(header: list[str], rows: list[list[str]]) -> list[str]:
     cells = [header] + rows
     widths = [max(len(line[i]) for line in cells) for i in range(len(header))]
@@ -896,6 +993,8 @@ def run_bench(args) -> int:
                        + ", ".join(f"{role} {entry['seconds'] * 1000 / scenario.messages:.2f}"
                                    for role, entry in syphon["cpu_by_role"].items()
                                    if entry["seconds"] * 1000 / scenario.messages >= 0.01))
+        if scenario.credits_per_second:
+            details += credit_lines(scenario, syphon, loops)
         if syphon.get("commit_ms"):
             details.append("  one Delta commit on this machine's disk (median of 6): " + ", ".join(
                 f"{kind} {ms:.0f} ms" for kind, ms in syphon["commit_ms"].items()))

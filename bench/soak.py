@@ -18,8 +18,10 @@ Once its query has started, a thread writes new legacy backlog messages at ``--r
 over the backlog queues, for the destination queues ``orders`` and ``payments``, each carrying its
 write time; receivers on those queues time every arrival and count how often each message came.
 After ``--batches`` batches (or ``--minutes``), the writing stops, everything written must arrive,
-and the job gets SIGTERM: it must exit 0 with every message received exactly once and the backlog
-queues empty (none dead-lettered). Any of these failing fails the bench (exit code 1).
+and the job gets SIGTERM: it must exit 0 with every message received exactly once, recorded once (one
+``delivered`` row in the audit table, read with an independent Delta reader, across all the compactions
+of the run) and the backlog queues empty (none dead-lettered). Any of these failing fails the bench
+(exit code 1).
 
 Measured (``bench/soak_sampler.py``): each batch's ``foreachBatch`` seconds and its step split (plan,
 read+send, aggregate, record) from the sink's batch line in the job's log; every ``--sample-seconds``
@@ -39,6 +41,7 @@ included.
 from __future__ import annotations
 
 import argparse
+import collections
 import json
 import os
 import signal
@@ -254,7 +257,8 @@ def run_soak(args) -> tuple[dict, list[report.Tenth], list[report.Target]]:
             if args.keep_log and (Path(tmp) / "job.log").exists():
                 args.keep_log.write_bytes((Path(tmp) / "job.log").read_bytes())
         figures = {"args": {k: str(v) for k, v in vars(args).items()},
-                   **checks(soak.traffic, soak.receiver, emu, soak.queues, exit_code)}
+                   **checks(soak.traffic, soak.receiver, emu, soak.queues, exit_code,
+                            recorded_rows(soak.state / AUDIT_TABLE))}
     samples, arrivals, status = soak.sampler.samples, soak.receiver.arrivals, soak.status
     rows = report.tenths(batches, samples, arrivals)
     early, end = status.get("early"), status["end"]
@@ -270,7 +274,20 @@ def run_soak(args) -> tuple[dict, list[report.Tenth], list[report.Target]]:
     return figures, rows, targets
 
 
-def checks(traffic: Traffic, receiver: Receiver, emu, queues: list[str], exit_code: int) -> dict:
+def recorded_rows(audit_table: Path) -> collections.Counter:
+    """(MessageId, outcome) -> the audit rows that record it, read with delta-rs (no JVM); empty without a table."""
+    from deltalake import DeltaTable
+    from deltalake.exceptions import TableNotFoundError
+
+    try:
+        rows = DeltaTable(str(audit_table)).to_pyarrow_table(columns=["message_id", "outcome"])
+    except TableNotFoundError:
+        return collections.Counter()
+    return collections.Counter(zip(rows["message_id"].to_pylist(), rows["outcome"].to_pylist()))
+
+
+def checks(traffic: Traffic, receiver: Receiver, emu, queues: list[str], exit_code: int,
+           recorded: collections.Counter) -> dict:
     stats = emu.stats(SECONDARY)
     left = sum(stats[q]["total"] for q in queues)
     dead = sum(stats[q].get("dead_letter_count", 0) for q in queues)
@@ -278,13 +295,19 @@ def checks(traffic: Traffic, receiver: Receiver, emu, queues: list[str], exit_co
     lost = written - set(receiver.received)
     doubled = {m for m, times in receiver.received.items() if len(times) > 1}
     unknown = set(receiver.received) - written
+    # One delivered row per message written, and no other row.
+    misrecorded = {m for m in written if recorded[(m, "delivered")] != 1} | {
+        m for m, outcome in recorded if outcome != "delivered" or m not in written}
     return {"exit_code": exit_code, "written": len(written), "received": len(receiver.received), "lost": len(lost),
-            "doubled": len(doubled), "unknown": len(unknown), "backlog_left": left, "dead_lettered": dead,
+            "doubled": len(doubled), "unknown": len(unknown), "misrecorded": len(misrecorded),
+            "backlog_left": left, "dead_lettered": dead,
             "failures": [text for bad, text in (
                 (exit_code != 0, f"the job exited with {exit_code} after SIGTERM"),
                 (lost, f"{len(lost)} of {len(written)} messages never arrived (e.g. {sorted(lost)[:3]})"),
                 (doubled, f"{len(doubled)} messages arrived more than once (e.g. {sorted(doubled)[:3]})"),
                 (unknown, f"{len(unknown)} messages arrived that were not written"),
+                (misrecorded, f"{len(misrecorded)} messages without exactly one delivered audit row "
+                              f"(e.g. {sorted(misrecorded)[:3]})"),
                 (left or dead, f"the backlog queues hold {left} messages, {dead} dead-lettered")) if bad]}
 
 
@@ -298,7 +321,8 @@ def print_report(figures: dict, rows, targets) -> None:
     print()
     print("\n".join(report.format_table(report.TARGET_HEADER, [report.target_cells(t) for t in targets])))
     print(f"messages: {figures['written']} written, {figures['received']} received, {figures['lost']} lost, "
-          f"{figures['doubled']} doubled; backlog left {figures['backlog_left']}, dead-lettered "
+          f"{figures['doubled']} doubled, {figures['misrecorded']} not recorded once; backlog left "
+          f"{figures['backlog_left']}, dead-lettered "
           f"{figures['dead_lettered']}; job exit code {figures['exit_code']}; soak wall time "
           f"{figures['seconds'] / 60:.1f} min; load average now {os.getloadavg()[0]:.2f}")
 

@@ -1,6 +1,5 @@
 """Shared fixtures: one Spark session (with Delta) for the whole run."""
 
-import itertools
 import os
 import sys
 from pathlib import Path
@@ -25,17 +24,18 @@ def spark():
     session.stop()
 
 
-# The suite runs on pytest-xdist workers (``make test``: ``--dist worksteal``). Worksteal hands each
-# worker one contiguous share of the collection at the start, in order, and a worker that runs out
-# steals the second half of the longest queue: the tail, so a share's front is run by its owner. The
-# integration tests (most start Spark runs, some a job process) are therefore dealt to the shares'
-# fronts so that each share holds about the same seconds of them (longest first, each to the share
-# with the fewest so far), and the short tests fill the shares' tails, where idle workers steal them.
-# Seconds as measured on the 2-core machine with three workers (``--durations=0``); a test not
-# listed counts as a short in-process one. Only the order depends on them.
+# The suite runs on pytest-xdist workers (``make test``: ``--dist loadgroup``) of two kinds. Each test that
+# takes the ``spark`` fixture belongs to one of ``SPARK_LANES`` lanes, an ``xdist_group`` that one worker
+# runs from start to end on its one Spark session: three such JVMs keep two cores busy (a fourth only
+# slowed each test down). The other tests go one by one to the other workers, and to a lane's worker once
+# its lane is nearly done: the end-to-end tests that only start jobs of their own (spark-submit, the
+# walkthrough, killed and signalled jobs), first, then the emulator's and the pure unit tests, which mostly
+# wait on sockets and timers. Both are dealt longest first, the lanes each test to the lane with the fewest
+# seconds so far, by the seconds measured on the 2-core machine with the whole suite running
+# (``--durations=0``); an integration test not listed counts as a short in-process one.
 MEASURED_SECONDS = {
-    # 120 batches, as CI's 2-core run of the whole suite measured it.
-    "test_a_long_continuous_run_keeps_the_audits_files_bounded_and_records_every_message_once": 1019,
+    "test_a_continuous_run_keeps_the_audits_files_bounded_and_records_every_message_once": 60,
+    "test_the_audits_files_stay_bounded_and_a_replayed_append_adds_nothing_across_compactions": 15,
     "test_the_job_over_spark_connect_records_what_a_classic_run_records": 192,
     "test_status_runs_table_and_alerts_through_a_backlogs_life": 180,
     "test_timeout_during_a_send_stops_at_the_batch_boundary_and_a_missing_queue_is_skipped_with_one_warning": 164,
@@ -43,10 +43,11 @@ MEASURED_SECONDS = {
     "test_dead_letters_are_redriven_with_every_property_filtered_and_never_twice": 143,
     "test_documented_walkthrough_from_setup_to_dry_run_and_replay": 138,
     "test_documented_spark_submit_line_drains_the_backlog": 135,
-    "test_a_continuous_run_renews_minute_tokens_and_delivers_every_message_once": 137,
-    "test_a_kill_in_the_middle_of_the_sends_loses_nothing_and_resends_at_most_that_batch": 133,
-    # Four killed jobs and four reruns (one waiting out a 45 s lock), measured alone at a load of 25-33.
-    "test_a_kill_at_each_step_of_the_last_batch_and_its_purge_leaves_nothing_for_the_run_after_it": 724,
+    "test_a_continuous_run_renews_short_lived_tokens_and_delivers_every_message_once": 110,
+    "test_a_kill_in_the_middle_of_the_sends_loses_nothing_and_resends_at_most_that_batch": 55,  # 51 s alone, load 10
+    # Four killed jobs and four reruns (one waiting out a 35-40 s lock), measured alone at a load of 6-17: 306-371 s
+    # (with 2,000 messages for mid_settle and a 45 s lock: 326 s at a load of 6-9, 724 s at 25-33).
+    "test_a_kill_at_each_step_of_the_last_batch_and_its_purge_leaves_nothing_for_the_run_after_it": 350,
     "test_two_runs_at_once_one_delivers_and_sigterm_ends_it_after_its_batch": 120,
     "test_a_redrive_killed_after_recording_is_finished_by_the_next_without_sending_anything_twice": 100,
     # Measured alone on the 2-core machine (one worker, other helpers' tests beside it): 67-167 s.
@@ -80,7 +81,8 @@ MEASURED_SECONDS = {
     "test_order_per_backlog_queue_and_per_session": 16,
     "test_tables_are_created_by_their_first_write_with_stable_schemas": 15,
     "test_notebook_stops_after_the_dry_run_by_default": 9,
-    "test_a_continuous_job_idle_past_the_idle_timers_delivers_the_next_messages": 50,
+    "test_a_continuous_job_whose_links_are_refreshed_before_the_timer_delivers_the_next_and_logs_no_error": 50,
+    "test_a_continuous_run_whose_idle_links_the_broker_closed_delivers_the_next_messages": 30,
     "test_session_less_messages_for_a_session_queue_are_dead_lettered_by_the_refusal_not_waited_out": 45,
     "test_where_the_administration_api_describes_the_destination_they_are_dead_lettered_before_sending": 40,
     "test_partitioned_destinations_described_by_the_administration_api_get_their_shape_up_front": 45,
@@ -94,8 +96,13 @@ MEASURED_SECONDS = {
     # The migration mode, measured alone on the 2-core machine (other helpers' tests beside it).
     "test_a_standard_namespace_drains_into_premium_once_exact_in_order_with_its_states": 110,
     "test_a_migration_killed_after_recording_is_finished_by_the_next_run_without_sending_anything_twice": 105,
+    # Namespaces under load (credits, server-busy), measured at load 8-10; the second is two runs.
+    "test_throttled_namespaces_slow_the_drain_and_lose_or_repeat_nothing": 92,
+    "test_a_partitioned_backlog_drains_under_short_receives_answers_from_other_partitions_and_either_disposition": 68,
 }
 UNLISTED_INTEGRATION_SECONDS = 8
+UNLISTED_SPARK_SECONDS = 1  # a unit test that takes the ``spark`` fixture
+SPARK_LANES = 3
 
 
 INTEGRATION = Path(__file__).resolve().parent / "integration"
@@ -110,38 +117,43 @@ def unmeasured_entries(items) -> list[str]:
     return sorted(set(MEASURED_SECONDS) - {getattr(item, "originalname", item.name) for item in integration})
 
 
-@pytest.hookimpl(tryfirst=True)  # the whole collection, before ``-k`` or ``-m`` deselect any of it
+def needs_spark(item) -> bool:
+    return "spark" in getattr(item, "fixturenames", ())
+
+
+def seconds(item) -> float:
+    """What a test is expected to take: measured (integration), about a second (a unit test on Spark), or
+    nothing worth scheduling by."""
+    if INTEGRATION in item.path.parents:
+        return MEASURED_SECONDS.get(getattr(item, "originalname", item.name), UNLISTED_INTEGRATION_SECONDS)
+    return UNLISTED_SPARK_SECONDS if needs_spark(item) else 0
+
+
+@pytest.hookimpl(tryfirst=True)  # the whole collection, before ``-k`` or ``-m`` deselect any of it, and before
+# xdist names each test's group in its id
 def pytest_collection_modifyitems(config, items):
     stale = unmeasured_entries(items)
     if stale:  # a renamed or removed test: its seconds would be scheduled for nothing, and the new name unseen
         raise pytest.UsageError(f"tests/conftest.py MEASURED_SECONDS names tests that do not exist: {stale}")
+    if not getattr(config.option, "loadgroup", False):  # set in each worker of ``--dist loadgroup``
+        return
+    expected = {id(item): seconds(item) for item in items}
+    dealt = lanes([expected[id(item)] if needs_spark(item) else 0 for item in items], SPARK_LANES)
+    for item, lane in zip(items, dealt):
+        if lane is not None:
+            item.add_marker(pytest.mark.xdist_group(f"spark-lane-{lane}"))
+    # Longest first, within a lane (it runs in the collection's order) and among the others.
+    items.sort(key=lambda item: -expected[id(item)])
 
-    def seconds(item) -> float:
-        if "integration" not in item.path.parts:
-            return 0
-        return MEASURED_SECONDS.get(getattr(item, "originalname", item.name), UNLISTED_INTEGRATION_SECONDS)
 
-    estimates = [seconds(item) for item in items]
-    workers = getattr(config, "workerinput", {}).get("workercount", 1)  # set in each xdist worker
-    items[:] = dealt_out(items, estimates, workers)
-
-
-def dealt_out(items: list, seconds: list[float], workers: int) -> list:
-    """``items`` reordered into the ``workers`` contiguous shares worksteal hands out (as it sizes them).
-    The items with ``seconds`` go to the shares' fronts, longest first, each to the share with the
-    fewest seconds so far; the others fill the shares in their order. Every worker must compute the
-    same order, and does: it is pure (ties go to the first share, and sorting is stable)."""
-    timed = sorted((index for index, value in enumerate(seconds) if value > 0), key=lambda index: -seconds[index])
-    fronts: list[list] = [[] for _ in range(workers)]
-    loads = [0.0] * workers
-    for index in timed:
-        share = loads.index(min(loads))
-        fronts[share].append(items[index])
-        loads[share] += seconds[index]
-    rest = iter([item for item, value in zip(items, seconds) if value <= 0])
-    ordered, remaining = [], len(items)
-    for share in range(workers):
-        size = remaining // (workers - share)
-        ordered += fronts[share] + list(itertools.islice(rest, max(0, size - len(fronts[share]))))
-        remaining -= size
-    return ordered + list(rest)
+def lanes(seconds: list[float], count: int) -> list[int | None]:
+    """The lane of each test with ``seconds`` (longest first, each to the lane with the fewest seconds so far;
+    ties to the first lane), None for the tests without. Every worker must compute the same lanes, and does:
+    it is pure (sorting is stable)."""
+    dealt: list[int | None] = [None] * len(seconds)
+    loads = [0.0] * count
+    for index in sorted((i for i, value in enumerate(seconds) if value > 0), key=lambda i: -seconds[i]):
+        lane = loads.index(min(loads))
+        dealt[index] = lane
+        loads[lane] += seconds[index]
+    return dealt

@@ -15,6 +15,7 @@ CONFIG = {
             "port": 0,
             "sas_keys": {KEY_NAME: KEY},
             "allow_short_locks": True,      # lock expiry and renewal tests use 1-2 second locks
+            "expiry_sweep_seconds": 3600,   # expired messages stay until a receive meets them (no sweep mid-test)
             "queues": [
                 {"name": "orders", "lock_duration_seconds": 30},
                 {"name": "small", "max_message_size_kb": 64},

@@ -254,6 +254,15 @@ def test_secondary_namespace_backlog_queue(emulator):
     assert emulator.stats("contoso-secondary")["contoso/x-servicebus-transfer/0"]["total"] == 1
 
 
+def _receive_all(receiver, count: int) -> list:
+    """``count`` messages, over as many receives as it takes: one may bring a part of what it asks for, as the
+    service's do (the emulator's ``short_receive_probability``)."""
+    got: list = []
+    while len(got) < count and (page := receiver.receive_messages(max_message_count=count - len(got), max_wait_time=2)):
+        got += page
+    return got
+
+
 def test_a_dead_letter_sub_queue_addressed_by_its_path_peeks_from_a_sequence_number_receives_and_releases(
         client, queue, emulator):
     """What a re-drive of the syphon needs: ``<queue>/$DeadLetterQueue`` as an entity path (as the syphon
@@ -262,7 +271,7 @@ def test_a_dead_letter_sub_queue_addressed_by_its_path_peeks_from_a_sequence_num
     for n in range(4):
         _send(client, queue, ServiceBusMessage(f"m{n}"))
     with client.get_queue_receiver(queue) as r:
-        received = r.receive_messages(max_message_count=4, max_wait_time=2)
+        received = _receive_all(r, 4)
         original = {m.sequence_number: m.enqueued_time_utc for m in received}
         for m in received:
             r.dead_letter_message(m, reason="destination_not_found", error_description="no such queue")
@@ -272,7 +281,7 @@ def test_a_dead_letter_sub_queue_addressed_by_its_path_peeks_from_a_sequence_num
         assert [m.sequence_number for m in peeked] == sorted(original)[2:]
         assert {m.sequence_number: m.enqueued_time_utc for m in peeked} == {
             seq: original[seq] for seq in sorted(original)[2:]}
-        got = dlq.receive_messages(max_message_count=4, max_wait_time=2)
+        got = _receive_all(dlq, 4)
         assert [m.sequence_number for m in got] == sorted(original)
         assert {m.dead_letter_reason for m in got} == {"destination_not_found"}
         dlq.complete_message(got[1])

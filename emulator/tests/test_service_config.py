@@ -109,7 +109,7 @@ def test_service_settings_default_to_a_standard_namespace_and_premium_raises_the
 
 
 @pytest.mark.parametrize("setting, message", [
-    ({"tier": "basic"}, "namespaces[0].tier: must be one of standard, premium, got 'basic'"),
+    ({"tier": "gold"}, "namespaces[0].tier: must be one of basic, standard, premium, got 'gold'"),
     ({"max_messages_per_batch": 0}, "namespaces[0].max_messages_per_batch: must be at least 1, got 0"),
     ({"peek_page_bytes": "256KB"}, "namespaces[0].peek_page_bytes: expected an integer, got '256KB'"),
     ({"peek_empty_page_probability": 1.5}, "namespaces[0].peek_empty_page_probability: must be from 0 to 1, got 1.5"),

@@ -55,11 +55,25 @@ class PeekTimedOutError(SyphonError):
 
 
 def describe(exc: BaseException) -> str:
-    """The cause of a failure in one line: our own errors say it all, others by type and first line."""
+    """The cause of a failure in one line: our own errors say it all, also where one was raised in another
+    process (a Spark task's error arrives as the text of a foreign exception, the traceback's last line
+    naming ours: that line is the cause), others by type and first line."""
     if isinstance(exc, SyphonError):
         return str(exc)
+    ours = {cls.__name__ for cls in _subclasses(SyphonError)}
+    for line in reversed(str(exc).splitlines()):
+        name, _, message = line.strip().partition(": ")
+        if name.rsplit(".", 1)[-1] in ours and message:
+            return message
     first_line = (str(exc).strip().splitlines() or [""])[0][:300]
     return f"{type(exc).__name__}: {first_line}" if first_line else type(exc).__name__
+
+
+def _subclasses(cls: type) -> list[type]:
+    found = []
+    for sub in cls.__subclasses__():
+        found += [sub, *_subclasses(sub)]
+    return found
 
 
 BATCH_FAILED_MARK = "syphon batch failed:"

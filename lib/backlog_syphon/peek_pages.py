@@ -15,9 +15,16 @@ the end; and it is cheap, because the common case never meets it: a range read t
 that end without an empty page, and one read to the queue's end met an empty page before this too (it now
 costs one single-message peek more, only when the first answer was empty).
 
+A read of one partition's range of a partitioned queue (``lane``) has a second way to miss: a peek on a
+partitioned entity "returns the oldest message in one of the partitions whose message broker responded
+first", and nothing says it answers from the partition holding the number asked while that one still has
+messages there. So an answer from another partition is a miss too, not the end, and a lane gets two more
+looks (``LANE_LOOKS``): such answers are no transient fault but the service's way, and a lane ended early
+would be read short (a window's rest never sent) or taken as settled (a purge mark passing what is there).
+
 Invariants:
 - Every message of the range that both looks would see is taken exactly once, in order; nothing past
-  ``last`` is taken; a page that goes past ``last`` ends the read.
+  ``last`` is taken; a page that goes past ``last`` (in a lane: within the lane's partition) ends the read.
 - Progress: each answer either takes at least one message (the position moves on) or ends the read, or is
   the first look at an empty page (the second follows). A read never asks forever.
 """
@@ -26,7 +33,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from backlog_syphon.partitions import partition_of
+
 PEEK_PAGE_SIZE = 250  # the most one peek returns (the service's limit, and the syphon's page)
+LOOKS = 2  # answers in a row that miss (empty) before a read takes it as the end
+LANE_LOOKS = 3  # in a lane, where an answer from another partition misses too
 
 
 @dataclass
@@ -37,8 +48,14 @@ class PagedRead:
     last: int
     page_size: int = PEEK_PAGE_SIZE
     position: int = -1  # the next sequence number to ask from (``first`` at the start)
-    confirming: bool = False  # the last page was empty: the next ask is the second look
+    misses: int = 0  # answers in a row that took nothing where the range may hold more
     done: bool = False
+    lane: bool = False  # one partition's range of a partitioned queue: answers from others miss
+
+    @property
+    def confirming(self) -> bool:
+        """The last answer missed: the next ask is a look again."""
+        return self.misses > 0
 
     def __post_init__(self):
         if self.position < 0:
@@ -56,10 +73,11 @@ class PagedRead:
     def on_page(self, sequence_numbers: list[int]) -> int:
         """The sequence numbers a peek from ``position`` returned, in order: how many of them, from the first,
         lie in the range (the caller takes those)."""
-        if not sequence_numbers:
-            self.done, self.confirming = self.confirming, not self.confirming
+        if not sequence_numbers or (self.lane and partition_of(sequence_numbers[0]) != partition_of(self.position)):
+            self.misses += 1
+            self.done = self.misses >= (LANE_LOOKS if self.lane else LOOKS)
             return 0
-        self.confirming = False
+        self.misses = 0
         taken = 0
         for seq in sequence_numbers:
             if seq > self.last:

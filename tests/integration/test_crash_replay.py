@@ -162,7 +162,7 @@ class Destinations:
 
 # Every wait below is bounded; this only keeps pytest's default per-test timeout out of their way.
 @pytest.mark.timeout(len(CHAIN) * (KILL_WAIT_SECONDS + 60) + 600)
-def test_a_kill_in_the_middle_of_the_sends_loses_nothing_and_resends_at_most_that_batch(emulator, tmp_path, request,
+def test_a_kill_in_the_middle_of_the_sends_loses_nothing_and_resends_at_most_that_batch(emulator, tmp_path, spark,
                                                                                          caplog):
     from tools.backlog_writer import write_backlog
     from backlog_syphon.config import load_config
@@ -202,7 +202,6 @@ def test_a_kill_in_the_middle_of_the_sends_loses_nothing_and_resends_at_most_tha
     # process's Spark: what matters is what the killed job left behind, and the restart needs no JVM
     # of its own (the pause hooks are the killed job's environment only).
     run_started = time.monotonic()
-    spark = request.getfixturevalue("spark")
     caplog.set_level(logging.INFO, logger="backlog_syphon")
     before = emulator.connection_stats(PRIMARY)
     environ = job_env(emulator, transport=TRANSPORT)
@@ -303,20 +302,23 @@ def test_a_lost_send_task_is_run_again_and_resends_only_what_its_first_attempt_s
 # --- every step of the last batch and of its purge ------------------------------------------------
 
 # The kills, in order, each on a fresh part of the backlog and the same state (tables, streaming checkpoint).
-# mid_settle is the issue's scenario: 2,000 messages over four queues (one partitioned), 200 a batch, killed
-# once every batch was recorded and committed while its purge was at work; the others, one batch each.
+# mid_settle is the issue's scenario in small: 300 messages over four queues (one partitioned), 100 a batch,
+# killed once every batch was recorded and committed while its purge was at work; the others, one batch each.
 KILL_POINTS = ("after_send", "after_record", "mid_settle", "after_final_checkpoint")
 KILL_QUEUES = 4  # backlog queues 0-2 plain, 3 partitioned (16 partitions)
 PARTITIONED = 3
-# The backlog queues' lock: what the killed purge held must still be locked when the rerun's purge starts (the
-# last batch, the kill and the rerun's start take 10-25 s on 2 busy cores), which then waits out the rest.
-LOCK_SECONDS = 45
-PAUSED_BATCH = 8  # mid_settle: a purge round of the scenario's ninth batch (of ten) or a later one stops
+# The backlog queues' lock: what the killed purge held must still be locked when the rerun's purge starts, which
+# then waits out the rest. The last batch, the kill and the rerun's start in this process take 15-30 s on 2 busy
+# cores (11 and 18 s measured from the kill to the rerun's wait, at a load of 11 and 17).
+LOCK_SECONDS = 40
+# mid_settle: a purge round of the scenario's second batch (of three) or a later one stops; the last batch's
+# messages wait behind it, unreceived (a purge round of the last batch alone completes its only page first).
+PAUSED_BATCH = 1
 # Longer than a kill and the rerun's start take, so that the rerun must take the killed run's lease over (its
 # process is gone): it never waits for the lease to expire, whatever its length.
 LEASE_SECONDS = 180
-# 3 * 600 + 200 = 2,000 messages, one in a hundred poison; the small ones: one batch, the last message poison
-SCENARIO = {"plain": 600, "partitioned": 200, "batch": 200, "poison_every": 100}
+# 3 * 75 + 75 = 300 messages, one in 25 poison; the small ones: one batch, the last message poison
+SCENARIO = {"plain": 75, "partitioned": 75, "batch": 100, "poison_every": 25}
 SMALL = {"plain": 8, "partitioned": 8, "batch": 1000, "poison_every": 8}
 TAKEOVER = "crashed (its process is gone): taking its lease over"
 LOCK_WAIT = "locked by an earlier receiver"
@@ -348,7 +350,7 @@ def _backlog_totals(emulator, queues) -> dict[str, int]:
 
 @pytest.mark.timeout(len(KILL_POINTS) * (KILL_WAIT_SECONDS + 180) + 300)
 def test_a_kill_at_each_step_of_the_last_batch_and_its_purge_leaves_nothing_for_the_run_after_it(
-        emulator, tmp_path, request, caplog):
+        emulator, tmp_path, spark, caplog):
     """SIGKILL the job at each step of its last batch and of that batch's purge, then run it again on the same
     state: the rerun ends with exit code 0, the backlog empty and its poison dead-lettered with its reason,
     nothing lost, at most the killed batch sent again (each re-send the same MessageId and body).
@@ -376,7 +378,6 @@ def test_a_kill_at_each_step_of_the_last_batch_and_its_purge_leaves_nothing_for_
              "storage.checkpoint_location": str(tmp_path / "checkpoint-stream"),
              "backlog.queue_count": str(KILL_QUEUES), "run.lease_seconds": str(LEASE_SECONDS)}
     stream = tmp_path / "checkpoint-stream"
-    spark = request.getfixturevalue("spark")
     caplog.set_level(logging.INFO, logger="backlog_syphon")
     originals: list = []
     poison: set[str] = set()
@@ -420,14 +421,15 @@ def test_a_kill_at_each_step_of_the_last_batch_and_its_purge_leaves_nothing_for_
                                until=all_committed if point == "mid_settle" else None)
         assert not why, f"{point}: {why}:\n{tail(log)}"
         killed = Run(point, time.monotonic() - started)
+        killed_at = time.time()
         planned, committed = _stream_log(stream)
         killed_batches = planned - planned_before
         left = _backlog_totals(emulator, queues)
         if point == "mid_settle":
             assert planned == committed and len(killed_batches) > PAUSED_BATCH, (planned, committed)  # none to replay
             locked = sum(emulator.stats(SECONDARY)[queue]["locked"] for queue in queues)
-            print(f"\n[kill points] {point}: {len(killed_batches)} batches committed, {sum(left.values())} messages "
-                  f"left in the backlog, {locked} locked by the killed purge", flush=True)
+            print(f"\n[kill points] {point}: {len(killed_batches)} batches committed in {killed.seconds:.1f}s, "
+                  f"{sum(left.values())} messages left in the backlog, {locked} locked by the killed purge", flush=True)
             assert locked >= 1 and sum(left.values()) > locked  # its purge was at work, its locks held
         else:
             assert len(killed_batches) == 1 and planned - committed == (
@@ -458,9 +460,11 @@ def test_a_kill_at_each_step_of_the_last_batch_and_its_purge_leaves_nothing_for_
             assert any(TAKEOVER in message for message in messages), (point, messages[-20:])
         if point == "mid_settle":
             assert not [p for p in summary.progress if p.stats is not None]  # no batch: nothing new to read
-            waits = [message for message in messages if LOCK_WAIT in message]
+            waits = [record for record in caplog.records if LOCK_WAIT in record.getMessage()]
             assert waits, messages[-20:]
-            print(f"[kill points] {waits[0]}", flush=True)
+            # (how much of LOCK_SECONDS the kill and the rerun's start took: the margin left to the wait)
+            print(f"[kill points] {waits[0].created - killed_at:.1f}s after the kill: {waits[0].getMessage()}",
+                  flush=True)
         planned_after, committed_after = _stream_log(stream)
         assert planned_after == committed_after
 

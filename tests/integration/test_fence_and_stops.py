@@ -78,7 +78,7 @@ def test_two_runs_at_once_one_delivers_and_sigterm_ends_it_after_its_batch(emula
     from backlog_syphon.storage import tables
 
     config = _job_config(emulator, tmp_path)
-    originals = _originals("twice", 300)
+    originals = _originals("twice", 200)  # the paused batch (100), then one batch for the next run
     written = write_backlog(config.secondary, PRIMARY, originals, queue_count=10)
     command = job_command(tmp_path, run__max_messages_per_trigger=100)
     markers = {n: tmp_path / f"marker{n}" for n in (1, 2)}
@@ -134,6 +134,9 @@ def test_two_runs_at_once_one_delivers_and_sigterm_ends_it_after_its_batch(emula
 
 # --- a lease held elsewhere -----------------------------------------------------------------------
 
+OTHER_LEASE_SECONDS = 15  # the other run's extension: longer than the next run takes to reach the lease
+
+
 def test_a_lease_held_elsewhere_stops_a_run_or_makes_it_wait_until_it_expires(emulator, tmp_path, spark):
     from backlog_syphon.run import fence
     from backlog_syphon.run.lease import LeaseHeldError, new_lease
@@ -156,9 +159,9 @@ def test_a_lease_held_elsewhere_stops_a_run_or_makes_it_wait_until_it_expires(em
     assert emulator.stats(PRIMARY)[DESTINATION]["in"] == 0, "a fenced run sent something"
     assert sum(entry["total"] for entry in _backlog(emulator).values()) == len(originals)
 
-    # The other run extends its lease, now for 25 s: the next run waits for it to expire.
-    other = new_lease(lease_key(config), "other-run", "another-host", 4242, dt.datetime.now(dt.timezone.utc), 25,
-                      tables.read_lease(spark, storage.resolved_lease_table))
+    # The other run extends its lease, now for a few seconds: the next run waits for it to expire.
+    other = new_lease(lease_key(config), "other-run", "another-host", 4242, dt.datetime.now(dt.timezone.utc),
+                      OTHER_LEASE_SECONDS, tables.read_lease(spark, storage.resolved_lease_table))
     assert tables.write_lease(spark, storage.resolved_lease_table, other)
     lines: list[str] = []
     summary = run_syphon(spark, config.with_overrides({"run.wait_for_lease": "true"}), on_progress=lines.append)

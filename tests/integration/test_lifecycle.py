@@ -337,7 +337,8 @@ def _log_time(line: str) -> float:
     return dt.datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f").timestamp()
 
 
-STARVATION_OUTAGE_SECONDS = 30
+STARVATION_LEASE_SECONDS = 16
+STARVATION_OUTAGE_SECONDS = 1.5 * STARVATION_LEASE_SECONDS
 
 
 @pytest.mark.timeout(1500)
@@ -345,7 +346,7 @@ def test_lease_under_starvation_never_lets_two_runs_deliver_at_once(spark, emula
     """Job A (a process of its own on ``local[1]``) holds the lease while its send tasks wait for a
     server-busy primary, holding the only task slot that a lease extension (a Delta commit) needs; run
     B (in this process: all it needs is to want the same lease) waits for the lease
-    (``run.wait_for_lease``). The primary stays down for longer than the lease (20 s).
+    (``run.wait_for_lease``). The primary stays down for longer than the lease (16 s).
 
     The primary goes down once A holds the lease and B waits for it, both past their pre-flights, so
     the fence is exercised whatever the pre-flight makes of a busy primary. (A run started while the
@@ -353,9 +354,9 @@ def test_lease_under_starvation_never_lets_two_runs_deliver_at_once(spark, emula
     from backlog_syphon.errors import LeaseLostError
     from backlog_syphon.run.syphon import run_syphon
 
-    settings = {"backlog.queue_count": 3, "run.lease_seconds": 20, "run.max_messages_per_trigger": 30,
-                "sink.outage_wait_seconds": 300, "sink.retry_backoff_seconds": 0.2,
-                "sink.max_retry_backoff_seconds": 1}
+    settings = {"backlog.queue_count": 3, "run.lease_seconds": STARVATION_LEASE_SECONDS,
+                "run.max_messages_per_trigger": 30, "sink.outage_wait_seconds": 300,
+                "sink.retry_backoff_seconds": 0.2, "sink.max_retry_backoff_seconds": 1}
     config = make_config(emulator, tmp_path, **settings)
     originals = _originals("starved", 150, destinations=("payments",))
     _write(config, {index: originals[index::3] for index in range(3)})
@@ -387,7 +388,7 @@ def test_lease_under_starvation_never_lets_two_runs_deliver_at_once(spark, emula
         emulator.set_unavailable(PRIMARY, mode="server-busy")
         down_since = time.monotonic()
         assert runner_b.is_alive(), f"run B ended instead of waiting: {ended_b} {progress_b}"
-        # Down for half as long again as the lease (20 s): job A's send tasks hold the only task slot
+        # Down for half as long again as the lease: job A's send tasks hold the only task slot
         # meanwhile, past the lease's expiry.
         time.sleep(STARVATION_OUTAGE_SECONDS)
         emulator.set_available(PRIMARY)

@@ -1,39 +1,41 @@
-"""A long life in short: a continuous run of many small batches (a trickle of new backlog messages, a
-0.1-second trigger), in-process, with the state tables' upkeep (``storage.upkeep``).
+"""A long life in short: what keeps a continuous syphon's state bounded and its record exact, shown in a few
+batches; the long run itself (2,000 batches, its per-tenth costs, memory and table files) is ``make soak``
+(``bench/soak.py``).
 
 - The audit table's data files stay bounded: auto compaction (a table property) gathers each day's small
   files once ``spark.databricks.delta.autoCompact.minNumFiles`` of them are there. The job keeps Delta's
-  50; here it is 10, so that its bound is passed some twelve times in the run's 120 batches (a batch costs a
-  2-core machine about a second where it is quiet, some four where it is loaded to 10: the run is bounded
-  by its batches, not by time, so a busy machine makes it slower, never weaker).
-- Every message is recorded once (one audit row, outcome ``delivered``) and arrives once, across the
-  compactions.
-- ``--maintain``'s OPTIMIZE and VACUUM, run while the syphon appends, lose nothing and fail no batch.
-- A second start finds every property as wanted and commits nothing; ``--status``'s read of the audit is
-  pruned to the days from its oldest purge mark on.
+  50; here it is 3, so that the bound is passed several times in a few batches. Its history says how many
+  files the table held at every version, so the bound is checked at every commit, not at a sample of them.
+- An audit append replayed across compactions and a log checkpoint (a batch Spark runs again after a
+  crash) appends nothing: Delta keeps the append's transaction identifier through them.
+- A continuous run of about 20 batches (a trickle of new backlog messages from one open client, a
+  0.1-second trigger), in-process: every message is recorded once (one audit row, outcome ``delivered``)
+  and arrives once, across the compactions; ``--maintain``'s OPTIMIZE and VACUUM, run while the syphon
+  appends, lose nothing and fail no batch; a second start finds every property as wanted and commits
+  nothing; ``--status``'s read of the audit is pruned to the days from its oldest purge mark on.
 """
 
 from __future__ import annotations
 
 import collections
+import datetime as dt
 import re
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
-from tools.backlog_writer import OriginalMessage, write_backlog
+from tools.backlog_writer import OriginalMessage, legacy_backlog_bytes
 
 from .conftest import PRIMARY, make_config
 from .helpers import drain_destinations, wait_for
 
-DESTINATIONS = ("orders", "payments")
-QUEUES = 2
-BATCHES = 120  # batches with messages: the audit passes auto compaction's threshold some twelve times
-MAX_WRITING_SECONDS = 1200  # a bound for a run that stopped making batches, not a measure (a 2-core machine
-# running the whole suite made 103 batches in 900 s)
-MIN_NUM_FILES = 10  # spark.databricks.delta.autoCompact.minNumFiles for this test (Delta's default: 50)
 AUTO_COMPACT_MIN_FILES = "spark.databricks.delta.autoCompact.minNumFiles"
+MIN_NUM_FILES = 3  # for these tests (Delta's default, which the job keeps: 50)
+# A partition (a day) holds fewer than minNumFiles small files plus what they were compacted into; a batch's
+# append adds one file per task with rows (a run across midnight, UTC, has two partitions).
+FILES_BOUND = MIN_NUM_FILES + 2
 
 
 def _files(spark, path) -> int:
@@ -45,32 +47,128 @@ def _version(spark, path) -> int:
     return spark.sql(f"DESCRIBE HISTORY delta.`{path}` LIMIT 1").first()["version"]
 
 
+def _files_per_version(spark, path) -> tuple[list[int], int]:
+    """The data files the table held after each of its versions, from its history (every append adds its
+    files, every OPTIMIZE, auto or not, removes some and adds others), and how many of its commits were
+    auto compactions. The last count is checked against the table's own."""
+    history = spark.sql(f"DESCRIBE HISTORY delta.`{path}`").orderBy("version").collect()
+    held, counts, compactions = 0, [], 0
+    for row in history:
+        metrics = row["operationMetrics"] or {}
+        if row["operation"] == "WRITE":
+            held += int(metrics["numFiles"])
+        elif row["operation"] == "OPTIMIZE":
+            held += int(metrics["numAddedFiles"]) - int(metrics["numRemovedFiles"])
+            compactions += (row["operationParameters"] or {}).get("auto") == "true"
+        counts.append(held)
+    assert counts[-1] == _files(spark, path), (counts, [row["operation"] for row in history])
+    return counts, compactions
+
+
+@pytest.fixture
+def small_compactions(spark):
+    """Auto compaction at ``MIN_NUM_FILES`` for this test's appends (a query's session copies it at its start)."""
+    spark.conf.set(AUTO_COMPACT_MIN_FILES, str(MIN_NUM_FILES))
+    yield
+    spark.conf.unset(AUTO_COMPACT_MIN_FILES)
+
+
+# --- the table alone: the bound, and a replayed append -----------------------------------------
+
+APPENDS = 8  # auto compaction's bound passed three times, and a log checkpoint (every 10 commits) written
+
+
+def test_the_audits_files_stay_bounded_and_a_replayed_append_adds_nothing_across_compactions(spark, tmp_path,
+                                                                                             small_compactions):
+    from backlog_syphon.restore.rows import OUTCOME_ROW_SCHEMA
+    from backlog_syphon.storage import tables
+
+    audit, checkpoint, lease = (str(tmp_path / name) for name in ("audit", "checkpoint", "lease"))
+    tables.create_tables(spark, audit, checkpoint, lease)  # the audit with its upkeep properties, as a run makes it
+    now = dt.datetime.now(dt.timezone.utc)
+
+    def batch(version: int):
+        """A batch's outcome rows: one a backlog queue."""
+        rows = [("r", version, f"q{task}", version, f"m-{version}-{task}", "orders", None, "delivered", None, None, 10,
+                 now, None, None, now, 1, None, None, None) for task in range(2)]
+        return spark.createDataFrame(rows, OUTCOME_ROW_SCHEMA)
+
+    for version in range(APPENDS):
+        tables.append_audit(audit, batch(version), "app", version)
+    counts, compactions = _files_per_version(spark, audit)
+    assert compactions >= 3, f"{compactions} auto compactions in {APPENDS} appends"
+    assert max(counts) <= FILES_BOUND, f"the audit's data files reached {max(counts)}: {counts}"
+    log = Path(audit) / "_delta_log"
+    assert list(log.glob("*.checkpoint.parquet")), "no log checkpoint was written"  # every 10 commits
+
+    # A batch replayed after the compactions (the first, and the last) by a reader that starts from the log
+    # checkpoint, as a restarted job's does: nothing is appended, nothing committed.
+    before = _version(spark, audit)
+    spark._jvm.org.apache.spark.sql.delta.DeltaLog.clearCache()
+    for replayed in (0, APPENDS - 1):
+        tables.append_audit(audit, batch(replayed), "app", replayed)
+    assert _version(spark, audit) == before
+    ids = collections.Counter(row["message_id"] for row in spark.read.format("delta").load(audit).collect())
+    assert ids == {f"m-{appended}-{task}": 1 for appended in range(APPENDS) for task in range(2)}
+
+
+# --- a continuous run of about 20 batches ----------------------------------------------------
+
+DESTINATIONS = ("orders", "payments")
+QUEUES = 2
+BATCHES = 20  # batches with messages: auto compaction's bound is passed some six times
+MAX_WRITING_SECONDS = 600  # a bound for a run that stopped making batches, not a measure
+
+
 def _arrived(emulator) -> int:
     stats = emulator.stats(PRIMARY)
     return sum(stats[destination]["in"] for destination in DESTINATIONS)
 
 
 class Trickle:
-    """Writes two new backlog messages every few tenths of a second, on a thread, until stopped."""
+    """Writes new backlog messages from a thread, two at a time (one to each backlog queue), through one client
+    and its senders, opened once: the next two once the last are recorded (``recorded()``: how many the
+    run's batches delivered), so that each batch carries a few messages however fast the machine is."""
 
-    def __init__(self, config):
-        self.config, self.written, self.stop = config, [], threading.Event()
+    def __init__(self, config, recorded):
+        self.config, self.recorded, self.written, self.error = config, recorded, [], None
+        self.stop = threading.Event()
         self.thread = threading.Thread(target=self._write, name="trickle", daemon=True)
 
     def _write(self) -> None:
-        index = 0
-        while not self.stop.is_set():
-            messages = [OriginalMessage(DESTINATIONS[i % 2], f"trickle body {i}".encode(), message_id=f"trickle-{i:05d}")
-                        for i in range(index, index + 2)]
-            write_backlog(self.config.secondary, PRIMARY, messages, queue_count=QUEUES, senders=1, seed=index)
-            self.written.extend(messages)
-            index += 2
-            self.stop.wait(0.3)
+        from backlog_syphon.restore.queue_names import backlog_queue_name
+        from backlog_syphon.servicebus.clients import open_client
+        from backlog_syphon.servicebus.sdk_internals import prompt
+        from backlog_syphon.servicebus.send import send_encoded
+        from backlog_syphon.sink.delivery import Outgoing
+
+        try:
+            with open_client(self.config.secondary, role="secondary") as client:
+                senders = [prompt(client.get_queue_sender(backlog_queue_name(PRIMARY, queue)))
+                           for queue in range(QUEUES)]
+                try:
+                    while not self.stop.is_set():
+                        for sender in senders:
+                            index = len(self.written)
+                            message = OriginalMessage(DESTINATIONS[index % 2], f"trickle body {index}".encode(),
+                                                      message_id=f"trickle-{index:05d}")
+                            for _ in send_encoded(sender, [Outgoing(legacy_backlog_bytes(message), message.message_id,
+                                                                    None, None)]):
+                                pass
+                            self.written.append(message)
+                        while self.recorded() < len(self.written) and not self.stop.wait(0.1):
+                            pass
+                finally:
+                    for sender in senders:
+                        sender.close()
+        except BaseException as exc:  # noqa: BLE001 - the test fails on it
+            self.error = exc
 
 
 @pytest.mark.timeout(MAX_WRITING_SECONDS + 300)
-def test_a_long_continuous_run_keeps_the_audits_files_bounded_and_records_every_message_once(spark, emulator, tmp_path):
-    from backlog_syphon.run.maintain import maintain_table
+def test_a_continuous_run_keeps_the_audits_files_bounded_and_records_every_message_once(spark, emulator, tmp_path,
+                                                                                       small_compactions):
+    from backlog_syphon.run.maintain import maintain
     from backlog_syphon.run.status_report import audit_read_floor
     from backlog_syphon.run.syphon import start_syphon
     from backlog_syphon.storage import tables, upkeep
@@ -78,69 +176,61 @@ def test_a_long_continuous_run_keeps_the_audits_files_bounded_and_records_every_
     config = make_config(emulator, tmp_path, **{"run.trigger": "0.1 seconds", "run.idle_probe_max_seconds": 1,
                                                 "backlog.queue_count": QUEUES})
     audit, checkpoint = str(tmp_path / "audit"), str(tmp_path / "checkpoint")
-    spark.conf.set(AUTO_COMPACT_MIN_FILES, str(MIN_NUM_FILES))  # the query's session copies it at its start
-    try:
-        run = start_syphon(spark, config)
-    finally:
-        spark.conf.unset(AUTO_COMPACT_MIN_FILES)
+    run = start_syphon(spark, config)
     query = run.query
-    trickle = Trickle(config)
-    files_seen, maintained = [], {}
+    maintained = []
 
-    def data_batches() -> int:
-        return len([point for point in run.listener.points if point.stats is not None and point.stats.delivered])
+    def delivered_points() -> list:
+        return [point for point in run.listener.points if point.stats is not None and point.stats.delivered]
 
-    def maintain_meanwhile() -> None:
-        for table in (audit, checkpoint):
-            maintained[table] = maintain_table(spark, table)
+    def recorded() -> int:
+        return sum(point.stats.delivered for point in delivered_points())
 
-    maintenance = threading.Thread(target=maintain_meanwhile, name="maintain")
+    trickle = Trickle(config, recorded)
+
+    maintenance = threading.Thread(target=lambda: maintained.append(maintain(spark, config)), name="maintain")
     started = time.monotonic()
     try:
         trickle.thread.start()
-        while data_batches() < BATCHES and time.monotonic() - started < MAX_WRITING_SECONDS and query.isActive:
-            if tables.table_exists(spark, audit):
-                files_seen.append(_files(spark, audit))
-            if not maintenance.is_alive() and not maintained and data_batches() >= BATCHES // 2:
-                maintenance.start()  # OPTIMIZE and VACUUM while the syphon goes on appending
-            time.sleep(3.0)
+        # OPTIMIZE and VACUUM half-way, while the syphon goes on appending
+        assert wait_for(lambda: len(delivered_points()) >= BATCHES // 2 or not query.isActive, MAX_WRITING_SECONDS)
+        maintenance.start()
+        assert wait_for(lambda: len(delivered_points()) >= BATCHES or not query.isActive,
+                        MAX_WRITING_SECONDS - (time.monotonic() - started)), \
+            f"only {len(delivered_points())} batches carried messages in {MAX_WRITING_SECONDS} s"
         trickle.stop.set()
         trickle.thread.join(30)
-        maintenance.join(180) if maintenance.ident else None
+        assert trickle.error is None, trickle.error
+        maintenance.join(180)
         written = len(trickle.written)
-        assert wait_for(lambda: _arrived(emulator) >= written or not query.isActive, 120), \
-            f"only {_arrived(emulator)} of {written} arrived ({query.exception()})"
-        # Arrived is not recorded: stop only once the batch that sent the last ones has its audit rows, so
-        # that the stop never lands inside it (a stop mid-batch fails that batch, and it replays next run).
-        assert wait_for(lambda: not query.isActive or spark.read.format("delta").load(audit)
-                        .where("outcome = 'delivered'").count() >= written, 120), "the last batch was not recorded"
+        # Stop only once the batch that sent the last ones has its audit rows (its progress point comes after
+        # its foreachBatch), so that the stop never lands inside it (a stop mid-batch fails that batch).
+        assert wait_for(lambda: recorded() >= written or not query.isActive, 120), "the last batch was not recorded"
         assert query.isActive and query.exception() is None, f"a batch failed: {query.exception()}"
     finally:
         trickle.stop.set()
         run.finish(spark)
-    batches = data_batches()
-    assert batches >= BATCHES, f"only {batches} batches carried messages in {MAX_WRITING_SECONDS} s"
+    batches = len(delivered_points())
+    assert _arrived(emulator) == written
 
-    # Bounded: a partition (a day) holds fewer than minNumFiles small files plus what they were compacted
-    # into; a run across midnight (UTC) has two partitions.
-    files = _files(spark, audit)
-    history = spark.sql(f"DESCRIBE HISTORY delta.`{audit}`").collect()
-    compactions = [row for row in history if row["operation"] == "OPTIMIZE"]
-    assert len(compactions) >= 2, f"{len(compactions)} compactions in {batches} batches"
-    assert max(files_seen + [files]) <= MIN_NUM_FILES + 2, f"audit data files reached {max(files_seen)}"
-    print(f"\n[long life] {batches} batches, {written} messages, {len(compactions)} compactions, audit files "
-          f"at most {max(files_seen + [files])}, now {files}, {time.monotonic() - started:.0f} s")
+    # Bounded, at every commit of the run, across its compactions.
+    counts, compactions = _files_per_version(spark, audit)
+    assert compactions >= 2, f"{compactions} auto compactions in {batches} batches"
+    assert max(counts) <= FILES_BOUND, f"the audit's data files reached {max(counts)}: {counts}"
+    print(f"\n[long life] {batches} batches, {written} messages, {compactions} auto compactions, audit files at most "
+          f"{max(counts)}, now {counts[-1]}, {time.monotonic() - started:.0f} s")
 
     # The maintenance ran beside the appends, and failed no batch (the query stayed up, above).
-    assert set(maintained) == {audit, checkpoint}
-    assert all(result.exists and result.error is None for result in maintained.values()), maintained
+    [report] = maintained
+    assert not report.failed and {table.table for table in report.tables if table.exists} >= {audit, checkpoint}, \
+        report.lines()
 
     # Once: one delivered row per message, and one arrival each.
     rows = spark.read.format("delta").load(audit).collect()
     outcomes = collections.Counter((row["message_id"], row["outcome"]) for row in rows)
     assert outcomes == {(message.message_id, "delivered"): 1 for message in trickle.written}
-    received = collections.Counter(message.message_id for messages in drain_destinations(emulator, DESTINATIONS).values()
-                                   for message in messages)
+    received = collections.Counter(message.message_id for messages in drain_destinations(emulator, DESTINATIONS)
+                                   .values() for message in messages)
     assert received == {message.message_id: 1 for message in trickle.written}
 
     # A second start finds every property as wanted: no commit.

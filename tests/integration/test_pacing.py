@@ -107,7 +107,7 @@ def test_the_rate_cap_holds_over_every_5_second_window(spark, emulator, tmp_path
 def test_server_busy_slows_the_drain_loses_nothing_and_the_rate_recovers(spark, emulator, tmp_path):
     from backlog_syphon.run.syphon import run_syphon
 
-    cap, count, busy_seconds = 100, 1500, 4.0
+    cap, count, busy_seconds = 100, 1000, 4.0
     config = make_config(emulator, tmp_path, **{
         "sink.max_messages_per_second": cap, "backlog.queue_count": BACKLOG_QUEUES,
         "run.max_messages_per_trigger": 10000, "sink.max_send_attempts": 1, "sink.retry_backoff_seconds": 0.5,

@@ -35,7 +35,7 @@ def _originals(destination: str, queue_index: int) -> list[OriginalMessage]:
     Service Bus requires), two partition keys and key-less messages, interleaved as a backlog holds them."""
     kinds = [("s1", None), (None, None), ("s2", None), (None, "k1"), ("s3", None), (None, None), (None, "k2")]
     originals = []
-    for index in range(140):
+    for index in range(10 * len(kinds)):
         session, key = kinds[index % len(kinds)]
         prefix = f"{destination}-q{queue_index}"
         originals.append(OriginalMessage(destination, f"{prefix}-{index}".encode(), message_id=f"{prefix}-{index}",

@@ -385,3 +385,17 @@ def test_held_rows_are_never_built_nor_sent_and_the_others_go_on():
                                          (3, Outcome.DELIVERED, None), (4, Outcome.HELD, "destination_skipped")]
     assert sender.sent == [("orders", "m1"), ("orders", "m3")] and built == [1, 3]
     assert all(r.attempts == 0 for r in results if r.outcome == Outcome.HELD)
+
+
+def test_a_message_refused_before_sending_is_dead_lettered_with_its_reason_and_the_rest_goes_on():
+    from backlog_syphon.model import RefusedBeforeSending
+
+    def build_refusing(r):
+        if r["sequence_number"] == 2:
+            raise RefusedBeforeSending(ReasonCode.PROPERTY_TOO_LARGE, "its property 'p' is 33,000 bytes")
+        return build(r)
+
+    results = {r.row["sequence_number"]: r for r in run([row(1), row(2), row(3)], FakeSender(), builder=build_refusing)}
+    assert (results[2].outcome, results[2].reason_code, results[2].reason) == (
+        Outcome.DEAD_LETTERED, ReasonCode.PROPERTY_TOO_LARGE, "its property 'p' is 33,000 bytes")
+    assert results[1].outcome == results[3].outcome == Outcome.DELIVERED

@@ -1,7 +1,7 @@
-"""Every relative link in README.md and docs/**/*.md resolves: to a file that exists and, with an
-``#anchor``, to a heading of that file (or of the same one), named the way GitHub names heading
-anchors. External links (any scheme, http(s) above all) are not fetched. Code spans and fenced
-blocks are not prose: a link or heading written inside one does not count."""
+"""Every relative link in README.md, docs/**/*.md and the emulator's manual (emulator/README.md and its pages
+in emulator/docs/) resolves: to a file that exists and, with an ``#anchor``, to a heading of that file (or of
+the same one), named the way GitHub names heading anchors. External links (any scheme, http(s) above all) are
+not fetched. Code spans and fenced blocks are not prose: a link or heading written inside one does not count."""
 
 import re
 from pathlib import Path
@@ -9,7 +9,9 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-DOCUMENTS = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+# The syphon's manual and the emulator's (its README is the index of its pages in emulator/docs).
+DOCUMENTS = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md")),
+             ROOT / "emulator" / "README.md", *sorted((ROOT / "emulator" / "docs").rglob("*.md"))]
 
 FENCED_BLOCK = re.compile(r"^ *(```|~~~).*?^ *\1[^\n]*$", re.S | re.M)
 CODE_SPAN = re.compile(r"(`+)(?!`).*?(?<!`)\1(?!`)", re.S)
@@ -89,7 +91,8 @@ def test_a_broken_link_is_found(tmp_path):
 
 def test_the_documents_are_found():
     names = {str(document.relative_to(ROOT)) for document in DOCUMENTS}
-    assert {"README.md", "docs/design.md", "docs/running.md", "docs/running/local.md"} <= names
+    assert {"README.md", "docs/design.md", "docs/running.md", "docs/running/local.md", "emulator/README.md",
+            "emulator/docs/answers.md"} <= names
 
 
 @pytest.mark.parametrize("document", DOCUMENTS, ids=lambda document: str(document.relative_to(ROOT)))

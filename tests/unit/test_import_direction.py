@@ -84,6 +84,8 @@ PURE_MODULES = (
     "backlog_syphon.purge.settle_timing",
     "backlog_syphon.purge.lock_wait",
     "backlog_syphon.peek_pages",
+    "backlog_syphon.rate_control",
+    "backlog_syphon.credits",
     "backlog_syphon.servicebus.access",
     "backlog_syphon.servicebus.network",
     "backlog_syphon.run.lease",
@@ -243,6 +245,8 @@ RANKS = {
     "purge": 1,  # the purge's decisions, which its I/O (servicebus) and its runner (sink) share
     "migration": 1,  # the migration mode's decisions: selection, routes, copy rules
     "rows": 1,  # the row schemas and their Arrow form: the source's, the sink's and the tables'
+    "rate_control": 1,  # a token bucket and an AIMD controller: the sends' pacing and the credits'
+    "credits": 1,  # pacing a namespace's credits, which the I/O (servicebus) and the source's options share
     "servicebus": 2, "storage": 2,  # the I/O of one system each
     "source": 3, "sink": 3,
     "run": 4,  # the wiring

@@ -44,6 +44,7 @@ def test_enum_values_are_the_tables_contract():
     assert [o.value for o in Outcome] == ["delivered", "dead_lettered", "skipped_ping", "unsent", "held",
                                           "not_selected", "expired", "covered"]
     assert [a.value for a in Action] == ["deliver", "dead_letter", "skip", "hold", "leave", "expire", "cover"]
+    assert f"{ReasonCode.BACKLOG_COPY_EXPIRED}" == "backlog_copy_expired"
     assert [s.value for s in RunSource] == ["backlog", "dead_letters", "migration"]
     assert f"{ReasonCode.DESTINATION_SKIPPED}" == "destination_skipped"
     assert f"{ReasonCode.FILTERED_OUT}" == "filtered_out" and f"{ReasonCode.REDRIVEN_BEFORE}" == "redriven_before"

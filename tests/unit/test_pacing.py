@@ -8,17 +8,8 @@ import pytest
 from backlog_syphon.config import SinkConfig
 from backlog_syphon.model import Outcome, PacingStats, ReasonCode, SendFailure, SendFailureClass
 from backlog_syphon.sink.delivery import deliver_chunks, deliver_rows
-from backlog_syphon.sink.pacing import (
-    BURST_SECONDS,
-    HOLD_SECONDS,
-    MIN_RATE,
-    PaceEvent,
-    Pacer,
-    PaceSignal,
-    RateController,
-    TokenBucket,
-    cap_share,
-)
+from backlog_syphon.rate_control import BURST_SECONDS, HOLD_SECONDS, MIN_RATE, RateController, TokenBucket
+from backlog_syphon.sink.pacing import PaceEvent, Pacer, PaceSignal, cap_share
 
 from .test_delivery import Busy, FakeClock, FakeSender, QuotaExceeded, build, row
 
@@ -245,15 +236,17 @@ def test_server_busy_slows_the_task_spends_no_attempts_and_the_rate_recovers_aft
     assert 4.0 <= stats.slowed_seconds <= 4.0 + HOLD_SECONDS + SINK.throttle_recovery_seconds + 4.0
 
 
-def test_throttling_past_the_outage_wait_leaves_the_messages_unsent_naming_the_destination():
+def test_throttling_past_the_outage_wait_leaves_the_messages_unsent_naming_the_namespace_and_what_to_change():
     clock = FakeClock(now=0.0)
     sender = BusySender(clock, busy=(0.0, 1e9))
     sink = SinkConfig(max_send_attempts=1, retry_backoff_seconds=1.0, max_retry_backoff_seconds=4.0,
                       outage_wait_seconds=20.0)
     results = _deliver([row(1), row(2)], sender, clock, Pacer(None, 5.0, 0.0), sink=sink)
     assert [(r.outcome, r.reason_code) for r in results] == [(Outcome.UNSENT, ReasonCode.DESTINATION_UNAVAILABLE)] * 2
-    assert results[0].reason.startswith("destination 'orders' stayed unavailable for 20 s (the primary namespace "
-                                        "is busy)")
+    assert results[0].reason.startswith("the primary namespace throttled sends to 'orders' for 20 s (the primary "
+                                        "namespace is busy) after this send task sent 0 message(s) (0 credits); set "
+                                        "primary.max_credits_per_second (or sink.max_messages_per_second)")
+    assert "or move it to Premium (no credit budget); nothing was lost" in results[0].reason
     assert {r.attempts for r in results} == {0} and 20.0 <= clock.now < 25.0
     assert sender.refused >= 6  # retried all along: max_send_attempts=1 did not end it
 

@@ -5,6 +5,7 @@ import contextlib
 import datetime as dt
 from types import SimpleNamespace
 
+from backlog_syphon.config import NamespaceConfig
 from backlog_syphon.model import QueueSettings
 from backlog_syphon.servicebus import entities
 
@@ -21,10 +22,10 @@ def test_partitioned_queues_and_their_dead_letter_sub_queues_are_named(monkeypat
 
     monkeypatch.setattr(entities, "administration_client", admin)
     queues = ["ns/x-servicebus-transfer/0", "ns/x-servicebus-transfer/1", "ns/x-servicebus-transfer/0/$DeadLetterQueue"]
-    assert entities.partitioned_queues(None, queues) == {"ns/x-servicebus-transfer/0",
+    assert entities.partitioned_queues(NamespaceConfig(), queues) == {"ns/x-servicebus-transfer/0",
                                                          "ns/x-servicebus-transfer/0/$DeadLetterQueue"}
     # the lock each queue's purge may wait out for messages an earlier receiver left locked, by lower-case name
-    assert entities.queue_settings(None).lock_seconds == {"ns/x-servicebus-transfer/0": 30.0,
+    assert entities.queue_settings(NamespaceConfig()).lock_seconds == {"ns/x-servicebus-transfer/0": 30.0,
                                                           "ns/x-servicebus-transfer/1": 60.0}
 
 
@@ -35,5 +36,5 @@ def test_an_administration_api_that_does_not_answer_knows_of_none(monkeypatch):
         yield
 
     monkeypatch.setattr(entities, "administration_client", refused)
-    assert entities.partitioned_queues(None, ["q"]) == set()
-    assert entities.queue_settings(None) == QueueSettings()
+    assert entities.partitioned_queues(NamespaceConfig(), ["q"]) == set()
+    assert entities.queue_settings(NamespaceConfig()) == QueueSettings()

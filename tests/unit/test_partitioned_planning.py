@@ -196,3 +196,22 @@ def test_empty_peeks_while_messages_exist_end_no_partition_early(empty_every):
                             idle_probe_max_seconds=900.0, partitioned={Q})
     rows, _, _ = drain(planner, {Q: queue})
     check_once_in_order(rows[Q], queue)
+
+
+def test_an_answer_from_another_partition_is_asked_once_more_before_the_lane_counts_as_empty():
+    queue = FakePartitionedQueue({2: [1, 2], 5: [1], 9: [1]})
+    wrong = {f"{Q}#2"}  # the first answer for lane 2 comes from partition 9, as a partitioned peek may answer
+
+    def probe_at_once(asks):
+        answers = {}
+        for key, x in asks.items():
+            if key in wrong:
+                wrong.discard(key)
+                answers[key] = queue.probe(absolute(9, 0))
+            else:
+                answers[key] = queue.probe(x)
+        return answers
+
+    probes = LaneProbes(probe_at_once)
+    assert probes({f"{Q}#2": 1, f"{Q}#3": 0}) == {f"{Q}#2": (1, queue.identity(absolute(2, 1))[1]), f"{Q}#3": None}
+    assert (probes.extra.probes, probes.extra.rounds) == (2, 1)  # lane 2's and lane 3's second looks, at once

@@ -84,3 +84,47 @@ def test_seeded_short_and_empty_pages_never_skip_nor_repeat_a_message(seed):
     assert read_all(queue, first, last) == [seq for seq in present if first <= seq <= last]
     # every answer that took nothing was an empty first look, its second look, or the read's end
     assert len(queue.asks) <= 2 * (len(present) + 2)
+
+
+class PartitionedLane:
+    """One partition's numbers, and a peek that answers from a later partition at the asks numbered in
+    ``elsewhere`` (0 = the first ask), as a partitioned entity may: "the oldest message in one of the partitions"."""
+
+    def __init__(self, partition: int, count: int, elsewhere=(), later=(9 << 48 | 1,)):
+        self.present = [partition << 48 | n for n in range(1, count + 1)]
+        self.elsewhere, self.later = set(elsewhere), list(later)
+        self.asks: list[tuple[int, int]] = []
+
+    def peek(self, first, count):
+        number = len(self.asks)
+        self.asks.append((first, count))
+        if number in self.elsewhere:
+            return self.later[:count]
+        at = bisect.bisect_left(self.present, first)
+        return self.present[at:at + count] or self.later[:count]  # nothing left here: the next one answers
+
+
+def read_lane(lane: PartitionedLane, first: int, last: int, page_size: int = 250) -> list[int]:
+    read, taken = PagedRead(first, last, page_size, lane=True), []
+    while (ask := read.next_ask()) is not None:
+        page = lane.peek(*ask)
+        taken += page[:read.on_page(page)]
+    return taken
+
+
+def test_in_a_lane_an_answer_from_another_partition_is_a_miss_looked_at_again_not_the_end():
+    lane = PartitionedLane(3, 600, elsewhere={1, 2})  # the second and third answers come from partition 9
+    last = 3 << 48 | (1 << 40)
+    assert read_lane(lane, 3 << 48 | 1, last) == lane.present
+    assert lane.asks[1:4] == [(3 << 48 | 251, 250), (3 << 48 | 251, 1), (3 << 48 | 251, 1)]
+    # three answers from elsewhere in a row: nothing more in this lane (the next non-empty partition answers)
+    assert lane.asks[-3:] == [(3 << 48 | 601, 250), (3 << 48 | 601, 1), (3 << 48 | 601, 1)]
+
+
+def test_outside_a_lane_an_answer_past_the_range_still_ends_the_read():
+    lane = PartitionedLane(3, 10, elsewhere={0})
+    read, taken = PagedRead(3 << 48 | 1, 3 << 48 | 100), []
+    while (ask := read.next_ask()) is not None:
+        page = lane.peek(*ask)
+        taken += page[:read.on_page(page)]
+    assert taken == [] and len(lane.asks) == 1  # a plain read takes a page past its range as the end

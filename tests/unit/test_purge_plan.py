@@ -178,6 +178,14 @@ def test_a_purge_reports_each_span_settled_or_left_from_what_is_still_there():
     assert result == PurgeResult(3, 0, 0, remaining=(second,), settled=(first,))
 
 
+def test_a_round_a_throttled_receive_ended_reports_what_it_settled_whole_and_leaves_the_rest_as_planned():
+    first, second = span(1, 3), span(5, 8)
+    progress = PurgeProgress(plan_of(first, second))
+    progress.on_page([msg(1), msg(2), msg(3), msg(5)])
+    progress.on_settled(4, completed_numbers=(1, 2, 3, 5))  # then the next receive was refused: no look
+    assert progress.throttled_result() == PurgeResult(4, 0, 0, remaining=(second,), settled=(first,), throttled=True)
+
+
 @pytest.mark.parametrize("spans, expected", [
     ((span(1, 3),), -1),
     ((span(1, 3, queue="other"),), 3),
@@ -397,3 +405,58 @@ def test_a_look_that_finds_no_recorded_message_says_nothing_planned_is_there():
     special.on_page([])
     special.on_look([msg(2)], now=0.0)  # a deferred one no receive brings (its settling failed): not waited for
     assert special.came_up_empty and special.stopped and special.lock_wait is None
+
+
+# --- settlements across partitions, and refusals whose live tokens may or may not be settled ---------------
+
+def settle_on(namespace_mode: str, completion: BulkSettlement, dead: set, settled: set, *, partitioned=True) -> list:
+    """Drive a ``BulkSettlement`` against a namespace that refuses a request spanning partitions (as a partitioned
+    entity does), and answers a request with a dead token 410, settling its live ones (``partial``) or none
+    (``atomic``). ``settled`` collects what the namespace settled; a look finds what is still there."""
+    requests = []
+    while (request := completion.next_request(0.0)) is not None:
+        requests.append(request)
+        assert not partitioned or len({seq >> 48 for seq in request}) == 1, "a request across partitions"
+        if dead.intersection(request) or settled.intersection(request):
+            if namespace_mode == "partial":
+                settled.update(seq for seq in request if seq not in dead)
+            present = {seq for seq in request if seq not in settled} if completion.needs_look(request) else None
+            completion.lock_lost(request, present=present)
+        else:
+            settled.update(request)
+            completion.succeeded(request)
+    return requests
+
+
+def lanes(*partitions, per=50):
+    return [p << 48 | n for p in partitions for n in range(1, per + 1)]
+
+
+def test_lock_tokens_go_one_request_per_partition():
+    items = lanes(3, 0, 7)
+    completion = BulkSettlement(sorted(items), deadline=60.0, partition=lambda seq: seq >> 48)
+    settled: set = set()
+    requests = settle_on("partial", completion, set(), settled)
+    assert [request[0] >> 48 for request in requests] == [0, 3, 7] and settled == set(items)
+
+
+@pytest.mark.parametrize("mode", ["partial", "atomic"])
+@pytest.mark.parametrize("dead", [{7}, {1, 50}, {5, 6, 7, 48}])
+def test_a_refused_request_settles_every_live_message_and_nothing_twice_whatever_the_namespace_does(mode, dead):
+    completion = BulkSettlement(range(1, 101), deadline=60.0)
+    settled: set = set()
+    requests = settle_on(mode, completion, dead, settled, partitioned=False)
+    assert settled == set(range(1, 101)) - dead  # every live token settled, and by the namespace only once
+    assert sorted(completion.completed) == sorted(settled)  # what the purge counts is what went
+    assert sorted(completion.lost) == sorted(dead) and completion.left == []
+    if mode == "partial":
+        assert len(requests) == 1  # the look tells at once: what went was settled, what is there lost its lock
+    else:
+        assert len(requests) <= 1 + 2 * len(dead) * 7  # halving, as before
+
+
+def test_once_a_look_found_nothing_gone_the_settlement_halves_without_looking():
+    completion = BulkSettlement(range(1, 101), deadline=60.0)
+    assert completion.needs_look(tuple(range(1, 101)))
+    completion.lock_lost(tuple(range(1, 101)), present=set(range(1, 101)))
+    assert not completion.looks and not completion.needs_look(tuple(range(1, 51)))

@@ -151,6 +151,15 @@ def test_after_purge_keeps_a_later_span_and_whats_left_of_a_planned_one():
     assert "q9" not in left  # a queue nobody knows of stays unknown
 
 
+def test_a_throttled_round_that_settled_nothing_leaves_the_plan_as_it_was_and_one_that_did_counts_again():
+    a, b = span("q0", 1, 5, delivered=5), span("q0", 6, 9, delivered=4)
+    unpurged = add_recorded({}, [a, b])
+    nothing = PurgeResult(0, 0, 0, (a, b), (), throttled=True)  # the round's first receive was refused
+    assert after_purge(unpurged, {"q0": nothing}) == {"q0": Unpurged((a, b), (), verify=False)}
+    some = PurgeResult(5, 0, 0, (b,), (a,), throttled=True)  # a settled whole, b perhaps in part
+    assert after_purge(unpurged, {"q0": some}) == {"q0": Unpurged((b,), (), verify=True)}
+
+
 # --- the purge mark -------------------------------------------------------------------------------
 
 def test_purge_marks_only_move_forward():

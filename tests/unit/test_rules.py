@@ -7,7 +7,7 @@ import pytest
 from chispa import assert_df_equality
 from pyspark.sql.types import LongType, StringType, StructField, StructType
 
-from backlog_syphon.restore.amqp.message import DecodedMessage, MessageProperties
+from backlog_syphon.restore.amqp.message import DecodedMessage, MessageHeader, MessageProperties
 from backlog_syphon.restore.amqp.values import Described, Symbol, Timestamp, ULong
 from backlog_syphon.model import TtlPolicy
 from backlog_syphon.restore.legacy_properties import PING_CONTENT_TYPE, LegacyFields, Problem
@@ -47,6 +47,7 @@ def backlog_row(sequence_number, **overrides):
         "dead_letter_reason": None,
         "dead_letter_error_description": None,
         "message_state": None,
+        "backlog_expires_time": None,
         **overrides,
     }
     return tuple(row[column] for column in BACKLOG_ROW_COLUMNS)
@@ -222,6 +223,7 @@ def test_legacy_fields_to_row_values():
 
 def test_backlog_row_values_from_a_raw_legacy_message(spark):
     raw = DecodedMessage(
+        header=MessageHeader(ttl_ms=24 * 3600 * 1000),  # the backlog copy's own time to live: a day
         message_annotations={Symbol("x-opt-sequence-number"): 41,
                              Symbol("x-opt-enqueued-time"): Timestamp(1714560000000),
                              Symbol("x-opt-partition-key"): "s-1"},
@@ -253,15 +255,18 @@ def test_backlog_row_values_from_a_raw_legacy_message(spark):
         "dead_letter_reason": None,
         "dead_letter_error_description": None,
         "message_state": None,
+        "backlog_expires_time": datetime(2024, 5, 1, 10, 40, tzinfo=UTC) + timedelta(days=1),
     }
     assert list(row) == list(BACKLOG_ROW_COLUMNS)
     # The values fit the schema.
     # The values fit the schema; timestamps compared as instants (collect() returns local naive times).
     df = spark.createDataFrame([tuple(row.values())], BACKLOG_ROW_SCHEMA)
     collected = df.selectExpr("*", "unix_millis(enqueued_time) AS enq_ms",
-                              "unix_millis(scheduled_enqueue_time) AS sched_ms").collect()[0].asDict()
-    assert (collected.pop("enq_ms"), collected.pop("sched_ms")) == (1714560000000, 1714566600000)
-    timestamps = ("enqueued_time", "scheduled_enqueue_time")
+                              "unix_millis(scheduled_enqueue_time) AS sched_ms",
+                              "unix_millis(backlog_expires_time) AS expires_ms").collect()[0].asDict()
+    assert (collected.pop("enq_ms"), collected.pop("sched_ms"), collected.pop("expires_ms")) == (
+        1714560000000, 1714566600000, 1714560000000 + 24 * 3600 * 1000)
+    timestamps = ("enqueued_time", "scheduled_enqueue_time", "backlog_expires_time")
     assert {k: v for k, v in collected.items() if k not in timestamps} == {
         **{k: v for k, v in row.items() if k not in timestamps}, "raw_message": bytearray(raw)}
 
@@ -414,3 +419,38 @@ def test_a_message_its_destination_would_refuse_is_dead_lettered_before_it_is_se
     # without shapes (the administration API did not answer) only what every entity refuses is caught
     without = {row["sequence_number"]: row["action"] for row in classified(spark, rows[:2] + rows[4:5]).collect()}
     assert without == {1: "deliver", 2: "deliver", 5: "dead_letter"}
+
+
+def test_a_backlog_copy_that_expired_in_its_queue_is_not_sent_and_pings_and_held_ones_stay_what_they_are(spark):
+    past, future = NOW - timedelta(seconds=1), NOW + timedelta(minutes=1)
+    rows = [
+        backlog_row(1, backlog_expires_time=past),
+        backlog_row(2, backlog_expires_time=past, decode_problem_code="missing_path", destination=None,
+                    decode_problem_reason="x-ms-path is missing"),  # the broker collects it: not dead-lettered
+        backlog_row(3, backlog_expires_time=past, content_type=PING_CONTENT_TYPE),
+        backlog_row(4, backlog_expires_time=past, destination="payments"),
+        backlog_row(5, backlog_expires_time=future),
+    ]
+    out = classify_messages(spark.createDataFrame(rows, BACKLOG_ROW_SCHEMA), now=NOW, skip_destinations=["payments"])
+    got = {row["sequence_number"]: (row["action"], row["reason_code"]) for row in out.collect()}
+    assert got == {1: ("expire", "backlog_copy_expired"), 2: ("expire", "backlog_copy_expired"), 3: ("skip", "ping"),
+                   4: ("hold", "destination_skipped"), 5: ("deliver", None)}
+    reason = out.where("sequence_number = 1").first()["reason"]
+    assert reason.startswith("the backlog copy expired in its queue at ") and "not sent" in reason
+
+
+def test_properties_larger_than_service_bus_takes_are_found_on_the_restored_bytes():
+    from backlog_syphon.restore.destination_fit import property_size_refusal
+
+    def encoded(**application_properties) -> bytes:
+        return DecodedMessage(properties=MessageProperties(message_id="m"), body=(b"x",),
+                              application_properties=application_properties).encode()
+
+    assert property_size_refusal(encoded(p="x" * (31 * 1024)), "m", None) is None
+    assert property_size_refusal(encoded(p="x" * (33 * 1024)), "m", None).startswith(
+        "its property 'p' is 33,")
+    three = encoded(**{f"p{i}": "x" * (30 * 1024) for i in range(3)})
+    assert "properties are 92," in property_size_refusal(three, "m", None)
+    assert property_size_refusal(encoded(), "i" * 129, None) == (
+        "its MessageId has 129 characters, more than the 128 Service Bus takes")
+    assert property_size_refusal(encoded(), "m", "s" * 129).startswith("its SessionId has 129 characters")

@@ -46,12 +46,13 @@ def test_from_config_copies_every_setting(tmp_path):
                     "secondary: {connection_string: {env: S}}\n"
                     "backlog: {queue_count: 4, discover: false}\n"
                     "storage: {audit_table: a/b, checkpoint_table: c/d, checkpoint_location: e/f}\n"
-                    "run: {trigger: 10 seconds, max_messages_per_trigger: 9, idle_probe_max_seconds: 30}\n")
+                    "run: {trigger: 10 seconds, max_messages_per_trigger: 9, idle_probe_max_seconds: 30}\n"
+                    "sink: {outage_wait_seconds: 40, throttle_recovery_seconds: 5}\n")
     secret = "Endpoint=sb://h/;SharedAccessKeyName=k;SharedAccessKey=v"
     config = load_config(path, environ={"P": secret, "S": secret})
-    options = SourceOptions.from_config(config, stop_file="stop", look_back=("q/1", "q/0"))
+    options = SourceOptions.from_config(config, stop_file="stop", look_back=("q/1", "q/0"), read_slots=3)
     assert dataclasses.astuple(options)[2:] == (4, False, 9, 30.0, False, "stop", False, ("q/0", "q/1"), False,
-                                                (), False, (), ())
+                                                (), False, (), (), 40.0, 5.0, 3)
     assert options.secondary == config.secondary
 
 

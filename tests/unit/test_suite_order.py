@@ -1,31 +1,24 @@
-"""The suite's own order (``tests/conftest.py``, ``dealt_out``): every test kept once, and each worker's
-share starting with its part of the timed (integration) tests, balanced by their seconds, whatever
-the selection."""
+"""The suite's own order (``tests/conftest.py``): every test that needs Spark dealt to one of the lanes,
+balanced by their seconds, whatever the selection, and the others to none."""
 
 import pytest
 
-from tests.conftest import dealt_out
+from tests.conftest import lanes
 
 
-def _items(timed: list[float], others: int) -> tuple[list[str], list[float]]:
-    names = [f"long-{n}" for n in range(len(timed))] + [f"short-{n}" for n in range(others)]
-    return names, list(timed) + [0] * others
+@pytest.mark.parametrize("seconds, count", [
+    ([50, 40, 30, 20, 10] + [0] * 10, 3), ([5, 5, 5, 5, 5], 3), ([8], 3), ([0] * 4, 3), ([9] * 7 + [0] * 13, 2),
+    ([3, 2, 0, 0], 1)])
+def test_every_test_with_seconds_gets_one_lane_and_the_others_none(seconds, count):
+    dealt = lanes(seconds, count)
+    assert len(dealt) == len(seconds)
+    assert all((lane is None) == (value == 0) for lane, value in zip(dealt, seconds))
+    assert {lane for lane in dealt if lane is not None} <= set(range(count))
 
 
-@pytest.mark.parametrize("timed, others, workers", [
-    ([50, 40, 30, 20, 10], 10, 3), ([5, 5, 5, 5, 5], 0, 3), ([8], 0, 3), ([], 4, 3), ([9] * 7, 13, 2), ([3, 2], 5, 1)])
-def test_every_test_is_kept_once(timed, others, workers):
-    names, seconds = _items(timed, others)
-    assert sorted(dealt_out(names, seconds, workers)) == sorted(names)
-
-
-def test_each_share_starts_with_long_tests_of_about_equal_seconds():
-    # Longest first, each to the share with the fewest seconds (the first of equals): 100 | 60 + 30 + 5 | 50 + 40.
-    names, seconds = _items([60, 5, 100, 40, 50, 30], 9)  # three shares of five, as worksteal sizes them
-    assert dealt_out(names, seconds, 3) == [
-        "long-2", "short-0", "short-1", "short-2", "short-3",
-        "long-0", "long-5", "long-1", "short-4", "short-5",
-        "long-4", "long-3", "short-6", "short-7", "short-8"]
+def test_the_lanes_hold_about_equal_seconds_longest_first():
+    # Longest first, each to the lane with the fewest seconds (the first of equals): 100 | 60 + 30 + 5 | 50 + 40.
+    assert lanes([60, 5, 0, 100, 40, 0, 50, 30], 3) == [1, 1, None, 0, 2, None, 2, 1]
 
 
 def test_measured_seconds_naming_a_test_that_does_not_exist_is_found_once_all_of_integration_is_collected():

@@ -94,11 +94,16 @@ def test_the_maintenance_report_names_each_table_and_fails_when_one_failed():
     done = TableUpkeep("/data/audit", exists=True, window="interval 1 days", files_removed=48, files_added=1,
                        seconds=3.2)
     missing = TableUpkeep("/data/checkpoint_runs", exists=False)
-    report = MaintenanceReport((done, missing))
+    rewritten = TableUpkeep("/data/checkpoint_lease", exists=True, window="interval 1 days", compacted=False,
+                            seconds=0.4)
+    report = MaintenanceReport((done, missing, rewritten))
     assert not report.failed
-    assert report.lines() == ["state tables (OPTIMIZE, then VACUUM):",
-                              "  /data/audit: compacted 48 file(s) into 1, vacuumed files past its window (interval 1 days) (3.2 s)",
-                              "  /data/checkpoint_runs: does not exist yet (nothing to do)", "maintenance done"]
+    assert report.lines() == [
+        "state tables (OPTIMIZE where the syphon appends, then VACUUM):",
+        "  /data/audit: compacted 48 file(s) into 1, vacuumed files past its window (interval 1 days) (3.2 s)",
+        "  /data/checkpoint_runs: does not exist yet (nothing to do)",
+        "  /data/checkpoint_lease: rewritten whole by the syphon, not compacted, vacuumed files past its window "
+        "(interval 1 days) (0.4 s)", "maintenance done"]
     failed = MaintenanceReport((done, dataclasses.replace(done, table="/data/checkpoint", error="IOError: denied")))
     assert failed.failed and failed.lines()[2] == "  /data/checkpoint: FAILED: IOError: denied"
     assert failed.lines()[-1].startswith("maintenance failed for some tables: run it again")

@@ -5,7 +5,8 @@
         conn_str = emu.connection_string("contoso")
 
 ``load_config`` also reads the official emulator's ``Config.json``. The distribution's README.md
-(``emulator/README.md`` in the backlog syphon's repository) describes configuration, behaviour and limits.
+(``emulator/README.md`` in the backlog syphon's repository) and the pages it links (``emulator/docs/``)
+describe configuration, behaviour and limits.
 """
 from .config import EmulatorConfig
 from .config_error import ConfigError

@@ -11,6 +11,8 @@ Invariants:
 - broker state is read on the broker's loop thread only (``Server.call``); a request thread never touches it;
 - a request is authenticated before anything is looked up; a queue or topic that does not exist is the
   service's empty feed (200) even for a caller without Manage, an existing one needs Manage (as on Azure);
+- a read is a management operation: it costs the namespace ten credits, and a namespace out of credits (or
+  switched ``server-busy``) answers it 503 with the service's throttling text (``credits``);
 - deleting a queue needs Manage (a key with it, or Data Owner on the namespace or the queue) before anything
   is looked up or changed: the service's 401 otherwise; a queue that does not exist is a 404;
 - each response is delayed by the namespace's latency (one round trip), like the AMQP side's frames.
@@ -27,6 +29,8 @@ from typing import Dict, Optional
 from urllib.parse import quote
 
 from . import aad, admin_atom, admin_views, cbs, fault_switches
+from .credits import CreditKind
+from .limits import MANAGEMENT_OPERATION_CREDITS
 from .admin_auth import (MANAGE_CLAIMS_REQUIRED, Caller, Unauthenticated, authenticate, subscription_refusal)
 from .admin_routes import BadRequest, Route, RouteKind, route
 from .admin_views import EntityKind
@@ -74,6 +78,10 @@ class NamespaceApi:
             return self._error(401, str(exc), path)
         if request.kind is RouteKind.UNSUPPORTED:
             return self._error(501, NOT_SERVED.format(what=request.unsupported), path)
+        refusal = self.server.call(self.ns.load_refusal, CreditKind.ADMINISTRATION, path)
+        if refusal is not None:
+            return Reply(503, admin_atom.error_document(503, refusal.description))
+        self.server.call(self.ns.spend, CreditKind.ADMINISTRATION, MANAGEMENT_OPERATION_CREDITS)
         if request.kind is RouteKind.DELETE_ENTITY:
             return self._delete(caller, request.entity, path)
         if request.kind is RouteKind.GET_ENTITY:

@@ -63,8 +63,9 @@ def _open_sender(c, link: Link, path: str):
     refusal = cbs.refusal(c, path, aad.SEND)
     if refusal is not None:
         return reject(link, refusal.condition, refusal.description)
-    if ns.is_busy(lower):
-        return reject(link, "com.microsoft:server-busy", "The entity is unavailable (server busy).")
+    busy = refusals.busy_refusal(ns, path)
+    if busy is not None:
+        return reject(link, busy.condition, busy.description)
     # like the service, no com.microsoft:max-message-batch-size: the SDK then takes 256 KB, or
     # 1 MB where the entity takes messages of 1 MB or more (its own fallback)
     link.max_message_size = target.settings.max_message_size_kb * 1024
@@ -80,8 +81,9 @@ def _open_receiver(c, link: Link, path: str):
     refusal = cbs.refusal(c, path, aad.LISTEN)
     if refusal is not None:
         return reject(link, refusal.condition, refusal.description)
-    if ns.is_busy(lower):
-        return reject(link, "com.microsoft:server-busy", "The entity is unavailable (server busy).")
+    busy = refusals.busy_refusal(ns, path)
+    if busy is not None:
+        return reject(link, busy.condition, busy.description)
     refusal = refusals.status_refusal(ns, entity, send=False)
     if refusal is not None:
         return reject(link, refusal.condition, refusal.description)

@@ -317,6 +317,16 @@ class Entity:
             out.append(m)
         return out
 
+    def holds_partition(self, partition: int) -> bool:
+        """Whether a partitioned entity holds any message in ``partition``."""
+        first = partition << PARTITION_SHIFT
+        i = bisect_left(self.order, first)
+        while i < len(self.order) and self.order[i] < first + (1 << PARTITION_SHIFT):
+            if self.order[i] in self.msgs:
+                return True
+            i += 1
+        return False
+
     def cancel_scheduled(self, seq: int):
         m = self.msgs.get(seq)
         if m is None or m.state != SCHEDULED:
@@ -332,9 +342,10 @@ class Entity:
         return m
 
     # ---- time -----------------------------------------------------------------------------------
-    def tick(self, now: int) -> bool:
-        """Expire locks and TTLs, activate scheduled messages. True when availability changed.
-        (Session lock expiry needs the link, so the server handles it.)"""
+    def tick(self, now: int, *, sweep: bool = True) -> bool:
+        """Expire locks, activate scheduled messages and, when ``sweep``, collect expired messages (the
+        service's garbage collection: until it runs, or a receive meets them, expired messages stay and are
+        peeked). True when availability changed. (Session lock expiry needs the link, so the server handles it.)"""
         changed = False
         while self.lock_heap and self.lock_heap[0][0] <= now:
             _, _, token = heapq.heappop(self.lock_heap)
@@ -348,7 +359,7 @@ class Entity:
             if m is not None and m.state == SCHEDULED:
                 self._activate(m, now)
                 changed = True
-        while self.expiry_heap and self.expiry_heap[0][0] <= now:
+        while sweep and self.expiry_heap and self.expiry_heap[0][0] <= now:
             _, seq = heapq.heappop(self.expiry_heap)
             m = self.msgs.get(seq)
             if m is not None and m.state in (ACTIVE, DEFERRED) and m.expires_ms is not None \
@@ -374,8 +385,8 @@ class Entity:
         self._start_ttl(active, now)
         self._make_available(active)
 
-    def next_deadline(self) -> Optional[int]:
-        heads = [h[0][0] for h in (self.lock_heap, self.sched_heap, self.expiry_heap) if h]
+    def next_deadline(self, *, sweep: bool = True) -> Optional[int]:
+        heads = [h[0][0] for h in (self.lock_heap, self.sched_heap) + ((self.expiry_heap,) if sweep else ()) if h]
         return min(heads) if heads else None
 
     def stats(self) -> Dict[str, Any]:
@@ -411,6 +422,8 @@ class Topic:
         self.sequencer = Sequencer()
         self.subscriptions = subscriptions
         self.filters = filters            # subscription path -> its rules' correlation filters
+        # filter evaluations per message sent (a subscription without rules has the true $Default one)
+        self.filter_count = sum(max(1, len(rules)) for rules in filters.values())
         self.counters: Counter = Counter()
         self.ops: Counter = Counter()
         self.dedupe = Deduper(cfg.duplicate_detection_window_seconds)

@@ -199,6 +199,26 @@ class Emulator:
         """Put-tokens the namespace took (``sas``, ``jwt``: Azure AD) and ``refused``, since it started."""
         return self._server.call(lambda: dict(self._ns(namespace).auth_counts))
 
+    def credit_stats(self, namespace: str) -> Dict[str, Any]:
+        """The namespace's credit budget (``credits_per_second``; 0: none) and, since it started, the credits
+        spent per kind of operation (``spent``: send, filter, receive, peek, settle, renew_lock, management,
+        administration; ``spent_total``) and the operations throttled per kind (``throttled``,
+        ``throttled_total``: out of credits, or under the ``server-busy`` switch). Spending is counted with the budget off too. Connections refused for the
+        namespace's quota are ``refused_connections``."""
+        def collect():
+            ns = self._ns(namespace)
+            return {**ns.credits.stats(), "refused_connections": ns.refused_connections}
+        return self._server.call(collect)
+
+    def set_credits_per_second(self, namespace: str, credits_per_second: float) -> None:
+        """Change the namespace's credit budget while it runs (0: none), from the next operation on."""
+        if not 0 <= credits_per_second < float("inf"):
+            raise ValueError(f"credits_per_second must be 0 or more, got {credits_per_second!r}")
+        def apply():
+            credits = self._ns(namespace).credits
+            credits.per_second = credits.balance = float(credits_per_second)
+        self._server.call(apply)
+
     def connection_stats(self, namespace: str) -> Dict[str, int]:
         """Connections the namespace has taken since it started, per transport (``amqp``, ``amqps``,
         ``amqp-websockets``)."""
@@ -222,8 +242,10 @@ class Emulator:
         self._server.call(ns.role_assignments.append, RoleAssignment(principal, role, scope.strip("/")))
 
     def set_unavailable(self, namespace: str, entity: Optional[str] = None, mode: str = "server-busy") -> None:
-        """``server-busy``: attaches, sends and management on the entity (or namespace) fail with
-        ``com.microsoft:server-busy``. ``refuse`` (namespace only): the listener closes and open
+        """``server-busy``: every operation on the entity (or namespace) is throttled, as a namespace out of its
+        credits answers: attaches, sends, peeks and every other management request (503), settlements,
+        a receive's credit (the link is detached) and the administration API's reads (HTTP 503) fail
+        with ``com.microsoft:server-busy`` and the service's text. ``refuse`` (namespace only): the listener closes and open
         connections drop until ``set_available``. ``quota-exceeded``: senders still attach, and every
         message sent (or scheduled) to the entity is refused with ``amqp:resource-limit-exceeded``;
         receiving and peeking go on. ``disabled``: the queue or topic (None: every one) becomes
@@ -310,7 +332,11 @@ class Emulator:
         - ``settle`` (``com.microsoft:message-lock-lost``): a disposition the client waits for is answered
           ``rejected`` with the condition, or an ``update-disposition`` request fails with it; the
           messages keep their locks;
-        - ``management`` (``com.microsoft:server-busy``): any management request fails with the condition.
+        - ``management`` (``com.microsoft:server-busy``): any management request fails with the condition;
+        - ``lose_lock``: an ``update-disposition`` of several lock tokens finds the lock of its last token lost
+          (the message available again, delivery count + 1, as when a lock expires), and is answered as the
+          namespace's ``multi_token_disposition`` says (410 ``com.microsoft:message-lock-lost``, the live tokens
+          settled or not).
         """
         if operation not in OPERATIONS:
             raise ValueError(f"operation must be one of {', '.join(map(repr, OPERATIONS))}, got {operation!r}")

@@ -23,6 +23,9 @@ DEFAULT_CONDITIONS = {
     "receive": "amqp:link:detach-forced",
     "settle": "com.microsoft:message-lock-lost",
     "management": "com.microsoft:server-busy",
+    # an update-disposition of several lock tokens finds its last token's lock lost (as if it had expired): the
+    # request is then answered as the namespace's multi_token_disposition says
+    "lose_lock": "com.microsoft:message-lock-lost",
 }
 OPERATIONS = tuple(DEFAULT_CONDITIONS)
 

@@ -39,6 +39,24 @@ MAX_DUPLICATE_DETECTION_WINDOW_SECONDS = 7 * 24 * 3600.0
 # a queue's or subscription's max delivery count: at least 1, at most Int32.MaxValue (the .NET type)
 MAX_DELIVERY_COUNT = 2147483647
 
+# throttling (Standard and Basic): 1,000 credits a second per namespace; a send, receive or peek costs one per
+# message, a management operation on an entity (create, read, update, delete) ten; Premium has no credits
+STANDARD_CREDITS_PER_SECOND = 1000.0
+MANAGEMENT_OPERATION_CREDITS = 10
+
+# sizes: each property at most 32 KB, all properties together (system properties included) at most 64 KB,
+# MessageId and SessionId at most 128 characters
+MAX_PROPERTY_BYTES = 32 * 1024
+MAX_HEADER_BYTES = 64 * 1024
+MAX_ID_CHARACTERS = 128
+
+# AMQP connections per namespace, on every tier
+MAX_CONNECTIONS = 5000
+
+# expired messages stay (peekable) until a receive meets them or the service's garbage collection runs; how
+# often it runs is not documented: the emulator sweeps once a minute
+EXPIRY_SWEEP_SECONDS = 60.0
+
 # idle timers: a link without a transfer for 10 minutes is detached; a connection whose links have
 # all been gone for 5 minutes, or that opened none within 1 minute, is closed
 LINK_IDLE_TIMEOUT_SECONDS = 600.0

@@ -13,7 +13,15 @@ Invariants:
   them at once on every loss, as the emulator once did;
 - a refused attach is answered with null termini and a closing detach that carries the condition (with a
   terminus present the SDK would report a retried connection error instead);
-- every error condition carries an ``info`` map with a tracking id: the SDK indexes it unconditionally.
+- every error condition carries an ``info`` map with a tracking id: the SDK indexes it unconditionally;
+- a receive (a grant of credit) the namespace throttles (its ``server-busy`` switch, or no credits left:
+  ``credits``) on a link that holds no lock detaches the link with ``com.microsoft:server-busy``: AMQP has
+  no other answer to a flow, and the throttling text reaches receivers on their receive links
+  (azure-sdk-for-java#37594); on a link that holds locks it is held until the namespace has credits again
+  (a detach would lose every lock the link holds, and no report of a throttled namespace describes
+  consumers losing theirs); a receive whose credits run out part way gets what was delivered so far, the
+  rest once credits return;
+- a receive gets at most its allowance (``short_receives``): a part of what it asked for, or all of it.
 """
 from __future__ import annotations
 
@@ -26,12 +34,16 @@ from proton import Condition, Delivery, Disposition, Link, Terminus, symbol
 
 from . import aad, cbs, refusals
 from .broker import BrokerError, Entity, now_ms
+from .credits import CreditKind
 from .idle import TIMED_KINDS
 
 SESSION_FILTER = symbol("com.microsoft:session-filter")
 LOCKED_UNTIL_UTC = symbol("com.microsoft:locked-until-utc")
 DOTNET_EPOCH_TICKS = 621355968000000000
 INCOMING_CREDIT = 500
+# After a short receive, its link gets nothing for this long: the SDK stops collecting 0.2 s after the first
+# message of a receive arrived (``_further_pull_receive_timeout``), so the receive returns short.
+SHORT_RECEIVE_PAUSE_SECONDS = 0.3
 LINK_NUMBERS = itertools.count(1)    # the number a link goes by in the service's texts
 
 
@@ -54,6 +66,8 @@ class LinkCtx:
         self.active_at = time.monotonic()    # last transfer, flow, delivery or settlement (idle timer)
         self.number = next(LINK_NUMBERS)
         self.withheld = False        # this credit's receive comes back empty (``receive_empty_probability``)
+        self.allowance = None        # messages this receive may still get (None: all it asked for)
+        self.paused_until = 0.0      # a short receive's pause: nothing more is delivered before (monotonic)
 
 
 # ---- opening, refusing, detaching ------------------------------------------------------------------
@@ -174,15 +188,29 @@ def on_credit(ctx: LinkCtx):
     ctx.active_at = time.monotonic()
     link = ctx.link
     if link.credit > 0 and not link.drain_mode and not ctx.closed:
-        fault = ctx.conn.ns.faults.take("receive", ctx.target)
-        if fault is not None:
+        ns, entity = ctx.conn.ns, ctx.target
+        fault = ns.faults.take("receive", entity)
+        refusal = fault.error() if fault is not None else ns.load_refusal(CreditKind.RECEIVE, entity.path)
+        if refusal is not None and (fault is not None or not ctx.tokens):
             # the receive the credit was issued for fails, as when a namespace detaches a link
-            detach(ctx, fault.condition, fault.error().description)
+            detach(ctx, refusal.condition, refusal.description)
             return
-        entity = ctx.target
+        if refusal is not None:      # throttled, and the link holds locks: held until there are credits
+            ns.starved.add(entity)
+            return
         # a partitioned entity's gateway may find nothing though messages wait: drawn anew for each receive
         ctx.withheld = bool(entity.partitions and ctx.session is None and not entity.requires_session
-                            and ctx.conn.ns.receive_gaps.answers_empty())
+                            and ns.receive_gaps.answers_empty())
+        if time.monotonic() >= ctx.paused_until:     # a new receive (flows within a short one's pause are not)
+            ctx.allowance = ns.short_receives.allowance(link.credit)
+    pump_link(ctx)
+
+
+def resume_short_receive(ctx: LinkCtx):
+    """A short receive's pause is over: the credit still open is a new receive."""
+    if ctx.closed or ctx.conn.dead:
+        return
+    ctx.allowance = ctx.conn.ns.short_receives.allowance(ctx.link.credit) if ctx.link.credit > 0 else None
     pump_link(ctx)
 
 
@@ -198,11 +226,19 @@ def pump_link(ctx: LinkCtx):
             detach(ctx, refusal.condition, refusal.description)
             return
     if not ns.is_busy(entity.path) and not ctx.withheld:
-        while link.credit > 0:
+        while link.credit > 0 and ctx.allowance != 0:
+            if ns.credits.exhausted(time.monotonic()):
+                ns.starved.add(entity)      # served again once the namespace has credits (``timers``)
+                break
             m = entity.next_available(ctx.session)
             if m is None:
                 break
             deliver(ctx, m)
+            if ctx.allowance is not None:
+                ctx.allowance -= 1
+                if not ctx.allowance:   # the receive is short: the client stops collecting before the pause ends
+                    ctx.paused_until = time.monotonic() + SHORT_RECEIVE_PAUSE_SECONDS
+                    ns.paused.add(ctx)
     if link.drain_mode and link.credit > 0:
         link.drained()
 
@@ -211,6 +247,7 @@ def deliver(ctx: LinkCtx, m):
     link, entity = ctx.link, ctx.target
     ctx.active_at = time.monotonic()
     entity.ops["receive"] += 1
+    ctx.conn.ns.spend(CreditKind.RECEIVE, 1)
     if ctx.rad:
         payload = m.encode()
         entity.take(m)

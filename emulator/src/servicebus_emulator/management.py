@@ -10,10 +10,12 @@ from typing import Any, Dict, List
 
 from proton import timestamp
 
-from . import codec
+from . import codec, refusals
 from .broker import BrokerError, Entity, Topic, lock_lost, now_ms
+from .credits import CreditKind
 from .links import pump
 from .message import Content
+from .service_settings import DispositionMode
 from .transfers import enqueue
 
 _SETTLE_OPS = {"completed": "complete", "abandoned": "abandon", "defered": "defer", "deferred": "defer",
@@ -39,8 +41,43 @@ def handle(ctx, target, op: str, body: Dict[str, Any], props: Dict[str, Any]):
     return fn(ctx, target, body)
 
 
+_CREDIT_KINDS = {"peek-message": CreditKind.PEEK, "update-disposition": CreditKind.SETTLE,
+                 "renew-lock": CreditKind.RENEW_LOCK, "schedule-message": CreditKind.SEND,
+                 "receive-by-sequence-number": CreditKind.RECEIVE}
+
+
+def credit_kind(name: str) -> CreditKind:
+    """What kind of operation a management request is, for the namespace's credits (``credits``)."""
+    return _CREDIT_KINDS.get(name, CreditKind.MANAGEMENT)
+
+
+def credit_cost(name: str, body: Dict[str, Any], result) -> int:
+    """The credits a request spent: one per message it peeked, received or scheduled, one per lock token it
+    settled or renewed (asked for, whatever the answer), one for anything else."""
+    if name == "peek-message":
+        return max(1, _count((result[1] or {}).get("messages") if result is not None else None))
+    listed = {"update-disposition": "lock-tokens", "renew-lock": "lock-tokens", "schedule-message": "messages",
+              "receive-by-sequence-number": "sequence-numbers"}.get(name)
+    return max(1, _count(body.get(listed))) if listed else 1
+
+
+def _count(values) -> int:
+    """How many items a request's list (a Python list, or proton's ``Array``) holds."""
+    return sum(1 for _ in values) if values is not None else 0
+
+
 def _tokens(body) -> List[uuid.UUID]:
-    return [t if isinstance(t, uuid.UUID) else uuid.UUID(bytes=bytes(t)) for t in body.get("lock-tokens") or []]
+    return [_token(t) for t in body.get("lock-tokens") or []]
+
+
+def _token(value) -> uuid.UUID:
+    """A lock token as a request names it: a uuid, its 16 bytes, or its text."""
+    if isinstance(value, uuid.UUID):
+        return value
+    try:
+        return uuid.UUID(value) if isinstance(value, str) else uuid.UUID(bytes=bytes(value))
+    except (TypeError, ValueError):
+        raise BrokerError("amqp:invalid-field", f"{value!r} is not a lock token.", 400) from None
 
 
 def _session_id(body):
@@ -62,6 +99,8 @@ def _peek(ctx, e: Entity, body):
         count = 1                       # as reported of partitioned entities (docs/emulator.md)
     if count == 1:
         e.ops["peek_one"] += 1  # a single-message peek: how clients probe for where messages are
+    if e.partitions and ns.settings.peek_other_partition_probability:
+        start = ns.pager.elsewhere(e, start)   # the broker of another partition may answer first
     msgs = e.peek(start, count, _session_id(body))
     if not msgs or ns.pager.answers_empty():
         return 204, None
@@ -71,14 +110,36 @@ def _peek(ctx, e: Entity, body):
     return 200, {"messages": [{"message": encoded} for encoded in page]}
 
 
+def _locked_messages(ctx, e: Entity, body) -> tuple:
+    """The messages a settlement or renewal names by lock token, and the tokens that hold no lock (dead).
+    A request whose live tokens span partitions is refused whole, as the service refuses it."""
+    live, dead, seen = [], [], set()
+    for token in _tokens(body):
+        m = None if token in seen else e.locks.get(token)   # a token named twice holds one lock
+        seen.add(token)
+        (dead if m is None else live).append(token if m is None else (token, m))
+    if e.partitions and len({m.partition for _, m in live}) > 1:
+        raise BrokerError("amqp:not-allowed", ctx.conn.ns.described(refusals.LOCK_TOKENS_ACROSS_PARTITIONS, e.path),
+                          400)
+    return live, dead
+
+
+def _partial(ctx) -> bool:
+    """Whether a request with dead tokens still settles (or renews) its live ones (``multi_token_disposition``)."""
+    return ctx.conn.ns.settings.multi_token_disposition is DispositionMode.PARTIAL
+
+
 def _renew_lock(ctx, e: Entity, body):
     now = now_ms()
     if e.requires_session:
         raise BrokerError("amqp:not-allowed", "Renew the session lock instead on a session entity.", 400)
-    out = []
-    for token in _tokens(body):
-        out.append(timestamp(e.renew(e.locked(token), now)))
-    return 200, {"expirations": out}
+    live, dead = _locked_messages(ctx, e, body)
+    if dead and not _partial(ctx):
+        raise lock_lost(dead[0])
+    expirations = [timestamp(e.renew(m, now)) for _, m in live]
+    if dead:
+        raise lock_lost(dead[0])
+    return 200, {"expirations": expirations}
 
 
 def _update_disposition(ctx, e: Entity, body):
@@ -89,10 +150,17 @@ def _update_disposition(ctx, e: Entity, body):
     sid = _session_id(body)
     if e.requires_session and sid is not None:
         _owned_session(e, sid)
-    for token in _tokens(body):
-        m = e.locks.get(token)
-        if m is None:
-            raise lock_lost(token)
+    tokens = _tokens(body)
+    if len(tokens) > 1 and ctx.conn.ns.faults.take("lose_lock", e) is not None:
+        lost = e.locks.get(tokens[-1])
+        if lost is not None:          # its lock runs out now: the message is available again (count + 1)
+            e.abandon(lost)
+    live, dead = _locked_messages(ctx, e, body)
+    # One status answers the whole request: 410 when any token is dead. Whether the live ones were settled
+    # is not documented; the namespace's ``multi_token_disposition`` says (partial: yes, atomic: no).
+    if dead and not _partial(ctx):
+        raise lock_lost(dead[0])
+    for token, m in live:
         if m.lock_owner is not None:
             m.lock_owner.tokens.discard(token)
         if action == "dead_letter":
@@ -102,6 +170,8 @@ def _update_disposition(ctx, e: Entity, body):
             getattr(e, action)(m)
         e.ops[action] += 1
     pump(e)
+    if dead:
+        raise lock_lost(dead[0])
     return 200, {}
 
 

@@ -14,6 +14,7 @@ Invariants:
 from __future__ import annotations
 
 import socket
+import time
 import uuid
 from collections import Counter
 from datetime import datetime, timezone
@@ -22,11 +23,13 @@ from typing import Any, Dict, List, Optional, Set, Tuple
 from . import limits, refusals
 from .config import EntitySettings
 from .broker import BrokerError, Entity, Topic, any_rule_matches
+from .credits import CreditKind, Credits
 from .faults import Faults
 from .idle import IdleTimers
 from .message import PING_CONTENT_TYPE, Content
 from .partitions import Partitioner, ReceiveGaps, routing_key
 from .peek_pages import PeekPager
+from .short_receives import ShortReceives
 from .wire import Transport
 
 
@@ -64,6 +67,13 @@ class Namespace:
         self.settings = cfg.service
         self.pager = PeekPager(cfg.service)
         self.receive_gaps = ReceiveGaps(cfg.service.receive_empty_probability, cfg.service.receive_seed)
+        self.short_receives = ShortReceives(cfg.service.short_receive_probability, cfg.service.receive_seed)
+        self.credits = Credits(cfg.service.credits_per_second)
+        self.admitted_connections = 0                  # connections opened within the quota (max_connections)
+        self.refused_connections = 0
+        self.next_sweep = time.monotonic() + cfg.service.expiry_sweep_seconds   # expired messages' next collection
+        self.starved: set = set()                      # entities whose receivers wait for credits
+        self.paused: set = set()                       # receive links in a short receive's pause
         self.idle = IdleTimers.of(cfg.service)
         self.idle_counts: Counter = Counter()          # links detached and connections closed for idleness
         for q in cfg.queues:
@@ -142,6 +152,21 @@ class Namespace:
         p = path.lower()
         return any(p == b or p.startswith(b + "/") for b in self.busy_entities)
 
+    def load_refusal(self, kind: CreditKind, path: str) -> Optional[BrokerError]:
+        """Why the namespace refuses an operation of ``kind`` on ``path`` under load, or None: a test's
+        ``server-busy`` switch, or no credits left this second (``credits``)."""
+        busy = refusals.busy_refusal(self, path)
+        if busy is not None:
+            self.credits.throttled[kind.value] += 1
+            return busy
+        if not self.credits.admit(kind, time.monotonic()):
+            return refusals.throttled(self, path)
+        return None
+
+    def spend(self, kind: CreditKind, cost: int) -> None:
+        """An operation of ``kind`` was served: its cost in credits."""
+        self.credits.spend(kind, cost, time.monotonic())
+
     def exists(self, target) -> bool:
         """False for an entity deleted (or replaced) since a link was attached to it."""
         return self.entities.get(target.path.lower(), self.senders.get(target.path.lower())) is target
@@ -152,7 +177,7 @@ class Namespace:
         if mode is None:
             return None
         condition, description, status = refusals.SEND_REFUSALS[mode]
-        return BrokerError(condition, description.format(path=f"{self.name}/{path}"), status)
+        return BrokerError(condition, self.described(description.format(path=f"{self.name}/{path}"), path), status)
 
     def described(self, text: str, path: str) -> str:
         """A status description as the service writes them: the text, then where and when."""

@@ -71,10 +71,12 @@ def _management(ctx: LinkCtx, op: str, body: Dict, props: Dict):
     target = ctx.target
     if not ns.exists(target):
         raise not_found(ns, target.path)
-    if ns.is_busy(target.path):
-        raise BrokerError("com.microsoft:server-busy", "The entity is unavailable (server busy).", 503)
-    # a settlement fault takes update-disposition before a fault on every management operation
     name = management.operation_name(op)
+    kind = management.credit_kind(name)
+    refusal = ns.load_refusal(kind, target.path)
+    if refusal is not None:
+        raise refusal
+    # a settlement fault takes update-disposition before a fault on every management operation
     refusal = cbs.refusal(ctx.conn, target.path, aad.SEND if name in SEND_OPERATIONS else aad.LISTEN)
     if refusal is not None:
         raise refusal
@@ -85,4 +87,9 @@ def _management(ctx: LinkCtx, op: str, body: Dict, props: Dict):
     refusal = refusals.status_refusal(ns, target, send=name in SEND_OPERATIONS)
     if refusal is not None:
         raise refusal
-    return management.handle(ctx, target, op, body, props)
+    result = None
+    try:
+        result = management.handle(ctx, target, op, body, props)
+        return result
+    finally:
+        ns.spend(kind, management.credit_cost(name, body, result))

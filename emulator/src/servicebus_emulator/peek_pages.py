@@ -9,7 +9,10 @@ Invariants:
 - an answer is the first messages at or after the requested sequence number, in order: only its end
   is cut, never a message in the middle;
 - an answer that holds any message holds at least one, however large (else it could never be peeked);
-- with the same seed and the same peeks, the same answers come back empty.
+- with the same seed and the same peeks, the same answers come back empty (and, on a partitioned entity
+  with ``peek_other_partition_probability``, from the same other partitions);
+- an answer from another partition is from a later one that holds messages, from its first message: never
+  a number below the one asked.
 """
 from __future__ import annotations
 
@@ -17,12 +20,14 @@ import random
 from typing import Iterable, List
 
 from .limits import MAX_PEEK_MESSAGES
+from .partitions import PARTITION_SHIFT, partition_of
 
 
 class PeekPager:
     def __init__(self, settings):
         self.page_bytes = settings.peek_page_bytes
         self.empty_probability = settings.peek_empty_page_probability
+        self.elsewhere_probability = settings.peek_other_partition_probability
         self._draws = random.Random(settings.peek_seed)
 
     @staticmethod
@@ -33,6 +38,15 @@ class PeekPager:
     def answers_empty(self) -> bool:
         """Whether this answer, though messages were found, comes back empty (status 204)."""
         return self.empty_probability > 0 and self._draws.random() < self.empty_probability
+
+    def elsewhere(self, entity, start: int) -> int:
+        """Where a peek from ``start`` on a partitioned entity is answered from: ``start``, or, with
+        ``peek_other_partition_probability``, the first number of a later partition that holds messages,
+        drawn at random (the partition "whose message broker responded first")."""
+        if self.elsewhere_probability <= 0 or self._draws.random() >= self.elsewhere_probability:
+            return start
+        later = [p for p in range(partition_of(start) + 1, entity.partitions) if entity.holds_partition(p)]
+        return self._draws.choice(later) << PARTITION_SHIFT if later else start
 
     def fit(self, encoded: Iterable[bytes]) -> List[bytes]:
         """The leading encoded messages that fit the byte budget (at least the first one)."""

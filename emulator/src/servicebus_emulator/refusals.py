@@ -17,15 +17,30 @@ import uuid
 import zlib
 from typing import Iterable, List, Optional
 
+from . import codec
 from .broker import BrokerError, Topic
 from .entity_status import receive_status
-from .limits import MAX_BATCH_BYTES
+from .limits import MAX_BATCH_BYTES, MAX_HEADER_BYTES, MAX_ID_CHARACTERS, MAX_PROPERTY_BYTES
 from .message import Content
 from .partitions import partition_key, routing_key
 
 NOT_ALLOWED = "amqp:not-allowed"
 INTERNAL_ERROR = "amqp:internal-error"
 ENTITY_DISABLED = "com.microsoft:entity-disabled"
+SERVER_BUSY = "com.microsoft:server-busy"
+RESOURCE_LIMIT_EXCEEDED = "amqp:resource-limit-exceeded"
+
+# A namespace out of its credits (the text of azure-sdk-for-python#19376 and azure-sdk-for-java#37594), and an
+# entity the service throttles (the throttling article's text)
+NAMESPACE_THROTTLED = ("The request was terminated because the namespace {namespace} is being throttled. Error code : "
+                       "50009. Please wait 2 seconds and try again. To know more visit "
+                       "https://aka.ms/sbResourceMgrExceptions and https://aka.ms/ServiceBusThrottling")
+ENTITY_THROTTLED = ("The request was terminated because the entity is being throttled. Error code: 50009. Please "
+                    "wait 2 seconds and try again.")
+# Lock tokens of several partitions in one settlement or renewal (azure-service-bus-dotnet#386, google/go-cloud#2362)
+LOCK_TOKENS_ACROSS_PARTITIONS = ("Batching lock tokens for different partitions is not supported for an entity with "
+                                 "partitioning enabled.")
+CONNECTIONS_QUOTA_EXCEEDED = "ConnectionsQuotaExceeded for namespace {namespace}."
 
 SESSION_ID_MISSING = ("The SessionId was not set on a message, and it cannot be sent to the entity. Entities "
                       "that have session support enabled can only receive messages that have the SessionId set "
@@ -50,9 +65,7 @@ DISTINCT_KEYS_DEDUPE_BATCH = ("Batching brokered messages with distinct SessionI
 SEND_REFUSALS = {
     "quota-exceeded": ("amqp:resource-limit-exceeded",
                        "The maximum entity size has been reached or exceeded for '{path}'.", 403),
-    "throttled": ("com.microsoft:server-busy",
-                  "The request was terminated because the entity '{path}' is being throttled. "
-                  "Please wait 2 seconds and try again.", 503),
+    "throttled": (SERVER_BUSY, ENTITY_THROTTLED, 503),
 }
 
 
@@ -60,13 +73,48 @@ class LinkRefusal(BrokerError):
     """A refusal the service answers by detaching the sender's link, not by rejecting the transfer."""
 
 
+def throttled(ns, path: str, *, entity: bool = False) -> BrokerError:
+    """The service's answer to an operation it throttles: the namespace is out of its credits (or, ``entity``,
+    a test throttles one entity)."""
+    text = ENTITY_THROTTLED if entity else NAMESPACE_THROTTLED.format(namespace=ns.name)
+    return BrokerError(SERVER_BUSY, ns.described(text, path), 503)
+
+
+def busy_refusal(ns, path: str) -> Optional[BrokerError]:
+    """Why the namespace refuses an operation on ``path`` for being busy, or None: a test's ``server-busy``
+    switch on the namespace or on the entity."""
+    if not ns.is_busy(path):
+        return None
+    return throttled(ns, path, entity=not ns.busy_all)
+
+
 def _kind(target) -> str:
     return "Topic" if isinstance(target, Topic) else "Queue"
+
+
+def oversized(content: Content) -> Optional[str]:
+    """What of a message's properties is larger than the service takes, or None: a property above 32 KB,
+    all properties (system ones included) above 64 KB, a MessageId or SessionId above 128 characters."""
+    for name, value in (("MessageId", content.message_id), ("SessionId", content.session_id)):
+        if isinstance(value, (str, bytes)) and len(value) > MAX_ID_CHARACTERS:
+            return f"{name} of {len(value)} characters"
+    entries = codec.section_map_entries(content.app_raw) if content.app_raw else []
+    for key, value in entries:
+        if len(key) + len(value) > MAX_PROPERTY_BYTES:
+            return f"property {codec.key_name(key)!r} of {len(key) + len(value)} bytes"
+    header = len(content.props_raw) + len(content.app_raw) + sum(len(k) + len(v) for k, v in content.ann_entries)
+    if header > MAX_HEADER_BYTES:
+        return f"properties of {header} bytes in all"
+    return None
 
 
 def message_refusal(ns, target, contents: Iterable[Content]) -> Optional[BrokerError]:
     """Why the service refuses these messages (one transfer: a message or a batch), or None."""
     for content in contents:
+        if oversized(content) is not None:
+            # the service's generic answer, which names no limit (azure-sdk-for-net#15325)
+            return BrokerError(INTERNAL_ERROR, ns.described(f"{UNABLE_TO_PROCESS} {_reference()}",
+                                                            f"{_kind(target)}:{target.path}"), 500)
         if getattr(target, "requires_session", False) and content.session_id is None:
             return BrokerError(NOT_ALLOWED, ns.described(SESSION_ID_MISSING, target.path))
         key = partition_key(content)

@@ -2,7 +2,7 @@
 namespace listener and connection, and the broker state behind them.
 
 Only the loop thread touches proton objects or broker state; other threads go through ``Server.call``.
-Wire behaviour follows what azure-servicebus 7.15.0 expects (see README.md): SASL ANONYMOUS, ``$cbs``
+Wire behaviour follows what azure-servicebus 7.15.0 expects (see docs/answers.md and docs/fidelity.md): SASL ANONYMOUS, ``$cbs``
 put-token, null terminus plus closing detach for refused attaches, settlement echo of the outcome the
 client sent, error conditions always carrying an ``info`` map. This module is the transport: sockets,
 proton's engine, and the events it raises, handed on to ``attach`` (a link opened), ``links`` (credit, a
@@ -35,7 +35,7 @@ from typing import Deque, Dict, List, Optional, Tuple
 
 from proton import Collector, Connection, Event, Link, Transport
 
-from . import attach, links, node_requests, timers, transfers
+from . import attach, links, node_requests, refusals, timers, transfers
 from .broker import now_ms
 from .cbs import Grant
 from .links import LinkCtx
@@ -77,7 +77,8 @@ class Conn:
         self.closing = False                                # drop once outq is sent
         self.linkless_since: Optional[float] = time.monotonic()   # None while a link is open (idle timer)
         self.ever_linked = False
-        self.closed_by_broker = False                       # the idle timer closed it
+        self.closed_by_broker = False                       # the idle timer (or the connection quota) closed it
+        self.admitted = False                               # opened within the namespace's connection quota
 
 
 class Server:
@@ -423,6 +424,8 @@ class Server:
         except OSError:
             pass
         c.ns.conns.discard(c)
+        if c.admitted:
+            c.ns.admitted_connections -= 1
         c.transport.unbind()
 
     # ---- proton events ---------------------------------------------------------------------------
@@ -459,6 +462,7 @@ class Server:
                 ev.session.close()
         elif t == Event.CONNECTION_REMOTE_OPEN:
             ev.connection.open()
+            self._admit(c)
         elif t == Event.CONNECTION_REMOTE_CLOSE:
             if ev.connection.state & Link.LOCAL_ACTIVE:
                 ev.connection.close()
@@ -468,6 +472,21 @@ class Server:
                 c.closing = True       # latency: the last frames (close, errors) still go out when due
             else:
                 self.drop(c)
+
+    @staticmethod
+    def _admit(c: Conn):
+        """A connection opens within the namespace's quota (``max_connections``), or is closed with the
+        service's refusal (``amqp:resource-limit-exceeded``, "ConnectionsQuotaExceeded for namespace ...")."""
+        ns = c.ns
+        if ns.admitted_connections < ns.settings.max_connections:
+            ns.admitted_connections += 1
+            c.admitted = True
+            return
+        ns.refused_connections += 1
+        c.closed_by_broker = True
+        c.connection.condition = links.condition(refusals.RESOURCE_LIMIT_EXCEEDED, ns.described(
+            refusals.CONNECTIONS_QUOTA_EXCEEDED.format(namespace=ns.name), "gateway"))
+        c.connection.close()
 
     @staticmethod
     def _on_transfer(ctx: LinkCtx, d):
@@ -490,7 +509,7 @@ class Server:
         if t - self._last_idle_check >= IDLE_CHECK_SECONDS:
             self._last_idle_check = t
             timers.expire_idle(self.namespaces.values(), t)
-        timers.expire_entities(self.namespaces.values(), now_ms())
+        timers.expire_entities(self.namespaces.values(), now_ms(), t)
 
 
 def configured_ports(cfg) -> Dict[AmqpTransport, int]:

@@ -1,6 +1,8 @@
-"""What the loop does as time passes: locks, schedules and message TTLs run out, session locks expire,
-session receivers waiting for a session time out, and links and connections idle too long are closed
-(``idle`` decides when). Functions of the loop thread; the loop decides how often they run.
+"""What the loop does as time passes: locks and schedules run out, expired messages are collected (every
+``expiry_sweep_seconds``, the service's garbage collection; a receive collects those it meets at once),
+session locks expire, session receivers waiting for a session time out, receivers that waited for the
+namespace's credits are served once there are credits again, and links and connections idle too long are
+closed (``idle`` decides when). Functions of the loop thread; the loop decides how often they run.
 
 Invariants:
 - an entity whose availability changed has its receivers served in the same pass;
@@ -12,18 +14,22 @@ from __future__ import annotations
 from typing import Iterable
 
 from .idle import CONNECTION_FORCED, LINK_DETACH_FORCED, TIMED_KINDS
-from .links import condition, detach, pump, reject, session_lost
+from .links import condition, detach, pump, reject, resume_short_receive, session_lost
 from .namespace import Namespace
 
 
-def expire_entities(namespaces: Iterable[Namespace], now: int):
-    """Everything in the namespaces' entities that is due at ``now`` (epoch milliseconds)."""
+def expire_entities(namespaces: Iterable[Namespace], now: int, clock: float):
+    """Everything in the namespaces' entities that is due at ``now`` (epoch milliseconds; ``clock``: monotonic
+    seconds, for the sweeps and the credits)."""
     for ns in namespaces:
+        sweep = clock >= ns.next_sweep
+        if sweep:
+            ns.next_sweep = clock + ns.settings.expiry_sweep_seconds
         for e in ns.all_entities():
             changed = False
-            deadline = e.next_deadline()
+            deadline = e.next_deadline(sweep=sweep)
             if deadline is not None and deadline <= now:
-                changed = e.tick(now)
+                changed = e.tick(now, sweep=sweep)
             for s in list(e.sessions.values()):
                 if s.owner is not None and s.locked_until <= now:
                     session_lost(e, s)
@@ -37,6 +43,13 @@ def expire_entities(namespaces: Iterable[Namespace], now: int):
                 pump(e)
             while e.touched_elsewhere:       # a topic's scheduled message fanned out to its subscriptions
                 pump(e.touched_elsewhere.pop())
+        for ctx in [ctx for ctx in ns.paused if ctx.paused_until <= clock]:
+            ns.paused.discard(ctx)
+            resume_short_receive(ctx)
+        if ns.starved and not ns.credits.exhausted(clock):
+            starved, ns.starved = ns.starved, set()
+            for e in starved:
+                pump(e)
 
 
 def expire_idle(namespaces: Iterable[Namespace], now: float):

@@ -17,7 +17,8 @@ from typing import List
 from proton import Delivery, Disposition
 
 from . import aad, cbs, codec, refusals
-from .broker import BrokerError, Entity, now_ms
+from .broker import BrokerError, Entity, Topic, now_ms
+from .credits import CreditKind
 from .links import LinkCtx, detach, pump, reject_delivery
 from .message import Content, is_batch_envelope
 from .namespace import Namespace, not_found, store
@@ -45,8 +46,9 @@ def on_message(ctx: LinkCtx, d: Delivery, raw: bytes):
 def _send(ctx: LinkCtx, raw: bytes):
     ns, target = ctx.conn.ns, ctx.target
     target.ops["send"] += 1
-    if ns.is_busy(target.path):
-        raise BrokerError("com.microsoft:server-busy", "The entity is unavailable (server busy).")
+    refusal = ns.load_refusal(CreditKind.SEND, target.path)
+    if refusal is not None:
+        raise refusal
     limit = target.settings.max_message_size_kb * 1024
     if len(raw) > limit:
         raise BrokerError("amqp:link:message-size-exceeded",
@@ -64,6 +66,9 @@ def _send(ctx: LinkCtx, raw: bytes):
     except codec.DecodeError as exc:
         raise BrokerError("amqp:decode-error", f"Cannot decode the message: {exc}") from None
     enqueue(ns, target, contents, batch=inner is not None)
+    ns.spend(CreditKind.SEND, len(contents))
+    if isinstance(target, Topic):      # each message is evaluated against every subscription's rules
+        ns.spend(CreditKind.FILTER, len(contents) * target.filter_count)
 
 
 def enqueue(ns: Namespace, target, contents: List[Content], *, batch: bool = False) -> List[int]:
@@ -91,10 +96,12 @@ def on_settlement(ctx: LinkCtx, d: Delivery):
     if token is None:
         d.settle()
         return
+    ns = ctx.conn.ns
     if not d.settled:     # only a disposition the client waits an answer for can be refused
-        ns = ctx.conn.ns
         fault = ns.faults.take("settle", entity)
         error = fault.error() if fault is not None else refusals.status_refusal(ns, entity, send=False)
+        if error is None and state != Disposition.RELEASED:
+            error = ns.load_refusal(CreditKind.SETTLE, entity.path)
         if error is not None:
             # the message keeps its lock (and this link its token): a retry can still settle it
             reject_delivery(d, error)
@@ -112,6 +119,7 @@ def on_settlement(ctx: LinkCtx, d: Delivery):
         else:
             m = entity.locked(token)
             _settle(entity, m, state, d.remote)
+            ns.spend(CreditKind.SETTLE, 1)
         if not d.settled:
             if state == Disposition.MODIFIED:
                 d.local.failed = d.remote.failed

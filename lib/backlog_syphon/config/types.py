@@ -139,6 +139,11 @@ class NamespaceConfig:
     # its next use: Service Bus detaches links idle for 10 minutes, and a link met detached fails its next
     # request first. Lower it behind a firewall or NAT that drops idle connections sooner.
     idle_link_seconds: float = 480.0
+    # At most this many of the namespace's credits a second over all the syphon's processes (0: no budget).
+    # A Basic or Standard namespace has 1,000 a second for every client, and throttles every kind of operation
+    # once they are spent: leave the namespace's other clients what they need
+    # (docs/running/routing-and-pacing.md, "A budget of credits").
+    max_credits_per_second: float = 0.0
 
     @property
     def azure_ad(self) -> CredentialConfig | None:

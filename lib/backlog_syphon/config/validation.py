@@ -166,6 +166,9 @@ def validate_sections(origin: str, *, primary: PrimaryConfig, secondary: Namespa
         if not 0 < ns.idle_link_seconds < 600:
             raise ConfigError(f"{origin}: '{name}.idle_link_seconds' must be above 0 and below 600 (Service Bus "
                               f"detaches a link idle for 10 minutes), got {ns.idle_link_seconds:g}")
+        if not 0 <= ns.max_credits_per_second < float("inf"):
+            raise ConfigError(f"{origin}: '{name}.max_credits_per_second' must be 0 (no budget) or the credits a "
+                              f"second the syphon may spend there, got {ns.max_credits_per_second:g}")
         _validate_network(ns, name, origin)
     if backlog.queue_count < 1:
         raise ConfigError(f"{origin}: backlog.queue_count must be at least 1")

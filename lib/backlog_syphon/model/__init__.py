@@ -10,18 +10,17 @@ routes and settle orders).
 """
 
 from backlog_syphon.model.vocabulary import (
-    AccessRight, Action, BacklogState, CredentialKind, DEAD_LETTER_REASON_CODES, DrainHold, EntityKind,
-    FINAL_OUTCOMES, LogFormat, MessageRules, MessageState, NetworkFailure, Outcome, REPORTED_OUTCOMES, ReasonCode,
-    RunMode, RunSource, STAYING_OUTCOMES, SettleKind, SourceKind, SubscriptionDelivery, Transport, TtlPolicy
+    AccessRight, Action, BacklogState, CredentialKind, CreditKind, DEAD_LETTER_REASON_CODES, DrainHold, EntityKind,
+    FINAL_OUTCOMES, LogFormat, MessageRules, MessageState, NamespaceRole, NetworkFailure, Outcome, REPORTED_OUTCOMES,
+    ReasonCode, RunMode, RunSource, STAYING_OUTCOMES, SettleKind, SourceKind, SubscriptionDelivery, Transport, TtlPolicy
 )
 from backlog_syphon.model.records import (
-    BrokerCount, CheckpointRow, DeadLetterOrder, HeldSpan, Int32, JobIds, Lease, OutcomeRecord, QueueSettings,
-    RecordedSpan, RunRow, new_run_id
+    BrokerCount, CheckpointRow, CreditUsage, DeadLetterOrder, HeldSpan, Int32, JobIds, Lease, OutcomeRecord,
+    QueueSettings, RecordedSpan, RunRow, new_run_id
 )
 from backlog_syphon.model.sending import (
-    BatchStats, DestinationShape, EarlierBatches, ExpiredBeforeSendError, MESSAGE_REFUSAL_REASONS, Outgoing, PacingStats,
-    PartialSendError,
-    SendFailure, SendFailureClass, SendShape, THROTTLING_REASONS
+    BatchStats, DestinationShape, EarlierBatches, ExpiredBeforeSendError, MESSAGE_REFUSAL_REASONS, Outgoing,
+    PacingStats, PartialSendError, RefusedBeforeSending, SendFailure, SendFailureClass, SendShape, THROTTLING_REASONS
 )
 from backlog_syphon.model.migration import (
     NO_MIGRATION, ListedEntity, ListedSubscription, MigrationPlan, NamespaceListing, Route, RuleFilter, SessionStates,
@@ -29,13 +28,14 @@ from backlog_syphon.model.migration import (
 )
 
 __all__ = [
-    "AccessRight", "Action", "BacklogState", "CredentialKind", "DEAD_LETTER_REASON_CODES", "DrainHold", "EntityKind",
-    "FINAL_OUTCOMES", "LogFormat", "NetworkFailure", "Outcome", "REPORTED_OUTCOMES", "ReasonCode", "RunMode", "RunSource",
-    "STAYING_OUTCOMES", "Transport", "TtlPolicy", "BrokerCount", "CheckpointRow", "DeadLetterOrder", "HeldSpan", "Int32", "JobIds", "Lease",
-    "OutcomeRecord", "QueueSettings", "RecordedSpan", "RunRow", "new_run_id", "BatchStats", "DestinationShape",
-    "EarlierBatches", "ExpiredBeforeSendError",
-    "MESSAGE_REFUSAL_REASONS", "Outgoing", "PacingStats", "PartialSendError", "SendFailure", "SendFailureClass",
-    "SendShape", "THROTTLING_REASONS", "MessageRules", "MessageState", "SettleKind", "SourceKind",
-    "SubscriptionDelivery", "ListedEntity", "ListedSubscription", "NamespaceListing", "Route", "RuleFilter",
-    "SessionStates", "SettleOrder", "SourceEntity", "settle_kind", "NO_MIGRATION", "MigrationPlan",
+    "AccessRight", "Action", "BacklogState", "CredentialKind", "CreditKind", "DEAD_LETTER_REASON_CODES", "DrainHold",
+    "EntityKind", "FINAL_OUTCOMES", "LogFormat", "NamespaceRole", "NetworkFailure", "Outcome", "REPORTED_OUTCOMES",
+    "ReasonCode", "RunMode", "RunSource", "STAYING_OUTCOMES", "Transport", "TtlPolicy", "BrokerCount",
+    "CheckpointRow", "CreditUsage", "DeadLetterOrder", "HeldSpan", "Int32", "JobIds", "Lease", "OutcomeRecord",
+    "QueueSettings", "RecordedSpan", "RunRow", "new_run_id", "BatchStats", "DestinationShape", "EarlierBatches",
+    "ExpiredBeforeSendError", "MESSAGE_REFUSAL_REASONS", "Outgoing", "PacingStats", "PartialSendError",
+    "RefusedBeforeSending", "SendFailure", "SendFailureClass", "SendShape", "THROTTLING_REASONS", "MessageRules",
+    "MessageState", "SettleKind", "SourceKind", "SubscriptionDelivery", "ListedEntity", "ListedSubscription",
+    "NamespaceListing", "Route", "RuleFilter", "SessionStates", "SettleOrder", "SourceEntity", "settle_kind",
+    "NO_MIGRATION", "MigrationPlan",
 ]

@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TypedDict
 
+from backlog_syphon.model.vocabulary import NamespaceRole
+
 
 Int32 = int  # an int stored as a 32-bit column (table schemas are derived from these annotations)
 
@@ -122,6 +124,11 @@ class RunRow:
     # How long the send tasks ran below their cap because the primary throttled, summed over the
     # batches; null where their reports do not reach the driver (Spark Connect).
     throttled_seconds: float | None
+    # The credits (operations) the run spent on each namespace (``CreditUsage``), and per kind
+    # ("secondary.peek", ...); null for a run from before they were counted.
+    secondary_credits: int | None = None
+    primary_credits: int | None = None
+    credits_by_kind: dict[str, int] | None = None
     # What the row records (a RunMode's value); null in rows older versions wrote, which are all syphon runs.
     mode: str | None = None
     # A decommission's row: the backlog queues it removed (``remaining`` then names those it refused, with the
@@ -129,6 +136,42 @@ class RunRow:
     removed_queues: list[str] | None = None
     # A migration run's: the messages it found expired in their sources (``Outcome.EXPIRED``); null elsewhere.
     expired: int | None = None
+
+
+@dataclass(frozen=True)
+class CreditUsage:
+    """What a run spent of each namespace's credits (its operations), per kind (``CreditKind`` values), as the
+    syphon counts them: what the driver paced (the purge's receives, settlements and peeks, the pre-flight,
+    the counts, the administration reads), the planner's probes, one peek per message the windows read, one
+    send per message sent. A Basic or Standard namespace has 1,000 a second for every client."""
+
+    secondary: dict[str, int]
+    primary: dict[str, int]
+    moved: int  # messages that left the backlog: delivered, dead-lettered, skipped
+
+    def total(self, role: NamespaceRole) -> int:
+        return sum((self.secondary if role is NamespaceRole.SECONDARY else self.primary).values())
+
+    def per_moved(self, role: NamespaceRole) -> float | None:
+        return self.total(role) / self.moved if self.moved else None
+
+    @property
+    def by_kind(self) -> dict[str, int]:
+        return {f"{role}.{kind}": credits for role, spent in ((NamespaceRole.SECONDARY, self.secondary),
+                                                            (NamespaceRole.PRIMARY, self.primary))
+                for kind, credits in sorted(spent.items()) if credits}
+
+    def line(self) -> str:
+        """``credits: secondary 9,120 (3.0 a moved message: peek 3,050, ...), primary 3,040 (1.0 ...)``."""
+        def one(role: NamespaceRole, spent: dict[str, int]) -> str:
+            per = self.per_moved(role)
+            parts = ([f"{per:.2f} a moved message"] if per is not None else []) + [
+                ", ".join(f"{kind} {credits:,}" for kind, credits in sorted(spent.items()) if credits)]
+            parts = [part for part in parts if part]
+            return f"{role} {self.total(role):,}" + (f" ({'; '.join(parts)})" if parts else "")
+
+        return (f"credits spent: {one(NamespaceRole.SECONDARY, self.secondary)}; "
+                f"{one(NamespaceRole.PRIMARY, self.primary)}")
 
 
 @dataclass(frozen=True)

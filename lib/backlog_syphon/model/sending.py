@@ -173,6 +173,15 @@ class ExpiredBeforeSendError(ValueError):
     (``Outcome.EXPIRED``), as if the rules had found it expired."""
 
 
+class RefusedBeforeSending(ValueError):
+    """A restored message its destination would refuse for good, found before it is sent (its properties are too
+    large): that message's dead-letter outcome, with its reason code and reason."""
+
+    def __init__(self, reason_code: ReasonCode, reason: str):
+        super().__init__(reason)
+        self.reason_code, self.reason = reason_code, reason
+
+
 class PartialSendError(Exception):
     """A send that stopped after ``sent`` messages of the group went out, because of ``cause``, which refused
     the next ``attempted`` messages (one batched send; 0: nothing was transferred, the link itself failed)."""

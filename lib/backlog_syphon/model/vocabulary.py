@@ -23,10 +23,11 @@ class Action(StrEnum):
     # Re-drive only: the message is not sent and stays in the dead-letter sub-queue, untouched (the
     # re-drive's filters did not select it, or an earlier re-drive dead-lettered it again).
     LEAVE = "leave"
-    # The message had expired where it was read (the migration mode: its enqueue time plus its time to live had
-    # passed): Service Bus still shows it to a peek, but collects it at the next receive (removes it, or
-    # dead-letters it with TTLExpiredException where the entity dead-letters on expiration); no receiver would
-    # ever get it, so it is not sent either.
+    # The message had expired where it was read: a backlog copy whose own time to live ran out in its backlog
+    # queue, or (the migration mode) a message whose enqueue time plus its time to live had passed. Service Bus
+    # still shows it to a peek, but collects it at the next receive (removes it, or dead-letters it with
+    # TTLExpiredException where the entity dead-letters on expiry); no receiver would ever get it, so it is not
+    # sent either.
     EXPIRE = "expire"
     # The migration mode's ``topic`` route of a topic whose every subscription holds the same messages: one of
     # them (its lead) sends each message to the target topic, which gives every subscription its copy again; the
@@ -91,7 +92,10 @@ class ReasonCode(StrEnum):
     INVALID_LEGACY_PROPERTY = "invalid_legacy_property"
     INVALID_DESTINATION = "invalid_destination"
     UNDECODABLE_MESSAGE = "undecodable_message"
+    # the original message's time to live ran out while it waited in the backlog (restore.ttl_policy remaining)
     EXPIRED_IN_BACKLOG = "expired_in_backlog"
+    # the backlog copy's own time to live ran out in its backlog queue (``Outcome.EXPIRED``)
+    BACKLOG_COPY_EXPIRED = "backlog_copy_expired"
     MESSAGE_TOO_LARGE = "message_too_large"
     # met while building or sending
     RESTORE_FAILED = "restore_failed"
@@ -103,6 +107,9 @@ class ReasonCode(StrEnum):
     # found before sending: the destination could not take the message as it is (Service Bus would refuse it)
     SESSION_REQUIRED = "session_required"  # the destination requires sessions; the message has no SessionId
     SESSION_ID_NOT_PARTITION_KEY = "session_id_not_partition_key"  # both set, and they differ
+    # a property above 32 KB, all of them above 64 KB, or a MessageId or SessionId above 128 characters: the
+    # service refuses it with a generic text that looks transient
+    PROPERTY_TOO_LARGE = "property_too_large"
     # The destination refused a batch for its shape (distinct partition keys, sessions or, with duplicate
     # detection on a partitioned entity, MessageIds): the sender learns to send it one message at a time and
     # sends the batch again. Only ever a log line and a count, never a message's outcome.
@@ -140,6 +147,7 @@ DEAD_LETTER_REASON_CODES = (
     ReasonCode.UNDECODABLE_MESSAGE, ReasonCode.EXPIRED_IN_BACKLOG, ReasonCode.MESSAGE_TOO_LARGE,
     ReasonCode.RESTORE_FAILED, ReasonCode.DESTINATION_NOT_FOUND, ReasonCode.UNAUTHORIZED,
     ReasonCode.DESTINATION_REFUSED, ReasonCode.SESSION_REQUIRED, ReasonCode.SESSION_ID_NOT_PARTITION_KEY,
+    ReasonCode.PROPERTY_TOO_LARGE,
 )
 
 
@@ -249,6 +257,25 @@ class TtlPolicy(StrEnum):
         except ValueError:
             valid = ", ".join(repr(policy.value) for policy in cls)
             raise ValueError(f"ttl_policy must be one of {valid}; got {value!r}") from None
+
+
+class CreditKind(StrEnum):
+    """What a namespace's credits are spent on (Basic and Standard: 1,000 a second per namespace, ``credits``):
+    a peek, a receive and a send one per message, a settlement one per lock token (an assumption: the service
+    names no cost for it, but throttles it), an administration read ten."""
+
+    PEEK = "peek"
+    RECEIVE = "receive"
+    SETTLE = "settle"
+    SEND = "send"
+    ADMINISTRATION = "administration"
+
+
+class NamespaceRole(StrEnum):
+    """Which of the two namespaces: the backlog's, or the destinations'."""
+
+    SECONDARY = "secondary"
+    PRIMARY = "primary"
 
 
 class EntityKind(StrEnum):

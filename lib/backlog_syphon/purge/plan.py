@@ -147,6 +147,7 @@ class PurgeResult:
     # A session-enabled source: per session of the plan, how much of its count this round took off: what it settled,
     # or all of it where the session's receive came back empty (nothing of it is left there).
     sessions_settled: dict[str, int] | None = None
+    throttled: bool = False  # the round ended because the namespace throttled it (server-busy): not an answer
 
 def span_after_peek(span: RecordedSpan, head: Identity | None) -> RecordedSpan | None:
     """What is left of ``span`` when ``head`` is the first message at or after its first sequence number.

@@ -79,6 +79,7 @@ class PurgeProgress:
         self.idle_receives = 0  # receives in a row that brought nothing recorded (a partitioned queue's bound)
         self.late_only = False  # a page ended the round having settled nothing before its deadline
         self.came_up_empty = False  # a look found no recorded message still there (``on_look``)
+        self._settled: set[Identity] = set()  # what this round settled, by identity
         self.lock_wait: LockWait | None = None  # waiting for recorded messages locked elsewhere (``on_look``)
         self._brought_recorded = True  # the last receive brought recorded messages (or nothing at all)
         # Per partition, the first unrecorded message received since the last look: recorded ones before it
@@ -225,24 +226,37 @@ class PurgeProgress:
         return PageActions(tuple(complete), tuple(dead_letter), tuple(release), self.stopped, tuple(pass_over),
                            look=self.wants_look)
 
-    def on_settled(self, completed: int, dead_lettered=(), *, given_back: int = 0) -> None:
-        """The last page's settlement: ``completed`` messages completed, the sequence numbers ``dead_lettered``
-        dead-lettered, and ``given_back`` recorded ones released unsettled because their locks would have
-        ended first (received again next). A page that settled nothing ends the round: the next one would
-        fare no better."""
+    def on_settled(self, completed: int, dead_lettered=(), *, given_back: int = 0, completed_numbers=()) -> None:
+        """The last page's settlement: ``completed`` messages completed (``completed_numbers``, where the caller
+        knows which), the sequence numbers ``dead_lettered`` dead-lettered, and ``given_back`` recorded ones
+        released unsettled because their locks would have ended first (received again next). A page that
+        settled nothing ends the round: the next one would fare no better."""
         self.completed += completed
         self.dead_lettered += len(dead_lettered)
         for seq in dead_lettered:
             self._dead_letters_left.pop(self._page.get(seq), None)
+        self._settled.update(self._page[seq] for seq in (*completed_numbers, *dead_lettered) if seq in self._page)
         self.seen -= given_back
         if self._page and not completed and not dead_lettered:
             self._halted = True
             self.late_only = given_back > 0
 
+    def settled_whole(self, span) -> bool:
+        """Whether this round settled every recorded message of ``span``: it is settled, no look needed."""
+        return sum(1 for identity in self._settled if span.holds(*identity)) >= span.count
+
+    def throttled_result(self) -> PurgeResult:
+        """The result of a round a throttled receive ended: no look was made, so a span it did not settle whole
+        stays as it was (its first message may have gone: the next plan verifies, see ``after_purge``)."""
+        settled = tuple(span for span in self.plan.spans if self.settled_whole(span))
+        remaining = tuple(span for span in self.plan.spans if not self.settled_whole(span))
+        return PurgeResult(self.completed, self.dead_lettered, self.released, remaining, settled, throttled=True)
+
     def result(self, heads: dict[int, Identity | None]) -> PurgeResult:
-        """``heads[span.first]``: the first message at or after each span's first sequence number now."""
+        """``heads[span.first]``: the first message at or after each span's first sequence number now (none
+        needed for a span this round settled whole: ``settled_whole``)."""
         remaining, settled = [], []
         for span in self.plan.spans:
-            left = span_after_peek(span, heads.get(span.first))
+            left = None if self.settled_whole(span) else span_after_peek(span, heads.get(span.first))
             (settled if left is None else remaining).append(left or span)
         return PurgeResult(self.completed, self.dead_lettered, self.released, tuple(remaining), tuple(settled))

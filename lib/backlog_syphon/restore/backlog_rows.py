@@ -12,7 +12,7 @@ Invariants:
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from backlog_syphon.model import MessageState, ReasonCode
 from backlog_syphon.restore.amqp.annotations import (
@@ -76,6 +76,7 @@ def backlog_row_values(
         else:
             row.update(legacy_fields_to_row_values(decode_legacy_properties(envelope.application_properties)))
         row.update(dead_letter_fields(envelope.application_properties))
+        row["backlog_expires_time"] = expires_time(row["enqueued_time"], envelope.header.ttl_ms)
     except Exception as error:  # noqa: BLE001 - one message's problem is that message's outcome
         # AmqpDecodeError, a broker annotation of the wrong type or range, or anything else this
         # message makes the decoding trip over: it is dead-lettered with the reason, never the batch.
@@ -105,6 +106,17 @@ def copy_fields(envelope) -> dict:
         "decode_problem_reason": None,
         "message_state": MessageState.from_annotation(state if isinstance(state, int) else None).value,
     }
+
+
+def expires_time(enqueued_time: datetime | None, ttl_ms: int | None) -> datetime | None:
+    """When a backlog copy expires in its queue: its enqueue time plus its own time to live (the AMQP header's);
+    None without either (a queue's default time to live, which the syphon does not read, may end it sooner)."""
+    if enqueued_time is None or not ttl_ms:
+        return None
+    try:
+        return enqueued_time + timedelta(milliseconds=int(ttl_ms))
+    except OverflowError:  # past the year 9999: never
+        return None
 
 
 def dead_letter_fields(application_properties) -> dict:

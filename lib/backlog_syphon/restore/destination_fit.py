@@ -6,9 +6,14 @@ No retry changes that, so such a message is dead-lettered before it is sent, wit
 what to change; the dry run shows it. Where the destination's shape is unknown (the administration API
 did not answer), the first refusal teaches the sender (``sink.delivery``), with the same reason code.
 
+The service also refuses a message whose properties are too large (``property_size_refusal``: a property
+above 32 KB, all of them above 64 KB, a MessageId or SessionId above 128 characters), and with a generic
+text that looks transient ("The service was unable to process the request; please retry the operation"):
+a retry would send the same message for ever, so it is measured on the restored bytes before it is sent.
+
 Invariants:
 - A message is judged on what will be sent: the restored SessionId (from ``x-ms-sessionid``) and the
-  PartitionKey the backlog copy carries.
+  PartitionKey the backlog copy carries; its sizes on the restored message's bytes.
 - A topic never refuses a session-less message, whatever its subscriptions: the service dead-letters the
   copy in each subscription that requires sessions, so the syphon warns (``session_subscription_warning``)
   rather than dead-letter what the other subscriptions would take.
@@ -19,6 +24,14 @@ from __future__ import annotations
 from typing import Mapping
 
 from backlog_syphon.model import DestinationShape, EntityKind, ReasonCode
+from backlog_syphon.restore.amqp.sections import SectionCode, map_entries, split_sections
+
+# Service Bus's limits on a message's properties (its quotas): each property, all of them (the system ones
+# included), and the MessageId and SessionId.
+MAX_PROPERTY_BYTES = 32 * 1024
+MAX_PROPERTIES_BYTES = 64 * 1024
+MAX_ID_CHARACTERS = 128
+_HEADER_SECTIONS = (SectionCode.MESSAGE_ANNOTATIONS, SectionCode.PROPERTIES, SectionCode.APPLICATION_PROPERTIES)
 
 WHAT_TO_DO = "then re-drive it (--redrive-dead-letters)"
 SESSION_REQUIRED_REASON = ("destination '{destination}' requires sessions and the message has no SessionId (its "
@@ -43,6 +56,27 @@ def misfit(shapes: Mapping[str, DestinationShape], destination: str | None, sess
                                                                                      partition_key=partition_key)
     if session_id is None and requires_session(shapes, destination):
         return ReasonCode.SESSION_REQUIRED, SESSION_REQUIRED_REASON.format(destination=destination)
+    return None
+
+
+def property_size_refusal(encoded: bytes, message_id: str | None, session_id: str | None) -> str | None:
+    """Why Service Bus would refuse this restored message for the size of its properties, or None."""
+    for name, value in (("MessageId", message_id), ("SessionId", session_id)):
+        if value is not None and len(value) > MAX_ID_CHARACTERS:
+            return f"its {name} has {len(value)} characters, more than the {MAX_ID_CHARACTERS} Service Bus takes"
+    header = 0
+    for section in split_sections(encoded):
+        if section.code not in _HEADER_SECTIONS:
+            continue
+        header += section.end - section.value_start
+        if section.code is SectionCode.APPLICATION_PROPERTIES:
+            for entry in map_entries(encoded, section.value_start):
+                if entry.end - entry.start > MAX_PROPERTY_BYTES:
+                    return (f"its property '{entry.key}' is {entry.end - entry.start:,} bytes, more than the "
+                            f"{MAX_PROPERTY_BYTES:,} Service Bus takes per property")
+    if header > MAX_PROPERTIES_BYTES:
+        return (f"its properties are {header:,} bytes in all, more than the {MAX_PROPERTIES_BYTES:,} Service Bus takes "
+                f"(system properties included)")
     return None
 
 

@@ -8,7 +8,8 @@ Invariants:
 - Every row gets exactly one action and, unless it is delivered, a stable ``reason_code`` and a
   human ``reason``: nothing is silently dropped.
 - Precedence: ping, then a skipped destination (held, whatever else is wrong with the message: it is
-  left untouched), then decode problems, then expiry in the backlog, then size, then whether the
+  left untouched), then a backlog copy that expired in its queue (the broker collects it, whatever it
+  holds), then decode problems, then expiry in the backlog, then size, then whether the
   destination can take the message as it is (``destination_fit``: a SessionId that differs from the
   PartitionKey, no SessionId for a queue that requires sessions).
 - Renaming comes first and once: ``destination`` becomes the new name (matched case-insensitively,
@@ -106,6 +107,7 @@ def _classification(columns: list[str], now_ms: Column, policy: TtlPolicy, max_m
         expired = F.coalesce(ttl_ms - waited_ms <= 0, F.lit(False))
 
     is_ping = F.coalesce(F.col("content_type") == PING_CONTENT_TYPE, F.lit(False))
+    copy_expired = F.coalesce(F.unix_millis(F.col("backlog_expires_time")) <= now_ms, F.lit(False))
     skipped = sorted({name.lower() for name in skip_destinations})
     is_held = (F.coalesce(F.lower(F.col("destination")).isin(skipped), F.lit(False)) if skipped
                else F.lit(False))
@@ -128,6 +130,10 @@ def _classification(columns: list[str], now_ms: Column, policy: TtlPolicy, max_m
         (is_held, Action.HOLD, F.lit(ReasonCode.DESTINATION_SKIPPED),
          F.format_string("destination '%s' is in restore.skip_destinations: left in the backlog for a later run",
                          F.col("destination"))),
+        (copy_expired, Action.EXPIRE, F.lit(ReasonCode.BACKLOG_COPY_EXPIRED),
+         F.format_string("the backlog copy expired in its queue at %s UTC (its own time to live there): Service Bus "
+                         "shows it to a peek until a receive collects it, and no receiver would get it; not sent",
+                         F.date_format(F.col("backlog_expires_time"), "yyyy-MM-dd HH:mm:ss"))),
         (undecoded, Action.DEAD_LETTER,
          F.coalesce(F.col("decode_problem_code"), F.lit(ReasonCode.MISSING_PATH)),
          F.coalesce(F.col("decode_problem_reason"), F.lit("no destination was decoded from x-ms-path"))),

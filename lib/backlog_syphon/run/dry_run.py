@@ -14,7 +14,8 @@ from pyspark.sql import functions as F
 
 from backlog_syphon.config import AVAILABLE_NOW, SyphonConfig
 from backlog_syphon.migration.copy_rules import CopyClassifier
-from backlog_syphon.model import Action, Route, SourceEntity
+from backlog_syphon.model import Action, EntityKind, Route, SourceEntity
+from backlog_syphon.partitions import LANES
 from backlog_syphon.restore.destination_fit import session_subscription_warning
 from backlog_syphon.restore.redrive import select_for_redrive
 from backlog_syphon.restore.rules import classify_messages
@@ -47,6 +48,7 @@ class DryRunReport:
     # route (its kind, destination and, for a subscription, the delivery chosen)
     per_source: list[dict] | None = None
     routes: dict[str, str] | None = None
+    cost: dry_run_plan.DrainCost | None = None  # what the drain will cost the namespaces' credits
     # Per queue, messages earlier runs recorded (delivered, dead-lettered) that may still wait to be settled:
     # the next run settles them and sends none again (``sink.queue_marks.awaiting_settlement``); the plan above
     # leaves them out
@@ -137,6 +139,8 @@ class DryRunReport:
         for destination, reason in self.unchecked.items():
             out.append(f"  warning: could not check destination '{destination}' ({reason}); a replay "
                        f"would wait for it rather than dead-letter")
+        if self.cost is not None:
+            out += self.cost.lines()
         if self.batch_bound:
             out.append(f"  a replay here: {self.batch_bound}")
         if self.lease_holder:
@@ -158,8 +162,10 @@ def dry_run(spark: SparkSession, config: SyphonConfig, *, now: dt.datetime | Non
     from backlog_syphon.run.syphon import prepare_migration, source_queues
     from backlog_syphon.servicebus.entities import destination_shapes
     from backlog_syphon.servicebus.probes import check_destinations
+    from backlog_syphon.servicebus.throttling import pace_driver
 
     now = now or dt.datetime.now(dt.timezone.utc)
+    pace_driver(config)
     migration = prepare_migration(config)  # a migration's sources and routes (a refused one says so here)
     spark.dataSource.register(BacklogDataSource)
     # What earlier runs recorded and may not have settled: the next run drops those rows (by identity) and
@@ -195,8 +201,15 @@ def dry_run(spark: SparkSession, config: SyphonConfig, *, now: dt.datetime | Non
                       for d, c in checks.items() if c.failure is not None and not c.failure.transient},
             max_sizes={d: c.max_message_size for d, c in checks.items() if c.max_message_size})
         dead_letters = dry_run_plan.dead_letter_plan(planned)
+        per_destination = [row.asDict() for row in dry_run_plan.destination_summary(planned, now=now).collect()]
+        cost = dry_run_plan.drain_cost(
+            per_destination, topics={name for name, shape in shapes.items() if shape.kind is EntityKind.TOPIC},
+            lanes=len(source_queues(config, migration)) + (LANES - 1) * len(per_partition or {}),
+            max_messages_per_trigger=config.run.max_messages_per_trigger,
+            secondary_budget=config.secondary.max_credits_per_second,
+            primary_budget=config.primary.max_credits_per_second)
         return DryRunReport(
-            per_destination=[row.asDict() for row in dry_run_plan.destination_summary(planned, now=now).collect()],
+            per_destination=per_destination, cost=cost,
             per_queue=dict.fromkeys(source_queues(config, migration), 0) | per_queue, per_partition=per_partition,
             dead_letters=[row.asDict() for row in dead_letters.limit(dead_letter_limit).collect()],
             dead_letter_total=dead_letters.count(),

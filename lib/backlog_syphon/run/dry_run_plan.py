@@ -30,6 +30,64 @@ class DestinationProblem:
     reason: str
 
 
+# What a drain spends of the namespaces' credits per message (``credits``): on the secondary a window read peeks
+# it, the purge receives it and settles it (one credit per lock token: an assumption, the service names no
+# cost); on the primary it is sent (a topic's filters cost one more each, which the syphon does not see).
+SECONDARY_CREDITS_PER_MESSAGE = 3
+# Probes a queue's lane costs per batch (its head, where its window starts and ends), and in the run's first
+# plan, which fixes the available-now target with a gallop and a halving.
+PROBES_PER_LANE_AND_BATCH = 2
+PROBES_PER_LANE_FIRST_PLAN = 20
+STANDARD_CREDITS_PER_SECOND = 1000
+
+
+@dataclass(frozen=True)
+class DrainCost:
+    """What draining a backlog will cost each namespace's credits, about (the dry run's estimate)."""
+
+    messages: int  # read from the backlog (each peeked once)
+    settled: int  # taken out of it (delivered, dead-lettered, skipped)
+    delivered: int  # sent to the primary
+    to_topics: int  # of them, to topics (whose filters cost one credit more each)
+    probes: int
+    secondary_budget: float  # secondary.max_credits_per_second (0: none)
+    primary_budget: float
+
+    @property
+    def secondary(self) -> int:
+        return self.messages + 2 * self.settled + self.probes
+
+    @property
+    def primary(self) -> int:
+        return self.delivered
+
+    def lines(self) -> list[str]:
+        budget = self.secondary_budget or STANDARD_CREDITS_PER_SECOND
+        seconds = max(self.secondary / budget, self.primary / (self.primary_budget or STANDARD_CREDITS_PER_SECOND))
+        where = (f"at secondary.max_credits_per_second={self.secondary_budget:g}" if self.secondary_budget
+                 else "with all of a Standard namespace's 1,000 a second")
+        out = [f"  credits the drain will cost, about: secondary {self.secondary:,} (a peek, a receive and a "
+               f"settlement per message, and {self.probes:,} probes), primary {self.primary:,} (a send per message"
+               + (f"; {self.to_topics:,} of them to topics, one credit more per filter each" if self.to_topics else "")
+               + ")",
+               f"  {where}: at least {seconds:,.0f} s of the namespaces' credits; a Premium namespace has no credit "
+               f"budget"]
+        return out
+
+
+def drain_cost(per_destination: list[dict], *, topics: set[str], lanes: int, max_messages_per_trigger: int,
+               secondary_budget: float, primary_budget: float) -> DrainCost:
+    """The dry run's estimate from its summary rows (``destination_summary``); ``topics``: the lower-case names
+    of the destinations that are topics; ``lanes``: the backlog queues, a partitioned one counting 16."""
+    messages = sum(row["messages"] for row in per_destination)
+    settled = sum(row["to_deliver"] + row["to_dead_letter"] + row["to_skip"] for row in per_destination)
+    delivered = sum(row["to_deliver"] for row in per_destination)
+    to_topics = sum(row["to_deliver"] for row in per_destination if row["destination"].lower() in topics)
+    batches = -(-messages // max(1, max_messages_per_trigger))
+    probes = lanes * (PROBES_PER_LANE_FIRST_PLAN + PROBES_PER_LANE_AND_BATCH * batches)
+    return DrainCost(messages, settled, delivered, to_topics, probes, secondary_budget, primary_budget)
+
+
 def apply_destination_checks(classified: DataFrame, problems: dict[str, DestinationProblem],
                              max_sizes: dict[str, int]) -> DataFrame:
     """Turn deliverable rows into dead-letters where the primary namespace would refuse them.
@@ -73,7 +131,7 @@ def destination_summary(planned: DataFrame, *, now: datetime) -> DataFrame:
                  count_where(expired_by(now)).alias("expired"),
                  count_where(F.col("action") == Action.DELIVER).alias("to_deliver"),
                  count_where(F.col("action") == Action.DEAD_LETTER).alias("to_dead_letter"),
-                 count_where(F.col("action") == Action.SKIP).alias("to_skip"),
+                 count_where(F.col("action").isin(Action.SKIP, Action.EXPIRE)).alias("to_skip"),
                  count_where(F.col("action") == Action.HOLD).alias("to_hold"),
                  # the x-ms-path names restore.destination_map renamed to this one, as text (plain columns only:
                  # the notebook shows these rows as a DataFrame)

@@ -1,17 +1,20 @@
 """``--maintain``: compact and vacuum the state tables (audit, checkpoint, lease, runs), Delta's own way.
 
-For each table that exists: ``OPTIMIZE`` (bin-packing: the audit's closed days keep the small files
-auto compaction had not yet gathered; ``storage.upkeep``), then ``VACUUM`` keeping the table's own
-time-travel window (its ``delta.deletedFileRetentionDuration``, which a run sets to ``storage.table_retention_days``
-under its lease). The audit is the record of what moved: neither removes a row. OPTIMIZE
-rewrites files without changing data; VACUUM deletes only files that no version of the window reads,
-never one the table holds now, and Delta's safety check stays on.
+For each table that exists: ``OPTIMIZE`` where the syphon appends (the audit and runs tables: the audit's
+closed days keep the small files auto compaction had not yet gathered; ``storage.upkeep``), then ``VACUUM``
+keeping the table's own time-travel window (its ``delta.deletedFileRetentionDuration``, which a run sets to
+``storage.table_retention_days`` under its lease). The audit is the record of what moved: neither removes a
+row. OPTIMIZE rewrites files without changing data; VACUUM deletes only files that no version of the window
+reads, never one the table holds now, and Delta's safety check stays on.
 
 It takes no lease, and runs safely while a syphon appends: an OPTIMIZE commit changes no data, so a
 blind append never conflicts with it (Delta's optimistic concurrency lets both commit); where it loses a
 race (a syphon's auto compaction rewrote the same files first) it is retried (``storage.upkeep.retried``).
-VACUUM commits nothing a writer conflicts with. Taking the lease would stop deliveries while the tables
-are tidied: the one thing the lease guards (one run delivering) is never at stake here.
+The checkpoint and lease tables are not compacted: the syphon overwrites each whole at every write, which
+leaves nothing for a compaction to gain, and an overwrite reads the files it replaces, so one racing an
+OPTIMIZE of them would fail (a failed checkpoint write fails its batch). VACUUM commits nothing a writer
+conflicts with. Taking the lease would stop deliveries while the tables are tidied: the one thing the
+lease guards (one run delivering) is never at stake here.
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ class TableUpkeep:
     window: str = ""  # what VACUUM kept: the table's delta.deletedFileRetentionDuration
     files_removed: int = 0  # by OPTIMIZE (small files compacted)
     files_added: int = 0
+    compacted: bool = True  # False: a table the syphon rewrites whole (checkpoint, lease), only vacuumed
     seconds: float = 0.0
     error: str | None = None  # one line: why this table was not maintained
 
@@ -46,8 +50,9 @@ class TableUpkeep:
             return f"  {self.table}: does not exist yet (nothing to do)"
         if self.error is not None:
             return f"  {self.table}: FAILED: {self.error}"
-        return (f"  {self.table}: compacted {self.files_removed} file(s) into {self.files_added}, vacuumed "
-                f"files past its window ({self.window}) ({self.seconds:.1f} s)")
+        compacted = (f"compacted {self.files_removed} file(s) into {self.files_added}" if self.compacted
+                     else "rewritten whole by the syphon, not compacted")
+        return f"  {self.table}: {compacted}, vacuumed files past its window ({self.window}) ({self.seconds:.1f} s)"
 
 
 @dataclass(frozen=True)
@@ -61,16 +66,20 @@ class MaintenanceReport:
     def lines(self) -> list[str]:
         verdict = ("maintenance failed for some tables: run it again (a syphon may go on meanwhile)"
                    if self.failed else "maintenance done")
-        return ["state tables (OPTIMIZE, then VACUUM):", *(table.line() for table in self.tables), verdict]
+        return ["state tables (OPTIMIZE where the syphon appends, then VACUUM):",
+                *(table.line() for table in self.tables), verdict]
 
 
-def state_tables(config: SyphonConfig) -> tuple[str, ...]:
+def state_tables(config: SyphonConfig) -> tuple[tuple[str, bool], ...]:
+    """Each state table, and whether maintenance compacts it: those the syphon appends to (module docstring)."""
     storage = config.storage
-    return (storage.audit_table, storage.checkpoint_table, storage.resolved_lease_table, storage.resolved_runs_table)
+    return ((storage.audit_table, True), (storage.checkpoint_table, False), (storage.resolved_lease_table, False),
+            (storage.resolved_runs_table, True))
 
 
-def maintain_table(spark: SparkSession, table: str) -> TableUpkeep:
-    """OPTIMIZE then VACUUM one table, each retried on a concurrent-modification conflict."""
+def maintain_table(spark: SparkSession, table: str, *, compact: bool = True) -> TableUpkeep:
+    """OPTIMIZE (unless not ``compact``) then VACUUM one table, each retried on a concurrent-modification
+    conflict."""
     if not tables.table_exists(spark, table):
         return TableUpkeep(table, exists=False)
     name = tables.sql_name(table)
@@ -80,16 +89,17 @@ def maintain_table(spark: SparkSession, table: str) -> TableUpkeep:
         window = upkeep.table_properties(spark, name).get("delta.deletedFileRetentionDuration",
                                                           upkeep.DELTA_DEFAULT_FILE_RETENTION)
         removed, added = upkeep.retried(lambda: upkeep.optimize(spark, name), tables.is_commit_conflict,
-                                        f"OPTIMIZE {table}")
+                                        f"OPTIMIZE {table}") if compact else (0, 0)
         upkeep.retried(lambda: upkeep.vacuum(spark, name), tables.is_commit_conflict, f"VACUUM {table}")
     except Exception as exc:  # noqa: BLE001 - one table's failure is reported, the others are still maintained
         logger.debug("maintenance of %s failed", table, exc_info=True)
-        return TableUpkeep(table, exists=True, window=window, seconds=time.monotonic() - started,
+        return TableUpkeep(table, exists=True, window=window, compacted=compact, seconds=time.monotonic() - started,
                            error=describe(exc))
-    return TableUpkeep(table, exists=True, window=window, files_removed=removed, files_added=added,
+    return TableUpkeep(table, exists=True, window=window, files_removed=removed, files_added=added, compacted=compact,
                        seconds=time.monotonic() - started)
 
 
 def maintain(spark: SparkSession, config: SyphonConfig) -> MaintenanceReport:
     """Maintain every state table of ``config`` in turn (one after the other: each is a few Spark jobs)."""
-    return MaintenanceReport(tuple(maintain_table(spark, table) for table in state_tables(config)))
+    return MaintenanceReport(tuple(maintain_table(spark, table, compact=compact)
+                                   for table, compact in state_tables(config)))

@@ -22,6 +22,7 @@ from pyspark.sql.streaming import StreamingQueryListener
 
 from backlog_syphon.model import BatchStats, EarlierBatches
 from backlog_syphon.source.offsets import position as offset_position
+from backlog_syphon.source.window_planner import PLAN_KEY
 
 logger = logging.getLogger(__name__)
 
@@ -156,6 +157,11 @@ class SyphonProgressListener(StreamingQueryListener):
         self._lock = threading.Lock()
         self._events: queue.SimpleQueue = queue.SimpleQueue()
         self._worker: threading.Thread | None = None
+        # What the run's batches cost the namespaces, as the driver learns it (``run.syphon``'s credit usage):
+        # the rows the windows read (a peek each), the messages sent, and the planner's own count of its probes.
+        self.rows_read = 0
+        self.sent = 0
+        self.planner_credits = 0
 
     def onQueryStarted(self, event) -> None:
         pass
@@ -181,9 +187,19 @@ class SyphonProgressListener(StreamingQueryListener):
                 continue
             with self._lock:
                 self.points.append(point)
+                self._count_credits(point, latest_offset)
                 self._let_go_of_old_points()
             if self.log_lines:
                 logger.info("%s", progress_line(point), extra=progress_fields(point))
+
+    def _count_credits(self, point: ProgressPoint, latest_offset: str | None) -> None:
+        stats = point.stats
+        if stats is not None:
+            self.rows_read += stats.delivered + stats.dead_lettered + stats.skipped + stats.held + stats.replayed
+            self.sent += stats.pacing.sent if stats.pacing is not None else stats.delivered
+        planned = _offsets(latest_offset).get(PLAN_KEY)
+        if isinstance(planned, dict) and isinstance(planned.get("credits"), int):  # Spark 4.2+ reports it
+            self.planner_credits = max(self.planner_credits, planned["credits"])
 
     def _let_go_of_old_points(self) -> None:
         if len(self.points) <= self.retained:

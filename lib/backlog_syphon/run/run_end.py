@@ -16,7 +16,7 @@ from typing import Iterable, Mapping
 
 from backlog_syphon.config import AVAILABLE_NOW
 from backlog_syphon.errors import BATCH_FAILED_MARK, EXIT_BATCH_FAILED, EXIT_NOT_DRAINED, EXIT_OK, SyphonError
-from backlog_syphon.model import BatchStats, EarlierBatches, JobIds, Outcome, RunMode, RunRow
+from backlog_syphon.model import BatchStats, CreditUsage, EarlierBatches, JobIds, NamespaceRole, Outcome, RunMode, RunRow
 
 STOPPED_LINE = "stopped on request at a batch boundary; the next run resumes from the tables"
 
@@ -72,10 +72,12 @@ def run_end(trigger: str, *, drained: bool, stopped: bool, remaining: Mapping[st
 def run_row(*, run_id: str, source: str, trigger: str, job: JobIds, started_at: dt.datetime,
             ended_at: dt.datetime, end: RunEnd, per_destination: Mapping[str, Mapping[str, int]],
             remaining: Mapping[str, int] | None, batches: Iterable[BatchStats | None],
-            earlier: EarlierBatches = EarlierBatches(), mode: RunMode = RunMode.SYPHON) -> RunRow:
-    """The run's row in the runs table: what it recorded per outcome, what it left, how it was throttled.
-    ``earlier``: the batches a long run's progress history no longer holds (``run.progress``); ``mode``: which
-    mode ran (a migration run also counts what it found expired)."""
+            earlier: EarlierBatches = EarlierBatches(), mode: RunMode = RunMode.SYPHON,
+            credits: CreditUsage | None = None) -> RunRow:
+    """The run's row in the runs table: what it recorded per outcome, what it left, how it was throttled,
+    what it spent of each namespace's credits. ``earlier``: the batches a long run's progress history no
+    longer holds (``run.progress``); ``mode``: which mode ran (a migration run also counts what it found
+    expired)."""
     counts: Counter = Counter()
     for by_outcome in per_destination.values():
         counts.update({outcome: count or 0 for outcome, count in by_outcome.items()})
@@ -92,4 +94,7 @@ def run_row(*, run_id: str, source: str, trigger: str, job: JobIds, started_at: 
         remaining=None if remaining is None else dict(remaining),
         remaining_total=None if remaining is None else sum(remaining.values()),
         batches=earlier.batches + len(stats), throttled_seconds=throttled, mode=mode.value,
-        expired=counts[Outcome.EXPIRED] if mode is RunMode.MIGRATION else None)
+        expired=counts[Outcome.EXPIRED] if mode is RunMode.MIGRATION else None,
+        secondary_credits=None if credits is None else credits.total(NamespaceRole.SECONDARY),
+        primary_credits=None if credits is None else credits.total(NamespaceRole.PRIMARY),
+        credits_by_kind=None if credits is None else credits.by_kind)

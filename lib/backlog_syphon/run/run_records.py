@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from pyspark.sql import SparkSession
 
-from backlog_syphon.model import STAYING_OUTCOMES, EarlierBatches, Outcome
+from backlog_syphon.model import STAYING_OUTCOMES, CreditUsage, EarlierBatches, Outcome
 from backlog_syphon.restore.queue_names import is_dead_letter_queue_name
 from backlog_syphon.run import reports
 from backlog_syphon.run.progress import BatchStats, ProgressPoint
@@ -44,6 +44,7 @@ class RunSummary:
     # dead-letter stay by design (``left_in_place`` of them, as this run recorded).
     migration: bool = False
     left_in_place: int = 0
+    credits: CreditUsage | None = None  # what the run spent of each namespace's credits
 
     @property
     def held(self) -> dict[str, int]:
@@ -105,6 +106,8 @@ class RunSummary:
         if self.left_in_place:
             out.append(f"  left in place with their outcome: {self.left_in_place} message(s) (dead-lettered or expired "
                        f"in a dead-letter sub-queue, or scheduled: see the audit)")
+        if self.credits is not None:
+            out.append(f"  {self.credits.line()}")
         return out
 
 

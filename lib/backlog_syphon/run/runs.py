@@ -17,7 +17,7 @@ from typing import Callable
 from pyspark.sql import SparkSession
 
 from backlog_syphon.config import SyphonConfig
-from backlog_syphon.model import EarlierBatches, JobIds, RunMode
+from backlog_syphon.model import CreditUsage, EarlierBatches, JobIds, RunMode
 from backlog_syphon.run.run_records import AuditRecords, RunSummary
 from backlog_syphon.run.run_end import RunEnd, failure_end, run_end, run_row
 from backlog_syphon.storage import tables
@@ -58,14 +58,14 @@ class RunRecorder:
     def ended(self, summary: RunSummary) -> None:
         """The run ran through."""
         self._append(summary_end(summary, self.config.run.trigger), summary.per_destination, summary.remaining,
-                     [point.stats for point in summary.progress], summary.earlier)
+                     [point.stats for point in summary.progress], summary.earlier, summary.credits)
 
     def failed(self, exc: BaseException) -> None:
         """The run raised ``exc``. What it recorded is read from the audit table (a failed batch records
         what it delivered before it fails, which the sink's own counts leave out); what it left is not
         counted (the status command does)."""
         end = failure_end(exc)
-        per_destination, batches, earlier = {}, [], EarlierBatches()
+        per_destination, batches, earlier, credits = {}, [], EarlierBatches(), None
         if self.run is not None:  # its query started: it may have recorded something
             batches, earlier = [point.stats for point in self.run.listener.points], self.run.listener.earlier
             try:
@@ -74,13 +74,15 @@ class RunRecorder:
             except Exception as read_failure:  # noqa: BLE001 - the row is still worth writing without them
                 logger.warning("run_id=%s: what the failed run recorded is not in its runs-table row (%s)",
                                self.run_id, type(read_failure).__name__)
-        self._append(end, per_destination, None, batches, earlier)
+            credits = self.run.credit_usage(self.config, per_destination)
+        self._append(end, per_destination, None, batches, earlier, credits)
 
-    def _append(self, end: RunEnd, per_destination, remaining, batches, earlier: EarlierBatches) -> None:
+    def _append(self, end: RunEnd, per_destination, remaining, batches, earlier: EarlierBatches,
+                credits: CreditUsage | None) -> None:
         row = run_row(run_id=self.run_id, source=self.config.run.source, trigger=self.config.run.trigger,
                       job=self.job, started_at=self.started_at, ended_at=self.clock(), end=end,
                       per_destination=per_destination, remaining=remaining, batches=batches, earlier=earlier,
-                      mode=RunMode.MIGRATION if self.config.migrating else RunMode.SYPHON)
+                      mode=RunMode.MIGRATION if self.config.migrating else RunMode.SYPHON, credits=credits)
         table = self.config.storage.resolved_runs_table
         try:
             tables.append_run(self.spark, table, row, retention_days=self.config.storage.table_retention_days)

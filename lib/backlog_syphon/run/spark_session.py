@@ -89,6 +89,10 @@ def build_spark_session(app_name: str = "backlog-syphon", master: str | None = N
         # Delta rebuilds a table's snapshot with 50 tasks by default; the syphon's tables are
         # small, and on a 2-core machine that alone doubled the cost of every commit.
         "spark.databricks.delta.snapshotPartitions": "2",
+        # Delta's VACUUM lists a table's folders in stages of this many tasks (Spark's default, 10,000, is
+        # sized for listing a cluster's millions of files): each VACUUM of a small state table cost a
+        # local session about 55 s of CPU (--maintain runs three or four), with 4 tasks about 3 s.
+        "spark.sql.sources.parallelPartitionDiscovery.parallelism": "4",
         # Every plan the syphon runs (a batch's bookkeeping, a Delta commit, a lease read) handles a
         # few thousand rows at most, where compiling generated Java code per plan and task costs far
         # more than it saves: a third of a local run's JVM samples were code generation and Janino.

@@ -34,7 +34,9 @@ def status(spark: SparkSession, config: SyphonConfig, *, now: dt.datetime | None
     from backlog_syphon.run.syphon import prepare_migration
     from backlog_syphon.servicebus.counts import count_backlog
     from backlog_syphon.servicebus.probes import NoBacklogQueuesError, preflight
+    from backlog_syphon.servicebus.throttling import pace_driver
 
+    pace_driver(config)
     storage = config.storage
     at = now or dt.datetime.now(dt.timezone.utc)
     queues = backlog_queue_names(config.primary.namespace, config.backlog.queue_count)

@@ -142,7 +142,8 @@ class StatusReport:
             left = "-" if run.remaining_total is None else run.remaining_total
             job = f"  job run {run.job_run_id}" if run.job_run_id else ""
             out.append(f"    {run.run_id}  {run.source:<12} {run.trigger:<14} ended {run.ended_at:%Y-%m-%d %H:%M:%S}  "
-                       f"exit {run.exit_code}  moved {moved}  left {left}{job}  {run.closing_line}")
+                       f"exit {run.exit_code}  moved {moved}  left {left}{credits_text(run, moved)}{job}  "
+                       f"{run.closing_line}")
         if not self.migration:  # a migration's source namespace is deleted as a whole once drained
             out.append(f"  removal: {removal_line(self.removal, self.lease_holder)}")
         out.append(f"verdict: {self.verdict.line}")
@@ -173,6 +174,15 @@ class StatusReport:
                             "queues": [{"queue": r.queue, "exists": r.exists, "removable": r.removable,
                                         "holds": {h.kind.value: h.count for h in r.holds}} for r in self.removal]},
                 "runs": [dataclasses.asdict(run) for run in self.runs]}
+
+
+def credits_text(run: RunRow, moved: int) -> str:
+    """``  credits 1,496+480 (3.3+1.1 a message)``: what the run spent of the secondary's and the primary's
+    credits, and per message it moved; '' for a run from before they were counted."""
+    if run.secondary_credits is None or run.primary_credits is None:
+        return ""
+    per = f" ({run.secondary_credits / moved:.1f}+{run.primary_credits / moved:.1f} a message)" if moved else ""
+    return f"  credits {run.secondary_credits:,}+{run.primary_credits:,}{per}"
 
 
 def status_verdict(report: StatusReport) -> Verdict:

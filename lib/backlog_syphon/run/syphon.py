@@ -20,7 +20,7 @@ from pyspark.sql.streaming import StreamingQuery
 
 from backlog_syphon.config import AVAILABLE_NOW, SyphonConfig, trigger_options
 from backlog_syphon.errors import SettingsError
-from backlog_syphon.model import NO_MIGRATION, JobIds, MigrationPlan, new_run_id
+from backlog_syphon.model import NO_MIGRATION, CreditKind, CreditUsage, JobIds, MigrationPlan, Outcome, new_run_id
 from backlog_syphon.run.fence import LeaseKeeper
 from backlog_syphon.run.progress import SyphonProgressListener, follow_progress
 from backlog_syphon.run.run_records import AuditRecords, RunSummary, SinkRecords
@@ -31,6 +31,7 @@ from backlog_syphon.run.spark_session import is_connect, spark_line
 from backlog_syphon.sink.fault_plan import FaultPlan
 from backlog_syphon.sink.foreach_batch import DeliverySink, settle_before_start
 from backlog_syphon.sink.micro_batch import NOTHING_RECORDED
+from backlog_syphon.sink.spark_ports import task_slots
 from backlog_syphon.source.data_source import (
     READ_LIMITS_SUPPORTED,
     SOURCE_NAME,
@@ -105,6 +106,27 @@ class SyphonRun:
     spark: SparkSession | None = None  # Spark Connect: how a stop request reaches the server
     migration: MigrationPlan = NO_MIGRATION  # a migration run's sources and routes
     _forwarded: bool = False
+    # What this process had spent on each namespace when the run started (``credit_usage`` counts the run's).
+    credits_before: tuple[dict, dict] = ({}, {})
+
+    def credit_usage(self, config: SyphonConfig, per_destination: dict[str, dict[str, int]]) -> CreditUsage:
+        """What the run spent of each namespace's credits: what this process paced (the purge, the pre-flight,
+        the counts, administration reads), the planner's probes as it reports them (Spark 4.2+), a peek per
+        row the windows read and a send per message sent, as the batches reported them."""
+        from backlog_syphon.servicebus.throttling import spent
+
+        def since_start(namespace, before: dict) -> dict[str, int]:
+            now = spent(namespace)
+            return {str(kind): now.get(kind, 0) - before.get(kind, 0) for kind in now}
+
+        secondary = since_start(config.secondary, self.credits_before[0])
+        secondary[CreditKind.PEEK] = (secondary.get(CreditKind.PEEK, 0) + self.listener.rows_read
+                                      + self.listener.planner_credits)
+        primary = since_start(config.primary, self.credits_before[1])
+        primary[CreditKind.SEND] = primary.get(CreditKind.SEND, 0) + self.listener.sent
+        moved = sum(counts.get(outcome, 0) for counts in per_destination.values()
+                    for outcome in (Outcome.DELIVERED, Outcome.DEAD_LETTERED, Outcome.SKIPPED_PING))
+        return CreditUsage({k: v for k, v in secondary.items() if v}, {k: v for k, v in primary.items() if v}, moved)
 
     def request_stop(self) -> None:
         """Stop after the batch in flight: no new batch is planned from now on (see the source). Safe in
@@ -180,10 +202,14 @@ def start_syphon(spark: SparkSession, config: SyphonConfig, *, run_id: str | Non
     Raises ``run.lease.LeaseHeldError`` when another run holds the backlog (unless ``run.wait_for_lease``,
     then it waits, telling ``on_wait`` once).
     """
+    from backlog_syphon.servicebus.throttling import pace_driver, spent
+
     timeline = timeline if timeline is not None else Timeline()
     run_id = run_id or new_run_id(dt.datetime.now(dt.timezone.utc))
     config = run_config(config, run_id)
     storage = config.storage
+    pace_driver(config)
+    credits_before = (spent(config.secondary), spent(config.primary))
     keeper = LeaseKeeper(lease_table=storage.resolved_lease_table, lease_key=lease_key(config), run_id=run_id,
                          lease_seconds=config.run.lease_seconds, checkpoint_table=storage.checkpoint_table)
     migration = prepare_migration(config)
@@ -219,7 +245,8 @@ def start_syphon(spark: SparkSession, config: SyphonConfig, *, run_id: str | Non
                     len(look_back))
     stream = (spark.readStream.format(SOURCE_NAME)
               .options(**backlog_source_options(config, stop_file=stop_file, emulate_available_now=emulate,
-                                                look_back=look_back, migration=migration)).load())
+                                                look_back=look_back, migration=migration,
+                                                read_slots=task_slots(spark))).load())
     writer = (stream.writeStream.foreachBatch(sink)
               .option("checkpointLocation", storage.checkpoint_location)
               .queryName(config.run.query_name)
@@ -235,7 +262,7 @@ def start_syphon(spark: SparkSession, config: SyphonConfig, *, run_id: str | Non
     timeline.mark(Milestone.QUERY_STARTED)
     logger.info("started run_id=%s query=%s trigger=%s", run_id, config.run.query_name, config.run.trigger)
     return SyphonRun(query, sink, listener, keeper, stop_file, records, timeline,
-                     spark if is_connect(spark) else None, migration)
+                     spark if is_connect(spark) else None, migration, credits_before=credits_before)
 
 
 def prepare_migration(config: SyphonConfig) -> MigrationPlan:
@@ -421,10 +448,12 @@ def backlog_spans(namespace, queues) -> dict[str, int]:
 def summarise_run(config: SyphonConfig, run: SyphonRun) -> RunSummary:
     from backlog_syphon.servicebus.peek import peek_counts
 
-    summary = RunSummary(run_id=run.sink.run_id, per_destination=run.records.per_destination(),
-                         remaining=peek_counts(config.secondary, source_queues(config, run.migration)),
+    per_destination = run.records.per_destination()
+    remaining = peek_counts(config.secondary, source_queues(config, run.migration))
+    summary = RunSummary(run_id=run.sink.run_id, per_destination=per_destination, remaining=remaining,
                          progress=tuple(run.listener.points), earlier=run.listener.earlier, timeline=run.timeline,
                          redrive=config.redriving, stopped=os.path.exists(run.stop_file),
-                         migration=bool(run.migration.sources), left_in_place=run.sink.left_in_place)
+                         migration=bool(run.migration.sources), left_in_place=run.sink.left_in_place,
+                         credits=run.credit_usage(config, per_destination))
     run.timeline.mark(Milestone.SUMMARISED)
     return summary

@@ -17,6 +17,7 @@ import hashlib
 import logging
 import threading
 import time
+import weakref
 from contextlib import contextmanager
 from typing import Any, Callable, Iterable, TypeVar
 
@@ -112,8 +113,14 @@ class _HandlerPool:
             if handler is None or not by_age:
                 self._used[(client_key, key)] = now
             if handler is None:
-                handler = self._handlers[(client_key, key)] = sdk_internals.prompt(
-                    make(self._client(client_key, namespace, role)))
+                handler = sdk_internals.prompt(make(self._client(client_key, namespace, role)))
+                if role == "secondary":  # its operations are paced by ``throttling``, which retries busy answers
+                    handler = sdk_internals.busy_answers_raise(handler)
+                    try:
+                        _NAMESPACES[handler] = namespace
+                    except TypeError:  # not weakly referenceable: a test's stand-in, not paced
+                        pass
+                self._handlers[(client_key, key)] = handler
         if stale is not None:
             logger.debug("a pooled Service Bus link idle for over %.0f s was closed and opened again",
                          namespace.idle_link_seconds)
@@ -161,6 +168,17 @@ def _close_quietly(handler) -> None:
 
 
 _POOL = _HandlerPool()
+# The namespace each pooled handler operates on: its operations are paced by that namespace's credits
+# (``throttling``), wherever in the process they are made.
+_NAMESPACES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def namespace_of(handler) -> NamespaceConfig | None:
+    """The namespace a handler of the pool operates on (None: not the pool's)."""
+    try:
+        return _NAMESPACES.get(handler)
+    except TypeError:  # not weakly referenceable: a test's stand-in
+        return None
 
 
 @contextmanager

@@ -48,6 +48,7 @@ from backlog_syphon.servicebus.clients import each_at_once, open_client
 from backlog_syphon.servicebus.peek import LAST_SEQUENCE_NUMBER, administration_client, peek_raw
 from backlog_syphon.peek_pages import PagedRead
 from backlog_syphon.servicebus.sdk_internals import management_handle, prompt
+from backlog_syphon.servicebus.throttling import administration, list_pages
 
 logger = logging.getLogger(__name__)
 
@@ -86,11 +87,14 @@ def count_backlog(namespace: NamespaceConfig, primary_namespace: str, queues: li
 def runtime_counts(namespace: NamespaceConfig, primary_namespace: str) -> dict[str, tuple[int, int]] | None:
     """Backlog queue -> (active messages, dead-lettered messages) from the administration API; None where
     it cannot be used (a key without Manage, no network path to it)."""
-    try:
+    def read() -> list:
         with administration_client(namespace) as admin:
-            return {queue.name: (queue.active_message_count, queue.dead_letter_message_count)
-                    for queue in admin.list_queues_runtime_properties()
-                    if is_backlog_queue_name(queue.name, primary_namespace)}
+            return list(admin.list_queues_runtime_properties())
+
+    try:
+        return {queue.name: (queue.active_message_count, queue.dead_letter_message_count)
+                for queue in administration(namespace, read, requests=list_pages)
+                if is_backlog_queue_name(queue.name, primary_namespace)}
     except Exception as exc:  # noqa: BLE001 - the peeks count instead
         logger.info("runtime counts unavailable (%s); counting with peeks", type(exc).__name__)
         return None
@@ -116,7 +120,7 @@ def _count_entity(namespace: NamespaceConfig, name: str, *, dead_letters: bool, 
             handler = management_handle(client, name) if browse else prompt(client.get_queue_receiver(
                 name, receive_mode=ServiceBusReceiveMode.PEEK_LOCK, prefetch_count=0))
             try:
-                return survey(lambda first, count: peek_raw(handler, first, count), known=known,
+                return survey(lambda first, count: peek_raw(handler, first, count, namespace=namespace), known=known,
                               reasons=dead_letters)
             finally:
                 handler.close()

@@ -19,6 +19,7 @@ from backlog_syphon.restore.queue_names import owning_queue
 from backlog_syphon.restore.destination_fit import by_name
 from backlog_syphon.servicebus.access import discovery_refused, shapes_unread_line
 from backlog_syphon.servicebus.peek import administration_client
+from backlog_syphon.servicebus.throttling import administration, list_pages
 
 logger = logging.getLogger(__name__)
 
@@ -26,7 +27,7 @@ logger = logging.getLogger(__name__)
 def destination_shapes(namespace: NamespaceConfig) -> dict[str, DestinationShape]:
     """Every queue and topic of ``namespace`` with what it takes, by lower-case name; {} where the
     administration API does not answer (said once, as a warning when the identity lacks Manage)."""
-    try:
+    def read():
         with administration_client(namespace) as admin:
             queues = [DestinationShape(queue.name, EntityKind.QUEUE, bool(queue.requires_session),
                                        bool(queue.enable_partitioning), bool(queue.requires_duplicate_detection),
@@ -37,10 +38,15 @@ def destination_shapes(namespace: NamespaceConfig) -> dict[str, DestinationShape
             sessions = {topic.name: tuple(sorted(subscription.name for subscription in admin.list_subscriptions(topic.name)
                                                  if subscription.requires_session))
                         for topic in topics}
-            shapes = queues + [DestinationShape(topic.name, EntityKind.TOPIC, False, bool(topic.enable_partitioning),
-                                                bool(topic.requires_duplicate_detection),
-                                                _bytes(topic.max_message_size_in_kilobytes), sessions[topic.name])
-                               for topic in topics]
+            return queues, topics, sessions
+
+    try:
+        queues, topics, sessions = administration(
+            namespace, read, requests=lambda got: list_pages(got[0]) + list_pages(got[1]) + len(got[1]))
+        shapes = queues + [DestinationShape(topic.name, EntityKind.TOPIC, False, bool(topic.enable_partitioning),
+                                            bool(topic.requires_duplicate_detection),
+                                            _bytes(topic.max_message_size_in_kilobytes), sessions[topic.name])
+                           for topic in topics]
     except Exception as exc:  # noqa: BLE001 - best effort: refusals teach the senders instead
         if discovery_refused(getattr(exc, "status_code", None)):
             logger.warning(shapes_unread_line(namespace, "primary"))
@@ -59,9 +65,12 @@ def _bytes(kilobytes: int | None) -> int | None:
 def queue_settings(namespace: NamespaceConfig) -> QueueSettings:
     """``namespace``'s queues as the administration API describes them (one listing); empty where it does not
     answer: the partition bits of the sequence numbers seen tell then, and the locks the purge sees."""
-    try:
+    def read() -> list:
         with administration_client(namespace) as admin:
-            queues = list(admin.list_queues())
+            return list(admin.list_queues())
+
+    try:
+        queues = administration(namespace, read, requests=list_pages)
     except Exception as exc:  # noqa: BLE001 - best effort: the sequence numbers and the locks seen tell as well
         logger.info("backlog queues' settings unavailable from the administration API (%s); the partition bits of "
                     "their sequence numbers and the locks the purge sees tell instead", type(exc).__name__)

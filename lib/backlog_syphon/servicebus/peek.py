@@ -10,6 +10,8 @@ Invariants:
   follow is looked at twice (``peek_pages.PagedRead``): no read here ends early on a short or empty page.
 - Every peek has a timeout of its own and is asked again when it times out (``PeekTimeouts``): the SDK
   bounds a request and its retries by one timeout, so it never retries a peek that timed out.
+- Every peek on a pooled link is paced by the namespace's credits (``throttling``): one credit per message
+  it answers, and a busy answer is waited out, never a failed read.
 """
 
 from __future__ import annotations
@@ -25,10 +27,13 @@ from backlog_syphon.errors import BacklogQueueMissingError, PeekTimedOutError
 from backlog_syphon.restore.amqp.sections import broker_identity
 from backlog_syphon.restore.queue_names import is_backlog_queue_name
 from backlog_syphon.servicebus.access import discovery_refused, discovery_skipped_line
-from backlog_syphon.servicebus.clients import each_at_once, pooled_receiver
+from backlog_syphon.model import CreditKind
+from backlog_syphon.servicebus.clients import each_at_once, namespace_of, pooled_receiver
 from backlog_syphon.servicebus.credentials import credential_for
-from backlog_syphon.peek_pages import PEEK_PAGE_SIZE, PagedRead
+from backlog_syphon.partitions import partition_of
+from backlog_syphon.peek_pages import LANE_LOOKS, LOOKS, PEEK_PAGE_SIZE, PagedRead
 from backlog_syphon.servicebus.sdk_internals import entity_name, peek_stored_bytes
+from backlog_syphon.servicebus.throttling import administration, list_pages, paced
 
 logger = logging.getLogger(__name__)
 
@@ -53,15 +58,22 @@ PEEK_TIMEOUTS = PeekTimeouts()
 
 
 def peek_raw(receiver, from_sequence_number: int, max_count: int, *,
-             timeouts: PeekTimeouts = PEEK_TIMEOUTS) -> list[bytes]:
+             timeouts: PeekTimeouts = PEEK_TIMEOUTS, namespace: NamespaceConfig | None = None) -> list[bytes]:
     """The stored bytes of up to ``max_count`` messages with sequence number >= the given one (see
     ``sdk_internals.peek_stored_bytes``): AMQP types survive untouched; [] when the service says there is
     none (the caller decides whether to look again). ``BacklogQueueMissingError`` when the queue does not
-    exist; ``PeekTimedOutError`` when every attempt timed out."""
+    exist; ``PeekTimedOutError`` when every attempt timed out. Paced by the credits of ``namespace`` (by
+    default the pooled receiver's), whose busy answers are waited out (``throttling.paced``)."""
+    namespace = namespace or namespace_of(receiver)
     limits = timeouts.each()
     for attempt, timeout in enumerate(limits, 1):
+        def peek() -> list[bytes]:
+            return peek_stored_bytes(receiver, from_sequence_number, max_count, timeout)  # noqa: B023 - called now
+
         try:
-            return peek_stored_bytes(receiver, from_sequence_number, max_count, timeout)
+            if namespace is None:  # a receiver of the caller's own (a test's): not paced
+                return peek()
+            return paced(namespace, CreditKind.PEEK, peek, cost=lambda page: max(1, len(page)), reserve=max_count)
         except MessagingEntityNotFoundError:
             raise BacklogQueueMissingError(f"queue {entity_name(receiver)} does not exist") from None
         except OperationTimeoutError:
@@ -76,15 +88,19 @@ def peek_raw(receiver, from_sequence_number: int, max_count: int, *,
     raise AssertionError("unreachable")  # the loop returns or raises
 
 
-def first_identity_from(receiver, from_sequence_number: int, *, confirm: bool = False
+def first_identity_from(receiver, from_sequence_number: int, *, confirm: bool = False, lane: bool = False
                         ) -> tuple[int, int | None] | None:
     """``(sequence number, enqueue time in ms)`` of the first message at or after ``from_sequence_number``,
-    or None when there is none (one cheap peek, nothing locked). ``confirm``: a message is expected there, so
-    an empty answer is looked at once more before it counts (``peek_pages``)."""
-    page = peek_raw(receiver, max(1, from_sequence_number), 1)
-    if not page and confirm:
+    or None when there is none (one cheap peek, nothing locked). ``lane``: in the asked number's partition
+    only (an answer from another one is none there). ``confirm``: a message is expected there, so an answer
+    that misses is looked at again before it counts (``peek_pages``: once more, twice in a lane)."""
+    looks = (LANE_LOOKS if lane else LOOKS) if confirm else 1
+    for _ in range(looks):
         page = peek_raw(receiver, max(1, from_sequence_number), 1)
-    return broker_identity(page[0]) if page else None
+        identity = broker_identity(page[0]) if page else None
+        if identity is not None and not (lane and partition_of(identity[0]) != partition_of(from_sequence_number)):
+            return identity
+    return None
 
 
 def probe_at_once(namespace: NamespaceConfig, asks: dict[str, int]) -> dict[str, object]:
@@ -101,11 +117,12 @@ def probe_at_once(namespace: NamespaceConfig, asks: dict[str, int]) -> dict[str,
     return each_at_once(asks, probe, name="probe")
 
 
-def peek_identities(receiver, first: int, last: int) -> list[tuple[int, int | None]]:
+def peek_identities(receiver, first: int, last: int, *, lane: bool = False) -> list[tuple[int, int | None]]:
     """``(sequence number, enqueue time in ms)`` of the messages in ``[first, last]`` still in the entity,
-    in order (peeked: nothing is locked); short pages are read on, an empty one looked at twice."""
+    in order (peeked: nothing is locked); short pages are read on, an empty one looked at twice (``lane``:
+    one partition's range, where an answer from another partition misses too)."""
     present: list[tuple[int, int | None]] = []
-    read = PagedRead(max(1, first), last, PEEK_PAGE_SIZE)
+    read = PagedRead(max(1, first), last, PEEK_PAGE_SIZE, lane=lane)
     while (ask := read.next_ask()) is not None:
         page = [broker_identity(raw) for raw in peek_raw(receiver, *ask)]
         present += page[:read.on_page([seq for seq, _ in page])]
@@ -164,9 +181,13 @@ def list_backlog_queues(namespace: NamespaceConfig, primary_namespace: str) -> l
     Listing queues needs Manage (Azure Service Bus Data Owner), which a least-privilege identity lacks: the
     caller then reads ``0..queue_count-1``. A refusal is said once, as a warning (``access.discovery_skipped_line``).
     """
-    try:
+    def read() -> list:
         with administration_client(namespace) as admin:
-            return sorted(q.name for q in admin.list_queues() if is_backlog_queue_name(q.name, primary_namespace))
+            return list(admin.list_queues())
+
+    try:
+        return sorted(q.name for q in administration(namespace, read, requests=list_pages)
+                      if is_backlog_queue_name(q.name, primary_namespace))
     except Exception as exc:  # noqa: BLE001 - discovery is best effort by design
         if discovery_refused(getattr(exc, "status_code", None)) and not _DISCOVERY_REFUSAL_TOLD:
             _DISCOVERY_REFUSAL_TOLD.append(True)

@@ -201,7 +201,7 @@ def _preflight_secondary(namespace: NamespaceConfig, queues: list[str], *, brows
                     handler = (management_handle(client, queue) if queue.lower() in browse
                                else prompt(client.get_queue_receiver(queue)))
                     try:
-                        return peek_raw(handler, 1, 1)
+                        return peek_raw(handler, 1, 1, namespace=namespace)
                     finally:
                         handler.close()
                 except (BacklogQueueMissingError, MessagingEntityNotFoundError):

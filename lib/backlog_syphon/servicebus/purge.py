@@ -15,6 +15,14 @@ Invariants:
 - Messages passed over are released before their own locks end: the next page is received only while it
   and the releases fit before that (``SettleTiming.receive_wait_while_passing``).
 - Every request is timed, and the timing is kept for the queue's next rounds.
+- Lock tokens go in one request per partition (a partitioned entity refuses a request across partitions);
+  a request refused for a lost lock is looked at before it is split (``BulkSettlement``): whether the
+  service settled its live tokens or none, nothing settled is sent again and nothing live taken for settled.
+- Every receive, settlement and peek is paced by the secondary's credits (``throttling``): a receive waits
+  until the process's share allows it, and its page's settlements go at once (their credits are paid by the
+  next receive's wait), so the pacing never eats into the locks; a busy settlement is asked again while its
+  page's deadline allows (else its messages are released, received again later); a busy receive ends the
+  round (the SDK's receiver, its link detached, is dropped), and the next goes on.
 - A round that misses recorded messages peeks for them before it ends (``PurgeProgress.on_look``); those
   another receiver holds locked (a killed run's) are waited for, within one lock duration, with receives
   that answer as soon as they come back (``purge.lock_wait``), and the wait is said on one line.
@@ -34,16 +42,19 @@ from azure.servicebus.exceptions import (
     MessageNotFoundError,
     MessagingEntityNotFoundError,
     ServiceBusError,
+    ServiceBusServerBusyError,
     SessionCannotBeLockedError,
 )
 
 from backlog_syphon.config import NamespaceConfig
 from backlog_syphon.errors import BacklogQueueMissingError
+from backlog_syphon.model import CreditKind
 from backlog_syphon.partitions import lane_key, partition_of
 from backlog_syphon.model import SettleKind
 from backlog_syphon.servicebus.clients import (
     discard_source_sender,
     each_at_once,
+    namespace_of,
     pooled_receiver,
     session_receiver,
     source_sender,
@@ -61,6 +72,7 @@ from backlog_syphon.servicebus.sdk_internals import (
     revoke_credit,
 )
 from backlog_syphon.purge.settle_timing import SettleTiming
+from backlog_syphon.servicebus.throttling import await_credits, pause_of, paced
 
 # The logger keeps the module's former name (``servicebus.settle``): log pipelines may filter on it.
 logger = logging.getLogger(__name__)
@@ -89,6 +101,16 @@ def purge_backlog(namespace: NamespaceConfig, plan: PurgePlan, *, timing: Settle
                 return _purge_sessions(namespace, plan, timing, max_wait_seconds, on_completions_sent)
             with pooled_receiver(namespace, plan.queue, purpose="settle") as receiver:  # a failed link leaves the pool
                 return _purge(namespace, receiver, plan, timing, max_wait_seconds, on_completions_sent)
+        except ThrottledRound as throttled:
+            # A receive the namespace throttled: its link is detached (the SDK's receiver raises that again on
+            # every receive: the pool dropped it). The round says what it settled; the next one comes after
+            # the namespace's pause.
+            pause = pause_of(namespace)
+            logger.info("backlog=%s: the secondary is throttling (server-busy) the purge's receives: this round "
+                        "ends (completed=%d dead_lettered=%d), the next one goes on in %.1f s at a lower rate",
+                        plan.queue, throttled.result.completed, throttled.result.dead_lettered, pause)
+            time.sleep(pause)
+            return throttled.result
         except (MessagingEntityNotFoundError, BacklogQueueMissingError):
             # A pooled link to a queue deleted and created since says "not found" too: ask once on a fresh one.
             if fresh_link:
@@ -104,24 +126,39 @@ def _cancels_only(plan: PurgePlan) -> bool:
         order.kind is SettleKind.CANCEL_SCHEDULED for order in plan.special.values())
 
 
+class ThrottledRound(Exception):
+    """A receive of the round was throttled (server-busy): ``result`` is what the round settled before it."""
+
+    def __init__(self, result: PurgeResult):
+        super().__init__("throttled")
+        self.result = result
+
+
 def _purge(namespace: NamespaceConfig, receiver, plan: PurgePlan, timing: SettleTiming,
            max_wait_seconds: float, on_completions_sent: Callable[[], None] | None) -> PurgeResult:
     if plan.verify and (plan.expected or plan.special):
         plan = plan.verified(_present(namespace, receiver, plan))
     special = _settle_special(namespace, receiver, plan, timing, {ANY_SESSION: receiver}, session=ANY_SESSION)
-    progress = _receive_round(receiver, plan, timing, max_wait_seconds, on_completions_sent,
-                              present=lambda: _present(namespace, receiver, plan))
+    try:
+        progress = _receive_round(namespace, receiver, plan, timing, max_wait_seconds, on_completions_sent,
+                                  present=lambda: _present(namespace, receiver, plan))
+    except ThrottledRound as throttled:
+        throttled.result = special.added_to(throttled.result)
+        raise
     # Whatever could not be settled (lock lost, not there yet) is still there: look, don't count. An empty
     # answer where the round left something is looked at twice (a peek may come back empty while messages
     # exist). The peeks are also the barrier behind any transfer still on its way (see revoke_credit).
+    # A span this round settled whole needs no look (a look can miss where a peek answers from another partition).
     unsettled = progress.completed + progress.dead_lettered + special.settled < plan.expected + len(plan.special)
-    heads = {span.first: first_identity_from(receiver, span.first, confirm=unsettled) for span in plan.spans}
+    heads = {span.first: first_identity_from(receiver, span.first, confirm=unsettled, lane=plan.interleaved)
+             for span in plan.spans if not progress.settled_whole(span)}
     release_buffered(receiver)
     return special.added_to(progress.result(heads))
 
 
-def _receive_round(receiver, plan: PurgePlan, timing: SettleTiming, max_wait_seconds: float,
-                   on_completions_sent: Callable[[], None] | None, *, present: Callable[[], list]) -> PurgeProgress:
+def _receive_round(namespace: NamespaceConfig, receiver, plan: PurgePlan, timing: SettleTiming,
+                   max_wait_seconds: float, on_completions_sent: Callable[[], None] | None, *,
+                   present: Callable[[], list]) -> PurgeProgress:
     """Receive what ``plan`` expects and settle what it holds, page by page, within the locks (the purge's round
     on one receiver: the queue's, or one session's). ``present``: peeks the identities still in the plan's ranges
     where this receiver could receive them (a look, ``_look``)."""
@@ -143,8 +180,14 @@ def _receive_round(receiver, plan: PurgePlan, timing: SettleTiming, max_wait_sec
                     progress.locks_running_out()
                     break
                 wait = min(wait, max_wait_seconds)
+            await_credits(namespace, reserve=credit)  # the page's receive is timed from here, not from the pacing
             started, began = time.time(), time.monotonic()
-            page = receiver.receive_messages(max_message_count=credit, max_wait_time=wait)
+            try:
+                page = _receive(namespace, receiver, credit, wait)
+            except ServiceBusServerBusyError:
+                # Refused while the link held no lock (else the service holds the receive back instead):
+                # nothing was received, and nothing is left to release. The link is detached: no look.
+                raise ThrottledRound(progress.throttled_result()) from None
             revoke_credit(receiver)  # a call that returns early leaves the rest of its credit open
             if page and not waiting:  # an empty one waited out its time, which says nothing about the link;
                 # nor does one that waited for locks to end
@@ -192,7 +235,7 @@ def _purge_sessions(namespace: NamespaceConfig, plan: PurgePlan, timing: SettleT
                         in_plan = plan.in_session(session, count)
                         # A look peeks this session only (its receiver's peeks are the session's).
                         progress = _receive_round(
-                            receiver, in_plan, timing, max_wait_seconds, on_completions_sent,
+                            namespace, receiver, in_plan, timing, max_wait_seconds, on_completions_sent,
                             present=lambda: [identity for span in in_plan.ranges
                                              for identity in peek_identities(receiver, *span)])
                         totals = PurgeResult(totals.completed + progress.completed,
@@ -206,6 +249,12 @@ def _purge_sessions(namespace: NamespaceConfig, plan: PurgePlan, timing: SettleT
             except SessionCannotBeLockedError:
                 logger.warning("%s session %r is locked by another receiver: its recorded messages are settled by a "
                                "later round", plan.queue, session)
+            except ThrottledRound as throttled:  # the namespace throttles: the other sessions wait for a later round
+                settled[session] = throttled.result.completed + throttled.result.dead_lettered
+                raise ThrottledRound(special.added_to(PurgeResult(
+                    totals.completed + throttled.result.completed, totals.dead_lettered + throttled.result.dead_lettered,
+                    totals.released + throttled.result.released, plan.spans, (), sessions_settled=settled,
+                    throttled=True))) from None
         unsettled = totals.completed + totals.dead_lettered + special.settled < plan.expected + len(plan.special)
         heads = {span.first: first_identity_from(peeker, span.first, confirm=unsettled) for span in plan.spans}
     remaining, done = [], []
@@ -309,6 +358,14 @@ def receive_deferred(receiver, sequence_numbers: list[int]) -> list:
         return found
 
 
+def _receive(namespace: NamespaceConfig, receiver, credit: int, wait: float) -> list:
+    """One receive call, paced by the secondary's credits (one a message; the caller's ``await_credits``
+    reserved ``credit`` of them); a busy answer is raised: it ends the round (see ``purge_backlog``)."""
+    return paced(namespace, CreditKind.RECEIVE, lambda: receiver.receive_messages(max_message_count=credit,
+                                                                                  max_wait_time=wait),
+                 cost=len, retry=False, wait=False, reserve=credit)
+
+
 def _look(present: Callable[[], list], plan: PurgePlan, progress: PurgeProgress) -> None:
     """A receive missed recorded messages: peek what is still in the plan's ranges (``PurgeProgress.on_look``),
     and say when the round starts waiting for locks another receiver holds, and when it gives up."""
@@ -333,11 +390,11 @@ def _present(namespace: NamespaceConfig, receiver, plan: PurgePlan) -> list:
     end to end."""
     ranges = plan.ranges
     if len(ranges) == 1:
-        return peek_identities(receiver, *ranges[0])
+        return peek_identities(receiver, *ranges[0], lane=plan.interleaved)
 
     def walk(lane: tuple[int, int]) -> list:
         with pooled_receiver(namespace, lane_key(plan.queue, partition_of(lane[0]))) as lane_receiver:
-            return peek_identities(lane_receiver, *lane)
+            return peek_identities(lane_receiver, *lane, lane=True)
 
     return [identity for present in each_at_once(ranges, walk, name="purge-verify").values() for identity in present]
 
@@ -353,12 +410,14 @@ def _settle_page(receiver, plan: PurgePlan, progress: PurgeProgress, timing: Set
     deadline = timing.deadline(lock_end_of(page, received_at))
     if passed_over:  # their releases go out after this page's last answer, before their own locks end
         deadline = min(deadline, timing.deadline(lock_end_of(passed_over)) - (timing.round_trip or 0.0))
-    completion = settle_all(receiver, [by_seq[seq] for seq in actions.complete], deadline, timing, None)
+    completion = settle_all(receiver, [by_seq[seq] for seq in actions.complete], deadline, timing, None,
+                            lane=plan.interleaved)
     if on_completions_sent is not None and actions.dead_letter:
         on_completions_sent()
     settlements = [completion]
     for (code, reason), seqs in dead_letter_groups(actions.dead_letter):
-        settlements.append(settle_all(receiver, [by_seq[seq] for seq in seqs], deadline, timing, (code, reason)))
+        settlements.append(settle_all(receiver, [by_seq[seq] for seq in seqs], deadline, timing, (code, reason),
+                                      lane=plan.interleaved))
     if completion.all_lost:
         _give_back(receiver, [by_seq[seq] for settlement in settlements for seq in settlement.left])
         raise LocksLostError(f"backlog={plan.queue}: every lock of a page of {len(actions.complete)} message(s) was "
@@ -366,7 +425,8 @@ def _settle_page(receiver, plan: PurgePlan, progress: PurgeProgress, timing: Set
     late = [seq for settlement in settlements for seq in settlement.left]
     _give_back(receiver, [by_seq[seq] for seq in late])
     dead_lettered = [seq for settlement in settlements[1:] for seq in settlement.completed]
-    progress.on_settled(len(completion.completed), dead_lettered, given_back=len(late))
+    progress.on_settled(len(completion.completed), dead_lettered, given_back=len(late),
+                        completed_numbers=completion.completed)
     if late:
         logger.info("backlog=%s %d message(s) not settled before their locks' end (a round trip of %.2f s, locks of "
                     "%.1f s): released untouched and received again", plan.queue, len(late), timing.round_trip or 0.0,
@@ -445,14 +505,17 @@ class LocksLostError(RuntimeError):
 
 
 def settle_all(receiver, messages: list, deadline: float, timing: SettleTiming, dead_letter: tuple[str, str] | None,
-               *, clock=time.time) -> BulkSettlement:
+               *, lane: bool = False, clock=time.time, sleep=time.sleep) -> BulkSettlement:
     """Complete received messages (``dead_letter`` None), or dead-letter them with one (reason code, reason),
-    with one management request instead of one round trip each; a request refused for a lost lock is split
-    and tried again, and nothing is sent after ``deadline`` (``purge.bulk_settlement.BulkSettlement``). Each request is
-    timed into ``timing``. Returns the settlement: what was settled, and what was not (a lost lock; the
-    deadline, a broken link or every lock gone: ``left``, for the caller to release)."""
+    with one management request per partition instead of one round trip each; a request refused for a lost
+    lock is looked at (a peek of its range: ``lane``, one partition's) and split where that says nothing went,
+    a busy answer is asked again after the pacer's pause while the deadline allows, and nothing is sent after
+    ``deadline`` (``purge.bulk_settlement.BulkSettlement``). Each request is timed into ``timing``. Returns the
+    settlement: what was settled, and what was not (a lost lock; the deadline, a broken link or every lock
+    gone: ``left``, for the caller to release)."""
     by_seq = {message.sequence_number: message for message in messages}
-    settlement = BulkSettlement(sorted(by_seq), deadline)
+    settlement = BulkSettlement(sorted(by_seq), deadline, partition=partition_of)
+    namespace = namespace_of(receiver)
     what = "completion" if dead_letter is None else "dead-lettering"
     requests = 0
     while (request := settlement.next_request(clock())) is not None:
@@ -460,16 +523,24 @@ def settle_all(receiver, messages: list, deadline: float, timing: SettleTiming, 
         tokens = [by_seq[seq].lock_token for seq in request]
         began = time.monotonic()
         try:
-            if dead_letter is None:
-                complete_by_lock_tokens(receiver, tokens)
-            else:
-                dead_letter_by_lock_tokens(receiver, tokens, dead_letter[0], dead_letter[1][:DESCRIPTION_LIMIT])
+            _settle(namespace, receiver, tokens, dead_letter)
         except MessageLockLostError:
             timing.observed_request(time.monotonic() - began)
-            if len(request) > 1:
-                logger.info("bulk %s of %d message(s) refused for a lost lock: split and tried again", what,
-                            len(request))
-            settlement.lock_lost(request)
+            present = None
+            if settlement.needs_look(request):
+                present = {seq for seq, _ in peek_identities(receiver, request[0], request[-1], lane=lane)}
+            logger.info("bulk %s of %d message(s) refused for a lost lock: %s", what, len(request),
+                        "split and tried again" if present is None or set(request) <= present else
+                        f"{len(set(request) - present)} of them were settled, the rest lost their lock")
+            settlement.lock_lost(request, present=present)
+        except ServiceBusServerBusyError:
+            pause = pause_of(namespace) if namespace is not None else None
+            if pause is None or clock() + pause >= settlement.deadline:
+                logger.info("bulk %s of %d message(s) throttled (server-busy) too close to the locks' end: released, "
+                            "received again by a later round", what, len(request))
+                settlement.stop()
+            else:
+                sleep(pause)  # the same request goes again
         except ServiceBusError as exc:
             logger.info("bulk %s of %d message(s) failed (%s); the rest is received again by the next round", what,
                         len(request), type(exc).__name__)
@@ -482,3 +553,18 @@ def settle_all(receiver, messages: list, deadline: float, timing: SettleTiming, 
                     "failure or once every lock seemed gone %d) in %d request(s)", len(settlement.unsettled),
                     len(messages), what, len(settlement.lost), len(settlement.left), requests)
     return settlement
+
+
+def _settle(namespace: NamespaceConfig | None, receiver, tokens: list, dead_letter: tuple[str, str] | None) -> None:
+    """One bulk request, paced by the secondary's credits (one a lock token, an assumption); a busy answer is
+    raised (the caller knows the deadline)."""
+    def request() -> None:
+        if dead_letter is None:
+            complete_by_lock_tokens(receiver, tokens)
+        else:
+            dead_letter_by_lock_tokens(receiver, tokens, dead_letter[0], dead_letter[1][:DESCRIPTION_LIMIT])
+
+    if namespace is None:  # a receiver of the caller's own (a test's): not paced
+        request()
+    else:
+        paced(namespace, CreditKind.SETTLE, request, cost=lambda _: len(tokens), retry=False, wait=False)

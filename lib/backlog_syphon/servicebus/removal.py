@@ -5,7 +5,9 @@ That API needs Manage: a key whose rule has it, or, with Azure AD, *Azure Servic
 namespace (or on each queue). Without it the service answers 401 (or 403), and the decommission ends with
 one line naming the role to grant (exit code 2) before anything is removed: ``require_manage`` lists the
 queues first. Deleting a queue deletes its dead-letter sub-queue and every message in both; the legacy client
-that created the queues never deletes them (their AutoDeleteOnIdle is "never").
+that created the queues never deletes them (their AutoDeleteOnIdle is "never"). Each request is a management
+operation of ten credits, paced as the syphon's other reads are; a busy answer (503: the namespace's credits are
+spent) is waited out and asked again (``throttling.paced``), within ``sink.outage_wait_seconds``.
 """
 
 from __future__ import annotations
@@ -14,10 +16,11 @@ import logging
 
 from backlog_syphon.config import NamespaceConfig
 from backlog_syphon.errors import SettingsError
-from backlog_syphon.model import AccessRight
+from backlog_syphon.model import AccessRight, CreditKind
 from backlog_syphon.restore.queue_names import is_backlog_queue_name
 from backlog_syphon.servicebus.access import AccessFailure, Refusal, discovery_refused, refusal_line
 from backlog_syphon.servicebus.peek import administration_client
+from backlog_syphon.servicebus.throttling import ADMINISTRATION_CREDITS, NamespaceThrottledError, list_pages, paced
 
 logger = logging.getLogger(__name__)
 
@@ -30,21 +33,30 @@ class ManageRefusedError(SettingsError):
 def require_manage(namespace: NamespaceConfig, primary_namespace: str) -> list[str]:
     """The backlog queues of ``primary_namespace`` the administration API lists (which takes Manage, as their
     removal does); ``ManageRefusedError`` when it refuses or cannot be reached."""
-    try:
+    def read() -> list:
         with administration_client(namespace) as admin:
-            return sorted(queue.name for queue in admin.list_queues()
-                          if is_backlog_queue_name(queue.name, primary_namespace))
+            return list(admin.list_queues())
+
+    try:
+        queues = paced(namespace, CreditKind.ADMINISTRATION, read,
+                       cost=lambda listed: ADMINISTRATION_CREDITS * max(1, list_pages(listed)))
+    except NamespaceThrottledError:
+        raise
     except Exception as exc:  # noqa: BLE001 - sorted into the one line an operator acts on
         raise _refusal(exc, namespace, f"{primary_namespace}/x-servicebus-transfer/*") from exc
+    return sorted(queue.name for queue in queues if is_backlog_queue_name(queue.name, primary_namespace))
 
 
 def delete_queue(namespace: NamespaceConfig, name: str) -> bool:
     """Delete one queue (with its dead-letter sub-queue); False when it was already gone."""
     from azure.core.exceptions import ResourceNotFoundError
 
-    try:
+    def delete() -> None:
         with administration_client(namespace) as admin:
             admin.delete_queue(name)
+
+    try:
+        paced(namespace, CreditKind.ADMINISTRATION, delete, cost=lambda _: ADMINISTRATION_CREDITS)
     except ResourceNotFoundError:
         logger.info("%s was already removed", name)
         return False

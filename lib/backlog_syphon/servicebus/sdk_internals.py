@@ -51,7 +51,7 @@ from decimal import Decimal
 import azure.servicebus
 from azure.servicebus import ServiceBusClient, ServiceBusMessageBatch, ServiceBusReceiver, ServiceBusSender
 from azure.servicebus._common import constants as sdk_constants
-from azure.servicebus.exceptions import ServiceBusError
+from azure.servicebus.exceptions import ServiceBusError, ServiceBusServerBusyError
 from azure.servicebus._pyamqp import _decode as sdk_decode
 from azure.servicebus._pyamqp.client import AMQPClient
 from azure.servicebus._pyamqp.types import TYPE, VALUE, AMQPTypes
@@ -75,6 +75,7 @@ REQUIRED_ATTRIBUTES = (
     (ServiceBusSender, "_create_handler"),
     (ServiceBusReceiver, "_create_handler"),
     (ServiceBusClient, "_create_session_browser"),
+    (ServiceBusReceiver, "_backoff"),
     (AMQPClient, "client_ready"),
     (sdk_constants, "_BATCH_MESSAGE_OVERHEAD_COST"),
     (sdk_constants, "REQUEST_RESPONSE_PEEK_OPERATION"),
@@ -280,6 +281,26 @@ def prompt(handler):
         client.client_ready, client.close = ready_within_a_nap, close_without_joining
 
     handler._create_handler = create_prompt_handler
+    return handler
+
+
+def busy_answers_raise(handler):
+    """``handler`` (a receiver, not opened yet), made to raise a server-busy answer at once instead of waiting
+    and asking again itself; returns it. The SDK retries ``ServiceBusServerBusyError`` like any retryable error
+    (``retry_total`` times, 1, 2, 4 s apart): a process pacing a namespace's credits (``credits``) must see
+    every busy answer when it comes, to slow down, and decides itself when to ask again. Every other error
+    is retried by the SDK as before."""
+    if not isinstance(handler, ServiceBusReceiver):
+        return handler  # not the SDK's (a test's stand-in)
+    backoff = handler._backoff
+
+    def backoff_unless_busy(*args, **kwargs):
+        last = kwargs.get("last_exception", args[1] if len(args) > 1 else None)
+        if isinstance(last, ServiceBusServerBusyError):
+            raise last
+        return backoff(*args, **kwargs)
+
+    handler._backoff = backoff_unless_busy
     return handler
 
 

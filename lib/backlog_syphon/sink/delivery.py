@@ -53,6 +53,7 @@ from backlog_syphon.model import (
     Outcome,
     Outgoing,
     PartialSendError,
+    RefusedBeforeSending,
     ReasonCode,
     SendFailure,
     SendFailureClass,
@@ -158,6 +159,8 @@ def deliver_rows(rows: Iterable[Row], *, build: Callable[[Row], Outgoing], sende
                 pending.append((row, build(row)))
             except ExpiredBeforeSendError as exc:  # a migrated message's expiry passed since it was classified
                 yield Delivery(row, Outcome.EXPIRED, ReasonCode.EXPIRED_IN_SOURCE, str(exc)[:1024], 0)
+            except RefusedBeforeSending as refused:  # its destination would refuse it for good: never sent
+                yield Delivery(row, Outcome.DEAD_LETTERED, refused.reason_code, refused.reason[:1024], 0)
             except Exception as exc:  # noqa: BLE001 - one message's problem is that message's outcome
                 yield Delivery(row, Outcome.DEAD_LETTERED, ReasonCode.RESTORE_FAILED,
                                f"the restored message could not be built: {type(exc).__name__}: {exc}"[:1024], 0)
@@ -365,10 +368,19 @@ class _DestinationRounds:
 
     def _leave_unavailable(self, destination: str, failure: SendFailure, since: float) -> Iterator[Delivery]:
         """Failing (or throttled) for all of ``sink.outage_wait_seconds``: its rows are left unsent."""
-        yield from self._leave(destination, ReasonCode.DESTINATION_UNAVAILABLE,
-                               f"destination '{destination}' stayed unavailable for "
-                               f"{self.sink.outage_wait_seconds:.0f} s ({failure.reason}); nothing was lost: "
-                               f"its messages stay in the backlog for the next run", since)
+        if failure.failure_class is SendFailureClass.THROTTLED:
+            # Not an outage: the primary namespace is out of its credits (or a destination is full) for longer
+            # than the wait. Say what this task spent, and what to change.
+            reason = (f"the primary namespace throttled sends to '{destination}' for "
+                      f"{self.sink.outage_wait_seconds:.0f} s ({failure.reason}) after this send task sent "
+                      f"{self.pacer.sent_total} message(s) ({self.pacer.sent_total} credits); set "
+                      f"primary.max_credits_per_second (or sink.max_messages_per_second) to what its other clients "
+                      f"leave of its 1,000 credits a second, or move it to Premium (no credit budget); nothing was "
+                      f"lost: its messages stay in the backlog for the next run")
+        else:
+            reason = (f"destination '{destination}' stayed unavailable for {self.sink.outage_wait_seconds:.0f} s "
+                      f"({failure.reason}); nothing was lost: its messages stay in the backlog for the next run")
+        yield from self._leave(destination, ReasonCode.DESTINATION_UNAVAILABLE, reason, since)
 
     def _dead_letter(self, destination: str, rows: list, failure: SendFailure, attempts: int) -> Iterator[Delivery]:
         """Dead-letter the first ``len(rows)`` waiting messages of the destination's next group."""

@@ -370,14 +370,20 @@ FINAL_PURGE_ROUNDS = 3  # at a run's end, while each round still settles somethi
 def finish(state: SinkState, purges: PurgePort, now: dt.datetime) -> None:
     """At the end of a run: wait for the purge in flight, then settle what is still left, in a few more
     rounds as long as each settles something: a message whose lock was lost in a round is available
-    again at once, and a run whose messages all arrived should not end with them in the backlog."""
+    again at once, and a run whose messages all arrived should not end with them in the backlog. A round
+    the secondary throttled is no answer and counts for none of them: the next goes on (each waits out
+    the namespace's pause first, and past ``sink.outage_wait_seconds`` of busy answers the purge gives up)."""
     state.apply_purges(purges.wait(), now)
-    for _ in range(FINAL_PURGE_ROUNDS):
+    rounds = 0
+    while rounds < FINAL_PURGE_ROUNDS:
         plans = state.purge_plans()
         if not plans:
             return
         purges.submit(plans)
         results = purges.wait()
         state.apply_purges(results, now)
+        if any(result.throttled for result in results.values()):
+            continue
+        rounds += 1
         if not any(result.completed or result.dead_lettered or result.settled for result in results.values()):
             return  # nothing moved: what is left waits for the next run

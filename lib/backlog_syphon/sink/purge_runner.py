@@ -86,7 +86,7 @@ class PurgeRunner:
             logger.warning("backlog=%s purge round failed (%s); what it settled is checked again by the next round",
                            plan.queue, describe(exc), exc_info=True)
             return PurgeResult(0, 0, 0, plan.spans, ())
-        if result.remaining:
+        if result.remaining and not result.throttled:  # a throttled round said so (``purge_backlog``)
             logger.warning("backlog=%s purge incomplete: %d recorded span(s) still there (completed=%d "
                            "dead_lettered=%d released=%d); retried with the next batch", plan.queue,
                            len(result.remaining), result.completed, result.dead_lettered, result.released)
@@ -100,5 +100,6 @@ def _merged(rounds) -> dict[str, PurgeResult]:
             known = merged.get(queue)
             merged[queue] = result if known is None else PurgeResult(
                 known.completed + result.completed, known.dead_lettered + result.dead_lettered,
-                known.released + result.released, result.remaining, known.settled + result.settled)
+                known.released + result.released, result.remaining, known.settled + result.settled,
+                known.throttled or result.throttled)
     return merged

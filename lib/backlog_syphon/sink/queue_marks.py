@@ -137,9 +137,12 @@ def after_purge(unpurged: dict[str, Unpurged], results: dict[str, PurgeResult]) 
         settled = result.sessions_settled or {}
         sessions = {session: n - settled.get(session, 0) for session, n in pending.sessions.items()
                     if n - settled.get(session, 0) > 0}
-        new[queue] = Unpurged(spans, still_held(pending.dead_letters), pending.verify or bool(result.remaining),
-                              pending.held, still_held(pending.orders), sessions) if spans else Unpurged(
-            held=pending.held)
+        # What is left is counted before the next receive (``PurgePlan.verify``), unless the round was
+        # throttled before it settled anything: then what is left is what was planned, counts and all.
+        unchanged = result.throttled and not (result.completed or result.dead_lettered)
+        new[queue] = Unpurged(spans, still_held(pending.dead_letters),
+                              pending.verify or (bool(result.remaining) and not unchanged), pending.held,
+                              still_held(pending.orders), sessions) if spans else Unpurged(held=pending.held)
     return new
 
 

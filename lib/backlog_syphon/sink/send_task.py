@@ -18,8 +18,11 @@ import logging
 import time
 from typing import Callable, Iterator, Mapping
 
-from backlog_syphon.model import NO_MIGRATION, Action, MigrationPlan, Outcome, OutcomeRecord, ReasonCode, SendShape
+from backlog_syphon.model import (
+    NO_MIGRATION, Action, MigrationPlan, Outcome, OutcomeRecord, ReasonCode, RefusedBeforeSending, SendShape
+)
 from backlog_syphon.restore.copied_message import Additions, copy_message_bytes
+from backlog_syphon.restore.destination_fit import property_size_refusal
 from backlog_syphon.restore.restored_message import restore_message_bytes
 from backlog_syphon.restore.queue_names import is_dead_letter_queue_name
 from backlog_syphon.rows import OUTCOME_ROW_ARROW_SCHEMA, record_batch
@@ -106,10 +109,17 @@ def _copy_outgoing_now(row, *, migration: MigrationPlan, clock) -> delivery.Outg
 
 
 def build_outgoing(row) -> delivery.Outgoing:
-    """The restored message of a deliverable row, as the bytes to send, with the TTL its classification chose."""
-    return delivery.Outgoing(restore_message_bytes(row["raw_message"], row["restored_time_to_live_ms"],
-                                                   from_dead_letters=is_dead_letter_queue_name(row["backlog_queue"])),
-                             row["message_id"], row["session_id"], row["partition_key"])
+    """The restored message of a deliverable row, as the bytes to send, with the TTL its classification chose;
+    ``RefusedBeforeSending`` where Service Bus would refuse it for its properties' size."""
+    encoded = restore_message_bytes(row["raw_message"], row["restored_time_to_live_ms"],
+                                    from_dead_letters=is_dead_letter_queue_name(row["backlog_queue"]))
+    too_large = property_size_refusal(encoded, row["message_id"], row["session_id"])
+    if too_large is not None:
+        raise RefusedBeforeSending(ReasonCode.PROPERTY_TOO_LARGE,
+                                   f"Service Bus would refuse the restored message: {too_large} (its answer, \"The "
+                                   f"service was unable to process the request; please retry the operation\", "
+                                   f"would look transient); no retry changes it")
+    return delivery.Outgoing(encoded, row["message_id"], row["session_id"], row["partition_key"])
 
 
 def copy_outgoing(row, migration: MigrationPlan, now: float) -> delivery.Outgoing:

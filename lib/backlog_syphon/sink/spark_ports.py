@@ -50,7 +50,7 @@ from backlog_syphon.sink import delivery
 from backlog_syphon.sink.fault_plan import NO_FAULTS, FaultPlan
 from backlog_syphon.sink.micro_batch import NOTHING_RECORDED, BatchAggregate, Recovery
 from backlog_syphon.sink.outcome_aggregate import STAYING_WHERE_THEY_ARE, combine_groups, cuts_span, pacing_after_round
-from backlog_syphon.sink.pacing import cap_share
+from backlog_syphon.sink.pacing import cap_share, send_cap
 from backlog_syphon.sink.send_shape import known_shapes
 from backlog_syphon.sink.send_task import deliver_partition
 from backlog_syphon.storage import tables
@@ -163,7 +163,7 @@ class SparkBatch:
         if config.redriving:
             classified = redrive.select_for_redrive(
                 classified, config.redrive, tables.redriven_dead_letters(self.spark, config.storage.audit_table))
-        cap = config.sink.max_messages_per_second
+        cap = send_cap(config)
         share = cap_share(cap, concurrent_send_tasks(self.spark, classified, fallback=config.backlog.queue_count)
                           ) if cap > 0 else None
         return classified, share, pacing_accumulator(self.spark)
@@ -288,6 +288,18 @@ def collect_settle_orders(outcomes: DataFrame) -> list[SettleOrder]:
     return [SettleOrder(row["backlog_queue"], row["sequence_number"], row["enqueued_ms"],
                         settle_kind(MessageState(row["message_state"])), row["session_id"])
             for row in rows if not cuts_span(Outcome(row["outcome"]), row["backlog_queue"], row["message_state"])]
+
+
+def task_slots(spark: SparkSession) -> int:
+    """How many tasks the cluster runs at once (``defaultParallelism``), 0 where that is not known: over Spark
+    Connect (no SparkContext), or with dynamic allocation (the slots grow while a batch runs)."""
+    try:
+        context = spark.sparkContext
+        if context.getConf().get("spark.dynamicAllocation.enabled", "false").lower() == "true":
+            return 0
+        return max(0, int(context.defaultParallelism))
+    except Exception:  # noqa: BLE001 - Spark Connect has no SparkContext
+        return 0
 
 
 def concurrent_send_tasks(spark: SparkSession, classified: DataFrame, *, fallback: int) -> int:

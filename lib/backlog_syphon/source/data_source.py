@@ -49,7 +49,7 @@ from backlog_syphon.rows import BACKLOG_ROW_SCHEMA
 from backlog_syphon.peek_pages import PEEK_PAGE_SIZE
 from backlog_syphon.source.options import SourceOptions
 from backlog_syphon.source.offsets import windows
-from backlog_syphon.source.window_planner import WindowPlanner
+from backlog_syphon.source.window_planner import PLAN_KEY, WindowPlanner
 
 try:  # Spark 4.2+: read limits and Trigger.AvailableNow for Python sources (SPARK-55304)
     from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows, SupportsTriggerAvailableNow
@@ -71,11 +71,12 @@ READ_LIMITS_SUPPORTED = ReadMaxRows is not None  # Spark 4.2+
 
 def backlog_source_options(config: SyphonConfig, *, stop_file: str | None = None,
                            emulate_available_now: bool = False, look_back: tuple[str, ...] = (),
-                           migration: MigrationPlan = NO_MIGRATION) -> dict[str, str]:
+                           migration: MigrationPlan = NO_MIGRATION, read_slots: int = 0) -> dict[str, str]:
     """The reader options for a syphon configuration (all strings, as Spark wants them); ``migration``: a
-    migration run's plan (its sources are read instead of backlog queues)."""
+    migration run's plan (its sources are read instead of backlog queues); ``read_slots``: the cluster's task
+    slots, where known (``SourceOptions.read_slots``)."""
     return SourceOptions.from_config(config, stop_file=stop_file, emulate_available_now=emulate_available_now,
-                                     look_back=look_back, migration=migration).to_spark()
+                                     look_back=look_back, migration=migration, read_slots=read_slots).to_spark()
 
 
 # A batch read of no queue at all: nothing is listed or peeked, and planning it starts Spark's Python
@@ -158,7 +159,7 @@ def read_window(namespace: NamespaceConfig, window: BacklogWindow, *, copy: bool
 
     open_peek_receivers(namespace, window.batch_queues)  # pooled: at once, the first time in this process
     if not window.lanes:
-        for rows in _read_range(namespace, window.queue, window.queue, window.start, window.end, copy):
+        for rows in _read_range(namespace, window.queue, window.queue, window.start, window.end, copy=copy):
             yield record_batch(rows, BACKLOG_ROW_ARROW_SCHEMA)
         return
     yield from _read_lanes_at_once(namespace, window, copy)
@@ -186,7 +187,7 @@ def _read_lanes_at_once(namespace: NamespaceConfig, window: BacklogWindow, copy:
     links = [lane_key(window.queue, partition_of(start)) for start, _ in window.lanes]
     open_peek_receivers(namespace, links)
     with ThreadPoolExecutor(max_workers=len(links), thread_name_prefix="lane-read") as pool:
-        lanes = [pool.submit(_read_whole_range, namespace, window.queue, link, start, end, copy)
+        lanes = [pool.submit(_read_whole_range, namespace, window.queue, link, start, end, copy=copy, lane=True)
                  for link, (start, end) in zip(links, window.lanes)]
         for lane in lanes:
             rows = lane.result()
@@ -194,17 +195,18 @@ def _read_lanes_at_once(namespace: NamespaceConfig, window: BacklogWindow, copy:
                 yield record_batch(rows[first:first + LANE_BATCH_ROWS], BACKLOG_ROW_ARROW_SCHEMA)
 
 
-def _read_whole_range(namespace: NamespaceConfig, queue: str, link: str, start: int, end: int,
-                      copy: bool) -> list[dict]:
-    return [row for rows in _read_range(namespace, queue, link, start, end, copy) for row in rows]
+def _read_whole_range(namespace: NamespaceConfig, queue: str, link: str, start: int, end: int, *,
+                      copy: bool = False, lane: bool = False) -> list[dict]:
+    return [row for rows in _read_range(namespace, queue, link, start, end, copy=copy, lane=lane) for row in rows]
 
 
-def _read_range(namespace: NamespaceConfig, queue: str, link: str, start: int, end: int, copy: bool = False):
+def _read_range(namespace: NamespaceConfig, queue: str, link: str, start: int, end: int, *, copy: bool = False,
+                lane: bool = False):
     """The rows of ``[start, end)`` of ``queue``, a list per peeked page, peeked through the pooled link ``link``
-    (the queue's, or one lane's)."""
+    (the queue's, or one lane's: ``lane``, a partition's range)."""
     from backlog_syphon.servicebus.clients import pooled_receiver
 
-    reader = _WindowReader(queue, start, end, copy)
+    reader = _WindowReader(queue, start, end, copy=copy, lane=lane)
     for fresh_link in (False, True):
         try:
             with pooled_receiver(namespace, link) as receiver:  # a failed link is dropped from the pool
@@ -219,14 +221,15 @@ def _read_range(namespace: NamespaceConfig, queue: str, link: str, start: int, e
 
 class _WindowReader:
     """Where the reading of one window (one lane's, for a partitioned queue) stands, across the links it is
-    read through. Within a lane, a page from a higher partition lies past the range and ends it only because
-    the peek answered from the next non-empty partition: the lane holds nothing more at or after the ask."""
+    read through. Within a lane, a page from another partition is a miss, looked at again
+    (``peek_pages.LANE_LOOKS``): a peek may answer from another partition while this one holds messages; only
+    answers that keep missing end the lane (the next non-empty partition answers: nothing more here)."""
 
-    def __init__(self, queue: str, start: int, end: int, copy: bool = False):
+    def __init__(self, queue: str, start: int, end: int, *, copy: bool = False, lane: bool = False):
         from backlog_syphon.peek_pages import PagedRead
 
         self.queue, self.end, self.copy = queue, end, copy
-        self.read = PagedRead(start, end - 1)
+        self.read = PagedRead(start, end - 1, lane=lane)
 
     def pages(self, receiver):
         """Each page's rows (``restore.backlog_rows.backlog_row_values``), as a list, in order."""
@@ -239,8 +242,8 @@ class _WindowReader:
             identities = [broker_identity_of(queue, raw, read.position) for raw in page]
             taken = read.on_page([seq for seq, _ in identities])
             if read.confirming:
-                logger.info("backlog=%s empty peek page at %d before the window's end %d: looking again",
-                            queue, ask[0], self.end)
+                logger.info("backlog=%s a peek at %d before the window's end %d found nothing of its range: "
+                            "looking again", queue, ask[0], self.end)
             if taken:
                 yield [backlog_row_values(queue, raw, sequence_number=seq, enqueued_time=_from_ms(enqueued_ms),
                                           copy=self.copy)
@@ -279,7 +282,8 @@ class BacklogSnapshotReader(DataSourceReader):
         self.options = SourceOptions.from_spark(options)
 
     def partitions(self):
-        return [BacklogWindow(queue, 0, _END_OF_QUEUE) for queue in backlog_queues(self.options)]
+        queues = backlog_queues(self.options)
+        return [BacklogWindow(queue, 0, _END_OF_QUEUE, tuple(queues)) for queue in queues]
 
     def read(self, partition: BacklogWindow):
         yield from read_options_window(self.options, partition)
@@ -287,11 +291,22 @@ class BacklogSnapshotReader(DataSourceReader):
 
 def read_options_window(options: SourceOptions, window: BacklogWindow):
     """``read_window`` in a process that knows the source only by its options: which entities peek through a
-    management-only link is registered first (the executor's pool serves them so)."""
+    management-only link is registered first (the executor's pool serves them so), and the read is paced at the
+    reads' share of the secondary's credits (``_pace_reads``)."""
     from backlog_syphon.servicebus.clients import browse_only
 
     browse_only(options.secondary, options.browse_only)
+    _pace_reads(options, window)
     yield from read_window(options.secondary, window, copy=options.copy)
+
+
+def _pace_reads(options: SourceOptions, window: BacklogWindow) -> None:
+    """A window's read paces the secondary at the reads' share of its budget, split among the batch's windows
+    that are read at once (at most the task slots)."""
+    from backlog_syphon.credits import SHARES
+    from backlog_syphon.servicebus.throttling import pace
+
+    pace(options.secondary, options.credit_terms(SHARES.reads, options.windows_at_once(len(window.batch_queues))))
 
 
 class BacklogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
@@ -303,6 +318,11 @@ class BacklogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                                      look_back=self.options.look_back)
         self._queues: list[str] | None = None
         self._discovered_at = 0.0
+        from backlog_syphon.credits import SHARES
+        from backlog_syphon.servicebus.throttling import pace
+
+        pace(self.options.secondary, self.options.credit_terms(SHARES.planner))  # the planner's share: its probes
+        self._credits_before = self._credits_spent()  # the process may have planned earlier queries
 
     # --- driver: offsets ----------------------------------------------------------------------
 
@@ -340,8 +360,17 @@ class BacklogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def reportLatestOffset(self) -> dict | None:
         """Each queue's backlog as last probed (Spark 4.2+ shows it as the source's ``latestOffset`` in
         ``lastProgress`` and to listeners): its tail, what is left behind the planned end, and the age of
-        its oldest message; nothing is probed for it (``WindowPlanner.reported_latest``)."""
-        return self.planner.reported_latest(int(time.time() * 1000))
+        its oldest message; nothing is probed for it (``WindowPlanner.reported_latest``); and the credits the
+        planning spent on the secondary so far (what a drain cost: ``run.credit_usage``)."""
+        reported = self.planner.reported_latest(int(time.time() * 1000))
+        if reported is not None and PLAN_KEY in reported:
+            reported[PLAN_KEY]["credits"] = self._credits_spent() - self._credits_before
+        return reported
+
+    def _credits_spent(self) -> int:
+        from backlog_syphon.servicebus.throttling import spent
+
+        return sum(spent(self.options.secondary).values())
 
     def partitions(self, start: dict, end: dict):
         self.planner.resume(end)

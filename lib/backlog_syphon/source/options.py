@@ -21,8 +21,10 @@ from backlog_syphon.config import (
     NamespaceConfig,
     RunConfig,
     Secret,
+    SinkConfig,
     SyphonConfig,
 )
+from backlog_syphon.credits import CreditTerms
 from backlog_syphon.model import NO_MIGRATION, CredentialKind, MigrationPlan
 from backlog_syphon.restore.queue_names import backlog_queue_names, dead_letter_queue_name
 
@@ -32,7 +34,7 @@ SECRET_OPTION = "connection_string_secret"
 CREDENTIAL_SECRET_OPTION = "credential_secret"
 PROXY_SECRET_OPTION = "proxy_password_secret"
 
-_BACKLOG, _RUN = BacklogConfig(), RunConfig()
+_BACKLOG, _RUN, _SINK = BacklogConfig(), RunConfig(), SinkConfig()
 
 
 @dataclass(frozen=True)
@@ -62,11 +64,28 @@ class SourceOptions:
     copy: bool = False
     browse_only: tuple[str, ...] = ()
     partitioned: tuple[str, ...] = ()
+    # How the secondary's credits are paced (``credits``): its budget is the secondary's setting.
+    outage_seconds: float = _SINK.outage_wait_seconds
+    recovery_seconds: float = _SINK.throttle_recovery_seconds
+    # The cluster's task slots (0: unknown): at most this many windows are read at once, so the reads' share
+    # of the budget is divided among no more (as the send cap is, ``sink.spark_ports.concurrent_send_tasks``).
+    read_slots: int = 0
+
+    def credit_terms(self, share: float, parts: int = 1) -> CreditTerms:
+        """How one of this source's processes paces the secondary: its ``share`` of the budget among ``parts``."""
+        from backlog_syphon.credits import SHARES
+
+        return CreditTerms(SHARES.of(self.secondary.max_credits_per_second, share, parts), self.outage_seconds,
+                           self.recovery_seconds)
+
+    def windows_at_once(self, windows: int) -> int:
+        """How many of a batch's ``windows`` are read at once: all of them, at most the task slots (if known)."""
+        return max(1, min(windows, self.read_slots) if self.read_slots > 0 else windows)
 
     @classmethod
     def from_config(cls, config: SyphonConfig, *, stop_file: str | None = None,
                     emulate_available_now: bool = False, look_back: tuple[str, ...] = (),
-                    migration: MigrationPlan = NO_MIGRATION) -> SourceOptions:
+                    migration: MigrationPlan = NO_MIGRATION, read_slots: int = 0) -> SourceOptions:
         return cls(primary_namespace=config.primary.namespace, secondary=config.secondary,
                    queue_count=config.backlog.queue_count, discover=config.backlog.discover and not migration.sources,
                    max_messages_per_trigger=config.run.max_messages_per_trigger,
@@ -75,7 +94,9 @@ class SourceOptions:
                    emulate_available_now=emulate_available_now, look_back=tuple(sorted(look_back)),
                    dead_letters=config.redriving and not migration.sources, sources=migration.paths,
                    copy=bool(migration.sources) and migration.copy, browse_only=tuple(sorted(migration.browse_only)),
-                   partitioned=tuple(source.path for source in migration.sources if source.partitioned))
+                   partitioned=tuple(source.path for source in migration.sources if source.partitioned),
+                   outage_seconds=config.sink.outage_wait_seconds,
+                   recovery_seconds=config.sink.throttle_recovery_seconds, read_slots=read_slots)
 
     @property
     def configured_queues(self) -> list[str]:
@@ -123,6 +144,11 @@ class SourceOptions:
         if self.secondary.proxy_password is not None:
             options[PROXY_SECRET_OPTION] = self.secondary.proxy_password.reveal()
         options["idleLinkSeconds"] = str(self.secondary.idle_link_seconds)
+        options["maxCreditsPerSecond"] = str(self.secondary.max_credits_per_second)
+        options["outageSeconds"] = str(self.outage_seconds)
+        options["recoverySeconds"] = str(self.recovery_seconds)
+        if self.read_slots:
+            options["readSlots"] = str(self.read_slots)
         if self.stop_file:
             options["stopFile"] = self.stop_file
         if self.emulate_available_now:
@@ -157,7 +183,9 @@ class SourceOptions:
                                     proxy_password=Secret(proxy_password, "source option") if proxy_password else None,
                                     ca_file=options.get("caFile") or None,
                                     idle_link_seconds=float(options.get("idleLinkSeconds")
-                                                            or NamespaceConfig.idle_link_seconds))
+                                                            or NamespaceConfig.idle_link_seconds),
+                                    max_credits_per_second=float(options.get("maxCreditsPerSecond")
+                                                                 or NamespaceConfig.max_credits_per_second))
 
         def get(name: str, default, parse):
             text = options.get(name)
@@ -174,7 +202,10 @@ class SourceOptions:
                    look_back=tuple(filter(None, (options.get("lookBack") or "").split("\n"))),
                    dead_letters=get("deadLetters", cls.dead_letters, _boolean),
                    sources=_lines(options.get("sources")), copy=get("copy", cls.copy, _boolean),
-                   browse_only=_lines(options.get("browseOnly")), partitioned=_lines(options.get("partitioned")))
+                   browse_only=_lines(options.get("browseOnly")), partitioned=_lines(options.get("partitioned")),
+                   outage_seconds=get("outageSeconds", cls.outage_seconds, float),
+                   recovery_seconds=get("recoverySeconds", cls.recovery_seconds, float),
+                   read_slots=get("readSlots", cls.read_slots, int))
 
 
 def _credential(options: Mapping[str, str]) -> CredentialConfig | None:

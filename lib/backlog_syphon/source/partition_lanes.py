@@ -7,8 +7,11 @@ partitioned queue as 16 *lanes* (``partitions.lane_key``), each searched like a 
 local numbers (gallop-and-halve within the lane), and ``lane_probes`` translates:
 - a lane's probe at local ``n`` asks its queue at ``partition << 48 | n`` (the I/O side peeks the queue
   the key names: ``servicebus.peek.probe_at_once``);
-- an answer from that lane comes back in local numbers; one from another lane is "nothing in this lane at
-  or after it" (and, where it closes something, is looked at again like any empty answer);
+- an answer from that lane comes back in local numbers; one from another lane is asked once more at once
+  (a peek "returns the oldest message in one of the partitions whose message broker responded first", and
+  nothing says it answers from the lane asked while that lane holds messages there: a second answer from
+  elsewhere is the lane holding nothing at or after it; where that closes something, the search looks again
+  like at any empty answer). An exhausted lane so costs two probes instead of one (``extra``);
 - a queue not known to be partitioned is lane 0: an answer carrying partition bits is "nothing" for it
   too, and teaches that the queue is partitioned (``learned``), so the planner plans it again by lanes
   before anything is read: no window of a non-partitioned plan ever reaches past lane 0.
@@ -22,7 +25,7 @@ from __future__ import annotations
 from typing import Mapping
 
 from backlog_syphon.partitions import absolute, local_of, partition_of, split_lane_key
-from backlog_syphon.probing import ProbeAtOnce
+from backlog_syphon.probing import ProbeAtOnce, ProbeCount
 
 
 class LaneProbes:
@@ -32,14 +35,25 @@ class LaneProbes:
     def __init__(self, probe_at_once: ProbeAtOnce):
         self.probe_at_once = probe_at_once
         self.learned: set[str] = set()
+        self.extra = ProbeCount()  # the second looks at answers from another lane (the planner adds them up)
 
     def __call__(self, asks: Mapping[str, int]) -> dict[str, object]:
         whole = {}
         for key, local in asks.items():
             _, partition = split_lane_key(key)
             whole[key] = absolute(partition, local) if partition is not None else local
-        answers = self.probe_at_once(whole)
+        answers = dict(self.probe_at_once(whole))
+        elsewhere = {key: whole[key] for key, answer in answers.items() if self._elsewhere(key, answer)}
+        if elsewhere:
+            answers.update(self.probe_at_once(elsewhere))
+            self.extra.add(ProbeCount(len(elsewhere), 1))
         return {key: self._in_lane(key, answer) for key, answer in answers.items()}
+
+    @staticmethod
+    def _elsewhere(key: str, answer) -> bool:
+        """Whether a lane's answer came from another partition."""
+        partition = split_lane_key(key)[1]
+        return partition is not None and isinstance(answer, tuple) and partition_of(answer[0]) != partition
 
     def _in_lane(self, key: str, answer):
         if not isinstance(answer, tuple):

@@ -162,6 +162,8 @@ class WindowPlanner:
                 self.unconfirmed.discard(queue)
                 if self.target is not None:
                     self.target.pop(queue, None)
+        count.add(self.lane_probes.extra)  # the lanes' second looks at answers from another partition
+        self.lane_probes.extra = ProbeCount()
         self.last_count = count
         self.looked_back.update(plan.looked)
         for key in plan.restarted:
