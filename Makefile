@@ -92,9 +92,12 @@ test-runtimes: ## Run the end-to-end runtime scenario on each other Spark line (
 
 # TRANSPORT=amqp-websockets: the syphon over AMQP over WebSockets (TLS) through an HTTP proxy, as a firewalled
 # workspace reaches Azure on 443; TRANSPORT=amqps: over TLS (5671). The default: the emulators' plain AMQP.
+# SCENARIO=migration: the migration mode, a Standard -> Premium migration's leftovers drained on the emulator
+# (conf/emulator-migration.yaml, conf/local-migration.yaml).
 TRANSPORT ?= amqp
-run: setup ## Start the local emulator, write a backlog, run the syphon, check and print what moved (TRANSPORT=amqp-websockets: through a proxy)
-	$(PY) -m tools.local_run --emulator-config $(EMULATOR_CONFIG) --config conf/local.yaml --transport $(TRANSPORT)
+SCENARIO ?= backlog
+run: setup ## Start the local emulator, write a backlog, run the syphon, check and print what moved (TRANSPORT=amqp-websockets: through a proxy; SCENARIO=migration: the migration mode)
+	$(PY) -m tools.local_run --emulator-config $(EMULATOR_CONFIG) --config conf/local.yaml --transport $(TRANSPORT) --scenario $(SCENARIO)
 
 emulator: setup ## Run the local Service Bus emulator in the foreground (Ctrl-C stops it)
 	$(PY) -m servicebus_emulator --config $(EMULATOR_CONFIG)

@@ -119,6 +119,20 @@ from syphon_bench.loops import measure_loop  # noqa: E402
 from syphon_bench import report  # noqa: E402
 from syphon_bench.rows import LOOPBACK, QUICK_MESSAGES, SCENARIOS, Loop, Scenario  # noqa: E402
 from syphon_bench.syphon_run import measure_idle, measure_syphon  # noqa: E402
+from syphon_bench import migration_row  # noqa: E402  (registers the migration row)
+
+
+def _for_migration(backlog_way, migration_way):
+    """``backlog_way``, or ``migration_way`` where the call's scenario is the migration row."""
+    def either(*args, **kwargs):
+        scenario = next(arg for arg in args if isinstance(arg, Scenario))
+        return (migration_way if isinstance(scenario, migration_row.MigrationScenario) else backlog_way)(*args, **kwargs)
+    return either
+
+
+measure_syphon = _for_migration(measure_syphon, migration_row.measure_migration_syphon)
+measure_loop = _for_migration(measure_loop, lambda kind, scenario, args: migration_row.measure_migration_loop(
+    scenario, args))
 
 MEMORY_PER_TRIGGER = 5000
 

@@ -93,6 +93,9 @@ MEASURED_SECONDS = {
     "test_a_queue_recreated_partitioned_is_a_new_incarnation_drained_from_its_start": 40,
     "test_a_partitioned_queues_dead_letters_are_redriven_once_in_order_per_partition": 35,
     "test_a_partitioned_queue_holding_partition_0s_messages_only_is_read_and_purged_as_partitioned": 16,
+    # The migration mode, measured alone on the 2-core machine (other helpers' tests beside it).
+    "test_a_standard_namespace_drains_into_premium_once_exact_in_order_with_its_states": 110,
+    "test_a_migration_killed_after_recording_is_finished_by_the_next_run_without_sending_anything_twice": 105,
     # Namespaces under load (credits, server-busy), measured at load 8-10; the second is two runs.
     "test_throttled_namespaces_slow_the_drain_and_lose_or_repeat_nothing": 92,
     "test_a_partitioned_backlog_drains_under_short_receives_answers_from_other_partitions_and_either_disposition": 68,

@@ -9,6 +9,14 @@ syphon with ``available_now``, prints its summary, checks that every destination
 ``jobs/syphon.py --status`` prints: drained, with the poison messages in the dead-letter queues),
 then stops the emulator. Exit 0 only if all checks pass.
 
+``--scenario migration`` (``make run SCENARIO=migration``): the migration mode instead, rehearsed on
+conf/emulator-migration.yaml: a Standard namespace as a Standard -> Premium migration leaves it (reached by its
+post-migration name) is filled with queues with sessions and their states, a partitioned queue, a topic with two
+subscriptions and one with one, scheduled, deferred and dead-lettered messages (``tools.migration_writer``); the
+dry run shows what matched and where it goes; the run drains it into the Premium namespace; every message is
+checked to have arrived once, exact, in order per session, the scheduled ones as scheduled, the session states
+moved, and the source left with nothing but the message that expired; then the status per entity.
+
 ``--transport amqp-websockets`` (``make run TRANSPORT=amqp-websockets``): the syphon reaches both namespaces
 the way a firewalled workspace does, over AMQP over WebSockets (TLS, the emulator's stand-in for 443) through
 an HTTP CONNECT proxy that asks for credentials (proxy.py, ``tools.http_proxy``), trusting the emulator's
@@ -71,6 +79,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--config", default="conf/local.yaml")
     parser.add_argument("--count", type=int, default=2000)
     parser.add_argument("--state-dir", default="var/local")
+    parser.add_argument("--scenario", choices=("backlog", "migration"), default="backlog",
+                        help="what to rehearse: a paired namespace's backlog (default), or a Standard -> Premium "
+                             "migration's leftovers (the migration mode)")
     parser.add_argument("--transport", choices=("amqp", "amqps", "amqp-websockets"), default="amqp",
                         help="how the syphon reaches the emulator: plain AMQP, AMQP over TLS, or over WebSockets "
                              "through an HTTP proxy")
@@ -78,6 +89,9 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     for noisy in ("azure", "py4j", "servicebus_emulator"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
+
+    if args.scenario == "migration":
+        return rehearse_migration(args)
 
     from servicebus_emulator import Emulator, load_config as load_emulator_config
 
@@ -164,6 +178,59 @@ def main(argv: list[str] | None = None) -> int:
         spark.stop()
     if failures:
         print(f"FAILED: {', '.join(failures)}")
+        return 1
+    print("all checks passed")
+    return 0
+
+
+def rehearse_migration(args) -> int:
+    """``--scenario migration``: see the module docstring."""
+    from servicebus_emulator import Emulator, load_config as load_emulator_config
+
+    from backlog_syphon.run.dry_run import dry_run
+    from backlog_syphon.run.spark_session import build_spark_session
+    from backlog_syphon.run.status import status as source_status
+    from backlog_syphon.run.syphon import run_syphon
+    from tools.migration_writer import SOURCE, TARGET, check_migration, write_migration_backlog
+
+    emulator_config = load_emulator_config("conf/emulator-migration.yaml")
+    with Emulator(emulator_config, ports={TARGET: 0, SOURCE: 0}) as emulator:
+        os.environ.update(emulator_environment(emulator, TARGET, SOURCE, transport=args.transport))
+        state = Path(args.state_dir) / dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%S-migration")
+        config = load_config("conf/local-migration.yaml", overrides={
+            "storage.audit_table": str((state / "tables/audit").resolve()),
+            "storage.checkpoint_table": str((state / "tables/checkpoint").resolve()),
+            "storage.checkpoint_location": str((state / "checkpoint").resolve()),
+        })
+        written = write_migration_backlog(config.secondary, count=args.count // 20 or 30)
+        print(f"wrote the Standard namespace {SOURCE} (as its post-migration name reaches it): "
+              f"{sum(len(ids) for ids in written.queues.values())} messages in queues, "
+              f"{sum(len(ids) for ids in written.sessions.values())} in {len(written.sessions)} sessions, "
+              f"{sum(len(ids) for ids in written.scheduled.values())} scheduled, {len(written.deferred)} deferred, "
+              f"{len(written.dead_lettered)} dead-lettered, {len(written.expired)} expired")
+        spark = build_spark_session("backlog-syphon-local-migration")
+        print("\n".join(dry_run(spark, config).lines()))
+        started = time.monotonic()
+        summary = run_syphon(spark, config, on_progress=print)
+        elapsed = time.monotonic() - started
+        print("\n".join(summary.lines()))
+        moved = sum(c.get(outcome, 0) for c in summary.per_destination.values() for outcome in FINAL_OUTCOMES)
+        print(f"moved {moved} messages in {elapsed:.1f} s; audit and checkpoint tables in {state}")
+        print(f"checking what the Premium namespace {TARGET} holds and what {SOURCE} still holds ...", flush=True)
+        failures = check_migration(emulator, written)
+        for failure in failures:
+            print(f"check MISMATCH: {failure}")
+        if not failures:
+            print("check every message arrived once, exact, in order per session; scheduled ones as scheduled; "
+                  "session states moved; the source holds only the expired message, in its dead-letter sub-queue: ok")
+        if not summary.drained:
+            failures.append("sources not drained")
+        print("status (what jobs/syphon.py --status prints for these tables):")
+        report = source_status(spark, config)
+        print("\n".join(report.lines()))
+        spark.stop()
+    if failures:
+        print(f"FAILED: {len(failures)} check(s)")
         return 1
     print("all checks passed")
     return 0

@@ -65,9 +65,13 @@ def log_tail(workdir: Path, role: str, lines: int = 40) -> str:
 def run_child(role: str, spec: dict, result_path: str) -> int:
     """What a child does (``--child``): its role's work, its result written as JSON."""
     from syphon_bench.loops import loop_child
+    from syphon_bench.migration_row import migration_loop_child
     from syphon_bench.syphon_run import syphon_child
 
-    result = (loop_child if role == "loop" else syphon_child)(spec)
+    if role == "loop":
+        result = (migration_loop_child if spec.get("migration") else loop_child)(spec)
+    else:
+        result = syphon_child(spec)
     if "returned_at" in result:  # what the bench alone did after the run (progress, peaks): not the job's
         result["bench_only_seconds"] = time.time() - result["returned_at"]
     Path(result_path).write_text(json.dumps(result))

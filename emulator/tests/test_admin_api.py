@@ -336,13 +336,27 @@ def test_the_certificate_is_trusted_through_connection_verify(emulator):
     assert {("IP Address", "127.0.0.1"), ("DNS", "localhost")} <= set(names)
 
 
+def test_a_subscriptions_rules_are_listed_with_their_correlation_filters_or_a_true_filter(admin):
+    """``list_rules`` reads each rule's filter: a correlation filter with its properties (and their types) and
+    system fields, or a true filter (1=1) for a subscription without one; the migration mode reads them to check
+    that the target subscriptions select on a property before it sends by property."""
+    from azure.servicebus.management import CorrelationRuleFilter, TrueRuleFilter
+
+    (default,) = admin.list_rules("events", "all")
+    assert (default.name, type(default.filter), default.filter.sql_expression) == ("$Default", TrueRuleFilter, "1=1")
+    (eu,) = admin.list_rules("events", "eu")
+    assert isinstance(eu.filter, CorrelationRuleFilter) and dict(eu.filter.properties) == {"region": "eu"}
+    assert list(admin.list_rules("events", "nope")) == []  # a subscription that does not exist: an empty feed
+
+
 def test_what_is_not_served_answers_501_naming_it(admin):
     for call, what in ((lambda: admin.create_queue("new-queue"), "creating or updating entities and rules (PUT)"),
                        (lambda: admin.delete_subscription("events", "all"),
                         "deleting subscriptions, rules and namespace resources (DELETE)"),
                        (lambda: admin.delete_topic("events"), "deleting topics"),
                        (lambda: admin.get_namespace_properties(), "namespace properties ($namespaceinfo)"),
-                       (lambda: list(admin.list_rules("events", "all")), "subscription rules")):
+                       (lambda: admin.get_rule("events", "all", "$Default"),
+                        "one subscription rule (list them instead)")):
         with pytest.raises(HttpResponseError) as refused:
             call()
         assert refused.value.status_code == 501

@@ -44,7 +44,7 @@ def test_routes_of_the_sdks_paths(target, expected):
     ("DELETE", "/events/subscriptions/all", "deleting subscriptions, rules and namespace resources (DELETE)"),
     ("DELETE", "/$Resources/queues", "deleting subscriptions, rules and namespace resources (DELETE)"),
     ("GET", "/$namespaceinfo", "namespace properties ($namespaceinfo)"),
-    ("GET", "/events/subscriptions/all/rules", "subscription rules"),
+    ("GET", "/events/subscriptions/all/rules/$Default", "one subscription rule (list them instead)"),
     ("GET", "/$Resources/eventhubs", "listing eventhubs (only $Resources/queues and $Resources/topics)"),
     ("POST", "/orders", "the method POST"),
 ])
@@ -131,14 +131,15 @@ def test_views_count_states_and_bytes_and_read_a_status_attribute():
 
 def test_a_topic_counts_each_message_once_and_its_subscriptions_no_scheduled_ones():
     subs = [Entity(f"t/Subscriptions/{n}", SubscriptionConfig(n)) for n in ("a", "b")]
-    topic = Topic(TopicConfig("t", subscriptions=tuple(s.settings for s in subs)), subs, {})
+    topic = Topic(TopicConfig("t", subscriptions=tuple(s.settings for s in subs)), subs, {},
+                  held_settings=SubscriptionConfig("t"))
     now = int(time.time() * 1000)
     content = _content(b"fan-out")
     later = Content.parse(Message(body=b"later", annotations={"x-opt-scheduled-enqueue-time": now + 3600_000})
                           .encode())
     for sub in subs:
         sub.enqueue(content, 1, now)
-        sub.enqueue(later, 2, now)
+    topic.held.enqueue(later, 2, now)  # a scheduled message is in the topic's own log, in no subscription
     view = topic_view(topic)
     assert (view.size_in_bytes, view.counts.scheduled, view.subscription_count) == (content.size + later.size, 1, 2)
     sub_view = subscription_view(topic, subs[0])

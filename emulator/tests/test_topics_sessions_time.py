@@ -137,3 +137,53 @@ def test_ttl_expiry_dead_letters_or_drops_when_a_receive_meets_the_message(clien
     assert stats[dl]["dead_letter_count"] == 1
 
 
+def test_a_scheduled_message_gets_a_new_sequence_number_when_it_becomes_active(client, queue):
+    """"As the message transitions to the active state, the message is appended to the queue as if had been
+    enqueued at the current instant, which includes assigning a new SequenceNumber" (message sequencing): the
+    number the schedule returned cancels nothing any more."""
+    from azure.servicebus.exceptions import MessageNotFoundError
+
+    with client.get_queue_sender(queue) as s:
+        (scheduled,) = s.schedule_messages([ServiceBusMessage("later")], _utcnow() + datetime.timedelta(seconds=0.5))
+        s.send_messages(ServiceBusMessage("now"))
+        with client.get_queue_receiver(queue) as r:
+            got = _drain(r, 2, wait=2)
+        assert [str(m) for m in got] == ["now", "later"]
+        assert got[1].sequence_number > got[0].sequence_number > scheduled
+        with pytest.raises(MessageNotFoundError):
+            s.cancel_scheduled_messages(scheduled)
+
+
+def test_a_topics_scheduled_messages_stay_in_the_topic_until_their_time(client):
+    """"Scheduled messages reside in the topic until the scheduled time" (azure-docs#59641): a subscription's peek
+    does not show them ("Yes for queues. No for subscriptions", message browsing); the topic's $management cancels
+    them by their numbers (azure-service-bus#352); at their time they fan out, under new numbers."""
+    with client.get_topic_sender("events") as s:
+        keep, cancel = s.schedule_messages([ServiceBusMessage("later", application_properties={"region": "eu"}),
+                                            ServiceBusMessage("never", application_properties={"region": "eu"})],
+                                           _utcnow() + datetime.timedelta(seconds=1))
+        with client.get_subscription_receiver("events", "eu") as r:
+            assert r.peek_messages(max_message_count=10) == []
+            s.cancel_scheduled_messages(cancel)
+            (got,) = _drain(r, 1, wait=3)
+        assert str(got) == "later" and got.sequence_number > max(keep, cancel)
+        with client.get_subscription_receiver("events", "all") as r:
+            assert [str(m) for m in _drain(r, 1, wait=1)] == ["later"]
+
+
+def test_sessions_are_listed_with_messages_or_a_state_and_by_when_their_state_changed(client, new_queue):
+    """get-message-sessions: with last-updated-time at DateTime.MaxValue (the SDK's default), "sessions with active
+    messages or stored session state"; with an earlier time, those whose state was set after it."""
+    q = new_queue(requires_session=True)
+    with client.get_queue_sender(q) as s:
+        s.send_messages([ServiceBusMessage("a", session_id="with-messages"), ServiceBusMessage("b", session_id="emptied")])
+    with client.get_queue_receiver(q, session_id="emptied") as r:
+        _drain(r, 1)
+    with client.get_queue_receiver(q, session_id="with-state") as r:
+        r.session.set_state(b"state")
+    assert sorted(client.list_queue_sessions(q)) == ["with-messages", "with-state"]
+    later = _utcnow()
+    time.sleep(0.01)
+    with client.get_queue_receiver(q, session_id="with-messages") as r:
+        r.session.set_state(b"now")
+    assert list(client.list_queue_sessions(q, state_updated_after=later)) == ["with-messages"]

@@ -74,7 +74,12 @@ def build_parser() -> argparse.ArgumentParser:
                         help="with --decommission: remove the drained backlog queues (without it, a dry run)")
     parser.add_argument("--redrive-dead-letters", action="store_true",
                         help="re-drive the backlog queues' dead-letter sub-queues (run.source=dead_letters), "
-                             "filtered by the redrive.* settings; with --dry-run, show what would move")
+                             "filtered by the redrive.* settings (with a migration section: the migration's sources'); "
+                             "with --dry-run, show what would move")
+    parser.add_argument("--migrate", action="store_true",
+                        help="the migration mode (run.source=migration): drain the entities the migration section "
+                             "selects in the source namespace (secondary) into the target (primary); with --dry-run, "
+                             "show what matched, what each holds and where it goes")
     parser.add_argument("--remote", default=None, metavar="sc://HOST:PORT",
                         help="run over Spark Connect (default: the SPARK_REMOTE variable, if set)")
     parser.add_argument("--timeout", type=float, default=None, help="stop a continuous run after this many seconds")
@@ -195,8 +200,13 @@ def main(argv: list[str] | None = None) -> int:
     logs.set_context(run_id=run_id, job_id=job.job_id, job_run_id=job.job_run_id)
     try:
         overrides = parse_overrides(args.set)
+        if args.redrive_dead_letters and args.migrate:
+            parser.error("--migrate and --redrive-dead-letters: a re-drive of what the migration dead-lettered is "
+                         "--redrive-dead-letters with the migration section")
         if args.redrive_dead_letters:
             overrides["run.source"] = RunSource.DEAD_LETTERS.value
+        if args.migrate:
+            overrides["run.source"] = RunSource.MIGRATION.value
         config = load_config(args.config, overrides=overrides)
     except ConfigError as exc:
         return output.fail(str(exc), None, EXIT_SETTINGS)

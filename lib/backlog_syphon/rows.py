@@ -49,6 +49,9 @@ BACKLOG_ROW_SCHEMA = StructType([
     # keeps it in the application properties; null elsewhere.
     StructField("dead_letter_reason", StringType(), True),
     StructField("dead_letter_error_description", StringType(), True),
+    # The migration mode's rows (``restore.backlog_rows.copy_row_values``): the message's state as the peek
+    # showed it (a ``model.MessageState``); null in a backlog row.
+    StructField("message_state", StringType(), True),
     # When the backlog copy itself expires in its backlog queue (its enqueue time plus its own time to live
     # there); null: it does not. The broker shows an expired message to a peek until a receive collects it.
     StructField("backlog_expires_time", TimestampType(), True),

@@ -66,7 +66,7 @@ def test_tables_are_created_by_their_first_write_with_stable_schemas(spark, tmp_
     now = dt.datetime(2026, 11, 26, tzinfo=dt.timezone.utc)
     now_ms = int(now.timestamp() * 1000)
     outcome = ("r", 0, "q0", 5, "m-5", "orders", None, "delivered", None, None, 10, now, None, None, now, 1, None, None,
-               None)
+               None, None)
     for version in (0, 0, 1):  # the repeat of version 0 appends nothing
         tables.append_audit(audit, spark.createDataFrame([outcome], OUTCOME_ROW_SCHEMA), "app", version)
     rows = [CheckpointRow("q0", 1, 5, now_ms, 0, None, 1, "r", now, 1, 0, 0)]
@@ -129,8 +129,9 @@ def test_of_two_runs_creating_the_tables_at_once_each_table_is_created_by_exactl
         assert tables.table_exists(spark, name)
 
 
-# The audit columns appended since the first version, in their order (the re-drive's, then the rename's).
-NEW_AUDIT_COLUMNS = ("dead_letter_reason", "dead_letter_error_description", "original_destination")
+# The audit columns appended since the first version, in their order (the re-drive's, the rename's, then the
+# migration mode's).
+NEW_AUDIT_COLUMNS = ("dead_letter_reason", "dead_letter_error_description", "original_destination", "message_state")
 
 
 def test_an_audit_table_of_an_older_version_gets_original_destination_and_takes_todays_rows(spark, tmp_path):
@@ -149,9 +150,10 @@ def test_an_audit_table_of_an_older_version_gets_original_destination_and_takes_
                now.date())
     spark.createDataFrame([old_row], StructType(older)).write.format("delta").partitionBy("outcome_date").save(audit)
     tables.create_tables(spark, audit, str(tmp_path / "checkpoint"), str(tmp_path / "lease"))
-    assert spark.read.format("delta").load(audit).schema.fieldNames()[-3:] == list(NEW_AUDIT_COLUMNS)
+    columns = spark.read.format("delta").load(audit).schema.fieldNames()
+    assert columns[-len(NEW_AUDIT_COLUMNS):] == list(NEW_AUDIT_COLUMNS)
     renamed = ("r1", 0, "q0", 5, "m-5", "orders", None, "delivered", None, None, 10, now, None, None, now, 1,
-               None, None, "orders-v1")
+               None, None, "orders-v1", None)
     tables.append_audit(audit, spark.createDataFrame([renamed], OUTCOME_ROW_SCHEMA), "app", 0)
     rows = {r["message_id"]: r for r in spark.read.format("delta").load(audit).collect()}
     assert (rows["m-4"]["original_destination"], rows["m-5"]["original_destination"]) == (None, "orders-v1")
@@ -233,7 +235,7 @@ def test_an_audit_table_an_older_version_wrote_gets_the_redrive_columns(spark, t
 
     tables.create_table(spark, audit, tables.AUDIT_SCHEMA, ("outcome_date",))
     new_row = ("r2", 0, "q0/$DeadLetterQueue", 5, "m-5", "orders", None, "delivered", None, None, 10, now, None, None,
-               now, 1, "destination_not_found", "gone", None)
+               now, 1, "destination_not_found", "gone", None, None)
     tables.append_audit(audit, spark.createDataFrame([new_row], OUTCOME_ROW_SCHEMA), "app", 0)
 
     table = spark.read.format("delta").load(audit)

@@ -1,6 +1,7 @@
 """Config loading, overrides, validation and secret masking."""
 
 import pickle
+import re
 import textwrap
 
 import pytest
@@ -404,3 +405,35 @@ def test_exported_dead_letters_name_backlog_queues_with_their_counts(tmp_path):
                                                                   "whole numbers of 0 or more")):
         with pytest.raises(ConfigError, match=error):
             load_config(write(tmp_path, BASE), environ=ENV, overrides={"backlog.exported_dead_letters": value})
+
+
+def test_the_migration_section_selects_routes_and_is_checked_with_its_run_source(tmp_path):
+    migration = ("run:\n  source: migration\nmigration:\n  entities: [orders, 'events/Subscriptions/*']\n"
+                 "  subscriptions: {'events/*': property}\n  destination_map: {orders: orders-v2}\n")
+    config = load_config(write(tmp_path, BASE + migration), environ=ENV)
+    assert config.migrating and not config.redriving
+    assert (config.migration.entities, config.migration.subscriptions, config.migration.provenance) == (
+        ("orders", "events/Subscriptions/*"), {"events/*": "property"}, None)
+    redrive = load_config(write(tmp_path, BASE + migration.replace("migration\n", "dead_letters\n", 1)), environ=ENV)
+    assert redrive.migrating and redrive.redriving  # a re-drive of what the migration dead-lettered
+    assert load_config(write(tmp_path, BASE), environ={**ENV, "SYPHON__RUN__SOURCE": "migration",
+                                                        "SYPHON__MIGRATION__ENTITIES": "a,b"}).migration.entities == (
+        "a", "b")
+
+
+@pytest.mark.parametrize("extra, message", [
+    ("run:\n  source: migration\n", "run.source: migration needs migration.entities"),
+    ("migration:\n  entities: [orders]\n", "the migration section applies to run.source: migration"),
+    ("migration:\n  provenance: true\n", "migration.* settings need migration.entities"),
+    ("run:\n  source: migration\n  trigger: 10 seconds\nmigration:\n  entities: [orders]\n",
+     "run.trigger must be 'available_now'"),
+    ("run:\n  source: migration\nmigration:\n  entities: [orders]\n  subscriptions: {'a/*': fan_out}\n",
+     "must be one of topic, queue, property"),
+    ("run:\n  source: migration\nmigration:\n  entities: [orders]\n  message_rules: verbatim\n",
+     "migration.message_rules must be one of copy, restore"),
+    ("run:\n  source: migration\nmigration:\n  entities: [orders]\n  destination_map: {orders: 'sb://x/orders'}\n",
+     "migration.destination_map: 'sb://x/orders' (for 'orders')"),
+])
+def test_a_migration_setting_that_cannot_work_names_the_key(tmp_path, extra, message):
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        load_config(write(tmp_path, BASE + extra), environ=ENV)

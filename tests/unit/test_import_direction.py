@@ -31,6 +31,13 @@ PURE_MODULES = (
     "backlog_syphon.model.vocabulary",
     "backlog_syphon.model.records",
     "backlog_syphon.model.sending",
+    "backlog_syphon.model.migration",
+    "backlog_syphon.migration",
+    "backlog_syphon.migration.selection",
+    "backlog_syphon.migration.routes",
+    "backlog_syphon.migration.copy_rules",
+    "backlog_syphon.migration.fan_out",
+    "backlog_syphon.restore.copied_message",
     "backlog_syphon.config",
     "backlog_syphon.config.types",
     "backlog_syphon.config.validation",
@@ -113,6 +120,7 @@ SPARK_TRANSFORMS = ("pyspark.sql.functions", "pyspark.sql.types", "pyspark.sql.C
 ALLOWED = {
     "backlog_syphon.restore.rules": SPARK_TRANSFORMS,
     "backlog_syphon.restore.redrive": SPARK_TRANSFORMS,
+    "backlog_syphon.migration.copy_rules": SPARK_TRANSFORMS,
     "backlog_syphon.rows": ("pyspark.sql.types", "pyspark.sql.pandas.types"),
     "backlog_syphon.run.dry_run_plan": SPARK_TRANSFORMS,
 }
@@ -236,6 +244,7 @@ RANKS = {
     "probing": 1,  # the probe searches, which the planner (source) and the counts (servicebus) share
     "peek_pages": 1,  # reading a range with peeks that come back short or empty: the source's, the purge's, the counts'
     "purge": 1,  # the purge's decisions, which its I/O (servicebus) and its runner (sink) share
+    "migration": 1,  # the migration mode's decisions: selection, routes, copy rules
     "rows": 1,  # the row schemas and their Arrow form: the source's, the sink's and the tables'
     "worker_process": 1,  # what a Spark Python worker does once, for the source's reads and the send tasks
     "rate_control": 1,  # a token bucket and an AIMD controller: the sends' pacing and the credits'

@@ -26,11 +26,11 @@ from backlog_syphon.rows import OUTCOME_ROW_SCHEMA
 
 def test_outcome_record_is_the_audit_row():
     assert list(typing.get_type_hints(OutcomeRecord)) == OUTCOME_ROW_SCHEMA.fieldNames()
-    # appended at the end (the re-drive's, then the rename's), nullable: an older audit table gets them with
-    # ALTER TABLE ADD COLUMNS
-    assert OUTCOME_ROW_SCHEMA.fieldNames()[-3:] == ["dead_letter_reason", "dead_letter_error_description",
-                                                    "original_destination"]
-    assert all(OUTCOME_ROW_SCHEMA[name].nullable for name in OUTCOME_ROW_SCHEMA.fieldNames()[-3:])
+    # appended at the end (the re-drive's, then the rename's, then the migration's), nullable: an older audit
+    # table gets them with ALTER TABLE ADD COLUMNS
+    assert OUTCOME_ROW_SCHEMA.fieldNames()[-4:] == ["dead_letter_reason", "dead_letter_error_description",
+                                                    "original_destination", "message_state"]
+    assert all(OUTCOME_ROW_SCHEMA[name].nullable for name in OUTCOME_ROW_SCHEMA.fieldNames()[-4:])
 
 
 def test_checkpoint_and_lease_rows_match_their_tables():
@@ -42,10 +42,10 @@ def test_checkpoint_and_lease_rows_match_their_tables():
 
 def test_enum_values_are_the_tables_contract():
     assert [o.value for o in Outcome] == ["delivered", "dead_lettered", "skipped_ping", "unsent", "held",
-                                          "not_selected", "expired"]
-    assert [a.value for a in Action] == ["deliver", "dead_letter", "skip", "hold", "leave", "expire"]
+                                          "not_selected", "expired", "covered"]
+    assert [a.value for a in Action] == ["deliver", "dead_letter", "skip", "hold", "leave", "expire", "cover"]
     assert f"{ReasonCode.BACKLOG_COPY_EXPIRED}" == "backlog_copy_expired"
-    assert [s.value for s in RunSource] == ["backlog", "dead_letters"]
+    assert [s.value for s in RunSource] == ["backlog", "dead_letters", "migration"]
     assert f"{ReasonCode.DESTINATION_SKIPPED}" == "destination_skipped"
     assert f"{ReasonCode.FILTERED_OUT}" == "filtered_out" and f"{ReasonCode.REDRIVEN_BEFORE}" == "redriven_before"
     assert f"{ReasonCode.MISSING_PATH}" == "missing_path" and ReasonCode("ping") is ReasonCode.PING
@@ -56,8 +56,9 @@ def test_enum_values_are_the_tables_contract():
 
 
 def test_unsent_and_the_outcomes_of_messages_that_stay_are_the_ones_that_are_not_final():
-    assert FINAL_OUTCOMES == (Outcome.DELIVERED, Outcome.DEAD_LETTERED, Outcome.SKIPPED_PING, Outcome.EXPIRED)
-    assert [o.is_final for o in Outcome] == [True, True, True, False, False, False, True]
+    assert FINAL_OUTCOMES == (Outcome.DELIVERED, Outcome.DEAD_LETTERED, Outcome.SKIPPED_PING, Outcome.EXPIRED,
+                              Outcome.COVERED)
+    assert [o.is_final for o in Outcome] == [True, True, True, False, False, False, True, True]
     assert STAYING_OUTCOMES == (Outcome.HELD, Outcome.NOT_SELECTED)
     assert [o for o in Outcome if o.stays] == list(STAYING_OUTCOMES)
     assert [a for a in Action if a.stays] == [Action.HOLD, Action.LEAVE]

@@ -88,3 +88,33 @@ def test_held_messages_cut_the_spans_are_counted_and_located_but_are_neither_rec
     assert aggregate.held == (HeldSpan(Q0, 2, 6, T0 + 20, T0 + 60, 3),)
     assert aggregate.unsent == {} and aggregate.final_unavailable == {}
     assert aggregate.total(Outcome.HELD) == 3 and aggregate.per_destination[("payments", Outcome.HELD)] == 3
+
+
+def test_a_migration_counts_its_sessions_and_special_messages_and_what_stays_cuts_the_spans():
+    """Per session-settled source (``session_key``), the recorded messages per session; the scheduled and deferred
+    ones a receive does not bring (``special``); a message dead-lettered where that cannot be carried out, or expired
+    in a dead-letter sub-queue, stays (``left_in_place``) and cuts the spans; an expired message elsewhere is
+    recorded (the broker collects it)."""
+    def state(g, message_state, session_key=None):
+        return {**g, "message_state": message_state, "session_key": session_key}
+
+    dlq = "orders/$DeadLetterQueue"
+    aggregate = combine_groups([
+        state(group("sessions", 0, "sessions", "delivered", 1, 3, 2), "active", "s-a"),
+        state(group("sessions", 0, "sessions", "delivered", 2, 2, 1), "deferred", "s-b"),
+        state(group("orders", 0, "orders", "delivered", 1, 1, 1), "scheduled"),
+        state(group("orders", 0, "orders", "expired", 2, 2, 1, reason_code="expired_in_source"), "active"),
+        state(group("orders", 1, "orders", "dead_lettered", 3, 3, 1, reason_code="destination_not_found"), "scheduled"),
+        state(group(dlq, 0, "orders", "expired", 5, 5, 1, reason_code="expired_in_source"), "active"),
+    ])
+    assert aggregate.sessions == {"sessions": {"s-a": 2, "s-b": 1}}
+    assert (aggregate.special, aggregate.left_in_place) == (2, 2)
+    assert aggregate.spans == (RecordedSpan("orders", 1, 2, T0 + 10, T0 + 20, 2, 1, 0, 0, 4),
+                               RecordedSpan("sessions", 1, 3, T0 + 10, T0 + 30, 3, 3, 0, 0, 4))
+
+
+def test_a_covered_copy_is_recorded_in_its_span_and_settled_as_a_ping_is():
+    aggregate = combine_groups([group("events/Subscriptions/eu", 0, "events", "covered", 1, 3, 3,
+                                      reason_code="fanned_out")])
+    assert aggregate.spans == (RecordedSpan("events/Subscriptions/eu", 1, 3, T0 + 10, T0 + 30, 3, 0, 0, 3, 4),)
+    assert aggregate.per_destination == {("events", Outcome.COVERED): 3} and aggregate.left_in_place == 0

@@ -377,6 +377,36 @@ def test_a_message_received_twice_in_one_page_is_settled_once_by_its_latest_deli
     assert latest_of_each([9, 9, 9]) == ([2], [0, 1])
 
 
+def test_special_messages_are_not_received_a_verified_plan_keeps_those_still_there_and_a_session_asks_for_its_own():
+    from backlog_syphon.model import SettleKind, SettleOrder
+
+    scheduled = SettleOrder("q", 3, T0 + 3, SettleKind.CANCEL_SCHEDULED)
+    plan = dataclasses.replace(plan_of(span(1, 4), expected=3), special={msg(3): scheduled}, verify=True)
+    verified = plan.verified([msg(2), msg(3), msg(4)])  # 1 is gone already
+    assert (verified.expected, verified.special, verified.verify) == (2, {msg(3): scheduled}, False)
+    assert plan.verified([msg(2)]).special == {}
+    in_session = dataclasses.replace(plan, sessions={"s-a": 2}).in_session("s-a", 2)
+    assert (in_session.expected, in_session.sessions, in_session.special) == (2, None, {msg(3): scheduled})
+
+
+def test_a_look_that_finds_no_recorded_message_says_nothing_planned_is_there():
+    from backlog_syphon.model import SettleKind, SettleOrder
+
+    progress = PurgeProgress(plan_of(span(1, 2)))
+    assert progress.on_page([]).look and not progress.came_up_empty
+    progress.on_look([], now=0.0)
+    assert progress.came_up_empty and progress.stopped
+    locked = PurgeProgress(plan_of(span(1, 2)))
+    locked.on_page([])
+    locked.on_look([msg(1)], now=0.0)  # still there, locked elsewhere: not empty, and the round waits
+    assert not locked.came_up_empty and not locked.stopped
+    deferred = SettleOrder("q", 2, T0 + 2, SettleKind.RECEIVE_DEFERRED)
+    special = PurgeProgress(dataclasses.replace(plan_of(span(1, 2), expected=1), special={msg(2): deferred}))
+    special.on_page([])
+    special.on_look([msg(2)], now=0.0)  # a deferred one no receive brings (its settling failed): not waited for
+    assert special.came_up_empty and special.stopped and special.lock_wait is None
+
+
 # --- settlements across partitions, and refusals whose live tokens may or may not be settled ---------------
 
 def settle_on(namespace_mode: str, completion: BulkSettlement, dead: set, settled: set, *, partitioned=True) -> list:

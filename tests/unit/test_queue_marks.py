@@ -256,6 +256,23 @@ def test_the_purge_plans_of_queues_called_partitioned_expect_interleaved_receive
     assert not any(plan.partitioned for plan in purge_plans(unpurged).values())  # nothing known: the numbers tell
 
 
+def test_a_migrations_settle_orders_and_session_counts_go_to_the_purge_and_what_a_round_took_off_is_forgotten():
+    """Recorded scheduled and deferred messages (``SettleOrder``) are not what a receive expects; a session-enabled
+    source's purge asks each session for its count, less what each round took off (counts recorded meanwhile stay)."""
+    from backlog_syphon.model import SettleKind, SettleOrder
+
+    recorded = span("sessions", 1, 6, 6)
+    deferred = SettleOrder("sessions", 2, T0 + 2, SettleKind.RECEIVE_DEFERRED, "s-a")
+    pending = add_recorded({}, [recorded], orders=[deferred], sessions={"sessions": {"s-a": 4, "s-b": 2}})
+    pending = add_recorded(pending, [span("sessions", 7, 7, 1)], sessions={"sessions": {"s-b": 1}})
+    (plan,) = purge_plans(pending, session_entities=frozenset({"sessions"})).values()
+    assert (plan.expected, plan.special, plan.sessions) == (6, {(2, T0 + 2): deferred}, {"s-a": 4, "s-b": 3})
+    assert purge_plans(pending)["sessions"].sessions is None  # not a session-settled source
+    left = after_purge(pending, {"sessions": PurgeResult(2, 0, 0, (dataclasses.replace(recorded, first=5),), (),
+                                                         sessions_settled={"s-a": 4, "s-b": 1})})
+    assert (left["sessions"].sessions, left["sessions"].orders) == ({"s-b": 2}, ())  # 2 is past the span's rest
+
+
 def test_the_purge_plans_carry_their_queues_lock_where_the_administration_api_said_and_dead_letters_their_queues():
     q, other = "ns/x-servicebus-transfer/3", "ns/x-servicebus-transfer/4"
     dead = f"{q}/$DeadLetterQueue"

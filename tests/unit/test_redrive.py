@@ -73,7 +73,7 @@ def test_redrive_settings_from_yaml_and_from_overrides(tmp_path):
 
 
 @pytest.mark.parametrize("text, overrides, message", [
-    ("", {"run.source": "dead_letter"}, "run.source must be one of backlog, dead_letters, got 'dead_letter'"),
+    ("", {"run.source": "dead_letter"}, "run.source must be one of backlog, dead_letters, migration, got 'dead_letter'"),
     ("", {"redrive.destinations": "orders"}, "redrive.* settings apply to a re-drive only: set run.source: "
                                              "dead_letters"),
     ("", {"run.source": "dead_letters", "redrive.reason_codes": "MaxDeliveryCountExceeded"},

@@ -14,7 +14,8 @@ def audit_row(run_id, seq, destination, outcome, reason_code=None, size=10, seco
               "reason_code": reason_code, "reason": reason_code, "body_size": size, "enqueued_time": T0,
               "scheduled_enqueue_time": None, "time_to_live_ms": None,
               "outcome_time": T0 + dt.timedelta(seconds=seconds), "attempts": 1, "dead_letter_reason": None,
-              "dead_letter_error_description": None, "original_destination": None}
+              "dead_letter_error_description": None, "original_destination": None,
+              "message_state": None}
     return tuple(values[field.name] for field in AUDIT_ROW_SCHEMA.fields)
 
 
@@ -82,3 +83,15 @@ def test_what_a_run_leaves_on_purpose_held_or_not_selected_counts_as_drained_and
     redrive = RunSummary("r1", {"orders": counts}, remaining={"q/0/$DeadLetterQueue": 9}, redrive=True)
     assert redrive.drained  # what a re-drive leaves (or dead-letters again) stays by design
     assert redrive.lines()[1].split()[-2:] == ["not", "selected"] and redrive.lines()[2].split()[-1] == "2"
+
+
+def test_a_migration_has_drained_when_its_entities_hold_only_what_stays_and_its_dead_letter_sources_are_audited():
+    from backlog_syphon.run.run_records import RunSummary
+
+    counts = {"delivered": 5, "dead_lettered": 1, "expired": 1, "covered": 2}
+    dead_lettered_into_a_source = RunSummary("r1", {"orders": counts}, remaining={
+        "orders": 0, "orders/$DeadLetterQueue": 2}, migration=True, left_in_place=1)
+    assert dead_lettered_into_a_source.drained
+    assert "covered" in dead_lettered_into_a_source.lines()[1]
+    assert not RunSummary("r1", {"orders": counts}, remaining={"orders": 2, "orders/$DeadLetterQueue": 0},
+                          migration=True, left_in_place=1).drained

@@ -46,6 +46,7 @@ def backlog_row(sequence_number, **overrides):
         "decode_problem_reason": None,
         "dead_letter_reason": None,
         "dead_letter_error_description": None,
+        "message_state": None,
         "backlog_expires_time": None,
         **overrides,
     }
@@ -253,6 +254,7 @@ def test_backlog_row_values_from_a_raw_legacy_message(spark):
         "decode_problem_reason": None,
         "dead_letter_reason": None,
         "dead_letter_error_description": None,
+        "message_state": None,
         "backlog_expires_time": datetime(2024, 5, 1, 10, 40, tzinfo=UTC) + timedelta(days=1),
     }
     assert list(row) == list(BACKLOG_ROW_COLUMNS)

@@ -207,6 +207,16 @@ def test_every_way_the_service_says_no_messages_is_an_empty_page(status, answer)
     assert timeout == 10.0 and request[sdk_internals.sdk_constants.MGMT_REQUEST_MAX_MESSAGE_COUNT] == 250
 
 
+def test_a_session_receivers_peek_asks_for_its_session_only_and_a_plain_ones_for_every_message():
+    """As the SDK's own peek: a purge's look through a session receiver must not see other sessions' messages."""
+    session_id_key = sdk_internals.sdk_constants.MGMT_REQUEST_SESSION_ID
+    plain, in_session = _PeekingReceiver(204, _PeekAnswer()), _PeekingReceiver(204, _PeekAnswer())
+    in_session._session, in_session._session_id = object(), "s-b"
+    for receiver in (plain, in_session):
+        sdk_internals.peek_stored_bytes(receiver, 1, 10)
+    assert session_id_key not in plain.asked[0][1] and in_session.asked[0][1][session_id_key] == "s-b"
+
+
 def test_a_peek_page_keeps_the_stored_bytes_and_a_missing_queue_still_raises():
     from azure.servicebus.exceptions import MessagingEntityNotFoundError
 

@@ -52,7 +52,7 @@ def test_from_config_copies_every_setting(tmp_path):
     config = load_config(path, environ={"P": secret, "S": secret})
     options = SourceOptions.from_config(config, stop_file="stop", look_back=("q/1", "q/0"), read_slots=3)
     assert dataclasses.astuple(options)[2:] == (4, False, 9, 30.0, False, "stop", False, ("q/0", "q/1"), False,
-                                                 40.0, 5.0, 3)
+                                                (), False, (), (), 40.0, 5.0, 3)
     assert options.secondary == config.secondary
 
 

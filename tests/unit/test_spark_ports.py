@@ -4,7 +4,7 @@ tables, the rows a replay drops, and how the send tasks' pacing adds up (on smal
 import datetime as dt
 from types import SimpleNamespace
 
-from backlog_syphon.model import CheckpointRow, PacingStats, RecordedSpan
+from backlog_syphon.model import NO_MIGRATION, CheckpointRow, PacingStats, RecordedSpan
 from backlog_syphon.sink.micro_batch import Recovery
 from backlog_syphon.sink.outcome_aggregate import pacing_after_round
 from backlog_syphon.sink.spark_ports import PacingStatsParam, SparkBatch, held_by_any, read_recovery
@@ -27,7 +27,8 @@ def audit_row(run_id, seq, outcome, destination="orders", batch_id=4):
               "reason_code": "destination_unavailable" if outcome == "unsent" else None, "reason": None,
               "body_size": 10, "enqueued_time": at(T0 + 10 * seq), "scheduled_enqueue_time": None,
               "time_to_live_ms": None, "outcome_time": at(1_800_000_000_000), "attempts": 1,
-              "dead_letter_reason": None, "dead_letter_error_description": None, "original_destination": None}
+              "dead_letter_reason": None, "dead_letter_error_description": None, "original_destination": None,
+              "message_state": None}
     return tuple(values[field.name] for field in AUDIT_ROW_SCHEMA.fields)
 
 
@@ -57,7 +58,7 @@ def test_recovery_reads_the_spans_above_the_marks_and_counts_every_row_earlier_a
     assert recovery.unsettled == (RecordedSpan(Q0, 3, 3, T0 + 30, T0 + 30, 1, 1, 0, 0, 4),)
     assert recovery.dead_letters == ()
 
-    sink = SimpleNamespace(state_is_new=False, config=SimpleNamespace(storage=storage))
+    sink = SimpleNamespace(state_is_new=False, config=SimpleNamespace(storage=storage), migration=NO_MIGRATION)
     del frames["/state/checkpoint"]  # the batch reads no more than the audit's rows of its own batch
     assert SparkBatch(sink, spark.range(0), 4).recorded_rows_of_batch() == 6  # both attempts', below the mark or not
 

@@ -104,10 +104,27 @@ class NamespaceApi:
             if view is None:
                 return self._not_found(target)
             return Reply(200, admin_atom.entry_document(view, self.base_url, self.cfg.name), ENTRY_TYPE)
+        if request.kind is RouteKind.LIST_RULES:
+            if not self._may_manage(caller, f"{request.entity}/subscriptions/{request.subscription}"):
+                return self._refuse_subscription("EnumerateRules", target)
+            rules = self.server.call(admin_views.list_rules, self.ns, request.entity, request.subscription)
+            if rules is None:
+                return self._not_found(target)
+            return self._rule_page(request, rules,
+                                   f"{topic_path}/{quote(request.subscription, safe='')}/rules")
         if not self._may_manage(caller, request.entity):
             return self._refuse_subscription("EnumerateSubscriptions", target)
         views = self.server.call(admin_views.list_subscriptions, self.ns, request.entity)
         return self._page(request, views, topic_path)
+
+    def _rule_page(self, request: Route, rules, feed_path: str) -> Reply:
+        def url(skip: int) -> str:
+            return f"{self.base_url}/{feed_path}?$skip={skip}&$top={request.top}&api-version={admin_atom.API_VERSION}"
+
+        end = request.skip + request.top
+        next_url = url(end) if request.top and end < len(rules) else None
+        return Reply(200, admin_atom.rule_feed_document(rules[request.skip:end], url(request.skip), next_url,
+                                                        _now_ms()), FEED_TYPE)
 
     def _delete(self, caller: Caller, name: str, path: str) -> Reply:
         """DELETE of a queue: Manage first (nothing is looked up for a caller without it), then 404 for a name

@@ -1,5 +1,5 @@
 """The administration API's documents: ATOM entries and feeds holding ``QueueDescription``,
-``TopicDescription`` and ``SubscriptionDescription`` (https://learn.microsoft.com/rest/api/servicebus/),
+``TopicDescription``, ``SubscriptionDescription`` and ``RuleDescription`` (https://learn.microsoft.com/rest/api/servicebus/),
 the empty feed the service answers for an entity that does not exist, and its ``<Error>`` body. Pure.
 
 Invariants:
@@ -16,7 +16,7 @@ import datetime
 from typing import List, Optional, Sequence
 from xml.sax.saxutils import escape, quoteattr
 
-from .admin_views import EntityKind, EntityView
+from .admin_views import EntityKind, EntityView, RuleView
 
 ATOM_NS = "http://www.w3.org/2005/Atom"
 CONNECT_NS = "http://schemas.microsoft.com/netservices/2010/10/servicebus/connect"
@@ -82,6 +82,63 @@ def feed_document(kind: EntityKind, views: Sequence[EntityView], self_url: str, 
     return (f'{XML_DECLARATION}<feed xmlns="{ATOM_NS}"><title type="text">{FEED_TITLES[kind]}</title>'
             f"<id>{escape(self_url)}</id><updated>{iso_time(now_ms)}</updated>{''.join(links)}{entries}"
             f"</feed>").encode()
+
+
+# A correlation filter's system fields (the emulator's configuration keys) and their elements, in the service's order.
+CORRELATION_FIELDS = (("correlation_id", "CorrelationId"), ("message_id", "MessageId"), ("to", "To"),
+                      ("reply_to", "ReplyTo"), ("label", "Label"), ("subject", "Label"), ("session_id", "SessionId"),
+                      ("reply_to_session_id", "ReplyToSessionId"), ("content_type", "ContentType"))
+XML_SCHEMA_NS = "http://www.w3.org/2001/XMLSchema"
+
+
+def rule_feed_document(rules: Sequence[RuleView], self_url: str, next_url: Optional[str], now_ms: int) -> bytes:
+    """A page of a subscription's rules: one ``RuleDescription`` entry per rule (its filter a ``CorrelationFilter``
+    with ``KeyValueOfstringanyType`` properties, or a ``TrueFilter``; its action empty), as the SDK's
+    ``list_rules`` reads them."""
+    links = [f'<link rel="self" href={quoteattr(self_url)}/>']
+    if next_url:
+        links.append(f'<link rel="next" href={quoteattr(next_url)}/>')
+    entries = "".join(_rule_entry(rule, self_url) for rule in rules)
+    return (f'{XML_DECLARATION}<feed xmlns="{ATOM_NS}"><title type="text">Rules</title>'
+            f"<id>{escape(self_url)}</id><updated>{iso_time(now_ms)}</updated>{''.join(links)}{entries}"
+            f"</feed>").encode()
+
+
+def _rule_entry(rule: RuleView, feed_url: str) -> str:
+    created = iso_time(rule.created_ms)
+    flt = rule.correlation_filter
+    if flt:
+        fields = [_field(element, flt[key]) for key, element in CORRELATION_FIELDS if flt.get(key) is not None]
+        properties = "".join(
+            f"<KeyValueOfstringanyType><Key>{escape(str(name))}</Key><Value xmlns:d6p1=\"{XML_SCHEMA_NS}\" "
+            f"i:type=\"d6p1:{_xml_type(value)}\">{escape(_xml_text(value))}</Value></KeyValueOfstringanyType>"
+            for name, value in (flt.get("properties") or {}).items())
+        filter_xml = f'<Filter i:type="CorrelationFilter">{"".join(fields)}<Properties>{properties}</Properties></Filter>'
+    else:
+        filter_xml = ('<Filter i:type="TrueFilter"><SqlExpression>1=1</SqlExpression>'
+                      '<CompatibilityLevel>20</CompatibilityLevel></Filter>')
+    description = (f'<RuleDescription xmlns="{CONNECT_NS}" xmlns:i="{INSTANCE_NS}">{filter_xml}'
+                   f'<Action i:type="EmptyRuleAction"/>{_field("CreatedAt", created)}{_field("Name", rule.name)}'
+                   f"</RuleDescription>")
+    return (f'<entry xmlns="{ATOM_NS}" xml:base={quoteattr(feed_url)}><id>{escape(feed_url)}</id>'
+            f'<title type="text">{escape(rule.name)}</title><published>{created}</published>'
+            f'<updated>{created}</updated><content type="application/xml">{description}</content></entry>')
+
+
+def _xml_type(value) -> str:
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int):
+        return "int"
+    if isinstance(value, float):
+        return "double"
+    return "string"
+
+
+def _xml_text(value) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
 
 
 def not_found_document(self_url: str, now_ms: int) -> bytes:

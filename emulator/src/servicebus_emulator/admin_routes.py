@@ -7,8 +7,9 @@ queue named ``contoso/x-servicebus-transfer/0`` arrives as one segment ``contoso
     GET    /$Resources/{queues|topics}?$skip&$top      a page of the list
     GET    /{topic}/subscriptions/{name}               a subscription
     GET    /{topic}/subscriptions?$skip&$top           a page of a topic's subscriptions
+    GET    /{topic}/subscriptions/{name}/rules?$skip&$top   a page of a subscription's rules
     DELETE /{queue}                                    delete a queue (a topic: not served)
-    PUT, other DELETEs, rules, /$namespaceinfo         not served (``RouteKind.UNSUPPORTED``)
+    PUT, other DELETEs, one rule, /$namespaceinfo      not served (``RouteKind.UNSUPPORTED``)
 
 Invariants: segments are split before they are decoded; an unencoded multi-segment path that is not a
 subscription path names one entity (``a/b/c``); ``$skip`` defaults to 0 and ``$top`` to 100, the SDK's page.
@@ -30,6 +31,7 @@ class RouteKind(Enum):
     LIST_ENTITIES = "list entities"
     GET_SUBSCRIPTION = "get subscription"
     LIST_SUBSCRIPTIONS = "list subscriptions"
+    LIST_RULES = "list rules"
     DELETE_ENTITY = "delete entity"
     UNSUPPORTED = "unsupported"
 
@@ -80,8 +82,10 @@ def route(method: str, target: str) -> Route:
             return Route(RouteKind.LIST_SUBSCRIPTIONS, entity=segments[0], **_page(query))
         if len(lower) == 3:
             return Route(RouteKind.GET_SUBSCRIPTION, entity=segments[0], subscription=segments[2])
+        if lower[3] == "rules" and len(lower) == 4:
+            return Route(RouteKind.LIST_RULES, entity=segments[0], subscription=segments[2], **_page(query))
         if lower[3] == "rules":
-            return Route(RouteKind.UNSUPPORTED, unsupported="subscription rules")
+            return Route(RouteKind.UNSUPPORTED, unsupported="one subscription rule (list them instead)")
     return Route(RouteKind.GET_ENTITY, entity="/".join(segments))
 
 

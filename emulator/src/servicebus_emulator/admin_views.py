@@ -21,7 +21,7 @@ import dataclasses
 from collections import Counter
 from dataclasses import dataclass
 from enum import Enum
-from typing import Any, List, Optional
+from typing import Any, List, Mapping, Optional
 
 from .broker import Entity, Topic
 from .message import ACTIVE, DEFERRED, LOCKED, SCHEDULED
@@ -104,6 +104,27 @@ def list_subscriptions(ns, topic_name: str) -> List[EntityView]:
     return [subscription_view(topic, s) for s in subs]
 
 
+@dataclass(frozen=True)
+class RuleView:
+    """One subscription rule as the administration API lists it: its name and correlation filter (None: a true
+    filter, which takes every message)."""
+
+    name: str
+    correlation_filter: Optional[Mapping[str, Any]]
+    created_ms: int
+
+
+def list_rules(ns, topic_name: str, name: str) -> Optional[List[RuleView]]:
+    """A subscription's rules, in their configured order; None when there is no such subscription."""
+    topic = ns.senders.get(topic_name.lower())
+    if not isinstance(topic, Topic):
+        return None
+    sub = next((s for s in topic.subscriptions if s.settings.name.lower() == name.lower()), None)
+    if sub is None:
+        return None
+    return [RuleView(rule.name, rule.correlation_filter, sub.created_ms) for rule in sub.settings.rules]
+
+
 def queue_view(queue: Entity) -> EntityView:
     return EntityView(EntityKind.QUEUE, queue.path, queue.settings, _status(queue), queue.created_ms,
                       queue.accessed_ms, _counts(queue), _size(queue), _partitioned(queue))
@@ -118,12 +139,11 @@ def subscription_view(topic: Topic, sub: Entity) -> EntityView:
 def topic_view(topic: Topic) -> EntityView:
     # the subscriptions' copies share the message's Content: count each message once
     stored, scheduled = {}, set()
-    for sub in topic.subscriptions:
-        for entity in (sub, sub.dlq):
-            for m in entity.msgs.values():
-                stored[id(m.content)] = m.content.size
-                if m.state == SCHEDULED:
-                    scheduled.add(id(m.content))
+    for entity in [e for sub in topic.subscriptions for e in (sub, sub.dlq)] + [e for e in (topic.held,) if e]:
+        for m in entity.msgs.values():
+            stored[id(m.content)] = m.content.size
+            if m.state == SCHEDULED:
+                scheduled.add(id(m.content))
     accessed = max([topic.created_ms] + [sub.accessed_ms for sub in topic.subscriptions])
     return EntityView(EntityKind.TOPIC, topic.path, topic.settings, _status(topic), topic.created_ms, accessed,
                       MessageCounts(scheduled=len(scheduled)), sum(stored.values()), _partitioned(topic),

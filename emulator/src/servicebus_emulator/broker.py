@@ -4,7 +4,10 @@ sessions. No I/O; the loop drives it from one thread (``message`` holds a messag
 Invariants:
 - sequence numbers are assigned once per queue/topic, increase monotonically and are never reused
   (a deleted and recreated queue is a new Entity, numbering from 1 as Service Bus does); a
-  dead-lettered message keeps its sequence number in the dead-letter sub-queue;
+  dead-lettered message keeps its sequence number in the dead-letter sub-queue; a scheduled message gets
+  a new one when it becomes active, "as if it had been enqueued at the current instant" (message sequencing);
+- a topic holds its scheduled messages in a log of its own (``Topic.held``), peeked and cancelled through the
+  topic's ``$management``, in no subscription before their time; then they fan out, with new numbers;
 - a message is in exactly one state (active, locked, deferred, scheduled) while it exists;
 - a partitioned entity numbers each partition apart (``partitions``); its ``order`` is still one sorted
   list, partition after partition, and each partition has its own availability heap;
@@ -93,6 +96,10 @@ class Entity:
         self.dedupe = Deduper(getattr(settings, "duplicate_detection_window_seconds", 0))
         # what the administration API reports: when it was made, and last sent to or received from
         self.created_ms = self.accessed_ms = now_ms()
+        # Where a scheduled message goes when it becomes active, instead of becoming active here: a topic's log
+        # hands it to the topic to fan out (``Topic``); None: it becomes active here, under a new number.
+        self.on_activate = None
+        self.touched_elsewhere: set = set()     # entities an activation fanned out to: their receivers are served
 
     # ---- storage --------------------------------------------------------------------------------
     def _store(self, m: Msg):
@@ -350,9 +357,7 @@ class Entity:
             _, seq = heapq.heappop(self.sched_heap)
             m = self.msgs.get(seq)
             if m is not None and m.state == SCHEDULED:
-                m.enqueued_ms = now
-                self._start_ttl(m, now)
-                self._make_available(m)
+                self._activate(m, now)
                 changed = True
         while sweep and self.expiry_heap and self.expiry_heap[0][0] <= now:
             _, seq = heapq.heappop(self.expiry_heap)
@@ -362,6 +367,23 @@ class Entity:
                 self.expire(m)
                 changed = True
         return changed
+
+    def _activate(self, m: Msg, now: int):
+        """A scheduled message's time came: it is appended "as if it had been enqueued at the current instant,
+        which includes assigning a new SequenceNumber" (message sequencing), or, in a topic's log, fanned out."""
+        self._remove(m)
+        if self.on_activate is not None:
+            self.touched_elsewhere |= self.on_activate(m.content, now)
+            return
+        if self.partitioner is not None:
+            seq = self.partitioner.next(m.partition if m.partition is not None else 0)
+        else:
+            seq = self.sequencer.next()
+        active = Msg(m.content, seq, now)
+        active.partition = m.partition
+        self._store(active)
+        self._start_ttl(active, now)
+        self._make_available(active)
 
     def next_deadline(self, *, sweep: bool = True) -> Optional[int]:
         heads = [h[0][0] for h in (self.lock_heap, self.sched_heap) + ((self.expiry_heap,) if sweep else ()) if h]
@@ -390,7 +412,8 @@ class Sequencer:
 
 
 class Topic:
-    def __init__(self, cfg, subscriptions: List[Entity], filters: Dict[str, Any], partitions: int = 0):
+    def __init__(self, cfg, subscriptions: List[Entity], filters: Dict[str, Any], partitions: int = 0,
+                 held_settings=None):
         self.path = cfg.name
         self.partitions = partitions
         self.partitioner = Partitioner(partitions, cfg.duplicate_detection_window_seconds > 0) if partitions else None
@@ -405,10 +428,14 @@ class Topic:
         self.ops: Counter = Counter()
         self.dedupe = Deduper(cfg.duplicate_detection_window_seconds)
         self.created_ms = now_ms()
+        # The topic's own log: its scheduled messages until their time ("Scheduled messages reside in the topic
+        # until the scheduled time": azure-docs#59641; peeked and cancelled through the topic's $management by
+        # design: azure-service-bus#352). The namespace fans them out when they become active (``on_activate``).
+        self.held = Entity(cfg.name, held_settings, partitions=partitions) if held_settings is not None else None
 
     def stats(self) -> Dict[str, Any]:
         return {"in": self.counters.get("in", 0), "duplicates": self.counters.get("duplicates", 0),
-                "ops": dict(self.ops)}
+                "scheduled": len(self.held.msgs) if self.held is not None else 0, "ops": dict(self.ops)}
 
 
 def any_rule_matches(filters, content: Content) -> bool:

@@ -33,6 +33,8 @@ def handle(ctx, target, op: str, body: Dict[str, Any], props: Dict[str, Any]):
     if fn is None:
         raise BrokerError("amqp:not-implemented",
                           f"The emulator does not support the management operation '{op}'.", 501)
+    if isinstance(target, Topic) and name == "peek-message":
+        target = target.held        # a topic's own log: its scheduled messages (azure-service-bus#352)
     if name not in ("schedule-message", "cancel-scheduled-message") and not isinstance(target, Entity):
         raise BrokerError("amqp:not-allowed", f"'{op}' is not supported on topic '{target.path}'.", 400)
     target.ops["peek" if name == "peek-message" else name.replace("-", "_")] += 1
@@ -185,18 +187,9 @@ def _schedule(ctx, target, body):
 
 
 def _cancel_scheduled(ctx, target, body):
-    entities = target.subscriptions if isinstance(target, Topic) else [target]
+    entity = target.held if isinstance(target, Topic) else target
     for seq in body.get("sequence-numbers") or []:
-        found = False
-        for e in entities:
-            try:
-                e.cancel_scheduled(int(seq))
-                found = True
-            except BrokerError:
-                pass
-        if not found:
-            raise BrokerError("com.microsoft:message-not-found",
-                              f"No scheduled message with sequence number {seq}.", 404)
+        entity.cancel_scheduled(int(seq))
     return 200, {}
 
 
@@ -247,10 +240,22 @@ def _renew_session_lock(ctx, e: Entity, body):
     return 200, {"expiration": timestamp(s.locked_until)}
 
 
+# ``last-updated-time`` at .NET's DateTime.MaxValue (as its AMQP library encodes it): the default listing mode.
+LIST_ALL_SESSIONS_MS = 253402300800000
+
+
 def _get_message_sessions(ctx, e: Entity, body):
+    """The service's two modes (as the SDKs send them, azure-servicebus 7.15.0 ``_session_browser.py``): with
+    ``last-updated-time`` at DateTime.MaxValue, "sessions with active messages or stored session state"; with an
+    earlier time, the sessions whose state was set or updated after it."""
     skip = int(body.get("skip") or 0)
     top = int(body.get("top") or 100)
-    ids = [s.id for s in e.sessions.values() if s.count > 0 or s.state is not None]
+    since = body.get("last-updated-time")
+    since_ms = LIST_ALL_SESSIONS_MS if since is None else int(since)
+    if since_ms >= LIST_ALL_SESSIONS_MS:
+        ids = [s.id for s in e.sessions.values() if s.count > 0 or s.state is not None]
+    else:
+        ids = [s.id for s in e.sessions.values() if s.state is not None and s.updated_ms > since_ms]
     page = ids[skip:skip + top]
     if not page:
         return 204, None

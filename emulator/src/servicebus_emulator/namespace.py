@@ -21,6 +21,7 @@ from datetime import datetime, timezone
 from typing import Any, Dict, List, Optional, Set, Tuple
 
 from . import limits, refusals
+from .config import EntitySettings
 from .broker import BrokerError, Entity, Topic, any_rule_matches
 from .credits import CreditKind, Credits
 from .faults import Faults
@@ -128,9 +129,12 @@ class Namespace:
             subs.append(e)
             filters[e.path] = tuple(r.correlation_filter for r in s.rules)
             self._register(e)
-        t = Topic(tcfg, subs, filters, partitions=partitions)
+        t = Topic(tcfg, subs, filters, partitions=partitions,
+                  held_settings=EntitySettings(tcfg.name, max_message_size_kb=tcfg.max_message_size_kb,
+                                               status=tcfg.status))
         for e in subs:
             e.topic = t
+        t.held.on_activate = lambda content, now: fan_out(t, content, next_number(t, content), now)
         self.senders[tcfg.name.lower()] = t
         return t
 
@@ -181,11 +185,15 @@ class Namespace:
         return f"{text} TrackingId:{uuid.uuid4().hex}, SystemTracker:{self.name}:{path}, Timestamp:{stamp}"
 
     def all_entities(self):
+        """Every entity that holds messages: the receivable ones, and each topic's log of scheduled messages."""
         seen = set()
         for e in self.entities.values():
             if id(e) not in seen:
                 seen.add(id(e))
                 yield e
+        for target in self.senders.values():
+            if isinstance(target, Topic) and target.held is not None:
+                yield target.held
 
 
 def store(target, contents: List[Content], now: int, *, batch: bool = False) -> Tuple[List[int], Set[Entity]]:
@@ -206,25 +214,41 @@ def store(target, contents: List[Content], now: int, *, batch: bool = False) -> 
             target.counters["duplicates"] += 1
             seqs.append(-1)
             continue
-        if partitioner is None:
-            seq = target.sequencer.next()
-        else:
-            seq = partitioner.next(partition if partition is not None else partitioner.choose(content))
+        seq = next_number(target, content, partition)
         seqs.append(seq)
         if isinstance(target, Topic):
             target.counters["in"] += 1
-            for sub in target.subscriptions:
-                if any_rule_matches(target.filters[sub.path], content):
-                    if sub.requires_session and content.session_id is None:   # the service's answer
-                        sub.dead_letter(sub.enqueue(content, seq, now), *refusals.SESSIONLESS_COPY)
-                        touched.add(sub.dlq)
-                        continue
-                    sub.enqueue(content, seq, now)
-                    touched.add(sub)
+            if content.scheduled_ms and content.scheduled_ms > now and target.held is not None:
+                target.held.enqueue(content, seq, now)   # in the topic's own log until its time
+                continue
+            touched |= fan_out(target, content, seq, now)
         else:
             target.enqueue(content, seq, now)
             touched.add(target)
     return seqs, touched
+
+
+def next_number(target, content: Content, partition: Optional[int] = None) -> int:
+    """The next sequence number of a queue or topic (a partitioned one's: of ``partition``, else the one the
+    message's keys choose)."""
+    partitioner = target.partitioner
+    if partitioner is None:
+        return target.sequencer.next()
+    return partitioner.next(partition if partition is not None else partitioner.choose(content))
+
+
+def fan_out(topic: Topic, content: Content, seq: int, now: int) -> Set[Entity]:
+    """A topic's copy of the message in each subscription a rule of which matches it; the entities touched."""
+    touched: Set[Entity] = set()
+    for sub in topic.subscriptions:
+        if any_rule_matches(topic.filters[sub.path], content):
+            if sub.requires_session and content.session_id is None:   # the service's answer
+                sub.dead_letter(sub.enqueue(content, seq, now), *refusals.SESSIONLESS_COPY)
+                touched.add(sub.dlq)
+                continue
+            sub.enqueue(content, seq, now)
+            touched.add(sub)
+    return touched
 
 
 def not_found(ns: Namespace, path: str) -> BrokerError:

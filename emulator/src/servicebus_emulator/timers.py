@@ -41,6 +41,8 @@ def expire_entities(namespaces: Iterable[Namespace], now: int, clock: float):
                     reject(w.link, "com.microsoft:timeout", "No session available to accept within the timeout.")
             if changed:
                 pump(e)
+            while e.touched_elsewhere:       # a topic's scheduled message fanned out to its subscriptions
+                pump(e.touched_elsewhere.pop())
         for ctx in [ctx for ctx in ns.paused if ctx.paused_until <= clock]:
             ns.paused.discard(ctx)
             resume_short_receive(ctx)

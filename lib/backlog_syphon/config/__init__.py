@@ -21,6 +21,7 @@ from backlog_syphon.config.types import (
     BacklogConfig,
     ConfigError,
     CredentialConfig,
+    MigrationConfig,
     NamespaceConfig,
     PrimaryConfig,
     RedriveConfig,
@@ -35,6 +36,6 @@ from backlog_syphon.config.types import (
 __all__ = [
     "ENV_PREFIX", "AVAILABLE_NOW", "SECRET_SCOPES_NEED_DATABRICKS", "CREDENTIAL_FIELDS", "ConfigError", "Secret",
     "CredentialConfig", "NamespaceConfig", "PrimaryConfig", "BacklogConfig", "StorageConfig", "RunConfig",
-    "RedriveConfig", "RestoreConfig", "SinkConfig", "SyphonConfig", "load_config", "parse_overrides",
+    "RedriveConfig", "MigrationConfig", "RestoreConfig", "SinkConfig", "SyphonConfig", "load_config", "parse_overrides",
     "trigger_options",
 ]

@@ -26,6 +26,7 @@ import yaml
 from backlog_syphon.config.types import (
     BacklogConfig,
     ConfigError,
+    MigrationConfig,
     NamespaceConfig,
     PrimaryConfig,
     RedriveConfig,
@@ -53,11 +54,19 @@ class SyphonConfig:
     restore: RestoreConfig = field(default_factory=RestoreConfig)
     sink: SinkConfig = field(default_factory=SinkConfig)
     redrive: RedriveConfig = field(default_factory=RedriveConfig)
+    migration: MigrationConfig = field(default_factory=MigrationConfig)
 
     @property
     def redriving(self) -> bool:
-        """Whether this run re-drives the backlog queues' dead-letter sub-queues (``run.source: dead_letters``)."""
+        """Whether this run re-drives dead-letter sub-queues (``run.source: dead_letters``): the backlog queues',
+        or, with a ``migration`` section, the migration's sources'."""
         return self.run.source == RunSource.DEAD_LETTERS
+
+    @property
+    def migrating(self) -> bool:
+        """Whether this run is the migration mode's (``run.source: migration``, or a re-drive of what it
+        dead-lettered: ``run.source: dead_letters`` with a ``migration`` section)."""
+        return self.run.source == RunSource.MIGRATION or (self.redriving and self.migration.configured)
 
     def with_overrides(self, overrides: Mapping[str, str], origin: str = "--set") -> "SyphonConfig":
         """A copy with dotted ``section.key`` overrides applied and validated."""
@@ -76,6 +85,7 @@ _SECTIONS: dict[str, type] = {
     "restore": RestoreConfig,
     "sink": SinkConfig,
     "redrive": RedriveConfig,
+    "migration": MigrationConfig,
 }
 
 

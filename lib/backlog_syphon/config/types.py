@@ -18,7 +18,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from backlog_syphon.errors import SettingsError
-from backlog_syphon.model import CredentialKind, LogFormat, RunSource, Transport, TtlPolicy
+from backlog_syphon.model import CredentialKind, LogFormat, MessageRules, RunSource, Transport, TtlPolicy
 
 AVAILABLE_NOW = "available_now"  # run.trigger: drain what is there when the run starts, then stop
 
@@ -274,8 +274,9 @@ class RunConfig:
     # as serverless on those versions), a run whose backlog spans more sequence numbers than this refuses
     # to start: one batch of everything makes the duplicate window the whole backlog.
     max_single_batch_messages: int = 100000
-    # What the run reads: the backlog queues, or their dead-letter sub-queues (a re-drive, filtered by
-    # the ``redrive`` section; ``jobs/syphon.py --redrive-dead-letters`` sets it).
+    # What the run reads: the backlog queues, their dead-letter sub-queues (a re-drive, filtered by the
+    # ``redrive`` section; ``jobs/syphon.py --redrive-dead-letters`` sets it), or the entities the ``migration``
+    # section selects (``--migrate``).
     source: str = RunSource.BACKLOG.value
     # How the command line writes its log lines: text, or one JSON object per line (``--log-format``).
     log_format: str = LogFormat.TEXT.value
@@ -305,6 +306,37 @@ class RedriveConfig:
         """Whether any filter is set (a re-drive without one selects every dead-lettered message)."""
         return bool(self.reason_codes or self.dead_letter_reasons or self.destinations or self.enqueued_after
                     or self.enqueued_before)
+
+
+@dataclass(frozen=True)
+class MigrationConfig:
+    """The migration mode (``run.source: migration``): which entities of the source namespace (``secondary``)
+    are drained into the target (``primary``), where each one's messages go, and what a moved message becomes.
+    With ``run.source: dead_letters`` it names whose dead-letter sub-queues a re-drive reads."""
+
+    # Entity paths and shell patterns over what the source's administration API lists: queues ("orders"),
+    # subscriptions ("events/Subscriptions/audit"), topics (their scheduled messages: "events") and dead-letter
+    # sub-queues, which only a name or pattern saying $DeadLetterQueue selects ("*/$DeadLetterQueue").
+    entities: tuple[str, ...] = ()
+    exclude: tuple[str, ...] = ()  # names and patterns taken out again
+    # {source entity path: target queue or topic}: by default a source's messages go to the entity of the same
+    # name (a dead-letter sub-queue's: its entity's route; a subscription: see ``subscriptions``).
+    destination_map: dict[str, str] = field(default_factory=dict)
+    # {subscription path or pattern: topic | queue | property}: how a subscription's messages reach the target
+    # (``model.SubscriptionDelivery``); every selected subscription needs one.
+    subscriptions: dict[str, str] = field(default_factory=dict)
+    subscription_property: str = "x-syphon-subscription"  # the application property ``property`` delivery sets
+    message_rules: str = MessageRules.COPY.value  # or the backlog mode's restore rules
+    # The broker's fields (source entity, sequence number, enqueue time, delivery count, dead-letter reason)
+    # as x-syphon-* application properties of the copy; None: on for dead-letter sources only.
+    provenance: bool | None = None
+    # A scheduled message due sooner than this is left to become active and read again then: moving it and
+    # cancelling it would race its activation (a new sequence number, so a second copy).
+    scheduled_margin_seconds: float = 60.0
+
+    @property
+    def configured(self) -> bool:
+        return bool(self.entities)
 
 
 @dataclass(frozen=True)

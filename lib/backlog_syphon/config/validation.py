@@ -18,6 +18,7 @@ from backlog_syphon.config.types import (
     BacklogConfig,
     ConfigError,
     CredentialConfig,
+    MigrationConfig,
     NamespaceConfig,
     PrimaryConfig,
     RedriveConfig,
@@ -27,7 +28,16 @@ from backlog_syphon.config.types import (
     SinkConfig,
     StorageConfig,
 )
-from backlog_syphon.model import DEAD_LETTER_REASON_CODES, CredentialKind, LogFormat, RunSource, Transport, TtlPolicy
+from backlog_syphon.model import (
+    DEAD_LETTER_REASON_CODES,
+    CredentialKind,
+    LogFormat,
+    MessageRules,
+    RunSource,
+    SubscriptionDelivery,
+    Transport,
+    TtlPolicy,
+)
 from backlog_syphon.restore.legacy_properties import entity_path_problem
 from backlog_syphon.restore.queue_names import is_backlog_queue_name
 
@@ -122,7 +132,7 @@ def check_type(value: Any, annotation: str, where: str) -> Any:
 
 def validate_sections(origin: str, *, primary: PrimaryConfig, secondary: NamespaceConfig, backlog: BacklogConfig,
               storage: StorageConfig, run: RunConfig, restore: RestoreConfig, sink: SinkConfig,
-              redrive: RedriveConfig) -> None:
+              redrive: RedriveConfig, migration: MigrationConfig = MigrationConfig()) -> None:
     """The sections of one configuration, checked together before they make a ``SyphonConfig`` (which lives
     with the loader, since its ``with_overrides`` loads; this module stays below it)."""
     required = {"primary.namespace": primary.namespace, "storage.audit_table": storage.audit_table,
@@ -198,6 +208,44 @@ def validate_sections(origin: str, *, primary: PrimaryConfig, secondary: Namespa
                           f"got {sink.throttle_recovery_seconds:g}")
     _validate_routing(restore, origin)
     _validate_redrive(run, redrive, origin)
+    _validate_migration(run, migration, origin)
+
+
+def _validate_migration(run: RunConfig, migration: MigrationConfig, origin: str) -> None:
+    """The ``migration`` section: only with ``run.source: migration`` (or a re-drive of what it dead-lettered),
+    and then an ``available_now`` run with something to read. What the names match, and the routes, are checked
+    against the namespaces' listings when the run starts (``migration.selection``, ``migration.routes``)."""
+    if not migration.configured:
+        if run.source == RunSource.MIGRATION:
+            raise ConfigError(f"{origin}: run.source: migration needs migration.entities: the source's entities to "
+                              f"drain, by name or pattern (such as [orders, 'events/Subscriptions/*'])")
+        if migration != MigrationConfig():
+            raise ConfigError(f"{origin}: migration.* settings need migration.entities (the entities they apply to)")
+        return
+    if run.source == RunSource.BACKLOG:
+        raise ConfigError(f"{origin}: the migration section applies to run.source: migration (jobs/syphon.py "
+                          f"--migrate) or to a re-drive of what it dead-lettered (--redrive-dead-letters): set "
+                          f"run.source, or remove the section")
+    if run.trigger != AVAILABLE_NOW:
+        raise ConfigError(f"{origin}: a migration run reads what its sources hold when it starts: run.trigger must be "
+                          f"'available_now', got '{run.trigger}'")
+    if migration.message_rules not in set(MessageRules):
+        raise ConfigError(f"{origin}: migration.message_rules must be one of {', '.join(MessageRules)}, "
+                          f"got '{migration.message_rules}'")
+    for pattern, choice in migration.subscriptions.items():
+        if choice not in set(SubscriptionDelivery):
+            raise ConfigError(f"{origin}: migration.subscriptions.{pattern} must be one of "
+                              f"{', '.join(SubscriptionDelivery)}, got '{choice}'")
+    for source, destination in migration.destination_map.items():
+        why = entity_path_problem(destination)
+        if why is not None:
+            raise ConfigError(f"{origin}: migration.destination_map: {destination!r} (for {source!r}) {why}; name a "
+                              f"queue or topic of the target namespace")
+    if not migration.subscription_property.strip():
+        raise ConfigError(f"{origin}: migration.subscription_property must name an application property")
+    if migration.scheduled_margin_seconds < 0:
+        raise ConfigError(f"{origin}: migration.scheduled_margin_seconds must be 0 or more, "
+                          f"got {migration.scheduled_margin_seconds:g}")
 
 
 def _validate_network(ns: NamespaceConfig, name: str, origin: str) -> None:

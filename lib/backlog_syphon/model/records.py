@@ -48,6 +48,9 @@ class OutcomeRecord(TypedDict):
     # The destination x-ms-path named when ``restore.destination_map`` renamed it (``destination`` is then
     # the new name); null when the map did not apply. Columns are only ever appended to the table.
     original_destination: str | None
+    # The migration mode's rows: the message's state when it was read (a MessageState: a scheduled or deferred
+    # message is settled by its own means, ``SettleOrder``); null for backlog rows.
+    message_state: str | None
 
 
 @dataclass(frozen=True)
@@ -110,7 +113,7 @@ class RunRow:
     # What the run recorded, per outcome (Outcome values), over every destination.
     delivered: int
     dead_lettered: int
-    skipped: int
+    skipped: int  # pings; a migration run's covered copies too (``Outcome.COVERED``: settled, never sent)
     held: int
     not_selected: int
     # Per backlog queue (a re-drive: per dead-letter sub-queue), the messages left when the run ended,
@@ -131,6 +134,8 @@ class RunRow:
     # A decommission's row: the backlog queues it removed (``remaining`` then names those it refused, with the
     # messages they hold); null for syphon runs.
     removed_queues: list[str] | None = None
+    # A migration run's: the messages it found expired in their sources (``Outcome.EXPIRED``); null elsewhere.
+    expired: int | None = None
 
 
 @dataclass(frozen=True)

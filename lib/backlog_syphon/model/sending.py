@@ -168,6 +168,11 @@ class SendFailure:
         return SendFailureClass.THROTTLED if self.reason_code in THROTTLING_REASONS else SendFailureClass.TRANSIENT
 
 
+class ExpiredBeforeSendError(ValueError):
+    """A migrated message's absolute expiry passed before its copy was built: it is not sent
+    (``Outcome.EXPIRED``), as if the rules had found it expired."""
+
+
 class RefusedBeforeSending(ValueError):
     """A restored message its destination would refuse for good, found before it is sent (its properties are too
     large): that message's dead-letter outcome, with its reason code and reason."""

@@ -23,11 +23,16 @@ class Action(StrEnum):
     # Re-drive only: the message is not sent and stays in the dead-letter sub-queue, untouched (the
     # re-drive's filters did not select it, or an earlier re-drive dead-lettered it again).
     LEAVE = "leave"
-    # The backlog copy itself expired in its backlog queue (its own time to live there ran out): Service Bus
+    # The message had expired where it was read: a backlog copy whose own time to live ran out in its backlog
+    # queue, or (the migration mode) a message whose enqueue time plus its time to live had passed. Service Bus
     # still shows it to a peek, but collects it at the next receive (removes it, or dead-letters it with
-    # TTLExpiredException where the queue dead-letters on expiry); no receiver would ever get it, so it is
-    # not sent either.
+    # TTLExpiredException where the entity dead-letters on expiry); no receiver would ever get it, so it is not
+    # sent either.
     EXPIRE = "expire"
+    # The migration mode's ``topic`` route of a topic whose every subscription holds the same messages: one of
+    # them (its lead) sends each message to the target topic, which gives every subscription its copy again; the
+    # others' copies of it are recorded and settled (completed), never sent.
+    COVER = "cover"
 
     @property
     def stays(self) -> bool:
@@ -52,9 +57,12 @@ class Outcome(StrEnum):
     # Not a final outcome either (re-drive only): the message was seen and deliberately left in the
     # dead-letter sub-queue (``Action.LEAVE``); the rows tell the audit what the re-drive saw and left.
     NOT_SELECTED = "not_selected"
-    # Final: the backlog copy had expired in its backlog queue when it was read (``Action.EXPIRE``): never
-    # sent, and the broker, not the purge, takes it out of the queue.
+    # Final: the message had expired where it was read (``Action.EXPIRE``): never sent, and the broker, not the
+    # purge, takes it out (in a dead-letter sub-queue, which expires nothing, it stays).
     EXPIRED = "expired"
+    # Final: a subscription's copy of a message its lead subscription's send to the topic gives it again
+    # (``Action.COVER``): never sent, settled (completed) once recorded.
+    COVERED = "covered"
 
     @property
     def is_final(self) -> bool:
@@ -122,6 +130,15 @@ class ReasonCode(StrEnum):
     # why a re-drive left a dead-lettered message where it is (NOT_SELECTED)
     FILTERED_OUT = "filtered_out"  # the redrive.* filters do not select it
     REDRIVEN_BEFORE = "redriven_before"  # an earlier re-drive dead-lettered it again (redrive.retry_dead_lettered)
+    # migration only
+    EXPIRED_IN_SOURCE = "expired_in_source"  # EXPIRED: its absolute expiry had passed when it was read (migration)
+    # HELD: a scheduled message due within migration.scheduled_margin_seconds, left to become active (and read
+    # again then) rather than moved and cancelled at the moment it activates
+    SCHEDULED_SOON = "scheduled_soon"
+    # HELD: an active message a topic's own log shows is on its way to the topic's subscriptions, where it is read
+    IN_TRANSIT = "in_transit"
+    # COVERED: the lead subscription's copy of the message goes to the topic, which fans it out to this one again
+    FANNED_OUT = "fanned_out"
 
 
 # The reason codes a syphon run writes as a message's dead-letter reason (``redrive.reason_codes`` picks among them).
@@ -139,6 +156,8 @@ class RunSource(StrEnum):
 
     BACKLOG = "backlog"  # the backlog queues themselves
     DEAD_LETTERS = "dead_letters"  # their dead-letter sub-queues: a re-drive of what was dead-lettered
+    # any entities of a source namespace (the ``migration`` section): what a migration or failover left behind
+    MIGRATION = "migration"
 
 
 class CredentialKind(StrEnum):
@@ -220,8 +239,9 @@ class DrainHold(StrEnum):
 class RunMode(StrEnum):
     """What a row of the runs table records (its ``mode``; None in rows older versions wrote: a syphon run)."""
 
-    SYPHON = "syphon"  # a run that drained (or re-drove) messages
+    SYPHON = "syphon"  # a run that drained (or re-drove) backlog queues' messages
     DECOMMISSION = "decommission"  # ``--decommission --confirm``: drained backlog queues removed
+    MIGRATION = "migration"  # a run of the migration mode (or a re-drive of what it dead-lettered)
 
 
 class TtlPolicy(StrEnum):
@@ -261,3 +281,49 @@ class NamespaceRole(StrEnum):
 class EntityKind(StrEnum):
     QUEUE = "queue"
     TOPIC = "topic"
+
+
+class MessageState(StrEnum):
+    """A stored message's state, as a peek shows it (the broker's ``x-opt-message-state`` annotation: 0, 1, 2)."""
+
+    ACTIVE = "active"
+    DEFERRED = "deferred"  # received only by its sequence number
+    SCHEDULED = "scheduled"  # not active before its scheduled enqueue time; cancelled by its sequence number
+
+    @classmethod
+    def from_annotation(cls, value: int | None) -> MessageState:
+        """The state of an ``x-opt-message-state`` value (absent, or a value the service does not document:
+        active, which a receive would take)."""
+        return {1: cls.DEFERRED, 2: cls.SCHEDULED}.get(value, cls.ACTIVE)
+
+
+class SourceKind(StrEnum):
+    """What a migration source is (``migration.selection``)."""
+
+    QUEUE = "queue"
+    SUBSCRIPTION = "subscription"  # "<topic>/Subscriptions/<name>"
+    TOPIC = "topic"  # a topic itself: what it holds are its scheduled messages, in no subscription before their time
+    DEAD_LETTERS = "dead_letters"  # "<queue or subscription>/$DeadLetterQueue"
+
+
+class SubscriptionDelivery(StrEnum):
+    """How a subscription's messages reach the target (``migration.subscriptions``): the operator's choice,
+    since re-sending to the topic gives every other subscription a copy too."""
+
+    TOPIC = "topic"  # to the topic: only when the subscription is its topic's only one
+    QUEUE = "queue"  # to the queue migration.destination_map names for it
+    PROPERTY = "property"  # to the topic, with migration.subscription_property set to the subscription's name
+
+
+class MessageRules(StrEnum):
+    """What a migrated message becomes (``migration.message_rules``)."""
+
+    COPY = "copy"  # the message as it was, its absolute expiry kept
+    RESTORE = "restore"  # the backlog mode's restore rules (x-ms-* legacy properties, x-ms-path)
+
+
+class SettleKind(StrEnum):
+    """How the purge settles a recorded message that a receive does not bring (``model.SettleOrder``)."""
+
+    CANCEL_SCHEDULED = "cancel_scheduled"  # cancelled by its sequence number (once a peek finds its identity there)
+    RECEIVE_DEFERRED = "receive_deferred"  # received by its sequence number, then completed or dead-lettered

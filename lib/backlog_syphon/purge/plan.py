@@ -40,6 +40,11 @@ Invariants:
   by partition (``PurgePlan.ranges``), never across partitions.
   What is left is still decided by looking: a peek at a span's first number answers from that span's
   partition while it holds anything there, and spans never cross partitions.
+- A recorded message that no receive brings (the migration mode's scheduled and deferred messages) is a
+  ``special`` of the plan: settled by its own means (a scheduled one cancelled by its sequence number, a deferred
+  one received by it), by identity, and never counted in what the receives expect.
+- A session-enabled source (``sessions``) is received session by session, each session asked for its own
+  recorded count: only a session receiver can settle its messages.
 - Settling never outlives the locks (``settle_timing``): a page holds no more messages than the requests
   that fit inside its locks at the measured round trip can settle (one bulk completion, one bulk
   dead-lettering per distinct reason: ``dead_letter_groups``); a bulk request that fails is split and
@@ -51,7 +56,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
-from backlog_syphon.model import HeldSpan, RecordedSpan
+from backlog_syphon.model import HeldSpan, RecordedSpan, SettleOrder
 from backlog_syphon.partitions import is_partitioned_number, partition_of
 
 RECEIVE_PAGE = 100  # messages asked for per receive call, at most
@@ -79,6 +84,10 @@ class PurgePlan:
     # Receives interleave partitions (the module docstring): known from the administration API
     # (``sink.queue_marks.purge_plans``), else from the partition bits of the recorded numbers (``interleaved``).
     partitioned: bool = False
+    # The recorded messages a receive does not bring, by identity (scheduled, deferred): settled by their own means.
+    special: dict[Identity, SettleOrder] = field(default_factory=dict)
+    # A session-enabled source: its recorded messages per session (upper bounds after a crash); None elsewhere.
+    sessions: dict[str, int] | None = None
     # The queue's lock duration where the administration API said (seconds): how long recorded messages
     # locked by an earlier receiver may take to come back (``purge.lock_wait``).
     lock_seconds: float | None = None
@@ -116,9 +125,17 @@ class PurgePlan:
         return self.partitioned or any(is_partitioned_number(span.last) for span in self.spans)
 
     def verified(self, present: list[Identity]) -> PurgePlan:
-        """The plan once the messages present in its range are known (peeked): expect only those it holds."""
-        return dataclasses.replace(self, expected=sum(1 for identity in present if self.holds(identity)),
-                                   verify=False)
+        """The plan once the messages present in its range are known (peeked): expect only those it holds (and a
+        receive brings), and only the special ones still there."""
+        there = [identity for identity in present if self.holds(identity)]
+        special = {identity: order for identity, order in self.special.items() if identity in set(there)}
+        return dataclasses.replace(self, expected=sum(1 for identity in there if identity not in special),
+                                   special=special, verify=False)
+
+    def in_session(self, session_id: str, expected: int) -> PurgePlan:
+        """This plan as one session's: its receives ask that session for ``expected`` messages at most (its special
+        messages are settled before, by their own means, ``servicebus.purge``; a look leaves them out)."""
+        return dataclasses.replace(self, expected=expected, sessions=None, verify=False)
 
 @dataclass(frozen=True)
 class PurgeResult:
@@ -127,6 +144,9 @@ class PurgeResult:
     released: int
     remaining: tuple[RecordedSpan, ...]  # spans with messages still there (their counts unknown)
     settled: tuple[RecordedSpan, ...]  # spans whose messages are all gone
+    # A session-enabled source: per session of the plan, how much of its count this round took off: what it settled,
+    # or all of it where the session's receive came back empty (nothing of it is left there).
+    sessions_settled: dict[str, int] | None = None
     throttled: bool = False  # the round ended because the namespace throttled it (server-busy): not an answer
 
 def span_after_peek(span: RecordedSpan, head: Identity | None) -> RecordedSpan | None:

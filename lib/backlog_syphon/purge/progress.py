@@ -78,6 +78,7 @@ class PurgeProgress:
         self._missed = False  # the last receive missed recorded messages: the round ends unless a look says
         self.idle_receives = 0  # receives in a row that brought nothing recorded (a partitioned queue's bound)
         self.late_only = False  # a page ended the round having settled nothing before its deadline
+        self.came_up_empty = False  # a look found no recorded message still there (``on_look``)
         self._settled: set[Identity] = set()  # what this round settled, by identity
         self.lock_wait: LockWait | None = None  # waiting for recorded messages locked elsewhere (``on_look``)
         self._brought_recorded = True  # the last receive brought recorded messages (or nothing at all)
@@ -108,11 +109,13 @@ class PurgeProgress:
         until it is recorded), and so does finding none."""
         self._missed = False
         self.idle_receives = 0
-        recorded = [identity for identity in present if self.plan.holds(identity)]
+        # A recorded message no receive brings (``PurgePlan.special``: settled by its own means) is not waited for.
+        recorded = [identity for identity in present if self.plan.holds(identity) and identity not in self.plan.special]
         skipped = [identity for identity in recorded
                    if identity[0] < self._first_other.get(partition_of(identity[0]), identity[0] + 1)]
         self._first_other = {}
         self.expected = self.completed + self.dead_lettered + len(recorded)
+        self.came_up_empty = not recorded
         if not skipped:
             self._halted = True
         elif self.lock_wait is None:

@@ -18,11 +18,12 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 from typing import NamedTuple
 
-from backlog_syphon.model import ReasonCode
+from backlog_syphon.model import MessageState, ReasonCode
 from backlog_syphon.restore.amqp.annotations import (
     DEAD_LETTER_DESCRIPTION_PROPERTY,
     DEAD_LETTER_REASON_PROPERTY,
     ENQUEUED_TIME_ANNOTATION,
+    MESSAGE_STATE_ANNOTATION,
     SEQUENCE_NUMBER_ANNOTATION,
 )
 from backlog_syphon.restore.amqp.decoding import AmqpDecodeError
@@ -57,10 +58,10 @@ class PeekedMessage(NamedTuple):
     row: dict
 
 
-def peeked_message(backlog_queue: str, raw_message: bytes) -> PeekedMessage:
+def peeked_message(backlog_queue: str, raw_message: bytes, *, copy: bool = False) -> PeekedMessage:
     """A peeked message's identity and row from one decode pass. AmqpDecodeError only when the broker's own
     annotations cannot be read (a message nothing can place: the caller stops there); any other problem of
-    the message is its row's decode problem."""
+    the message is its row's decode problem. ``copy``: the migration mode's row (``backlog_row_values``)."""
     raw = bytes(raw_message)
     try:
         envelope = decode_envelope(raw)
@@ -70,7 +71,8 @@ def peeked_message(backlog_queue: str, raw_message: bytes) -> PeekedMessage:
             backlog_queue, raw, error, sequence_number=sequence_number, enqueued_time=_time_or_none(enqueued_ms)))
     sequence_number, enqueued_ms = _identity(envelope.message_annotations)
     return PeekedMessage(sequence_number, enqueued_ms, _row_of(
-        backlog_queue, raw, envelope, sequence_number=sequence_number, enqueued_time=_time_or_none(enqueued_ms)))
+        backlog_queue, raw, envelope, sequence_number=sequence_number, enqueued_time=_time_or_none(enqueued_ms),
+        copy=copy))
 
 
 def _identity(annotations: dict) -> tuple[int | None, int | None]:
@@ -99,11 +101,13 @@ def backlog_row_values(
     *,
     sequence_number: int | None = None,
     enqueued_time: datetime | None = None,
+    copy: bool = False,
 ) -> dict:
     """Every column of ``BACKLOG_ROW_SCHEMA`` for one raw backlog message.
 
     ``sequence_number`` and ``enqueued_time`` from the peek take precedence over the message's own
-    broker annotations (they are the same on a freshly peeked message).
+    broker annotations (they are the same on a freshly peeked message). ``copy``: the migration mode's row of
+    a message sent as it was (``copy_fields``), not restored from legacy properties.
     """
     raw = bytes(raw_message)
     try:
@@ -111,11 +115,12 @@ def backlog_row_values(
     except Exception as error:  # noqa: BLE001 - one message's problem is that message's outcome
         return _undecodable_row(backlog_queue, raw, error, sequence_number=sequence_number,
                                 enqueued_time=enqueued_time)
-    return _row_of(backlog_queue, raw, envelope, sequence_number=sequence_number, enqueued_time=enqueued_time)
+    return _row_of(backlog_queue, raw, envelope, sequence_number=sequence_number, enqueued_time=enqueued_time,
+                   copy=copy)
 
 
 def _row_of(backlog_queue: str, raw: bytes, envelope, *, sequence_number: int | None,
-            enqueued_time: datetime | None) -> dict:
+            enqueued_time: datetime | None, copy: bool = False) -> dict:
     """The row of a message whose envelope decoded; a problem of its fields makes it undecodable still."""
     row = {"backlog_queue": backlog_queue, "sequence_number": sequence_number, "enqueued_time": enqueued_time,
            "raw_message": raw}
@@ -129,13 +134,33 @@ def _row_of(backlog_queue: str, raw: bytes, envelope, *, sequence_number: int | 
             body_size=envelope.body_size,
             partition_key=envelope.partition_key,
         )
-        row.update(legacy_fields_to_row_values(decode_legacy_properties(envelope.application_properties)))
+        if copy:
+            row.update(copy_fields(envelope))
+        else:
+            row.update(legacy_fields_to_row_values(decode_legacy_properties(envelope.application_properties)))
         row.update(dead_letter_fields(envelope.application_properties))
         row["backlog_expires_time"] = expires_time(row["enqueued_time"], envelope.header.ttl_ms)
     except Exception as error:  # noqa: BLE001 - one message's problem is that message's outcome
         return _undecodable_row(backlog_queue, raw, error, sequence_number=sequence_number,
                                 enqueued_time=enqueued_time, known=row)
-    return {column: row[column] for column in BACKLOG_ROW_COLUMNS}
+    return {column: row.get(column) for column in BACKLOG_ROW_COLUMNS}
+
+
+def copy_fields(envelope) -> dict:
+    """The decoded columns of a message the migration mode sends as it was: its own SessionId (group-id), time to
+    live (the header's, counted from its enqueue time) and scheduled enqueue time, and its state; no destination
+    (the source's route gives it)."""
+    ttl = envelope.header.ttl_ms
+    state = envelope.message_annotations.get(MESSAGE_STATE_ANNOTATION)
+    return {
+        "destination": None,
+        "session_id": envelope.properties.group_id,
+        "time_to_live_ms": None if not ttl else int(ttl),
+        "scheduled_enqueue_time": envelope.scheduled_enqueue_time,
+        "decode_problem_code": None,
+        "decode_problem_reason": None,
+        "message_state": MessageState.from_annotation(state if isinstance(state, int) else None).value,
+    }
 
 
 def _undecodable_row(backlog_queue: str, raw: bytes, error: Exception, *, sequence_number: int | None,

@@ -13,7 +13,8 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 from backlog_syphon.config import AVAILABLE_NOW, SyphonConfig
-from backlog_syphon.model import Action, EntityKind
+from backlog_syphon.migration.copy_rules import CopyClassifier
+from backlog_syphon.model import Action, EntityKind, Route, SourceEntity
 from backlog_syphon.partitions import LANES
 from backlog_syphon.restore.destination_fit import session_subscription_warning
 from backlog_syphon.restore.redrive import select_for_redrive
@@ -43,11 +44,29 @@ class DryRunReport:
     destination_warnings: tuple[str, ...] = ()
     # A partitioned queue's messages per partition (read partition by partition, each in order)
     per_partition: dict[str, dict[int, int]] | None = None
+    # A migration: per source entity what it holds and would become (dry_run_plan.source_summary rows), and its
+    # route (its kind, destination and, for a subscription, the delivery chosen)
+    per_source: list[dict] | None = None
+    routes: dict[str, str] | None = None
     cost: dry_run_plan.DrainCost | None = None  # what the drain will cost the namespaces' credits
     # Per queue, messages earlier runs recorded (delivered, dead-lettered) that may still wait to be settled:
     # the next run settles them and sends none again (``sink.queue_marks.awaiting_settlement``); the plan above
     # leaves them out
     recorded: dict[str, int] | None = None
+
+    def migration_lines(self) -> list[str]:
+        """What a migration run would move, per source entity, and where each one's messages go."""
+        out = ["migration: the sources selected, what each holds, what would become of it and where it goes",
+               f"  {'source':<40} {'messages':>8} {'sessions':>8} {'scheduled':>9} {'deferred':>8} {'deliver':>7} "
+               f"{'hold':>5} {'expire':>6} {'dead-letter':>11} {'covered':>7}  route"]
+        rows = {row["backlog_queue"]: row for row in self.per_source or []}
+        for source, route in (self.routes or {}).items():
+            row = rows.get(source, {})
+            out.append(f"  {source:<40} {row.get('messages', 0):>8} {row.get('sessions', 0):>8} "
+                       f"{row.get('scheduled', 0):>9} {row.get('deferred', 0):>8} {row.get('to_deliver', 0):>7} "
+                       f"{row.get('to_hold', 0):>5} {row.get('to_expire', 0):>6} {row.get('to_dead_letter', 0):>11}"
+                       f" {row.get('to_cover', 0):>7}  -> {route}")
+        return out
 
     def redrive_lines(self) -> list[str]:
         """What a re-drive would move, per destination and dead-letter reason."""
@@ -66,6 +85,8 @@ class DryRunReport:
 
     def lines(self) -> list[str]:
         out = ["dry run: nothing was sent, settled or written"]
+        if self.routes is not None:
+            out += self.migration_lines()
         if self.per_reason is not None:
             out += self.redrive_lines()
         out.append(f"  {'destination':<28} {'messages':>8} {'bytes':>10} {'sessions':>8} {'scheduled':>9} "
@@ -81,9 +102,11 @@ class DryRunReport:
             out.append("  (the dead-letter queues are empty)" if self.per_reason is not None
                        else "  (nothing to deliver: earlier runs recorded what is there, below)" if self.recorded
                        else "  (the backlog queues are empty)")
-        out.append(f"  {'dead-letter' if self.per_reason is not None else 'backlog'} queues: "
-                   f"{sum(self.per_queue.values())} messages in "
-                   f"{sum(1 for n in self.per_queue.values() if n)} of {len(self.per_queue)} queues")
+        kind = "sources" if self.routes is not None else (
+            "dead-letter queues" if self.per_reason is not None else "backlog queues")
+        out.append(f"  {kind}: {sum(self.per_queue.values())} messages in "
+                   f"{sum(1 for n in self.per_queue.values() if n)} of {len(self.per_queue)} "
+                   f"{'entities' if self.routes is not None else 'queues'}")
         if self.recorded:
             out.append(f"  recorded by earlier runs, waiting to be settled: {sum(self.recorded.values())} message(s) "
                        f"in {len(self.recorded)} queue(s), not in the plan above: they were delivered or "
@@ -136,23 +159,30 @@ def dry_run(spark: SparkSession, config: SyphonConfig, *, now: dt.datetime | Non
     Uses the same source rows and restore rules as the syphon, and attaches (without sending) a
     sender to each destination to find those the primary namespace would refuse.
     """
-    from backlog_syphon.run.syphon import source_queues
+    from backlog_syphon.run.syphon import prepare_migration, source_queues
     from backlog_syphon.servicebus.entities import destination_shapes
     from backlog_syphon.servicebus.probes import check_destinations
     from backlog_syphon.servicebus.throttling import pace_driver
 
     now = now or dt.datetime.now(dt.timezone.utc)
     pace_driver(config)
+    migration = prepare_migration(config)  # a migration's sources and routes (a refused one says so here)
     spark.dataSource.register(BacklogDataSource)
     # What earlier runs recorded and may not have settled: the next run drops those rows (by identity) and
     # settles them, so they are counted apart, not planned.
-    recorded = read_recovery(spark, config.storage)[0].unsettled
-    snapshot = spark.read.format(SOURCE_NAME).options(**backlog_source_options(config)).load()
+    recorded = read_recovery(spark, config.storage, migration)[0].unsettled
+    snapshot = spark.read.format(SOURCE_NAME).options(**backlog_source_options(config, migration=migration)).load()
     shapes = destination_shapes(config.primary)
-    classified = classify_messages(snapshot, now=now, ttl_policy=config.restore.ttl_policy,
-                                   max_message_size_bytes=config.sink.max_message_size_bytes,
-                                   destination_map=config.restore.destination_map,
-                                   skip_destinations=config.restore.skip_destinations, destination_shapes=shapes)
+    if migration.sources and migration.copy:
+        classified = CopyClassifier(snapshot.columns, routes=migration.routes,
+                                    max_message_size_bytes=config.sink.max_message_size_bytes,
+                                    scheduled_margin_seconds=migration.scheduled_margin_seconds,
+                                    destination_shapes=shapes, topics=migration.topics)(snapshot, now=now)
+    else:
+        classified = classify_messages(snapshot, now=now, ttl_policy=config.restore.ttl_policy,
+                                       max_message_size_bytes=config.sink.max_message_size_bytes,
+                                       destination_map=config.restore.destination_map,
+                                       skip_destinations=config.restore.skip_destinations, destination_shapes=shapes)
     if config.redriving:
         classified = select_for_redrive(classified, config.redrive,
                                         tables.redriven_dead_letters(spark, config.storage.audit_table))
@@ -174,13 +204,13 @@ def dry_run(spark: SparkSession, config: SyphonConfig, *, now: dt.datetime | Non
         per_destination = [row.asDict() for row in dry_run_plan.destination_summary(planned, now=now).collect()]
         cost = dry_run_plan.drain_cost(
             per_destination, topics={name for name, shape in shapes.items() if shape.kind is EntityKind.TOPIC},
-            lanes=len(source_queues(config)) + (LANES - 1) * len(per_partition or {}),
+            lanes=len(source_queues(config, migration)) + (LANES - 1) * len(per_partition or {}),
             max_messages_per_trigger=config.run.max_messages_per_trigger,
             secondary_budget=config.secondary.max_credits_per_second,
             primary_budget=config.primary.max_credits_per_second)
         return DryRunReport(
             per_destination=per_destination, cost=cost,
-            per_queue=dict.fromkeys(source_queues(config), 0) | per_queue, per_partition=per_partition,
+            per_queue=dict.fromkeys(source_queues(config, migration), 0) | per_queue, per_partition=per_partition,
             dead_letters=[row.asDict() for row in dead_letters.limit(dead_letter_limit).collect()],
             dead_letter_total=dead_letters.count(),
             unchecked={d: c.failure.reason for d, c in checks.items() if c.failure is not None and c.failure.transient},
@@ -192,9 +222,28 @@ def dry_run(spark: SparkSession, config: SyphonConfig, *, now: dt.datetime | Non
             destination_warnings=tuple(warning for destination in sorted(sessionless)
                                        if destination.lower() in shapes
                                        for warning in [session_subscription_warning(shapes[destination.lower()])]
-                                       if warning))
+                                       if warning),
+            per_source=[row.asDict() for row in dry_run_plan.source_summary(planned).collect()]
+            if migration.sources else None,
+            routes={source.path: describe_route(migration.route(source.path), source) for source in migration.sources}
+            if migration.sources else None)
     finally:
         classified.unpersist()
+
+
+def describe_route(route: Route, source: SourceEntity) -> str:
+    """``events (property x-syphon-subscription=eu)``: where a source's messages go, and how."""
+    how = [source.kind.value]
+    if route.delivery is not None:
+        how.append(f"{route.delivery.value}" + (f" {route.property_name}={route.property_value}"
+                                                if route.property_name else ""))
+    if route.covered_by:
+        how.append(f"covered: sent once, from {route.covered_by}")
+    if source.requires_session:
+        how.append("sessions" + (f", states to {route.session_state_entity}" if route.session_state_entity else ""))
+    if route.provenance:
+        how.append("provenance")
+    return f"{route.destination} ({'; '.join(how)})"
 
 
 def batch_bound(spark: SparkSession, config: SyphonConfig) -> str:

@@ -13,7 +13,7 @@ from datetime import datetime
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from backlog_syphon.model import Action, ReasonCode
+from backlog_syphon.model import Action, MessageState, ReasonCode
 from backlog_syphon.partitions import PARTITION_SHIFT
 from backlog_syphon.restore.rules import expired_by
 
@@ -172,6 +172,24 @@ def redrive_summary(planned: DataFrame) -> DataFrame:
                  F.min("enqueued_time").alias("oldest_enqueued"),
                  F.max("enqueued_time").alias("newest_enqueued"))
             .orderBy("destination", "dead_letter_reason"))
+
+
+def source_summary(planned: DataFrame) -> DataFrame:
+    """A migration's plan, one row per source entity: what it holds in each state, its sessions, and what would
+    become of it (delivered, held, expired, dead-lettered, covered by its lead subscription's send)."""
+    def count_where(condition):
+        return F.sum(F.when(condition, 1).otherwise(0)).cast("long")
+
+    return (planned.groupBy("backlog_queue")
+            .agg(F.count(F.lit(1)).alias("messages"), F.countDistinct("session_id").alias("sessions"),
+                 count_where(F.col("message_state") == MessageState.SCHEDULED).alias("scheduled"),
+                 count_where(F.col("message_state") == MessageState.DEFERRED).alias("deferred"),
+                 count_where(F.col("action") == Action.DELIVER).alias("to_deliver"),
+                 count_where(F.col("action") == Action.HOLD).alias("to_hold"),
+                 count_where(F.col("action") == Action.EXPIRE).alias("to_expire"),
+                 count_where(F.col("action") == Action.DEAD_LETTER).alias("to_dead_letter"),
+                 count_where(F.col("action") == Action.COVER).alias("to_cover"))
+            .orderBy("backlog_queue"))
 
 
 def partition_counts(classified: DataFrame) -> DataFrame:

@@ -50,17 +50,20 @@ def failure_end(exc: BaseException) -> RunEnd:
 
 
 def run_end(trigger: str, *, drained: bool, stopped: bool, remaining: Mapping[str, int], held: int,
-            redrive: bool) -> RunEnd:
+            redrive: bool, migration: bool = False) -> RunEnd:
     """A run that ran through. A stop on request (a signal, ``--timeout``) is done at a batch boundary;
     an available-now run that left messages other than the ones it held on purpose has not drained."""
     left = sum(remaining.values())
     if stopped:
         return RunEnd(EXIT_OK, STOPPED_LINE)
     if trigger == AVAILABLE_NOW and not drained:
-        return RunEnd(EXIT_NOT_DRAINED, f"{left} message(s) remain in the backlog (see 'remaining'): run again, "
+        where = "the sources" if migration else "the backlog"
+        return RunEnd(EXIT_NOT_DRAINED, f"{left} message(s) remain in {where} (see 'remaining'): run again, "
                                         f"or look at why")
     if redrive:
         return RunEnd(EXIT_OK, f"re-drive done; {left} message(s) stay in the dead-letter queues")
+    if held and migration:
+        return RunEnd(EXIT_OK, f"drained; {held} message(s) left in the sources to read once they are active")
     if held:
         return RunEnd(EXIT_OK, f"drained; {held} message(s) left in the backlog for restore.skip_destinations")
     return RunEnd(EXIT_OK, "drained")
@@ -69,10 +72,12 @@ def run_end(trigger: str, *, drained: bool, stopped: bool, remaining: Mapping[st
 def run_row(*, run_id: str, source: str, trigger: str, job: JobIds, started_at: dt.datetime,
             ended_at: dt.datetime, end: RunEnd, per_destination: Mapping[str, Mapping[str, int]],
             remaining: Mapping[str, int] | None, batches: Iterable[BatchStats | None],
-            earlier: EarlierBatches = EarlierBatches(), credits: CreditUsage | None = None) -> RunRow:
+            earlier: EarlierBatches = EarlierBatches(), mode: RunMode = RunMode.SYPHON,
+            credits: CreditUsage | None = None) -> RunRow:
     """The run's row in the runs table: what it recorded per outcome, what it left, how it was throttled,
     what it spent of each namespace's credits. ``earlier``: the batches a long run's progress history no
-    longer holds (``run.progress``)."""
+    longer holds (``run.progress``); ``mode``: which mode ran (a migration run also counts what it found
+    expired)."""
     counts: Counter = Counter()
     for by_outcome in per_destination.values():
         counts.update({outcome: count or 0 for outcome, count in by_outcome.items()})
@@ -85,10 +90,11 @@ def run_row(*, run_id: str, source: str, trigger: str, job: JobIds, started_at: 
         run_id=run_id, source=source, trigger=trigger, job_id=job.job_id, job_run_id=job.job_run_id,
         started_at=started_at, ended_at=ended_at, exit_code=end.exit_code, closing_line=end.line,
         delivered=counts[Outcome.DELIVERED], dead_lettered=counts[Outcome.DEAD_LETTERED],
-        skipped=counts[Outcome.SKIPPED_PING], held=counts[Outcome.HELD], not_selected=counts[Outcome.NOT_SELECTED],
+        skipped=counts[Outcome.SKIPPED_PING] + counts[Outcome.COVERED], held=counts[Outcome.HELD], not_selected=counts[Outcome.NOT_SELECTED],
         remaining=None if remaining is None else dict(remaining),
         remaining_total=None if remaining is None else sum(remaining.values()),
-        batches=earlier.batches + len(stats), throttled_seconds=throttled, mode=RunMode.SYPHON.value,
+        batches=earlier.batches + len(stats), throttled_seconds=throttled, mode=mode.value,
+        expired=counts[Outcome.EXPIRED] if mode is RunMode.MIGRATION else None,
         secondary_credits=None if credits is None else credits.total(NamespaceRole.SECONDARY),
         primary_credits=None if credits is None else credits.total(NamespaceRole.PRIMARY),
         credits_by_kind=None if credits is None else credits.by_kind)

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pyspark.sql import SparkSession
 
 from backlog_syphon.model import STAYING_OUTCOMES, CreditUsage, EarlierBatches, Outcome
+from backlog_syphon.restore.queue_names import is_dead_letter_queue_name
 from backlog_syphon.run import reports
 from backlog_syphon.run.progress import BatchStats, ProgressPoint
 from backlog_syphon.sink.foreach_batch import DeliverySink
@@ -20,8 +21,8 @@ from backlog_syphon.timeline import Timeline
 
 # The run summary's columns per destination: the reported outcomes (``model.REPORTED_OUTCOMES``) and their headings.
 SUMMARY_COLUMNS = ((Outcome.DELIVERED, "delivered"), (Outcome.DEAD_LETTERED, "dead-lettered"),
-                   (Outcome.SKIPPED_PING, "skipped"), (Outcome.EXPIRED, "expired"), (Outcome.HELD, "held"),
-                   (Outcome.NOT_SELECTED, "not selected"))
+                   (Outcome.SKIPPED_PING, "skipped"), (Outcome.EXPIRED, "expired"), (Outcome.COVERED, "covered"),
+                   (Outcome.HELD, "held"), (Outcome.NOT_SELECTED, "not selected"))
 
 
 def _width(heading: str) -> int:
@@ -39,6 +40,10 @@ class RunSummary:
     # A re-drive: ``remaining`` counts the dead-letter sub-queues, where what it left stays by design.
     redrive: bool = False
     stopped: bool = False  # it stopped on request (a signal, a timeout) at a batch boundary
+    # A migration run: ``remaining`` counts its sources, where dead-lettered (or expired) messages a source cannot
+    # dead-letter stay by design (``left_in_place`` of them, as this run recorded).
+    migration: bool = False
+    left_in_place: int = 0
     credits: CreditUsage | None = None  # what the run spent of each namespace's credits
 
     @property
@@ -64,29 +69,43 @@ class RunSummary:
         """Nothing is left but what this run left on purpose: a skip is what the operator asked for, so a
         scheduled run that honours it has drained (exit code 0), not fallen short. A re-drive leaves by
         design what it did not select or still cannot deliver (dead-lettered again, where it was), which
-        ``remaining`` counts too: it has drained once it ends (the audit says what it left)."""
-        return self.redrive or sum(self.remaining.values()) <= sum(self.stayed.values())
+        ``remaining`` counts too: it has drained once it ends (the audit says what it left). So does a migration's
+        dead-letter sub-queue source: what it holds at the end is what was dead-lettered (by this run too, into a
+        sub-queue it had read) or left there with its outcome; its other sources count as the backlog queues do."""
+        if self.redrive:
+            return True
+        waiting = sum(n for source, n in self.remaining.items()
+                      if not (self.migration and is_dead_letter_queue_name(source)))
+        return waiting <= sum(self.stayed.values()) + self.left_in_place
 
     def lines(self) -> list[str]:
         out = [f"run {self.run_id}"]
         # NOT_SELECTED only happens in a re-drive, HELD only under restore.skip_destinations: a run
         # without them keeps the summary it always had.
-        held, expired = self.held, self._counts(Outcome.EXPIRED)
+        held = self.held
+        shown_when_any = {outcome for outcome in (Outcome.EXPIRED, Outcome.COVERED) if self._counts(outcome)}
         columns = [(outcome, heading) for outcome, heading in SUMMARY_COLUMNS
                    if (outcome != Outcome.NOT_SELECTED or self.redrive) and (outcome != Outcome.HELD or held)
-                   and (outcome != Outcome.EXPIRED or expired)]
+                   and (outcome not in (Outcome.EXPIRED, Outcome.COVERED) or outcome in shown_when_any)]
         out.append(f"  {'destination':<32}" + "".join(f" {heading:>{_width(heading)}}" for _, heading in columns))
         for destination, counts in self.per_destination.items():
             out.append(f"  {destination:<32}" + "".join(f" {counts.get(outcome, 0):>{_width(heading)}}"
                                                         for outcome, heading in columns))
         if not self.per_destination:
             out.append("  (nothing moved)")
-        out.append(f"  {'dead-letter queue' if self.redrive else 'backlog queue':<40} {'remaining':>10}")
+        heading = "dead-letter queue" if self.redrive else "source" if self.migration else "backlog queue"
+        out.append(f"  {heading:<40} {'remaining':>10}")
         for queue, count in self.remaining.items():
             out.append(f"  {queue:<40} {count:>10}")
-        if held:
+        if held and self.migration:
+            out.append(f"  left in the sources for now: {sum(held.values())} message(s) (scheduled soon, or in a "
+                       f"topic on their way to its subscriptions); the next run reads them again")
+        elif held:
             out.append(f"  left in the backlog for restore.skip_destinations: {sum(held.values())} message(s) "
                        f"({', '.join(f'{d} {n}' for d, n in held.items())}); a run without the skip delivers them")
+        if self.left_in_place:
+            out.append(f"  left in place with their outcome: {self.left_in_place} message(s) (dead-lettered or expired "
+                       f"in a dead-letter sub-queue, or scheduled: see the audit)")
         if self.credits is not None:
             out.append(f"  {self.credits.line()}")
         return out

@@ -17,7 +17,7 @@ from typing import Callable
 from pyspark.sql import SparkSession
 
 from backlog_syphon.config import SyphonConfig
-from backlog_syphon.model import CreditUsage, EarlierBatches, JobIds
+from backlog_syphon.model import CreditUsage, EarlierBatches, JobIds, RunMode
 from backlog_syphon.run.run_records import AuditRecords, RunSummary
 from backlog_syphon.run.run_end import RunEnd, failure_end, run_end, run_row
 from backlog_syphon.storage import tables
@@ -32,7 +32,7 @@ def utc_now() -> dt.datetime:
 def summary_end(summary: RunSummary, trigger: str) -> RunEnd:
     """How a run that ran through ended: exit code and closing line."""
     return run_end(trigger, drained=summary.drained, stopped=summary.stopped, remaining=summary.remaining,
-                   held=sum(summary.held.values()), redrive=summary.redrive)
+                   held=sum(summary.held.values()), redrive=summary.redrive, migration=summary.migration)
 
 
 class RunRecorder:
@@ -82,7 +82,7 @@ class RunRecorder:
         row = run_row(run_id=self.run_id, source=self.config.run.source, trigger=self.config.run.trigger,
                       job=self.job, started_at=self.started_at, ended_at=self.clock(), end=end,
                       per_destination=per_destination, remaining=remaining, batches=batches, earlier=earlier,
-                      credits=credits)
+                      mode=RunMode.MIGRATION if self.config.migrating else RunMode.SYPHON, credits=credits)
         table = self.config.storage.resolved_runs_table
         try:
             tables.append_run(self.spark, table, row, retention_days=self.config.storage.table_retention_days)

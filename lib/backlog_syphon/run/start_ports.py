@@ -8,7 +8,7 @@ from typing import Callable
 from pyspark.sql import SparkSession
 
 from backlog_syphon.config import SyphonConfig
-from backlog_syphon.model import DestinationShape, Lease, QueueSettings
+from backlog_syphon.model import NO_MIGRATION, DestinationShape, Lease, MigrationPlan, QueueSettings
 from backlog_syphon.run.fence import LeaseKeeper
 from backlog_syphon.run.run_start import CreatedTables
 from backlog_syphon.run.spark_session import is_connect
@@ -20,14 +20,17 @@ from backlog_syphon.timeline import Milestone, Timeline
 
 class SparkStartPorts:
     def __init__(self, spark: SparkSession, config: SyphonConfig, keeper: LeaseKeeper, timeline: Timeline, *,
-                 on_wait: Callable[[str], None] | None):
+                 on_wait: Callable[[str], None] | None, migration: MigrationPlan = NO_MIGRATION):
         self.spark, self.config, self.keeper, self.timeline, self.on_wait = spark, config, keeper, timeline, on_wait
         self.storage = config.storage
+        self.migration = migration
+        # A migration run's plan goes with its state read and its pre-flight; a backlog run's calls stay as they were.
+        self._planned = {"migration": migration} if migration.sources else {}
 
     def check_driver(self) -> None:
         from backlog_syphon.servicebus.probes import preflight
 
-        preflight(self.config)
+        preflight(self.config, **self._planned)
 
     def check_executors(self) -> None:
         from backlog_syphon.servicebus.probes import executor_preflight
@@ -47,7 +50,10 @@ class SparkStartPorts:
     def queue_settings(self) -> QueueSettings:
         from backlog_syphon.servicebus.entities import queue_settings
 
-        return queue_settings(self.config.secondary)
+        settings = queue_settings(self.config.secondary)
+        if self.migration.sources:  # its sources' partitioning is known from the listing they were selected in
+            return QueueSettings(self.migration.partitioned, settings.lock_seconds)
+        return settings
 
     def create_tables(self) -> CreatedTables:
         storage = self.storage
@@ -69,7 +75,7 @@ class SparkStartPorts:
         self.keeper.start_heartbeat(self.spark)
 
     def read_recovery(self):
-        return read_recovery(self.spark, self.storage)
+        return read_recovery(self.spark, self.storage, **self._planned)
 
     def release_lease(self) -> None:
         self.keeper.release(self.spark)

@@ -66,6 +66,8 @@ class StatusReport:
     # (backlog.exported_dead_letters). Both decide whether the backlog is safe to remove.
     unsettled: Mapping[str, int] = field(default_factory=dict)
     exported: Mapping[str, int] = field(default_factory=dict)
+    # A migration's sources (``backlog`` then holds its source entities): per entity, and no backlog queue to remove.
+    migration: bool = False
 
     @property
     def removal(self) -> tuple[QueueRemoval, ...]:
@@ -100,8 +102,9 @@ class StatusReport:
 
     def lines(self) -> list[str]:
         at = self.at
-        out = [f"backlog status at {at:%Y-%m-%d %H:%M:%S} UTC (read only: nothing was taken, written or settled)",
-               f"  {'backlog queue':<40} {'messages':>9} {'oldest':>8} {'incarnation':>11} {'delivered':>10} "
+        what, entity = ("migration", "source") if self.migration else ("backlog", "backlog queue")
+        out = [f"{what} status at {at:%Y-%m-%d %H:%M:%S} UTC (read only: nothing was taken, written or settled)",
+               f"  {entity:<40} {'messages':>9} {'oldest':>8} {'incarnation':>11} {'delivered':>10} "
                f"{'purged':>10}  last batch"]
         for queue in self.backlog:
             mark = queue.checkpoint
@@ -123,7 +126,8 @@ class StatusReport:
             out.append(f"  ({empty} {'other ' if full else ''}dead-letter queue(s) empty)")
         out.append(f"  counted with {self.counted_by}")
         waiting, exact = _total(self.backlog)
-        out.append(f"  still to deliver: {'' if exact else 'at most '}{waiting} message(s) in the backlog queues")
+        out.append(f"  still to deliver: {'' if exact else 'at most '}{waiting} message(s) in the "
+                   f"{'sources' if self.migration else 'backlog queues'}")
         unsettled = sum(self.unsettled.values())
         out.append(f"  recorded, not yet settled: {unsettled} message(s)" + (
             " (" + ", ".join(f"{queue} {n}" for queue, n in sorted(self.unsettled.items()) if n)
@@ -140,7 +144,8 @@ class StatusReport:
             out.append(f"    {run.run_id}  {run.source:<12} {run.trigger:<14} ended {run.ended_at:%Y-%m-%d %H:%M:%S}  "
                        f"exit {run.exit_code}  moved {moved}  left {left}{credits_text(run, moved)}{job}  "
                        f"{run.closing_line}")
-        out.append(f"  removal: {removal_line(self.removal, self.lease_holder)}")
+        if not self.migration:  # a migration's source namespace is deleted as a whole once drained
+            out.append(f"  removal: {removal_line(self.removal, self.lease_holder)}")
         out.append(f"verdict: {self.verdict.line}")
         return out
 

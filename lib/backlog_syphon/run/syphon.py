@@ -20,7 +20,7 @@ from pyspark.sql.streaming import StreamingQuery
 
 from backlog_syphon.config import AVAILABLE_NOW, SyphonConfig, trigger_options
 from backlog_syphon.errors import SettingsError
-from backlog_syphon.model import CreditKind, CreditUsage, JobIds, Outcome, new_run_id
+from backlog_syphon.model import NO_MIGRATION, CreditKind, CreditUsage, JobIds, MigrationPlan, Outcome, new_run_id
 from backlog_syphon.run.fence import LeaseKeeper
 from backlog_syphon.run.progress import SyphonProgressListener, follow_progress
 from backlog_syphon.run.run_records import AuditRecords, RunSummary, SinkRecords
@@ -48,14 +48,16 @@ EMULATED_AVAILABLE_NOW_TRIGGER = "1 second"  # between batches of a played avail
 
 
 def start_gates(spark: SparkSession, config: SyphonConfig, keeper: LeaseKeeper, timeline: Timeline, *,
-                check_access: bool, on_wait: Callable[[str], None] | None) -> StartGates:
+                check_access: bool, on_wait: Callable[[str], None] | None,
+                migration: MigrationPlan = NO_MIGRATION) -> StartGates:
     """What must hold before the query starts (``run.run_start``), checked on Spark, Delta and Service Bus,
     its steps at once; raises what failed, having given the lease back."""
     from concurrent.futures import ThreadPoolExecutor
 
     pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="start")  # the steps, and the state's reads
     try:
-        gates = StartGates(SparkStartPorts(spark, config, keeper, timeline, on_wait=on_wait), pool.submit,
+        gates = StartGates(SparkStartPorts(spark, config, keeper, timeline, on_wait=on_wait, migration=migration),
+                           pool.submit,
                            check_access=check_access, nothing_recorded=NOTHING_RECORDED)
         gates.wait()
     finally:
@@ -66,20 +68,23 @@ def start_gates(spark: SparkSession, config: SyphonConfig, keeper: LeaseKeeper, 
 def run_config(config: SyphonConfig, run_id: str) -> SyphonConfig:
     """The configuration a run works with. A re-drive reads the dead-letter sub-queues as they are when it
     starts, from their first message, whatever earlier re-drives left there: it gets a streaming checkpoint
-    of its own (``<checkpoint_location>_redrive/<run id>``). What an interrupted re-drive recorded is
-    known from the audit and checkpoint tables, as after a deleted streaming checkpoint: not sent again,
-    and settled by the next run."""
-    if not config.redriving:
+    of its own (``<checkpoint_location>_redrive/<run id>``). So does a migration run
+    (``<checkpoint_location>_migration/<run id>``): a dead-letter sub-queue's numbers are not in arrival order, a
+    scheduled message comes back under a new number, and what an earlier run left is read again. What an
+    interrupted run recorded is known from the audit and checkpoint tables, as after a deleted streaming
+    checkpoint: not sent again, and settled by the next run."""
+    if not config.redriving and not config.migrating:
         return config
-    location = f"{config.storage.checkpoint_location.rstrip('/')}_redrive/{run_id}"
+    kind = "redrive" if config.redriving else "migration"
+    location = f"{config.storage.checkpoint_location.rstrip('/')}_{kind}/{run_id}"
     return dataclasses.replace(config, storage=dataclasses.replace(config.storage, checkpoint_location=location))
 
 
-def source_queues(config: SyphonConfig) -> list[str]:
+def source_queues(config: SyphonConfig, migration: MigrationPlan = NO_MIGRATION) -> list[str]:
     """The queues a run reads: the configured backlog queues and, with ``backlog.discover``, every other one
-    the administration API lists; in a re-drive, their dead-letter sub-queues. What is left in any of them
-    is what the run leaves behind (its summary counts them all)."""
-    return backlog_queues(SourceOptions.from_config(config))
+    the administration API lists; in a re-drive, their dead-letter sub-queues; a migration run's sources. What
+    is left in any of them is what the run leaves behind (its summary counts them all)."""
+    return backlog_queues(SourceOptions.from_config(config, migration=migration))
 
 
 def lease_key(config: SyphonConfig) -> str:
@@ -99,6 +104,7 @@ class SyphonRun:
     records: SinkRecords | AuditRecords
     timeline: Timeline
     spark: SparkSession | None = None  # Spark Connect: how a stop request reaches the server
+    migration: MigrationPlan = NO_MIGRATION  # a migration run's sources and routes
     _forwarded: bool = False
     # What this process had spent on each namespace when the run started (``credit_usage`` counts the run's).
     credits_before: tuple[dict, dict] = ({}, {})
@@ -206,15 +212,21 @@ def start_syphon(spark: SparkSession, config: SyphonConfig, *, run_id: str | Non
     credits_before = (spent(config.secondary), spent(config.primary))
     keeper = LeaseKeeper(lease_table=storage.resolved_lease_table, lease_key=lease_key(config), run_id=run_id,
                          lease_seconds=config.run.lease_seconds, checkpoint_table=storage.checkpoint_table)
+    migration = prepare_migration(config)
 
-    gates = start_gates(spark, config, keeper, timeline, check_access=check_access, on_wait=on_wait)
+    gates = start_gates(spark, config, keeper, timeline, check_access=check_access, on_wait=on_wait,
+                        migration=migration)
+    if migration.sources and not config.redriving:
+        check_fan_out(config, migration, keeper, spark)
+        move_states(config, migration, keeper, spark)
     stop_file = os.path.join(tempfile.gettempdir(), f"backlog-syphon-stop-{run_id}")
     sink = DeliverySink(config, run_id=run_id, lease_keeper=keeper, settle_in_batch=is_connect(spark),
                         stop_file=stop_file, timeline=timeline, state_is_new=gates.state_is_new,
                         destination_shapes=gates.destination_shapes, partitioned_queues=gates.queue_settings.partitioned,
                         lock_seconds=gates.queue_settings.lock_seconds,
-                        fault_plan=FaultPlan.from_environment(os.environ))  # a test's, read once here
-    settle_recorded(spark, config, sink, gates, run_id)
+                        fault_plan=FaultPlan.from_environment(os.environ),  # a test's, read once here
+                        migration=migration)
+    settle_recorded(spark, config, sink, gates, run_id, migration)
     records = AuditRecords(spark, storage.audit_table, run_id) if is_connect(spark) else SinkRecords(sink)
     listener = SyphonProgressListener(records.batch_stats, query_name=config.run.query_name, log_lines=log_progress)
     spark.streams.addListener(listener)
@@ -224,7 +236,7 @@ def start_syphon(spark: SparkSession, config: SyphonConfig, *, run_id: str | Non
         emulate_available_now = not READ_LIMITS_SUPPORTED and not is_connect(spark)
     emulate = config.run.trigger == AVAILABLE_NOW and emulate_available_now
     if config.run.trigger == AVAILABLE_NOW and is_connect(spark) and not server_has_read_limits(spark):
-        refuse_unbounded_batch(config, spark.version)
+        refuse_unbounded_batch(config, spark.version, migration)
     # Where earlier runs held messages for skipped destinations: the source reads those queues again from
     # their first message once (what is recorded among them is dropped by identity in the sink).
     look_back = gates.look_back
@@ -233,7 +245,8 @@ def start_syphon(spark: SparkSession, config: SyphonConfig, *, run_id: str | Non
                     len(look_back))
     stream = (spark.readStream.format(SOURCE_NAME)
               .options(**backlog_source_options(config, stop_file=stop_file, emulate_available_now=emulate,
-                                                look_back=look_back, read_slots=task_slots(spark))).load())
+                                                look_back=look_back, migration=migration,
+                                                read_slots=task_slots(spark))).load())
     writer = (stream.writeStream.foreachBatch(sink)
               .option("checkpointLocation", storage.checkpoint_location)
               .queryName(config.run.query_name)
@@ -249,11 +262,60 @@ def start_syphon(spark: SparkSession, config: SyphonConfig, *, run_id: str | Non
     timeline.mark(Milestone.QUERY_STARTED)
     logger.info("started run_id=%s query=%s trigger=%s", run_id, config.run.query_name, config.run.trigger)
     return SyphonRun(query, sink, listener, keeper, stop_file, records, timeline,
-                     spark if is_connect(spark) else None, credits_before=credits_before)
+                     spark if is_connect(spark) else None, migration, credits_before=credits_before)
+
+
+def prepare_migration(config: SyphonConfig) -> MigrationPlan:
+    """A migration run's plan (``servicebus.listing.migration_plan``), its browse-only sources registered for this
+    process's peeks; ``NO_MIGRATION`` for a backlog run."""
+    if not config.migrating:
+        return NO_MIGRATION
+    from backlog_syphon.servicebus.clients import browse_only
+    from backlog_syphon.servicebus.listing import migration_plan
+
+    plan = migration_plan(config)
+    browse_only(config.secondary, plan.browse_only)
+    return plan
+
+
+def check_fan_out(config: SyphonConfig, migration: MigrationPlan, keeper: LeaseKeeper, spark: SparkSession) -> None:
+    """Under the lease, before anything is sent: the subscriptions each ``topic`` route drains through one lead hold
+    the same messages (``migration.fan_out``: peeked now, and what earlier runs recorded of them), else the run
+    gives the lease back and ends with ``FanOutError``."""
+    groups = migration.fan_out_groups()
+    if not groups:
+        return
+    from backlog_syphon.migration.fan_out import check_same_messages
+    from backlog_syphon.servicebus.fan_out import live_sequence_numbers
+
+    members = sorted({path for lead, covered in groups.items() for path in (lead, *covered)}, key=str.lower)
+    try:
+        live = live_sequence_numbers(config.secondary, members, browse_only=migration.browse_only,
+                                     partitioned=migration.partitioned)
+        check_same_messages(groups, live, tables.recorded_sequence_numbers(spark, config.storage.audit_table, members))
+    except BaseException:
+        keeper.release(spark)
+        raise
+    logger.info("the subscriptions drained through one lead hold the same messages: %s",
+                "; ".join(f"{lead} for {', '.join(covered)}" for lead, covered in groups.items()))
+
+
+def move_states(config: SyphonConfig, migration: MigrationPlan, keeper: LeaseKeeper, spark: SparkSession) -> None:
+    """Move the session states of the migration's session-enabled sources, under the lease, before anything is
+    sent (``servicebus.session_states``); a failure gives the lease back and ends the run before its stream."""
+    if not migration.session_entities:
+        return
+    from backlog_syphon.servicebus.session_states import move_session_states
+
+    try:
+        move_session_states(config.secondary, config.primary, migration)
+    except BaseException:
+        keeper.release(spark)
+        raise
 
 
 def settle_recorded(spark: SparkSession, config: SyphonConfig, sink: DeliverySink, gates: StartGates,
-                    run_id: str) -> None:
+                    run_id: str, migration: MigrationPlan = NO_MIGRATION) -> None:
     """Under the lease, before the query starts: what earlier runs recorded and did not settle (what the start
     read, ``StartGates.recovery``) is purged whether or not the run finds anything new to read, so an
     available-now run after a killed one ends drained. Where the sink lives in this process (classic Spark)
@@ -263,7 +325,7 @@ def settle_recorded(spark: SparkSession, config: SyphonConfig, sink: DeliverySin
     if is_connect(spark):
         waiting = settle_before_start(spark, config, gates.recovery, run_id=run_id,
                                       partitioned_queues=gates.queue_settings.partitioned,
-                                      lock_seconds=gates.queue_settings.lock_seconds)
+                                      lock_seconds=gates.queue_settings.lock_seconds, migration=migration)
     else:
         waiting = sink.begin(gates.recovery)
     if waiting:
@@ -348,10 +410,10 @@ def server_has_read_limits(spark: SparkSession) -> bool:
     return spark_line(spark.version) >= (4, 2)
 
 
-def refuse_unbounded_batch(config: SyphonConfig, spark_version: str) -> None:
+def refuse_unbounded_batch(config: SyphonConfig, spark_version: str, migration: MigrationPlan = NO_MIGRATION) -> None:
     """On a server that reads an available-now backlog as one batch, refuse a backlog larger than
     ``run.max_single_batch_messages`` (counted in sequence numbers, an upper bound, by a few peeks)."""
-    spans = backlog_spans(config.secondary, source_queues(config))
+    spans = backlog_spans(config.secondary, source_queues(config, migration))
     total = sum(spans.values())
     limit = config.run.max_single_batch_messages
     logger.warning("Spark %s reads an available-now backlog as one batch here: about %d messages", spark_version,
@@ -387,10 +449,11 @@ def summarise_run(config: SyphonConfig, run: SyphonRun) -> RunSummary:
     from backlog_syphon.servicebus.peek import peek_counts
 
     per_destination = run.records.per_destination()
-    remaining = peek_counts(config.secondary, source_queues(config))
+    remaining = peek_counts(config.secondary, source_queues(config, run.migration))
     summary = RunSummary(run_id=run.sink.run_id, per_destination=per_destination, remaining=remaining,
                          progress=tuple(run.listener.points), earlier=run.listener.earlier, timeline=run.timeline,
                          redrive=config.redriving, stopped=os.path.exists(run.stop_file),
+                         migration=bool(run.migration.sources), left_in_place=run.sink.left_in_place,
                          credits=run.credit_usage(config, per_destination))
     run.timeline.mark(Milestone.SUMMARISED)
     return summary

@@ -113,11 +113,7 @@ class _HandlerPool:
             if handler is None or not by_age:
                 self._used[(client_key, key)] = now
             if handler is None:
-                client = self._clients.get(client_key)
-                if client is None:
-                    client = self._clients[client_key] = open_client(
-                        namespace, role=role, retry_total=2 if role == "primary" else 3)
-                handler = sdk_internals.prompt(make(client))
+                handler = sdk_internals.prompt(make(self._client(client_key, namespace, role)))
                 if role == "secondary":  # its operations are paced by ``throttling``, which retries busy answers
                     handler = sdk_internals.busy_answers_raise(handler)
                     try:
@@ -130,6 +126,18 @@ class _HandlerPool:
                          namespace.idle_link_seconds)
             _close_quietly(stale)
         return handler
+
+    def client(self, namespace: NamespaceConfig, role: str) -> ServiceBusClient:
+        """The process's client of the namespace in that role (opened on first use)."""
+        with self._lock:
+            return self._client(self._namespace_key(namespace, role), namespace, role)
+
+    def _client(self, client_key: tuple, namespace: NamespaceConfig, role: str) -> ServiceBusClient:
+        client = self._clients.get(client_key)
+        if client is None:
+            client = self._clients[client_key] = open_client(namespace, role=role,
+                                                             retry_total=2 if role == "primary" else 3)
+        return client
 
     def discard(self, namespace: NamespaceConfig, role: str, key: tuple) -> None:
         with self._lock:
@@ -193,8 +201,29 @@ def _receiver(namespace: NamespaceConfig, queue: str, purpose: str):
     # ``queue`` may name one partition lane of a queue (``partitions.lane_key``): the planner probes a
     # partitioned queue's lanes at once, each on a link of its own (one link serves one request at a time).
     entity = split_lane_key(queue)[0]
+    if purpose == "peek" and entity.lower() in _BROWSE_ONLY.get(namespace.endpoint, ()):
+        return _POOL.get(namespace, "secondary", ("receiver", purpose, queue),
+                         lambda client: sdk_internals.management_handle(client, entity), by_age=True)
     return _POOL.get(namespace, "secondary", ("receiver", purpose, queue), lambda client: client.get_queue_receiver(
         entity, receive_mode=ServiceBusReceiveMode.PEEK_LOCK, prefetch_count=0), by_age=purpose == "peek")
+
+
+# Entities (lower-case paths, per namespace endpoint) peeked through a management-only link in this process:
+# a session-enabled entity refuses a receive link without a session, a topic any receive link (``browse_only``).
+_BROWSE_ONLY: dict[str, frozenset[str]] = {}
+
+
+def browse_only(namespace: NamespaceConfig, entities: Iterable[str]) -> None:
+    """Peek ``entities`` (paths) of ``namespace`` through a management-only link from now on in this process (the
+    migration mode's session-enabled sources and topics: ``model.SourceEntity.browse_only``). Each process that
+    peeks them registers them first: the driver at the run's start, an executor with the source's options."""
+    names = frozenset(entity.lower() for entity in entities)
+    if names:
+        with _BROWSE_LOCK:
+            _BROWSE_ONLY[namespace.endpoint] = _BROWSE_ONLY.get(namespace.endpoint, frozenset()) | names
+
+
+_BROWSE_LOCK = threading.Lock()
 
 
 def open_peek_receivers(namespace: NamespaceConfig, queues: Iterable[str]) -> None:
@@ -205,6 +234,27 @@ def open_peek_receivers(namespace: NamespaceConfig, queues: Iterable[str]) -> No
 def close_peek_receivers(namespace: NamespaceConfig, queues: Iterable[str]) -> None:
     """Close the pooled peek receivers of ``queues`` (and the client, once nothing else uses it)."""
     _POOL.close(namespace, "secondary", [("receiver", "peek", queue) for queue in queues])
+
+
+@contextmanager
+def session_receiver(namespace: NamespaceConfig, entity: str, session_id: str, *, role: str = "secondary"):
+    """A PEEK_LOCK receiver of one session of ``entity`` (it takes the session's lock), without prefetch, closed
+    on leaving: session locks are the purge's and the state move's for as long as they need them, never pooled.
+    ``role``: the namespace's role (the source's, or ``primary`` for the target's session states)."""
+    receiver = sdk_internals.prompt(_POOL.client(namespace, role).get_queue_receiver(
+        entity, session_id=session_id, receive_mode=ServiceBusReceiveMode.PEEK_LOCK, prefetch_count=0))
+    with receiver:
+        yield receiver
+
+
+def source_sender(namespace: NamespaceConfig, entity: str):
+    """The process pool's sender to a source entity (a queue or topic of the secondary namespace): what cancels
+    its scheduled messages, by sequence number."""
+    return _POOL.get(namespace, "secondary", ("sender", entity), lambda client: client.get_queue_sender(entity))
+
+
+def discard_source_sender(namespace: NamespaceConfig, entity: str) -> None:
+    _POOL.discard(namespace, "secondary", ("sender", entity))
 
 
 def pooled_sender(namespace: NamespaceConfig, destination: str):

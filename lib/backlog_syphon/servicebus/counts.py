@@ -43,11 +43,11 @@ from backlog_syphon.probing import Identity, run_search, search_tail
 from backlog_syphon.restore.amqp.annotations import DEAD_LETTER_REASON_PROPERTY
 from backlog_syphon.restore.amqp.message_decoding import decode_envelope
 from backlog_syphon.restore.amqp.sections import broker_identity
-from backlog_syphon.restore.queue_names import dead_letter_queue_name, is_backlog_queue_name
+from backlog_syphon.restore.queue_names import dead_letter_queue_name, is_backlog_queue_name, is_dead_letter_queue_name
 from backlog_syphon.servicebus.clients import each_at_once, open_client
 from backlog_syphon.servicebus.peek import LAST_SEQUENCE_NUMBER, administration_client, peek_raw
 from backlog_syphon.peek_pages import PagedRead
-from backlog_syphon.servicebus.sdk_internals import prompt
+from backlog_syphon.servicebus.sdk_internals import management_handle, prompt
 from backlog_syphon.servicebus.throttling import administration, list_pages
 
 logger = logging.getLogger(__name__)
@@ -100,15 +100,30 @@ def runtime_counts(namespace: NamespaceConfig, primary_namespace: str) -> dict[s
         return None
 
 
-def _count_entity(namespace: NamespaceConfig, name: str, *, dead_letters: bool, known: int | None) -> BrokerCount:
+def count_entities(namespace: NamespaceConfig, entities: list[str], *, browse_only: frozenset[str] = frozenset()
+                   ) -> dict[str, BrokerCount]:
+    """What each of a migration's entities holds (peeked, as above; a dead-letter sub-queue with its reasons);
+    ``browse_only``: the lower-case paths peeked through a management-only link (session-enabled, topics)."""
+    def count(name: str) -> BrokerCount:
+        return _count_entity(namespace, name, dead_letters=is_dead_letter_queue_name(name), known=None,
+                             browse=name.lower() in browse_only)
+
+    return each_at_once(entities, count, name="status-count")
+
+
+def _count_entity(namespace: NamespaceConfig, name: str, *, dead_letters: bool, known: int | None,
+                  browse: bool = False) -> BrokerCount:
     # A client of its own per entity (each link is a connection of its own anyway): nothing shared with
     # the process's pooled links, which a run in this process may be using.
     try:
         with open_client(namespace, role="secondary") as client:
-            with prompt(client.get_queue_receiver(name, receive_mode=ServiceBusReceiveMode.PEEK_LOCK,
-                                                  prefetch_count=0)) as receiver:
-                return survey(lambda first, count: peek_raw(receiver, first, count, namespace=namespace), known=known,
+            handler = management_handle(client, name) if browse else prompt(client.get_queue_receiver(
+                name, receive_mode=ServiceBusReceiveMode.PEEK_LOCK, prefetch_count=0))
+            try:
+                return survey(lambda first, count: peek_raw(handler, first, count, namespace=namespace), known=known,
                               reasons=dead_letters)
+            finally:
+                handler.close()
     except (BacklogQueueMissingError, MessagingEntityNotFoundError):  # refused at the peek, or at the link's attach
         return BrokerCount(0, True, None, {}, exists=False)
 

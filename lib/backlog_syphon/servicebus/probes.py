@@ -44,9 +44,15 @@ from backlog_syphon.servicebus.network import (
     network_problem_of,
 )
 from backlog_syphon.servicebus.peek import peek_raw
-from backlog_syphon.servicebus.sdk_internals import attach, link_max_message_size, prompt, token_refusal
+from backlog_syphon.servicebus.sdk_internals import (
+    attach,
+    link_max_message_size,
+    management_handle,
+    prompt,
+    token_refusal,
+)
 from backlog_syphon.servicebus.send import classify_send_error
-from backlog_syphon.model import AccessRight, NetworkFailure, SendFailure
+from backlog_syphon.model import AccessRight, MigrationPlan, NetworkFailure, SendFailure
 
 logger = logging.getLogger(__name__)
 
@@ -116,7 +122,7 @@ def unreachable_line(exc: BaseException, namespace: NamespaceConfig, role: str, 
 
 
 def preflight(config: SyphonConfig, *, timeout_seconds: float = PREFLIGHT_TIMEOUT_SECONDS,
-              primary: bool = True) -> None:
+              primary: bool = True, migration: MigrationPlan | None = None) -> None:
     """Check both namespaces before the stream starts; raise ``PreflightError`` with what to fix.
 
     Authenticates to the secondary namespace and peeks one message of every configured backlog queue
@@ -126,6 +132,10 @@ def preflight(config: SyphonConfig, *, timeout_seconds: float = PREFLIGHT_TIMEOU
     backlog is empty), without sending. A destination that alone refuses Send is a warning (its
     messages will be dead-lettered with the reason); every destination refusing it is an error. Nothing is sent, locked or settled. Bounded in time: a namespace that does not answer is
     reported, not waited for.
+
+    A migration run (``config.migrating``) peeks every source of its plan (``migration``; made here from the
+    namespaces' listings when not given, so a source or route that cannot be taken is said here, exit code 2)
+    and attaches a sender to every route's destination.
     """
     queues = backlog_queue_names(config.primary.namespace, config.backlog.queue_count)
     if config.redriving:
@@ -134,7 +144,14 @@ def preflight(config: SyphonConfig, *, timeout_seconds: float = PREFLIGHT_TIMEOU
     stage = ["secondary"]
 
     def check() -> None:
-        destinations = _preflight_secondary(config.secondary, queues)
+        if config.migrating:
+            from backlog_syphon.servicebus.listing import migration_plan
+
+            plan = migration if migration is not None else migration_plan(config)
+            _preflight_secondary(config.secondary, list(plan.paths), browse=plan.browse_only)
+            destinations = sorted({route.destination for route in plan.routes.values()})
+        else:
+            destinations = _preflight_secondary(config.secondary, queues)
         if not primary:
             return
         stage[0] = "primary"
@@ -172,16 +189,21 @@ def _raise_first(failures: dict[str, BaseException], namespace: NamespaceConfig,
     return lacking
 
 
-def _preflight_secondary(namespace: NamespaceConfig, queues: list[str]) -> list[str]:
+def _preflight_secondary(namespace: NamespaceConfig, queues: list[str], *, browse: frozenset[str] = frozenset()
+                         ) -> list[str]:
     """Peek the first message of every queue at once; return the destinations (x-ms-path) of those
     messages that have a readable one. Missing queues are the run's to skip; all of them missing means
-    the backlog is configured wrong."""
+    the backlog is configured wrong. ``browse``: entities peeked through a management-only link (lower-case)."""
     try:
         with open_client(namespace, role="secondary", retry_total=0) as client:
             def peek_first(queue: str):
                 try:
-                    with prompt(client.get_queue_receiver(queue)) as receiver:
-                        return peek_raw(receiver, 1, 1, namespace=namespace)
+                    handler = (management_handle(client, queue) if queue.lower() in browse
+                               else prompt(client.get_queue_receiver(queue)))
+                    try:
+                        return peek_raw(handler, 1, 1, namespace=namespace)
+                    finally:
+                        handler.close()
                 except (BacklogQueueMissingError, MessagingEntityNotFoundError):
                     return None
                 except Exception as exc:  # noqa: BLE001 - judged with the others' below

@@ -30,22 +30,38 @@ Invariants:
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import logging
 import time
+from dataclasses import dataclass
 from typing import Callable
 
-from azure.servicebus.exceptions import (MessageLockLostError, MessagingEntityNotFoundError, ServiceBusError,
-                                         ServiceBusServerBusyError)
+from azure.servicebus.exceptions import (
+    MessageLockLostError,
+    MessageNotFoundError,
+    MessagingEntityNotFoundError,
+    ServiceBusError,
+    ServiceBusServerBusyError,
+    SessionCannotBeLockedError,
+)
 
 from backlog_syphon.config import NamespaceConfig
 from backlog_syphon.errors import BacklogQueueMissingError
 from backlog_syphon.model import CreditKind
 from backlog_syphon.partitions import lane_key, partition_of
-from backlog_syphon.servicebus.clients import each_at_once, namespace_of, pooled_receiver
+from backlog_syphon.model import SettleKind
+from backlog_syphon.servicebus.clients import (
+    discard_source_sender,
+    each_at_once,
+    namespace_of,
+    pooled_receiver,
+    session_receiver,
+    source_sender,
+)
 from backlog_syphon.servicebus.peek import first_identity_from, peek_identities
 from backlog_syphon.purge.bulk_settlement import BulkSettlement
-from backlog_syphon.purge.plan import PurgePlan, PurgeResult
+from backlog_syphon.purge.plan import PurgePlan, PurgeResult, span_after_peek
 from backlog_syphon.purge.progress import PurgeProgress, dead_letter_groups, latest_of_each
 from backlog_syphon.servicebus.sdk_internals import (
     complete_by_lock_tokens,
@@ -73,12 +89,16 @@ def purge_backlog(namespace: NamespaceConfig, plan: PurgePlan, *, timing: Settle
     rest (which does not raise their delivery count), and makes sure no receive credit stays open, so
     nothing that is not recorded stays locked between calls (see ``sdk_internals.revoke_credit``).
     A queue that no longer exists holds none of the plan's messages: everything is settled. ``timing``:
-    what this queue's earlier rounds measured (updated here). ``on_completions_sent``: called after the
-    completions of a page that has dead-letterings too, before those (where a test may stop the process).
+    what this queue's earlier rounds measured (updated here). The migration mode's recorded scheduled and
+    deferred messages are settled by their own means first (``_settle_special``), and a session-enabled source
+    session by session (``_purge_sessions``). ``on_completions_sent``: called after the completions of a page
+    that has dead-letterings too, before those (where a test may stop the process).
     """
     timing = timing if timing is not None else SettleTiming()
     for fresh_link in (False, True):
         try:
+            if plan.sessions is not None or _cancels_only(plan):
+                return _purge_sessions(namespace, plan, timing, max_wait_seconds, on_completions_sent)
             with pooled_receiver(namespace, plan.queue, purpose="settle") as receiver:  # a failed link leaves the pool
                 return _purge(namespace, receiver, plan, timing, max_wait_seconds, on_completions_sent)
         except ThrottledRound as throttled:
@@ -99,6 +119,13 @@ def purge_backlog(namespace: NamespaceConfig, plan: PurgePlan, *, timing: Settle
     return PurgeResult(0, 0, 0, (), plan.spans)
 
 
+def _cancels_only(plan: PurgePlan) -> bool:
+    """Whether every recorded message of the plan is a scheduled one: nothing to receive (a topic's, whose only
+    link is its management one)."""
+    return bool(plan.special) and not plan.expected and all(
+        order.kind is SettleKind.CANCEL_SCHEDULED for order in plan.special.values())
+
+
 class ThrottledRound(Exception):
     """A receive of the round was throttled (server-busy): ``result`` is what the round settled before it."""
 
@@ -109,15 +136,39 @@ class ThrottledRound(Exception):
 
 def _purge(namespace: NamespaceConfig, receiver, plan: PurgePlan, timing: SettleTiming,
            max_wait_seconds: float, on_completions_sent: Callable[[], None] | None) -> PurgeResult:
-    if plan.verify and plan.expected:
+    if plan.verify and (plan.expected or plan.special):
         plan = plan.verified(_present(namespace, receiver, plan))
+    special = _settle_special(namespace, receiver, plan, timing, {ANY_SESSION: receiver}, session=ANY_SESSION)
+    try:
+        progress = _receive_round(namespace, receiver, plan, timing, max_wait_seconds, on_completions_sent,
+                                  present=lambda: _present(namespace, receiver, plan))
+    except ThrottledRound as throttled:
+        throttled.result = special.added_to(throttled.result)
+        raise
+    # Whatever could not be settled (lock lost, not there yet) is still there: look, don't count. An empty
+    # answer where the round left something is looked at twice (a peek may come back empty while messages
+    # exist). The peeks are also the barrier behind any transfer still on its way (see revoke_credit).
+    # A span this round settled whole needs no look (a look can miss where a peek answers from another partition).
+    unsettled = progress.completed + progress.dead_lettered + special.settled < plan.expected + len(plan.special)
+    heads = {span.first: first_identity_from(receiver, span.first, confirm=unsettled, lane=plan.interleaved)
+             for span in plan.spans if not progress.settled_whole(span)}
+    release_buffered(receiver)
+    return special.added_to(progress.result(heads))
+
+
+def _receive_round(namespace: NamespaceConfig, receiver, plan: PurgePlan, timing: SettleTiming,
+                   max_wait_seconds: float, on_completions_sent: Callable[[], None] | None, *,
+                   present: Callable[[], list]) -> PurgeProgress:
+    """Receive what ``plan`` expects and settle what it holds, page by page, within the locks (the purge's round
+    on one receiver: the queue's, or one session's). ``present``: peeks the identities still in the plan's ranges
+    where this receiver could receive them (a look, ``_look``)."""
     progress = PurgeProgress(plan, timing=timing)
     passed_over: list = []  # messages that stay (held, or left by a re-drive): locked until the round ends
     revoke_credit(receiver)  # the link's attach gave the broker one credit of its own
     try:
         while (credit := progress.credit()) or progress.wants_look:
             if not credit:
-                _look(namespace, receiver, plan, progress)
+                _look(present, plan, progress)
                 continue
             time.sleep(progress.pause_before_receive(time.time()))
             waiting = progress.lock_wait is not None  # the receive may wait until locks held elsewhere end
@@ -152,15 +203,159 @@ def _purge(namespace: NamespaceConfig, receiver, plan: PurgePlan, timing: Settle
                        "lasts, raise the queue's lock duration", plan.queue, timing.lock_seconds or 0.0,
                        timing.round_trip or 0.0)
         timing.forget()  # a slow moment must not keep every later round from trying
-    # Whatever could not be settled (lock lost, not there yet) is still there: look, don't count. An empty
-    # answer where the round left something is looked at twice (a peek may come back empty while messages
-    # exist). The peeks are also the barrier behind any transfer still on its way (see revoke_credit).
-    # A span this round settled whole needs no look (a look can miss where a peek answers from another partition).
-    unsettled = progress.completed + progress.dead_lettered < plan.expected
-    heads = {span.first: first_identity_from(receiver, span.first, confirm=unsettled, lane=plan.interleaved)
-             for span in plan.spans if not progress.settled_whole(span)}
-    release_buffered(receiver)
-    return progress.result(heads)
+    return progress
+
+
+def _purge_sessions(namespace: NamespaceConfig, plan: PurgePlan, timing: SettleTiming,
+                    max_wait_seconds: float, on_completions_sent: Callable[[], None] | None) -> PurgeResult:
+    """The purge of a source whose messages no plain receive link can settle: a session-enabled entity, session by
+    session (each session's receiver takes its lock, receives exactly its recorded count, settles what a span holds
+    and releases the rest), and a topic, whose recorded messages are all scheduled ones. What is left is looked at
+    through the entity's management-only link (``clients.browse_only``)."""
+    with pooled_receiver(namespace, plan.queue) as peeker:
+        if plan.verify and (plan.expected or plan.special):
+            plan = plan.verified(_present(namespace, peeker, plan))
+        receivers: dict[str | None, object] = {}
+        settled: dict[str, int] = {}
+        totals = PurgeResult(0, 0, 0, (), ())
+        sessions = dict(plan.sessions or {})
+        deferred_sessions = {order.session_id for order in plan.special.values()
+                             if order.kind is SettleKind.RECEIVE_DEFERRED}
+        # Scheduled messages first (no session needed), then each session with recorded messages in turn.
+        special = _settle_special(namespace, peeker, plan, timing, receivers, kinds=(SettleKind.CANCEL_SCHEDULED,))
+        for session in sorted(set(sessions) | {s for s in deferred_sessions if s is not None}):
+            try:
+                with session_receiver(namespace, plan.queue, session) as receiver:
+                    receivers[session] = receiver
+                    in_session = _settle_special(namespace, peeker, plan, timing, {session: receiver},
+                                                 kinds=(SettleKind.RECEIVE_DEFERRED,), session=session)
+                    special = special.plus(in_session)
+                    count = sessions.get(session, 0)
+                    if count:
+                        in_plan = plan.in_session(session, count)
+                        # A look peeks this session only (its receiver's peeks are the session's).
+                        progress = _receive_round(
+                            namespace, receiver, in_plan, timing, max_wait_seconds, on_completions_sent,
+                            present=lambda: [identity for span in in_plan.ranges
+                                             for identity in peek_identities(receiver, *span)])
+                        totals = PurgeResult(totals.completed + progress.completed,
+                                             totals.dead_lettered + progress.dead_lettered,
+                                             totals.released + progress.released, (), ())
+                        # A look found none of its recorded messages left: what the count still expects is not there
+                        # (settled before a crash).
+                        settled[session] = count if progress.came_up_empty else progress.completed + \
+                            progress.dead_lettered
+                    receivers.pop(session, None)
+            except SessionCannotBeLockedError:
+                logger.warning("%s session %r is locked by another receiver: its recorded messages are settled by a "
+                               "later round", plan.queue, session)
+            except ThrottledRound as throttled:  # the namespace throttles: the other sessions wait for a later round
+                settled[session] = throttled.result.completed + throttled.result.dead_lettered
+                raise ThrottledRound(special.added_to(PurgeResult(
+                    totals.completed + throttled.result.completed, totals.dead_lettered + throttled.result.dead_lettered,
+                    totals.released + throttled.result.released, plan.spans, (), sessions_settled=settled,
+                    throttled=True))) from None
+        unsettled = totals.completed + totals.dead_lettered + special.settled < plan.expected + len(plan.special)
+        heads = {span.first: first_identity_from(peeker, span.first, confirm=unsettled) for span in plan.spans}
+    remaining, done = [], []
+    for span in plan.spans:
+        left = span_after_peek(span, heads.get(span.first))
+        (done if left is None else remaining).append(left or span)
+    return special.added_to(PurgeResult(totals.completed, totals.dead_lettered, totals.released, tuple(remaining),
+                                        tuple(done), sessions_settled=settled if plan.sessions is not None else None))
+
+
+ANY_SESSION = object()  # a plain receiver receives deferred messages whatever SessionId they carry
+
+
+@dataclass(frozen=True)
+class SpecialSettlement:
+    """What ``_settle_special`` settled: completed (cancelled, or received and completed) and dead-lettered."""
+
+    completed: int = 0
+    dead_lettered: int = 0
+
+    @property
+    def settled(self) -> int:
+        return self.completed + self.dead_lettered
+
+    def plus(self, other: SpecialSettlement) -> SpecialSettlement:
+        return SpecialSettlement(self.completed + other.completed, self.dead_lettered + other.dead_lettered)
+
+    def added_to(self, result: PurgeResult) -> PurgeResult:
+        return dataclasses.replace(result, completed=result.completed + self.completed,
+                                   dead_lettered=result.dead_lettered + self.dead_lettered)
+
+
+def _settle_special(namespace: NamespaceConfig, peeker, plan: PurgePlan, timing: SettleTiming,
+                    receivers: dict, *, kinds: tuple[SettleKind, ...] = tuple(SettleKind),
+                    session=None) -> SpecialSettlement:
+    """Settle the plan's recorded messages that no receive brings, by identity: a scheduled one is cancelled by its
+    sequence number once a peek there finds its identity (enqueue time included: a recreated entity numbers from 1
+    again); a deferred one is received by its sequence number (on ``receivers[its session]``), checked, and
+    completed or dead-lettered with its recorded reason. A scheduled message that became active meanwhile cannot be
+    cancelled any more (``model`` docs: it is back under a new number); one that is gone is simply gone."""
+    result = SpecialSettlement()
+    orders = [order for order in plan.special.values() if order.kind in kinds
+              and (order.kind is not SettleKind.RECEIVE_DEFERRED or session is ANY_SESSION
+                   or order.session_id == session)]
+    scheduled = [order for order in orders if order.kind is SettleKind.CANCEL_SCHEDULED]
+    if scheduled:
+        present = [order.sequence_number for order in scheduled
+                   if first_identity_from(peeker, order.sequence_number) == order.identity]
+        if present:
+            try:
+                cancel_scheduled(namespace, plan.queue, present)
+                result = result.plus(SpecialSettlement(completed=len(present)))
+            except MessageNotFoundError:
+                logger.info("%s: %d recorded scheduled message(s) were no longer scheduled when cancelled (they became "
+                            "active meanwhile, under a new sequence number, or went)", plan.queue, len(present))
+    deferred = [order for order in orders if order.kind is SettleKind.RECEIVE_DEFERRED]
+    receiver = receivers.get(session)
+    if deferred and receiver is not None:
+        messages = receive_deferred(receiver, [order.sequence_number for order in deferred])
+        wanted = {order.identity for order in deferred}
+        mine = [message for message in messages if received_identity(message) in wanted]
+        for message in messages:
+            if message not in mine:
+                release_message(receiver, message)
+        deadline = timing.deadline(lock_end_of(mine)) if mine else 0.0
+        by_reason: dict = {}
+        for message in mine:
+            by_reason.setdefault(plan.dead_letters.get(received_identity(message)), []).append(message)
+        for reason, group in by_reason.items():
+            settlement = settle_all(receiver, group, deadline, timing, reason)
+            done = len(settlement.completed)
+            result = result.plus(SpecialSettlement(done, 0) if reason is None else SpecialSettlement(0, done))
+            _give_back(receiver, [message for message in group if message.sequence_number in settlement.left])
+    return result
+
+
+def cancel_scheduled(namespace: NamespaceConfig, entity: str, sequence_numbers: list[int]) -> None:
+    """Cancel scheduled messages of a source queue or topic by their sequence numbers, in one request."""
+    sender = source_sender(namespace, entity)
+    try:
+        sender.cancel_scheduled_messages(sequence_numbers)
+    except MessageNotFoundError:
+        raise
+    except Exception:
+        discard_source_sender(namespace, entity)
+        raise
+
+
+def receive_deferred(receiver, sequence_numbers: list[int]) -> list:
+    """Receive deferred messages by their sequence numbers (PeekLock); one that is not there (settled, or gone) is
+    left out: asked for alone when the request for all of them is refused for a missing one."""
+    try:
+        return list(receiver.receive_deferred_messages(sequence_numbers))
+    except MessageNotFoundError:
+        found = []
+        for number in sequence_numbers:
+            try:
+                found += receiver.receive_deferred_messages([number])
+            except MessageNotFoundError:
+                logger.info("deferred message %d is no longer there", number)
+        return found
 
 
 def _receive(namespace: NamespaceConfig, receiver, credit: int, wait: float) -> list:
@@ -171,11 +366,11 @@ def _receive(namespace: NamespaceConfig, receiver, credit: int, wait: float) -> 
                  cost=len, retry=False, wait=False, reserve=credit)
 
 
-def _look(namespace: NamespaceConfig, receiver, plan: PurgePlan, progress: PurgeProgress) -> None:
+def _look(present: Callable[[], list], plan: PurgePlan, progress: PurgeProgress) -> None:
     """A receive missed recorded messages: peek what is still in the plan's ranges (``PurgeProgress.on_look``),
     and say when the round starts waiting for locks another receiver holds, and when it gives up."""
     waiting, now = progress.lock_wait, time.time()
-    progress.on_look(_present(namespace, receiver, plan), now)
+    progress.on_look(present(), now)
     wait = progress.lock_wait
     if wait is not None and waiting is None:
         logger.warning("backlog=%s: %d recorded message(s) are in the queue but locked by an earlier receiver (a run "

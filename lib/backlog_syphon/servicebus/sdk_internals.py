@@ -49,7 +49,7 @@ import time
 from decimal import Decimal
 
 import azure.servicebus
-from azure.servicebus import ServiceBusMessageBatch, ServiceBusReceiver, ServiceBusSender
+from azure.servicebus import ServiceBusClient, ServiceBusMessageBatch, ServiceBusReceiver, ServiceBusSender
 from azure.servicebus._common import constants as sdk_constants
 from azure.servicebus.exceptions import ServiceBusError, ServiceBusServerBusyError
 from azure.servicebus._pyamqp import _decode as sdk_decode
@@ -74,12 +74,14 @@ REQUIRED_ATTRIBUTES = (
     (ServiceBusSender, "_open_with_retry"),
     (ServiceBusSender, "_create_handler"),
     (ServiceBusReceiver, "_create_handler"),
+    (ServiceBusClient, "_create_session_browser"),
     (ServiceBusReceiver, "_backoff"),
     (AMQPClient, "client_ready"),
     (sdk_constants, "_BATCH_MESSAGE_OVERHEAD_COST"),
     (sdk_constants, "REQUEST_RESPONSE_PEEK_OPERATION"),
     (sdk_constants, "MGMT_REQUEST_FROM_SEQUENCE_NUMBER"),
     (sdk_constants, "MGMT_REQUEST_MAX_MESSAGE_COUNT"),
+    (sdk_constants, "MGMT_REQUEST_SESSION_ID"),
     (sdk_constants, "ERROR_CODE_MESSAGE_NOT_FOUND"),
     (sdk_constants, "SETTLEMENT_COMPLETE"),
     (sdk_constants, "SETTLEMENT_DEADLETTER"),
@@ -109,8 +111,9 @@ def check_sdk() -> list[str]:
 def peek_stored_bytes(receiver, from_sequence_number: int, max_count: int, timeout: float | None = None) -> list[bytes]:
     """The stored bytes of up to ``max_count`` messages with sequence number >= the given one.
 
-    The same management request as ``receiver.peek_messages``, but each message's raw encoding is
-    kept, so AMQP types (long vs int, described timespans, symbols) survive untouched. "No messages" is
+    The same management request as ``receiver.peek_messages`` (a session receiver's: that session's messages),
+    but each message's raw encoding is kept, so AMQP types (long vs int, described timespans, symbols) survive
+    untouched. "No messages" is
     an empty list, however the service says it: status 204 (or 202), or the condition
     ``com.microsoft:message-not-found``, which the SDK would raise as ``MessageNotFoundError``.
     ``timeout`` bounds the request and the SDK's own retries together.
@@ -119,6 +122,8 @@ def peek_stored_bytes(receiver, from_sequence_number: int, max_count: int, timeo
         sdk_constants.MGMT_REQUEST_FROM_SEQUENCE_NUMBER: {TYPE: AMQPTypes.long, VALUE: int(from_sequence_number)},
         sdk_constants.MGMT_REQUEST_MAX_MESSAGE_COUNT: int(max_count),
     }
+    if getattr(receiver, "_session", None) is not None:  # a session's receiver peeks that session, as the SDK's does
+        request[sdk_constants.MGMT_REQUEST_SESSION_ID] = receiver._session_id
 
     def keep_raw(status_code, message, description, **_):
         if status_code == 200:
@@ -135,6 +140,15 @@ def peek_stored_bytes(receiver, from_sequence_number: int, max_count: int, timeo
     receiver._check_live()
     return on_management_link(lambda: receiver._mgmt_request_response_with_retry(
         sdk_constants.REQUEST_RESPONSE_PEEK_OPERATION, request, keep_raw, timeout=timeout))
+
+
+def management_handle(client, entity_path: str):
+    """A handler that opens a connection and the entity's ``$management`` link only, no receive link: the SDK's
+    own session browser (``_SessionBrowser``), made for ``get-message-sessions``. Peeks go through it
+    (``peek_stored_bytes``) where a receive link would be refused: a session-enabled entity takes none without a
+    session (while the service answers a peek there without a session lock), and a topic takes none at all (while
+    its ``$management`` peeks its scheduled messages). ``entity_path`` is the whole path (a subscription's too)."""
+    return client._create_session_browser(entity_path)
 
 
 def management_link_lost(exc: BaseException) -> bool:

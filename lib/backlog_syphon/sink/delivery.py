@@ -49,6 +49,7 @@ from typing import Any, Callable, Iterable, Iterator, Mapping, Protocol, Sequenc
 from backlog_syphon.config import SinkConfig
 from backlog_syphon.model import (
     Action,
+    ExpiredBeforeSendError,
     Outcome,
     Outgoing,
     PartialSendError,
@@ -68,7 +69,8 @@ Row = Mapping[str, Any]  # a classified backlog row (``rows`` columns + the rest
 
 # The outcome of a row the restore rules decided not to send.
 NOT_SENT_OUTCOMES = {Action.SKIP: Outcome.SKIPPED_PING, Action.DEAD_LETTER: Outcome.DEAD_LETTERED,
-                     Action.HOLD: Outcome.HELD, Action.LEAVE: Outcome.NOT_SELECTED, Action.EXPIRE: Outcome.EXPIRED}
+                     Action.HOLD: Outcome.HELD, Action.LEAVE: Outcome.NOT_SELECTED, Action.EXPIRE: Outcome.EXPIRED,
+                     Action.COVER: Outcome.COVERED}
 
 
 class Sender(Protocol):
@@ -155,6 +157,8 @@ def deliver_rows(rows: Iterable[Row], *, build: Callable[[Row], Outgoing], sende
         for row in group:
             try:
                 pending.append((row, build(row)))
+            except ExpiredBeforeSendError as exc:  # a migrated message's expiry passed since it was classified
+                yield Delivery(row, Outcome.EXPIRED, ReasonCode.EXPIRED_IN_SOURCE, str(exc)[:1024], 0)
             except RefusedBeforeSending as refused:  # its destination would refuse it for good: never sent
                 yield Delivery(row, Outcome.DEAD_LETTERED, refused.reason_code, refused.reason[:1024], 0)
             except Exception as exc:  # noqa: BLE001 - one message's problem is that message's outcome

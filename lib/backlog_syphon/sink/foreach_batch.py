@@ -8,8 +8,9 @@ batch's ports (``sink.spark_ports``: Spark, Delta and the send tasks) and runs t
 them (``sink.micro_batch``, whose order and failure cases are these):
 - recover (a Connect server's first batch): the tables, as above;
 - exclude: the rows those spans hold, by identity (queue, sequence number, enqueue time);
-- send rounds under the lease: restore and classify (``restore.rules``), then one send task per
-  backlog queue on the executors (``sink.send_task``), the outcomes checkpointed once;
+- send rounds under the lease: restore and classify (``restore.rules``; the migration mode's copy rules,
+  ``migration.copy_rules``), then one send task per backlog queue (or source entity) on the executors
+  (``sink.send_task``), the outcomes checkpointed once;
 - aggregate: one Spark job turns every row's latest outcome into recorded spans, per-destination
   counts and the unsent destinations (``sink.outcome_aggregate``);
 - record: the audit append, idempotent on the attempt's transaction version (the batch's one commit);
@@ -32,7 +33,8 @@ from pyspark.sql import DataFrame, SparkSession
 
 from backlog_syphon.config import SyphonConfig
 from backlog_syphon.errors import BatchFailedError
-from backlog_syphon.model import REPORTED_OUTCOMES, BatchStats, DestinationShape, Outcome
+from backlog_syphon.migration.copy_rules import CopyClassifier
+from backlog_syphon.model import NO_MIGRATION, REPORTED_OUTCOMES, BatchStats, DestinationShape, MigrationPlan, Outcome
 from backlog_syphon.restore import rules
 from backlog_syphon.restore.destination_fit import session_subscription_warning
 from backlog_syphon.sink import micro_batch as machine
@@ -65,7 +67,7 @@ class DeliverySink:
                  state_is_new: bool = False,
                  destination_shapes: Mapping[str, DestinationShape] | None = None,
                  partitioned_queues: frozenset[str] = frozenset(), lock_seconds: Mapping[str, float] | None = None,
-                 fault_plan: FaultPlan = NO_FAULTS,
+                 fault_plan: FaultPlan = NO_FAULTS, migration: MigrationPlan = NO_MIGRATION,
                  clock: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.timezone.utc)):
         self.config = config
         self.run_id = run_id
@@ -87,19 +89,22 @@ class DeliverySink:
         # later rounds' tasks start knowing (``sink.send_shape``).
         self.learned_single_destinations: set[str] = set()
         self.fault_plan = fault_plan  # picklable: it goes with the sink (Spark Connect) and to the send tasks
+        self.migration = migration  # a migration run's sources and routes (picklable: to the send tasks too)
         self._warned_topics: set[str] = set()  # topics whose session subscriptions were warned about
         self.app_id: str | None = None  # known at the run's first batch (the checkpoint's query id)
         # Over Spark Connect the sink's copy in the server ends with the query, before the run's end could
         # write its rows: there every batch rewrites the checkpoint table.
         self.checkpoint_every = 0.0 if settle_in_batch else config.storage.checkpoint_interval_seconds
-        # The backlog queues the secondary's administration API calls partitioned, and their lock durations
-        # (lower-case names), for the purge.
-        self.state = SinkState(partitioned_queues=frozenset(partitioned_queues), lock_seconds=dict(lock_seconds or {}))
+        # The backlog queues the secondary's administration API calls partitioned (with a migration's partitioned
+        # sources), and their lock durations (lower-case names), for the purge; a migration's session-settled sources.
+        self.state = SinkState(partitioned_queues=frozenset(partitioned_queues) | migration.partitioned,
+                               lock_seconds=dict(lock_seconds or {}), session_entities=migration.session_entities)
         self._purges = PurgeRunner(config.secondary, fault_plan)
         self.per_destination: dict[str, dict[str, int]] = {}  # this run's outcomes, for the summary
+        self.left_in_place = 0  # final outcomes whose message stays in its source (``BatchAggregate.left_in_place``)
         self.batch_stats: dict[int, BatchStats] = {}  # read (and emptied) by the progress listener
         self.failure: BaseException | None = None  # the last batch failure (classic Spark: this process)
-        self._classifiers: dict[tuple, rules.Classifier] = {}  # by the rows' columns (``classifier``)
+        self._classifiers: dict[tuple, object] = {}  # by the rows' columns (``classifier``)
 
     def begin(self, recovery: Recovery) -> int:
         """The run's start, under its lease, where the sink lives in this process for the whole run (classic
@@ -135,21 +140,23 @@ class DeliverySink:
         if aggregate.rows:
             self.timeline.mark(Milestone.LAST_RECORD, again=True)
         self._warn_of_session_subscriptions(aggregate)
+        self.left_in_place += aggregate.left_in_place
         for (destination, outcome), n in aggregate.per_destination.items():
             if outcome in REPORTED_OUTCOMES:
                 per = self.per_destination.setdefault(destination, {o.value: 0 for o in REPORTED_OUTCOMES})
                 per[outcome.value] += n
         if aggregate.rows or report.replayed:
             oldest = min((span.enqueued_from_ms for span in aggregate.spans), default=None)
+            skipped = aggregate.total(Outcome.SKIPPED_PING) + aggregate.total(Outcome.COVERED)  # settled, never sent
             self.batch_stats[batch_id] = BatchStats(
-                aggregate.total(Outcome.DELIVERED), aggregate.total(Outcome.DEAD_LETTERED),
-                aggregate.total(Outcome.SKIPPED_PING), report.replayed, round(time.monotonic() - started, 2),
+                aggregate.total(Outcome.DELIVERED), aggregate.total(Outcome.DEAD_LETTERED), skipped, report.replayed,
+                round(time.monotonic() - started, 2),
                 None if oldest is None else dt.datetime.fromtimestamp(oldest / 1000, dt.timezone.utc),
                 held=aggregate.total(Outcome.HELD), pacing=ports.pacing)
             logger.info("batch_id=%s queues=%d delivered=%d dead_lettered=%d skipped=%d held=%d replayed=%d "
                         "rounds=%d seconds=%.2f (%s)", batch_id, len({span.backlog_queue for span in aggregate.spans}),
                         aggregate.total(Outcome.DELIVERED), aggregate.total(Outcome.DEAD_LETTERED),
-                        aggregate.total(Outcome.SKIPPED_PING), aggregate.total(Outcome.HELD), report.replayed,
+                        skipped, aggregate.total(Outcome.HELD), report.replayed,
                         report.rounds, time.monotonic() - started,
                         ", ".join(f"{step} {seconds:.2f}" for step, seconds in ports.seconds.items()))
 
@@ -163,9 +170,15 @@ class DeliverySink:
                     self._warned_topics.add(destination.lower())
                     logger.warning("destination=%s %s", destination, warning)
 
-    def classifier(self, columns: list[str]) -> rules.Classifier:
-        """The restore rules for this run's rows, built once in the process that runs the batches."""
+    def classifier(self, columns: list[str]) -> rules.Classifier | CopyClassifier:
+        """The restore rules (a migration run's copy rules) for this run's rows, built once in the process that runs
+        the batches."""
         key = tuple(columns)
+        if key not in self._classifiers and self.migration.sources and self.migration.copy:
+            self._classifiers[key] = CopyClassifier(
+                columns, routes=self.migration.routes, max_message_size_bytes=self.config.sink.max_message_size_bytes,
+                scheduled_margin_seconds=self.migration.scheduled_margin_seconds,
+                destination_shapes=self.destination_shapes, topics=self.migration.topics)
         if key not in self._classifiers:
             restore = self.config.restore
             self._classifiers[key] = rules.Classifier(
@@ -199,13 +212,15 @@ class DeliverySink:
 
 def settle_before_start(spark: SparkSession, config: SyphonConfig, recovery: Recovery, *, run_id: str,
                         partitioned_queues: frozenset[str] = frozenset(),
-                        lock_seconds: Mapping[str, float] | None = None) -> int:
+                        lock_seconds: Mapping[str, float] | None = None,
+                        migration: MigrationPlan = NO_MIGRATION) -> int:
     """What earlier runs recorded and did not settle, settled before the query starts, where the sink runs in
     a Spark Connect server: its state there is its own, so the purge runs here, to its end (locks an earlier
     receiver left included, ``purge.lock_wait``), and the checkpoint rows get its marks (the server's first
     batch reads them). Returns how many recorded messages it settled at most; nothing to settle costs
-    nothing."""
-    state = SinkState(partitioned_queues=frozenset(partitioned_queues), lock_seconds=dict(lock_seconds or {}))
+    nothing. ``migration``: a migration run's plan (its partitioned and session-settled sources)."""
+    state = SinkState(partitioned_queues=frozenset(partitioned_queues) | migration.partitioned,
+                      lock_seconds=dict(lock_seconds or {}), session_entities=migration.session_entities)
     purges = PurgeRunner(config.secondary)
     now = dt.datetime.now(dt.timezone.utc)
     machine.begin_run(state, recovery, run_id=run_id, now=now)

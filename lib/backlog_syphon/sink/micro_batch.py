@@ -53,7 +53,15 @@ from enum import StrEnum
 from typing import Protocol, Sequence
 
 from backlog_syphon.errors import BatchFailedError, DestinationUnavailableError
-from backlog_syphon.model import CheckpointRow, DeadLetterOrder, HeldSpan, Outcome, ReasonCode, RecordedSpan
+from backlog_syphon.model import (
+    CheckpointRow,
+    DeadLetterOrder,
+    HeldSpan,
+    Outcome,
+    ReasonCode,
+    RecordedSpan,
+    SettleOrder,
+)
 from backlog_syphon.purge.plan import PurgePlan, PurgeResult
 from backlog_syphon.sink import queue_marks
 from backlog_syphon.sink.delivery import RoundLimits
@@ -93,6 +101,10 @@ class Recovery:
     checkpoint: dict[str, CheckpointRow]
     unsettled: tuple[RecordedSpan, ...]  # recorded, maybe not settled (verified before purging)
     dead_letters: tuple[DeadLetterOrder, ...]
+    # The migration mode's: recorded scheduled and deferred messages, and per session-settled source its recorded
+    # messages per session.
+    settle_orders: tuple[SettleOrder, ...] = ()
+    sessions: dict[str, dict[str, int]] = field(default_factory=dict)
 
 
 NOTHING_RECORDED = Recovery({}, (), ())  # state a run created: no checkpoint rows, nothing unsettled
@@ -118,6 +130,13 @@ class BatchAggregate:
     # Messages held for skipped destinations: not sent, not settled, and no reason to fail or to send again.
     held: tuple[HeldSpan, ...] = ()
     first_outcome_ms: int | None = None  # when the batch's first final outcome was reached (its first send)
+    # The migration mode's: per source settled session by session, its recorded messages per session; and how
+    # many recorded messages a receive does not bring (scheduled, deferred: ``BatchPorts.settle_orders``).
+    sessions: dict[str, dict[str, int]] = field(default_factory=dict)
+    special: int = 0
+    # Final outcomes whose message stays where it is: dead-lettered (or expired) where that cannot be carried out
+    # (in a dead-letter sub-queue; a scheduled message), so what is left in the source is not all unfinished work.
+    left_in_place: int = 0
 
     @property
     def rows(self) -> int:
@@ -146,6 +165,9 @@ class BatchPorts(Protocol):
 
     def dead_letters(self) -> list[DeadLetterOrder]:
         """The batch's recorded dead-letter outcomes (asked for only when there are some)."""
+
+    def settle_orders(self) -> list[SettleOrder]:
+        """The batch's recorded messages a receive does not bring (asked for only when there are some)."""
 
     def record(self, checkpoint: list[CheckpointRow] | None, version: int) -> None:
         """Append the final outcomes to the audit, idempotently on ``version``, and rewrite the checkpoint
@@ -200,8 +222,12 @@ class SinkState:
     # replayed rows among it (None: the run has not begun, or its first batch has run).
     recovered: tuple[RecordedSpan, ...] | None = None
 
+    # The migration mode's sources settled session by session (lower-case names).
+    session_entities: frozenset[str] = frozenset()
+
     def purge_plans(self) -> dict[str, PurgePlan]:
-        return queue_marks.purge_plans(self.unpurged, self.partitioned_queues, self.lock_seconds)
+        return queue_marks.purge_plans(self.unpurged, self.partitioned_queues, self.lock_seconds,
+                                       self.session_entities)
 
     def apply_purges(self, results: dict[str, PurgeResult], now: dt.datetime) -> None:
         if not results or self.checkpoint is None:
@@ -249,7 +275,8 @@ def begin_run(state: SinkState, recovery: Recovery, *, run_id: str, now: dt.date
     state.checkpoint_written_at = now  # as read: the table says what the rows say
     # Held rows of earlier runs are not carried into this one: the run reads those messages again (and holds
     # them again, or sends them), and a mark held back by old rows would never move.
-    state.unpurged = queue_marks.add_recorded({}, recovery.unsettled, recovery.dead_letters, verify=True)
+    state.unpurged = queue_marks.add_recorded({}, recovery.unsettled, recovery.dead_letters, verify=True,
+                                              orders=recovery.settle_orders, sessions=recovery.sessions)
     state.recovered = recovery.unsettled
 
 
@@ -259,7 +286,7 @@ def settle_recorded(state: SinkState, purges: PurgePort) -> int:
     nothing, no round started)."""
     plans = state.purge_plans()
     purges.submit(plans)
-    return sum(plan.expected for plan in plans.values())
+    return sum(plan.expected + len(plan.special) for plan in plans.values())
 
 
 def run_batch(state: SinkState, ports: BatchPorts, lease: LeasePort, purges: PurgePort, *, batch_id: int,
@@ -301,6 +328,7 @@ def run_batch(state: SinkState, ports: BatchPorts, lease: LeasePort, purges: Pur
 
         step = Step.RECORD
         dead_letters = ports.dead_letters() if aggregate.total(Outcome.DEAD_LETTERED) else []
+        orders = ports.settle_orders() if aggregate.special else []
         state.apply_purges(purges.finished(), now)
         state.checkpoint = queue_marks.advance_checkpoint(state.checkpoint, aggregate.spans, batch_id=batch_id,
                                                           run_id=run_id, now=now)
@@ -310,7 +338,8 @@ def run_batch(state: SinkState, ports: BatchPorts, lease: LeasePort, purges: Pur
         state.checkpoint_unrecorded = not rewrite
         if rewrite:
             state.checkpoint_written_at = now
-        state.unpurged = queue_marks.add_recorded(state.unpurged, aggregate.spans, dead_letters, held=aggregate.held)
+        state.unpurged = queue_marks.add_recorded(state.unpurged, aggregate.spans, dead_letters, held=aggregate.held,
+                                                  orders=orders, sessions=aggregate.sessions)
         hooks.reached(CrashPoint.AFTER_RECORD)
         unavailable = aggregate.final_unavailable
         if unavailable:

@@ -15,7 +15,10 @@ purge needs. The rules:
 - where messages were held for skipped destinations is kept per queue for the whole run (one
   merged ``HeldSpan``): they stay in the backlog, so every purge of that queue meets them again
   and must pass over them rather than stop; and the purge mark never passes them, so the next run
-  finds their audit rows above it and reads those queues again.
+  finds their audit rows above it and reads those queues again;
+- the migration mode's recorded messages that a receive does not bring (scheduled, deferred) are kept as
+  ``SettleOrder``s beside the spans that hold them, and a source settled session by session keeps its
+  recorded messages' count per session (an upper bound once a purge left some behind).
 """
 
 from __future__ import annotations
@@ -23,10 +26,10 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Iterable, Mapping
 
-from backlog_syphon.model import CheckpointRow, DeadLetterOrder, HeldSpan, RecordedSpan
+from backlog_syphon.model import CheckpointRow, DeadLetterOrder, HeldSpan, RecordedSpan, SettleOrder
 from backlog_syphon.partitions import partition_of
 from backlog_syphon.restore.queue_names import is_dead_letter_queue_name, owning_queue
 from backlog_syphon.purge.plan import PurgePlan, PurgeResult
@@ -40,6 +43,8 @@ class Unpurged:
     dead_letters: tuple[DeadLetterOrder, ...] = ()
     verify: bool = False  # some may be gone already: count what is there before receiving
     held: HeldSpan | None = None  # where messages for skipped destinations were left (the purge passes them)
+    orders: tuple[SettleOrder, ...] = ()  # recorded scheduled and deferred messages (settled by their own means)
+    sessions: dict[str, int] = field(default_factory=dict)  # session -> recorded messages (session-settled sources)
 
     @property
     def count(self) -> int:
@@ -67,17 +72,23 @@ def awaiting_settlement(spans: Iterable[RecordedSpan]) -> dict[str, int]:
 
 def add_recorded(unpurged: dict[str, Unpurged], spans: Iterable[RecordedSpan],
                  dead_letters: Iterable[DeadLetterOrder] = (), *, verify: bool = False,
-                 held: Iterable[HeldSpan] = ()) -> dict[str, Unpurged]:
-    """Add recorded spans (and the dead-letters among them) to what is left to settle, and where
-    messages were held for skipped destinations."""
-    orders = defaultdict(list)
+                 held: Iterable[HeldSpan] = (), orders: Iterable[SettleOrder] = (),
+                 sessions: Mapping[str, Mapping[str, int]] | None = None) -> dict[str, Unpurged]:
+    """Add recorded spans (and the dead-letters, settle orders and per-session counts among them) to what is
+    left to settle, and where messages were held for skipped destinations."""
+    letters, settle = defaultdict(list), defaultdict(list)
     for order in dead_letters:
-        orders[order.backlog_queue].append(order)
+        letters[order.backlog_queue].append(order)
+    for order in orders:
+        settle[order.backlog_queue].append(order)
     new = dict(unpurged)
     for queue, queue_spans in by_queue(spans).items():
         known = new.get(queue, Unpurged())
-        new[queue] = Unpurged(known.spans + tuple(queue_spans), known.dead_letters + tuple(orders.get(queue, ())),
-                              known.verify or verify, known.held)
+        counts = dict(known.sessions)
+        for session, n in (sessions or {}).get(queue, {}).items():
+            counts[session] = counts.get(session, 0) + n
+        new[queue] = Unpurged(known.spans + tuple(queue_spans), known.dead_letters + tuple(letters.get(queue, ())),
+                              known.verify or verify, known.held, known.orders + tuple(settle.get(queue, ())), counts)
     for span in held:
         known = new.get(span.backlog_queue, Unpurged())
         new[span.backlog_queue] = dataclasses.replace(known, held=span.merged(known.held))
@@ -85,19 +96,23 @@ def add_recorded(unpurged: dict[str, Unpurged], spans: Iterable[RecordedSpan],
 
 
 def purge_plans(unpurged: dict[str, Unpurged], partitioned: frozenset[str] = frozenset(),
-                lock_seconds: Mapping[str, float] | None = None) -> dict[str, PurgePlan]:
+                lock_seconds: Mapping[str, float] | None = None,
+                session_entities: frozenset[str] = frozenset()) -> dict[str, PurgePlan]:
     """Per queue with something recorded and not settled: what its purge settles (a re-drive's dead-letter
     sub-queue in passing mode: past the messages the re-drive leaves there). ``partitioned``: the lower-case
     names of the queues the administration API calls partitioned (a dead-letter sub-queue is as its queue):
     their receives interleave partitions even where every recorded number is partition 0's.
-    ``lock_seconds``: each queue's lock duration where the administration API said, by lower-case name."""
+    ``lock_seconds``: each queue's lock duration where the administration API said, by lower-case name.
+    ``session_entities``: the lower-case names of the sources settled session by session (the migration mode)."""
     locks = lock_seconds or {}
-    return {queue: PurgePlan(queue, pending.spans, pending.count,
+    return {queue: PurgePlan(queue, pending.spans, pending.count - len(pending.orders),
                              {(order.sequence_number, order.enqueued_ms): (order.reason_code, order.reason)
                               for order in pending.dead_letters}, pending.verify, pending.held,
                              passing=is_dead_letter_queue_name(queue),
                              partitioned=owning_queue(queue).lower() in partitioned,
-                             lock_seconds=locks.get(owning_queue(queue).lower()))
+                             lock_seconds=locks.get(owning_queue(queue).lower()),
+                             special={order.identity: order for order in pending.orders},
+                             sessions=dict(pending.sessions) if queue.lower() in session_entities else None)
             for queue, pending in sorted(unpurged.items()) if pending.spans}
 
 
@@ -113,13 +128,21 @@ def after_purge(unpurged: dict[str, Unpurged], results: dict[str, PurgeResult]) 
             continue
         untouched = tuple(span for span in pending.spans if not _was_planned(span, result))
         spans = untouched + result.remaining
+
+        def still_held(orders):
+            return tuple(order for order in orders if any(span.holds(order.sequence_number, order.enqueued_ms)
+                                                          for span in spans))
+
+        # What each session has left: its count less what the round took off (counts recorded meanwhile stay).
+        settled = result.sessions_settled or {}
+        sessions = {session: n - settled.get(session, 0) for session, n in pending.sessions.items()
+                    if n - settled.get(session, 0) > 0}
         # What is left is counted before the next receive (``PurgePlan.verify``), unless the round was
         # throttled before it settled anything: then what is left is what was planned, counts and all.
         unchanged = result.throttled and not (result.completed or result.dead_lettered)
-        new[queue] = Unpurged(spans, tuple(order for order in pending.dead_letters if any(
-            span.holds(order.sequence_number, order.enqueued_ms) for span in spans)),
-            pending.verify or (bool(result.remaining) and not unchanged), pending.held) \
-            if spans else Unpurged(held=pending.held)
+        new[queue] = Unpurged(spans, still_held(pending.dead_letters),
+                              pending.verify or (bool(result.remaining) and not unchanged), pending.held,
+                              still_held(pending.orders), sessions) if spans else Unpurged(held=pending.held)
     return new
 
 

@@ -5,18 +5,23 @@ A task reads its rows in chunks (``SEND_CHUNK_ROWS``, whatever the window's size
 deliverable row's message with the codec (``restore.restored_message``), and hands the chunks to the pure
 delivery rounds (``sink.delivery``) with the real senders (``servicebus.send``, links pooled per
 process) and its share of the rate cap (``sink.pacing``). It runs in a Python worker: everything it
-needs comes through its closure (the settings, the round's limits, the test's ``FaultPlan``).
+needs comes through its closure (the settings, the round's limits, the test's ``FaultPlan``, and in the migration
+mode its routes: each message is then sent as it was, ``restore.copied_message``).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import datetime as dt
 import logging
 import time
 from typing import Callable, Iterator, Mapping
 
-from backlog_syphon.model import Action, Outcome, OutcomeRecord, ReasonCode, RefusedBeforeSending, SendShape
+from backlog_syphon.model import (
+    NO_MIGRATION, Action, MigrationPlan, Outcome, OutcomeRecord, ReasonCode, RefusedBeforeSending, SendShape
+)
+from backlog_syphon.restore.copied_message import Additions, copy_message_bytes
 from backlog_syphon.restore.destination_fit import property_size_refusal
 from backlog_syphon.restore.legacy_properties import LegacyFields
 from backlog_syphon.restore.restored_message import restore_message_bytes
@@ -35,12 +40,13 @@ logger = logging.getLogger(__name__)
 
 def deliver_partition(batches, *, primary, sink, run_id: str, batch_id: int, limits: delivery.RoundLimits,
                       pace_share: float | None = None, pacing_reports=None, faults: FaultPlan = NO_FAULTS,
-                      send_shapes: Mapping[str, SendShape] | None = None,
+                      send_shapes: Mapping[str, SendShape] | None = None, migration: MigrationPlan = NO_MIGRATION,
                       clock: Callable[[], float] = time.time) -> Iterator:
     """Deliver one task's rows (Arrow record batches) and yield the outcomes as Arrow record batches;
     at the end, report the task's pacing (``pacing_reports``, an accumulator). ``faults``: the test's
     plan, acted on after the task's first send (``CrashPoint.MID_SEND``). ``send_shapes``: the send shapes
-    the administration API decided, by lower-case destination name (``sink.send_shape.known_shapes``)."""
+    the administration API decided, by lower-case destination name (``sink.send_shape.known_shapes``).
+    ``migration``: a migration run's plan: its routes decide what each copy gets (``copy_outgoing``)."""
     from backlog_syphon.servicebus.send import DestinationSenders, classify_send_error
     from backlog_syphon.worker_process import freeze_imports
 
@@ -57,7 +63,10 @@ def deliver_partition(batches, *, primary, sink, run_id: str, batch_id: int, lim
     opened: set[str] = set()
     pacer = Pacer(pace_share, sink.throttle_recovery_seconds, clock())
     shapes = SendShapes(known=dict(send_shapes or {}), learned=LEARNED_SHAPES.setdefault(primary.endpoint, {}))
-    for results in delivery.deliver_chunks(row_chunks(batches, opened, senders), build=build_outgoing, sender=senders,
+    build = build_outgoing  # chosen once: the per-message path of a backlog run stays as it was
+    if migration.sources and migration.copy:
+        build = functools.partial(_copy_outgoing_now, migration=migration, clock=clock)
+    for results in delivery.deliver_chunks(row_chunks(batches, opened, senders), build=build, sender=senders,
                                            classify=classify_send_error, sink=sink, limits=limits, clock=clock,
                                            on_sent=first_send, pacer=pacer, shapes=shapes):
         yield record_batch([outcome_row(result, run_id, batch_id, clock()) for result in results],
@@ -98,6 +107,10 @@ def row_chunks(batches, opened: set[str], senders) -> Iterator[list[dict]]:
             yield chunk
 
 
+def _copy_outgoing_now(row, *, migration: MigrationPlan, clock) -> delivery.Outgoing:
+    return copy_outgoing(row, migration, clock())
+
+
 def build_outgoing(row) -> delivery.Outgoing:
     """The restored message of a deliverable row, as the bytes to send, with the TTL its classification chose;
     ``RefusedBeforeSending`` where Service Bus would refuse it for its properties' size. The source read the
@@ -113,6 +126,18 @@ def build_outgoing(row) -> delivery.Outgoing:
                                    f"Service Bus would refuse the restored message: {too_large} (its answer, \"The "
                                    f"service was unable to process the request; please retry the operation\", "
                                    f"would look transient); no retry changes it")
+    return delivery.Outgoing(encoded, row["message_id"], row["session_id"], row["partition_key"])
+
+
+def copy_outgoing(row, migration: MigrationPlan, now: float) -> delivery.Outgoing:
+    """A migrated row's message as it was, its expiry kept (``restore.copied_message``), with what its route adds:
+    provenance, and the property a subscription's ``property`` delivery sets."""
+    route = migration.route(row["backlog_queue"])
+    additions = Additions(source_entity=row["backlog_queue"] if route is not None and route.provenance else None,
+                          property_name=route.property_name if route is not None else None,
+                          property_value=route.property_value if route is not None else None)
+    encoded = copy_message_bytes(row["raw_message"], now_ms=int(now * 1000), additions=additions,
+                                 from_dead_letters=is_dead_letter_queue_name(row["backlog_queue"]))
     return delivery.Outgoing(encoded, row["message_id"], row["session_id"], row["partition_key"])
 
 
@@ -132,4 +157,5 @@ def outcome_row(result: delivery.Delivery, run_id: str, batch_id: int, now: floa
         "dead_letter_reason": row.get("dead_letter_reason"),
         "dead_letter_error_description": row.get("dead_letter_error_description"),
         "original_destination": row.get("original_destination"),
+        "message_state": row.get("message_state"),
     }

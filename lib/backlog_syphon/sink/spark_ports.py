@@ -29,15 +29,27 @@ from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
 from backlog_syphon.config import SyphonConfig
-from backlog_syphon.model import CheckpointRow, DeadLetterOrder, Outcome, PacingStats, RecordedSpan, SendShape
+from backlog_syphon.model import (
+    NO_MIGRATION,
+    CheckpointRow,
+    DeadLetterOrder,
+    MessageState,
+    MigrationPlan,
+    Outcome,
+    PacingStats,
+    RecordedSpan,
+    SendShape,
+    SettleOrder,
+    settle_kind,
+)
 from backlog_syphon.partitions import PARTITION_SHIFT
-from backlog_syphon.restore import redrive, rules
+from backlog_syphon.restore import redrive
 from backlog_syphon.restore.queue_names import DEAD_LETTER_SUBQUEUE
 from backlog_syphon.rows import OUTCOME_ROW_SCHEMA
 from backlog_syphon.sink import delivery
 from backlog_syphon.sink.fault_plan import NO_FAULTS, FaultPlan
 from backlog_syphon.sink.micro_batch import NOTHING_RECORDED, BatchAggregate, Recovery
-from backlog_syphon.sink.outcome_aggregate import combine_groups, cuts_span, pacing_after_round
+from backlog_syphon.sink.outcome_aggregate import STAYING_WHERE_THEY_ARE, combine_groups, cuts_span, pacing_after_round
 from backlog_syphon.sink.pacing import cap_share, send_cap
 from backlog_syphon.sink.send_shape import known_shapes
 from backlog_syphon.sink.send_task import deliver_partition
@@ -53,8 +65,9 @@ class RunSettings(Protocol):
     state_is_new: bool  # nothing was ever recorded: the first batch reads nothing back
     fault_plan: FaultPlan
     clock: Callable[[], dt.datetime]
+    migration: MigrationPlan  # a migration run's sources and routes (``NO_MIGRATION`` in the backlog mode)
 
-    def classifier(self, columns: list[str]) -> rules.Classifier: ...
+    def classifier(self, columns: list[str]): ...
 
 
 class SessionLease:
@@ -97,7 +110,7 @@ class SparkBatch:
     def _recover(self) -> Recovery:
         if self.sink.state_is_new:  # this run created the tables and is the lease's first holder
             return NOTHING_RECORDED
-        return read_recovery(self.spark, self.sink.config.storage)[0]
+        return read_recovery(self.spark, self.sink.config.storage, self.sink.migration)[0]
 
     def recorded_rows_of_batch(self) -> int:
         """Every row earlier attempts of this batch recorded, settled or not: the attempt's transaction version
@@ -120,7 +133,7 @@ class SparkBatch:
             outcomes = send_on_executors(classified, self.sink.config, run_id=self.sink.run_id, batch_id=self.batch_id,
                                          limits=limits, pace_share=share, pacing_reports=reports,
                                          faults=self.sink.fault_plan,
-                                         send_shapes=self._send_shapes())
+                                         send_shapes=self._send_shapes(), migration=self.sink.migration)
         if reports is not None:  # the tasks have run (the outcomes are checkpointed eagerly)
             self.pacing = pacing_after_round(self.pacing, reports.value)
             self.sink.learned_single_destinations.update(reports.value.single_message_destinations)
@@ -128,7 +141,7 @@ class SparkBatch:
             outcomes = self.latest.where(F.col("outcome") != Outcome.UNSENT).unionByName(outcomes)
         self.latest = outcomes
         with self.timed("aggregate"):
-            return aggregate_outcomes(outcomes)
+            return aggregate_outcomes(outcomes, self.sink.migration.session_entities)
 
     def _send_shapes(self) -> dict[str, SendShape]:
         """The destinations that take single messages only: as the administration API describes them, and as
@@ -159,6 +172,10 @@ class SparkBatch:
         with self.timed("dead letters"):
             return collect_dead_letters(self.latest)
 
+    def settle_orders(self) -> list[SettleOrder]:
+        with self.timed("settle orders"):
+            return collect_settle_orders(self.latest)
+
     def record(self, checkpoint: list[CheckpointRow] | None, version: int) -> None:
         """The audit append (executors) and, when given, the checkpoint write (a tiny table) at once: each
         is idempotent on ``version``, so their order does not matter for a replay."""
@@ -174,20 +191,23 @@ class SparkBatch:
                 future.result()
 
 
-def read_recovery(spark: SparkSession, storage, *, since=None) -> tuple[Recovery, tuple[str, ...]]:
+def read_recovery(spark: SparkSession, storage, migration: MigrationPlan = NO_MIGRATION, *,
+                  since=None) -> tuple[Recovery, tuple[str, ...]]:
     """What the tables say is recorded and may still be in the backlog, in one read of each: the recovery
     a run begins with, and the backlog queues where it includes messages held for skipped destinations,
     which the run reads again from their first message (a purge mark never passes a held message,
-    ``queue_marks.mark_purged``). ``since``: the audit's outcome dates read (``storage.tables.recorded_unsettled``).
+    ``queue_marks.mark_purged``). ``migration``: a migration run's plan (its sources settled session by
+    session). ``since``: the audit's outcome dates read (``storage.tables.recorded_unsettled``).
     The dry run and the status count what waits to be settled from it (``queue_marks.awaiting_settlement``)."""
     checkpoint = tables.read_checkpoint(spark, storage.checkpoint_table)
     recorded = tables.recorded_unsettled(spark, storage.audit_table, checkpoint, since)
     if recorded is None:  # no audit table yet: nothing was ever recorded
         return Recovery(checkpoint, (), ()), ()
-    aggregate = aggregate_outcomes(recorded)
+    aggregate = aggregate_outcomes(recorded, migration.session_entities)
     dead_letters = tuple(collect_dead_letters(recorded)) if aggregate.total(Outcome.DEAD_LETTERED) else ()
+    orders = tuple(collect_settle_orders(recorded)) if aggregate.special else ()
     held_in = tuple(sorted({span.backlog_queue for span in aggregate.held}))
-    return Recovery(checkpoint, aggregate.spans, dead_letters), held_in
+    return Recovery(checkpoint, aggregate.spans, dead_letters, orders, aggregate.sessions), held_in
 
 
 def held_by_any(spans: Sequence[RecordedSpan]):
@@ -204,8 +224,10 @@ def held_by_any(spans: Sequence[RecordedSpan]):
     return F.expr(f"coalesce({held or 'false'}, false)")
 
 
-def aggregate_outcomes(outcomes: DataFrame) -> BatchAggregate:
-    """Every outcome row aggregated: recorded spans, per-destination counts, unsent destinations.
+def aggregate_outcomes(outcomes: DataFrame, session_entities: frozenset[str] = frozenset()) -> BatchAggregate:
+    """Every outcome row aggregated: recorded spans, per-destination counts, unsent destinations, and (the
+    migration mode) per session-settled source its recorded messages per session (``session_entities``: their
+    lower-case names).
 
     A span is a run of final outcomes of one queue, one batch and one attempt (run), in sequence
     order, cut wherever a message stays where it is (``cuts_span``). One Spark job; a second, with the
@@ -214,19 +236,25 @@ def aggregate_outcomes(outcomes: DataFrame) -> BatchAggregate:
     # A span never crosses a partitioned queue's partitions (``partitions``: the top 16 bits): the purge
     # looks at what is left of a span with a peek at its first number, which answers from its partition.
     lane = F.shiftright(F.col("sequence_number"), PARTITION_SHIFT) * F.lit(1 << 40)
+    session_key = (F.when(F.lower(F.col("backlog_queue")).isin(sorted(session_entities)), F.col("session_id"))
+                   if session_entities else F.lit(None)).cast("string")
+    outcomes = outcomes.withColumn("session_key", session_key)
     groups = _group_outcomes(outcomes.withColumn("island", lane))
-    if any(cuts_span(Outcome(group["outcome"]), group["backlog_queue"]) for group in groups):
+    if any(cuts_span(Outcome(group["outcome"]), group["backlog_queue"], group["message_state"]) for group in groups):
         order = Window.partitionBy("run_id", "batch_id", "backlog_queue").orderBy("sequence_number", "enqueued_time")
+        in_dead_letters = F.lower(F.col("backlog_queue")).endswith("/" + DEAD_LETTER_SUBQUEUE.lower())
+        scheduled = F.coalesce(F.col("message_state") == MessageState.SCHEDULED, F.lit(False))
         stays = (F.col("outcome").isin([outcome.value for outcome in Outcome if not outcome.is_final]) | (
-            (F.col("outcome") == Outcome.DEAD_LETTERED)
-            & F.lower(F.col("backlog_queue")).endswith("/" + DEAD_LETTER_SUBQUEUE.lower()))).cast("long")
+            F.col("outcome").isin([outcome.value for outcome in STAYING_WHERE_THEY_ARE])
+            & (in_dead_letters | scheduled))).cast("long")
         groups = _group_outcomes(outcomes.withColumn(
             "island", lane + F.sum(stays).over(order.rowsBetween(Window.unboundedPreceding, 0))))
     return combine_groups(groups)
 
 
 def _group_outcomes(outcomes: DataFrame) -> list[dict]:
-    rows = (outcomes.groupBy("run_id", "batch_id", "backlog_queue", "island", "destination", "outcome", "reason_code")
+    rows = (outcomes.groupBy("run_id", "batch_id", "backlog_queue", "island", "destination", "outcome", "reason_code",
+                             "message_state", "session_key")
             .agg(F.min("sequence_number").alias("first"), F.max("sequence_number").alias("last"),
                  F.min(F.unix_millis("enqueued_time")).alias("enqueued_from"),
                  F.max(F.unix_millis("enqueued_time")).alias("enqueued_to"),
@@ -238,13 +266,28 @@ def _group_outcomes(outcomes: DataFrame) -> list[dict]:
 
 def collect_dead_letters(outcomes: DataFrame) -> list[DeadLetterOrder]:
     """The dead-letter outcomes among ``outcomes`` (rare: collected to the driver for the purge). A re-drive's
-    are left out: its message stays in the dead-letter sub-queue, which cannot dead-letter it again."""
+    are left out: its message stays in the dead-letter sub-queue, which cannot dead-letter it again; and so is a
+    scheduled message's (the migration mode), which no receive brings."""
     in_dead_letter_queue = F.lower(F.col("backlog_queue")).endswith("/" + DEAD_LETTER_SUBQUEUE.lower())
-    rows = (outcomes.where((F.col("outcome") == Outcome.DEAD_LETTERED) & ~in_dead_letter_queue)
+    scheduled = F.coalesce(F.col("message_state") == MessageState.SCHEDULED, F.lit(False))
+    rows = (outcomes.where((F.col("outcome") == Outcome.DEAD_LETTERED) & ~in_dead_letter_queue & ~scheduled)
             .select("backlog_queue", "sequence_number", F.unix_millis("enqueued_time").alias("enqueued_ms"),
                     "reason_code", "reason").collect())
     return [DeadLetterOrder(row["backlog_queue"], row["sequence_number"], row["enqueued_ms"],
                             row["reason_code"] or "undeliverable", row["reason"] or "") for row in rows]
+
+
+def collect_settle_orders(outcomes: DataFrame) -> list[SettleOrder]:
+    """The recorded messages among ``outcomes`` that a receive does not bring (the migration mode's scheduled and
+    deferred messages with a final outcome the purge carries out; an expired one the broker collects itself),
+    collected to the driver for the purge."""
+    rows = (outcomes.where(F.col("message_state").isin(MessageState.SCHEDULED.value, MessageState.DEFERRED.value)
+                           & (F.col("outcome") != Outcome.EXPIRED))
+            .select("backlog_queue", "sequence_number", F.unix_millis("enqueued_time").alias("enqueued_ms"), "outcome",
+                    "message_state", "session_id").collect())
+    return [SettleOrder(row["backlog_queue"], row["sequence_number"], row["enqueued_ms"],
+                        settle_kind(MessageState(row["message_state"])), row["session_id"])
+            for row in rows if not cuts_span(Outcome(row["outcome"]), row["backlog_queue"], row["message_state"])]
 
 
 def task_slots(spark: SparkSession) -> int:
@@ -302,7 +345,8 @@ def pacing_accumulator(spark: SparkSession):
 def send_on_executors(classified: DataFrame, config: SyphonConfig, *, run_id: str, batch_id: int,
                       limits: delivery.RoundLimits, pace_share: float | None = None,
                       pacing_reports=None, faults: FaultPlan = NO_FAULTS,
-                      send_shapes: Mapping[str, SendShape] | None = None) -> DataFrame:
+                      send_shapes: Mapping[str, SendShape] | None = None,
+                      migration: MigrationPlan = NO_MIGRATION) -> DataFrame:
     """Deliver on executors, one task per backlog queue (``sink.send_task``), each at most at ``pace_share``
     messages a second; the outcomes checkpointed once. Each task adds its ``PacingStats`` to
     ``pacing_reports`` (if any); ``faults`` (the test's plan) and ``send_shapes`` (the destinations the
@@ -312,7 +356,7 @@ def send_on_executors(classified: DataFrame, config: SyphonConfig, *, run_id: st
     def deliver(batches):
         yield from deliver_partition(batches, primary=primary, sink=sink_config, run_id=run_id, batch_id=batch_id,
                                      limits=limits, pace_share=pace_share, pacing_reports=pacing_reports,
-                                     faults=faults, send_shapes=send_shapes)
+                                     faults=faults, send_shapes=send_shapes, migration=migration)
 
     # localCheckpoint, not cache: a lost partition fails the batch (replayed safely) instead of
     # being computed, and so sent, a second time. Then one partition: the outcome rows are small (no

@@ -23,6 +23,9 @@
   then ends by itself.
 - ``spark.read.format("servicebus-backlog")`` (batch) is a snapshot of every message in the
   backlog queues, for the dry run: the same rows, nothing settled.
+- The migration mode reads the entities its options name (``SourceOptions.sources``) the same way, with rows of
+  the messages as they were (``copy``); a session-enabled entity and a topic are peeked through a
+  management-only link (``servicebus.clients.browse_only``).
 
 Driver-side methods run in one long-lived Python process per query run; ``read`` runs on a
 pickled copy in executors, so SDK clients are created lazily and never pickled. The decisions are
@@ -41,6 +44,7 @@ from typing import Iterator
 from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceStreamReader, InputPartition
 
 from backlog_syphon.config import NamespaceConfig, SyphonConfig
+from backlog_syphon.model import NO_MIGRATION, MigrationPlan
 from backlog_syphon.errors import BacklogQueueMissingError
 from backlog_syphon.restore.amqp.decoding import AmqpDecodeError
 from backlog_syphon.restore.backlog_rows import peeked_message
@@ -70,11 +74,12 @@ READ_LIMITS_SUPPORTED = ReadMaxRows is not None  # Spark 4.2+
 
 def backlog_source_options(config: SyphonConfig, *, stop_file: str | None = None,
                            emulate_available_now: bool = False, look_back: tuple[str, ...] = (),
-                           read_slots: int = 0) -> dict[str, str]:
-    """The reader options for a syphon configuration (all strings, as Spark wants them); ``read_slots``: the
-    cluster's task slots, where known (``SourceOptions.read_slots``)."""
+                           migration: MigrationPlan = NO_MIGRATION, read_slots: int = 0) -> dict[str, str]:
+    """The reader options for a syphon configuration (all strings, as Spark wants them); ``migration``: a
+    migration run's plan (its sources are read instead of backlog queues); ``read_slots``: the cluster's task
+    slots, where known (``SourceOptions.read_slots``)."""
     return SourceOptions.from_config(config, stop_file=stop_file, emulate_available_now=emulate_available_now,
-                                     look_back=look_back, read_slots=read_slots).to_spark()
+                                     look_back=look_back, migration=migration, read_slots=read_slots).to_spark()
 
 
 # A batch read of no queue at all: nothing is listed or peeked, and planning it starts Spark's Python
@@ -140,9 +145,10 @@ class BacklogDataSource(DataSource):
         return BacklogSnapshotReader(self.options)
 
 
-def read_window(namespace: NamespaceConfig, window: BacklogWindow):
+def read_window(namespace: NamespaceConfig, window: BacklogWindow, *, copy: bool = False):
     """Yield the rows of one window as Arrow record batches (executor side): a queue's one per peeked page,
-    as it is read; a partitioned queue's lane by lane (``_read_lanes_at_once``).
+    as it is read; a partitioned queue's lane by lane (``_read_lanes_at_once``). ``copy``: the migration mode's
+    rows (``restore.backlog_rows.copy_fields``).
 
     Contiguous by construction: the window ends only at its planned end, or where no message follows
     (``peek_pages.PagedRead``: a short page is read on from after its last message, an empty one is looked
@@ -156,10 +162,10 @@ def read_window(namespace: NamespaceConfig, window: BacklogWindow):
 
     open_peek_receivers(namespace, window.batch_queues)  # pooled: at once, the first time in this process
     if not window.lanes:
-        yield from read_ahead(record_batch(rows, BACKLOG_ROW_ARROW_SCHEMA)
-                              for rows in _read_range(namespace, window.queue, window.queue, window.start, window.end))
+        yield from read_ahead(record_batch(rows, BACKLOG_ROW_ARROW_SCHEMA) for rows in _read_range(
+            namespace, window.queue, window.queue, window.start, window.end, copy=copy))
         return
-    yield from _read_lanes_at_once(namespace, window)
+    yield from _read_lanes_at_once(namespace, window, copy)
 
 
 _END = object()
@@ -220,7 +226,7 @@ def read_ahead(items: Iterator, depth: int = 1) -> Iterator:
 LANE_BATCH_ROWS = PEEK_PAGE_SIZE
 
 
-def _read_lanes_at_once(namespace: NamespaceConfig, window: BacklogWindow):
+def _read_lanes_at_once(namespace: NamespaceConfig, window: BacklogWindow, copy: bool):
     """A partitioned queue's lanes, each read on a link of its own at once, yielded partition by partition,
     each in order, in batches of ``LANE_BATCH_ROWS`` rows. A peek answers from one partition, perhaps one
     message a call (as reported of the service): one lane after the other, a window of a queue's 16 would
@@ -235,7 +241,7 @@ def _read_lanes_at_once(namespace: NamespaceConfig, window: BacklogWindow):
     links = [lane_key(window.queue, partition_of(start)) for start, _ in window.lanes]
     open_peek_receivers(namespace, links)
     with ThreadPoolExecutor(max_workers=len(links), thread_name_prefix="lane-read") as pool:
-        lanes = [pool.submit(_read_whole_range, namespace, window.queue, link, start, end, lane=True)
+        lanes = [pool.submit(_read_whole_range, namespace, window.queue, link, start, end, copy=copy, lane=True)
                  for link, (start, end) in zip(links, window.lanes)]
         for lane in lanes:
             rows = lane.result()
@@ -244,16 +250,17 @@ def _read_lanes_at_once(namespace: NamespaceConfig, window: BacklogWindow):
 
 
 def _read_whole_range(namespace: NamespaceConfig, queue: str, link: str, start: int, end: int, *,
-                      lane: bool = False) -> list[dict]:
-    return [row for rows in _read_range(namespace, queue, link, start, end, lane=lane) for row in rows]
+                      copy: bool = False, lane: bool = False) -> list[dict]:
+    return [row for rows in _read_range(namespace, queue, link, start, end, copy=copy, lane=lane) for row in rows]
 
 
-def _read_range(namespace: NamespaceConfig, queue: str, link: str, start: int, end: int, *, lane: bool = False):
+def _read_range(namespace: NamespaceConfig, queue: str, link: str, start: int, end: int, *, copy: bool = False,
+                lane: bool = False):
     """The rows of ``[start, end)`` of ``queue``, a list per peeked page, peeked through the pooled link ``link``
     (the queue's, or one lane's: ``lane``, a partition's range)."""
     from backlog_syphon.servicebus.clients import pooled_receiver
 
-    reader = _WindowReader(queue, start, end, lane=lane)
+    reader = _WindowReader(queue, start, end, copy=copy, lane=lane)
     for fresh_link in (False, True):
         try:
             with pooled_receiver(namespace, link) as receiver:  # a failed link is dropped from the pool
@@ -272,10 +279,10 @@ class _WindowReader:
     (``peek_pages.LANE_LOOKS``): a peek may answer from another partition while this one holds messages; only
     answers that keep missing end the lane (the next non-empty partition answers: nothing more here)."""
 
-    def __init__(self, queue: str, start: int, end: int, *, lane: bool = False):
+    def __init__(self, queue: str, start: int, end: int, *, copy: bool = False, lane: bool = False):
         from backlog_syphon.peek_pages import PagedRead
 
-        self.queue, self.end = queue, end
+        self.queue, self.end, self.copy = queue, end, copy
         self.read = PagedRead(start, end - 1, lane=lane)
 
     def pages(self, receiver):
@@ -289,7 +296,7 @@ class _WindowReader:
         while (ask := read.next_ask()) is not None:
             messages = []
             for raw in peek_raw(receiver, *ask):  # in order: once one lies past the range, the rest do too
-                messages.append(placed(queue, raw, read.position))
+                messages.append(placed(queue, raw, read.position, copy=self.copy))
                 if messages[-1].sequence_number > read.last:
                     break
             taken = read.on_page([message.sequence_number for message in messages])
@@ -300,11 +307,12 @@ class _WindowReader:
                 yield [message.row for message in messages[:taken]]
 
 
-def placed(queue: str, raw: bytes, position: int):
+def placed(queue: str, raw: bytes, position: int, *, copy: bool = False):
     """A peeked message decoded once (``backlog_rows.peeked_message``), which must say where the broker put it:
-    its sequence number is read even when the rest is unreadable, and a message without one stops the read."""
+    its sequence number is read even when the rest is unreadable, and a message without one stops the read.
+    ``copy``: the migration mode's row."""
     try:
-        message = peeked_message(queue, raw)
+        message = peeked_message(queue, raw, copy=copy)
     except AmqpDecodeError as error:
         why = str(error)
     else:
@@ -327,8 +335,18 @@ class BacklogSnapshotReader(DataSourceReader):
         return [BacklogWindow(queue, 0, _END_OF_QUEUE, tuple(queues)) for queue in queues]
 
     def read(self, partition: BacklogWindow):
-        _pace_reads(self.options, partition)
-        yield from read_window(self.options.secondary, partition)
+        yield from read_options_window(self.options, partition)
+
+
+def read_options_window(options: SourceOptions, window: BacklogWindow):
+    """``read_window`` in a process that knows the source only by its options: which entities peek through a
+    management-only link is registered first (the executor's pool serves them so), and the read is paced at the
+    reads' share of the secondary's credits (``_pace_reads``)."""
+    from backlog_syphon.servicebus.clients import browse_only
+
+    browse_only(options.secondary, options.browse_only)
+    _pace_reads(options, window)
+    yield from read_window(options.secondary, window, copy=options.copy)
 
 
 def _pace_reads(options: SourceOptions, window: BacklogWindow) -> None:
@@ -430,22 +448,24 @@ class BacklogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     # --- executors: rows ----------------------------------------------------------------------
 
     def read(self, partition: BacklogWindow):
-        _pace_reads(self.options, partition)
-        yield from read_window(self.options.secondary, partition)
+        yield from read_options_window(self.options, partition)
 
     # --- helpers --------------------------------------------------------------------------------
 
     def _backlog_queues(self) -> list[str]:
         now = time.monotonic()
         if self._queues is None or (self.options.discover and now - self._discovered_at > _DISCOVERY_INTERVAL_SECONDS):
-            from backlog_syphon.servicebus.clients import open_peek_receivers
+            from backlog_syphon.servicebus.clients import browse_only, open_peek_receivers
 
             from backlog_syphon.servicebus.entities import partitioned_queues
 
             self._queues = backlog_queues(self.options)
             self._discovered_at = now
-            # Best effort: where the administration API does not answer, a probe's partition bits tell.
-            self.planner.partitioned.update(partitioned_queues(self.options.secondary, self._queues))
+            browse_only(self.options.secondary, self.options.browse_only)
+            # Best effort: where the administration API does not answer, a probe's partition bits tell. A migration
+            # run knows its sources' partitioning from the listing it selected them in.
+            self.planner.partitioned.update(set(self.options.partitioned) if self.options.sources else
+                                            partitioned_queues(self.options.secondary, self._queues))
             # A partitioned queue's lanes are probed at once, each on a link of its own: opened together here.
             open_peek_receivers(self.options.secondary,
                                 list(dict.fromkeys([*self._queues, *self.planner.keys(self._queues)])))
@@ -462,7 +482,7 @@ def backlog_queues(options: SourceOptions) -> list[str]:
     """The configured backlog queues and, with ``discover``, every other one the namespace lists (in a
     re-drive, their dead-letter sub-queues: the peeks address ``<queue>/$DeadLetterQueue`` as an entity)."""
     queues = set(options.configured_queues)
-    if options.discover:
+    if options.discover and not options.sources:
         from backlog_syphon.servicebus.peek import list_backlog_queues
 
         queues.update(options.entities(list_backlog_queues(options.secondary, options.primary_namespace) or []))

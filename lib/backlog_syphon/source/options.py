@@ -25,7 +25,7 @@ from backlog_syphon.config import (
     SyphonConfig,
 )
 from backlog_syphon.credits import CreditTerms
-from backlog_syphon.model import CredentialKind
+from backlog_syphon.model import NO_MIGRATION, CredentialKind, MigrationPlan
 from backlog_syphon.restore.queue_names import backlog_queue_names, dead_letter_queue_name
 
 # Option names containing "secret" are redacted by Spark's default spark.redaction.regex, so the
@@ -57,6 +57,13 @@ class SourceOptions:
     look_back: tuple[str, ...] = ()
     # A re-drive: read each backlog queue's dead-letter sub-queue ("<queue>/$DeadLetterQueue") instead.
     dead_letters: bool = False
+    # The migration mode: the source entities to read (their paths), instead of backlog queues (nothing is
+    # discovered); their rows are the messages as they were (``copy``, unless its restore rules apply); which of
+    # them are peeked through a management-only link (lower-case paths), and which are partitioned.
+    sources: tuple[str, ...] = ()
+    copy: bool = False
+    browse_only: tuple[str, ...] = ()
+    partitioned: tuple[str, ...] = ()
     # How the secondary's credits are paced (``credits``): its budget is the secondary's setting.
     outage_seconds: float = _SINK.outage_wait_seconds
     recovery_seconds: float = _SINK.throttle_recovery_seconds
@@ -78,20 +85,25 @@ class SourceOptions:
     @classmethod
     def from_config(cls, config: SyphonConfig, *, stop_file: str | None = None,
                     emulate_available_now: bool = False, look_back: tuple[str, ...] = (),
-                    read_slots: int = 0) -> SourceOptions:
+                    migration: MigrationPlan = NO_MIGRATION, read_slots: int = 0) -> SourceOptions:
         return cls(primary_namespace=config.primary.namespace, secondary=config.secondary,
-                   queue_count=config.backlog.queue_count, discover=config.backlog.discover,
+                   queue_count=config.backlog.queue_count, discover=config.backlog.discover and not migration.sources,
                    max_messages_per_trigger=config.run.max_messages_per_trigger,
                    idle_probe_max_seconds=config.run.idle_probe_max_seconds,
                    available_now=config.run.trigger == AVAILABLE_NOW, stop_file=stop_file,
                    emulate_available_now=emulate_available_now, look_back=tuple(sorted(look_back)),
-                   dead_letters=config.redriving, outage_seconds=config.sink.outage_wait_seconds,
+                   dead_letters=config.redriving and not migration.sources, sources=migration.paths,
+                   copy=bool(migration.sources) and migration.copy, browse_only=tuple(sorted(migration.browse_only)),
+                   partitioned=tuple(source.path for source in migration.sources if source.partitioned),
+                   outage_seconds=config.sink.outage_wait_seconds,
                    recovery_seconds=config.sink.throttle_recovery_seconds, read_slots=read_slots)
 
     @property
     def configured_queues(self) -> list[str]:
         """The backlog queues ``0..queue_count-1`` (or their dead-letter sub-queues), always read (discovery
-        may add more)."""
+        may add more); a migration run's sources."""
+        if self.sources:
+            return list(self.sources)
         return self.entities(backlog_queue_names(self.primary_namespace, self.queue_count))
 
     def entities(self, backlog_queues: list[str]) -> list[str]:
@@ -145,6 +157,12 @@ class SourceOptions:
             options["lookBack"] = "\n".join(self.look_back)  # queue names hold no newline
         if self.dead_letters:
             options["deadLetters"] = "true"
+        for name, values in (("sources", self.sources), ("browseOnly", self.browse_only),
+                             ("partitioned", self.partitioned)):
+            if values:
+                options[name] = "\n".join(values)  # entity paths hold no newline
+        if self.copy:
+            options["copy"] = "true"
         return options
 
     @classmethod
@@ -183,6 +201,8 @@ class SourceOptions:
                    emulate_available_now=get("emulateAvailableNow", cls.emulate_available_now, _boolean),
                    look_back=tuple(filter(None, (options.get("lookBack") or "").split("\n"))),
                    dead_letters=get("deadLetters", cls.dead_letters, _boolean),
+                   sources=_lines(options.get("sources")), copy=get("copy", cls.copy, _boolean),
+                   browse_only=_lines(options.get("browseOnly")), partitioned=_lines(options.get("partitioned")),
                    outage_seconds=get("outageSeconds", cls.outage_seconds, float),
                    recovery_seconds=get("recoverySeconds", cls.recovery_seconds, float),
                    read_slots=get("readSlots", cls.read_slots, int))
@@ -197,6 +217,10 @@ def _credential(options: Mapping[str, str]) -> CredentialConfig | None:
     if secret:  # the kind's one secret field: a service principal's client secret, a custom factory's secret
         fields["secret" if fields["kind"] == CredentialKind.CUSTOM else "client_secret"] = Secret(secret, "source option")
     return CredentialConfig(**fields)
+
+
+def _lines(text: str | None) -> tuple[str, ...]:
+    return tuple(filter(None, (text or "").split("\n")))
 
 
 def _boolean(text: str) -> bool:

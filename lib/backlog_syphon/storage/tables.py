@@ -27,7 +27,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import DateType, StructField, StructType
 
-from backlog_syphon.model import CheckpointRow, Lease, Outcome, RunRow
+from backlog_syphon.model import FINAL_OUTCOMES, CheckpointRow, Lease, Outcome, RunRow
 from backlog_syphon.restore.queue_names import DEAD_LETTER_SUBQUEUE
 from backlog_syphon.rows import OUTCOME_ROW_SCHEMA, arrow_schema, record_batch, struct_of
 from backlog_syphon.storage import upkeep
@@ -259,6 +259,22 @@ def recorded_unsettled(spark: SparkSession, audit_table: str, checkpoint: dict[s
     if since is not None:
         above = (F.col("outcome_date") >= F.lit(since)) & above
     return audit.where(above)
+
+
+def recorded_sequence_numbers(spark: SparkSession, audit_table: str, sources: list[str]) -> dict[str, frozenset[int]]:
+    """{source (lower case): the sequence numbers the audit holds a final outcome for} over ``sources`` (the
+    migration mode's fan-out check, ``migration.fan_out``): a few entities' numbers, collected; {} before the
+    audit's first write."""
+    audit = existing_table(spark, audit_table)
+    if audit is None or not sources:
+        return {}
+    rows = (audit.where(F.lower(F.col("backlog_queue")).isin([source.lower() for source in sources])
+                        & F.col("outcome").isin([outcome.value for outcome in FINAL_OUTCOMES]))
+            .select(F.lower(F.col("backlog_queue")).alias("source"), "sequence_number").distinct().collect())
+    found: dict[str, set[int]] = {}
+    for row in rows:
+        found.setdefault(row["source"], set()).add(row["sequence_number"])
+    return {source: frozenset(numbers) for source, numbers in found.items()}
 
 
 def redriven_dead_letters(spark: SparkSession, audit_table: str) -> DataFrame | None:

@@ -9,6 +9,9 @@ ENQUEUED_TIME_ANNOTATION = "x-opt-enqueued-time"
 PARTITION_KEY_ANNOTATION = "x-opt-partition-key"
 SCHEDULED_ENQUEUE_TIME_ANNOTATION = "x-opt-scheduled-enqueue-time"
 
+# A stored message's state on a peek: 0 active, 1 deferred, 2 scheduled (``model.MessageState``).
+MESSAGE_STATE_ANNOTATION = "x-opt-message-state"
+
 # The partition of a partitioned entity that stored a message (on every message received or peeked from one).
 PARTITION_ID_ANNOTATION = "x-opt-partition-id"
 
@@ -24,7 +27,7 @@ BROKER_OWNED_ANNOTATIONS = frozenset({
     "x-opt-enqueue-sequence-number",
     "x-opt-lock-token",
     "x-opt-deadletter-source",
-    "x-opt-message-state",
+    MESSAGE_STATE_ANNOTATION,
     "x-opt-offset",
 })
 
