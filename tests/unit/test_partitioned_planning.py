@@ -8,7 +8,14 @@ import pytest
 
 from backlog_syphon.partitions import absolute, partition_of
 from backlog_syphon.peek_pages import PagedRead
-from backlog_syphon.source.offsets import BatchOffsets, PartitionedOffset, QueueOffset, fold_lanes, lane_offsets, windows
+from backlog_syphon.source.offsets import (
+    BatchOffsets,
+    PartitionedOffset,
+    QueueOffset,
+    fold_lanes,
+    lane_offsets,
+    windows,
+)
 from backlog_syphon.source.partition_lanes import LaneProbes
 from backlog_syphon.source.window_planner import WindowPlanner
 from tests.unit.fake_partitioned_backlog import FakePartitionedQueue

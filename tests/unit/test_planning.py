@@ -41,6 +41,11 @@ def offset(next_, incarnation=1, seen_ms=None, reread_from=None):
     return QueueOffset(incarnation, next_, seen_ms, reread_from)
 
 
+def starting_at(**nexts):
+    """Offsets by queue that start at these sequence numbers."""
+    return {queue: offset(next_) for queue, next_ in nexts.items()}
+
+
 def nexts(offsets):
     """Each queue's next sequence number."""
     return {queue: value.next for queue, value in offsets.items()}
@@ -131,7 +136,8 @@ def test_idle_backoff_costs_about_thirty_probes_an_hour():
 def test_offsets_are_serialised_in_a_stable_order():
     spark = BatchOffsets.of({"b": offset(2), "a": QueueOffset(3, 7, 70)}).to_spark()
     assert list(spark) == ["a", "b"]
-    assert spark == {"a": {"incarnation": 3, "next": 7, "seen_ms": 70}, "b": {"incarnation": 1, "next": 2, "seen_ms": None}}
+    assert spark == {"a": {"incarnation": 3, "next": 7, "seen_ms": 70},
+                     "b": {"incarnation": 1, "next": 2, "seen_ms": None}}
 
 
 def test_offsets_of_older_versions_read_as_the_first_incarnation():
@@ -159,7 +165,7 @@ def test_a_queue_is_recreated_when_its_head_is_below_the_offset_and_newer_than_a
 def test_plan_windows_shares_the_budget_over_due_queues_and_backs_off_idle_ones():
     probes = {"q0": probe_over(range(1, 101)), "q1": probe_over([5, 6, 7]), "q2": probe_over([])}
     backoff = IdleBackoff(min_seconds=1, max_seconds=8)
-    plan = plan_windows({"q0": offset(1), "q1": offset(5)}, ["q0", "q1", "q2"], 30, at_once(probes), backoff=backoff, now=0.0)
+    plan = plan_windows(starting_at(q0=1, q1=5), ["q0", "q1", "q2"], 30, at_once(probes), backoff=backoff, now=0.0)
     # 10 each; q1 holds only 3 and q2 nothing: the 17 they leave go to q0, which filled its share
     assert nexts(plan.end) == {"q0": 28, "q1": 8, "q2": 0}
     assert plan.end["q2"] == offset(0)
@@ -173,7 +179,7 @@ def test_plan_windows_shares_the_budget_over_due_queues_and_backs_off_idle_ones(
 
 def test_plan_windows_of_an_available_now_run_stop_at_the_target():
     probes = {"q0": probe_over(range(1, 101)), "q1": probe_over(range(1, 11))}
-    plan = plan_windows({"q0": offset(1), "q1": offset(11)}, ["q0", "q1"], 1000, at_once(probes), backoff=IdleBackoff(),
+    plan = plan_windows(starting_at(q0=1, q1=11), ["q0", "q1"], 1000, at_once(probes), backoff=IdleBackoff(),
                         now=0.0, target={"q0": 51, "q1": 11})
     assert nexts(plan.end) == {"q0": 51, "q1": 11}
     # already at its target: looked at only to see whether it was recreated (its head), with no share of the budget
@@ -234,7 +240,7 @@ def test_planner_budget_follows_sparks_read_limit():
 
 
 def test_windows_are_the_queues_that_moved():
-    assert windows({"a": offset(3), "b": offset(7)}, {"a": offset(9), "b": offset(7), "c": offset(2)}) == [("a", 3, 9), ("c", 0, 2)]
+    assert windows(starting_at(a=3, b=7), starting_at(a=9, b=7, c=2)) == [("a", 3, 9), ("c", 0, 2)]
     assert windows({"a": offset(3, seen_ms=30)}, {"a": offset(9, seen_ms=90), "b": offset(0)}) == [("a", 3, 9)]
 
 
@@ -242,7 +248,8 @@ def test_windows_of_a_queue_in_a_new_incarnation_start_at_its_beginning():
     start = {"a": offset(151, 1, 1_000), "b": offset(40, 1, 400)}
     end = {"a": offset(20, 2, 5_200), "b": offset(45, 1, 450)}
     assert windows(start, end) == [("a", 0, 20), ("b", 40, 45)]
-    assert windows(BatchOffsets.from_spark({"a": 151}), {"a": offset(20, 2, 5_200)}) == [("a", 0, 20)]  # an old offset: incarnation 1
+    old = BatchOffsets.from_spark({"a": 151})  # an old offset: incarnation 1
+    assert windows(old, {"a": offset(20, 2, 5_200)}) == [("a", 0, 20)]
     assert windows(start, {"a": offset(0, 2)}) == []  # recreated but still empty
 
 
@@ -290,7 +297,7 @@ def test_a_missing_queue_is_skipped_and_warned_about_once_while_the_others_are_p
     missing = set()
     backoff = IdleBackoff(min_seconds=1, max_seconds=1)
     with caplog.at_level(logging.WARNING, logger="backlog_syphon.source.window_planner"):
-        first = plan_windows({"gone": offset(5)}, ["q0", "gone"], 10, at_once(probes), backoff=backoff, now=0.0,
+        first = plan_windows(starting_at(gone=5), ["q0", "gone"], 10, at_once(probes), backoff=backoff, now=0.0,
                              missing=missing)
         second = plan_windows(first.end, ["q0", "gone"], 10, at_once(probes), backoff=backoff, now=10.0,
                               missing=missing)
@@ -395,7 +402,7 @@ def test_a_backlog_left_in_one_queue_still_moves_a_whole_budget_per_batch():
     assert plan.tails["q9"] == 101
     # two queues: what one leaves goes to the other, within the budget and the available-now target
     probes = {"a": probe_over(range(1, 4)), "b": probe_over(range(1, 101))}
-    plan = plan_windows({"a": offset(1), "b": offset(1)}, ["a", "b"], 20, at_once(probes), backoff=IdleBackoff(), now=0.0,
+    plan = plan_windows(starting_at(a=1, b=1), ["a", "b"], 20, at_once(probes), backoff=IdleBackoff(), now=0.0,
                         target={"a": 4, "b": 15})
     assert nexts(plan.end) == {"a": 4, "b": 15}
 
@@ -403,7 +410,7 @@ def test_a_backlog_left_in_one_queue_still_moves_a_whole_budget_per_batch():
 def test_the_last_few_of_a_budget_go_to_the_first_hungry_queues_so_a_batch_takes_all_of_it():
     # 10 over three queues: shares 4, 3, 3; "a" holds 3, and the 1 it leaves goes to "b" alone
     probes = {"a": probe_over(range(1, 4)), "b": probe_over(range(1, 101)), "c": probe_over(range(1, 101))}
-    plan = plan_windows({"a": offset(1), "b": offset(1), "c": offset(1)}, ["a", "b", "c"], 10, at_once(probes), backoff=IdleBackoff(),
+    plan = plan_windows(starting_at(a=1, b=1, c=1), ["a", "b", "c"], 10, at_once(probes), backoff=IdleBackoff(),
                         now=0.0)
     assert nexts(plan.end) == {"a": 4, "b": 5, "c": 4} and sum(n - 1 for n in nexts(plan.end).values()) == 10
 
