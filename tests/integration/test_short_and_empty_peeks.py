@@ -79,7 +79,6 @@ def test_the_planner_looks_again_where_an_empty_probe_would_end_an_available_now
     """The planner alone, on the real probes: queue 0 answers its target's first probe (at its offset) with
     nothing although it holds 500 messages; the plan's head probe is the second look and finds them."""
     from backlog_syphon.servicebus.peek import probe_at_once
-    from backlog_syphon.source.offsets import position
     from backlog_syphon.source.window_planner import WindowPlanner
 
     config = make_config(emulator, tmp_path, **{"backlog.queue_count": 2})
@@ -93,7 +92,7 @@ def test_the_planner_looks_again_where_an_empty_probe_would_end_an_available_now
     first = planner.latest_offset(None, queues, 200, now=0.0)
     assert _fired(emulator, _queue(0)) == 1
     assert planner.target == {_queue(0): 501, _queue(1): 0}
-    assert {queue: position(value) for queue, value in first.items()} == {_queue(0): 201, _queue(1): 0}
+    assert {queue: offset.next for queue, offset in first.items()} == {_queue(0): 201, _queue(1): 0}
     print(f"\n[target] {planner.last_count.probes} probes in {planner.last_count.rounds} rounds")
 
 

@@ -9,12 +9,11 @@ import pytest
 from backlog_syphon.partitions import absolute, partition_of
 from backlog_syphon.peek_pages import PagedRead
 from backlog_syphon.source.offsets import (
+    BatchOffsets,
     PartitionedOffset,
     QueueOffset,
     fold_lanes,
     lane_offsets,
-    parse_offset,
-    position,
     windows,
 )
 from backlog_syphon.source.partition_lanes import LaneProbes
@@ -73,15 +72,16 @@ def test_offsets_per_partition_round_trip_and_old_offsets_stay_readable():
     assert stored == {"partitions": {"0": {"incarnation": 1, "next": 7, "seen_ms": 100},
                                      "3": {"incarnation": 2, "next": absolute(3, 5), "seen_ms": 200,
                                            "reread_from": absolute(3, 2)}}}
-    assert parse_offset(stored) == offset
-    assert lane_offsets(stored)[3] == QueueOffset(2, 5, 200, 2)
-    assert position(stored) == 12  # the lanes' local nexts, summed (what reports subtract)
-    assert parse_offset(41) == QueueOffset(next=41)  # a bare number, as the first versions wrote
-    assert lane_offsets({"incarnation": 2, "next": 9, "seen_ms": None}) == {0: QueueOffset(2, 9)}
+    read = BatchOffsets.from_spark({Q: stored, "old": 41, "plain": {"incarnation": 2, "next": 9, "seen_ms": None}})
+    assert read[Q] == offset
+    assert lane_offsets(read[Q])[3] == QueueOffset(2, 5, 200, 2)
+    assert read[Q].next == 12  # the lanes' local nexts, summed (what reports subtract)
+    assert read["old"] == QueueOffset(next=41)  # a bare number, as the first versions wrote
+    assert lane_offsets(read["plain"]) == {0: QueueOffset(2, 9)}
 
 
 def test_windows_never_cross_partitions_and_a_plain_offset_is_lane_zero():
-    start = {Q: {"incarnation": 1, "next": 5, "seen_ms": 1}}  # read as a plain queue before
+    start = {Q: QueueOffset(1, 5, 1)}  # read as a plain queue before
     end = fold_lanes({f"{Q}#0": QueueOffset(1, 9, 2), f"{Q}#4": QueueOffset(1, 3, 2)})
     assert windows(start, end) == [(Q, 5, 9), (Q, absolute(4, 0), absolute(4, 3))]
 
@@ -153,7 +153,7 @@ def test_a_continuous_run_reads_messages_arriving_in_any_partition_later():
 def test_a_queue_recreated_partitioned_is_a_new_incarnation_read_from_its_start():
     # Read as a plain queue up to 50, its newest message enqueued at 2,000,050; then deleted and created
     # again partitioned, its messages enqueued later.
-    start = {Q: QueueOffset(1, 51, 2_000_050).to_json()}
+    start = BatchOffsets.of({Q: QueueOffset(1, 51, 2_000_050)})
     queue = FakePartitionedQueue({0: [1, 2, 3], 3: [1, 2]}, base_ms=3_000_000)
     planner = WindowPlanner(at_once({Q: queue}), max_messages=100, available_now=False,
                             idle_probe_max_seconds=900.0, partitioned={Q})
@@ -186,7 +186,7 @@ def test_the_reported_backlog_adds_up_a_partitioned_queues_lanes():
     reported = planner.reported_latest(now_ms=2_000_000)[Q]
     read_now = sum(len(read(queue, a, b)) for _, a, b in windows(planner.initial_offset([Q]), end))
     assert reported["remaining"] >= 15 - read_now > 0
-    assert reported["next"] - position(end[Q]) == reported["remaining"]
+    assert reported["next"] - end[Q].next == reported["remaining"]
 
 
 @pytest.mark.parametrize("empty_every", [2, 7])

@@ -7,7 +7,7 @@ import pytest
 
 from backlog_syphon.errors import BacklogQueueMissingError
 from backlog_syphon.probing import ProbeCount, probe_one_at_a_time, run_searches
-from backlog_syphon.source.offsets import QueueOffset, normalise_offsets, position, windows
+from backlog_syphon.source.offsets import BatchOffsets, QueueOffset, windows
 from backlog_syphon.source.planning import IdleBackoff, plan_windows, share_budget, split_budget
 from backlog_syphon.source.window_planner import ALL_AVAILABLE_BUDGET, WindowPlanner
 from backlog_syphon.source.window_search import UNKNOWN, search_window
@@ -37,13 +37,18 @@ def at_once(probes):
     return probe_one_at_a_time(probes.__getitem__ if isinstance(probes, dict) else probes)
 
 
-def offset(next_, incarnation=1, seen_ms=None):
-    return {"incarnation": incarnation, "next": next_, "seen_ms": seen_ms}
+def offset(next_, incarnation=1, seen_ms=None, reread_from=None):
+    return QueueOffset(incarnation, next_, seen_ms, reread_from)
+
+
+def starting_at(**nexts):
+    """Offsets by queue that start at these sequence numbers."""
+    return {queue: offset(next_) for queue, next_ in nexts.items()}
 
 
 def nexts(offsets):
-    """Each queue's next sequence number, whatever the offset's format."""
-    return {queue: position(value) for queue, value in offsets.items()}
+    """Each queue's next sequence number."""
+    return {queue: value.next for queue, value in offsets.items()}
 
 
 def window_end(start, grant, probe, first=UNKNOWN, **hints):
@@ -129,17 +134,18 @@ def test_idle_backoff_costs_about_thirty_probes_an_hour():
 
 
 def test_offsets_are_serialised_in_a_stable_order():
-    assert list(normalise_offsets({"b": 2, "a": 1})) == ["a", "b"]
-    assert normalise_offsets({"b": 2, "a": QueueOffset(3, 7, 70)}) == {"a": offset(7, 3, 70), "b": offset(2)}
+    spark = BatchOffsets.of({"b": offset(2), "a": QueueOffset(3, 7, 70)}).to_spark()
+    assert list(spark) == ["a", "b"]
+    assert spark == {"a": {"incarnation": 3, "next": 7, "seen_ms": 70},
+                     "b": {"incarnation": 1, "next": 2, "seen_ms": None}}
 
 
 def test_offsets_of_older_versions_read_as_the_first_incarnation():
-    assert QueueOffset.parse(151) == QueueOffset(incarnation=1, next=151, seen_ms=None)
-    assert QueueOffset.parse("151") == QueueOffset(1, 151, None)
-    assert QueueOffset.parse(offset(20, 2, 5_000)) == QueueOffset(2, 20, 5_000)
-    assert QueueOffset.parse({"next": 4}) == QueueOffset(1, 4, None)
-    assert QueueOffset(2, 20, 5_000).to_json() == offset(20, 2, 5_000)
-    assert (position(151), position(offset(20, 2, 5_000))) == (151, 20)
+    read = BatchOffsets.from_spark({"a": 151, "b": "151", "c": {"incarnation": 2, "next": 20, "seen_ms": 5_000},
+                                    "d": {"next": 4}})
+    assert read == {"a": QueueOffset(incarnation=1, next=151, seen_ms=None), "b": QueueOffset(1, 151, None),
+                    "c": QueueOffset(2, 20, 5_000), "d": QueueOffset(1, 4, None)}
+    assert QueueOffset(2, 20, 5_000).to_json() == {"incarnation": 2, "next": 20, "seen_ms": 5_000}
 
 
 @pytest.mark.parametrize("head, recreated", [
@@ -159,11 +165,10 @@ def test_a_queue_is_recreated_when_its_head_is_below_the_offset_and_newer_than_a
 def test_plan_windows_shares_the_budget_over_due_queues_and_backs_off_idle_ones():
     probes = {"q0": probe_over(range(1, 101)), "q1": probe_over([5, 6, 7]), "q2": probe_over([])}
     backoff = IdleBackoff(min_seconds=1, max_seconds=8)
-    plan = plan_windows({"q0": 1, "q1": 5}, ["q0", "q1", "q2"], 30, at_once(probes), backoff=backoff, now=0.0)
+    plan = plan_windows(starting_at(q0=1, q1=5), ["q0", "q1", "q2"], 30, at_once(probes), backoff=backoff, now=0.0)
     # 10 each; q1 holds only 3 and q2 nothing: the 17 they leave go to q0, which filled its share
     assert nexts(plan.end) == {"q0": 28, "q1": 8, "q2": 0}
     assert plan.end["q2"] == offset(0)
-    assert list(plan.end) == sorted(plan.end)  # stable key order: Spark compares offsets as text
     assert plan.tails == {"q0": 101, "q1": 8, "q2": 0}
     assert plan.restarted == ()
     assert not backoff.due("q2", 0.5) and backoff.due("q0", 0.5)
@@ -174,7 +179,7 @@ def test_plan_windows_shares_the_budget_over_due_queues_and_backs_off_idle_ones(
 
 def test_plan_windows_of_an_available_now_run_stop_at_the_target():
     probes = {"q0": probe_over(range(1, 101)), "q1": probe_over(range(1, 11))}
-    plan = plan_windows({"q0": 1, "q1": 11}, ["q0", "q1"], 1000, at_once(probes), backoff=IdleBackoff(),
+    plan = plan_windows(starting_at(q0=1, q1=11), ["q0", "q1"], 1000, at_once(probes), backoff=IdleBackoff(),
                         now=0.0, target={"q0": 51, "q1": 11})
     assert nexts(plan.end) == {"q0": 51, "q1": 11}
     # already at its target: looked at only to see whether it was recreated (its head), with no share of the budget
@@ -211,7 +216,7 @@ def test_planner_starts_at_zero_and_plans_from_its_last_end_when_spark_gives_no_
 
 def test_planner_plans_nothing_new_once_a_stop_is_requested():
     planner = planner_over({QUEUES[0]: range(1, 31), QUEUES[1]: []})
-    start = {QUEUES[0]: 5, QUEUES[1]: 0}
+    start = BatchOffsets.of({QUEUES[0]: offset(5), QUEUES[1]: offset(0)})
     assert planner.latest_offset(start, QUEUES, 10, now=0.0, stopping=True) == {QUEUES[0]: offset(5),
                                                                                 QUEUES[1]: offset(0)}
     assert planner.reported_latest(now_ms=0) is None  # nothing was probed
@@ -220,7 +225,7 @@ def test_planner_plans_nothing_new_once_a_stop_is_requested():
 def test_planner_available_now_target_bounds_every_batch():
     planner = planner_over({QUEUES[0]: range(1, 26), QUEUES[1]: range(1, 6)}, available_now=True)
     assert planner.fix_target({}, QUEUES, ProbeCount()) == {QUEUES[0]: 26, QUEUES[1]: 6}
-    end = planner.latest_offset({QUEUES[0]: 0, QUEUES[1]: 0}, QUEUES, 1000, now=0.0)
+    end = planner.latest_offset(BatchOffsets.of({QUEUES[0]: offset(0), QUEUES[1]: offset(0)}), QUEUES, 1000, now=0.0)
     assert nexts(end) == {QUEUES[0]: 26, QUEUES[1]: 6}
     assert planner.latest_offset(end, QUEUES, 1000, now=1.0) == end  # nothing beyond the target
 
@@ -235,7 +240,7 @@ def test_planner_budget_follows_sparks_read_limit():
 
 
 def test_windows_are_the_queues_that_moved():
-    assert windows({"a": 3, "b": 7}, {"a": 9, "b": 7, "c": 2}) == [("a", 3, 9), ("c", 0, 2)]
+    assert windows(starting_at(a=3, b=7), starting_at(a=9, b=7, c=2)) == [("a", 3, 9), ("c", 0, 2)]
     assert windows({"a": offset(3, seen_ms=30)}, {"a": offset(9, seen_ms=90), "b": offset(0)}) == [("a", 3, 9)]
 
 
@@ -243,7 +248,8 @@ def test_windows_of_a_queue_in_a_new_incarnation_start_at_its_beginning():
     start = {"a": offset(151, 1, 1_000), "b": offset(40, 1, 400)}
     end = {"a": offset(20, 2, 5_200), "b": offset(45, 1, 450)}
     assert windows(start, end) == [("a", 0, 20), ("b", 40, 45)]
-    assert windows({"a": 151}, {"a": offset(20, 2, 5_200)}) == [("a", 0, 20)]  # an old offset: incarnation 1
+    old = BatchOffsets.from_spark({"a": 151})  # an old offset: incarnation 1
+    assert windows(old, {"a": offset(20, 2, 5_200)}) == [("a", 0, 20)]
     assert windows(start, {"a": offset(0, 2)}) == []  # recreated but still empty
 
 
@@ -291,7 +297,7 @@ def test_a_missing_queue_is_skipped_and_warned_about_once_while_the_others_are_p
     missing = set()
     backoff = IdleBackoff(min_seconds=1, max_seconds=1)
     with caplog.at_level(logging.WARNING, logger="backlog_syphon.source.window_planner"):
-        first = plan_windows({"gone": 5}, ["q0", "gone"], 10, at_once(probes), backoff=backoff, now=0.0,
+        first = plan_windows(starting_at(gone=5), ["q0", "gone"], 10, at_once(probes), backoff=backoff, now=0.0,
                              missing=missing)
         second = plan_windows(first.end, ["q0", "gone"], 10, at_once(probes), backoff=backoff, now=10.0,
                               missing=missing)
@@ -335,7 +341,7 @@ def test_a_played_available_now_run_knows_when_its_target_is_reached():
         ends.append(planner.latest_offset(ends[-1], ["q0", "q1"], 4, now=0.0))
         assert len(ends) < 10
     def messages(start, end, queue):  # messages are at 1..tail
-        return len(range(max(1, position(start.get(queue, 0))), min(position(end[queue]), tails[queue] + 1)))
+        return len(range(max(1, start.get(queue, offset(0)).next), min(end[queue].next, tails[queue] + 1)))
 
     sizes = [sum(messages(start, end, q) for q in end) for start, end in zip([{}] + ends, ends)]
     assert max(sizes) <= 4 and sum(sizes) == 5 + 3
@@ -344,7 +350,7 @@ def test_a_played_available_now_run_knows_when_its_target_is_reached():
 def test_an_offset_moves_only_with_its_window_so_a_queue_at_its_target_plans_no_batch():
 
     # An available-now run that reached its target (4) while newer messages arrived behind it.
-    start = {"q0": {"incarnation": 1, "next": 4, "seen_ms": 1003}}
+    start = {"q0": offset(4, 1, 1003)}
     probes = {"q0": lambda seq: (max(2, seq), 1000 + max(2, seq)) if seq <= 9 else None}
     plan = plan_windows(start, ["q0"], 10, at_once(probes), backoff=IdleBackoff(), now=0.0, target={"q0": 4})
     assert plan.end == start  # the same offset: Spark plans no (empty) batch
@@ -359,7 +365,7 @@ def test_an_available_now_batch_shares_its_budget_only_among_queues_with_somethi
 
     target = {queue: tail + 1 if tail else 0 for queue, tail in tails.items()}
     plan = plan_windows({}, sorted(tails), 100, at_once(probe_for), backoff=IdleBackoff(), now=0.0, target=target)
-    read = {queue: position(value) for queue, value in plan.end.items() if position(value)}
+    read = {queue: value.next for queue, value in plan.end.items() if value.next}
     assert read == {"q0": 35, "q1": 34, "q2": 34}  # shares of 34, 33, 33 from the first message (1)
 
 
@@ -374,16 +380,16 @@ def test_after_a_replay_without_a_start_the_next_batch_starts_where_the_replayed
         return lambda seq: next(((s, 10 * s) for s in contents[queue] if s >= seq), None)
 
     planner = WindowPlanner(at_once(probe_for), max_messages=4, available_now=True, idle_probe_max_seconds=900)
-    replayed = {"q0": offset(4, seen_ms=30), "q1": offset(2, seen_ms=10)}
+    replayed = BatchOffsets.of({"q0": offset(4, seen_ms=30), "q1": offset(2, seen_ms=10)})
     planner.resume(replayed)
     assert planner.fix_target(replayed, ["q0", "q1"], ProbeCount()) == {"q0": 4, "q1": 9}
     contents["q0"], contents["q1"] = [], contents["q1"][1:]  # the replayed batch's purge
     ends = [planner.latest_offset(None, ["q0", "q1"], 4, now=0.0)]
-    assert position(ends[0]["q0"]) == 4 and position(ends[0]["q1"]) == 6
+    assert ends[0]["q0"].next == 4 and ends[0]["q1"].next == 6
     while not planner.reached_target(ends[-1]):
         ends.append(planner.latest_offset(None, ["q0", "q1"], 4, now=1.0))
         assert len(ends) < 5, ends
-    assert position(ends[-1]["q1"]) == 9
+    assert ends[-1]["q1"].next == 9
 
 
 def test_a_backlog_left_in_one_queue_still_moves_a_whole_budget_per_batch():
@@ -396,7 +402,7 @@ def test_a_backlog_left_in_one_queue_still_moves_a_whole_budget_per_batch():
     assert plan.tails["q9"] == 101
     # two queues: what one leaves goes to the other, within the budget and the available-now target
     probes = {"a": probe_over(range(1, 4)), "b": probe_over(range(1, 101))}
-    plan = plan_windows({"a": 1, "b": 1}, ["a", "b"], 20, at_once(probes), backoff=IdleBackoff(), now=0.0,
+    plan = plan_windows(starting_at(a=1, b=1), ["a", "b"], 20, at_once(probes), backoff=IdleBackoff(), now=0.0,
                         target={"a": 4, "b": 15})
     assert nexts(plan.end) == {"a": 4, "b": 15}
 
@@ -404,7 +410,7 @@ def test_a_backlog_left_in_one_queue_still_moves_a_whole_budget_per_batch():
 def test_the_last_few_of_a_budget_go_to_the_first_hungry_queues_so_a_batch_takes_all_of_it():
     # 10 over three queues: shares 4, 3, 3; "a" holds 3, and the 1 it leaves goes to "b" alone
     probes = {"a": probe_over(range(1, 4)), "b": probe_over(range(1, 101)), "c": probe_over(range(1, 101))}
-    plan = plan_windows({"a": 1, "b": 1, "c": 1}, ["a", "b", "c"], 10, at_once(probes), backoff=IdleBackoff(),
+    plan = plan_windows(starting_at(a=1, b=1, c=1), ["a", "b", "c"], 10, at_once(probes), backoff=IdleBackoff(),
                         now=0.0)
     assert nexts(plan.end) == {"a": 4, "b": 5, "c": 4} and sum(n - 1 for n in nexts(plan.end).values()) == 10
 
@@ -415,9 +421,9 @@ def test_a_run_looks_back_once_at_what_earlier_runs_left_below_each_offset():
     queue = probe_over([3, 7, 21, 22])
     planner = WindowPlanner(at_once(lambda q: queue), max_messages=100, available_now=False, idle_probe_max_seconds=900.0,
                             look_back=["q0"])
-    start = {"q0": offset(21, 1, 200)}
+    start = BatchOffsets.of({"q0": offset(21, 1, 200)})
     first = planner.latest_offset(start, ["q0"], 100, now=0.0)
-    assert first == {"q0": {**offset(23, 1, 220), "reread_from": 3}}
+    assert first == {"q0": offset(23, 1, 220, reread_from=3)}
     assert windows(start, first) == [("q0", 3, 23)]  # from the offset log: a replay reads the same window
     queue_later = planner.latest_offset(first, ["q0"], 100, now=1000.0)
     assert queue_later == first  # once per run (a continuous run's later holds wait), and no empty batch
@@ -428,7 +434,7 @@ def test_a_look_back_is_bounded_by_the_budget_and_the_offset_then_moves_on_from_
     queue = probe_over(range(1, 51))  # 1..50 still there (say 1..30 held or not yet settled), offset at 31
     plan = plan_windows({"q0": offset(31, 1, 310)}, ["q0"], 10, at_once({"q0": queue}), backoff=IdleBackoff(),
                         now=0.0, look_back={"q0"})
-    assert plan.end == {"q0": {**offset(11, 1, 500), "reread_from": 1}}
+    assert plan.end == {"q0": offset(11, 1, 500, reread_from=1)}
     assert windows({"q0": offset(31, 1, 310)}, plan.end) == [("q0", 1, 11)]
     assert plan.looked == ("q0",)
 
@@ -441,16 +447,16 @@ def test_no_look_back_where_nothing_lies_below_the_offset_or_the_queue_was_recre
     recreated = probe_over([(1, 5_000)])
     plan = plan_windows({"q0": offset(31, 1, 310)}, ["q0"], 10, at_once({"q0": recreated}),
                         backoff=IdleBackoff(), now=0.0, look_back={"q0"})
-    assert plan.restarted == ("q0",) and "reread_from" not in plan.end["q0"]
+    assert plan.restarted == ("q0",) and plan.end["q0"].reread_from is None
 
 
 def test_an_offset_with_a_look_back_that_moves_no_further_stays_as_it_is_and_reads_nothing_again():
     """Spark sees no change, so it plans no (empty) batch; with another queue moving, no window for this one."""
     queue = probe_over([3])
-    start = {"q0": {**offset(23, 1, 220), "reread_from": 3}, "q1": offset(5, 1, 50)}
+    start = {"q0": offset(23, 1, 220, reread_from=3), "q1": offset(5, 1, 50)}
     plan = plan_windows(start, ["q0", "q1"], 10, at_once({"q0": queue, "q1": probe_over([5, 6])}),
                         backoff=IdleBackoff(), now=0.0)
-    assert plan.end == {"q0": {**offset(23, 1, 220), "reread_from": 3}, "q1": offset(7, 1, 60)}
+    assert plan.end == {"q0": offset(23, 1, 220, reread_from=3), "q1": offset(7, 1, 60)}
     assert windows(start, plan.end) == [("q1", 5, 7)]
     moved = probe_over([3, 23])
     alone = {"q0": start["q0"]}
@@ -464,8 +470,9 @@ def test_a_planner_looks_back_only_at_the_queues_it_is_told_held_messages():
     probes = {"q0": probe_over([3, 21]), "q1": probe_over([2, 21])}
     planner = WindowPlanner(at_once(probes), max_messages=100, available_now=False, idle_probe_max_seconds=900.0,
                             look_back=["q0"])
-    end = planner.latest_offset({"q0": offset(21, 1, 200), "q1": offset(21, 1, 200)}, ["q0", "q1"], 100, now=0.0)
-    assert end["q0"].get("reread_from") == 3 and "reread_from" not in end["q1"]
+    start = BatchOffsets.of({"q0": offset(21, 1, 200), "q1": offset(21, 1, 200)})
+    end = planner.latest_offset(start, ["q0", "q1"], 100, now=0.0)
+    assert end["q0"].reread_from == 3 and end["q1"].reread_from is None
 
 
 # --- round trips: a constant number per queue and batch, the queues probed at once -------------------
@@ -492,7 +499,7 @@ class Backlog:
         """The purge of what was planned (one batch behind, as in a run)."""
         for queue, value in end.items():
             present = self.queues[queue]
-            del present[:bisect.bisect_left(present, position(value))]
+            del present[:bisect.bisect_left(present, value.next)]
 
     def append(self, queue: str, count: int) -> None:
         present = self.queues[queue]

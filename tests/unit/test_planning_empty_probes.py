@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from backlog_syphon.source.offsets import position, windows
+from backlog_syphon.source.offsets import windows
 from backlog_syphon.source.window_planner import WindowPlanner
 from backlog_syphon.probing import ProbeCount, probe_one_at_a_time, run_searches
 from backlog_syphon.source.window_search import UNKNOWN, search_window
@@ -86,7 +86,7 @@ def test_a_queue_the_target_found_empty_is_confirmed_by_the_head_probe_and_read_
     ends, end = [], None
     for batch in range(5):
         end = planner.latest_offset(end, ["q0", "q1"], 200, now=float(batch))
-        ends.append(position(end["q0"]))
+        ends.append(end["q0"].next)
     assert planner.target == {"q0": 501, "q1": 0}  # the head probe (the second look) found 1: searched again
     assert ends == [201, 401, 501, 501, 501]  # every message planned, in batches of the budget
     assert planner.reached_target(end)
@@ -114,7 +114,7 @@ def test_an_empty_head_below_the_target_is_looked_at_again_so_the_batch_keeps_it
     backlog.settle_below(first)
     backlog.empties.add(("q0", backlog.asked["q0"]))  # the next plan's head probe misses
     second = planner.latest_offset(first, ["q0"], 100, now=1.0)
-    assert (position(first["q0"]), position(second["q0"])) == (101, 201)  # not the whole target at once
+    assert (first["q0"].next, second["q0"].next) == (101, 201)  # not the whole target at once
 
 
 @pytest.mark.parametrize("seed", range(30))

@@ -21,7 +21,7 @@ from typing import Callable
 from pyspark.sql.streaming import StreamingQueryListener
 
 from backlog_syphon.model import BatchStats, EarlierBatches
-from backlog_syphon.source.offsets import position as offset_position
+from backlog_syphon.source.offsets import BatchOffsets
 from backlog_syphon.source.window_planner import PLAN_KEY
 
 logger = logging.getLogger(__name__)
@@ -56,8 +56,9 @@ def behind_latest(end_offset: str | None, latest_offset: str | None) -> dict[str
     end, latest = _offsets(end_offset), _offsets(latest_offset)
     if not end or any(queue not in latest for queue in end):
         return None
-    return {queue: max(0, offset_position(latest[queue]) - offset_position(value))
-            for queue, value in sorted(end.items())}
+    # The reported latest names each queue's tail as ``next``, which reads as an offset's.
+    ends, tails = BatchOffsets.from_spark(end), BatchOffsets.from_spark({queue: latest[queue] for queue in end})
+    return {queue: max(0, tails[queue].next - offset.next) for queue, offset in ends.items()}
 
 
 def _offsets(text: str | None) -> dict:

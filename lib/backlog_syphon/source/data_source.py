@@ -51,7 +51,7 @@ from backlog_syphon.restore.backlog_rows import peeked_message
 from backlog_syphon.rows import BACKLOG_ROW_SCHEMA
 from backlog_syphon.peek_pages import PEEK_PAGE_SIZE
 from backlog_syphon.source.options import SourceOptions
-from backlog_syphon.source.offsets import windows
+from backlog_syphon.source.offsets import BatchOffsets, windows
 from backlog_syphon.source.window_planner import PLAN_KEY, WindowPlanner
 
 try:  # Spark 4.2+: read limits and Trigger.AvailableNow for Python sources (SPARK-55304)
@@ -374,9 +374,10 @@ class BacklogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._credits_before = self._credits_spent()  # the process may have planned earlier queries
 
     # --- driver: offsets ----------------------------------------------------------------------
+    # Spark's offsets are JSON values: typed here once (``offsets.BatchOffsets``), written back once.
 
     def initialOffset(self) -> dict:
-        return self.planner.initial_offset(self._backlog_queues())
+        return self.planner.initial_offset(self._backlog_queues()).to_spark()
 
     def getDefaultReadLimit(self):
         return ReadMaxRows(self.options.max_messages_per_trigger) if ReadMaxRows is not None else None
@@ -394,8 +395,8 @@ class BacklogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 max_rows=limit.max_rows if ReadMaxRows is not None and isinstance(limit, ReadMaxRows) else None,
                 all_available=ReadAllAvailable is not None and isinstance(limit, ReadAllAvailable),
                 limits_supported=ReadMaxRows is not None)
-        end = self.planner.latest_offset(start, self._backlog_queues(), budget, now=time.monotonic(),
-                                         stopping=stopping)
+        end = self.planner.latest_offset(None if start is None else BatchOffsets.from_spark(start),
+                                         self._backlog_queues(), budget, now=time.monotonic(), stopping=stopping)
         count = self.planner.last_count
         if count.probes:
             logger.debug("planned %s: %d probes in %d rounds", end, count.probes, count.rounds)
@@ -404,7 +405,7 @@ class BacklogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             logger.info("available-now target reached: the run stops after the batch in flight")
             with open(self.options.stop_file, "a"):
                 pass
-        return end
+        return end.to_spark()
 
     def reportLatestOffset(self) -> dict | None:
         """Each queue's backlog as last probed (Spark 4.2+ shows it as the source's ``latestOffset`` in
@@ -422,6 +423,7 @@ class BacklogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return sum(spent(self.options.secondary).values())
 
     def partitions(self, start: dict, end: dict):
+        start, end = BatchOffsets.from_spark(start), BatchOffsets.from_spark(end)
         self.planner.resume(end)
         by_queue: dict[str, list[tuple[int, int]]] = {}
         for queue, first, stop in windows(start, end):  # a partitioned queue's lanes by partition

@@ -20,12 +20,17 @@ non-partitioned and turns out partitioned (recreated so by an operator, or parti
 seen) keeps its offset as lane 0's: lane 0's numbers are the plain queue's numbers, so a recreation shows
 there as always (its head below the offset, enqueued after everything seen) and the other lanes, never
 read before, start from their beginning. Nothing is skipped, nothing read twice.
+
+Spark hands offsets over as JSON values and compares the JSON it gets back as text. They are parsed once, at
+the source's Spark-facing methods (``BatchOffsets.from_spark``), and written back once (``to_spark``, in the
+form every earlier version wrote, so old checkpoints load and compare equal): everything behind those methods
+(the planner, its lanes, the windows) takes and returns typed offsets only.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Mapping
+from dataclasses import dataclass, field
+from typing import Iterator, Mapping
 
 from backlog_syphon.partitions import LANES, absolute, lane_key, local_of, split_lane_key
 from backlog_syphon.probing import Identity
@@ -45,11 +50,8 @@ class QueueOffset:
     reread_from: int | None = None
 
     @classmethod
-    def parse(cls, value) -> QueueOffset:
-        if isinstance(value, QueueOffset):
-            return value
-        if isinstance(value, Mapping) and "partitions" in value:
-            raise ValueError("a partitioned queue's offset has one offset per partition: read it with parse_offset")
+    def from_json(cls, value) -> QueueOffset:
+        """A non-partitioned queue's offset as Spark stored it: a mapping, or a bare number (older versions)."""
         if isinstance(value, Mapping):
             return cls(int(value.get("incarnation", 1)), int(value.get("next", 0)),
                        None if value.get("seen_ms") is None else int(value["seen_ms"]),
@@ -86,10 +88,11 @@ class PartitionedOffset:
         return cls(tuple(sorted(lanes.items())))
 
     @classmethod
-    def parse(cls, value: Mapping) -> PartitionedOffset:
+    def from_json(cls, value: Mapping) -> PartitionedOffset:
+        """A partitioned queue's offset as Spark stored it (``{"partitions": {...}}``, whole sequence numbers)."""
         lanes = {}
         for name, lane in value["partitions"].items():
-            partition, offset = int(name), QueueOffset.parse(lane)
+            partition, offset = int(name), QueueOffset.from_json(lane)
             lanes[partition] = QueueOffset(offset.incarnation, local_of(offset.next),
                                            offset.seen_ms,
                                            None if offset.reread_from is None else local_of(offset.reread_from))
@@ -113,76 +116,98 @@ class PartitionedOffset:
         return sum(offset.next for _, offset in self.lanes)
 
 
-def parse_offset(value) -> QueueOffset | PartitionedOffset:
-    """A queue's offset as the stream stores it: per partition lane, or one (either older format)."""
-    if isinstance(value, PartitionedOffset | QueueOffset):
-        return value
+Offset = QueueOffset | PartitionedOffset
+
+
+@dataclass(frozen=True, eq=False)
+class BatchOffsets(Mapping[str, Offset]):
+    """A batch's offset (its start or its end): each backlog queue's ``QueueOffset`` or ``PartitionedOffset``,
+    by queue. Read-only; equal to any mapping with the same items."""
+
+    by_queue: tuple[tuple[str, Offset], ...] = ()  # (queue, its offset), by queue
+    _index: dict[str, Offset] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_index", dict(self.by_queue))
+
+    @classmethod
+    def of(cls, offsets: Mapping[str, Offset]) -> BatchOffsets:
+        return cls(tuple(sorted(offsets.items(), key=lambda item: item[0])))
+
+    @classmethod
+    def from_spark(cls, value: Mapping[str, object]) -> BatchOffsets:
+        """The offset Spark passes in (parsed JSON, any format this source ever wrote), typed."""
+        return cls.of({queue: _offset_from_json(stored) for queue, stored in value.items()})
+
+    def to_spark(self) -> dict[str, dict]:
+        """The offset as Spark stores it: keys in a stable order, since Spark compares offsets as text."""
+        return {queue: offset.to_json() for queue, offset in self.by_queue}
+
+    def __getitem__(self, queue: str) -> Offset:
+        return self._index[queue]
+
+    def __iter__(self) -> Iterator[str]:
+        return (queue for queue, _ in self.by_queue)
+
+    def __len__(self) -> int:
+        return len(self.by_queue)
+
+
+def _offset_from_json(value) -> Offset:
+    """One queue's offset as Spark stored it: per partition lane, or one (either older format)."""
     if isinstance(value, Mapping) and "partitions" in value:
-        return PartitionedOffset.parse(value)
-    return QueueOffset.parse(value)
+        return PartitionedOffset.from_json(value)
+    return QueueOffset.from_json(value)
 
 
-def lane_offsets(value) -> dict[int, QueueOffset]:
+def lane_offsets(offset: Offset) -> dict[int, QueueOffset]:
     """A queue's offset per lane: a non-partitioned queue's offset is lane 0's (its numbers are lane 0's)."""
-    offset = parse_offset(value)
     return dict(offset.lanes) if isinstance(offset, PartitionedOffset) else {0: offset}
 
 
-def position(value) -> int:
-    """The next sequence number an offset value names (any format; a partitioned queue's: the sum over its
-    lanes of their local next numbers)."""
-    return parse_offset(value).next
-
-
-def normalise_offsets(offsets: Mapping[str, object]) -> dict[str, dict]:
-    """Offsets as Spark stores them, with a stable key order: Spark compares serialised offsets as strings."""
-    return {queue: parse_offset(offsets[queue]).to_json() for queue in sorted(offsets)}
-
-
-def expand_lanes(offsets: Mapping[str, object], partitioned: set[str] | frozenset[str]) -> dict[str, QueueOffset]:
+def expand_lanes(offsets: Mapping[str, Offset], partitioned: set[str] | frozenset[str]) -> dict[str, Offset]:
     """Offsets by planner key: a partitioned queue's (named in ``partitioned``) as one key per lane
     (``partitions.lane_key``), all 16 (a lane never read starts from its beginning; a non-partitioned offset
     is lane 0's); any other queue's as it is."""
-    expanded: dict[str, QueueOffset] = {}
-    for queue, value in offsets.items():
+    expanded: dict[str, Offset] = {}
+    for queue, offset in offsets.items():
         if queue in partitioned:
-            lanes = lane_offsets(value)
+            lanes = lane_offsets(offset)
             for partition in range(LANES):
                 expanded[lane_key(queue, partition)] = lanes.get(partition, QueueOffset())
         else:
-            expanded[queue] = parse_offset(value)
+            expanded[queue] = offset
     return expanded
 
 
-def fold_lanes(offsets: Mapping[str, object]) -> dict[str, dict]:
+def fold_lanes(offsets: Mapping[str, Offset]) -> BatchOffsets:
     """Planner keys' offsets back by queue (``expand_lanes`` reversed): a queue's lanes as one
     ``PartitionedOffset`` (kept even when no lane has read anything yet, so the queue stays partitioned for
     the next run), lanes that never moved left out."""
-    folded: dict[str, object] = {}
+    folded: dict[str, Offset] = {}
     lanes: dict[str, dict[int, QueueOffset]] = {}
-    for key, value in offsets.items():
+    for key, offset in offsets.items():
         queue, partition = split_lane_key(key)
         if partition is None:
-            folded[queue] = parse_offset(value)
+            folded[queue] = offset
         else:
-            lane = QueueOffset.parse(value)
             lanes.setdefault(queue, {})
-            if lane != QueueOffset():
-                lanes[queue][partition] = lane
+            if offset != QueueOffset():
+                lanes[queue][partition] = offset
     for queue, by_lane in lanes.items():
         folded[queue] = PartitionedOffset.of(by_lane)
-    return normalise_offsets(folded)
+    return BatchOffsets.of(folded)
 
 
-def windows(start: Mapping[str, object], end: Mapping[str, object]) -> list[tuple[str, int, int]]:
+def windows(start: Mapping[str, Offset], end: Mapping[str, Offset]) -> list[tuple[str, int, int]]:
     """``(queue, first, stop)`` of every queue with something between ``start`` and ``end``, by queue, and a
     partitioned queue's lanes by partition (whole sequence numbers: a window never crosses lanes).
     A queue (lane) whose incarnation changed is read from its beginning; one whose end offset changed and
     carries ``reread_from`` (a look back) from there. A queue read as non-partitioned before is lane 0."""
     planned = []
-    for queue, value in sorted(end.items()):
-        ends, begins = lane_offsets(value), lane_offsets(start.get(queue, 0))
-        whole = isinstance(parse_offset(value), PartitionedOffset)
+    for queue, offset in sorted(end.items()):
+        ends, begins = lane_offsets(offset), lane_offsets(start.get(queue, QueueOffset()))
+        whole = isinstance(offset, PartitionedOffset)
         for partition, stop in sorted(ends.items()):
             window = _lane_window(begins.get(partition, QueueOffset()), stop)
             if window is not None:

@@ -52,7 +52,7 @@ from backlog_syphon.probing import (
     search_tail,
     search_tail_from,
 )
-from backlog_syphon.source.offsets import QueueOffset, normalise_offsets
+from backlog_syphon.source.offsets import QueueOffset
 from backlog_syphon.source.window_search import UNKNOWN, WindowEnd, search_window
 
 logger = logging.getLogger(__name__)
@@ -146,10 +146,10 @@ class QueueHints:
 
 @dataclass(frozen=True)
 class WindowPlan:
-    """The next micro-batch: each queue's offset at the window's end, and each probed queue's tail as
-    last seen. ``restarted``: queues found recreated, whose windows start from the beginning."""
+    """The next micro-batch: each queue's (planner key's) offset at the window's end, and each probed queue's
+    tail as last seen. ``restarted``: queues found recreated, whose windows start from the beginning."""
 
-    end: dict[str, dict]
+    end: dict[str, QueueOffset]
     tails: dict[str, int]
     restarted: tuple[str, ...] = ()
     looked: tuple[str, ...] = ()  # queues this plan looked at (probed): a run looks back at each once
@@ -173,7 +173,7 @@ class _Window:
         return self.full and not self.closed and (self.bound is None or self.end < self.bound)
 
 
-def plan_windows(start: Mapping[str, object], queues: Sequence[str], budget: int, probe_at_once: ProbeAtOnce, *,
+def plan_windows(start: Mapping[str, QueueOffset], queues: Sequence[str], budget: int, probe_at_once: ProbeAtOnce, *,
                  backoff: IdleBackoff, now: float, target: Mapping[str, int] | None = None,
                  missing: set[str] | None = None, look_back: Collection[str] = (),
                  hints: dict[str, QueueHints] | None = None) -> WindowPlan:
@@ -194,7 +194,7 @@ def plan_windows(start: Mapping[str, object], queues: Sequence[str], budget: int
     ``probe_at_once`` is the only I/O, injected; every search of one round goes to it together.
     """
     offsets = {queue: QueueOffset() for queue in queues}
-    offsets.update({queue: QueueOffset.parse(value) for queue, value in start.items()})
+    offsets.update(start)
     plan = _BatchPlan(probe_at_once, backoff, now, target, set() if missing is None else missing,
                       {} if hints is None else hints, offsets)
     # Where a queue stays if no window moves it: exactly its start, a look back included, so that Spark
@@ -397,7 +397,7 @@ class _BatchPlan:
             tails.setdefault(queue, self.offsets[queue].next)
         return tails
 
-    def end_offsets(self, planned: dict[str, _Window], unmoved: Mapping[str, QueueOffset]) -> dict[str, dict]:
+    def end_offsets(self, planned: dict[str, _Window], unmoved: Mapping[str, QueueOffset]) -> dict[str, QueueOffset]:
         """The batch's end offset of every queue: moved only with its window (Spark plans a batch whenever an
         offset changes), carrying the newest enqueue time probed and a look back's start."""
         for queue, identities in self.seen.items():
@@ -412,7 +412,7 @@ class _BatchPlan:
                 newest = max((ms for ms in (offset.seen_ms, hint.newest_ms) if ms is not None), default=None)
                 end[queue] = QueueOffset(offset.incarnation, window.end, newest,
                                          self.reread.get(queue) if queue not in self.restarted else None)
-        return normalise_offsets(end)
+        return end
 
 
 def _said_once(key: str) -> bool:

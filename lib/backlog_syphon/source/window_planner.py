@@ -3,7 +3,8 @@
 ``WindowPlanner`` holds what the stream reader remembers between triggers (its start, the available-now
 target, each queue's tail and head as last seen, the hints), plans each batch with
 ``planning.plan_windows``, and reports the backlog as last probed, so the reader itself only translates
-between Spark and this module.
+between Spark and this module. Offsets come and go as ``offsets.BatchOffsets``, typed: the reader parses
+Spark's JSON once and writes it back once.
 
 An available-now run fixes its target with the run's first plan, every queue at once, each searched from
 its offset. A queue that search finds empty from its offset rests on one answer "nothing at or after", so
@@ -24,15 +25,7 @@ from typing import Collection, Mapping, Sequence
 from backlog_syphon.errors import BacklogQueueMissingError
 from backlog_syphon.probing import ProbeAtOnce, ProbeCount, probe_once, run_searches, search_tail, search_tail_from
 from backlog_syphon.partitions import LANES, lane_key, split_lane_key
-from backlog_syphon.source.offsets import (
-    PartitionedOffset,
-    QueueOffset,
-    expand_lanes,
-    fold_lanes,
-    normalise_offsets,
-    parse_offset,
-    position,
-)
+from backlog_syphon.source.offsets import BatchOffsets, PartitionedOffset, QueueOffset, expand_lanes, fold_lanes
 from backlog_syphon.source.partition_lanes import LaneProbes
 from backlog_syphon.source.planning import IdleBackoff, QueueHints, WindowPlan, plan_windows
 
@@ -65,7 +58,7 @@ class WindowPlanner:
         self.backoff = IdleBackoff(max_seconds=idle_probe_max_seconds)
         self.target: dict[str, int] | None = None  # available-now: stop here (by planner key: queue or lane)
         self.target_wanted = False  # an available-now run: the target is fixed by the next plan
-        self.last_end: dict[str, dict] | None = None  # Spark 4.0/4.1 ask for the latest offset without a start
+        self.last_end: BatchOffsets | None = None  # Spark 4.0/4.1 ask for the latest offset without a start
         self.tails: dict[str, int] = {}  # queue -> end of what was in it when last probed
         self.hints: dict[str, QueueHints] = {}
         self.missing: set[str] = set()  # configured queues that do not exist (warned about once)
@@ -80,19 +73,19 @@ class WindowPlanner:
         self.unconfirmed: set[str] = set()
 
     @staticmethod
-    def initial_offset(queues: Sequence[str]) -> dict[str, dict]:
-        return normalise_offsets({queue: QueueOffset() for queue in queues})
+    def initial_offset(queues: Sequence[str]) -> BatchOffsets:
+        return BatchOffsets.of({queue: QueueOffset() for queue in queues})
 
     def prepare_available_now(self) -> None:
         """An available-now run: the next plan fixes the target, every queue's tail then (its probes start
         at the batch's start offsets, so a drained backlog costs one probe per queue)."""
         self.target_wanted = True
 
-    def fix_target(self, start: Mapping[str, object], queues: Sequence[str], count: ProbeCount) -> dict[str, int]:
+    def fix_target(self, start: Mapping[str, QueueOffset], queues: Sequence[str], count: ProbeCount) -> dict[str, int]:
         """Every queue's tail now, all queues at once, each searched from its offset (a missing queue: 0). An
         end found past a message is looked at twice (``probing.search_tail``); a queue found empty from its
         offset is looked at again by the plan's head probe (``_confirm_targets``), which costs nothing more."""
-        offsets = {queue: QueueOffset.parse(start.get(queue, 0)) for queue in queues}
+        offsets = {queue: start.get(queue, QueueOffset()) for queue in queues}
         seen: dict[str, list] = {}
         tails = run_searches({queue: search_tail_from(offsets[queue].next, confirm=True) for queue in queues},
                              self.probe_at_once, count, seen)
@@ -125,8 +118,8 @@ class WindowPlanner:
             return ALL_AVAILABLE_BUDGET
         return self.max_messages
 
-    def latest_offset(self, start: Mapping[str, object] | None, queues: Sequence[str], budget: int, *, now: float,
-                      stopping: bool = False) -> dict[str, dict]:
+    def latest_offset(self, start: BatchOffsets | None, queues: Sequence[str], budget: int, *, now: float,
+                      stopping: bool = False) -> BatchOffsets:
         """The end of the next batch from ``start`` (the last end, or the initial offset, when None).
 
         ``stopping``: a polite stop was requested, so no new batch is planned (the end is the start).
@@ -134,10 +127,10 @@ class WindowPlanner:
         if start is None:
             start = self.last_end or self.initial_offset(queues)
         if stopping:
-            return normalise_offsets(start)
+            return start
         # A queue whose offset is per partition is read so (a queue recreated non-partitioned numbers in lane 0,
         # where its recreation shows as always).
-        self.partitioned |= {queue for queue, value in start.items() if isinstance(parse_offset(value), PartitionedOffset)}
+        self.partitioned |= {queue for queue, offset in start.items() if isinstance(offset, PartitionedOffset)}
         count = ProbeCount()
         while True:
             learned_before = set(self.lane_probes.learned)
@@ -169,7 +162,7 @@ class WindowPlanner:
         for key in plan.restarted:
             self.tails.pop(key, None)
             if self.target is not None:  # an available-now run drains what the new queue holds now
-                self.target[key] = max(plan.tails.get(key, 0), position(plan.end[key]))
+                self.target[key] = max(plan.tails.get(key, 0), plan.end[key].next)
         for key, tail in plan.tails.items():
             self.tails[key] = max(tail, self.tails.get(key, 0))
         self.last_end = fold_lanes(plan.end)
@@ -180,7 +173,7 @@ class WindowPlanner:
         return [key for queue in queues
                 for key in ([lane_key(queue, p) for p in range(LANES)] if queue in self.partitioned else [queue])]
 
-    def _plan(self, start: Mapping[str, object], queues: Sequence[str], budget: int, now: float) -> WindowPlan:
+    def _plan(self, start: Mapping[str, QueueOffset], queues: Sequence[str], budget: int, now: float) -> WindowPlan:
         return plan_windows(start, queues, budget, self.probe_at_once, backoff=self.backoff, now=now,
                             target=self.target, missing=self.missing,
                             look_back=set(self.keys(sorted(self.look_back))) - self.looked_back, hints=self.hints)
@@ -215,19 +208,19 @@ class WindowPlanner:
             self.hints[queue].saw(seen.get(queue, ()))
         return True
 
-    def resume(self, end: Mapping[str, object]) -> None:
+    def resume(self, end: BatchOffsets) -> None:
         """Spark runs a batch that ends at ``end``: the next one starts there. Spark before 4.2 asks for the
         latest offset without a start, and after a restart it first replays the last planned batch
         without asking this planner: without this, the next batch would be planned from each queue's
         head again, and a queue emptied meanwhile would look as if it were never read."""
-        self.last_end = normalise_offsets(end)
+        self.last_end = end
 
-    def reached_target(self, end: Mapping[str, object]) -> bool:
+    def reached_target(self, end: BatchOffsets) -> bool:
         """Whether ``end`` covers the available-now target of every queue (a missing queue has none)."""
         if self.target is None:
             return False
         keyed = expand_lanes(end, self.partitioned)
-        return all(key in self.missing or position(keyed.get(key, 0)) >= through
+        return all(key in self.missing or keyed.get(key, QueueOffset()).next >= through
                    for key, through in self.target.items())
 
     def reported_latest(self, now_ms: int) -> dict[str, dict] | None:
@@ -238,13 +231,13 @@ class WindowPlanner:
         here costs a probe."""
         if not self.tails:
             return None
-        ends = expand_lanes(self.last_end or {}, self.partitioned)
+        ends = expand_lanes(self.last_end or BatchOffsets(), self.partitioned)
         reported: dict[str, dict] = {}
         # A partitioned queue's lanes add up: its ``next`` is the sum of its lanes' tails in local numbers,
-        # which ``offsets.position`` of its offset matches, so a tail less an offset is what is left.
+        # which its offset's ``next`` matches (``PartitionedOffset.next``), so a tail less an offset is what is left.
         for key, tail in sorted(self.tails.items()):
             queue = split_lane_key(key)[0]
-            planned = position(ends.get(key, 0))
+            planned = ends.get(key, QueueOffset()).next
             head = self.hints[key].head if key in self.hints else None
             oldest = None if head is None or head[1] is None else max(0.0, (now_ms - head[1]) / 1000)
             known = reported.setdefault(queue, {"next": 0, "remaining": 0, "oldest_age_seconds": None})
