@@ -112,9 +112,16 @@ class RateController:
         """Sends went through: after the hold, climb by ``step`` per second of sending (a pause in the
         sends earns nothing beyond a second's step, unless ``pauses_earn``), up to the reference."""
         since, self.last_sent = self.last_sent, now
-        if self.rate is None or self.reference is None or self.rate >= self.reference:
+        if self.rate is None or self.reference is None:
             return
         if self.last_throttled is not None and now - self.last_throttled < HOLD_SECONDS:
+            return
+        if self.rate >= self.reference:
+            # Already back at the reference: an uncapped controller is not limited any more. (A throttling
+            # answer at a rate as low as the floor leaves the rate at its reference, with nothing left to climb:
+            # without this it stayed limited to the floor for good.)
+            if self.cap is None:
+                self.rate = None
             return
         start = since if since is not None else now
         if self.last_throttled is not None:

@@ -98,6 +98,21 @@ def test_without_a_budget_a_busy_answer_limits_a_process_that_then_climbs_back_a
     assert floor.controller.rate == FLOOR_CREDITS_PER_SECOND  # never below: a page of a peek has to go some time
 
 
+def test_without_a_budget_a_busy_answer_to_a_process_that_spent_little_does_not_hold_it_at_the_floor_for_good():
+    # Throttled while it spent next to nothing (the namespace's credits went to others), the process drops to
+    # the floor, which is also where it would climb back to: the next operation after the hold ends the limit.
+    # (It stayed at the floor for good, and a purge of 3,000 messages took 10 s a page of 100.)
+    pacer = CreditPacer(CreditTerms(None), now=0.0)
+    pacer.spend(CreditKind.RECEIVE, 5, 0.5)
+    pacer.throttled(1.0)
+    assert pacer.controller.rate == FLOOR_CREDITS_PER_SECOND
+    pacer.spend(CreditKind.RECEIVE, 100, 1.5)  # within the hold: still limited
+    assert pacer.controller.rate == FLOOR_CREDITS_PER_SECOND
+    pacer.spend(CreditKind.RECEIVE, 100, 3.0)
+    assert pacer.controller.rate is None
+    assert pacer.wait(3.0) == 0.0
+
+
 def test_new_terms_keep_what_throttling_taught():
     pacer = CreditPacer(CreditTerms(300.0), now=0.0)
     pacer.throttled(0.0)
