@@ -104,27 +104,43 @@ def drain_destinations(connection_string, entities: Iterable[str], *, session_en
 
 def _drain_entity(connection_string, entity: str, settle_seconds: float, max_wait_seconds: float) -> list:
     from azure.servicebus import ServiceBusReceiveMode
+    from azure.servicebus.exceptions import ServiceBusServerBusyError
 
     from backlog_syphon.servicebus.sdk_internals import prompt
 
     mode = ServiceBusReceiveMode.RECEIVE_AND_DELETE
     messages: list = []
     topic, _, subscription = entity.partition("/")
+    deadline = time.monotonic() + settle_seconds
     with client_for(connection_string) as client:
-        receiver = prompt(client.get_subscription_receiver(topic, subscription, receive_mode=mode, prefetch_count=0)
-                          if subscription else client.get_queue_receiver(entity, receive_mode=mode, prefetch_count=0))
-        with receiver:
-            deadline = time.monotonic() + settle_seconds
-            for _ in range(10_000):  # bounded: far more rounds than messages / 200
-                batch = receiver.receive_messages(max_message_count=200, max_wait_time=max_wait_seconds)
-                if not batch and time.monotonic() >= deadline and not _holds_active(receiver):
-                    # What the broker sent (and so deleted) after the last receive's wait reached the
-                    # link before the peek's answer on the same connection: take it before closing.
-                    batch = receiver.receive_messages(max_message_count=200, max_wait_time=max_wait_seconds)
-                    if not batch:
-                        break
-                messages.extend(batch)
-    return messages
+        for _ in range(60):  # bounded: a namespace out of credits answers busy for a second or two at a time
+            receiver = prompt(client.get_subscription_receiver(topic, subscription, receive_mode=mode,
+                                                               prefetch_count=0)
+                              if subscription else client.get_queue_receiver(entity, receive_mode=mode,
+                                                                             prefetch_count=0))
+            try:
+                with receiver:
+                    if _drain_receiver(receiver, messages, deadline, max_wait_seconds):
+                        return messages
+            except ServiceBusServerBusyError:
+                # The emulator throttles as a Standard namespace does: a receive refused for want of credits
+                # took nothing (its link is detached, so a new receiver goes on).
+                time.sleep(1.0)
+    raise AssertionError(f"{entity}: still throttled after 60 tries; drained {len(messages)} so far")
+
+
+def _drain_receiver(receiver, messages: list, deadline: float, max_wait_seconds: float) -> bool:
+    """Receive (and so delete) into ``messages`` until the entity is empty: True once it is."""
+    for _ in range(10_000):  # bounded: far more rounds than messages / 200
+        batch = receiver.receive_messages(max_message_count=200, max_wait_time=max_wait_seconds)
+        if not batch and time.monotonic() >= deadline and not _holds_active(receiver):
+            # What the broker sent (and so deleted) after the last receive's wait reached the
+            # link before the peek's answer on the same connection: take it before closing.
+            batch = receiver.receive_messages(max_message_count=200, max_wait_time=max_wait_seconds)
+            if not batch:
+                return True
+        messages.extend(batch)
+    return True
 
 
 def _holds_active(receiver, pages: int = 100) -> bool:
