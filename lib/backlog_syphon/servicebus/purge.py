@@ -205,7 +205,7 @@ def _receive_round(namespace: NamespaceConfig, receiver, plan: PurgePlan, timing
                 lock_end = first_lock_end(page)
                 timing.observed_page(time.monotonic() - began, None if lock_end is None else lock_end - started)
             page += _rest_of_page(namespace, receiver, page, passed_over, credit, timing, progress.requests_needed(),
-                                  max_wait_seconds)
+                                  max_wait_seconds, wanted=lambda messages: _recorded(plan, messages) < progress.left)
             revoke_credit(receiver)  # a call that returns early leaves the rest of its credit open
             _settle_page(receiver, plan, progress, timing, page, passed_over, time.time() if waiting else started,
                          on_completions_sent)
@@ -380,19 +380,25 @@ def _receive(namespace: NamespaceConfig, receiver, credit: int, wait: float) -> 
                  cost=len, retry=False, wait=False, reserve=credit)
 
 
+def _recorded(plan: PurgePlan, messages: list) -> int:
+    return sum(1 for message in messages if plan.holds(received_identity(message)))
+
+
 def _rest_of_page(namespace: NamespaceConfig, receiver, page: list, passed_over: list, credit: int,
-                  timing: SettleTiming, requests: int, max_wait_seconds: float) -> list:
+                  timing: SettleTiming, requests: int, max_wait_seconds: float,
+                  wanted: Callable[[list], bool] = lambda messages: True) -> list:
     """The rest of a page whose receive came back short (the service answers a part of what was asked, and sends
     the rest on the credit left open), received at once: what comes on that credit between two receive calls the
     SDK releases, and it would be received again later (``progress``'s page would be settled in more requests).
     Each further receive goes while the page's requests (and the releases of messages passed over) still fit inside
-    its first lock after it (``SettleTiming.receive_wait_for_rest``); one that brings nothing, or is throttled, ends
+    its first lock after it (``SettleTiming.receive_wait_for_rest``) and the round still ``wanted`` more than it holds
+    (a partitioned queue's credit may ask for more than is recorded); one that brings nothing, or is throttled, ends
     the page."""
     rest: list = []
     lock_end = lock_end_of(page)
     if passed_over:  # their releases go out after the page's requests (as in ``_settle_page``)
         lock_end = min(lock_end, lock_end_of(passed_over) - (timing.round_trip or 0.0))
-    while page and len(page) + len(rest) < credit:
+    while page and len(page) + len(rest) < credit and wanted(page + rest):
         wait = timing.receive_wait_for_rest(lock_end - time.time(), requests)
         if wait is None:
             break
