@@ -89,9 +89,12 @@ def test_the_audits_files_stay_bounded_and_a_replayed_append_adds_nothing_across
 
     def batch(version: int):
         """A batch's outcome rows: one a backlog queue."""
-        rows = [("r", version, f"q{task}", version, f"m-{version}-{task}", "orders", None, "delivered", None, None, 10,
-                 now, None, None, now, 1, None, None, None) for task in range(2)]
-        return spark.createDataFrame(rows, OUTCOME_ROW_SCHEMA)
+        columns = [field.name for field in OUTCOME_ROW_SCHEMA.fields]  # by name: the audit gains columns
+        rows = [{**dict.fromkeys(columns), "run_id": "r", "batch_id": version, "backlog_queue": f"q{task}",
+                 "sequence_number": version, "message_id": f"m-{version}-{task}", "destination": "orders",
+                 "outcome": "delivered", "body_size": 10, "enqueued_time": now, "outcome_time": now, "attempts": 1}
+                for task in range(2)]
+        return spark.createDataFrame([tuple(row[column] for column in columns) for row in rows], OUTCOME_ROW_SCHEMA)
 
     for version in range(APPENDS):
         tables.append_audit(audit, batch(version), "app", version)
