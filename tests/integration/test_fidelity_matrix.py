@@ -228,7 +228,7 @@ def test_every_body_kind_and_value_arrives_as_the_legacy_sender_wrote_it(emulato
     summary = run_syphon(spark, syphon_config)
     assert summary.drained
     assert summary.per_destination[DESTINATION] == {"delivered": len(messages), "dead_lettered": 0, "skipped_ping": 0,
-                                                 "held": 0, "not_selected": 0, "expired": 0}
+                                                 "held": 0, "not_selected": 0, "expired": 0, "covered": 0}
     assert summary.per_destination["(no destination)"]["dead_lettered"] == 1  # undecodable: no destination was read
 
     arrived = {}

@@ -111,7 +111,7 @@ def test_remaining_ttl_and_schedule(emulator, syphon_config, spark):
     summary = run_syphon(spark, syphon_config)
     waited = dt.datetime.now(dt.timezone.utc) - written_at
     assert summary.per_destination["payments"] == {"delivered": 2, "dead_lettered": 1, "skipped_ping": 0, "held": 0,
-                                                   "not_selected": 0, "expired": 0}
+                                                   "not_selected": 0, "expired": 0, "covered": 0}
 
     with ServiceBusClient.from_connection_string(emulator.connection_string(PRIMARY)) as client:
         with client.get_queue_receiver("payments", receive_mode=RECEIVE_AND_DELETE) as receiver:
