@@ -44,7 +44,7 @@ from backlog_syphon.run.dry_run import dry_run
 from backlog_syphon.run.status import status
 from backlog_syphon.run.spark_session import build_spark_session
 from backlog_syphon.run.syphon import run_syphon
-from backlog_syphon.storage import tables
+from backlog_syphon.storage import delta
 
 try:
     notebook_display = display  # noqa: F821 - provided by Databricks notebooks
@@ -142,7 +142,7 @@ print("\n".join(summary.lines()))
 
 # COMMAND ----------
 
-audit = tables.read_table(spark, config.storage.audit_table)
+audit = delta.read_table(spark, config.storage.audit_table)
 show(reports.audit_summary(audit, run_id=summary.run_id), notebook_display)
 show(reports.dead_letter_reasons(audit, run_id=summary.run_id), notebook_display)
 

@@ -108,7 +108,9 @@ def _drain_entity(connection_string, entity: str, settle_seconds: float, max_wai
 
     from backlog_syphon.servicebus.sdk_internals import prompt
 
-    mode = ServiceBusReceiveMode.RECEIVE_AND_DELETE
+    # Locked and completed, not received and deleted: a receive the namespace throttles part way (its credits
+    # ran out) would lose what reached the link of a receive-and-delete receiver before the SDK raised.
+    mode = ServiceBusReceiveMode.PEEK_LOCK
     messages: list = []
     topic, _, subscription = entity.partition("/")
     deadline = time.monotonic() + settle_seconds
@@ -124,23 +126,38 @@ def _drain_entity(connection_string, entity: str, settle_seconds: float, max_wai
                         return messages
             except ServiceBusServerBusyError:
                 # The emulator throttles as a Standard namespace does: a receive refused for want of credits
-                # took nothing (its link is detached, so a new receiver goes on).
+                # on a link that holds no lock took nothing (the link is detached: a new receiver goes on).
                 time.sleep(1.0)
     raise AssertionError(f"{entity}: still throttled after 60 tries; drained {len(messages)} so far")
 
 
 def _drain_receiver(receiver, messages: list, deadline: float, max_wait_seconds: float) -> bool:
-    """Receive (and so delete) into ``messages`` until the entity is empty: True once it is."""
+    """Receive and complete into ``messages`` until the entity is empty: True once it is."""
     for _ in range(10_000):  # bounded: far more rounds than messages / 200
         batch = receiver.receive_messages(max_message_count=200, max_wait_time=max_wait_seconds)
         if not batch and time.monotonic() >= deadline and not _holds_active(receiver):
-            # What the broker sent (and so deleted) after the last receive's wait reached the
+            # What the broker sent after the last receive's wait reached the
             # link before the peek's answer on the same connection: take it before closing.
             batch = receiver.receive_messages(max_message_count=200, max_wait_time=max_wait_seconds)
             if not batch:
                 return True
-        messages.extend(batch)
+        for message in batch:
+            _complete(receiver, message)
+            messages.append(message)
     return True
+
+
+def _complete(receiver, message) -> None:
+    """Complete ``message``; a settlement the namespace throttles leaves it locked, so it is asked again."""
+    from azure.servicebus.exceptions import ServiceBusServerBusyError
+
+    for _ in range(60):
+        try:
+            receiver.complete_message(message)
+            return
+        except ServiceBusServerBusyError:
+            time.sleep(0.5)
+    raise AssertionError(f"message {message.message_id}: its completion still throttled after 60 tries")
 
 
 def _holds_active(receiver, pages: int = 100) -> bool:

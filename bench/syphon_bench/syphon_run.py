@@ -109,19 +109,20 @@ def time_commits(spark, config, samples: int = 7) -> dict[str, float]:
     checkpoint table's rewrite and an audit append of 1,000 rows (the tables the run just wrote)."""
     from pyspark.sql import functions as F
 
-    from backlog_syphon.storage import tables
+    from backlog_syphon.storage import audit_table, checkpoint_table, delta
 
-    checkpoint = list(tables.read_checkpoint(spark, config.storage.checkpoint_table).values())
-    audit = tables.existing_table(spark, config.storage.audit_table).limit(1000).drop("outcome_date").localCheckpoint()
+    checkpoint = list(checkpoint_table.read_checkpoint(spark, config.storage.checkpoint_table).values())
+    audit = delta.existing_table(spark, config.storage.audit_table).limit(1000).drop("outcome_date").localCheckpoint()
     audit.count()
     timings: dict[str, list[float]] = {"checkpoint rewrite": [], "audit append (1,000 rows)": []}
     for sample in range(samples):
         began = time.perf_counter()
-        tables.write_checkpoint(spark, config.storage.checkpoint_table, checkpoint)
+        checkpoint_table.write_checkpoint(spark, config.storage.checkpoint_table, checkpoint)
         timings["checkpoint rewrite"].append(time.perf_counter() - began)
         began = time.perf_counter()
-        tables.append_audit(config.storage.audit_table, audit.withColumn("batch_id", F.lit(-1 - sample).cast("long")),
-                            "bench-commit-timing", sample)
+        audit_table.append_audit(config.storage.audit_table,
+                                 audit.withColumn("batch_id", F.lit(-1 - sample).cast("long")),
+                                 "bench-commit-timing", sample)
         timings["audit append (1,000 rows)"].append(time.perf_counter() - began)
     return {kind: statistics.median(values[1:]) * 1000 for kind, values in timings.items()}
 

@@ -9,7 +9,7 @@ from tools.testing import backlog_dead_letters, drain_destinations
 from backlog_syphon.model import Outcome, ReasonCode
 from backlog_syphon.restore.queue_names import backlog_queue_names
 from backlog_syphon.run.syphon import run_syphon
-from backlog_syphon.storage import tables
+from backlog_syphon.storage import delta
 
 from .conftest import PRIMARY, make_config
 from .helpers import free_port
@@ -49,7 +49,7 @@ def test_session_less_messages_for_a_session_queue_are_dead_lettered_by_the_refu
     dead = {m.message_id: m for m in backlog_dead_letters(config.secondary, BACKLOG_QUEUES[:2])}
     assert sorted(dead) == ["no-session-0", "no-session-1"]
     assert {m.dead_letter_reason for m in dead.values()} == {ReasonCode.SESSION_REQUIRED}
-    audit = {row.message_id: row for row in tables.read_table(spark, config.storage.audit_table).collect()}
+    audit = {row.message_id: row for row in delta.read_table(spark, config.storage.audit_table).collect()}
     for message_id in dead:
         assert (audit[message_id].outcome, audit[message_id].reason_code) == (Outcome.DEAD_LETTERED,
                                                                                ReasonCode.SESSION_REQUIRED)
@@ -72,7 +72,7 @@ def test_where_the_administration_api_describes_the_destination_they_are_dead_le
     summary = run_syphon(spark, config)
 
     assert summary.drained
-    audit = {row.message_id: row for row in tables.read_table(spark, config.storage.audit_table).collect()}
+    audit = {row.message_id: row for row in delta.read_table(spark, config.storage.audit_table).collect()}
     for message_id in ("no-session-0", "no-session-1"):
         row = audit[message_id]
         assert (row.outcome, row.reason_code, row.attempts) == (Outcome.DEAD_LETTERED, ReasonCode.SESSION_REQUIRED, 0)

@@ -25,7 +25,7 @@ from backlog_syphon.run.decommission import decommission
 from backlog_syphon.run.status import status
 from backlog_syphon.run.syphon import run_syphon
 from backlog_syphon.servicebus.removal import require_manage
-from backlog_syphon.storage import tables
+from backlog_syphon.storage import checkpoint_table, lease_table, runs_table
 from tools.backlog_writer import OriginalMessage, send_legacy_backlog
 
 from .conftest import PRIMARY, SECONDARY, make_config
@@ -67,9 +67,9 @@ def test_status_says_when_the_backlog_is_safe_to_remove_and_decommission_removes
     assert _holds(drained.removal) == {Q0: {DrainHold.DEAD_LETTERS}}
 
     # 3. Q1's marks set back (its messages settled, the marks' write lost); new messages in Q2.
-    marks = tables.read_checkpoint(spark, config.storage.checkpoint_table)
+    marks = checkpoint_table.read_checkpoint(spark, config.storage.checkpoint_table)
     assert marks[Q1].purged_through == marks[Q1].delivered_through == 3
-    tables.write_checkpoint(spark, config.storage.checkpoint_table, [
+    checkpoint_table.write_checkpoint(spark, config.storage.checkpoint_table, [
         dataclasses.replace(mark, purged_through=0, purged_enqueued_ms=None) if queue == Q1 else mark
         for queue, mark in marks.items()])
     send_legacy_backlog(config.secondary, {Q2: _messages("late", 2)})
@@ -91,9 +91,9 @@ def test_status_says_when_the_backlog_is_safe_to_remove_and_decommission_removes
     stats = emulator.stats(SECONDARY)
     assert sorted(path for path in stats if path in QUEUES) == [Q0, Q1, Q2]
     assert (stats[Q2]["total"], stats[f"{Q0}/$DeadLetterQueue"]["total"]) == (2, 1), "a refused queue was touched"
-    lease = tables.read_lease(spark, config.storage.resolved_lease_table)
+    lease = lease_table.read_lease(spark, config.storage.resolved_lease_table)
     assert lease.run_id == "decommission-1" and lease.expires_at == lease.renewed_at  # taken, then released
-    [row] = tables.read_runs(spark, config.storage.resolved_runs_table, 1)
+    [row] = runs_table.read_runs(spark, config.storage.resolved_runs_table, 1)
     assert (row.run_id, row.mode, row.exit_code, row.removed_queues, row.remaining) == (
         "decommission-1", RunMode.DECOMMISSION, 4, QUEUES[3:], {Q0: 0, Q1: 0, Q2: 2})
 
@@ -109,7 +109,7 @@ def test_status_says_when_the_backlog_is_safe_to_remove_and_decommission_removes
     again = decommission(spark, acknowledged, confirm=True, run_id="unused")
     assert (again.exit_code, again.closing_line) == (
         0, "nothing to remove: the secondary namespace has no backlog queue of this primary namespace")
-    assert [run.mode for run in tables.read_runs(spark, config.storage.resolved_runs_table, 5)] == [
+    assert [run.mode for run in runs_table.read_runs(spark, config.storage.resolved_runs_table, 5)] == [
         RunMode.DECOMMISSION, RunMode.SYPHON, RunMode.DECOMMISSION, RunMode.SYPHON]
     gone = status(spark, acknowledged)  # no backlog queue is left, and the runs table says why: not a wrong setting
     assert (gone.verdict.state, gone.verdict.exit_code) == (BacklogState.DECOMMISSIONED, 0)

@@ -75,7 +75,7 @@ def test_two_runs_at_once_one_delivers_and_sigterm_ends_it_after_its_batch(emula
     runner stopping it would): the job finishes that batch, records and purges it, and exits 0. The
     next run delivers the rest, and every message arrives exactly once."""
     from backlog_syphon.run.syphon import run_syphon
-    from backlog_syphon.storage import tables
+    from backlog_syphon.storage import delta
 
     config = _job_config(emulator, tmp_path)
     originals = _originals("twice", 200)  # the paused batch (100), then one batch for the next run
@@ -113,9 +113,9 @@ def test_two_runs_at_once_one_delivers_and_sigterm_ends_it_after_its_batch(emula
     assert code == 0, output[-4000:]
     assert "SIGTERM: stopping after the batch in flight" in output and "stopped on request" in output
 
-    audit = tables.read_table(spark, config.storage.audit_table).collect()
+    audit = delta.read_table(spark, config.storage.audit_table).collect()
     assert {row["batch_id"] for row in audit} == {0}, "the run went on past the batch in flight"
-    checkpoint = {row["backlog_queue"]: row for row in tables.read_table(
+    checkpoint = {row["backlog_queue"]: row for row in delta.read_table(
         spark, config.storage.checkpoint_table).collect()}
     assert checkpoint and all(row["purged_through"] == row["delivered_through"] for row in checkpoint.values())
     first = _arrivals(emulator)
@@ -141,7 +141,7 @@ def test_a_lease_held_elsewhere_stops_a_run_or_makes_it_wait_until_it_expires(em
     from backlog_syphon.run import fence
     from backlog_syphon.run.lease import LeaseHeldError, new_lease
     from backlog_syphon.run.syphon import lease_key, run_syphon
-    from backlog_syphon.storage import tables
+    from backlog_syphon.storage import checkpoint_table, delta, lease_table
 
     # A lease long enough for a loaded 2-core machine's Delta commits (each extension is one, plus a read).
     config = make_config(emulator, tmp_path, **{"run.lease_seconds": 20})
@@ -150,7 +150,7 @@ def test_a_lease_held_elsewhere_stops_a_run_or_makes_it_wait_until_it_expires(em
     storage = config.storage
     now = dt.datetime.now(dt.timezone.utc)
     other = new_lease(lease_key(config), "other-run", "another-host", 4242, now, 300)
-    assert tables.write_lease(spark, storage.resolved_lease_table, other)
+    assert lease_table.write_lease(spark, storage.resolved_lease_table, other)
 
     with pytest.raises(LeaseHeldError) as held:
         run_syphon(spark, config)
@@ -161,20 +161,20 @@ def test_a_lease_held_elsewhere_stops_a_run_or_makes_it_wait_until_it_expires(em
 
     # The other run extends its lease, now for a few seconds: the next run waits for it to expire.
     other = new_lease(lease_key(config), "other-run", "another-host", 4242, dt.datetime.now(dt.timezone.utc),
-                      OTHER_LEASE_SECONDS, tables.read_lease(spark, storage.resolved_lease_table))
-    assert tables.write_lease(spark, storage.resolved_lease_table, other)
+                      OTHER_LEASE_SECONDS, lease_table.read_lease(spark, storage.resolved_lease_table))
+    assert lease_table.write_lease(spark, storage.resolved_lease_table, other)
     lines: list[str] = []
     summary = run_syphon(spark, config.with_overrides({"run.wait_for_lease": "true"}), on_progress=lines.append)
     assert lines[0].startswith("waiting for the lease: ") and "another-host" in lines[0]
     assert summary.drained
-    audit = tables.read_table(spark, storage.audit_table).collect()
+    audit = delta.read_table(spark, storage.audit_table).collect()
     assert len(audit) == len(originals)
     assert min(row["outcome_time"].astimezone(dt.timezone.utc) for row in audit) >= other.expires_at
     assert set(_arrivals(emulator)) == {message.message_id for message in originals}
     # Given back by the run's last commit: its final checkpoint rows name it as ended.
-    ended = tables.read_lease(spark, storage.resolved_lease_table)
-    assert ended.expires_at > dt.datetime.now(dt.timezone.utc) and tables.ended_run(spark, storage.checkpoint_table) \
-        == ended.run_id
+    ended = lease_table.read_lease(spark, storage.resolved_lease_table)
+    assert ended.expires_at > dt.datetime.now(dt.timezone.utc)
+    assert checkpoint_table.ended_run(spark, storage.checkpoint_table) == ended.run_id
     assert fence.current_holder(spark, storage.resolved_lease_table, storage.checkpoint_table,
                                 dt.datetime.now(dt.timezone.utc)) is None, "the lease was not given back at the end"
     taken = run_syphon(spark, config)  # at once: no wait for its expiry

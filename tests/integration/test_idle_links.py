@@ -108,7 +108,7 @@ def test_a_continuous_run_whose_idle_links_the_broker_closed_delivers_the_next_m
     """In-process (the claim is what moved, not what was logged): links and connections the broker closed are
     opened again, without a failed batch, a send tried twice or a lost lock."""
     from backlog_syphon.run.syphon import start_syphon
-    from backlog_syphon.storage import tables
+    from backlog_syphon.storage import delta
 
     emulator = idle_emulator
     config = make_config(emulator, tmp_path, **SETTINGS)
@@ -119,7 +119,7 @@ def test_a_continuous_run_whose_idle_links_the_broker_closed_delivers_the_next_m
         run.finish(spark)
     assert run.query.exception() is None
     _delivered_once_and_purged_once(emulator)
-    audit = tables.read_table(spark, config.storage.audit_table).collect()
+    audit = delta.read_table(spark, config.storage.audit_table).collect()
     # Every message sent at its first attempt: no send failed on a link the broker had closed.
     assert (len(audit), {row["outcome"] for row in audit}, {row["attempts"] for row in audit}) == (
         20, {"delivered"}, {1})

@@ -97,9 +97,9 @@ def _check_exactly_once(arrivals: collections.Counter, originals, label: str) ->
 
 
 def _audit(spark, config) -> list:
-    from backlog_syphon.storage import tables
+    from backlog_syphon.storage import delta
 
-    return tables.read_table(spark, config.storage.audit_table).collect()
+    return delta.read_table(spark, config.storage.audit_table).collect()
 
 
 def _check_audit(rows, originals) -> dict[str, object]:
@@ -120,7 +120,7 @@ def _check_audit(rows, originals) -> dict[str, object]:
 @pytest.mark.timeout(600)
 def test_recreated_backlog_queues_are_drained_from_their_start(spark, emulator, tmp_path):
     from backlog_syphon.run.syphon import run_syphon
-    from backlog_syphon.storage import tables
+    from backlog_syphon.storage import checkpoint_table
 
     config = make_config(emulator, tmp_path, **{"backlog.queue_count": 3, "run.max_messages_per_trigger": 60})
     first = {index: _originals(f"first{index}", 30) for index in range(3)}
@@ -130,7 +130,7 @@ def test_recreated_backlog_queues_are_drained_from_their_start(spark, emulator, 
     first_all = [message for batch in first.values() for message in batch]
     _check_exactly_once(_arrivals(emulator), first_all, "recreated: first backlog")
     assert _remaining(emulator) == 0
-    before = tables.read_checkpoint(spark, config.storage.checkpoint_table)
+    before = checkpoint_table.read_checkpoint(spark, config.storage.checkpoint_table)
     assert {queue: row.incarnation for queue, row in before.items()} == {_queue(i): 1 for i in range(3)}
 
     for index in range(3):
@@ -146,7 +146,7 @@ def test_recreated_backlog_queues_are_drained_from_their_start(spark, emulator, 
     _check_exactly_once(arrivals, second_all, "recreated: second backlog")
     assert summary.drained, summary.remaining
     assert _remaining(emulator) == 0 and _dead_letters(emulator) == 0
-    checkpoint = tables.read_checkpoint(spark, config.storage.checkpoint_table)
+    checkpoint = checkpoint_table.read_checkpoint(spark, config.storage.checkpoint_table)
     marks = [(queue, row.incarnation, row.delivered_through, row.purged_through)
              for queue, row in sorted(checkpoint.items())]
     print(f"[recreated] checkpoint: {marks}")

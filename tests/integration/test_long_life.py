@@ -81,20 +81,23 @@ APPENDS = 8  # auto compaction's bound passed three times, and a log checkpoint 
 def test_the_audits_files_stay_bounded_and_a_replayed_append_adds_nothing_across_compactions(spark, tmp_path,
                                                                                              small_compactions):
     from backlog_syphon.rows import OUTCOME_ROW_SCHEMA
-    from backlog_syphon.storage import tables
+    from backlog_syphon.storage import audit_table, state_tables
 
     audit, checkpoint, lease = (str(tmp_path / name) for name in ("audit", "checkpoint", "lease"))
-    tables.create_tables(spark, audit, checkpoint, lease)  # the audit with its upkeep properties, as a run makes it
+    state_tables.create_tables(spark, audit, checkpoint, lease)  # the audit with its upkeep properties, as a run does
     now = dt.datetime.now(dt.timezone.utc)
 
     def batch(version: int):
         """A batch's outcome rows: one a backlog queue."""
-        rows = [("r", version, f"q{task}", version, f"m-{version}-{task}", "orders", None, "delivered", None, None, 10,
-                 now, None, None, now, 1, None, None, None) for task in range(2)]
-        return spark.createDataFrame(rows, OUTCOME_ROW_SCHEMA)
+        columns = [field.name for field in OUTCOME_ROW_SCHEMA.fields]  # by name: the audit gains columns
+        rows = [{**dict.fromkeys(columns), "run_id": "r", "batch_id": version, "backlog_queue": f"q{task}",
+                 "sequence_number": version, "message_id": f"m-{version}-{task}", "destination": "orders",
+                 "outcome": "delivered", "body_size": 10, "enqueued_time": now, "outcome_time": now, "attempts": 1}
+                for task in range(2)]
+        return spark.createDataFrame([tuple(row[column] for column in columns) for row in rows], OUTCOME_ROW_SCHEMA)
 
     for version in range(APPENDS):
-        tables.append_audit(audit, batch(version), "app", version)
+        audit_table.append_audit(audit, batch(version), "app", version)
     counts, compactions = _files_per_version(spark, audit)
     assert compactions >= 3, f"{compactions} auto compactions in {APPENDS} appends"
     assert max(counts) <= FILES_BOUND, f"the audit's data files reached {max(counts)}: {counts}"
@@ -106,7 +109,7 @@ def test_the_audits_files_stay_bounded_and_a_replayed_append_adds_nothing_across
     before = _version(spark, audit)
     spark._jvm.org.apache.spark.sql.delta.DeltaLog.clearCache()
     for replayed in (0, APPENDS - 1):
-        tables.append_audit(audit, batch(replayed), "app", replayed)
+        audit_table.append_audit(audit, batch(replayed), "app", replayed)
     assert _version(spark, audit) == before
     ids = collections.Counter(row["message_id"] for row in spark.read.format("delta").load(audit).collect())
     assert ids == {f"m-{appended}-{task}": 1 for appended in range(APPENDS) for task in range(2)}
@@ -171,7 +174,7 @@ def test_a_continuous_run_keeps_the_audits_files_bounded_and_records_every_messa
     from backlog_syphon.run.maintain import maintain
     from backlog_syphon.run.status_report import audit_read_floor
     from backlog_syphon.run.syphon import start_syphon
-    from backlog_syphon.storage import tables, upkeep
+    from backlog_syphon.storage import audit_table, checkpoint_table, delta, state_tables, upkeep
 
     config = make_config(emulator, tmp_path, **{"run.trigger": "0.1 seconds", "run.idle_probe_max_seconds": 1,
                                                 "backlog.queue_count": QUEUES})
@@ -234,20 +237,20 @@ def test_a_continuous_run_keeps_the_audits_files_bounded_and_records_every_messa
     assert received == {message.message_id: 1 for message in trickle.written}
 
     # A second start finds every property as wanted: no commit.
-    properties = upkeep.table_properties(spark, tables.sql_name(audit))
-    assert upkeep.properties_to_set(properties, tables.with_retention(tables.AUDIT_TABLE_PROPERTIES,
+    properties = upkeep.table_properties(spark, delta.sql_name(audit))
+    assert upkeep.properties_to_set(properties, upkeep.with_retention(audit_table.AUDIT_TABLE_PROPERTIES,
                                                                        config.storage.table_retention_days)) == {}
     versions = [_version(spark, path) for path in (audit, checkpoint)]
-    tables.create_tables(spark, audit, checkpoint, config.storage.resolved_lease_table)
-    tables.set_upkeep_properties(spark, audit, checkpoint, config.storage.resolved_lease_table)
+    state_tables.create_tables(spark, audit, checkpoint, config.storage.resolved_lease_table)
+    state_tables.set_upkeep_properties(spark, audit, checkpoint, config.storage.resolved_lease_table)
     assert [_version(spark, path) for path in (audit, checkpoint)] == versions
 
     # --status reads the audit from the oldest purge mark's day on: Delta prunes the partitions before it.
-    marks = tables.read_checkpoint(spark, checkpoint)
+    marks = checkpoint_table.read_checkpoint(spark, checkpoint)
     since = audit_read_floor(marks, marks)
     assert since is not None
-    pruned = tables.recorded_unsettled(spark, audit, marks, since)
+    pruned = audit_table.recorded_unsettled(spark, audit, marks, since)
     plan = pruned._jdf.queryExecution().executedPlan().toString()
     [partition_filters] = re.findall(r"PartitionFilters: \[([^\]]*)\]", plan)
     assert re.search(r"outcome_date#\d+ >= ", partition_filters), plan
-    assert pruned.count() == tables.recorded_unsettled(spark, audit, marks).count() == 0  # all purged
+    assert pruned.count() == audit_table.recorded_unsettled(spark, audit, marks).count() == 0  # all purged

@@ -35,7 +35,7 @@ from backlog_syphon.model import MessageState, Outcome, RunMode, RunSource
 from backlog_syphon.run.dry_run import dry_run
 from backlog_syphon.run.status import status
 from backlog_syphon.run.syphon import run_syphon
-from backlog_syphon.storage import tables
+from backlog_syphon.storage import delta, runs_table
 from tools.migration_writer import (
     ALERTS,
     EVENTS,
@@ -87,7 +87,7 @@ def test_a_standard_namespace_drains_into_premium_once_exact_in_order_with_its_s
         with pytest.raises(SettingsError, match=why):
             run_syphon(spark, config.with_overrides({"migration.subscriptions": subscriptions,
                                                      "migration.destination_map": "{}"}))
-    assert not tables.table_exists(spark, config.storage.audit_table)
+    assert not delta.table_exists(spark, config.storage.audit_table)
 
     plan = dry_run(spark, config).lines()
     assert any("events/Subscriptions/eu" in line and "property" in line for line in plan), plan
@@ -106,7 +106,7 @@ def test_a_standard_namespace_drains_into_premium_once_exact_in_order_with_its_s
                                                        "redrive.reason_codes": "[message_too_large]"}))
     assert redrive.drained and check_migration(emulator, written) == [], redrive.lines()
 
-    audit = tables.read_table(spark, config.storage.audit_table)
+    audit = delta.read_table(spark, config.storage.audit_table)
     rows = audit.where(audit.outcome != Outcome.NOT_SELECTED)  # (the re-drive saw o-expired and left it)
     rows = rows.select("backlog_queue", "message_id", "outcome", "message_state", "reason_code").collect()
     by_id = collections.defaultdict(list)  # (source, message id): a topic's message is in each of its subscriptions
@@ -129,7 +129,7 @@ def test_a_standard_namespace_drains_into_premium_once_exact_in_order_with_its_s
     large = {row["backlog_queue"]: (row["outcome"], row["reason_code"]) for row in rows if row["message_id"] == LARGE_ID}
     assert large == {ORDERS: (Outcome.DEAD_LETTERED, "message_too_large"),
                      f"{ORDERS}/$DeadLetterQueue": (Outcome.DELIVERED, None)}
-    redriven, run, *refused = tables.read_runs(spark, config.storage.resolved_runs_table, 5)  # newest first
+    redriven, run, *refused = runs_table.read_runs(spark, config.storage.resolved_runs_table, 5)  # newest first
     assert (redriven.source, redriven.mode, redriven.delivered) == (RunSource.DEAD_LETTERS, RunMode.MIGRATION, 1)
     assert (run.source, run.mode, run.exit_code, run.expired) == (RunSource.MIGRATION, RunMode.MIGRATION, 0, 1)
     assert [row.exit_code for row in refused] == [2, 2]
@@ -163,13 +163,13 @@ def test_a_migration_killed_after_recording_is_finished_by_the_next_run_without_
     log = tmp_path / "killed.log"
     why = kill_when_parked(command, env, "after_record", tmp_path / "marker", log, 300)
     assert not why, f"{why}:\n{tail(log)}"
-    killed = tables.read_table(spark, str(tmp_path / "audit")).select("backlog_queue", "message_state").collect()
+    killed = delta.read_table(spark, str(tmp_path / "audit")).select("backlog_queue", "message_state").collect()
     assert killed and MessageState.DEFERRED in {row["message_state"] for row in killed}, killed
 
     summary = run_syphon(spark, migration_config(emulator, tmp_path, **{"storage.checkpoint_location":
                                                                         str(tmp_path / "checkpoint-stream")}))
     assert summary.drained, summary.lines()
     assert check_migration(emulator, written) == []
-    rows = tables.read_table(spark, str(tmp_path / "audit")).select("backlog_queue", "message_id").collect()
+    rows = delta.read_table(spark, str(tmp_path / "audit")).select("backlog_queue", "message_id").collect()
     twice = [key for key, n in collections.Counter((r["backlog_queue"], r["message_id"]) for r in rows).items() if n > 1]
     assert not twice, twice

@@ -26,7 +26,7 @@ from backlog_syphon.run.dry_run import dry_run
 from backlog_syphon.run.syphon import run_syphon
 from backlog_syphon.servicebus.peek import peek_counts
 from backlog_syphon.source.data_source import SOURCE_NAME, BacklogDataSource, backlog_source_options
-from backlog_syphon.storage import tables
+from backlog_syphon.storage import delta
 from tools.backlog_writer import OriginalMessage, poison_backlog, realistic_backlog, send_legacy_backlog
 from tools.http_proxy import HttpProxy
 from tools.testing import backlog_dead_letters, drain_destinations, expected_arrivals
@@ -145,7 +145,7 @@ def test_websockets_through_a_proxy_with_azure_ad_drain_sessions_partitions_and_
     print(f"\nover WebSockets through the proxy: {connections[WEBSOCKETS]} + {redrive_connections[WEBSOCKETS]} "
           f"connections (run, re-drive), {admin} administration tunnels")
 
-    audit = [row.asDict() for row in tables.read_table(spark, config.storage.audit_table).collect()]
+    audit = [row.asDict() for row in delta.read_table(spark, config.storage.audit_table).collect()]
     outcomes = collections.Counter(row["outcome"] for row in audit)
     assert outcomes[Outcome.DEAD_LETTERED] == len(poison) + payments
     assert_no_secret(str(audit), "the audit")

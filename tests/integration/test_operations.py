@@ -29,7 +29,7 @@ from backlog_syphon.cli import main as cli_main
 from backlog_syphon.model import BacklogState, JobIds
 from backlog_syphon.run.status import status
 from backlog_syphon.run.syphon import run_syphon, start_syphon
-from backlog_syphon.storage import tables
+from backlog_syphon.storage import runs_table
 from tools.testing import emulator_environment
 from tools.backlog_writer import OriginalMessage, write_backlog
 
@@ -103,7 +103,7 @@ def test_status_runs_table_and_alerts_through_a_backlogs_life(spark, emulator, t
         write_backlog(config.secondary, PRIMARY, messages, queue_count=QUEUES, seed=seed)
 
     def runs():
-        return list(reversed(tables.read_runs(spark, config.storage.resolved_runs_table, 20)))
+        return list(reversed(runs_table.read_runs(spark, config.storage.resolved_runs_table, 20)))
 
     # Before anything ran: nothing waits, nothing is recorded, and looking creates no table.
     empty = status(spark, config)
@@ -135,7 +135,7 @@ def test_status_runs_table_and_alerts_through_a_backlogs_life(spark, emulator, t
     assert first.remaining == {q.queue: 0 for q in drained.backlog}
     assert sql.fired() == set(), "an alert fired on a drained backlog"
     columns = read_with_deltalake(config.storage.resolved_runs_table)  # any Delta reader reads it
-    assert list(columns) == tables.RUNS_SCHEMA.fieldNames() and columns["remaining"].startswith("MapType")
+    assert list(columns) == runs_table.RUNS_SCHEMA.fieldNames() and columns["remaining"].startswith("MapType")
 
     # 2. Messages held for a skipped destination wait on purpose.
     write(_messages("held", "payments", 6) + _messages("second", "orders", 4), seed=2)
@@ -246,7 +246,7 @@ def test_json_logs_carry_the_ids_and_the_status_command_exits_with_its_verdict(e
     logged = [json.loads(line) for line in (tmp_path / "run.log").read_text().splitlines()]
     assert logged and {line["run_id"] for line in logged} == {run_id}
     assert "local-emulator-key" not in err + (tmp_path / "run.log").read_text()
-    [row] = tables.read_runs(spark, str(tmp_path / "checkpoint_runs"), 5)
+    [row] = runs_table.read_runs(spark, str(tmp_path / "checkpoint_runs"), 5)
     assert (row.run_id, row.job_id, row.job_run_id, row.exit_code) == (run_id, "11", "22", 0)
 
     assert cli_main(command + ["--status", "--log-format", "json"]) == 0

@@ -82,12 +82,12 @@ def _left(emulator) -> int:
 def _check(spark, config, emulator, originals, earlier=()) -> dict[str, int]:
     """``originals`` arrived exactly once, in order per backlog partition, and the audit holds one final row for
     each of them and of the ``earlier`` ones (delivered by an earlier run); message id -> sequence number."""
-    from backlog_syphon.storage import tables
+    from backlog_syphon.storage import delta
 
     arrived = drain_destinations(emulator, DESTINATIONS)
     counts = collections.Counter((destination, m.message_id) for destination, ms in arrived.items() for m in ms)
     assert counts == {(m.destination, m.message_id): 1 for m in originals}
-    final = [row for row in tables.read_table(spark, config.storage.audit_table).collect()
+    final = [row for row in delta.read_table(spark, config.storage.audit_table).collect()
              if row["outcome"] in FINAL_OUTCOMES]
     assert collections.Counter(row["message_id"] for row in final) == {m.message_id: 1
                                                                        for m in [*earlier, *originals]}
@@ -187,7 +187,7 @@ def test_a_partitioned_purge_verifies_partition_by_partition_and_reaches_a_recor
 @pytest.mark.timeout(600)
 def test_a_queue_recreated_partitioned_is_a_new_incarnation_drained_from_its_start(spark, emulator, tmp_path):
     from backlog_syphon.run.syphon import run_syphon
-    from backlog_syphon.storage import tables
+    from backlog_syphon.storage import checkpoint_table
 
     config = make_config(emulator, tmp_path, **{"backlog.queue_count": 1, "run.max_messages_per_trigger": 60})
     first = _originals("plain", 40)
@@ -202,7 +202,7 @@ def test_a_queue_recreated_partitioned_is_a_new_incarnation_drained_from_its_sta
     assert summary.drained, summary.remaining
     sequence = _check(spark, config, emulator, second, earlier=first)
     assert len({partition_of(sequence[m.message_id]) for m in second}) > 1
-    checkpoint = tables.read_checkpoint(spark, config.storage.checkpoint_table)
+    checkpoint = checkpoint_table.read_checkpoint(spark, config.storage.checkpoint_table)
     assert checkpoint[QUEUE].incarnation == 2
     assert _left(emulator) == 0
 
@@ -232,11 +232,11 @@ def test_a_partitioned_queues_dead_letters_are_redriven_once_in_order_per_partit
     assert summary.per_destination[later]["delivered"] == 64
     arrived = drain_destinations(emulator, (later,))[later]
     assert collections.Counter(m.message_id for m in arrived) == {m.message_id: 1 for m in parked}
-    from backlog_syphon.storage import tables
+    from backlog_syphon.storage import delta
 
     dead_letters = f"{QUEUE}/$DeadLetterQueue"
     sequence = {row["message_id"]: row["sequence_number"] for row in
-                tables.read_table(spark, config.storage.audit_table).collect()
+                delta.read_table(spark, config.storage.audit_table).collect()
                 if row["backlog_queue"] == dead_letters and row["outcome"] == "delivered"}
     assert len({partition_of(seq) for seq in sequence.values()}) == 16
     lanes: dict[int, list[int]] = collections.defaultdict(list)

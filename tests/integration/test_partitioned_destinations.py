@@ -18,7 +18,7 @@ from backlog_syphon.restore.amqp.message_decoding import decode_message
 from backlog_syphon.restore.amqp.values import Short, Symbol
 from backlog_syphon.restore.queue_names import backlog_queue_names
 from backlog_syphon.run.syphon import run_syphon
-from backlog_syphon.storage import tables
+from backlog_syphon.storage import delta
 
 from .conftest import PRIMARY, make_config
 from .helpers import free_port
@@ -106,7 +106,7 @@ def _assert_delivered_once_in_order(spark, emulator, config, originals: dict[str
     assert stats[DEDUPE]["duplicates"] == 0  # nothing was sent twice
     # nothing dead-lettered, every row delivered
     assert backlog_dead_letters(config.secondary, BACKLOG_QUEUES) == []
-    audit = tables.read_table(spark, config.storage.audit_table).collect()
+    audit = delta.read_table(spark, config.storage.audit_table).collect()
     assert len(audit) == sum(len(sent) for sent in originals.values())
     assert {row.outcome for row in audit} == {Outcome.DELIVERED}
     assert {row.reason_code for row in audit} == {None}

@@ -62,7 +62,7 @@ def _backlog() -> dict[str, list[OriginalMessage]]:
 def test_a_five_second_lock_300_ms_away_drains_poison_and_all_in_one_run(spark, distant_emulator, tmp_path):
     from backlog_syphon.run.runs import summary_end
     from backlog_syphon.run.syphon import run_syphon
-    from backlog_syphon.storage import tables
+    from backlog_syphon.storage import delta
 
     emulator = distant_emulator
     config = make_config(emulator, tmp_path, **{"backlog.queue_count": QUEUES})
@@ -105,7 +105,7 @@ def test_a_five_second_lock_300_ms_away_drains_poison_and_all_in_one_run(spark, 
         # One page: one bulk completion and one bulk dead-lettering (one reason), not a request per message.
         assert ops.get("update_disposition") == 2, (queue, ops)
 
-    rows = tables.read_table(spark, config.storage.audit_table).collect()
+    rows = delta.read_table(spark, config.storage.audit_table).collect()
     final = collections.Counter(row["message_id"] for row in rows)
     assert final == dict.fromkeys((m.message_id for m in originals), 1)
     outcomes = {row["message_id"]: (row["outcome"], row["reason_code"], row["reason"]) for row in rows}

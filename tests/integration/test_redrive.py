@@ -20,7 +20,7 @@ import pytest
 
 from backlog_syphon.cli import main as cli_main
 from backlog_syphon.run.syphon import run_syphon
-from backlog_syphon.storage import tables
+from backlog_syphon.storage import checkpoint_table, delta
 from tools.testing import emulator_environment
 from tools.testing import backlog_dead_letters
 
@@ -103,14 +103,14 @@ def test_dead_letters_are_redriven_with_every_property_filtered_and_never_twice(
     first = run_syphon(spark, redrive)
     assert first.per_destination[CREATED_LATER]["delivered"] == len(messages)
     assert first.per_destination[STILL_MISSING] == {"delivered": 0, "dead_lettered": 2, "skipped_ping": 0,
-                                                 "held": 0, "not_selected": 0, "expired": 0}
+                                                 "held": 0, "not_selected": 0, "expired": 0, "covered": 0}
     assert first.remaining[DEAD_LETTERS] == 3  # the two still undeliverable, and the one not selected
     arrived = arrived_sections(receive_raw(url(emulator, PRIMARY), CREATED_LATER, len(messages)))
     assert arrived == expected_sections(messages)  # every section, every AMQP type, no DeadLetterReason
     assert sorted(str(m.message_id) for m in _peek_dead_letters(emulator, BACKLOG_QUEUE)) == [
         "missing-0", "missing-1", "no-path"]
 
-    audit = tables.read_table(spark, backlog.storage.audit_table)
+    audit = delta.read_table(spark, backlog.storage.audit_table)
     rows = [row.asDict() for row in audit.collect()]
     for message_id in expected_sections(messages):  # both outcomes, the original dead-letter reason kept
         mine = sorted((row["backlog_queue"], row["outcome"], row["reason_code"], row["dead_letter_reason"])
@@ -124,7 +124,7 @@ def test_dead_letters_are_redriven_with_every_property_filtered_and_never_twice(
             if row["backlog_queue"] == DEAD_LETTERS and row["outcome"] != "delivered"} == {
         ("missing-0", "dead_lettered", "destination_not_found"), ("missing-1", "dead_lettered", "destination_not_found"),
         ("no-path", "not_selected", "filtered_out")}
-    checkpoint = tables.read_checkpoint(spark, backlog.storage.checkpoint_table)
+    checkpoint = checkpoint_table.read_checkpoint(spark, backlog.storage.checkpoint_table)
     assert checkpoint[DEAD_LETTERS].delivered_count == len(messages)
     assert checkpoint[BACKLOG_QUEUE].dead_lettered_count == len(messages) + 3
 
@@ -135,7 +135,7 @@ def test_dead_letters_are_redriven_with_every_property_filtered_and_never_twice(
     assert emulator.stats(PRIMARY)[CREATED_LATER]["in"] == len(messages)
     assert emulator.stats(PRIMARY)[STILL_MISSING]["in"] == 0  # dead-lettered again before: not re-sent unasked
     second_rows = {row["message_id"]: (row["outcome"], row["reason_code"])
-                   for row in tables.read_table(spark, backlog.storage.audit_table).collect()
+                   for row in delta.read_table(spark, backlog.storage.audit_table).collect()
                    if row["run_id"] == second.run_id}
     assert second_rows == {"missing-0": ("not_selected", "redriven_before"),
                            "missing-1": ("not_selected", "redriven_before"),
@@ -235,7 +235,7 @@ def test_a_redrive_killed_after_recording_is_finished_by_the_next_without_sendin
 
     assert killed + restarted == collections.Counter(f"redrive-{n:03d}" for n in range(count))  # each once
     assert [str(m.message_id) for m in _peek_dead_letters(emulator, *written)] == ["poison"]
-    audit = tables.read_table(spark, str(tmp_path / "audit"))
+    audit = delta.read_table(spark, str(tmp_path / "audit"))
     delivered = collections.Counter(row["message_id"] for row in audit.where("outcome = 'delivered'").collect())
     assert delivered == collections.Counter(f"redrive-{n:03d}" for n in range(count))
     assert {row["reason_code"] for row in audit.where("message_id = 'poison'").collect()} == {"filtered_out"}

@@ -13,7 +13,7 @@ from backlog_syphon.model import Outcome, ReasonCode
 from backlog_syphon.restore.queue_names import backlog_queue_name
 from backlog_syphon.run.dry_run import dry_run
 from backlog_syphon.run.syphon import run_syphon
-from backlog_syphon.storage import tables
+from backlog_syphon.storage import delta
 from tools.backlog_writer import OriginalMessage, send_legacy_backlog
 from tools.testing import drain_destinations, read_queues
 
@@ -84,7 +84,7 @@ def test_a_renamed_destination_gets_its_old_names_messages_and_a_skipped_one_wai
     assert all(m.delivery_count == 0 for batch in left.values() for m in batch)  # untouched: never abandoned
     assert [m.sequence_number for m in left[backlog_queue_name(PRIMARY, 0)]] == [1, 4, 7, 10, 13, 16]
 
-    audit = tables.read_table(spark, config.storage.audit_table)
+    audit = delta.read_table(spark, config.storage.audit_table)
     rows = {row["message_id"]: row for row in audit.where(f"run_id = '{first.run_id}'").collect()}
     assert len(rows) == 21
     assert {(rows[i]["destination"], rows[i]["original_destination"], rows[i]["outcome"]) for i in old_ids} == {
@@ -106,6 +106,6 @@ def test_a_renamed_destination_gets_its_old_names_messages_and_a_skipped_one_wai
     assert [m.message_id for m in received["payments"] if m.message_id.startswith("pay-") and m.message_id != "pay-q1"
             ] == [f"pay-{i}" for i in range(6)]  # in backlog order
     assert received["orders"] == []
-    final = tables.read_table(spark, config.storage.audit_table).where(f"outcome = '{Outcome.DELIVERED}'")
+    final = delta.read_table(spark, config.storage.audit_table).where(f"outcome = '{Outcome.DELIVERED}'")
     assert final.count() == 21 and final.select("message_id").distinct().count() == 21
     assert final.where(f"run_id = '{second.run_id}'").where("destination = 'payments'").count() == 7

@@ -14,7 +14,7 @@ import pytest
 
 from backlog_syphon.run.syphon import run_syphon
 from backlog_syphon.servicebus.peek import peek_counts
-from backlog_syphon.storage import tables
+from backlog_syphon.storage import checkpoint_table, delta, runs_table
 from tools import backlog_writer
 from tools.testing import expected_arrivals, received_counts
 
@@ -46,7 +46,7 @@ def connect_server(spark):
 
 def _outcomes(spark, audit_table, prefix: str = "") -> set[tuple]:
     return {(row.message_id and row.message_id.removeprefix(prefix), row.destination, row.outcome, row.reason_code)
-            for row in tables.read_table(spark, audit_table).collect()}
+            for row in delta.read_table(spark, audit_table).collect()}
 
 
 @pytest.mark.timeout(900)
@@ -79,21 +79,21 @@ def test_the_job_over_spark_connect_records_what_a_classic_run_records(emulator,
     assert peek_counts(classic.secondary, written) == {queue: 0 for queue in written}  # settled
     connect_audit = str(state / "audit")
     assert _outcomes(spark, connect_audit, "again-") == _outcomes(spark, classic.storage.audit_table)
-    assert len(tables.read_table(spark, connect_audit).collect()) == len(originals)
+    assert len(delta.read_table(spark, connect_audit).collect()) == len(originals)
     # Tables first written over Connect: any Delta reader reads them, with plain column types.
     for name in ("audit", "checkpoint", "checkpoint_lease", "checkpoint_runs"):
         assert "collate" not in " ".join(read_with_deltalake(state / name).values()).lower()
     # The run's row: what it moved, read from the audit there; the send tasks' throttling stays on the server.
-    [row] = tables.read_runs(spark, str(state / "checkpoint_runs"), 5)
+    [row] = runs_table.read_runs(spark, str(state / "checkpoint_runs"), 5)
     assert (row.exit_code, row.delivered + row.dead_lettered, row.remaining_total, row.throttled_seconds) == (
         0, len(originals), 0, None)
-    checkpoint = tables.read_checkpoint(spark, str(state / "checkpoint"))
+    checkpoint = checkpoint_table.read_checkpoint(spark, str(state / "checkpoint"))
     assert sum(row.delivered_count + row.dead_lettered_count for row in checkpoint.values()) == len(originals)
 
     # The client read its progress and summary from the query's progress and the audit table.
     progress = [line for line in output.splitlines() if re.match(r"batch \d+: delivered \d+", line)]
     assert len(progress) >= 2, output[-3000:]
-    delivered = sum(1 for row in tables.read_table(spark, connect_audit).collect() if row.outcome == "delivered")
+    delivered = sum(1 for row in delta.read_table(spark, connect_audit).collect() if row.outcome == "delivered")
     assert sum(int(re.search(r"delivered (\d+)", line).group(1)) for line in progress) == delivered
     assert re.search(r"remaining 0$", progress[-1])
     # ... and its lines show the batch's average rate only (the send tasks' reports stay on the server)
@@ -115,6 +115,6 @@ def test_the_job_over_spark_connect_records_what_a_classic_run_records(emulator,
     recreated_arrivals = received_counts(emulator.connection_string(PRIMARY), sorted(expected), settle_seconds=0.5)
     assert recreated_arrivals == expected_arrivals(third)
     assert peek_counts(classic.secondary, written) == {queue: 0 for queue in written}
-    checkpoint = tables.read_checkpoint(spark, str(state / "checkpoint"))
+    checkpoint = checkpoint_table.read_checkpoint(spark, str(state / "checkpoint"))
     assert {queue: checkpoint[queue].incarnation for queue in set(rewritten) & set(written)} == \
         {queue: 2 for queue in set(rewritten) & set(written)}

@@ -2,7 +2,7 @@
 
 from backlog_syphon.local_setup import delta_jars
 
-from backlog_syphon.storage import tables
+from backlog_syphon.storage import audit_table, checkpoint_table, delta, lease_table, state_tables, upkeep
 from backlog_syphon.run.lease import new_lease
 
 
@@ -61,32 +61,32 @@ def test_tables_are_created_by_their_first_write_with_stable_schemas(spark, tmp_
     from backlog_syphon.model import CheckpointRow
 
     audit, checkpoint, lease = str(tmp_path / "audit"), str(tmp_path / "checkpoint"), str(tmp_path / "lease")
-    assert tables.read_checkpoint(spark, checkpoint) == {}  # nothing recorded before the first write
-    assert tables.recorded_unsettled(spark, audit, {}) is None
+    assert checkpoint_table.read_checkpoint(spark, checkpoint) == {}  # nothing recorded before the first write
+    assert audit_table.recorded_unsettled(spark, audit, {}) is None
     now = dt.datetime(2026, 11, 26, tzinfo=dt.timezone.utc)
     now_ms = int(now.timestamp() * 1000)
     outcome = ("r", 0, "q0", 5, "m-5", "orders", None, "delivered", None, None, 10, now, None, None, now, 1, None, None,
                None, None)
     for version in (0, 0, 1):  # the repeat of version 0 appends nothing
-        tables.append_audit(audit, spark.createDataFrame([outcome], OUTCOME_ROW_SCHEMA), "app", version)
+        audit_table.append_audit(audit, spark.createDataFrame([outcome], OUTCOME_ROW_SCHEMA), "app", version)
     rows = [CheckpointRow("q0", 1, 5, now_ms, 0, None, 1, "r", now, 1, 0, 0)]
-    tables.write_checkpoint(spark, checkpoint, rows, app_id="app", version=1)
-    assert tables.read_lease(spark, lease) is None  # before the first lease
+    checkpoint_table.write_checkpoint(spark, checkpoint, rows, app_id="app", version=1)
+    assert lease_table.read_lease(spark, lease) is None  # before the first lease
     first = new_lease("ns/contoso", "run-a", "host", 1, now, 60)
-    assert tables.write_lease(spark, lease, first)
+    assert lease_table.write_lease(spark, lease, first)
 
-    assert spark.read.format("delta").load(audit).schema.fieldNames() == tables.AUDIT_SCHEMA.fieldNames()
+    assert spark.read.format("delta").load(audit).schema.fieldNames() == audit_table.AUDIT_SCHEMA.fieldNames()
     assert spark.read.format("delta").load(audit).count() == 2
-    assert tables.read_checkpoint(spark, checkpoint) == {"q0": rows[0]}
+    assert checkpoint_table.read_checkpoint(spark, checkpoint) == {"q0": rows[0]}
 
     def above(purged_through, purged_enqueued_ms):
         mark = CheckpointRow("q0", 1, 5, now_ms, purged_through, purged_enqueued_ms, 1, "r", now, 1, 0, 0)
-        return tables.recorded_unsettled(spark, audit, {"q0": mark}).count()
+        return audit_table.recorded_unsettled(spark, audit, {"q0": mark}).count()
 
     assert above(4, None) == 2 and above(5, None) == 0  # a mark an older version wrote: by sequence number
     assert above(5, now_ms - 1) == 2 and above(5, now_ms) == 0  # by the enqueue time of the message it names
-    assert spark.read.format("delta").load(lease).schema.fieldNames() == tables.LEASE_SCHEMA.fieldNames()
-    assert tables.read_lease(spark, lease) == first
+    assert spark.read.format("delta").load(lease).schema.fieldNames() == lease_table.LEASE_SCHEMA.fieldNames()
+    assert lease_table.read_lease(spark, lease) == first
     detail = spark.sql(f"DESCRIBE DETAIL delta.`{audit}`").first()
     assert detail["partitionColumns"] == ["outcome_date"]
 
@@ -103,16 +103,17 @@ def test_a_checkpoint_table_of_an_older_version_reads_and_is_rewritten_with_toda
                                 "last_run_id string, updated_at timestamp, delivered_count long, "
                                 "dead_lettered_count long, skipped_count long")
     old.write.format("delta").save(checkpoint)
-    read = tables.read_checkpoint(spark, checkpoint)
+    read = checkpoint_table.read_checkpoint(spark, checkpoint)
     assert read == {"q0": CheckpointRow("q0", 1, 9, None, 4, None, 3, "r", now, 9, 0, 0)}
     audit, lease = str(tmp_path / "audit"), str(tmp_path / "lease")
-    assert tables.create_tables(spark, audit, checkpoint, lease) == {audit, lease}  # adds the columns to the other
+    # creates the other two, and adds to the older checkpoint table the columns it lacks
+    assert state_tables.create_tables(spark, audit, checkpoint, lease) == {audit, lease}
     assert set(spark.read.format("delta").load(checkpoint).schema.fieldNames()) == set(
-        tables.CHECKPOINT_SCHEMA.fieldNames())
+        checkpoint_table.CHECKPOINT_SCHEMA.fieldNames())
     newer = {"q0": CheckpointRow("q0", 2, 3, 1700000000000, 1, 1699999999000, 4, "r2", now, 12, 1, 0)}
-    tables.write_checkpoint(spark, checkpoint, list(newer.values()), app_id="app", version=4)
-    assert tables.read_checkpoint(spark, checkpoint) == newer  # columns matched by name, whatever their order
-    assert tables.create_tables(spark, audit, checkpoint, lease) == set()  # all there now
+    checkpoint_table.write_checkpoint(spark, checkpoint, list(newer.values()), app_id="app", version=4)
+    assert checkpoint_table.read_checkpoint(spark, checkpoint) == newer  # columns matched by name, whatever their order
+    assert state_tables.create_tables(spark, audit, checkpoint, lease) == set()  # all there now
 
 
 def test_of_two_runs_creating_the_tables_at_once_each_table_is_created_by_exactly_one(spark, tmp_path):
@@ -122,11 +123,11 @@ def test_of_two_runs_creating_the_tables_at_once_each_table_is_created_by_exactl
 
     names = [str(tmp_path / name) for name in ("audit", "checkpoint", "lease")]
     with ThreadPoolExecutor(2) as pool:
-        created = list(pool.map(lambda _: tables.create_tables(spark, *names), range(2)))
+        created = list(pool.map(lambda _: state_tables.create_tables(spark, *names), range(2)))
     assert sorted(len(each) for each in created) in ([0, 3], [1, 2])  # each table by exactly one run
     assert created[0] | created[1] == set(names) and not created[0] & created[1]
     for name in names:
-        assert tables.table_exists(spark, name)
+        assert delta.table_exists(spark, name)
 
 
 # The audit columns appended since the first version, in their order (the re-drive's, the rename's, then the
@@ -145,16 +146,16 @@ def test_an_audit_table_of_an_older_version_gets_original_destination_and_takes_
 
     audit = str(tmp_path / "audit")
     now = dt.datetime(2026, 11, 26, tzinfo=dt.timezone.utc)
-    older = [f for f in tables.AUDIT_SCHEMA.fields if f.name not in NEW_AUDIT_COLUMNS]  # as written before
+    older = [f for f in audit_table.AUDIT_SCHEMA.fields if f.name not in NEW_AUDIT_COLUMNS]  # as written before
     old_row = ("r0", 0, "q0", 4, "m-4", "orders", None, "delivered", None, None, 10, now, None, None, now, 1,
                now.date())
     spark.createDataFrame([old_row], StructType(older)).write.format("delta").partitionBy("outcome_date").save(audit)
-    tables.create_tables(spark, audit, str(tmp_path / "checkpoint"), str(tmp_path / "lease"))
+    state_tables.create_tables(spark, audit, str(tmp_path / "checkpoint"), str(tmp_path / "lease"))
     columns = spark.read.format("delta").load(audit).schema.fieldNames()
     assert columns[-len(NEW_AUDIT_COLUMNS):] == list(NEW_AUDIT_COLUMNS)
     renamed = ("r1", 0, "q0", 5, "m-5", "orders", None, "delivered", None, None, 10, now, None, None, now, 1,
                None, None, "orders-v1", None)
-    tables.append_audit(audit, spark.createDataFrame([renamed], OUTCOME_ROW_SCHEMA), "app", 0)
+    audit_table.append_audit(audit, spark.createDataFrame([renamed], OUTCOME_ROW_SCHEMA), "app", 0)
     rows = {r["message_id"]: r for r in spark.read.format("delta").load(audit).collect()}
     assert (rows["m-4"]["original_destination"], rows["m-5"]["original_destination"]) == (None, "orders-v1")
     assert (rows["m-5"]["destination"], rows["m-5"]["outcome_date"]) == ("orders", now.date())
@@ -168,24 +169,22 @@ def test_the_lease_is_a_compare_and_set_even_when_two_runs_create_its_table_at_o
     now = dt.datetime(2026, 11, 26, tzinfo=dt.timezone.utc)
     racers = [new_lease("ns/contoso", f"run-{n}", "host", n, now, 60) for n in range(2)]
     with ThreadPoolExecutor(2) as pool:
-        won = list(pool.map(lambda candidate: tables.write_lease(spark, lease, candidate), racers))
+        won = list(pool.map(lambda candidate: lease_table.write_lease(spark, lease, candidate), racers))
 
     assert sorted(won) == [False, True]
-    holder = tables.read_lease(spark, lease)
+    holder = lease_table.read_lease(spark, lease)
     assert holder == racers[won.index(True)]
     loser = racers[won.index(False)]
     stale = new_lease("ns/contoso", loser.run_id, "host", 9, now, 60)  # epoch 1 again: already taken
-    assert not tables.write_lease(spark, lease, stale)
+    assert not lease_table.write_lease(spark, lease, stale)
     following = new_lease("ns/contoso", loser.run_id, "host", 9, now, 60, holder)  # over the row read
-    assert following.epoch == 2 and tables.write_lease(spark, lease, following)
-    assert tables.read_lease(spark, lease) == following
+    assert following.epoch == 2 and lease_table.write_lease(spark, lease, following)
+    assert lease_table.read_lease(spark, lease) == following
 
 
 def test_the_tables_are_created_with_their_upkeep_and_an_older_table_gets_it_at_the_next_start(spark, tmp_path):
-    from backlog_syphon.storage import upkeep
-
     names = [str(tmp_path / name) for name in ("audit", "checkpoint", "lease")]
-    tables.create_tables(spark, *names)
+    state_tables.create_tables(spark, *names)
 
     def properties(table):
         return {row["key"]: row["value"] for row in spark.sql(f"SHOW TBLPROPERTIES delta.`{table}`").collect()}
@@ -201,10 +200,10 @@ def test_the_tables_are_created_with_their_upkeep_and_an_older_table_gets_it_at_
     # properties once the run holds the lease, in one commit; the start after that commits nothing.
     older = str(tmp_path / "older_checkpoint")
     spark.sql(f"CREATE TABLE delta.`{older}` (backlog_queue STRING) USING DELTA")
-    wanted = tables.with_retention(tables.REWRITTEN_TABLE_PROPERTIES, 3)
+    wanted = upkeep.with_retention(state_tables.REWRITTEN_TABLE_PROPERTIES, 3)
     for _ in range(2):
-        assert not tables.create_table(spark, older, tables.CHECKPOINT_SCHEMA, (), wanted)
-        tables.set_upkeep_properties(spark, names[0], older, names[2], retention_days=3)
+        assert not delta.create_table(spark, older, checkpoint_table.CHECKPOINT_SCHEMA, (), wanted)
+        state_tables.set_upkeep_properties(spark, names[0], older, names[2], retention_days=3)
     assert upkeep.properties_to_set(properties(older), wanted) == {}
     operations = [row["operation"] for row in spark.sql(f"DESCRIBE HISTORY delta.`{older}`").collect()]
     assert operations.count("SET TBLPROPERTIES") == 1, operations
@@ -227,18 +226,18 @@ def test_an_audit_table_an_older_version_wrote_gets_the_redrive_columns(spark, t
     from backlog_syphon.rows import OUTCOME_ROW_SCHEMA
 
     audit = str(tmp_path / "audit")
-    old_schema = StructType([f for f in tables.AUDIT_SCHEMA.fields if f.name not in NEW_AUDIT_COLUMNS])
+    old_schema = StructType([f for f in audit_table.AUDIT_SCHEMA.fields if f.name not in NEW_AUDIT_COLUMNS])
     now = dt.datetime(2026, 11, 26, tzinfo=dt.timezone.utc)
     old_row = ("r", 0, "q0", 5, "m-5", "orders", None, "dead_lettered", "destination_not_found", "gone", 10, now,
                None, None, now, 1, now.date())
     spark.createDataFrame([old_row], old_schema).write.format("delta").partitionBy("outcome_date").save(audit)
 
-    tables.create_table(spark, audit, tables.AUDIT_SCHEMA, ("outcome_date",))
+    delta.create_table(spark, audit, audit_table.AUDIT_SCHEMA, ("outcome_date",))
     new_row = ("r2", 0, "q0/$DeadLetterQueue", 5, "m-5", "orders", None, "delivered", None, None, 10, now, None, None,
                now, 1, "destination_not_found", "gone", None, None)
-    tables.append_audit(audit, spark.createDataFrame([new_row], OUTCOME_ROW_SCHEMA), "app", 0)
+    audit_table.append_audit(audit, spark.createDataFrame([new_row], OUTCOME_ROW_SCHEMA), "app", 0)
 
     table = spark.read.format("delta").load(audit)
-    assert set(table.schema.fieldNames()) == set(tables.AUDIT_SCHEMA.fieldNames())
+    assert set(table.schema.fieldNames()) == set(audit_table.AUDIT_SCHEMA.fieldNames())
     assert sorted((row["run_id"], row["dead_letter_reason"]) for row in table.collect()) == [
         ("r", None), ("r2", "destination_not_found")]

@@ -16,7 +16,7 @@ from tools import backlog_writer
 from tools.backlog_writer import OriginalMessage
 from tools.testing import backlog_dead_letters, drain_destinations, read_queues
 
-from backlog_syphon.storage import tables
+from backlog_syphon.storage import audit_table, checkpoint_table, delta, lease_table
 
 from .helpers import read_with_deltalake
 from .conftest import PRIMARY
@@ -111,7 +111,7 @@ def test_remaining_ttl_and_schedule(emulator, syphon_config, spark):
     summary = run_syphon(spark, syphon_config)
     waited = dt.datetime.now(dt.timezone.utc) - written_at
     assert summary.per_destination["payments"] == {"delivered": 2, "dead_lettered": 1, "skipped_ping": 0, "held": 0,
-                                                   "not_selected": 0, "expired": 0}
+                                                   "not_selected": 0, "expired": 0, "covered": 0}
 
     with ServiceBusClient.from_connection_string(emulator.connection_string(PRIMARY)) as client:
         with client.get_queue_receiver("payments", receive_mode=RECEIVE_AND_DELETE) as receiver:
@@ -245,10 +245,11 @@ def test_poison_messages_are_dead_lettered_with_reasons_audited_and_no_secret_sh
     assert all(r.purged_through == r.delivered_through for r in checkpoint)
     # Any Delta reader can read the three tables, with the declared (plain) column types.
     storage = syphon_config.storage
-    for table, schema in ((storage.audit_table, tables.AUDIT_SCHEMA), (storage.checkpoint_table, tables.CHECKPOINT_SCHEMA),
-                          (storage.resolved_lease_table, tables.LEASE_SCHEMA)):
+    for table, schema in ((storage.audit_table, audit_table.AUDIT_SCHEMA),
+                          (storage.checkpoint_table, checkpoint_table.CHECKPOINT_SCHEMA),
+                          (storage.resolved_lease_table, lease_table.LEASE_SCHEMA)):
         assert sorted(read_with_deltalake(table)) == sorted(schema.fieldNames())
     # ... and in no table row, the dead-letter reasons included.
     for table in (storage.audit_table, storage.checkpoint_table, storage.resolved_lease_table):
-        rows = tables.read_table(spark, table).collect()
+        rows = delta.read_table(spark, table).collect()
         assert rows and all(key not in str(row) and "SharedAccessKey" not in str(row) for row in rows), table

@@ -11,7 +11,7 @@ from backlog_syphon.model import Lease
 from backlog_syphon.run import fence
 from backlog_syphon.run.fence import LeaseKeeper, process_gone, process_identity
 from backlog_syphon.run.lease import new_lease, send_deadline
-from backlog_syphon.storage import tables
+from backlog_syphon.storage import checkpoint_table, lease_table
 
 T0 = dt.datetime(2026, 11, 26, 8, 0, tzinfo=dt.timezone.utc)
 LEASE_SECONDS = 120  # renewal due after 40 s; no sending in the last 30 s
@@ -52,8 +52,8 @@ class Clock:
 @pytest.fixture
 def table(monkeypatch):
     table = LeaseTable()
-    monkeypatch.setattr(tables, "read_lease", table.read)
-    monkeypatch.setattr(tables, "write_lease", table.write)
+    monkeypatch.setattr(lease_table, "read_lease", table.read)
+    monkeypatch.setattr(lease_table, "write_lease", table.write)
     return table
 
 
@@ -152,7 +152,7 @@ def test_a_lease_of_a_crashed_holder_on_this_machine_is_taken_over_at_once(table
 
 def test_a_lease_table_this_run_created_is_not_read_before_the_first_attempt(table, monkeypatch):
     reads = []
-    monkeypatch.setattr(tables, "read_lease", lambda spark, lease_table: reads.append(lease_table) or table.row)
+    monkeypatch.setattr(lease_table, "read_lease", lambda spark, lease_table: reads.append(lease_table) or table.row)
     lease = keeper(Clock()).acquire(None, wait=False, table_created=True)
     assert (lease.run_id, lease.epoch) == ("run-a", 1) and table.writes == [lease]
     assert reads == []
@@ -235,7 +235,7 @@ def test_a_lease_whose_run_ended_cleanly_is_taken_at_once_and_another_runs_is_no
     assert len(table.writes) == 1 and first.lease is None
     ended = {"run": None}
     reads = []
-    monkeypatch.setattr(tables, "ended_run", lambda spark, checkpoint_table: reads.append(checkpoint_table)
+    monkeypatch.setattr(checkpoint_table, "ended_run", lambda spark, checkpoint_table: reads.append(checkpoint_table)
                         or ended["run"])
     clock.at(10)
     second = LeaseKeeper(lease_table="/state/lease", lease_key="sb-host/contoso", run_id="run-b",

@@ -173,11 +173,11 @@ def test_pure_modules_import_no_io(module):
 def test_the_check_sees_imports_inside_functions_and_tells_sessions_from_transforms():
     source = ("from backlog_syphon.sink import queue_marks\n"
               "def f():\n    from pyspark.sql import SparkSession\n    import azure.servicebus\n"
-              "    from ..storage import tables\n")
+              "    from ..storage import audit_table\n")
     found = {name for name in imports_in(source, "backlog_syphon.sink.delivery")
              if is_forbidden(name, "backlog_syphon.sink.delivery")}
     assert found == {"pyspark.sql", "pyspark.sql.SparkSession", "azure.servicebus", "backlog_syphon.storage",
-                     "backlog_syphon.storage.tables"}
+                     "backlog_syphon.storage.audit_table"}
     assert is_forbidden("pyspark.sql.SparkSession", "backlog_syphon.restore.rules")
     assert is_forbidden("pyspark.sql.streaming", "backlog_syphon.run.dry_run_plan")
     assert not is_forbidden("pyspark.sql.functions", "backlog_syphon.restore.rules")
@@ -319,7 +319,7 @@ def test_packages_import_only_from_their_own_rank_or_below():
 
 def test_the_rank_check_sees_imports_inside_functions_relative_ones_and_the_package_itself():
     source = ("from backlog_syphon import errors, model\n"
-              "from backlog_syphon.storage import tables\n"
+              "from backlog_syphon.storage import audit_table\n"
               "from . import purge_plan\n"
               "def f():\n    from backlog_syphon.sink.delivery import Outgoing\n"
               "    from ..run import lease\n    import backlog_syphon\n")

@@ -34,7 +34,8 @@ def test_outcome_record_is_the_audit_row():
 
 
 def test_checkpoint_and_lease_rows_match_their_tables():
-    from backlog_syphon.storage.tables import CHECKPOINT_SCHEMA, LEASE_SCHEMA
+    from backlog_syphon.storage.checkpoint_table import CHECKPOINT_SCHEMA
+    from backlog_syphon.storage.lease_table import LEASE_SCHEMA
 
     assert list(CheckpointRow.__dataclass_fields__) == CHECKPOINT_SCHEMA.fieldNames()
     assert list(Lease.__dataclass_fields__) == LEASE_SCHEMA.fieldNames()

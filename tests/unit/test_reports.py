@@ -3,7 +3,7 @@
 import datetime as dt
 
 from backlog_syphon.run.reports import audit_summary, dead_letter_reasons, moved_over_time, text_chart
-from backlog_syphon.storage.tables import AUDIT_ROW_SCHEMA
+from backlog_syphon.storage.audit_table import AUDIT_ROW_SCHEMA
 
 T0 = dt.datetime(2024, 5, 1, 12, 0, 5)
 

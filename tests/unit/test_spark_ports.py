@@ -20,7 +20,7 @@ def at(ms):
 
 
 def audit_row(run_id, seq, outcome, destination="orders", batch_id=4):
-    from backlog_syphon.storage.tables import AUDIT_ROW_SCHEMA
+    from backlog_syphon.storage.audit_table import AUDIT_ROW_SCHEMA
 
     values = {"run_id": run_id, "batch_id": batch_id, "backlog_queue": Q0, "sequence_number": seq,
               "message_id": f"m{seq}", "destination": destination, "session_id": None, "outcome": outcome,
@@ -39,18 +39,18 @@ def test_recovery_reads_the_spans_above_the_marks_and_counts_every_row_earlier_a
     of its batch recorded (``SparkBatch.recorded_rows_of_batch``), so that it is above every earlier
     attempt's: Delta skips a write whose version is not above the last one. Rows below the purge mark count
     too."""
-    from backlog_syphon.storage import tables
+    from backlog_syphon.storage import audit_table, checkpoint_table, delta
 
     checkpoint = CheckpointRow(Q0, 1, 4, T0 + 40, 2, T0 + 20, 4, "r2", at(1_800_000_000_000), 3, 0, 0)
     audit = [audit_row("r1", 1, "delivered"), audit_row("r1", 2, "delivered"), audit_row("r1", 3, "unsent"),
              audit_row("r1", 4, "unsent"), audit_row("r2", 3, "delivered"), audit_row("r2", 4, "unsent"),
              audit_row("r0", 1, "delivered", batch_id=3)]
-    frames = {"/state/audit": spark.createDataFrame(audit, tables.AUDIT_ROW_SCHEMA),
+    frames = {"/state/audit": spark.createDataFrame(audit, audit_table.AUDIT_ROW_SCHEMA),
               "/state/checkpoint": spark.createDataFrame(
-                  [tuple(getattr(checkpoint, name) for name in tables.CHECKPOINT_SCHEMA.fieldNames())],
-                  tables.CHECKPOINT_SCHEMA)}
-    monkeypatch.setattr(tables, "existing_table", lambda spark, table: frames.get(table))
-    monkeypatch.setattr(tables, "read_table", lambda spark, table: frames[table])
+                  [tuple(getattr(checkpoint, name) for name in checkpoint_table.CHECKPOINT_SCHEMA.fieldNames())],
+                  checkpoint_table.CHECKPOINT_SCHEMA)}
+    monkeypatch.setattr(delta, "existing_table", lambda spark, table: frames.get(table))
+    monkeypatch.setattr(delta, "read_table", lambda spark, table: frames[table])
     storage = SimpleNamespace(audit_table="/state/audit", checkpoint_table="/state/checkpoint")
     recovery, held_in = read_recovery(spark, storage)
     assert held_in == () and recovery.checkpoint == {Q0: checkpoint}
@@ -66,23 +66,23 @@ def test_recovery_reads_the_spans_above_the_marks_and_counts_every_row_earlier_a
 def test_the_start_finds_the_queues_where_held_messages_lie_above_the_purge_marks(spark, monkeypatch):
     """Held rows above a queue's purge mark (or of a queue without a checkpoint row) make the run read
     that queue again from its first message; held rows below the mark are settled history."""
-    from backlog_syphon.storage import tables
+    from backlog_syphon.storage import audit_table, checkpoint_table, delta
 
     checkpoint = CheckpointRow(Q0, 1, 4, T0 + 40, 2, T0 + 20, 4, "r2", at(1_800_000_000_000), 3, 0, 0)
     audit = [audit_row("r1", 1, "held"), audit_row("r1", 2, "delivered"), audit_row("r1", 3, "delivered")]
     other = list(audit_row("r1", 1, "held"))
-    other[tables.AUDIT_ROW_SCHEMA.fieldNames().index("backlog_queue")] = Q1
-    frames = {"/state/audit": spark.createDataFrame(audit + [tuple(other)], tables.AUDIT_ROW_SCHEMA),
+    other[audit_table.AUDIT_ROW_SCHEMA.fieldNames().index("backlog_queue")] = Q1
+    frames = {"/state/audit": spark.createDataFrame(audit + [tuple(other)], audit_table.AUDIT_ROW_SCHEMA),
               "/state/checkpoint": spark.createDataFrame(
-                  [tuple(getattr(checkpoint, name) for name in tables.CHECKPOINT_SCHEMA.fieldNames())],
-                  tables.CHECKPOINT_SCHEMA)}
-    monkeypatch.setattr(tables, "existing_table", lambda spark, table: frames.get(table))
+                  [tuple(getattr(checkpoint, name) for name in checkpoint_table.CHECKPOINT_SCHEMA.fieldNames())],
+                  checkpoint_table.CHECKPOINT_SCHEMA)}
+    monkeypatch.setattr(delta, "existing_table", lambda spark, table: frames.get(table))
     storage = SimpleNamespace(audit_table="/state/audit", checkpoint_table="/state/checkpoint")
     recovery, held_in = read_recovery(spark, storage)
     assert held_in == (Q1,)  # Q0's held message 1 lies below its mark (message 2)
     assert [(span.backlog_queue, span.first, span.last) for span in recovery.unsettled] == [(Q0, 3, 3)]
 
-    frames["/state/audit"] = spark.createDataFrame(audit + [audit_row("r1", 4, "held")], tables.AUDIT_ROW_SCHEMA)
+    frames["/state/audit"] = spark.createDataFrame(audit + [audit_row("r1", 4, "held")], audit_table.AUDIT_ROW_SCHEMA)
     assert read_recovery(spark, storage)[1] == (Q0,)  # above the mark: read again
     del frames["/state/audit"]
     assert read_recovery(spark, storage) == (Recovery({Q0: checkpoint}, (), ()), ())  # no audit yet

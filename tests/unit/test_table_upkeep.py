@@ -10,7 +10,7 @@ import pytest
 from backlog_syphon.model import CheckpointRow
 from backlog_syphon.run.maintain import MaintenanceReport, TableUpkeep
 from backlog_syphon.run.status_report import audit_read_floor
-from backlog_syphon.storage import tables, upkeep
+from backlog_syphon.storage import audit_table, runs_table, state_tables, upkeep
 
 Q0, Q1 = "contoso/x-servicebus-transfer/0", "contoso/x-servicebus-transfer/1"
 UTC = dt.timezone.utc
@@ -21,7 +21,7 @@ def mark(queue, enqueued: dt.datetime | None):
     return CheckpointRow(queue, 1, 40, ms, 40, ms, 3, "run", dt.datetime(2026, 12, 1, tzinfo=UTC), 40, 0, 0)
 
 
-AUDIT = tables.with_retention(tables.AUDIT_TABLE_PROPERTIES, upkeep.DEFAULT_RETENTION_DAYS)
+AUDIT = upkeep.with_retention(audit_table.AUDIT_TABLE_PROPERTIES, upkeep.DEFAULT_RETENTION_DAYS)
 
 
 def test_a_table_holding_every_property_as_wanted_is_given_none_so_a_start_commits_nothing():
@@ -38,24 +38,25 @@ def test_an_older_table_gets_only_the_properties_it_lacks_or_holds_otherwise():
 
 
 def test_a_table_made_under_another_window_gets_the_configured_one():
-    seven_days = dict(tables.with_retention(tables.REWRITTEN_TABLE_PROPERTIES, 7))
-    assert upkeep.properties_to_set(seven_days, tables.with_retention(tables.REWRITTEN_TABLE_PROPERTIES, 1)) == {
+    seven_days = dict(upkeep.with_retention(state_tables.REWRITTEN_TABLE_PROPERTIES, 7))
+    assert upkeep.properties_to_set(seven_days, upkeep.with_retention(state_tables.REWRITTEN_TABLE_PROPERTIES, 1)) == {
         "delta.logRetentionDuration": "interval 1 days", "delta.deletedFileRetentionDuration": "interval 1 days"}
 
 
 @pytest.mark.parametrize("days", [1, 3])
 def test_the_tables_keep_one_window_for_log_and_files_and_only_the_appended_ones_compact_themselves(days):
-    for properties in (tables.AUDIT_TABLE_PROPERTIES, tables.REWRITTEN_TABLE_PROPERTIES, tables.RUNS_TABLE_PROPERTIES):
-        settings = dict(tables.with_retention(properties, days))
+    for properties in (audit_table.AUDIT_TABLE_PROPERTIES, state_tables.REWRITTEN_TABLE_PROPERTIES,
+                       runs_table.RUNS_TABLE_PROPERTIES):
+        settings = dict(upkeep.with_retention(properties, days))
         # Time travel needs both the log and the files: the same window (Delta refuses a log window shorter
         # than the files'), and VACUUM keeps at least it.
         assert settings["delta.logRetentionDuration"] == settings["delta.deletedFileRetentionDuration"] == \
             f"interval {days} days"
         # Never set: it would let Delta forget a batch's transaction version, and a replay append twice.
         assert "delta.setTransactionRetentionDuration" not in settings
-    assert dict(tables.AUDIT_TABLE_PROPERTIES)["delta.autoOptimize.autoCompact"] == "true"
-    assert dict(tables.RUNS_TABLE_PROPERTIES)["delta.autoOptimize.autoCompact"] == "true"
-    assert "delta.autoOptimize.autoCompact" not in dict(tables.REWRITTEN_TABLE_PROPERTIES)  # one live file each
+    assert dict(audit_table.AUDIT_TABLE_PROPERTIES)["delta.autoOptimize.autoCompact"] == "true"
+    assert dict(runs_table.RUNS_TABLE_PROPERTIES)["delta.autoOptimize.autoCompact"] == "true"
+    assert "delta.autoOptimize.autoCompact" not in dict(state_tables.REWRITTEN_TABLE_PROPERTIES)  # one live file each
 
 
 class Conflict(Exception):

@@ -10,7 +10,7 @@ recorded spans, so the purge cannot complete it by accident. A row is left when:
   time it entered the backlog;
 - an earlier re-drive dead-lettered it again, i.e. it is still undeliverable, and
   ``redrive.retry_dead_lettered`` is off (``REDRIVEN_BEFORE``). Those identities come from the audit
-  (``storage.tables.redriven_dead_letters``), as a small DataFrame joined here, never collected.
+  (``storage.audit_table.redriven_dead_letters``), as a small DataFrame joined here, never collected.
 
 Selected rows keep what the restore rules decided: delivered, or dead-lettered with the rules' reason
 (which, in a dead-letter sub-queue, means left there and audited, since a dead-letter queue cannot

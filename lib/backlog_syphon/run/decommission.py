@@ -26,7 +26,7 @@ from backlog_syphon.run.fence import LeaseKeeper, utc_now
 from backlog_syphon.run.status import status
 from backlog_syphon.run.syphon import lease_key
 from backlog_syphon.servicebus.removal import delete_queue, require_manage
-from backlog_syphon.storage import tables
+from backlog_syphon.storage import runs_table
 
 logger = logging.getLogger(__name__)
 
@@ -71,7 +71,7 @@ def _record(spark: SparkSession, config: SyphonConfig, run_id: str, job: JobIds,
                  removed_queues=list(result.removed))
     table = config.storage.resolved_runs_table
     try:
-        tables.append_run(spark, table, row, retention_days=config.storage.table_retention_days)
+        runs_table.append_run(spark, table, row, retention_days=config.storage.table_retention_days)
     except Exception as exc:  # noqa: BLE001 - what was removed stands; only its record is missing
         logger.warning("decommission %s not recorded in the runs table %s (%s); removed: %s", run_id, table,
                        type(exc).__name__, ", ".join(result.removed) or "nothing")

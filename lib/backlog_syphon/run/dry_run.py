@@ -23,7 +23,7 @@ from backlog_syphon.run import dry_run_plan
 from backlog_syphon.sink.queue_marks import awaiting_settlement
 from backlog_syphon.sink.spark_ports import held_by_any, read_recovery
 from backlog_syphon.source.data_source import SOURCE_NAME, BacklogDataSource, backlog_source_options
-from backlog_syphon.storage import tables
+from backlog_syphon.storage import audit_table
 
 
 @dataclass(frozen=True)
@@ -185,7 +185,7 @@ def dry_run(spark: SparkSession, config: SyphonConfig, *, now: dt.datetime | Non
                                        skip_destinations=config.restore.skip_destinations, destination_shapes=shapes)
     if config.redriving:
         classified = select_for_redrive(classified, config.redrive,
-                                        tables.redriven_dead_letters(spark, config.storage.audit_table))
+                                        audit_table.redriven_dead_letters(spark, config.storage.audit_table))
     classified = classified.persist()
     try:
         per_queue, per_partition = dry_run_plan.by_partition(dry_run_plan.partition_counts(classified).collect())

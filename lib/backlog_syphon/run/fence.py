@@ -26,7 +26,7 @@ from typing import Callable
 
 from pyspark.sql import SparkSession
 
-from backlog_syphon.storage import tables
+from backlog_syphon.storage import checkpoint_table, lease_table
 from backlog_syphon.run.lease import (
     Lease,
     LeaseHeldError,
@@ -109,7 +109,7 @@ class LeaseKeeper:
                     logger.info("%s ended cleanly (the checkpoint table says so): its lease is free", current.holder)
                 if on_free is not None:
                     on_free()
-                if tables.write_lease(spark, self.lease_table, candidate):
+                if lease_table.write_lease(spark, self.lease_table, candidate):
                     with self._lock:
                         self.lease = candidate
                     logger.info("took the lease on %s until %s", self.lease_key, candidate.expires_at)
@@ -127,7 +127,7 @@ class LeaseKeeper:
             time.sleep(min(WAIT_POLL_SECONDS, max(0.5, (current.expires_at - now).total_seconds())))
 
     def _read(self, spark: SparkSession) -> Lease | None:
-        current = tables.read_lease(spark, self.lease_table)
+        current = lease_table.read_lease(spark, self.lease_table)
         if current is not None and current.lease_key != self.lease_key:
             raise LeaseTableMismatchError(
                 f"the lease table {self.lease_table} belongs to the backlog {current.lease_key}, not to "
@@ -140,7 +140,7 @@ class LeaseKeeper:
         rewrite names it (read only then: a released or expired lease needs no proof)."""
         if lease.run_id == self.run_id or lease.expires_at <= now or not self.checkpoint_table:
             return False
-        return tables.ended_run(spark, self.checkpoint_table) == lease.run_id
+        return checkpoint_table.ended_run(spark, self.checkpoint_table) == lease.run_id
 
     def _holder_gone(self, lease: Lease) -> bool:
         """Proof that the holder crashed: it ran in this machine's boot and pid namespace, and no process
@@ -175,7 +175,7 @@ class LeaseKeeper:
         try:
             # Over the lease as this run last wrote it; if another copy of this run extended it
             # since, the write is refused (a stale epoch) and the lease simply expires.
-            tables.write_lease(spark, self.lease_table, released(lease, self.clock()), confirm=False)
+            lease_table.write_lease(spark, self.lease_table, released(lease, self.clock()), confirm=False)
         except Exception as exc:  # noqa: BLE001 - the lease expires by itself
             logger.warning("could not release the lease (%s); it expires at %s", type(exc).__name__,
                            lease.expires_at)
@@ -201,7 +201,7 @@ class LeaseKeeper:
                 raise LeaseLostError(f"the lease was taken over by {holder}; this run stops sending")
             candidate = new_lease(self.lease_key, self.run_id, self.host, self.pid, self.clock(), self.lease_seconds,
                                   current, self.process_identity)
-            if tables.write_lease(spark, self.lease_table, candidate):
+            if lease_table.write_lease(spark, self.lease_table, candidate):
                 self.lease = candidate
                 return
             # Not written: another copy of this keeper (the sink's, under Spark Connect) wrote that epoch
@@ -274,14 +274,14 @@ class LeaseKeeper:
                 logger.warning("could not extend the lease (%s); trying again in %.0f s", type(exc).__name__, interval)
 
 
-def current_holder(spark: SparkSession, lease_table: str, checkpoint_table: str | None,
+def current_holder(spark: SparkSession, lease_table_name: str, checkpoint_table_name: str | None,
                    now: dt.datetime) -> Lease | None:
     """The lease if a run holds it at ``now`` (not released, not expired, and its run not named as ended by
     the checkpoint table); None when the backlog is free. Reads only: for the dry run and the status."""
-    lease = tables.read_lease(spark, lease_table)
+    lease = lease_table.read_lease(spark, lease_table_name)
     if lease is None or lease.expires_at <= now:
         return None
-    if checkpoint_table and tables.ended_run(spark, checkpoint_table) == lease.run_id:
+    if checkpoint_table_name and checkpoint_table.ended_run(spark, checkpoint_table_name) == lease.run_id:
         return None
     return lease
 

@@ -3,7 +3,7 @@
 At most one run at a time delivers from a backlog (the secondary namespace's backlog queues of one
 primary namespace) with given state tables. The run that holds the *lease* is the only one allowed to
 send; it holds it until ``expires_at`` and extends it while it runs. A lease is the row of the lease
-table (``model.Lease``, written by ``storage.tables``) with an ``epoch`` that every write increases by
+table (``model.Lease``, written by ``storage.lease_table``) with an ``epoch`` that every write increases by
 one: a write of epoch n + 1 is a compare-and-set on epoch n (one Delta transaction version per
 epoch), so of two runs racing for it exactly one wins, and a run that read a stale row cannot
 overwrite a newer one.

@@ -27,7 +27,7 @@ from pyspark.sql import SparkSession
 
 from backlog_syphon.config import SyphonConfig
 from backlog_syphon.errors import describe
-from backlog_syphon.storage import tables, upkeep
+from backlog_syphon.storage import delta, upkeep
 
 logger = logging.getLogger(__name__)
 
@@ -80,17 +80,17 @@ def state_tables(config: SyphonConfig) -> tuple[tuple[str, bool], ...]:
 def maintain_table(spark: SparkSession, table: str, *, compact: bool = True) -> TableUpkeep:
     """OPTIMIZE (unless not ``compact``) then VACUUM one table, each retried on a concurrent-modification
     conflict."""
-    if not tables.table_exists(spark, table):
+    if not delta.table_exists(spark, table):
         return TableUpkeep(table, exists=False)
-    name = tables.sql_name(table)
+    name = delta.sql_name(table)
     started = time.monotonic()
     window = ""
     try:
         window = upkeep.table_properties(spark, name).get("delta.deletedFileRetentionDuration",
                                                           upkeep.DELTA_DEFAULT_FILE_RETENTION)
-        removed, added = upkeep.retried(lambda: upkeep.optimize(spark, name), tables.is_commit_conflict,
+        removed, added = upkeep.retried(lambda: upkeep.optimize(spark, name), delta.is_commit_conflict,
                                         f"OPTIMIZE {table}") if compact else (0, 0)
-        upkeep.retried(lambda: upkeep.vacuum(spark, name), tables.is_commit_conflict, f"VACUUM {table}")
+        upkeep.retried(lambda: upkeep.vacuum(spark, name), delta.is_commit_conflict, f"VACUUM {table}")
     except Exception as exc:  # noqa: BLE001 - one table's failure is reported, the others are still maintained
         logger.debug("maintenance of %s failed", table, exc_info=True)
         return TableUpkeep(table, exists=True, window=window, compacted=compact, seconds=time.monotonic() - started,

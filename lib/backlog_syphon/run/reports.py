@@ -1,6 +1,6 @@
 """Reading the audit table afterwards: what moved, per run, destination and outcome, and when.
 
-Pure transforms of the audit DataFrame (read it with ``storage.tables.read_table``), plus a text
+Pure transforms of the audit DataFrame (read it with ``storage.delta.read_table``), plus a text
 chart for terminals and plain notebooks (Databricks' ``display`` draws its own).
 """
 

@@ -16,7 +16,7 @@ from backlog_syphon.restore.queue_names import is_dead_letter_queue_name
 from backlog_syphon.run import reports
 from backlog_syphon.run.progress import BatchStats, ProgressPoint
 from backlog_syphon.sink.foreach_batch import DeliverySink
-from backlog_syphon.storage import tables
+from backlog_syphon.storage import delta
 from backlog_syphon.timeline import Timeline
 
 # The run summary's columns per destination: the reported outcomes (``model.REPORTED_OUTCOMES``) and their headings.
@@ -136,7 +136,7 @@ class AuditRecords:
         self.spark, self.audit_table, self.run_id = spark, audit_table, run_id
 
     def batch_stats(self, batch_id: int) -> BatchStats | None:
-        audit = tables.existing_table(self.spark, self.audit_table)
+        audit = delta.existing_table(self.spark, self.audit_table)
         if audit is None:
             return None
         row = reports.batch_totals(audit, self.run_id, batch_id).first()
@@ -148,7 +148,7 @@ class AuditRecords:
                           None if oldest is None else oldest.astimezone(dt.timezone.utc), held=row[Outcome.HELD])
 
     def per_destination(self) -> dict[str, dict[str, int]]:
-        audit = tables.existing_table(self.spark, self.audit_table)
+        audit = delta.existing_table(self.spark, self.audit_table)
         if audit is None:
             return {}
         rows = reports.audit_summary(audit, self.run_id).collect()

@@ -20,7 +20,7 @@ from backlog_syphon.config import SyphonConfig
 from backlog_syphon.model import CreditUsage, EarlierBatches, JobIds, RunMode
 from backlog_syphon.run.run_records import AuditRecords, RunSummary
 from backlog_syphon.run.run_end import RunEnd, failure_end, run_end, run_row
-from backlog_syphon.storage import tables
+from backlog_syphon.storage import runs_table
 
 logger = logging.getLogger(__name__)
 
@@ -85,7 +85,7 @@ class RunRecorder:
                       mode=RunMode.MIGRATION if self.config.migrating else RunMode.SYPHON, credits=credits)
         table = self.config.storage.resolved_runs_table
         try:
-            tables.append_run(self.spark, table, row, retention_days=self.config.storage.table_retention_days)
+            runs_table.append_run(self.spark, table, row, retention_days=self.config.storage.table_retention_days)
         except Exception as exc:  # noqa: BLE001 - the run's outcome stands; only its record is missing
             logger.warning("run_id=%s not recorded in the runs table %s (%s); the run's exit code stands",
                            self.run_id, table, type(exc).__name__)

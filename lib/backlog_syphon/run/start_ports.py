@@ -14,7 +14,7 @@ from backlog_syphon.run.run_start import CreatedTables
 from backlog_syphon.run.spark_session import is_connect
 from backlog_syphon.sink.spark_ports import read_recovery
 from backlog_syphon.source.data_source import BacklogDataSource, start_planners
-from backlog_syphon.storage import tables
+from backlog_syphon.storage import state_tables
 from backlog_syphon.timeline import Milestone, Timeline
 
 
@@ -57,7 +57,7 @@ class SparkStartPorts:
 
     def create_tables(self) -> CreatedTables:
         storage = self.storage
-        created = tables.create_tables(self.spark, storage.audit_table, storage.checkpoint_table,
+        created = state_tables.create_tables(self.spark, storage.audit_table, storage.checkpoint_table,
                                        storage.resolved_lease_table, retention_days=storage.table_retention_days)
         return CreatedTables(state_tables={storage.audit_table, storage.checkpoint_table} <= created,
                              lease_table=storage.resolved_lease_table in created)
@@ -68,7 +68,7 @@ class SparkStartPorts:
 
     def set_upkeep_properties(self) -> None:
         storage = self.storage
-        tables.set_upkeep_properties(self.spark, storage.audit_table, storage.checkpoint_table,
+        state_tables.set_upkeep_properties(self.spark, storage.audit_table, storage.checkpoint_table,
                                      storage.resolved_lease_table, retention_days=storage.table_retention_days)
 
     def start_heartbeat(self) -> None:

@@ -23,7 +23,7 @@ from backlog_syphon.restore.queue_names import backlog_queue_names
 from backlog_syphon.sink.queue_marks import awaiting_settlement
 from backlog_syphon.sink.spark_ports import read_recovery
 from backlog_syphon.run.status_report import QueueStatus, StatusReport, audit_read_floor, removed_by_decommission
-from backlog_syphon.storage import tables
+from backlog_syphon.storage import audit_table, checkpoint_table, lease_table, runs_table
 
 RUNS_SHOWN = 5
 
@@ -57,18 +57,18 @@ def status(spark: SparkSession, config: SyphonConfig, *, now: dt.datetime | None
         return count_backlog(config.secondary, config.primary.namespace, queues)
 
     with ThreadPoolExecutor(max_workers=4, thread_name_prefix="status") as pool:
-        runs = pool.submit(tables.read_runs, spark, storage.resolved_runs_table, RUNS_SHOWN)
+        runs = pool.submit(runs_table.read_runs, spark, storage.resolved_runs_table, RUNS_SHOWN)
         broker = pool.submit(read_broker)
-        marks = pool.submit(tables.read_checkpoint, spark, storage.checkpoint_table)
-        lease = pool.submit(tables.read_lease, spark, storage.resolved_lease_table)
-        ended = pool.submit(tables.ended_run, spark, storage.checkpoint_table)
+        marks = pool.submit(checkpoint_table.read_checkpoint, spark, storage.checkpoint_table)
+        lease = pool.submit(lease_table.read_lease, spark, storage.resolved_lease_table)
+        ended = pool.submit(checkpoint_table.ended_run, spark, storage.checkpoint_table)
         backlog, dead_letters, counted_by = broker.result()
         checkpoint = marks.result()
     held = {}
     # From the oldest purge mark's day on: a month of audit partitions costs what a day does.
     since = audit_read_floor(checkpoint, queues)
     if config.restore.skip_destinations and any(count.messages for count in backlog.values()):
-        held = tables.held_by_destination(spark, storage.audit_table, checkpoint, config.restore.skip_destinations,
+        held = audit_table.held_by_destination(spark, storage.audit_table, checkpoint, config.restore.skip_destinations,
                                           since=since)
     # Counted as the dry run counts it, from what a run would begin with (``sink.spark_ports.read_recovery``).
     unsettled = awaiting_settlement(read_recovery(spark, storage, migration, since=since)[0].unsettled)

@@ -239,7 +239,7 @@ CLOCK_SKEW_ALLOWANCE = dt.timedelta(days=1)
 def audit_read_floor(checkpoint: Mapping[str, CheckpointRow], queues: Iterable[str]) -> dt.date | None:
     """The first outcome date ``--status`` reads of the audit table (its partition column), or None: all.
 
-    It reads the rows above the purge marks (``storage.tables.recorded_unsettled``): messages enqueued at
+    It reads the rows above the purge marks (``storage.audit_table.recorded_unsettled``): messages enqueued at
     or after the message each mark names, so recorded (outcome time) no earlier than that message's
     enqueue day, less the clocks' skew. The floor is the oldest of the marks: every queue in ``queues``
     and in the checkpoint table must have one that names an enqueue time (an older version's marks do

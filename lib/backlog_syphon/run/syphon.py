@@ -39,7 +39,7 @@ from backlog_syphon.source.data_source import (
     backlog_source_options,
 )
 from backlog_syphon.source.options import SourceOptions
-from backlog_syphon.storage import tables
+from backlog_syphon.storage import audit_table, markers
 from backlog_syphon.timeline import Milestone, Timeline
 
 logger = logging.getLogger(__name__)
@@ -140,7 +140,7 @@ class SyphonRun:
         if requested and self.spark is not None and not self._forwarded:
             # Over Spark Connect the source runs on the server, which cannot see this process's files:
             # the request goes there through Spark, and the sink passes it to the source after its batch.
-            tables.write_marker(self.spark, self.sink.stop_marker)
+            markers.write_marker(self.spark, self.sink.stop_marker)
             self._forwarded = True
         return requested
 
@@ -292,7 +292,8 @@ def check_fan_out(config: SyphonConfig, migration: MigrationPlan, keeper: LeaseK
     try:
         live = live_sequence_numbers(config.secondary, members, browse_only=migration.browse_only,
                                      partitioned=migration.partitioned)
-        check_same_messages(groups, live, tables.recorded_sequence_numbers(spark, config.storage.audit_table, members))
+        check_same_messages(groups, live,
+                            audit_table.recorded_sequence_numbers(spark, config.storage.audit_table, members))
     except BaseException:
         keeper.release(spark)
         raise

@@ -43,7 +43,7 @@ from backlog_syphon.sink.fault_plan import NO_FAULTS, FaultPlan
 from backlog_syphon.sink.micro_batch import BatchAggregate, Recovery, SinkState
 from backlog_syphon.sink.purge_runner import PurgeRunner
 from backlog_syphon.sink.spark_ports import SessionLease, SparkBatch
-from backlog_syphon.storage import tables
+from backlog_syphon.storage import checkpoint_table, markers
 from backlog_syphon.timeline import Milestone, Timeline
 
 logger = logging.getLogger(__name__)
@@ -120,7 +120,7 @@ class DeliverySink:
         spark = batch.sparkSession
         if self.app_id is None:
             self.app_id = checkpoint_app_id(self.config.storage.checkpoint_location,
-                                            tables.streaming_query_id(spark, self.config.storage.checkpoint_location))
+                                            markers.streaming_query_id(spark, self.config.storage.checkpoint_location))
         started = time.monotonic()
         ports = SparkBatch(self, batch, batch_id)
         lease = SessionLease(self.lease_keeper, spark)
@@ -131,7 +131,7 @@ class DeliverySink:
         except BatchFailedError as exc:
             self.failure = exc
             raise
-        if self.settle_in_batch and self.stop_file and tables.marker_exists(spark, self.stop_marker):
+        if self.settle_in_batch and self.stop_file and markers.marker_exists(spark, self.stop_marker):
             with open(self.stop_file, "a"):  # the source, next to this process, plans no more batches
                 pass
         aggregate = report.aggregate
@@ -204,7 +204,7 @@ class DeliverySink:
         rows = self.state.final_checkpoint(self.run_id)
         if rows is None:
             return False
-        tables.write_checkpoint(spark, self.config.storage.checkpoint_table, rows)
+        checkpoint_table.write_checkpoint(spark, self.config.storage.checkpoint_table, rows)
         self.state.checkpoint_unrecorded = False
         PlannedFaults(self.fault_plan).reached(machine.CrashPoint.AFTER_FINAL_CHECKPOINT)
         return True
@@ -228,6 +228,6 @@ def settle_before_start(spark: SparkSession, config: SyphonConfig, recovery: Rec
     if waiting:
         machine.finish(state, purges, now)
         if state.checkpoint_unrecorded:
-            tables.write_checkpoint(spark, config.storage.checkpoint_table,
+            checkpoint_table.write_checkpoint(spark, config.storage.checkpoint_table,
                                     sorted(state.checkpoint.values(), key=lambda row: row.backlog_queue))
     return waiting

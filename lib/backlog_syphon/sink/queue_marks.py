@@ -61,7 +61,7 @@ def by_queue(spans: Iterable[RecordedSpan]) -> dict[str, list[RecordedSpan]]:
 def awaiting_settlement(spans: Iterable[RecordedSpan]) -> dict[str, int]:
     """Per backlog queue, the recorded messages that may still be in it, waiting to be settled: what the
     recorded, unsettled spans a run begins with hold (``sink.spark_ports.read_recovery``: the audit rows above
-    the purge marks, as ``storage.tables.recorded_unsettled`` selects them, with final outcomes). An upper
+    the purge marks, as ``storage.audit_table.recorded_unsettled`` selects them, with final outcomes). An upper
     bound (some may be settled already, unrecorded); the next run settles them first and sends none again.
     The dry run shows it; a status that counts them should count them so."""
     counts: dict[str, int] = {}

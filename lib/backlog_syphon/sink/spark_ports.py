@@ -53,7 +53,7 @@ from backlog_syphon.sink.outcome_aggregate import STAYING_WHERE_THEY_ARE, combin
 from backlog_syphon.sink.pacing import cap_share, send_cap
 from backlog_syphon.sink.send_shape import known_shapes
 from backlog_syphon.sink.send_task import deliver_partition
-from backlog_syphon.storage import tables
+from backlog_syphon.storage import audit_table, checkpoint_table, delta
 
 
 class RunSettings(Protocol):
@@ -118,7 +118,7 @@ class SparkBatch:
         if self.sink.state_is_new:
             return 0
         with self.timed("recover"):
-            audit = tables.existing_table(self.spark, self.sink.config.storage.audit_table)
+            audit = delta.existing_table(self.spark, self.sink.config.storage.audit_table)
             return 0 if audit is None else audit.where(F.col("batch_id") == self.batch_id).count()
 
     def exclude(self, spans: Sequence[RecordedSpan]) -> None:
@@ -162,7 +162,7 @@ class SparkBatch:
         classified = self.sink.classifier(rows.columns)(rows, now=now)
         if config.redriving:
             classified = redrive.select_for_redrive(
-                classified, config.redrive, tables.redriven_dead_letters(self.spark, config.storage.audit_table))
+                classified, config.redrive, audit_table.redriven_dead_letters(self.spark, config.storage.audit_table))
         cap = send_cap(config)
         share = cap_share(cap, concurrent_send_tasks(self.spark, classified, fallback=config.backlog.queue_count)
                           ) if cap > 0 else None
@@ -183,10 +183,10 @@ class SparkBatch:
         with self.timed("record"), ThreadPoolExecutor(max_workers=2, thread_name_prefix="record") as pool:
             futures = []
             if self.latest is not None:
-                futures.append(pool.submit(tables.append_audit, storage.audit_table, self.latest, app_id, version))
+                futures.append(pool.submit(audit_table.append_audit, storage.audit_table, self.latest, app_id, version))
             if checkpoint is not None:
-                futures.append(pool.submit(tables.write_checkpoint, self.spark, storage.checkpoint_table, checkpoint,
-                                           app_id=app_id, version=version))
+                futures.append(pool.submit(checkpoint_table.write_checkpoint, self.spark, storage.checkpoint_table,
+                                           checkpoint, app_id=app_id, version=version))
             for future in futures:
                 future.result()
 
@@ -197,10 +197,10 @@ def read_recovery(spark: SparkSession, storage, migration: MigrationPlan = NO_MI
     a run begins with, and the backlog queues where it includes messages held for skipped destinations,
     which the run reads again from their first message (a purge mark never passes a held message,
     ``queue_marks.mark_purged``). ``migration``: a migration run's plan (its sources settled session by
-    session). ``since``: the audit's outcome dates read (``storage.tables.recorded_unsettled``).
+    session). ``since``: the audit's outcome dates read (``storage.audit_table.recorded_unsettled``).
     The dry run and the status count what waits to be settled from it (``queue_marks.awaiting_settlement``)."""
-    checkpoint = tables.read_checkpoint(spark, storage.checkpoint_table)
-    recorded = tables.recorded_unsettled(spark, storage.audit_table, checkpoint, since)
+    checkpoint = checkpoint_table.read_checkpoint(spark, storage.checkpoint_table)
+    recorded = audit_table.recorded_unsettled(spark, storage.audit_table, checkpoint, since)
     if recorded is None:  # no audit table yet: nothing was ever recorded
         return Recovery(checkpoint, (), ()), ()
     aggregate = aggregate_outcomes(recorded, migration.session_entities)

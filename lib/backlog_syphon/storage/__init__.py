@@ -1,1 +1,1 @@
-"""Every use of Delta: the audit, checkpoint, lease and runs tables."""
+"""Every use of Delta: the audit, checkpoint, lease and runs tables, over what they share (``delta``)."""

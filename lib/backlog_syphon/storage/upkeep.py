@@ -47,6 +47,12 @@ def retention_properties(days: int) -> Properties:
     window = f"interval {int(days)} days"
     return (("delta.logRetentionDuration", window), ("delta.deletedFileRetentionDuration", window))
 
+
+def with_retention(properties: Properties, retention_days: int) -> Properties:
+    """A table's properties with the state tables' log and file window of ``retention_days``."""
+    return properties + retention_properties(retention_days)
+
+
 # What Delta keeps of replaced files where a table does not say (its own default).
 DELTA_DEFAULT_FILE_RETENTION = "interval 1 week"
 
