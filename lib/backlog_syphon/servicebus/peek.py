@@ -121,7 +121,7 @@ def first_identity_from(receiver, from_sequence_number: int, *, confirm: bool = 
     """``(sequence number, enqueue time in ms)`` of the first message at or after ``from_sequence_number``,
     or None when there is none (one cheap peek, nothing locked). ``lane``: in the asked number's partition
     only (an answer from another one is none there). ``confirm``: a message is expected there, so an answer
-    that misses is looked at again before it counts (``peek_pages``: once more, twice in a lane)."""
+    that misses is looked at again before it counts (``peek_pages``: ``LOOKS``, ``LANE_LOOKS`` in a lane)."""
     looks = (LANE_LOOKS if lane else LOOKS) if confirm else 1
     for _ in range(looks):
         page = peek_raw(receiver, max(1, from_sequence_number), 1)
