@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from backlog_syphon.peek_pages import PagedRead
+from backlog_syphon.peek_pages import LANE_LOOKS, PagedRead
 
 
 class FlakyQueue:
@@ -117,8 +117,9 @@ def test_in_a_lane_an_answer_from_another_partition_is_a_miss_looked_at_again_no
     last = 3 << 48 | (1 << 40)
     assert read_lane(lane, 3 << 48 | 1, last) == lane.present
     assert lane.asks[1:4] == [(3 << 48 | 251, 250), (3 << 48 | 251, 1), (3 << 48 | 251, 1)]
-    # three answers from elsewhere in a row: nothing more in this lane (the next non-empty partition answers)
-    assert lane.asks[-3:] == [(3 << 48 | 601, 250), (3 << 48 | 601, 1), (3 << 48 | 601, 1)]
+    # LANE_LOOKS answers from elsewhere in a row: nothing more in this lane (the next non-empty partition answers)
+    assert lane.asks[-LANE_LOOKS:] == [(3 << 48 | 601, 250)] + [(3 << 48 | 601, 1)] * (LANE_LOOKS - 1)
+    assert lane.asks[-LANE_LOOKS - 1][0] < 3 << 48 | 601  # the looks before them took the lane's last page
 
 
 def test_outside_a_lane_an_answer_past_the_range_still_ends_the_read():

@@ -460,3 +460,11 @@ def test_once_a_look_found_nothing_gone_the_settlement_halves_without_looking():
     assert completion.needs_look(tuple(range(1, 101)))
     completion.lock_lost(tuple(range(1, 101)), present=set(range(1, 101)))
     assert not completion.looks and not completion.needs_look(tuple(range(1, 51)))
+
+
+def test_what_a_round_still_expects_to_receive_counts_down_with_each_page():
+    progress = PurgeProgress(plan_of(span(1, 30)), page=100)
+    assert progress.left == 30
+    progress.on_page([msg(seq) for seq in range(1, 11)])
+    progress.on_settled(10)
+    assert progress.left == 20  # a page that came back short asks for the rest of these, no more

@@ -76,3 +76,17 @@ def test_messages_passed_over_allow_another_page_only_while_it_and_their_release
     assert measured.receive_wait_while_passing(-1.0, 1) is None  # their locks are gone already
     long_lock = timing(59.9, 0.1, 0.05)
     assert long_lock.receive_wait_while_passing(50.0, 3) == pytest.approx(50.0 - 6.04 - 0.15)
+
+
+def test_the_rest_of_a_short_page_is_received_only_while_its_requests_still_leave_before_its_deadline():
+    measured = timing(4.7, 0.5, 0.3)  # margin 0.77 s
+    assert measured.requests_measured
+    # the first request goes when the receive returns, the second a round trip later, before the deadline
+    assert measured.receive_wait_for_rest(4.5, 2) == pytest.approx(4.5 - 0.77 - 0.3)
+    assert measured.receive_wait_for_rest(4.5, 1) == pytest.approx(4.5 - 0.77)
+    assert measured.receive_wait_for_rest(1.3, 2) is None  # 1.3 - 0.77 - 0.3 < a round trip: settle what came
+    assert measured.receive_wait_for_rest(-1.0, 1) is None
+    unmeasured = SettleTiming()
+    assert not unmeasured.requests_measured
+    unmeasured.observed_page(2.2, 6.7)  # a first receive that held the link's attach: no request measured yet
+    assert not unmeasured.requests_measured and unmeasured.round_trip == 2.2

@@ -145,6 +145,11 @@ class PurgeProgress:
                                             remaining=max(1, self.expected - self.seen),
                                             dead_letters=len(left), reasons=len(set(left.values()))))
 
+    @property
+    def left(self) -> int:
+        """Recorded messages the round still expects to receive."""
+        return max(0, self.expected - self.seen)
+
     def requests_needed(self) -> int:
         """Requests the next page needs at most: its completion, and one per dead-letter reason left (no more
         than fit inside its locks: the page is sized so)."""

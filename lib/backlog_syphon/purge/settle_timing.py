@@ -20,7 +20,10 @@ Invariants:
   service's minimum) at a round trip of 300 ms settles, and a lock of 5 minutes wastes nothing.
 - The estimates err on the long side: the round trip and the receive's duration are the slowest of the
   last few measured (``RECENT``), the lock the shortest seen. Before any request is measured, the receive
-  call's own duration (which holds a round trip) stands in for a round trip.
+  call's own duration (which holds a round trip) stands in for a round trip (the purge times a peek first:
+  ``requests_measured``).
+- A page that came back short is completed by further receives only while its requests, one after the other,
+  still leave before its deadline (``receive_wait_for_rest``).
 - Where not even one request fits, ``requests_per_page`` is 0: the caller settles nothing (a request would
   come too late and only raise delivery counts), says which setting to change, and ``forget``s the round
   trips measured, so a slow moment does not keep every later round from trying.
@@ -54,6 +57,12 @@ class SettleTiming:
     def observed_request(self, seconds: float) -> None:
         """A settle request was answered ``seconds`` after it left."""
         self._requests.append(max(0.0, seconds))
+
+    @property
+    def requests_measured(self) -> bool:
+        """Whether a request's round trip was measured (else ``round_trip`` is a receive call's duration, which
+        holds whatever the broker waited before it answered)."""
+        return bool(self._requests)
 
     def forget(self) -> None:
         """Drop the round trips and receives measured (not the lock): a round that could settle nothing with
@@ -89,6 +98,14 @@ class SettleTiming:
             return None
         room = self.lock_seconds - self.margin() - (self.receive_seconds or 0.0)
         return 0 if room < 0 else int(room / round_trip) + 1
+
+    def receive_wait_for_rest(self, lock_left: float, requests: int) -> float | None:
+        """How long a receive for the rest of a page that came back short may wait, the page's first lock ending
+        ``lock_left`` seconds from now and its settling needing ``requests`` requests, one after the other, the first
+        as soon as that receive returns, the last before the deadline; None: no time, settle what came."""
+        round_trip = self.round_trip or 0.0
+        wait = lock_left - self.margin() - (requests - 1) * round_trip
+        return wait if wait >= max(round_trip, 0.2) else None
 
     def receive_wait_while_passing(self, lock_left: float, requests: int) -> float | None:
         """How long the next receive may wait while messages passed over stay locked for ``lock_left`` more

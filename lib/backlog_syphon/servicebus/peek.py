@@ -17,6 +17,7 @@ Invariants:
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 from typing import Iterable
 
@@ -33,7 +34,7 @@ from backlog_syphon.servicebus.credentials import credential_for
 from backlog_syphon.partitions import partition_of
 from backlog_syphon.peek_pages import LANE_LOOKS, LOOKS, PEEK_PAGE_SIZE, PagedRead
 from backlog_syphon.servicebus.sdk_internals import entity_name, peek_stored_bytes
-from backlog_syphon.servicebus.throttling import administration, list_pages, paced
+from backlog_syphon.servicebus.throttling import administration, await_credits, list_pages, paced
 
 logger = logging.getLogger(__name__)
 
@@ -88,12 +89,39 @@ def peek_raw(receiver, from_sequence_number: int, max_count: int, *,
     raise AssertionError("unreachable")  # the loop returns or raises
 
 
+def peek_round_trip(receiver, from_sequence_number: int, *, timeouts: PeekTimeouts = PEEK_TIMEOUTS) -> float | None:
+    """Seconds one management request takes on ``receiver``'s link there and back: the second of two peeks of one
+    message (their answers unused; the first may open the management link, a few round trips of its own), timed
+    after the credits' wait, not through it; None when a peek failed (nothing measured)."""
+    namespace = namespace_of(receiver)
+
+    def peek() -> list[bytes]:
+        return peek_stored_bytes(receiver, max(1, from_sequence_number), 1, timeouts.each()[0])
+
+    seconds = None
+    for _ in range(2):
+        try:
+            if namespace is None:  # a receiver of the caller's own (a test's): not paced
+                began = time.monotonic()
+                peek()
+            else:
+                await_credits(namespace, reserve=1)
+                began = time.monotonic()
+                paced(namespace, CreditKind.PEEK, peek, cost=lambda page: max(1, len(page)), retry=False, wait=False,
+                      reserve=1)
+        except Exception:  # noqa: BLE001 - a measurement only: the round's own requests say what is wrong
+            logger.debug("a timed peek failed", exc_info=True)
+            return None
+        seconds = time.monotonic() - began
+    return seconds
+
+
 def first_identity_from(receiver, from_sequence_number: int, *, confirm: bool = False, lane: bool = False
                         ) -> tuple[int, int | None] | None:
     """``(sequence number, enqueue time in ms)`` of the first message at or after ``from_sequence_number``,
     or None when there is none (one cheap peek, nothing locked). ``lane``: in the asked number's partition
     only (an answer from another one is none there). ``confirm``: a message is expected there, so an answer
-    that misses is looked at again before it counts (``peek_pages``: once more, twice in a lane)."""
+    that misses is looked at again before it counts (``peek_pages``: ``LOOKS``, ``LANE_LOOKS`` in a lane)."""
     looks = (LANE_LOOKS if lane else LOOKS) if confirm else 1
     for _ in range(looks):
         page = peek_raw(receiver, max(1, from_sequence_number), 1)

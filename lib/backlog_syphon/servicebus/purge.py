@@ -14,7 +14,12 @@ Invariants:
   released at once (no delivery count) and received again, never left to run out its lock.
 - Messages passed over are released before their own locks end: the next page is received only while it
   and the releases fit before that (``SettleTiming.receive_wait_while_passing``).
-- Every request is timed, and the timing is kept for the queue's next rounds.
+- Every request is timed, and the timing is kept for the queue's next rounds; a round with no request measured
+  yet times a peek first (``peek.peek_round_trip``), so the first page's margins are a request's round trip.
+- A receive that comes back short (the service answers a part of what was asked, and sends the rest on the credit
+  left open, which the SDK releases when it arrives between receive calls) is followed at once by receives for
+  the rest of the page while its requests still fit inside its first lock (``_rest_of_page``): the page is
+  settled in its one bulk completion and dead-lettering per reason, and nothing is delivered twice.
 - Lock tokens go in one request per partition (a partitioned entity refuses a request across partitions);
   a request refused for a lost lock is looked at before it is split (``BulkSettlement``): whether the
   service settled its live tokens or none, nothing settled is sent again and nothing live taken for settled.
@@ -59,7 +64,7 @@ from backlog_syphon.servicebus.clients import (
     session_receiver,
     source_sender,
 )
-from backlog_syphon.servicebus.peek import first_identity_from, peek_identities
+from backlog_syphon.servicebus.peek import first_identity_from, peek_identities, peek_round_trip
 from backlog_syphon.purge.bulk_settlement import BulkSettlement
 from backlog_syphon.purge.plan import PurgePlan, PurgeResult, span_after_peek
 from backlog_syphon.purge.progress import PurgeProgress, dead_letter_groups, latest_of_each
@@ -165,6 +170,13 @@ def _receive_round(namespace: NamespaceConfig, receiver, plan: PurgePlan, timing
     progress = PurgeProgress(plan, timing=timing)
     passed_over: list = []  # messages that stay (held, or left by a re-drive): locked until the round ends
     revoke_credit(receiver)  # the link's attach gave the broker one credit of its own
+    if not timing.requests_measured and plan.spans:
+        # The first page is settled (and the rest of a short one received) within a margin of round trips: a
+        # request's, not the first receive's, which holds the link's attach and whatever the broker waited before
+        # it answered, and would leave no time for the rest of a page that comes back short.
+        round_trip = peek_round_trip(receiver, plan.spans[0].first)
+        if round_trip is not None:
+            timing.observed_request(round_trip)
     try:
         while (credit := progress.credit()) or progress.wants_look:
             if not credit:
@@ -188,11 +200,13 @@ def _receive_round(namespace: NamespaceConfig, receiver, plan: PurgePlan, timing
                 # Refused while the link held no lock (else the service holds the receive back instead):
                 # nothing was received, and nothing is left to release. The link is detached: no look.
                 raise ThrottledRound(progress.throttled_result()) from None
-            revoke_credit(receiver)  # a call that returns early leaves the rest of its credit open
             if page and not waiting:  # an empty one waited out its time, which says nothing about the link;
                 # nor does one that waited for locks to end
                 lock_end = first_lock_end(page)
                 timing.observed_page(time.monotonic() - began, None if lock_end is None else lock_end - started)
+            page += _rest_of_page(namespace, receiver, page, passed_over, credit, timing, progress.requests_needed(),
+                                  max_wait_seconds, wanted=lambda messages: _recorded(plan, messages) < progress.left)
+            revoke_credit(receiver)  # a call that returns early leaves the rest of its credit open
             _settle_page(receiver, plan, progress, timing, page, passed_over, time.time() if waiting else started,
                          on_completions_sent)
     finally:
@@ -364,6 +378,40 @@ def _receive(namespace: NamespaceConfig, receiver, credit: int, wait: float) -> 
     return paced(namespace, CreditKind.RECEIVE, lambda: receiver.receive_messages(max_message_count=credit,
                                                                                   max_wait_time=wait),
                  cost=len, retry=False, wait=False, reserve=credit)
+
+
+def _recorded(plan: PurgePlan, messages: list) -> int:
+    return sum(1 for message in messages if plan.holds(received_identity(message)))
+
+
+def _rest_of_page(namespace: NamespaceConfig, receiver, page: list, passed_over: list, credit: int,
+                  timing: SettleTiming, requests: int, max_wait_seconds: float,
+                  wanted: Callable[[list], bool] = lambda messages: True) -> list:
+    """The rest of a page whose receive came back short (the service answers a part of what was asked, and sends
+    the rest on the credit left open), received at once: what comes on that credit between two receive calls the
+    SDK releases, and it would be received again later (``progress``'s page would be settled in more requests).
+    Each further receive goes while the page's requests (and the releases of messages passed over) still fit inside
+    its first lock after it (``SettleTiming.receive_wait_for_rest``) and the round still ``wanted`` more than it holds
+    (a partitioned queue's credit may ask for more than is recorded); one that brings nothing, or is throttled, ends
+    the page."""
+    rest: list = []
+    lock_end = lock_end_of(page)
+    if passed_over:  # their releases go out after the page's requests (as in ``_settle_page``)
+        lock_end = min(lock_end, lock_end_of(passed_over) - (timing.round_trip or 0.0))
+    while page and len(page) + len(rest) < credit and wanted(page + rest):
+        wait = timing.receive_wait_for_rest(lock_end - time.time(), requests)
+        if wait is None:
+            break
+        try:
+            more = paced(namespace, CreditKind.RECEIVE, lambda: receiver.receive_messages(
+                max_message_count=credit - len(page) - len(rest), max_wait_time=min(wait, max_wait_seconds)),
+                cost=len, retry=False, wait=False)
+        except ServiceBusServerBusyError:  # the page in hand is settled; the rest comes with a later receive
+            break
+        if not more:
+            break
+        rest += more
+    return rest
 
 
 def _look(present: Callable[[], list], plan: PurgePlan, progress: PurgeProgress) -> None:
