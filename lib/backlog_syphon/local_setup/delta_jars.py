@@ -36,7 +36,7 @@ SCALA_BINARY_VERSION = "2.13"
 # The delta-spark wheel's version names the JAR version to fetch; they must be equal.
 
 # pyspark major.minor -> the delta-spark release lines (major.minor) with a JAR built for that Spark
-# line, as published in Maven Central (each checked with `mvn dependency:get`). The pairs that
+# line, as published in the Maven registry (each checked with `mvn dependency:get`). The pairs that
 # `make test-runtimes` and `make test` run are in docs/running/compute.md ("Supported runtimes").
 SUPPORTED_SPARK_LINES: dict[str, tuple[str, ...]] = {
     "4.0": ("4.0", "4.1", "4.2", "4.3", "4.4"),  # Delta 4.0.x: delta-spark_2.13; later: delta-spark_4.0_2.13

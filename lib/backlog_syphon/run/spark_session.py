@@ -51,7 +51,7 @@ def build_spark_session(app_name: str = "backlog-syphon", master: str | None = N
     An active session (Databricks, a notebook, spark-submit with its own --packages/--jars) is
     reused as it is: its Delta set-up belongs to whoever started it. Otherwise a local session is
     built with the JARs fetched by ``delta_jars`` or, when none are cached, with
-    ``spark.jars.packages`` so Spark resolves Delta from Maven Central by itself.
+    ``spark.jars.packages`` so Spark resolves Delta from the Maven registry by itself.
 
     Spark's own console logging is kept to errors (warnings with ``verbose``, or whatever
     ``SYPHON_SPARK_LOG_LEVEL`` says), so the syphon's lines are readable.
