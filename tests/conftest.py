@@ -99,7 +99,6 @@ MEASURED_SECONDS = {
     # Namespaces under load (credits, server-busy), measured at load 8-10; the second is two runs.
     "test_throttled_namespaces_slow_the_drain_and_lose_or_repeat_nothing": 92,
     "test_a_partitioned_backlog_drains_under_short_receives_answers_from_other_partitions_and_either_disposition": 68,
-    "test_a_five_second_lock_300_ms_away_drains_poison_and_all_in_one_run": 54,
 }
 UNLISTED_INTEGRATION_SECONDS = 8
 UNLISTED_SPARK_SECONDS = 1  # a unit test that takes the ``spark`` fixture
