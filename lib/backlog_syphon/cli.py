@@ -214,7 +214,7 @@ def main(argv: list[str] | None = None) -> int:
         configure_logging(args.log_level, log_file, args.verbose, config.run.log_format)
         output = Output(config.run.log_format == LogFormat.JSON)
 
-    from backlog_syphon.servicebus.probes import preflight
+    from backlog_syphon.servicebus.preflight import preflight
     from backlog_syphon.timeline import Milestone, Timeline
 
     timeline = Timeline()

@@ -216,7 +216,7 @@ def test_the_pre_flight_ends_the_job_with_one_line_naming_what_to_grant_or_use(t
 
 
 def test_a_credential_that_cannot_get_a_token_is_named_by_the_pre_flight(tmp_path, monkeypatch):
-    from backlog_syphon.servicebus.probes import PreflightError, preflight
+    from backlog_syphon.servicebus.preflight import PreflightError, preflight
 
     for name in ("AZURE_FEDERATED_TOKEN_FILE", "AZURE_CLIENT_ID", "AZURE_TENANT_ID"):
         monkeypatch.delenv(name, raising=False)  # no Kubernetes here: workload identity has no token file

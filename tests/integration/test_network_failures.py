@@ -1,4 +1,4 @@
-"""What an operator sees when the way to a namespace is wrong: the pre-flight (``servicebus.probes``) against the
+"""What an operator sees when the way to a namespace is wrong: the pre-flight (``servicebus.preflight``) against the
 emulator's TLS and WebSocket listeners and a real HTTP proxy (proxy.py), with the unmodified SDK. Each failure is
 one line naming the namespace, the transport, the endpoint (and the proxy), what went wrong and the setting to
 fix, within seconds, and never a secret; it is a ``SettingsError`` (exit code 2). The job's own exit code and
@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import pytest
 
 from backlog_syphon.errors import EXIT_SETTINGS
-from backlog_syphon.servicebus.probes import PreflightError, preflight
+from backlog_syphon.servicebus.preflight import PreflightError, preflight
 from tools.http_proxy import HttpProxy
 
 from .conftest import ROOT, SECONDARY, make_config

@@ -189,7 +189,7 @@ def test_executors_that_cannot_reach_a_namespace_stop_the_run_before_anything_mo
     import pytest
 
     from backlog_syphon.config import Secret
-    from backlog_syphon.servicebus.probes import PreflightError, executor_preflight
+    from backlog_syphon.servicebus.preflight import PreflightError, executor_preflight
 
     from .helpers import free_port
 

@@ -24,7 +24,7 @@ from .conftest import ROOT
 RUNTIME_PACKAGES = ("pyspark", "py4j", "pyarrow", "numpy", "pandas", "dateutil", "pytz", "tzdata", "six.py")
 JOB_MODULES = ("backlog_syphon", "backlog_syphon.cli", "backlog_syphon.run.syphon", "backlog_syphon.run.dry_run",
                "backlog_syphon.source.data_source", "backlog_syphon.sink.foreach_batch",
-               "backlog_syphon.servicebus.purge", "backlog_syphon.servicebus.probes",
+               "backlog_syphon.servicebus.purge", "backlog_syphon.servicebus.preflight",
                "backlog_syphon.restore.restored_message")
 
 

@@ -22,7 +22,7 @@ from backlog_syphon.servicebus.access import (
     token_needs_renewal,
 )
 from backlog_syphon.servicebus.credentials import CachingCredential, NoTokenError, credential_for
-from backlog_syphon.servicebus.probes import refusal_of
+from backlog_syphon.servicebus.preflight import refusal_of
 
 Token = namedtuple("Token", "token expires_on")
 SAS = NamespaceConfig(connection_string=Secret("Endpoint=sb://contoso-dr.servicebus.windows.net/;"

@@ -161,7 +161,7 @@ def dry_run(spark: SparkSession, config: SyphonConfig, *, now: dt.datetime | Non
     """
     from backlog_syphon.run.syphon import prepare_migration, source_queues
     from backlog_syphon.servicebus.entities import destination_shapes
-    from backlog_syphon.servicebus.probes import check_destinations
+    from backlog_syphon.servicebus.preflight import check_destinations
     from backlog_syphon.servicebus.throttling import pace_driver
 
     now = now or dt.datetime.now(dt.timezone.utc)

@@ -28,12 +28,12 @@ class SparkStartPorts:
         self._planned = {"migration": migration} if migration.sources else {}
 
     def check_driver(self) -> None:
-        from backlog_syphon.servicebus.probes import preflight
+        from backlog_syphon.servicebus.preflight import preflight
 
         preflight(self.config, **self._planned)
 
     def check_executors(self) -> None:
-        from backlog_syphon.servicebus.probes import executor_preflight
+        from backlog_syphon.servicebus.preflight import executor_preflight
 
         executor_preflight(self.spark, self.config)
 

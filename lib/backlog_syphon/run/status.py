@@ -33,7 +33,7 @@ def status(spark: SparkSession, config: SyphonConfig, *, now: dt.datetime | None
     ``PreflightError`` (exit code 2) when the secondary namespace cannot be read as configured."""
     from backlog_syphon.run.syphon import prepare_migration
     from backlog_syphon.servicebus.counts import count_backlog
-    from backlog_syphon.servicebus.probes import NoBacklogQueuesError, preflight
+    from backlog_syphon.servicebus.preflight import NoBacklogQueuesError, preflight
     from backlog_syphon.servicebus.throttling import pace_driver
 
     pace_driver(config)

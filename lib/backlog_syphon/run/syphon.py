@@ -194,7 +194,7 @@ def start_syphon(spark: SparkSession, config: SyphonConfig, *, run_id: str | Non
 
     ``emulate_available_now``: play an available-now run with bounded batches (None: where Spark lacks read
     limits for Python sources, that is before 4.2).
-    ``check_access``: run the pre-flight (``servicebus.probes.preflight``) while the lease is taken, and
+    ``check_access``: run the pre-flight (``servicebus.preflight.preflight``) while the lease is taken, and
     start nothing if it fails (the command line runs it while Spark starts, and passes False). The
     executors' own check (``executor_preflight``) always runs (see ``StartGates``).
     ``log_progress``: log one line per micro-batch (off when the caller shows them itself).

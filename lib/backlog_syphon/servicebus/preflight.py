@@ -82,7 +82,7 @@ def check_destinations(namespace: NamespaceConfig, destinations: Iterable[str]) 
 
 
 PREFLIGHT_TIMEOUT_SECONDS = 20.0
-PREFLIGHT_PROBE_ENTITY = "backlog-syphon-preflight"  # a sender attach to it proves auth even when absent
+PREFLIGHT_ENTITY = "backlog-syphon-preflight"  # a sender attach to it proves auth even when absent
 
 
 class PreflightError(SettingsError):
@@ -128,7 +128,7 @@ def preflight(config: SyphonConfig, *, timeout_seconds: float = PREFLIGHT_TIMEOU
     Authenticates to the secondary namespace and peeks one message of every configured backlog queue
     (at once; a peek locks nothing), so a right missing on one queue is named; then authenticates to the
     primary namespace (unless ``primary`` is False: the status command reads the secondary only) and
-    attaches a sender to the destination of each queue's first message (or to a probe entity when the
+    attaches a sender to the destination of each queue's first message (or to a pre-flight entity when the
     backlog is empty), without sending. A destination that alone refuses Send is a warning (its
     messages will be dead-lettered with the reason); every destination refusing it is an error. Nothing is sent, locked or settled. Bounded in time: a namespace that does not answer is
     reported, not waited for.
@@ -230,8 +230,8 @@ def _destination(raw: bytes) -> str | None:
 
 
 def _preflight_primary(namespace: NamespaceConfig, destinations: list[str]) -> None:
-    """Attach a sender to each destination at once (to the probe entity when there is none): nothing is sent."""
-    targets = destinations or [PREFLIGHT_PROBE_ENTITY]
+    """Attach a sender to each destination at once (to the pre-flight entity when there is none): nothing is sent."""
+    targets = destinations or [PREFLIGHT_ENTITY]
     try:
         with open_client(namespace, role="primary", retry_total=0) as client:
             def attach_sender(destination: str):
@@ -248,7 +248,7 @@ def _preflight_primary(namespace: NamespaceConfig, destinations: list[str]) -> N
     except ServiceBusAccessError as exc:
         raise PreflightError(str(exc)) from None
     failures = {destination: r for destination, r in results.items() if r is not None}
-    # The probe entity need not be granted anything (roles may be scoped to the destinations); some
+    # The pre-flight entity need not be granted anything (roles may be scoped to the destinations); some
     # destinations refusing Send is theirs alone: their messages are dead-lettered with the reason.
     lacking = _raise_first(failures, namespace, "primary", AccessRight.SEND,
                            missing_right_is_error=bool(destinations) and len(failures) == len(destinations))
@@ -258,7 +258,7 @@ def _preflight_primary(namespace: NamespaceConfig, destinations: list[str]) -> N
                                     lacking))
 
 
-EXECUTOR_PROBE_SCHEMA = "role string, endpoint string, problem string, refusal string"
+EXECUTOR_CHECK_SCHEMA = "role string, endpoint string, problem string, refusal string"
 
 
 def executor_preflight(spark, config: SyphonConfig, *, timeout_seconds: float = PREFLIGHT_TIMEOUT_SECONDS) -> None:
@@ -273,7 +273,7 @@ def executor_preflight(spark, config: SyphonConfig, *, timeout_seconds: float = 
     """
     namespaces = (("primary", config.primary), ("secondary", config.secondary))
 
-    def probe(batches):
+    def check_on_an_executor(batches):
         import pyarrow as pa
 
         for _ in batches:
@@ -284,7 +284,7 @@ def executor_preflight(spark, config: SyphonConfig, *, timeout_seconds: float = 
             rows.append({"role": role, "endpoint": namespace.endpoint, "problem": problem, "refusal": refusal})
         yield pa.RecordBatch.from_pylist(rows)
 
-    for row in spark.range(1).mapInArrow(probe, EXECUTOR_PROBE_SCHEMA).collect():
+    for row in spark.range(1).mapInArrow(check_on_an_executor, EXECUTOR_CHECK_SCHEMA).collect():
         if row["refusal"]:
             raise PreflightError(row["refusal"])
         if row["problem"]:
@@ -293,19 +293,19 @@ def executor_preflight(spark, config: SyphonConfig, *, timeout_seconds: float = 
 
 def _attach_problem(namespace: NamespaceConfig, role: str, timeout_seconds: float) -> tuple[str | None, str | None]:
     """(the line for a namespace the executor cannot reach, access refusal line): both None when a sender link
-    attaches, the probe entity is simply not there, or it is there and only the Send right is missing (the
+    attaches, the pre-flight entity is simply not there, or it is there and only the Send right is missing (the
     token or key was taken)."""
-    def attach_probe() -> None:
+    def attach_check() -> None:
         try:
             with open_client(namespace, role=role, retry_total=0) as client:
-                with prompt(client.get_queue_sender(PREFLIGHT_PROBE_ENTITY)) as sender:
+                with prompt(client.get_queue_sender(PREFLIGHT_ENTITY)) as sender:
                     attach(sender)
         except (MessagingEntityNotFoundError, ServiceBusServerBusyError):
-            return  # reached and authenticated; the probe entity need not exist, a busy namespace is waited for
+            return  # reached and authenticated; the pre-flight entity need not exist, a busy namespace is waited for
 
-    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="executor-probe")
+    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="executor-preflight")
     try:
-        pool.submit(attach_probe).result(timeout=timeout_seconds)
+        pool.submit(attach_check).result(timeout=timeout_seconds)
         return None, None
     except FutureTimeout:
         return network_line(NetworkProblem(NetworkFailure.UNANSWERED, f"{timeout_seconds:.0f} s"), namespace, role,
@@ -316,7 +316,7 @@ def _attach_problem(namespace: NamespaceConfig, role: str, timeout_seconds: floa
             return unreachable_line(exc, namespace, role, on_executors=True), None
         if refusal.failure is AccessFailure.MISSING_RIGHT:
             return None, None
-        return None, refusal_line(refusal, namespace, role, AccessRight.SEND, [PREFLIGHT_PROBE_ENTITY],
+        return None, refusal_line(refusal, namespace, role, AccessRight.SEND, [PREFLIGHT_ENTITY],
                                   on_executors=True)
     finally:
         pool.shutdown(wait=False)
