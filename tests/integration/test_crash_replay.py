@@ -301,7 +301,7 @@ def test_a_lost_send_task_is_run_again_and_resends_only_what_its_first_attempt_s
 
 # --- every step of the last batch and of its purge ------------------------------------------------
 
-# The kills, in order, each on a fresh part of the backlog and the same state (tables, streaming checkpoint).
+# The kills, one a test, each on a fresh backlog and state of its own (tables, streaming checkpoint).
 # mid_settle is the issue's scenario in small: 300 messages over four queues (one partitioned), 100 a batch,
 # killed once every batch was recorded and committed while its purge was at work; the others, one batch each.
 KILL_POINTS = ("after_send", "after_record", "mid_settle", "after_final_checkpoint")
@@ -348,9 +348,10 @@ def _backlog_totals(emulator, queues) -> dict[str, int]:
     return {queue: stats[queue]["total"] for queue in queues}
 
 
-@pytest.mark.timeout(len(KILL_POINTS) * (KILL_WAIT_SECONDS + 180) + 300)
+@pytest.mark.timeout(KILL_WAIT_SECONDS + 180 + 300)
+@pytest.mark.parametrize("point", KILL_POINTS)
 def test_a_kill_at_each_step_of_the_last_batch_and_its_purge_leaves_nothing_for_the_run_after_it(
-        emulator, tmp_path, spark, caplog):
+        point, emulator, tmp_path, spark, caplog):
     """SIGKILL the job at each step of its last batch and of that batch's purge, then run it again on the same
     state: the rerun ends with exit code 0, the backlog empty and its poison dead-lettered with its reason,
     nothing lost, at most the killed batch sent again (each re-send the same MessageId and body).
@@ -382,98 +383,99 @@ def test_a_kill_at_each_step_of_the_last_batch_and_its_purge_leaves_nothing_for_
     originals: list = []
     poison: set[str] = set()
     destinations = None
-    for point in KILL_POINTS:
-        shape = SCENARIO if point == "mid_settle" else SMALL
-        backlog = _kill_backlog(point, shape)
-        config = load_config(ROOT / "conf/local.yaml", environ=env, overrides={
-            **state, "run.max_messages_per_trigger": str(shape["batch"])})
-        send_legacy_backlog(config.secondary, {q: m for q, m in backlog.items() if q != queues[PARTITIONED]})
-        send_legacy_backlog(config.secondary, {queues[PARTITIONED]: backlog[queues[PARTITIONED]]}, singly=True)
-        written = [message for messages in backlog.values() for message in messages]
-        originals += written
-        poison |= {message.message_id for message in written if message.destination is None}
-        if destinations is None:
-            destinations = Destinations(emulator, written)
-        destinations.expected.update({message.message_id: message for message in written})
-        planned_before = _stream_log(stream)[0]
+    # One kill point a test, each on its own state (tables, streaming checkpoint) and a fresh backlog: the points
+    # share nothing, so the suite's lanes take them apart.
+    shape = SCENARIO if point == "mid_settle" else SMALL
+    backlog = _kill_backlog(point, shape)
+    config = load_config(ROOT / "conf/local.yaml", environ=env, overrides={
+        **state, "run.max_messages_per_trigger": str(shape["batch"])})
+    send_legacy_backlog(config.secondary, {q: m for q, m in backlog.items() if q != queues[PARTITIONED]})
+    send_legacy_backlog(config.secondary, {queues[PARTITIONED]: backlog[queues[PARTITIONED]]}, singly=True)
+    written = [message for messages in backlog.values() for message in messages]
+    originals += written
+    poison |= {message.message_id for message in written if message.destination is None}
+    if destinations is None:
+        destinations = Destinations(emulator, written)
+    destinations.expected.update({message.message_id: message for message in written})
+    planned_before = _stream_log(stream)[0]
 
-        # The kill. mid_settle parks the threads of a purge round of the last batches only: the job goes on to its
-        # end (every batch recorded and committed) and waits there for them; it is killed once the streaming
-        # checkpoint says so, its purge's locks a few seconds old.
-        started = time.monotonic()
-        marker, log = tmp_path / f"marker-{point}", tmp_path / f"{point}.log"
-        first_batch = max(planned_before, default=-1) + 1
+    # The kill. mid_settle parks the threads of a purge round of the last batches only: the job goes on to its
+    # end (every batch recorded and committed) and waits there for them; it is killed once the streaming
+    # checkpoint says so, its purge's locks a few seconds old.
+    started = time.monotonic()
+    marker, log = tmp_path / f"marker-{point}", tmp_path / f"{point}.log"
+    first_batch = max(planned_before, default=-1) + 1
 
-        sent_before = sum(map(sum, _send_counters(emulator).values()))
-        to_send = sum(1 for message in written if message.destination is not None)
+    sent_before = sum(map(sum, _send_counters(emulator).values()))
+    to_send = sum(1 for message in written if message.destination is not None)
 
-        def all_committed() -> bool:
-            """Every message of the point sent, and its batch committed: the last batch is done."""
-            planned, committed = _stream_log(stream)
-            return (sum(map(sum, _send_counters(emulator).values())) - sent_before >= to_send
-                    and planned != planned_before and planned == committed)
-
-        why = kill_when_parked(job_command(tmp_path, backlog__queue_count=KILL_QUEUES,
-                                           run__lease_seconds=LEASE_SECONDS,
-                                           run__max_messages_per_trigger=shape["batch"]),
-                               {**env, "SYPHON_FAULT_PAUSE_PURGE_FROM_BATCH": str(first_batch + PAUSED_BATCH)},
-                               point, marker, log, KILL_WAIT_SECONDS,
-                               until=all_committed if point == "mid_settle" else None)
-        assert not why, f"{point}: {why}:\n{tail(log)}"
-        killed = Run(point, time.monotonic() - started)
-        killed_at = time.time()
+    def all_committed() -> bool:
+        """Every message of the point sent, and its batch committed: the last batch is done."""
         planned, committed = _stream_log(stream)
-        killed_batches = planned - planned_before
-        left = _backlog_totals(emulator, queues)
-        if point == "mid_settle":
-            assert planned == committed and len(killed_batches) > PAUSED_BATCH, (planned, committed)  # none to replay
-            locked = sum(emulator.stats(SECONDARY)[queue]["locked"] for queue in queues)
-            print(f"\n[kill points] {point}: {len(killed_batches)} batches committed in {killed.seconds:.1f}s, "
-                  f"{sum(left.values())} messages left in the backlog, {locked} locked by the killed purge", flush=True)
-            assert locked >= 1 and sum(left.values()) > locked  # its purge was at work, its locks held
-        else:
-            assert len(killed_batches) == 1 and planned - committed == (
-                set() if point == "after_final_checkpoint" else killed_batches)
-            destinations.account(killed)  # (mid_settle's sends are counted with its rerun's: its locks run)
-        if point == "after_record":
-            # The dry run counts what waits to be settled apart from what is to deliver: nothing, here.
-            report = dry_run(spark, config)
-            assert report.recorded == {queue: count for queue, count in left.items() if count}, report.recorded
-            assert report.per_destination == [] and sum(report.per_queue.values()) == sum(left.values())
-            assert "waiting to be settled: " in "\n".join(report.lines())
+        return (sum(map(sum, _send_counters(emulator).values())) - sent_before >= to_send
+                and planned != planned_before and planned == committed)
 
-        # The rerun, in this process's Spark (what matters is what the killed job left behind).
-        caplog.clear()
-        started = time.monotonic()
-        summary = run_syphon(spark, config)
-        end = summary_end(summary, config.run.trigger)
-        rerun = Run(None, time.monotonic() - started)
-        destinations.account(rerun)
-        messages = [record.getMessage() for record in caplog.records]
-        print(f"[kill points] rerun after {point}: exit {end.exit_code} ({end.line}) in {rerun.seconds:.1f}s, "
-              f"re-sent {rerun.resent}", flush=True)
-        assert (end.exit_code, summary.drained) == (EXIT_OK, True), (point, end.line, summary.remaining)
-        assert _backlog_totals(emulator, queues) == dict.fromkeys(queues, 0), point
-        if point == "after_final_checkpoint":
-            assert not any(TAKEOVER in message for message in messages)  # the killed run's last commit freed it
-        else:
-            assert any(TAKEOVER in message for message in messages), (point, messages[-20:])
-        if point == "mid_settle":
-            assert not [p for p in summary.progress if p.stats is not None]  # no batch: nothing new to read
-            waits = [record for record in caplog.records if LOCK_WAIT in record.getMessage()]
-            assert waits, messages[-20:]
-            # (how much of LOCK_SECONDS the kill and the rerun's start took: the margin left to the wait)
-            print(f"[kill points] {waits[0].created - killed_at:.1f}s after the kill: {waits[0].getMessage()}",
-                  flush=True)
-        planned_after, committed_after = _stream_log(stream)
-        assert planned_after == committed_after
+    why = kill_when_parked(job_command(tmp_path, backlog__queue_count=KILL_QUEUES,
+                                       run__lease_seconds=LEASE_SECONDS,
+                                       run__max_messages_per_trigger=shape["batch"]),
+                           {**env, "SYPHON_FAULT_PAUSE_PURGE_FROM_BATCH": str(first_batch + PAUSED_BATCH)},
+                           point, marker, log, KILL_WAIT_SECONDS,
+                           until=all_committed if point == "mid_settle" else None)
+    assert not why, f"{point}: {why}:\n{tail(log)}"
+    killed = Run(point, time.monotonic() - started)
+    killed_at = time.time()
+    planned, committed = _stream_log(stream)
+    killed_batches = planned - planned_before
+    left = _backlog_totals(emulator, queues)
+    if point == "mid_settle":
+        assert planned == committed and len(killed_batches) > PAUSED_BATCH, (planned, committed)  # none to replay
+        locked = sum(emulator.stats(SECONDARY)[queue]["locked"] for queue in queues)
+        print(f"\n[kill points] {point}: {len(killed_batches)} batches committed in {killed.seconds:.1f}s, "
+              f"{sum(left.values())} messages left in the backlog, {locked} locked by the killed purge", flush=True)
+        assert locked >= 1 and sum(left.values()) > locked  # its purge was at work, its locks held
+    else:
+        assert len(killed_batches) == 1 and planned - committed == (
+            set() if point == "after_final_checkpoint" else killed_batches)
+        destinations.account(killed)  # (mid_settle's sends are counted with its rerun's: its locks run)
+    if point == "after_record":
+        # The dry run counts what waits to be settled apart from what is to deliver: nothing, here.
+        report = dry_run(spark, config)
+        assert report.recorded == {queue: count for queue, count in left.items() if count}, report.recorded
+        assert report.per_destination == [] and sum(report.per_queue.values()) == sum(left.values())
+        assert "waiting to be settled: " in "\n".join(report.lines())
 
-        # Re-sends: only after a kill between the sends and their record, and at most the killed batch.
-        audit = [row.asDict() for row in spark.read.format("delta").load(str(tmp_path / "audit")).collect()]
-        killed_rows = sum(1 for row in audit if row["batch_id"] in killed_batches)
-        assert rerun.resent <= (killed_rows if point == "after_send" else 0), (point, rerun.resent, killed_rows)
-        if point == "after_send":
-            assert rerun.resent >= 1
+    # The rerun, in this process's Spark (what matters is what the killed job left behind).
+    caplog.clear()
+    started = time.monotonic()
+    summary = run_syphon(spark, config)
+    end = summary_end(summary, config.run.trigger)
+    rerun = Run(None, time.monotonic() - started)
+    destinations.account(rerun)
+    messages = [record.getMessage() for record in caplog.records]
+    print(f"[kill points] rerun after {point}: exit {end.exit_code} ({end.line}) in {rerun.seconds:.1f}s, "
+          f"re-sent {rerun.resent}", flush=True)
+    assert (end.exit_code, summary.drained) == (EXIT_OK, True), (point, end.line, summary.remaining)
+    assert _backlog_totals(emulator, queues) == dict.fromkeys(queues, 0), point
+    if point == "after_final_checkpoint":
+        assert not any(TAKEOVER in message for message in messages)  # the killed run's last commit freed it
+    else:
+        assert any(TAKEOVER in message for message in messages), (point, messages[-20:])
+    if point == "mid_settle":
+        assert not [p for p in summary.progress if p.stats is not None]  # no batch: nothing new to read
+        waits = [record for record in caplog.records if LOCK_WAIT in record.getMessage()]
+        assert waits, messages[-20:]
+        # (how much of LOCK_SECONDS the kill and the rerun's start took: the margin left to the wait)
+        print(f"[kill points] {waits[0].created - killed_at:.1f}s after the kill: {waits[0].getMessage()}",
+              flush=True)
+    planned_after, committed_after = _stream_log(stream)
+    assert planned_after == committed_after
+
+    # Re-sends: only after a kill between the sends and their record, and at most the killed batch.
+    audit = [row.asDict() for row in spark.read.format("delta").load(str(tmp_path / "audit")).collect()]
+    killed_rows = sum(1 for row in audit if row["batch_id"] in killed_batches)
+    assert rerun.resent <= (killed_rows if point == "after_send" else 0), (point, rerun.resent, killed_rows)
+    if point == "after_send":
+        assert rerun.resent >= 1
 
     # Nothing lost: every deliverable message at its destination, every poison dead-lettered once, with its reason.
     deliverable = {message.message_id for message in originals} - poison
