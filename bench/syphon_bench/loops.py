@@ -32,7 +32,7 @@ RECEIVE_PAGE = 100
 _TICKS_PER_MICROSECOND = 10  # x-ms-timetolive: a com.microsoft:timespan of .NET ticks (100 ns)
 
 
-def _text(value) -> str | None:
+def property_text(value) -> str | None:
     return value.decode() if isinstance(value, bytes) else value
 
 
@@ -43,9 +43,9 @@ def restored(message):
     ticks and a timestamp as milliseconds)."""
     from azure.servicebus import ServiceBusMessage
 
-    properties = {_text(k): v for k, v in (message.application_properties or {}).items()}
-    destination = _text(properties.get("x-ms-path"))
-    session = _text(properties.get("x-ms-sessionid"))
+    properties = {property_text(k): v for k, v in (message.application_properties or {}).items()}
+    destination = property_text(properties.get("x-ms-path"))
+    session = property_text(properties.get("x-ms-sessionid"))
     ticks, scheduled_ms = properties.get("x-ms-timetolive"), properties.get("x-ms-scheduledenqueuetimeutc")
     kept = {k: v for k, v in properties.items() if not k.startswith("x-ms-")}
     return destination, session, ServiceBusMessage(
@@ -85,7 +85,7 @@ def while_busy(operation):
             time.sleep(BUSY_PAUSE_SECONDS)
 
 
-def _send_in_batches(sender, messages) -> None:
+def send_in_batches(sender, messages) -> None:
     """``messages`` in as few sends as the entity's largest message batch allows (large bodies need several),
     each send asked again while the namespace answers it busy."""
     from azure.servicebus.exceptions import MessageSizeExceededError
@@ -134,7 +134,7 @@ def move_queue(backlog, primary, queue: str, count: int, deadline: float, *, bat
                 if destination not in senders:
                     senders[destination] = primary.get_queue_sender(destination)
                 if batched:
-                    _send_in_batches(senders[destination], messages)
+                    send_in_batches(senders[destination], messages)
                 else:
                     for message in messages:
                         while_busy(lambda: senders[destination].send_messages(message))  # noqa: B023

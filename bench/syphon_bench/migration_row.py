@@ -20,9 +20,9 @@ from syphon_bench import BenchFailure
 from syphon_bench.broker import ROOT, arrivals, batch_headroom, broker_ops, duplicates_dropped
 from syphon_bench.children import child_process, child_result
 from syphon_bench.figures import cycle_figures
-from syphon_bench.loops import RECEIVE_PAGE, _send_in_batches, _text
+from syphon_bench.loops import RECEIVE_PAGE, send_in_batches, property_text
 from syphon_bench.rows import CONNECTION_ENV, FAR, PRIMARY, SCENARIOS, SECONDARY, Loop, Scenario
-from syphon_bench.syphon_run import syphon_overrides
+from syphon_bench.syphon_run import kept_failure_log, keep_run_log, syphon_overrides
 
 
 @dataclass(frozen=True)
@@ -65,7 +65,7 @@ def migration_emulator(scenario: MigrationScenario, args):
             ServiceBusClient.from_connection_string(emu.connection_string(SECONDARY)) as client, batch_headroom():
         for queue, messages in written.items():
             with client.get_queue_sender(queue) as sender:
-                _send_in_batches(sender, [
+                send_in_batches(sender, [
                     ServiceBusMessage(body, message_id=message_id, content_type="application/x-bench",
                                       application_properties={"index": int(message_id[2:])})
                     for message_id, body in messages])
@@ -96,7 +96,7 @@ def migration_arrived_exact(emu, written: dict) -> str | None:
                     if not page:
                         break
                     arrived += [(m.sequence_number, m.message_id, b"".join(m.body),
-                                 {_text(k): v for k, v in (m.application_properties or {}).items()}) for m in page]
+                                 {property_text(k): v for k, v in (m.application_properties or {}).items()}) for m in page]
             expected = [(message_id, body, {"index": int(message_id[2:])}) for message_id, body in messages]
             if [a[1:] for a in arrived] != expected:
                 return f"{queue}: {len(arrived)} messages arrived, not the {len(messages)} written, exact and in order"
@@ -134,7 +134,7 @@ def migration_loop_child(spec: dict) -> dict:
                                                          max_wait_time=5)
                         if not page:
                             raise BenchFailure(f"loop: {queue} gave nothing with {count - moved[queue]} messages left")
-                        _send_in_batches(sender, [_copied(message) for message in page])
+                        send_in_batches(sender, [_copied(message) for message in page])
                         for message in page:
                             receiver.complete_message(message)
                         moved[queue] += len(page)
@@ -187,13 +187,10 @@ def measure_migration_syphon(scenario: MigrationScenario, args, *, per_trigger: 
         ops = broker_ops(emu) - ops_before
         arrived, (left, dead), twice = arrivals(emu), migration_left(emu), duplicates_dropped(emu)
         different = migration_arrived_exact(emu, written) if arrived == scenario.messages else None
-        if args.keep_logs:
-            args.keep_logs.mkdir(parents=True, exist_ok=True)
-            (args.keep_logs / f"syphon-{scenario.name}.log").write_bytes((Path(tmp) / "syphon.log").read_bytes())
+        keep_run_log(args, tmp, scenario.name)
         failure = None
         if not result["drained"] or arrived != scenario.messages or left or dead or twice or different:
-            kept = Path(tempfile.gettempdir()) / f"bench-syphon-{time.strftime('%Y%m%dT%H%M%S')}.log"
-            kept.write_bytes((Path(tmp) / "syphon.log").read_bytes())
+            kept = kept_failure_log(tmp)
             failure = (f"drained={result['drained']}, destinations received {arrived} of {scenario.messages}, source "
                        f"queues hold {left}, {dead} dead-lettered, {twice} sent twice; {different or 'exact'}; "
                        f"the run's log: {kept}")

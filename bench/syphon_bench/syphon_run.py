@@ -153,6 +153,20 @@ def delta_commits(state: Path) -> dict[str, int]:
     return {table: max(0, len(list((state / table / "_delta_log").glob("*.json"))) - 1) for table in STATE_TABLES}
 
 
+def keep_run_log(args, tmp: str, name: str) -> None:
+    """With ``--keep-logs``, the run's log kept there as ``syphon-<name>.log``."""
+    if args.keep_logs:
+        args.keep_logs.mkdir(parents=True, exist_ok=True)
+        (args.keep_logs / f"syphon-{name}.log").write_bytes((Path(tmp) / "syphon.log").read_bytes())
+
+
+def kept_failure_log(tmp: str) -> Path:
+    """A failed run's log, copied out of its folder (which goes) to a dated file that stays."""
+    kept = Path(tempfile.gettempdir()) / f"bench-syphon-{time.strftime('%Y%m%dT%H%M%S')}.log"
+    kept.write_bytes((Path(tmp) / "syphon.log").read_bytes())
+    return kept
+
+
 def measure_syphon(scenario: Scenario, args, *, per_trigger: int | None = None, library: Path | None = None) -> dict:
     """One syphon run over a fresh backlog of ``scenario`` (from ``library``'s ``lib``: None, this checkout's)."""
     with backlog_emulator(scenario, scenario.geometry, args) as (emu, backlog), \
@@ -179,13 +193,10 @@ def measure_syphon(scenario: Scenario, args, *, per_trigger: int | None = None, 
         disorder = backlog.arrival_problems(
             emu, keyless_unordered=scenario.destinations is DestinationShape.PARTITIONED_DEDUPE)
         reasons = dead_letter_reasons(emu) if dead else {}
-        if args.keep_logs:
-            args.keep_logs.mkdir(parents=True, exist_ok=True)
-            (args.keep_logs / f"syphon-{scenario.name}{suffix}.log").write_bytes((Path(tmp) / "syphon.log").read_bytes())
+        keep_run_log(args, tmp, f"{scenario.name}{suffix}")
         failure = None
         if not result["drained"] or arrived != scenario.messages or left or dead or twice or disorder:
-            kept = Path(tempfile.gettempdir()) / f"bench-syphon-{time.strftime('%Y%m%dT%H%M%S')}.log"
-            kept.write_bytes((Path(tmp) / "syphon.log").read_bytes())  # the run's folder goes; its log stays
+            kept = kept_failure_log(tmp)
             failure = (f"drained={result['drained']}, destinations received {arrived} of {scenario.messages}, backlog "
                        f"queues hold {left}, {dead} dead-lettered, {twice} sent twice (dropped as duplicates)"
                        + "".join(f"; {n} x {why}" for why, n in reasons.items())

@@ -12,7 +12,7 @@ import pytest
 from backlog_syphon.restore.amqp.decoding import AmqpDecodeError
 from backlog_syphon.restore.amqp.values import Symbol
 from backlog_syphon.restore.backlog_rows import peeked_message
-from backlog_syphon.source.data_source import placed, read_ahead
+from backlog_syphon.source.window_reader import placed, read_ahead
 from tests.unit.test_backlog_rows import QUEUE, message
 
 

@@ -33,9 +33,9 @@ from collections import deque
 from concurrent.futures import Future
 from typing import Deque, Dict, List, Optional, Tuple
 
-from proton import Collector, Connection, Event, Link, Transport
+from proton import Collector, Connection, Link, Transport
 
-from . import attach, links, node_requests, refusals, timers, transfers
+from . import events, links, timers
 from .broker import now_ms
 from .cbs import Grant
 from .links import LinkCtx
@@ -46,7 +46,6 @@ log = logging.getLogger(__name__)
 
 TICK_SECONDS = 0.02                  # timer resolution: lock expiry, schedules, TTL, session waits
 IDLE_CHECK_SECONDS = 0.1             # idle timers' resolution (they run for seconds to minutes)
-REQUEST_KINDS = ("cbs-in", "mgmt-in")
 
 
 class Conn:
@@ -428,77 +427,16 @@ class Server:
             c.ns.admitted_connections -= 1
         c.transport.unbind()
 
-    # ---- proton events ---------------------------------------------------------------------------
+    # ---- proton events (``events``) ------------------------------------------------------------------
     def _dispatch(self, c: Conn, ev):
-        t = ev.type
-        if t == Event.DELIVERY:
-            d = ev.delivery
-            ctx = getattr(d.link, "ctx", None)
-            if ctx is None or ctx.closed:   # a link the broker detached takes nothing more
-                return
-            if d.link.is_receiver:
-                self._on_transfer(ctx, d)
-            elif d.updated:
-                transfers.on_settlement(ctx, d)
-        elif t == Event.LINK_FLOW:
-            ctx = getattr(ev.link, "ctx", None)
-            if ctx is not None and ctx.kind == "recv":
-                links.on_credit(ctx)
-        elif t == Event.LINK_REMOTE_OPEN:
-            attach.on_link_open(c, ev.link)
-        elif t in (Event.LINK_REMOTE_CLOSE, Event.LINK_REMOTE_DETACH):
-            link = ev.link
-            ctx = getattr(link, "ctx", None)
-            if ctx is not None:
-                # a detach with closed=true is the client's close; one without it (or none at all: a dropped
-                # connection) loses the link, whose locks outlive it (``links``)
-                links.link_gone(ctx, closed_by_client=t == Event.LINK_REMOTE_CLOSE)
-            if link.state & Link.LOCAL_ACTIVE:
-                link.close()
-        elif t == Event.SESSION_REMOTE_OPEN:
-            ev.session.open()
-        elif t == Event.SESSION_REMOTE_CLOSE:
-            if ev.session.state & Link.LOCAL_ACTIVE:
-                ev.session.close()
-        elif t == Event.CONNECTION_REMOTE_OPEN:
-            ev.connection.open()
-            self._admit(c)
-        elif t == Event.CONNECTION_REMOTE_CLOSE:
-            if ev.connection.state & Link.LOCAL_ACTIVE:
-                ev.connection.close()
-        elif t == Event.TRANSPORT_CLOSED:
-            self._write(c)
-            if c.outq:
-                c.closing = True       # latency: the last frames (close, errors) still go out when due
-            else:
-                self.drop(c)
+        events.dispatch(c, ev, self._transport_closed)
 
-    @staticmethod
-    def _admit(c: Conn):
-        """A connection opens within the namespace's quota (``max_connections``), or is closed with the
-        service's refusal (``amqp:resource-limit-exceeded``, "ConnectionsQuotaExceeded for namespace ...")."""
-        ns = c.ns
-        if ns.admitted_connections < ns.settings.max_connections:
-            ns.admitted_connections += 1
-            c.admitted = True
-            return
-        ns.refused_connections += 1
-        c.closed_by_broker = True
-        c.connection.condition = links.condition(refusals.RESOURCE_LIMIT_EXCEEDED, ns.described(
-            refusals.CONNECTIONS_QUOTA_EXCEEDED.format(namespace=ns.name), "gateway"))
-        c.connection.close()
-
-    @staticmethod
-    def _on_transfer(ctx: LinkCtx, d):
-        raw = links.read_transfer(ctx, d)
-        if raw is None:
-            return
-        if ctx.kind == "send":
-            transfers.on_message(ctx, d, raw)
-        elif ctx.kind in REQUEST_KINDS:
-            node_requests.on_request(ctx, d, raw)
+    def _transport_closed(self, c: Conn):
+        self._write(c)
+        if c.outq:
+            c.closing = True       # latency: the last frames (close, errors) still go out when due
         else:
-            d.settle()
+            self.drop(c)
 
     # ---- time ------------------------------------------------------------------------------------
     def _tick(self):

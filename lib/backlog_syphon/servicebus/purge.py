@@ -35,16 +35,11 @@ Invariants:
 
 from __future__ import annotations
 
-import dataclasses
-import datetime as dt
 import logging
 import time
-from dataclasses import dataclass
 from typing import Callable
 
 from azure.servicebus.exceptions import (
-    MessageLockLostError,
-    MessageNotFoundError,
     MessagingEntityNotFoundError,
     ServiceBusError,
     ServiceBusServerBusyError,
@@ -56,34 +51,26 @@ from backlog_syphon.errors import BacklogQueueMissingError
 from backlog_syphon.model import CreditKind
 from backlog_syphon.partitions import lane_key, partition_of
 from backlog_syphon.model import SettleKind
-from backlog_syphon.servicebus.clients import (
-    discard_source_sender,
-    each_at_once,
-    namespace_of,
-    pooled_receiver,
-    session_receiver,
-    source_sender,
-)
+from backlog_syphon.servicebus.clients import each_at_once, pooled_receiver, session_receiver
 from backlog_syphon.servicebus.peek import first_identity_from, peek_identities, peek_round_trip
-from backlog_syphon.purge.bulk_settlement import BulkSettlement
 from backlog_syphon.purge.plan import PurgePlan, PurgeResult, span_after_peek
-from backlog_syphon.purge.progress import PurgeProgress, dead_letter_groups, latest_of_each
-from backlog_syphon.servicebus.sdk_internals import (
-    complete_by_lock_tokens,
-    dead_letter_by_lock_tokens,
-    received_identity,
-    release_buffered,
-    release_message,
-    revoke_credit,
+from backlog_syphon.purge.progress import PurgeProgress, dead_letter_groups
+from backlog_syphon.servicebus.lock_settlement import (
+    LocksLostError,
+    first_lock_end,
+    give_back,
+    latest_deliveries,
+    lock_end_of,
+    settle_all,
 )
+from backlog_syphon.servicebus.special_settlement import ANY_SESSION, settle_special
+from backlog_syphon.servicebus.sdk_internals import received_identity, release_buffered, release_message, revoke_credit
 from backlog_syphon.purge.settle_timing import SettleTiming
 from backlog_syphon.servicebus.throttling import await_credits, pause_of, paced
 
 # The logger keeps the module's former name (``servicebus.settle``): log pipelines may filter on it.
 logger = logging.getLogger(__name__)
 
-UNKNOWN_LOCK_SECONDS = 60.0  # the service's default lock, for a page whose messages carry no locked-until
-DESCRIPTION_LIMIT = 1024  # characters of a reason kept as the DeadLetterErrorDescription
 
 
 def purge_backlog(namespace: NamespaceConfig, plan: PurgePlan, *, timing: SettleTiming | None = None,
@@ -95,7 +82,7 @@ def purge_backlog(namespace: NamespaceConfig, plan: PurgePlan, *, timing: Settle
     nothing that is not recorded stays locked between calls (see ``sdk_internals.revoke_credit``).
     A queue that no longer exists holds none of the plan's messages: everything is settled. ``timing``:
     what this queue's earlier rounds measured (updated here). The migration mode's recorded scheduled and
-    deferred messages are settled by their own means first (``_settle_special``), and a session-enabled source
+    deferred messages are settled by their own means first (``settle_special``), and a session-enabled source
     session by session (``_purge_sessions``). ``on_completions_sent``: called after the completions of a page
     that has dead-letterings too, before those (where a test may stop the process).
     """
@@ -143,7 +130,7 @@ def _purge(namespace: NamespaceConfig, receiver, plan: PurgePlan, timing: Settle
            max_wait_seconds: float, on_completions_sent: Callable[[], None] | None) -> PurgeResult:
     if plan.verify and (plan.expected or plan.special):
         plan = plan.verified(_present(namespace, receiver, plan))
-    special = _settle_special(namespace, receiver, plan, timing, {ANY_SESSION: receiver}, session=ANY_SESSION)
+    special = settle_special(namespace, receiver, plan, timing, {ANY_SESSION: receiver}, session=ANY_SESSION)
     try:
         progress = _receive_round(namespace, receiver, plan, timing, max_wait_seconds, on_completions_sent,
                                   present=lambda: _present(namespace, receiver, plan))
@@ -236,12 +223,12 @@ def _purge_sessions(namespace: NamespaceConfig, plan: PurgePlan, timing: SettleT
         deferred_sessions = {order.session_id for order in plan.special.values()
                              if order.kind is SettleKind.RECEIVE_DEFERRED}
         # Scheduled messages first (no session needed), then each session with recorded messages in turn.
-        special = _settle_special(namespace, peeker, plan, timing, receivers, kinds=(SettleKind.CANCEL_SCHEDULED,))
+        special = settle_special(namespace, peeker, plan, timing, receivers, kinds=(SettleKind.CANCEL_SCHEDULED,))
         for session in sorted(set(sessions) | {s for s in deferred_sessions if s is not None}):
             try:
                 with session_receiver(namespace, plan.queue, session) as receiver:
                     receivers[session] = receiver
-                    in_session = _settle_special(namespace, peeker, plan, timing, {session: receiver},
+                    in_session = settle_special(namespace, peeker, plan, timing, {session: receiver},
                                                  kinds=(SettleKind.RECEIVE_DEFERRED,), session=session)
                     special = special.plus(in_session)
                     count = sessions.get(session, 0)
@@ -277,99 +264,6 @@ def _purge_sessions(namespace: NamespaceConfig, plan: PurgePlan, timing: SettleT
         (done if left is None else remaining).append(left or span)
     return special.added_to(PurgeResult(totals.completed, totals.dead_lettered, totals.released, tuple(remaining),
                                         tuple(done), sessions_settled=settled if plan.sessions is not None else None))
-
-
-ANY_SESSION = object()  # a plain receiver receives deferred messages whatever SessionId they carry
-
-
-@dataclass(frozen=True)
-class SpecialSettlement:
-    """What ``_settle_special`` settled: completed (cancelled, or received and completed) and dead-lettered."""
-
-    completed: int = 0
-    dead_lettered: int = 0
-
-    @property
-    def settled(self) -> int:
-        return self.completed + self.dead_lettered
-
-    def plus(self, other: SpecialSettlement) -> SpecialSettlement:
-        return SpecialSettlement(self.completed + other.completed, self.dead_lettered + other.dead_lettered)
-
-    def added_to(self, result: PurgeResult) -> PurgeResult:
-        return dataclasses.replace(result, completed=result.completed + self.completed,
-                                   dead_lettered=result.dead_lettered + self.dead_lettered)
-
-
-def _settle_special(namespace: NamespaceConfig, peeker, plan: PurgePlan, timing: SettleTiming,
-                    receivers: dict, *, kinds: tuple[SettleKind, ...] = tuple(SettleKind),
-                    session=None) -> SpecialSettlement:
-    """Settle the plan's recorded messages that no receive brings, by identity: a scheduled one is cancelled by its
-    sequence number once a peek there finds its identity (enqueue time included: a recreated entity numbers from 1
-    again); a deferred one is received by its sequence number (on ``receivers[its session]``), checked, and
-    completed or dead-lettered with its recorded reason. A scheduled message that became active meanwhile cannot be
-    cancelled any more (``model`` docs: it is back under a new number); one that is gone is simply gone."""
-    result = SpecialSettlement()
-    orders = [order for order in plan.special.values() if order.kind in kinds
-              and (order.kind is not SettleKind.RECEIVE_DEFERRED or session is ANY_SESSION
-                   or order.session_id == session)]
-    scheduled = [order for order in orders if order.kind is SettleKind.CANCEL_SCHEDULED]
-    if scheduled:
-        present = [order.sequence_number for order in scheduled
-                   if first_identity_from(peeker, order.sequence_number) == order.identity]
-        if present:
-            try:
-                cancel_scheduled(namespace, plan.queue, present)
-                result = result.plus(SpecialSettlement(completed=len(present)))
-            except MessageNotFoundError:
-                logger.info("%s: %d recorded scheduled message(s) were no longer scheduled when cancelled (they became "
-                            "active meanwhile, under a new sequence number, or went)", plan.queue, len(present))
-    deferred = [order for order in orders if order.kind is SettleKind.RECEIVE_DEFERRED]
-    receiver = receivers.get(session)
-    if deferred and receiver is not None:
-        messages = receive_deferred(receiver, [order.sequence_number for order in deferred])
-        wanted = {order.identity for order in deferred}
-        mine = [message for message in messages if received_identity(message) in wanted]
-        for message in messages:
-            if message not in mine:
-                release_message(receiver, message)
-        deadline = timing.deadline(lock_end_of(mine)) if mine else 0.0
-        by_reason: dict = {}
-        for message in mine:
-            by_reason.setdefault(plan.dead_letters.get(received_identity(message)), []).append(message)
-        for reason, group in by_reason.items():
-            settlement = settle_all(receiver, group, deadline, timing, reason)
-            done = len(settlement.completed)
-            result = result.plus(SpecialSettlement(done, 0) if reason is None else SpecialSettlement(0, done))
-            _give_back(receiver, [message for message in group if message.sequence_number in settlement.left])
-    return result
-
-
-def cancel_scheduled(namespace: NamespaceConfig, entity: str, sequence_numbers: list[int]) -> None:
-    """Cancel scheduled messages of a source queue or topic by their sequence numbers, in one request."""
-    sender = source_sender(namespace, entity)
-    try:
-        sender.cancel_scheduled_messages(sequence_numbers)
-    except MessageNotFoundError:
-        raise
-    except Exception:
-        discard_source_sender(namespace, entity)
-        raise
-
-
-def receive_deferred(receiver, sequence_numbers: list[int]) -> list:
-    """Receive deferred messages by their sequence numbers (PeekLock); one that is not there (settled, or gone) is
-    left out: asked for alone when the request for all of them is refused for a missing one."""
-    try:
-        return list(receiver.receive_deferred_messages(sequence_numbers))
-    except MessageNotFoundError:
-        found = []
-        for number in sequence_numbers:
-            try:
-                found += receiver.receive_deferred_messages([number])
-            except MessageNotFoundError:
-                logger.info("deferred message %d is no longer there", number)
-        return found
 
 
 def _receive(namespace: NamespaceConfig, receiver, credit: int, wait: float) -> list:
@@ -467,11 +361,11 @@ def _settle_page(receiver, plan: PurgePlan, progress: PurgeProgress, timing: Set
         settlements.append(settle_all(receiver, [by_seq[seq] for seq in seqs], deadline, timing, (code, reason),
                                       lane=plan.interleaved))
     if completion.all_lost:
-        _give_back(receiver, [by_seq[seq] for settlement in settlements for seq in settlement.left])
+        give_back(receiver, [by_seq[seq] for settlement in settlements for seq in settlement.left])
         raise LocksLostError(f"backlog={plan.queue}: every lock of a page of {len(actions.complete)} message(s) was "
                              f"refused; the link that took them is closed, the next round receives them again")
     late = [seq for settlement in settlements for seq in settlement.left]
-    _give_back(receiver, [by_seq[seq] for seq in late])
+    give_back(receiver, [by_seq[seq] for seq in late])
     dead_lettered = [seq for settlement in settlements[1:] for seq in settlement.completed]
     progress.on_settled(len(completion.completed), dead_lettered, given_back=len(late),
                         completed_numbers=completion.completed)
@@ -490,15 +384,6 @@ def _settle_page(receiver, plan: PurgePlan, progress: PurgeProgress, timing: Set
                        "are recorded", plan.queue, len(actions.release), list(actions.release)[:10])
 
 
-def _give_back(receiver, messages: list) -> None:
-    """Release received messages this round could not settle in time (a no-op for a lock already gone)."""
-    for message in messages:
-        try:
-            release_message(receiver, message)
-        except Exception:  # noqa: BLE001 - its lock is gone already, or the link: nothing to give back
-            logger.debug("releasing an unsettled message failed", exc_info=True)
-
-
 def _release_passed_over(receiver, plan: PurgePlan, passed_over: list) -> None:
     """Release the messages that stay, unchanged. Runs in a ``finally``: it never raises, so it never masks
     the purge's own error."""
@@ -514,105 +399,3 @@ def _release_passed_over(receiver, plan: PurgePlan, passed_over: list) -> None:
     if passed_over:
         logger.info("%s purge passed over %d message(s) that stay (held for skipped destinations, or left by a "
                     "re-drive; locked meanwhile, released untouched)", plan.queue, len(passed_over))
-
-
-def latest_deliveries(receiver, queue: str, page: list) -> list:
-    """``page`` with each message once, its latest delivery (``purge.progress.latest_of_each``); the earlier
-    ones are given back (a no-op for a lock already gone)."""
-    keep, stale = latest_of_each([message.sequence_number for message in page])
-    if not stale:
-        return page
-    logger.info("backlog=%s received %d message(s) twice in one page (sequence numbers %s): only the latest "
-                "delivery of each is settled", queue, len(stale), sorted({page[i].sequence_number for i in stale})[:10])
-    for position in stale:
-        try:
-            release_message(receiver, page[position])
-        except Exception:  # noqa: BLE001 - its lock is gone already: nothing to give back
-            logger.debug("releasing an earlier delivery failed", exc_info=True)
-    return [page[position] for position in keep]
-
-
-def first_lock_end(messages: list) -> float | None:
-    """When the first of these received messages' locks ends (epoch seconds), if the broker said."""
-    ends = [m.locked_until_utc for m in messages if getattr(m, "locked_until_utc", None) is not None]
-    if not ends:
-        return None
-    return min(end if end.tzinfo else end.replace(tzinfo=dt.timezone.utc) for end in ends).timestamp()
-
-
-def lock_end_of(messages: list, received_at: float | None = None) -> float:
-    """``first_lock_end``, or, where the broker did not say, the service's default lock from ``received_at``
-    (or now)."""
-    end = first_lock_end(messages)
-    return end if end is not None else (received_at or time.time()) + UNKNOWN_LOCK_SECONDS
-
-
-class LocksLostError(RuntimeError):
-    """Every lock a page held was refused: the link that took them lost them all. The round ends and the
-    link is closed (a fresh one next time); the next round receives those messages again."""
-
-
-def settle_all(receiver, messages: list, deadline: float, timing: SettleTiming, dead_letter: tuple[str, str] | None,
-               *, lane: bool = False, clock=time.time, sleep=time.sleep) -> BulkSettlement:
-    """Complete received messages (``dead_letter`` None), or dead-letter them with one (reason code, reason),
-    with one management request per partition instead of one round trip each; a request refused for a lost
-    lock is looked at (a peek of its range: ``lane``, one partition's) and split where that says nothing went,
-    a busy answer is asked again after the pacer's pause while the deadline allows, and nothing is sent after
-    ``deadline`` (``purge.bulk_settlement.BulkSettlement``). Each request is timed into ``timing``. Returns the
-    settlement: what was settled, and what was not (a lost lock; the deadline, a broken link or every lock
-    gone: ``left``, for the caller to release)."""
-    by_seq = {message.sequence_number: message for message in messages}
-    settlement = BulkSettlement(sorted(by_seq), deadline, partition=partition_of)
-    namespace = namespace_of(receiver)
-    what = "completion" if dead_letter is None else "dead-lettering"
-    requests = 0
-    while (request := settlement.next_request(clock())) is not None:
-        requests += 1
-        tokens = [by_seq[seq].lock_token for seq in request]
-        began = time.monotonic()
-        try:
-            _settle(namespace, receiver, tokens, dead_letter)
-        except MessageLockLostError:
-            timing.observed_request(time.monotonic() - began)
-            present = None
-            if settlement.needs_look(request):
-                present = {seq for seq, _ in peek_identities(receiver, request[0], request[-1], lane=lane)}
-            logger.info("bulk %s of %d message(s) refused for a lost lock: %s", what, len(request),
-                        "split and tried again" if present is None or set(request) <= present else
-                        f"{len(set(request) - present)} of them were settled, the rest lost their lock")
-            settlement.lock_lost(request, present=present)
-        except ServiceBusServerBusyError:
-            pause = pause_of(namespace) if namespace is not None else None
-            if pause is None or clock() + pause >= settlement.deadline:
-                logger.info("bulk %s of %d message(s) throttled (server-busy) too close to the locks' end: released, "
-                            "received again by a later round", what, len(request))
-                settlement.stop()
-            else:
-                sleep(pause)  # the same request goes again
-        except ServiceBusError as exc:
-            logger.info("bulk %s of %d message(s) failed (%s); the rest is received again by the next round", what,
-                        len(request), type(exc).__name__)
-            settlement.stop()
-        else:
-            timing.observed_request(time.monotonic() - began)
-            settlement.succeeded(request)
-    if settlement.unsettled:
-        logger.info("%d of %d message(s) not settled by %s (lock lost %d, not tried before their locks end, after a "
-                    "failure or once every lock seemed gone %d) in %d request(s)", len(settlement.unsettled),
-                    len(messages), what, len(settlement.lost), len(settlement.left), requests)
-    return settlement
-
-
-def _settle(namespace: NamespaceConfig | None, receiver, tokens: list, dead_letter: tuple[str, str] | None) -> None:
-    """One bulk request, paced by the secondary's credits (one a lock token, an assumption); a busy answer is
-    raised (the caller knows the deadline)."""
-    def request() -> None:
-        if dead_letter is None:
-            complete_by_lock_tokens(receiver, tokens)
-        else:
-            dead_letter_by_lock_tokens(receiver, tokens, dead_letter[0], dead_letter[1][:DESCRIPTION_LIMIT])
-
-    if namespace is None:  # a receiver of the caller's own (a test's): not paced
-        request()
-    else:
-        paced(namespace, CreditKind.SETTLE, request, cost=lambda _: len(tokens), retry=False, wait=False)
