@@ -47,7 +47,7 @@ MEASURED_SECONDS = {
     "test_a_kill_in_the_middle_of_the_sends_loses_nothing_and_resends_at_most_that_batch": 55,  # 51 s alone, load 10
     # Four killed jobs and four reruns (one waiting out a 35-40 s lock), measured alone at a load of 6-17: 306-371 s
     # (with 2,000 messages for mid_settle and a 45 s lock: 326 s at a load of 6-9, 724 s at 25-33).
-    "test_a_kill_at_each_step_of_the_last_batch_and_its_purge_leaves_nothing_for_the_run_after_it": 95,  # each of 4
+    "test_a_kill_at_each_step_of_the_last_batch_and_its_purge_leaves_nothing_for_the_run_after_it": 62,  # each of 4
     "test_two_runs_at_once_one_delivers_and_sigterm_ends_it_after_its_batch": 120,
     "test_a_redrive_killed_after_recording_is_finished_by_the_next_without_sending_anything_twice": 100,
     # Measured alone on the 2-core machine (one worker, other helpers' tests beside it): 67-167 s.
