@@ -38,7 +38,6 @@ from __future__ import annotations
 import logging
 import os
 import time
-from dataclasses import dataclass
 
 from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceStreamReader
 
@@ -107,7 +106,6 @@ def start_planners(spark) -> None:
     _PLANNERS_STARTED.add(application)
 
 
-@dataclass(frozen=True)
 class BacklogDataSource(DataSource):
     @classmethod
     def name(cls) -> str:

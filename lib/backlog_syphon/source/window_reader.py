@@ -5,6 +5,7 @@ Spark takes the one before, a partitioned queue's lanes read at once. I/O throug
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from typing import Iterator
 
 from pyspark.sql.datasource import InputPartition
@@ -18,6 +19,7 @@ from backlog_syphon.peek_pages import PEEK_PAGE_SIZE
 logger = logging.getLogger(__name__)
 
 
+@dataclass(frozen=True)
 class BacklogWindow(InputPartition):
     """Messages ``start <= sequence number < end`` of one backlog queue (``batch_queues``: every queue
     of the batch, whose links a process opens together the first time). A partitioned queue's window is one
