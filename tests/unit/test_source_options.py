@@ -168,3 +168,13 @@ def test_an_azure_ad_credential_travels_with_its_secret_only_under_a_redacted_op
         assert secret is None or secret.reveal() not in str(shown)
         read = SourceOptions.from_spark(spark_options).secondary
         assert read == secondary and read.credential.cache_key == credential.cache_key
+
+
+def test_spark_builds_the_source_from_its_options_alone():
+    # What Spark's Python worker does (create_data_source): the class, called with options only.
+    from backlog_syphon.rows import BACKLOG_ROW_SCHEMA
+    from backlog_syphon.source.data_source import SOURCE_NAME, BacklogDataSource
+
+    source = BacklogDataSource(options={"primaryNamespace": "contoso"})
+    assert (BacklogDataSource.name(), source.schema(), source.options) == (
+        SOURCE_NAME, BACKLOG_ROW_SCHEMA, {"primaryNamespace": "contoso"})
