@@ -350,7 +350,9 @@ def test_lease_under_starvation_never_lets_two_runs_deliver_at_once(spark, emula
 
     The primary goes down once A holds the lease and B waits for it, both past their pre-flights, so
     the fence is exercised whatever the pre-flight makes of a busy primary. (A run started while the
-    primary is down waits for it: ``test_outage_and_continuous.py``.)"""
+    primary is down waits for it: ``test_outage_and_continuous.py``.) A pauses on its driver before its
+    first send until then (``before_send``: no task slot held, so its lease goes on being extended): a fast
+    machine's A would otherwise drain all before B got to the lease, and B would take a free one."""
     from backlog_syphon.errors import LeaseLostError
     from backlog_syphon.run.syphon import run_syphon
 
@@ -360,8 +362,10 @@ def test_lease_under_starvation_never_lets_two_runs_deliver_at_once(spark, emula
     config = make_config(emulator, tmp_path, **settings)
     originals = _originals("starved", 150, destinations=("payments",))
     _write(config, {index: originals[index::3] for index in range(3)})
+    marker = tmp_path / "a-paused"
     env = job_env(emulator, {"PYSPARK_SUBMIT_ARGS": f"--master local[1] {JOB_SUBMIT_ARGS}",
-                             "SYPHON_SPARK_MASTER": "local[1]"})
+                             "SYPHON_SPARK_MASTER": "local[1]", "SYPHON_FAULT_PAUSE_AT": "before_send",
+                             "SYPHON_FAULT_PAUSE_SECONDS": "600", "SYPHON_FAULT_MARKER": str(marker)})
     log_a = tmp_path / "job-a.log"
     progress_b: list[str] = []
     ended_b: dict[str, object] = {}
@@ -379,15 +383,15 @@ def test_lease_under_starvation_never_lets_two_runs_deliver_at_once(spark, emula
                       env, log_a)
     runner_b = threading.Thread(target=run_b, name="run-b", daemon=True)
     try:
-        assert wait_for(lambda: "took the lease" in log_a.read_text(errors="replace") or job_a.poll() is not None,
-                        300), tail(log_a)
-        assert job_a.poll() is None, f"job A ended (exit {job_a.poll()}) before the stream started:\n{tail(log_a)}"
+        assert wait_for(lambda: marker.exists() or job_a.poll() is not None, 300), tail(log_a)
+        assert job_a.poll() is None, f"job A ended (exit {job_a.poll()}) before its first send:\n{tail(log_a)}"
         runner_b.start()
         assert wait_for(lambda: any(line.startswith("waiting for the lease") for line in progress_b)
                         or not runner_b.is_alive(), 300), f"run B: {ended_b} {progress_b}"
+        assert runner_b.is_alive(), f"run B ended instead of waiting: {ended_b} {progress_b}"
         emulator.set_unavailable(PRIMARY, mode="server-busy")
         down_since = time.monotonic()
-        assert runner_b.is_alive(), f"run B ended instead of waiting: {ended_b} {progress_b}"
+        marker.unlink()  # A goes on, into the busy primary
         # Down for half as long again as the lease: job A's send tasks hold the only task slot
         # meanwhile, past the lease's expiry.
         time.sleep(STARVATION_OUTAGE_SECONDS)

@@ -310,8 +310,8 @@ def run_batch(state: SinkState, ports: BatchPorts, lease: LeasePort, purges: Pur
         aggregate, rounds = BatchAggregate(), 0
         unavailable_since: dict[str, float] = {}
         while rounds < MAX_ROUNDS:
+            hooks.reached(CrashPoint.BEFORE_SEND)  # a test's pause here must not eat into the round's deadline
             deadline = lease.send_deadline()
-            hooks.reached(CrashPoint.BEFORE_SEND)
             aggregate = ports.send_round(RoundLimits(deadline, unavailable_since))
             rounds += 1
             if not aggregate.unsent or aggregate.final_unavailable:
