@@ -75,6 +75,9 @@ class Scenario:
     # The namespaces' credits a second while the movers run (a Standard namespace's 1,000; 0: off, the emulator's
     # budget kept out of the way of the other rows). The backlog is written before, with them off.
     credits_per_second: float = 0.0
+    # The syphon is told that budget (``<namespace>.max_credits_per_second``, as the operating pages advise on
+    # Standard): it paces to it; without, it slows down only once the namespace answers busy.
+    budget_known: bool = False
     # The Spark master of the syphon's session (None: the session builder's default, local[*]); a
     # ``local-cluster[N,C,M]`` row runs N executor JVMs, as a cluster does, on this one machine.
     master: str | None = None
@@ -98,7 +101,8 @@ class Scenario:
         if self.destinations is not DestinationShape.PLAIN:
             shape.append(f"{self.destinations.value} destinations")
         if self.credits_per_second:
-            shape.append(f"{self.credits_per_second:,.0f} credits a second per namespace")
+            shape.append(f"{self.credits_per_second:,.0f} credits a second per namespace"
+                         + (", the syphon told so" if self.budget_known else ""))
         if self.master:
             shape.append(f"on {self.master}")
         if self.transport != "amqp":
@@ -127,6 +131,13 @@ SCENARIOS = {
     "standard-credits": Scenario("standard-credits", 30_000, FAR, credits_per_second=1000),
     "standard-credits-partitioned": Scenario("standard-credits-partitioned", 30_000, FAR, backlog_partitioned=True,
                                              credits_per_second=1000),
+    # The same, with the syphon told the namespaces' budget; the loops' figures are the rows' above.
+    "standard-credits-budget": Scenario("standard-credits-budget", 30_000, FAR, credits_per_second=1000,
+                                        budget_known=True, loops=(), loops_of="standard-credits"),
+    "standard-credits-partitioned-budget": Scenario("standard-credits-partitioned-budget", 30_000, FAR,
+                                                    backlog_partitioned=True, credits_per_second=1000,
+                                                    budget_known=True, loops=(),
+                                                    loops_of="standard-credits-partitioned"),
     # Scale out: 100,000 messages on one JVM with two task slots (the default local[2]), then on executors of
     # their own (local-cluster[N,C,MB]: a JVM and its Python workers per executor, as a cluster has): one of one
     # core, two of one, two of two (more cores than the loop's one process can use). The loops' figures are

@@ -174,6 +174,9 @@ def measure_syphon(scenario: Scenario, args, *, per_trigger: int | None = None, 
         ops_before, arrived_before, credits_before = broker_ops(emu), arrivals(emu), credits_spent(emu)
         timeout = 600 + scenario.messages / 10
         settings = {} if per_trigger is None else {"run.max_messages_per_trigger": per_trigger}
+        if scenario.budget_known:
+            settings.update({f"{role}.max_credits_per_second": scenario.credits_per_second
+                             for role in ("primary", "secondary")})
         suffix = "" if library is None or library == args.library else "-before"
         spied = args.py_spy / f"{scenario.name}{suffix}.txt" if args.py_spy else None
         recording = args.jfr / f"{scenario.name}{suffix}.jfr" if args.jfr else None
