@@ -196,7 +196,9 @@ def run_bench(args) -> int:
             loops[kind] = measure_loop(kind, scenario, args)
             progress(f"{scenario.name}: loop ({kind.value}): {loops[kind]['moved']} msgs in "
                      f"{loops[kind]['seconds']:.1f} s = {loops[kind]['rate']:.0f} msg/s, CPU "
-                     f"{loops[kind]['cpu_per_1000']:.2f} s/1k, the emulator's {loops[kind]['emulator_cpu_per_1000']:.2f}")
+                     f"{loops[kind]['cpu_per_1000']:.2f} s/1k, the emulator's {loops[kind]['emulator_cpu_per_1000']:.2f}"
+                     + (f"; {loops[kind]['sent_twice']} sent twice, {loops[kind]['out_of_order']} order problem(s)"
+                        if loops[kind]["sent_twice"] or loops[kind]["out_of_order"] else ""))
         syphon, before = syphon_runs(scenario, scenario.name, args.max_per_trigger)
         if not loops and scenario.loops_of:  # the same backlog's loops, measured on another row of this run
             loops = loops_by_row.get(scenario.loops_of, {})

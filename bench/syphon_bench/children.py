@@ -58,8 +58,14 @@ def child_result(child: subprocess.Popen, role: str, workdir: Path, timeout: flo
     return {**json.loads(result.read_text()), "exited_at": exited_at}
 
 
-def log_tail(workdir: Path, role: str, lines: int = 40) -> str:
-    return "\n".join((workdir / f"{role}.log").read_text(errors="replace").splitlines()[-lines:])
+# asyncio's complaint about the SDK's keep-alive tasks at a loop's end: two lines each, hundreds of them, which
+# would push the child's own error out of the tail.
+ASYNCIO_NOISE = ("Task was destroyed but it is pending!", "task: <Task pending ")
+
+
+def log_tail(workdir: Path, role: str, lines: int = 120) -> str:
+    logged = (workdir / f"{role}.log").read_text(errors="replace").splitlines()
+    return "\n".join([line for line in logged if not line.startswith(ASYNCIO_NOISE)][-lines:])
 
 
 def run_child(role: str, spec: dict, result_path: str) -> int:
