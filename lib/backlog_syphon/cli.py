@@ -42,6 +42,7 @@ from backlog_syphon.model import JobIds, LogFormat, RunSource, new_run_id
 from backlog_syphon.run import logs
 from backlog_syphon.run.databricks_host import load_config
 from backlog_syphon.run.run_end import failure_end
+from backlog_syphon.sink.micro_batch import NO_HOOKS, Hooks
 
 from backlog_syphon.errors import EXIT_BATCH_FAILED, EXIT_OK, EXIT_SETTINGS, SyphonError
 
@@ -186,7 +187,9 @@ class StopOnSignal:
             self.run.request_stop()
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, *, hooks: Hooks = NO_HOOKS) -> int:
+    """The job's command line (``argv``: the process's arguments if None). ``hooks``: a test harness's
+    (``tools/faulty_job.py``), for a run; none otherwise."""
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.confirm and not args.decommission:
@@ -278,7 +281,7 @@ def main(argv: list[str] | None = None) -> int:
         progress = None if args.quiet or output.json_lines else (
             lambda line: print(line, file=sys.stderr, flush=True))
         summary = run_syphon(spark, config, run_id=run_id, timeout_seconds=args.timeout, on_progress=progress,
-                             check_access=False, on_start=stopper.attach, timeline=timeline, job=job)
+                             check_access=False, on_start=stopper.attach, timeline=timeline, job=job, hooks=hooks)
     except Exception as exc:  # noqa: BLE001 - the run's own errors carry their exit code and their one line;
         # anything else is Spark's streaming exception around a batch failure (Connect)
         logger.debug("the run failed", exc_info=True)

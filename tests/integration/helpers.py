@@ -1,5 +1,5 @@
-"""What the integration tests share: running ``jobs/syphon.py`` as a real job, killing it, and
-draining destinations."""
+"""What the integration tests share: running ``jobs/syphon.py`` as a real job (under the fault harness,
+``tools/faulty_job.py``, when a test sets ``SYPHON_FAULT_*``), killing it, and draining destinations."""
 
 from __future__ import annotations
 
@@ -18,6 +18,8 @@ from .conftest import PRIMARY, ROOT, SECONDARY
 # JVM's options are the session builder's own (``local_setup.jvm_options.driver_java_options``, the
 # class archive included): a --driver-java-options here would replace them.
 JOB_SUBMIT_ARGS = "--conf spark.ui.enabled=false pyspark-shell"
+JOB, FAULTY_JOB = "jobs/syphon.py", "tools/faulty_job.py"
+FAULT_VARIABLES = "SYPHON_FAULT_"  # ``tools.fault_plan``: read by the fault harness only
 
 
 def job_command(tmp_path, config: str = "conf/local.yaml", **settings) -> list[str]:
@@ -30,7 +32,7 @@ def job_command(tmp_path, config: str = "conf/local.yaml", **settings) -> list[s
         "run.trigger": "available_now",
     }
     values.update({key.replace("__", "."): value for key, value in settings.items()})
-    command = [sys.executable, "jobs/syphon.py", "--config", config]
+    command = [sys.executable, JOB, "--config", config]
     for key, value in values.items():
         command += ["--set", f"{key}={value}"]
     return command
@@ -40,7 +42,7 @@ def job_env(emulator, extra: dict[str, str] | None = None, *, primary: str | Non
             secondary: str | None = None, transport: str = "amqp", proxy=None) -> dict[str, str]:
     """The job's environment: the emulator's connection strings (or the given ones) and the venv;
     ``transport`` and ``proxy``: the way to the emulator (``testing.emulator_environment``)."""
-    env = {key: value for key, value in os.environ.items() if not key.startswith("SYPHON_FAULT_")}
+    env = {key: value for key, value in os.environ.items() if not key.startswith(FAULT_VARIABLES)}
     env.update(testing.emulator_environment(emulator, PRIMARY, SECONDARY, transport=transport, proxy=proxy))
     env.update({
         "SYPHON_PRIMARY_CONNECTION_STRING": primary or emulator.connection_string(PRIMARY, transport=transport),
@@ -62,7 +64,12 @@ def free_port() -> int:
 
 
 def start_job(command: list[str], env: dict[str, str], log) -> subprocess.Popen:
-    """Start a job in its own session (so its whole tree, JVM included, can be killed), output to ``log``."""
+    """Start a job in its own session (so its whole tree, JVM included, can be killed), output to ``log``. With
+    a test's faults in ``env`` (``SYPHON_FAULT_*``), ``jobs/syphon.py`` runs under the fault harness, which reads
+    them: the library itself has no fault code."""
+    if any(key.startswith(FAULT_VARIABLES) for key in env):
+        command = [FAULTY_JOB if part == JOB else part for part in command]
+        assert FAULTY_JOB in command, f"faults set for a command that is not {JOB}: {command}"
     with open(log, "wb") as out:
         return subprocess.Popen(command, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
                                 env=env)

@@ -5,7 +5,8 @@ workspace does (the other end-to-end tests cover plain AMQP; the lost task's tes
 
 One backlog (150 messages; ``run.max_messages_per_trigger`` 100 makes two micro-batches) and one
 streaming checkpoint. Run 1 of ``jobs/syphon.py`` runs in its own session (so its whole process tree,
-JVM included, can be killed at once) with ``SYPHON_FAULT_PAUSE_AT=mid_send``: once a send task has sent
+JVM included, can be killed at once) under the fault harness (``tools/faulty_job.py``) with
+``SYPHON_FAULT_PAUSE_AT=mid_send``: once a send task has sent
 something it parks, and the job is killed with SIGKILL. Run 2 (in the test's own Spark: only the killed
 run needs a process of its own) starts on the same checkpoint and Delta tables, replays batch 0 (planned,
 not committed: the same offsets), and drains the backlog.
@@ -34,14 +35,13 @@ from __future__ import annotations
 import collections
 import logging
 import os
-import subprocess
 import time
 from dataclasses import dataclass
 
 import pytest
 
 from .conftest import PRIMARY, ROOT, SECONDARY
-from .helpers import drain_destinations, job_command, job_env, kill_tree, kill_when_parked, tail
+from .helpers import drain_destinations, job_command, job_env, kill_tree, kill_when_parked, start_job, tail
 
 MESSAGES = 150
 BATCH_LIMIT = 100  # run.max_messages_per_trigger: 150 messages make two micro-batches
@@ -200,7 +200,7 @@ def test_a_kill_in_the_middle_of_the_sends_loses_nothing_and_resends_at_most_tha
 
     # Then no fault, same checkpoint and tables: an available-now run that must drain. It runs in this
     # process's Spark: what matters is what the killed job left behind, and the restart needs no JVM
-    # of its own (the pause hooks are the killed job's environment only).
+    # of its own (the fault hooks are the killed job's harness only).
     run_started = time.monotonic()
     caplog.set_level(logging.INFO, logger="backlog_syphon")
     before = emulator.connection_stats(PRIMARY)
@@ -276,11 +276,8 @@ def test_a_lost_send_task_is_run_again_and_resends_only_what_its_first_attempt_s
     config = load_config(ROOT / "conf/local.yaml", environ=job_env(emulator), overrides={})
     written = write_backlog(config.secondary, PRIMARY, originals, queue_count=10)
     log = tmp_path / "job.log"
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(job_command(tmp_path), cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
-                                start_new_session=True,
-                                env=job_env(emulator, {"SYPHON_FAULT_LOSE_TASK_AT": "mid_send",
-                                                       "SYPHON_SPARK_MASTER": "local[2,2]"}))
+    proc = start_job(job_command(tmp_path), job_env(emulator, {"SYPHON_FAULT_LOSE_TASK_AT": "mid_send",
+                                                                "SYPHON_SPARK_MASTER": "local[2,2]"}), log)
     try:
         rc = proc.wait(timeout=420)
     finally:

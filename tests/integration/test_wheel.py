@@ -43,6 +43,8 @@ def test_the_wheel_installs_without_a_compiler_and_the_job_imports(tmp_path):
     lib = ROOT / "lib"
     sources = {path.relative_to(lib).as_posix() for path in (lib / "backlog_syphon").rglob("*.py")}
     assert sources <= set(names), f"modules missing from the wheel: {sorted(sources - set(names))}"
+    # The fault harness (``tools/fault_plan.py``, ``fault_hooks.py``, ``faulty_job.py``) is the tests' alone.
+    assert not [name for name in names if "fault" in name.rsplit("/", 1)[-1]], names
     metadata = zipfile.ZipFile(wheel).read(next(n for n in names if n.endswith("METADATA"))).decode()
     runtime_requires = [line.split(":", 1)[1].strip() for line in metadata.splitlines()
                         if line.startswith("Requires-Dist:") and "extra ==" not in line]

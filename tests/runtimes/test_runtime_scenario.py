@@ -60,8 +60,9 @@ def kill_when_parked_after_send(command, env, marker: Path, log: Path, timeout: 
     """Run the job until it parks after sending its first micro-batch (before recording it), then
     SIGKILL its whole process tree. Returns '' once killed there, or why it never parked.
 
-    The one place that knows the sink's test hook (``SYPHON_FAULT_PAUSE_AT`` and ``SYPHON_FAULT_MARKER``:
-    the process that reaches the step writes ``<step> <pid>`` to the marker file and sleeps).
+    The one place that knows the fault harness (``tools/faulty_job.py``, which ``start_job`` runs when
+    ``SYPHON_FAULT_PAUSE_AT`` and ``SYPHON_FAULT_MARKER`` are set: the process that reaches the step writes
+    ``<step> <pid>`` to the marker file and sleeps).
     """
     return kill_when_parked(command, env, "after_send", marker, log, timeout)
 

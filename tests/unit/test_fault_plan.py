@@ -1,12 +1,12 @@
-"""A test's fault plan (``sink.fault_plan``, pure): read once from the ``SYPHON_FAULT_*`` variables the
+"""A test's fault plan (``tools.fault_plan``, pure): read once from the ``SYPHON_FAULT_*`` variables the
 integration tests set, empty without them."""
 
 import pickle
 
 import pytest
 
-from backlog_syphon.sink.fault_plan import NO_FAULTS, FaultPlan
 from backlog_syphon.sink.micro_batch import CrashPoint
+from tools.fault_plan import NO_FAULTS, FaultPlan
 
 
 def test_without_the_variables_the_plan_is_empty():

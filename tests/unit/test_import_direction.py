@@ -3,9 +3,8 @@ never imported).
 
 A pure module decides on plain values (or builds Spark column expressions) and is tested with fakes
 in milliseconds; the I/O lives in ``servicebus`` (Service Bus), ``storage`` (Delta), ``run``
-(sessions, threads, wiring), the Spark-facing modules ``sink.foreach_batch``, ``sink.spark_ports``,
-``sink.send_task`` and ``source.data_source``, and ``sink.fault_injection`` (a test's pauses). Every
-import counts, also one inside a function.
+(sessions, threads, wiring), and the Spark-facing modules ``sink.foreach_batch``, ``sink.spark_ports``,
+``sink.send_task`` and ``source.data_source``. Every import counts, also one inside a function.
 
 The one exception is Spark's DataFrame API: ``restore.rules``, ``run.dry_run_plan`` and the row
 schemas of ``rows`` are pure transforms built from column expressions and types
@@ -76,7 +75,7 @@ PURE_MODULES = (
     "backlog_syphon.sink.queue_marks",
     "backlog_syphon.sink.micro_batch",
     "backlog_syphon.sink.outcome_aggregate",
-    "backlog_syphon.sink.fault_plan",
+    "backlog_syphon.sink.classifiers",
     "backlog_syphon.purge",
     "backlog_syphon.purge.plan",
     "backlog_syphon.purge.progress",
@@ -110,7 +109,6 @@ FORBIDDEN_PREFIXES = (
     "backlog_syphon.sink.foreach_batch",
     "backlog_syphon.sink.spark_ports",
     "backlog_syphon.sink.send_task",
-    "backlog_syphon.sink.fault_injection",
     "backlog_syphon.source.data_source",
 )
 
@@ -210,14 +208,26 @@ def reads_of_the_environment(source: str) -> list[int]:
 
 
 def test_the_source_the_sink_and_servicebus_never_read_the_environment():
-    """Their settings (a test's ``sink.fault_plan.FaultPlan`` too) come in from the entry point: nothing on an
-    executor depends on the environment it happens to run in."""
+    """Their settings (a test harness's hooks too) come in from the entry point: nothing on an executor depends
+    on the environment it happens to run in."""
     sample = "import os\nfrom os import environ\ndef f():\n    return os.getenv('X')\n"
     assert reads_of_the_environment(sample) == [2, 4]
     offenders = {module: lines for path, module, _ in library_modules()
                  if package_of(module) in ("source", "sink", "servicebus")
                  for lines in [reads_of_the_environment(path.read_text())] if lines}
     assert not offenders, f"modules that read the environment (line numbers): {offenders}"
+
+
+def test_the_library_ships_no_fault_code_and_imports_nothing_of_the_tools():
+    """The fault harness (``tools/fault_plan.py``, ``tools/fault_hooks.py``, ``tools/faulty_job.py``) stays out of
+    the wheel, which is this folder: the library keeps only its no-op hooks (``sink.micro_batch.NO_HOOKS``), takes
+    a harness's as an argument, and reads no ``SYPHON_FAULT_*`` variable."""
+    offenders = [module for _, module, _ in library_modules() if "fault" in module.rsplit(".", 1)[-1]]
+    offenders += [f"{module} imports {name}" for path, module, _ in library_modules()
+                  for name in imports_in(path.read_text(), module) if name == "tools" or name.startswith("tools.")]
+    offenders += [f"{module} names SYPHON_FAULT_" for path, module, _ in library_modules()
+                  if "SYPHON_FAULT_" in path.read_text()]
+    assert not offenders, offenders
 
 
 def test_importing_the_package_stays_cheap_and_the_public_api_loads_on_use():

@@ -12,6 +12,7 @@ a new run replays the batch. Everything runs on a fake clock, in milliseconds.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import os
 import subprocess
@@ -191,7 +192,7 @@ class Backlog:
             held[:] = [m for m in held if m.seq not in set(completed)]
             if hooks is not None and actions.dead_letter:
                 try:
-                    hooks.reached(CrashPoint.MID_SETTLE)
+                    hooks.completions_sent(frozenset(span.batch_id for span in plan.spans))
                 except Crash:
                     for seq, _, _ in actions.dead_letter:  # the dead process held them: locked until the lock ends
                         self.locked_until[(plan.queue, seq)] = self.clock() + LOCK_SECONDS
@@ -414,16 +415,27 @@ class CrashAt:
         if point == self.point:
             raise Crash(point)
 
+    def task_sent(self) -> None:
+        self.reached(CrashPoint.MID_SEND)
+
+    def completions_sent(self, batch_ids: frozenset[int]) -> None:
+        self.reached(CrashPoint.MID_SETTLE)
+
 
 class FakeBatch:
     """``BatchPorts`` for one micro-batch's rows, as ``spark_ports.SparkBatch``: one task per backlog
     queue, a later round sends only what the last one left unsent, every row kept in its latest state."""
 
-    def __init__(self, world: World, rows: list[dict], batch_id: int, run_id: str, hooks):
+    def __init__(self, world: World, rows: list[dict], batch_id: int, run_id: str, hooks,
+                 learns: dict[int, set[str]] | None = None):
         self.world, self.batch_id, self.run_id, self.hooks = world, batch_id, run_id, hooks
         self.pending = list(rows)
         self.latest: list[dict] | None = None
         self.rounds: list[RoundLimits] = []
+        self.told: list[frozenset[str]] = []  # what each round was told takes single messages only
+        # By round (1, 2, ...): the destinations its tasks learn take single messages only (a batch refused for
+        # its shape), as the send tasks report it.
+        self.learns = learns or {}
         self.excluded: list[int] = []
 
     def recover(self) -> Recovery:
@@ -439,8 +451,9 @@ class FakeBatch:
         self.excluded += [row["sequence_number"] for row in self.pending if row not in kept]
         self.pending = kept
 
-    def send_round(self, limits: RoundLimits) -> BatchAggregate:
+    def send_round(self, limits: RoundLimits, single_message_destinations: frozenset[str]) -> BatchAggregate:
         self.rounds.append(limits)
+        self.told.append(single_message_destinations)
         rows = self.pending
         if self.latest is not None:
             unsent = {(o["backlog_queue"], o["sequence_number"]) for o in self.latest if o["outcome"] == Outcome.UNSENT}
@@ -450,7 +463,7 @@ class FakeBatch:
             for result in deliver_rows([row for row in rows if row["backlog_queue"] == queue], build=build,
                                        sender=world.destinations, classify=classify, sink=world.sink, limits=limits,
                                        clock=world.clock, sleep=world.clock.sleep,
-                                       on_sent=lambda: self.hooks.reached(CrashPoint.MID_SEND)):
+                                       on_sent=self.hooks.task_sent):
                 at = result.at if result.outcome == Outcome.UNSENT and result.at is not None else world.clock()
                 outcomes.append({**result.row, "run_id": self.run_id, "batch_id": self.batch_id,
                                  "outcome": result.outcome,
@@ -458,7 +471,8 @@ class FakeBatch:
                                  "reason": result.reason, "outcome_ms": int(at * 1000)})
         kept = [] if self.latest is None else [o for o in self.latest if o["outcome"] != Outcome.UNSENT]
         self.latest = kept + outcomes
-        return aggregate(self.latest)
+        return dataclasses.replace(aggregate(self.latest),
+                                   single_message_destinations=frozenset(self.learns.get(len(self.rounds), ())))
 
     def dead_letters(self) -> list[DeadLetterOrder]:
         return dead_letter_orders(self.latest or [])
@@ -490,8 +504,8 @@ class Run:
         return settle_recorded(self.state, self.purges)
 
     def batch(self, rows: list[dict], batch_id: int, *, settle_now: bool = False, now: dt.datetime = NOW,
-              checkpoint_every: float = 0.0):
-        ports = FakeBatch(self.world, rows, batch_id, self.run_id, self.hooks)
+              checkpoint_every: float = 0.0, learns: dict[int, set[str]] | None = None):
+        ports = FakeBatch(self.world, rows, batch_id, self.run_id, self.hooks, learns)
         self.batches.append(ports)
         return run_batch(self.state, ports, self.lease, self.purges, batch_id=batch_id, run_id=self.run_id, now=now,
                          settle_now=settle_now, hooks=self.hooks, checkpoint_every=checkpoint_every)
@@ -874,6 +888,29 @@ def test_a_destination_that_was_only_cut_off_by_a_deadline_gets_its_full_outage_
     assert report.rounds == 2
     assert world.destinations.received["orders"] == ["1:1", "1:2"]
     assert len(world.destinations.received["payments"]) == 80
+
+
+def test_what_a_round_learned_reaches_the_later_rounds_through_its_result_and_the_runs_state():
+    """A round's send tasks learn that a destination takes single messages only (a batch refused for its shape).
+    The round's result says so (``BatchAggregate.single_message_destinations``), the run's state folds it in at
+    once, and every later round is told: the batch's next round, the next batch's; a batch that fails after its
+    round keeps it too. The ports are made anew per batch and hold nothing of the run's."""
+    world = World(send_seconds=1.0)
+    window = usual_backlog(world)
+    run = Run(world, "r1", lease=Lease(world.clock, round_seconds=3.0))
+    run.batch(world.backlog.read(window), 0, learns={1: {"orders"}})
+    assert run.batches[0].told == [frozenset(), frozenset({"orders"})]
+    assert run.state.single_message_destinations == {"orders"}
+
+    run.batch(world.backlog.read(world.backlog.add(Q0, "payments")), 1, learns={1: {"payments"}})
+    assert run.batches[1].told == [frozenset({"orders"})]
+    assert run.state.single_message_destinations == {"orders", "payments"}
+
+    run.lease = Lease(world.clock, lost_at=2)  # found lost once the round has sent
+    with pytest.raises(BatchFailedError):
+        run.batch(world.backlog.read(world.backlog.add(Q1, "events")), 2, learns={1: {"events"}})
+    assert run.batches[2].told == [frozenset({"orders", "payments"})]
+    assert run.state.single_message_destinations == {"orders", "payments", "events"}
 
 
 # --- an empty batch ------------------------------------------------------------------------------------

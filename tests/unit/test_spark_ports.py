@@ -7,13 +7,18 @@ from types import SimpleNamespace
 from backlog_syphon.model import NO_MIGRATION, CheckpointRow, PacingStats, RecordedSpan
 from backlog_syphon.sink.micro_batch import Recovery
 from backlog_syphon.sink.outcome_aggregate import pacing_after_round
-from backlog_syphon.sink.spark_ports import PacingStatsParam, SparkBatch, held_by_any, read_recovery
+from backlog_syphon.sink.spark_ports import BatchSettings, PacingStatsParam, SparkBatch, held_by_any, read_recovery
 
 T0 = 1_700_000_000_000
 Q0, Q1 = "contoso/x-servicebus-transfer/0", "contoso/x-servicebus-transfer/1"
 
 
 # --- recovery from the tables (Spark, no Delta: the tables are in-memory frames) --------------------------
+
+def batch_settings(*, state_is_new: bool, config) -> BatchSettings:
+    """A batch's settings as the sink gives them, the configuration a stand-in (only its storage is read)."""
+    return BatchSettings(config, "r3", "app", state_is_new, clock=lambda: at(T0), migration=NO_MIGRATION)
+
 
 def at(ms):
     return dt.datetime.fromtimestamp(ms / 1000, dt.timezone.utc)
@@ -58,9 +63,9 @@ def test_recovery_reads_the_spans_above_the_marks_and_counts_every_row_earlier_a
     assert recovery.unsettled == (RecordedSpan(Q0, 3, 3, T0 + 30, T0 + 30, 1, 1, 0, 0, 4),)
     assert recovery.dead_letters == ()
 
-    sink = SimpleNamespace(state_is_new=False, config=SimpleNamespace(storage=storage), migration=NO_MIGRATION)
+    settings = batch_settings(state_is_new=False, config=SimpleNamespace(storage=storage))
     del frames["/state/checkpoint"]  # the batch reads no more than the audit's rows of its own batch
-    assert SparkBatch(sink, spark.range(0), 4).recorded_rows_of_batch() == 6  # both attempts', below the mark or not
+    assert SparkBatch(settings, None, spark.range(0), 4).recorded_rows_of_batch() == 6  # both attempts', any mark
 
 
 def test_the_start_finds_the_queues_where_held_messages_lie_above_the_purge_marks(spark, monkeypatch):
@@ -95,10 +100,10 @@ def test_a_run_that_created_its_state_tables_reads_nothing_back():
         def __getattr__(self, name):
             raise AssertionError(f"the recovery touched the session ({name})")
 
-    sink = SimpleNamespace(state_is_new=True, config=None)
+    settings = batch_settings(state_is_new=True, config=None)
     batch = SimpleNamespace(sparkSession=NoSession())
-    assert SparkBatch(sink, batch, 0).recover() == Recovery({}, (), ())
-    assert SparkBatch(sink, batch, 0).recorded_rows_of_batch() == 0
+    assert SparkBatch(settings, None, batch, 0).recover() == Recovery({}, (), ())
+    assert SparkBatch(settings, None, batch, 0).recorded_rows_of_batch() == 0
 
 
 def test_the_send_tasks_pacing_adds_up_per_round_and_over_the_rounds_of_a_batch():

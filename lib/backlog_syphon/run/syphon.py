@@ -28,9 +28,8 @@ from backlog_syphon.run.run_start import StartGates
 from backlog_syphon.run.runs import RunRecorder
 from backlog_syphon.run.start_ports import SparkStartPorts
 from backlog_syphon.run.spark_session import is_connect, spark_line
-from backlog_syphon.sink.fault_plan import FaultPlan
 from backlog_syphon.sink.foreach_batch import DeliverySink, settle_before_start
-from backlog_syphon.sink.micro_batch import NOTHING_RECORDED
+from backlog_syphon.sink.micro_batch import NO_HOOKS, NOTHING_RECORDED, Hooks
 from backlog_syphon.sink.spark_ports import task_slots
 from backlog_syphon.source.data_source import (
     READ_LIMITS_SUPPORTED,
@@ -189,7 +188,7 @@ class SyphonRun:
 def start_syphon(spark: SparkSession, config: SyphonConfig, *, run_id: str | None = None,
                  log_progress: bool = True, on_wait: Callable[[str], None] | None = None,
                  check_access: bool = True, emulate_available_now: bool | None = None,
-                 timeline: Timeline | None = None) -> SyphonRun:
+                 timeline: Timeline | None = None, hooks: Hooks = NO_HOOKS) -> SyphonRun:
     """Take the backlog's lease and start the streaming query; the caller waits and calls ``finish``.
 
     ``emulate_available_now``: play an available-now run with bounded batches (None: where Spark lacks read
@@ -199,6 +198,8 @@ def start_syphon(spark: SparkSession, config: SyphonConfig, *, run_id: str | Non
     executors' own check (``executor_preflight``) always runs (see ``StartGates``).
     ``log_progress``: log one line per micro-batch (off when the caller shows them itself).
     ``timeline``: where the run marks its steps (a new one, from the process's start, if None).
+    ``hooks``: where a test harness stops or breaks the run (``sink.micro_batch.Hooks``; the tools' fault
+    harness, ``tools/faulty_job.py``, gives its own): every real run has none.
     Raises ``run.lease.LeaseHeldError`` when another run holds the backlog (unless ``run.wait_for_lease``,
     then it waits, telling ``on_wait`` once).
     """
@@ -224,8 +225,7 @@ def start_syphon(spark: SparkSession, config: SyphonConfig, *, run_id: str | Non
                         stop_file=stop_file, timeline=timeline, state_is_new=gates.state_is_new,
                         destination_shapes=gates.destination_shapes, partitioned_queues=gates.queue_settings.partitioned,
                         lock_seconds=gates.queue_settings.lock_seconds,
-                        fault_plan=FaultPlan.from_environment(os.environ),  # a test's, read once here
-                        migration=migration)
+                        hooks=hooks, migration=migration)
     settle_recorded(spark, config, sink, gates, run_id, migration)
     records = AuditRecords(spark, storage.audit_table, run_id) if is_connect(spark) else SinkRecords(sink)
     listener = SyphonProgressListener(records.batch_stats, query_name=config.run.query_name, log_lines=log_progress)
@@ -362,19 +362,19 @@ def start_query(start: Callable[[], StreamingQuery], *, attempts: int = QUERY_ST
 def run_syphon(spark: SparkSession, config: SyphonConfig, *, run_id: str | None = None,
                timeout_seconds: float | None = None, on_progress: Callable[[str], None] | None = None,
                check_access: bool = True, on_start: Callable[[SyphonRun], None] | None = None,
-               timeline: Timeline | None = None, job: JobIds | None = None) -> RunSummary:
+               timeline: Timeline | None = None, job: JobIds | None = None, hooks: Hooks = NO_HOOKS) -> RunSummary:
     """Run until an available-now run has drained what was there (or the query stops); summarise.
 
     ``check_access``: see ``start_syphon``. ``on_progress`` receives one line per micro-batch, from
     this thread, while the run goes on; ``on_start`` gets the started run (to ask it to stop);
-    ``timeline``: see ``start_syphon``. Once the run has ended and given its lease back, its row goes
+    ``timeline``, ``hooks``: see ``start_syphon``. Once the run has ended and given its lease back, its row goes
     to the runs table (``run.runs``; ``job``: the Databricks job run it belongs to), also when it failed.
     """
     recorder = RunRecorder(spark, config, run_id or new_run_id(dt.datetime.now(dt.timezone.utc)), job=job)
     try:
         summary = _run_syphon(spark, config, run_id=recorder.run_id, timeout_seconds=timeout_seconds,
                               on_progress=on_progress, check_access=check_access,
-                              on_start=recorder.watching(on_start), timeline=timeline)
+                              on_start=recorder.watching(on_start), timeline=timeline, hooks=hooks)
     except Exception as exc:
         recorder.failed(exc)
         raise
@@ -384,9 +384,9 @@ def run_syphon(spark: SparkSession, config: SyphonConfig, *, run_id: str | None 
 
 def _run_syphon(spark: SparkSession, config: SyphonConfig, *, run_id: str, timeout_seconds: float | None,
                 on_progress: Callable[[str], None] | None, check_access: bool,
-                on_start: Callable[[SyphonRun], None], timeline: Timeline | None) -> RunSummary:
+                on_start: Callable[[SyphonRun], None], timeline: Timeline | None, hooks: Hooks) -> RunSummary:
     run = start_syphon(spark, config, run_id=run_id, log_progress=on_progress is None, on_wait=on_progress,
-                       check_access=check_access, timeline=timeline)
+                       check_access=check_access, timeline=timeline, hooks=hooks)
     try:
         if on_start is not None:
             on_start(run)

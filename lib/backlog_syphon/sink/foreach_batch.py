@@ -17,8 +17,9 @@ them (``sink.micro_batch``, whose order and failure cases are these):
   when ``storage.checkpoint_interval_seconds`` has passed, the checkpoint table is rewritten meanwhile;
 - purge: in the background (``sink.purge_runner``).
 
-Between batches it keeps the run's state (``sink.micro_batch.SinkState``) and what the progress reports
-read. A test's ``FaultPlan`` (``sink.fault_plan``) comes in with the rest of its settings.
+Between batches it keeps the run's state (``sink.micro_batch.SinkState``, what the rounds learned included:
+their ports report it in their results) and what the progress reports read. A test harness's ``Hooks``
+(``sink.micro_batch``) come in with the rest of its settings.
 """
 
 from __future__ import annotations
@@ -33,16 +34,14 @@ from pyspark.sql import DataFrame, SparkSession
 
 from backlog_syphon.config import SyphonConfig
 from backlog_syphon.errors import BatchFailedError
-from backlog_syphon.migration.copy_rules import CopyClassifier
 from backlog_syphon.model import NO_MIGRATION, REPORTED_OUTCOMES, BatchStats, DestinationShape, MigrationPlan, Outcome
-from backlog_syphon.restore import rules
 from backlog_syphon.restore.destination_fit import session_subscription_warning
 from backlog_syphon.sink import micro_batch as machine
-from backlog_syphon.sink.fault_injection import PlannedFaults
-from backlog_syphon.sink.fault_plan import NO_FAULTS, FaultPlan
-from backlog_syphon.sink.micro_batch import BatchAggregate, Recovery, SinkState
+from backlog_syphon.sink.classifiers import Classifiers
+from backlog_syphon.sink.micro_batch import NO_HOOKS, BatchAggregate, Hooks, Recovery, SinkState
 from backlog_syphon.sink.purge_runner import PurgeRunner
-from backlog_syphon.sink.spark_ports import SessionLease, SparkBatch
+from backlog_syphon.sink.send_shape import known_shapes
+from backlog_syphon.sink.spark_ports import BatchSettings, SessionLease, SparkBatch
 from backlog_syphon.storage import checkpoint_table, markers
 from backlog_syphon.timeline import Milestone, Timeline
 
@@ -60,14 +59,14 @@ def checkpoint_app_id(checkpoint_location: str, query_id: str | None) -> str:
 class DeliverySink:
     """Callable for ``foreachBatch``. Holds picklable settings and, in the process that runs it, the
     run's state between batches (``sink.micro_batch.SinkState``) and what the progress reports read.
-    ``fault_plan``: where a test stops or breaks the run (``sink.fault_plan``; none outside the tests)."""
+    ``hooks``: where a test harness stops or breaks the run (``sink.micro_batch.Hooks``; none outside the tests)."""
 
     def __init__(self, config: SyphonConfig, *, run_id: str, lease_keeper, settle_in_batch: bool = False,
                  stop_file: str | None = None, timeline: Timeline | None = None,
                  state_is_new: bool = False,
                  destination_shapes: Mapping[str, DestinationShape] | None = None,
                  partitioned_queues: frozenset[str] = frozenset(), lock_seconds: Mapping[str, float] | None = None,
-                 fault_plan: FaultPlan = NO_FAULTS, migration: MigrationPlan = NO_MIGRATION,
+                 hooks: Hooks = NO_HOOKS, migration: MigrationPlan = NO_MIGRATION,
                  clock: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.timezone.utc)):
         self.config = config
         self.run_id = run_id
@@ -85,11 +84,12 @@ class DeliverySink:
         # What the destinations take (by lower-case name), where the administration API said: the restore
         # rules dead-letter what a destination would refuse before it is sent.
         self.destination_shapes = dict(destination_shapes or {})
-        # Destinations the send tasks learned take single messages only (a batch refused for its shape): the
-        # later rounds' tasks start knowing (``sink.send_shape``).
-        self.learned_single_destinations: set[str] = set()
-        self.fault_plan = fault_plan  # picklable: it goes with the sink (Spark Connect) and to the send tasks
+        self.send_shapes = known_shapes(self.destination_shapes)  # the send tasks' (``sink.send_shape``)
+        self.hooks = hooks  # picklable: they go with the sink (Spark Connect) and to the send tasks
         self.migration = migration  # a migration run's sources and routes (picklable: to the send tasks too)
+        # The restore rules (a migration's copy rules) for this run's rows, built once in the process that runs
+        # the batches.
+        self.classifiers = Classifiers(config, migration, self.destination_shapes)
         self._warned_topics: set[str] = set()  # topics whose session subscriptions were warned about
         self.app_id: str | None = None  # known at the run's first batch (the checkpoint's query id)
         # Over Spark Connect the sink's copy in the server ends with the query, before the run's end could
@@ -99,12 +99,11 @@ class DeliverySink:
         # sources), and their lock durations (lower-case names), for the purge; a migration's session-settled sources.
         self.state = SinkState(partitioned_queues=frozenset(partitioned_queues) | migration.partitioned,
                                lock_seconds=dict(lock_seconds or {}), session_entities=migration.session_entities)
-        self._purges = PurgeRunner(config.secondary, fault_plan)
+        self._purges = PurgeRunner(config.secondary, hooks)
         self.per_destination: dict[str, dict[str, int]] = {}  # this run's outcomes, for the summary
         self.left_in_place = 0  # final outcomes whose message stays in its source (``BatchAggregate.left_in_place``)
         self.batch_stats: dict[int, BatchStats] = {}  # read (and emptied) by the progress listener
         self.failure: BaseException | None = None  # the last batch failure (classic Spark: this process)
-        self._classifiers: dict[tuple, object] = {}  # by the rows' columns (``classifier``)
 
     def begin(self, recovery: Recovery) -> int:
         """The run's start, under its lease, where the sink lives in this process for the whole run (classic
@@ -122,12 +121,14 @@ class DeliverySink:
             self.app_id = checkpoint_app_id(self.config.storage.checkpoint_location,
                                             markers.streaming_query_id(spark, self.config.storage.checkpoint_location))
         started = time.monotonic()
-        ports = SparkBatch(self, batch, batch_id)
+        settings = BatchSettings(self.config, self.run_id, self.app_id, self.state_is_new, self.clock, self.migration,
+                                 self.send_shapes, self.hooks)
+        ports = SparkBatch(settings, self.classifiers, batch, batch_id)
         lease = SessionLease(self.lease_keeper, spark)
         try:
             report = machine.run_batch(self.state, ports, lease, self._purges, batch_id=batch_id, run_id=self.run_id,
-                                       now=self.clock(), settle_now=self.settle_in_batch,
-                                       hooks=PlannedFaults(self.fault_plan), checkpoint_every=self.checkpoint_every)
+                                       now=self.clock(), settle_now=self.settle_in_batch, hooks=self.hooks,
+                                       checkpoint_every=self.checkpoint_every)
         except BatchFailedError as exc:
             self.failure = exc
             raise
@@ -170,27 +171,6 @@ class DeliverySink:
                     self._warned_topics.add(destination.lower())
                     logger.warning("destination=%s %s", destination, warning)
 
-    def classifier(self, columns: list[str]) -> rules.Classifier | CopyClassifier:
-        """The restore rules (a migration run's copy rules) for this run's rows, built once in the process that runs
-        the batches."""
-        key = tuple(columns)
-        if key not in self._classifiers and self.migration.sources and self.migration.copy:
-            self._classifiers[key] = CopyClassifier(
-                columns, routes=self.migration.routes, max_message_size_bytes=self.config.sink.max_message_size_bytes,
-                scheduled_margin_seconds=self.migration.scheduled_margin_seconds,
-                destination_shapes=self.destination_shapes, topics=self.migration.topics)
-        if key not in self._classifiers:
-            restore = self.config.restore
-            self._classifiers[key] = rules.Classifier(
-                columns, ttl_policy=restore.ttl_policy, max_message_size_bytes=self.config.sink.max_message_size_bytes,
-                destination_map=restore.destination_map, skip_destinations=restore.skip_destinations,
-                destination_shapes=self.destination_shapes)
-        return self._classifiers[key]
-
-    def __getstate__(self):
-        # Column expressions belong to the process that built them: a copy (Spark Connect's) builds its own.
-        return {**self.__dict__, "_classifiers": {}}
-
     def wait_for_purges(self) -> None:
         """At the end of a run: wait for the purge in flight, and settle what is left (``sink.micro_batch.finish``)."""
         machine.finish(self.state, self._purges, self.clock())
@@ -206,7 +186,7 @@ class DeliverySink:
             return False
         checkpoint_table.write_checkpoint(spark, self.config.storage.checkpoint_table, rows)
         self.state.checkpoint_unrecorded = False
-        PlannedFaults(self.fault_plan).reached(machine.CrashPoint.AFTER_FINAL_CHECKPOINT)
+        self.hooks.reached(machine.CrashPoint.AFTER_FINAL_CHECKPOINT)
         return True
 
 

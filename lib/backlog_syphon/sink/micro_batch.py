@@ -137,6 +137,9 @@ class BatchAggregate:
     # Final outcomes whose message stays where it is: dead-lettered (or expired) where that cannot be carried out
     # (in a dead-letter sub-queue; a scheduled message), so what is left in the source is not all unfinished work.
     left_in_place: int = 0
+    # Destinations the round's send tasks learned take single messages only (a batch refused for its shape,
+    # ``sink.send_shape``): the run's later rounds start knowing (``SinkState.single_message_destinations``).
+    single_message_destinations: frozenset[str] = frozenset()
 
     @property
     def rows(self) -> int:
@@ -160,8 +163,9 @@ class BatchPorts(Protocol):
     def exclude(self, spans: Sequence[RecordedSpan]) -> None:
         """Drop the batch's rows that these spans hold (already recorded)."""
 
-    def send_round(self, limits: RoundLimits) -> BatchAggregate:
-        """Send what is pending (everything, then what the last round left unsent); aggregate every row."""
+    def send_round(self, limits: RoundLimits, single_message_destinations: frozenset[str]) -> BatchAggregate:
+        """Send what is pending (everything, then what the last round left unsent), to
+        ``single_message_destinations`` one message at a time; aggregate every row, with what the round learned."""
 
     def dead_letters(self) -> list[DeadLetterOrder]:
         """The batch's recorded dead-letter outcomes (asked for only when there are some)."""
@@ -196,12 +200,37 @@ class PurgePort(Protocol):
 
 
 class Hooks(Protocol):
-    def reached(self, point: CrashPoint) -> None: ...
+    """Where a test harness stops or breaks a run, one call per crash point (``CrashPoint``); every real run has
+    ``NO_HOOKS``. They go with the sink (a Spark Connect server gets a pickled copy) and, in the send tasks'
+    closure, to the executors: picklable, from a module the Python workers import."""
+
+    def reached(self, point: CrashPoint) -> None:
+        """The driver reached ``point`` (``BEFORE_SEND``, ``AFTER_SEND``, ``AFTER_RECORD``,
+        ``AFTER_FINAL_CHECKPOINT``)."""
+
+    def task_sent(self) -> None:
+        """``MID_SEND``, on an executor: a send task's first send went out. A harness pauses the task there,
+        or ends its first attempt as a lost executor would."""
+
+    def completions_sent(self, batch_ids: frozenset[int]) -> None:
+        """``MID_SETTLE``, on a purge thread: a purge round that settles messages of ``batch_ids`` sent a page's
+        completions, not yet its dead-letterings."""
 
 
 class NoHooks:
+    """``Hooks`` of every real run: each returns at once."""
+
     def reached(self, point: CrashPoint) -> None:
         pass
+
+    def task_sent(self) -> None:
+        pass
+
+    def completions_sent(self, batch_ids: frozenset[int]) -> None:
+        pass
+
+
+NO_HOOKS = NoHooks()
 
 
 @dataclass
@@ -224,6 +253,9 @@ class SinkState:
 
     # The migration mode's sources settled session by session (lower-case names).
     session_entities: frozenset[str] = frozenset()
+    # Destinations the run's send rounds learned take single messages only (``BatchAggregate``'s, folded in after
+    # each round): every later round's tasks start knowing.
+    single_message_destinations: frozenset[str] = frozenset()
 
     def purge_plans(self) -> dict[str, PurgePlan]:
         return queue_marks.purge_plans(self.unpurged, self.partitioned_queues, self.lock_seconds,
@@ -290,7 +322,7 @@ def settle_recorded(state: SinkState, purges: PurgePort) -> int:
 
 
 def run_batch(state: SinkState, ports: BatchPorts, lease: LeasePort, purges: PurgePort, *, batch_id: int,
-              run_id: str, now: dt.datetime, settle_now: bool = False, hooks: Hooks = NoHooks(),
+              run_id: str, now: dt.datetime, settle_now: bool = False, hooks: Hooks = NO_HOOKS,
               checkpoint_every: float = 0.0) -> BatchReport:
     """Run one micro-batch; raise ``BatchFailedError`` naming the step and the cause. ``checkpoint_every``:
     seconds between rewrites of the checkpoint table (0: every batch records it)."""
@@ -312,7 +344,8 @@ def run_batch(state: SinkState, ports: BatchPorts, lease: LeasePort, purges: Pur
         while rounds < MAX_ROUNDS:
             hooks.reached(CrashPoint.BEFORE_SEND)  # a test's pause here must not eat into the round's deadline
             deadline = lease.send_deadline()
-            aggregate = ports.send_round(RoundLimits(deadline, unavailable_since))
+            aggregate = ports.send_round(RoundLimits(deadline, unavailable_since), state.single_message_destinations)
+            state.single_message_destinations |= aggregate.single_message_destinations
             rounds += 1
             if not aggregate.unsent or aggregate.final_unavailable:
                 break

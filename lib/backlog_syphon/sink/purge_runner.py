@@ -10,8 +10,9 @@ verification (a peek), so a failure never surfaces in a batch and never re-sends
 What each queue's rounds measured (its locks, its round trips: ``settle_timing.SettleTiming``) is kept here
 for the run, so every round sizes its first page from the rounds before.
 
-A test's fault plan (``sink.fault_plan``) may stop a round inside its settlement (``CrashPoint.MID_SETTLE``:
-a page's completions sent, its dead-letterings not), so the test can kill the process there.
+A test harness's hooks (``sink.micro_batch.Hooks``) may stop a round inside its settlement
+(``CrashPoint.MID_SETTLE``: a page's completions sent, its dead-letterings not), so the test can kill the
+process there.
 """
 
 from __future__ import annotations
@@ -23,9 +24,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from backlog_syphon.errors import describe
 from backlog_syphon.purge.plan import PurgePlan, PurgeResult
 from backlog_syphon.purge.settle_timing import SettleTiming
-from backlog_syphon.sink.fault_injection import pause_at
-from backlog_syphon.sink.fault_plan import NO_FAULTS, FaultPlan
-from backlog_syphon.sink.micro_batch import CrashPoint
+from backlog_syphon.sink.micro_batch import NO_HOOKS, Hooks
 
 logger = logging.getLogger(__name__)
 
@@ -33,19 +32,19 @@ logger = logging.getLogger(__name__)
 class PurgeRunner:
     """``sink.micro_batch.PurgePort``: one round at a time in the background, each round's queues in parallel."""
 
-    def __init__(self, secondary, faults: FaultPlan = NO_FAULTS):
+    def __init__(self, secondary, hooks: Hooks = NO_HOOKS):
         self._secondary = secondary
-        self._faults = faults  # a test's (``sink.fault_plan``); none outside the tests
+        self._hooks = hooks  # a test harness's; none outside the tests
         self._rounds: ThreadPoolExecutor | None = None  # started with the first round, in the process that runs them
         self._pending: list[Future] = []
         self._lock = threading.Lock()
         self._timings: dict[str, SettleTiming] = {}  # per queue; each touched by one round at a time
 
     def __getstate__(self):
-        return {"_secondary": self._secondary, "_faults": self._faults}
+        return {"_secondary": self._secondary, "_hooks": self._hooks}
 
     def __setstate__(self, state):
-        self.__init__(state["_secondary"], state["_faults"])
+        self.__init__(state["_secondary"], state["_hooks"])
 
     def busy(self) -> bool:
         with self._lock:
@@ -79,9 +78,9 @@ class PurgeRunner:
 
         try:
             timing = self._timings.setdefault(plan.queue, SettleTiming())
-            stops = self._faults.pauses_purge_of(span.batch_id for span in plan.spans)
-            result = purge_backlog(self._secondary, plan, timing=timing, on_completions_sent=(
-                (lambda: pause_at(self._faults, CrashPoint.MID_SETTLE)) if stops else None))
+            batch_ids = frozenset(span.batch_id for span in plan.spans)
+            result = purge_backlog(self._secondary, plan, timing=timing,
+                                   on_completions_sent=lambda: self._hooks.completions_sent(batch_ids))
         except Exception as exc:  # noqa: BLE001 - a purge failure never fails a batch: retried later
             logger.warning("backlog=%s purge round failed (%s); what it settled is checked again by the next round",
                            plan.queue, describe(exc), exc_info=True)

@@ -5,7 +5,7 @@ A task reads its rows in chunks (``SEND_CHUNK_ROWS``, whatever the window's size
 deliverable row's message with the codec (``restore.restored_message``), and hands the chunks to the pure
 delivery rounds (``sink.delivery``) with the real senders (``servicebus.send``, links pooled per
 process) and its share of the rate cap (``sink.pacing``). It runs in a Python worker: everything it
-needs comes through its closure (the settings, the round's limits, the test's ``FaultPlan``, and in the migration
+needs comes through its closure (the settings, the round's limits, a test harness's ``Hooks``, and in the migration
 mode its routes: each message is then sent as it was, ``restore.copied_message``).
 """
 
@@ -28,9 +28,7 @@ from backlog_syphon.restore.restored_message import restore_message_bytes
 from backlog_syphon.restore.queue_names import is_dead_letter_queue_name
 from backlog_syphon.rows import OUTCOME_ROW_ARROW_SCHEMA, record_batch
 from backlog_syphon.sink import delivery
-from backlog_syphon.sink.fault_injection import lose_first_attempt, pause_at
-from backlog_syphon.sink.fault_plan import NO_FAULTS, FaultPlan
-from backlog_syphon.sink.micro_batch import CrashPoint
+from backlog_syphon.sink.micro_batch import NO_HOOKS, Hooks
 from backlog_syphon.sink.pacing import Pacer
 from backlog_syphon.sink.send_shape import SendShapes
 
@@ -39,12 +37,12 @@ logger = logging.getLogger(__name__)
 
 
 def deliver_partition(batches, *, primary, sink, run_id: str, batch_id: int, limits: delivery.RoundLimits,
-                      pace_share: float | None = None, pacing_reports=None, faults: FaultPlan = NO_FAULTS,
+                      pace_share: float | None = None, pacing_reports=None, hooks: Hooks = NO_HOOKS,
                       send_shapes: Mapping[str, SendShape] | None = None, migration: MigrationPlan = NO_MIGRATION,
                       clock: Callable[[], float] = time.time) -> Iterator:
     """Deliver one task's rows (Arrow record batches) and yield the outcomes as Arrow record batches;
-    at the end, report the task's pacing (``pacing_reports``, an accumulator). ``faults``: the test's
-    plan, acted on after the task's first send (``CrashPoint.MID_SEND``). ``send_shapes``: the send shapes
+    at the end, report the task's pacing (``pacing_reports``, an accumulator). ``hooks``: a test harness's,
+    told of the task's first send (``CrashPoint.MID_SEND``). ``send_shapes``: the send shapes
     the administration API decided, by lower-case destination name (``sink.send_shape.known_shapes``).
     ``migration``: a migration run's plan: its routes decide what each copy gets (``copy_outgoing``)."""
     from backlog_syphon.servicebus.send import DestinationSenders, classify_send_error
@@ -56,8 +54,7 @@ def deliver_partition(batches, *, primary, sink, run_id: str, batch_id: int, lim
     def first_send() -> None:
         if not mid_send:
             mid_send.append(True)
-            pause_at(faults, CrashPoint.MID_SEND)
-            lose_first_attempt(faults, CrashPoint.MID_SEND)
+            hooks.task_sent()
 
     senders = DestinationSenders(primary)
     opened: set[str] = set()

@@ -18,11 +18,13 @@ through it, so its memory does not grow with the batch size.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import time
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from typing import Callable, Mapping, Protocol, Sequence
+from dataclasses import dataclass, field
+from typing import Callable, Mapping, Sequence
 
 from pyspark.accumulators import AccumulatorParam
 from pyspark.sql import DataFrame, SparkSession, Window
@@ -47,27 +49,28 @@ from backlog_syphon.restore import redrive
 from backlog_syphon.restore.queue_names import DEAD_LETTER_SUBQUEUE
 from backlog_syphon.rows import OUTCOME_ROW_SCHEMA
 from backlog_syphon.sink import delivery
-from backlog_syphon.sink.fault_plan import NO_FAULTS, FaultPlan
-from backlog_syphon.sink.micro_batch import NOTHING_RECORDED, BatchAggregate, Recovery
+from backlog_syphon.sink.classifiers import Classifiers
+from backlog_syphon.sink.micro_batch import NO_HOOKS, NOTHING_RECORDED, BatchAggregate, Hooks, Recovery
 from backlog_syphon.sink.outcome_aggregate import STAYING_WHERE_THEY_ARE, combine_groups, cuts_span, pacing_after_round
 from backlog_syphon.sink.pacing import cap_share, send_cap
-from backlog_syphon.sink.send_shape import known_shapes
 from backlog_syphon.sink.send_task import deliver_partition
 from backlog_syphon.storage import audit_table, checkpoint_table, delta
 
 
-class RunSettings(Protocol):
-    """What the ports read of the run's sink (``sink.foreach_batch.DeliverySink``)."""
+@dataclass(frozen=True)
+class BatchSettings:
+    """What a batch's ports are given by the run's sink (``sink.foreach_batch.DeliverySink``): values they only
+    read. What the rounds learn goes back in their results (``BatchAggregate``), never into the sink."""
 
     config: SyphonConfig
     run_id: str
-    app_id: str | None  # the Delta transaction app id, known from the run's first batch
+    app_id: str | None  # the Delta transaction app id (``foreach_batch.checkpoint_app_id``)
     state_is_new: bool  # nothing was ever recorded: the first batch reads nothing back
-    fault_plan: FaultPlan
-    clock: Callable[[], dt.datetime]
-    migration: MigrationPlan  # a migration run's sources and routes (``NO_MIGRATION`` in the backlog mode)
-
-    def classifier(self, columns: list[str]): ...
+    clock: Callable[[], dt.datetime]  # a round's rows are classified at its time
+    migration: MigrationPlan = NO_MIGRATION  # a migration run's sources and routes
+    # The send shapes the administration API decided, by lower-case destination name (``send_shape.known_shapes``).
+    known_shapes: Mapping[str, SendShape] = field(default_factory=dict)
+    hooks: Hooks = NO_HOOKS  # a test harness's (to the send tasks, in their closure)
 
 
 class SessionLease:
@@ -87,8 +90,8 @@ class SessionLease:
 class SparkBatch:
     """``sink.micro_batch.BatchPorts`` for one micro-batch: its rows as DataFrames, the tables, the sends."""
 
-    def __init__(self, sink: RunSettings, batch: DataFrame, batch_id: int):
-        self.sink, self.batch_id = sink, batch_id
+    def __init__(self, settings: BatchSettings, classifiers: Classifiers, batch: DataFrame, batch_id: int):
+        self.settings, self.classifiers, self.batch_id = settings, classifiers, batch_id
         self.spark = batch.sparkSession
         self.pending = batch
         self.latest: DataFrame | None = None  # every row sent so far, in its latest state
@@ -108,17 +111,17 @@ class SparkBatch:
             return self._recover()
 
     def _recover(self) -> Recovery:
-        if self.sink.state_is_new:  # this run created the tables and is the lease's first holder
+        if self.settings.state_is_new:  # this run created the tables and is the lease's first holder
             return NOTHING_RECORDED
-        return read_recovery(self.spark, self.sink.config.storage, self.sink.migration)[0]
+        return read_recovery(self.spark, self.settings.config.storage, self.settings.migration)[0]
 
     def recorded_rows_of_batch(self) -> int:
         """Every row earlier attempts of this batch recorded, settled or not: the attempt's transaction version
         must lie above theirs (rows of an older checkpoint with the same batch id only raise it)."""
-        if self.sink.state_is_new:
+        if self.settings.state_is_new:
             return 0
         with self.timed("recover"):
-            audit = delta.existing_table(self.spark, self.sink.config.storage.audit_table)
+            audit = delta.existing_table(self.spark, self.settings.config.storage.audit_table)
             return 0 if audit is None else audit.where(F.col("batch_id") == self.batch_id).count()
 
     def exclude(self, spans: Sequence[RecordedSpan]) -> None:
@@ -126,40 +129,39 @@ class SparkBatch:
             with self.timed("exclude"):
                 self.pending = self.pending.where(~held_by_any(spans))
 
-    def send_round(self, limits: delivery.RoundLimits) -> BatchAggregate:
+    def send_round(self, limits: delivery.RoundLimits, single_message_destinations: frozenset[str]) -> BatchAggregate:
+        """``single_message_destinations``: what earlier rounds' refusals taught (they report it through the pacing
+        accumulator; over Spark Connect each Python worker keeps what it learned itself,
+        ``send_task.LEARNED_SHAPES``). The aggregate carries what this round's tasks learned."""
+        settings = self.settings
+        shapes = {**settings.known_shapes, **dict.fromkeys(single_message_destinations, SendShape.SINGLE_MESSAGES)}
         with self.timed("plan"):
             classified, share, reports = self._prepare_round()
         with self.timed("read+send"):
-            outcomes = send_on_executors(classified, self.sink.config, run_id=self.sink.run_id, batch_id=self.batch_id,
+            outcomes = send_on_executors(classified, settings.config, run_id=settings.run_id, batch_id=self.batch_id,
                                          limits=limits, pace_share=share, pacing_reports=reports,
-                                         faults=self.sink.fault_plan,
-                                         send_shapes=self._send_shapes(), migration=self.sink.migration)
+                                         hooks=settings.hooks, send_shapes=shapes, migration=settings.migration)
+        learned: frozenset[str] = frozenset()
         if reports is not None:  # the tasks have run (the outcomes are checkpointed eagerly)
             self.pacing = pacing_after_round(self.pacing, reports.value)
-            self.sink.learned_single_destinations.update(reports.value.single_message_destinations)
+            learned = frozenset(reports.value.single_message_destinations)
         if self.latest is not None:
             outcomes = self.latest.where(F.col("outcome") != Outcome.UNSENT).unionByName(outcomes)
         self.latest = outcomes
         with self.timed("aggregate"):
-            return aggregate_outcomes(outcomes, self.sink.migration.session_entities)
-
-    def _send_shapes(self) -> dict[str, SendShape]:
-        """The destinations that take single messages only: as the administration API describes them, and as
-        earlier rounds' refusals taught (reported through the pacing accumulator; over Spark Connect each
-        Python worker keeps what it learned itself, ``send_task.LEARNED_SHAPES``)."""
-        learned = dict.fromkeys(self.sink.learned_single_destinations, SendShape.SINGLE_MESSAGES)
-        return known_shapes(self.sink.destination_shapes) | learned
+            aggregate = aggregate_outcomes(outcomes, settings.migration.session_entities)
+        return dataclasses.replace(aggregate, single_message_destinations=learned)
 
     def _prepare_round(self):
         """The round's rows classified (column expressions), the send tasks' share of the rate cap, and
         where they report their pacing."""
-        config, now = self.sink.config, self.sink.clock()
+        config, now = self.settings.config, self.settings.clock()
         rows = self.pending
         if self.latest is not None:  # a later round: only what the last one left unsent
             unsent = self.latest.where(F.col("outcome") == Outcome.UNSENT).select("backlog_queue", "sequence_number")
             # Broadcast: the rows keep the source's partitioning (one task per queue) and order.
             rows = rows.join(F.broadcast(unsent), ["backlog_queue", "sequence_number"], "left_semi")
-        classified = self.sink.classifier(rows.columns)(rows, now=now)
+        classified = self.classifiers.for_columns(rows.columns)(rows, now=now)
         if config.redriving:
             classified = redrive.select_for_redrive(
                 classified, config.redrive, audit_table.redriven_dead_letters(self.spark, config.storage.audit_table))
@@ -179,7 +181,7 @@ class SparkBatch:
     def record(self, checkpoint: list[CheckpointRow] | None, version: int) -> None:
         """The audit append (executors) and, when given, the checkpoint write (a tiny table) at once: each
         is idempotent on ``version``, so their order does not matter for a replay."""
-        storage, app_id = self.sink.config.storage, self.sink.app_id
+        storage, app_id = self.settings.config.storage, self.settings.app_id
         with self.timed("record"), ThreadPoolExecutor(max_workers=2, thread_name_prefix="record") as pool:
             futures = []
             if self.latest is not None:
@@ -344,19 +346,19 @@ def pacing_accumulator(spark: SparkSession):
 
 def send_on_executors(classified: DataFrame, config: SyphonConfig, *, run_id: str, batch_id: int,
                       limits: delivery.RoundLimits, pace_share: float | None = None,
-                      pacing_reports=None, faults: FaultPlan = NO_FAULTS,
+                      pacing_reports=None, hooks: Hooks = NO_HOOKS,
                       send_shapes: Mapping[str, SendShape] | None = None,
                       migration: MigrationPlan = NO_MIGRATION) -> DataFrame:
     """Deliver on executors, one task per backlog queue (``sink.send_task``), each at most at ``pace_share``
     messages a second; the outcomes checkpointed once. Each task adds its ``PacingStats`` to
-    ``pacing_reports`` (if any); ``faults`` (the test's plan) and ``send_shapes`` (the destinations the
-    administration API says take single messages only) go to the tasks in their closure."""
+    ``pacing_reports`` (if any); ``hooks`` (a test harness's) and ``send_shapes`` (the destinations known to take
+    single messages only) go to the tasks in their closure."""
     primary, sink_config = config.primary, config.sink
 
     def deliver(batches):
         yield from deliver_partition(batches, primary=primary, sink=sink_config, run_id=run_id, batch_id=batch_id,
                                      limits=limits, pace_share=pace_share, pacing_reports=pacing_reports,
-                                     faults=faults, send_shapes=send_shapes, migration=migration)
+                                     hooks=hooks, send_shapes=send_shapes, migration=migration)
 
     # localCheckpoint, not cache: a lost partition fails the batch (replayed safely) instead of
     # being computed, and so sent, a second time. Then one partition: the outcome rows are small (no

@@ -1,11 +1,9 @@
-"""Where a test stops or breaks a run: a small record, read once at the run's start and passed in.
+"""Where a test stops or breaks a run: a small record, read once from the job's environment by the fault harness
+(``tools/faulty_job.py``), which hands it to the run as hooks (``tools.fault_hooks.FaultHooks``). The library
+reads no environment for it and ships none of this: its runs have no hooks (``sink.micro_batch.NO_HOOKS``).
 
-Outside the tests the plan is empty (``NO_FAULTS``) and nothing happens. The entry point reads it from
-the job's environment (``FaultPlan.from_environment``, in ``run.syphon.start_syphon``) and hands it to
-the sink, which gives it to its send tasks through the closure they already receive: no code on the
-driver or the executors reads the environment for it. ``sink.fault_injection`` acts on it.
-
-The variables (what the integration tests set on the job):
+The variables (what the integration tests set on the job; ``tests/integration/helpers.py``'s ``start_job``
+then runs the harness instead of ``jobs/syphon.py``):
 - ``SYPHON_FAULT_PAUSE_AT=<crash point>`` (``sink.micro_batch.CrashPoint``): the process that reaches
   it appends ``<point> <pid>`` to the file named by ``SYPHON_FAULT_MARKER`` and stops there, so a test
   can SIGKILL it; with ``SYPHON_FAULT_PAUSE_SECONDS`` it goes on after that long instead, or as soon as
@@ -34,8 +32,8 @@ LOSE_TASK_AT = "SYPHON_FAULT_LOSE_TASK_AT"
 
 @dataclass(frozen=True)
 class FaultPlan:
-    """What a test asked for (picklable: it travels with the sink to Spark Connect's server and to the
-    send tasks)."""
+    """What a test asked for (picklable: it travels in the hooks with the sink to Spark Connect's server and to
+    the send tasks)."""
 
     pause_at: CrashPoint | None = None  # where the process stops (or pauses)
     marker: str | None = None  # the file the paused process writes to, and whose removal lets it go on

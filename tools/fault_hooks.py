@@ -1,9 +1,11 @@
-"""Acting on a test's ``FaultPlan`` (``sink.fault_plan``): stopping the process at a crash point so a test
-can kill it there, or ending a send task's first attempt as a lost executor would. With ``NO_FAULTS``,
-the plan of every real run, each call returns at once.
+"""Acting on a test's ``FaultPlan`` (``tools.fault_plan``): ``FaultHooks``, the ``sink.micro_batch.Hooks`` the
+fault harness (``tools/faulty_job.py``) gives a run. They stop the process at a crash point so a test can kill
+it there, or end a send task's first attempt as a lost executor would. With ``NO_FAULTS`` each call returns at
+once.
 
-The driver reaches its crash points through ``PlannedFaults`` (``sink.micro_batch.Hooks``); the send
-tasks reach ``mid_send`` (``sink.send_task``) with the plan their closure carries.
+The driver reaches its crash points, the send tasks ``mid_send`` (the hooks go to them in their closure, pickled
+by this module's name: Spark's Python workers import it from the repository's root, which the harness puts on
+their ``PYTHONPATH``), the purge's threads ``mid_settle``.
 """
 
 from __future__ import annotations
@@ -11,8 +13,8 @@ from __future__ import annotations
 import os
 import time
 
-from backlog_syphon.sink.fault_plan import FaultPlan
 from backlog_syphon.sink.micro_batch import CrashPoint
+from tools.fault_plan import FaultPlan
 
 # Points this process paused at already (one Python worker may run several tasks, one after the other).
 _paused_at: set[CrashPoint] = set()
@@ -58,11 +60,19 @@ def lose_first_attempt(plan: FaultPlan, point: CrashPoint) -> None:
         os._exit(1)
 
 
-class PlannedFaults:
-    """``sink.micro_batch.Hooks`` for the driver's crash points, from the run's plan."""
+class FaultHooks:
+    """``sink.micro_batch.Hooks`` from a test's plan (picklable: the plan is a frozen record)."""
 
     def __init__(self, plan: FaultPlan):
         self.plan = plan
 
     def reached(self, point: CrashPoint) -> None:
         pause_at(self.plan, point)
+
+    def task_sent(self) -> None:
+        pause_at(self.plan, CrashPoint.MID_SEND)
+        lose_first_attempt(self.plan, CrashPoint.MID_SEND)
+
+    def completions_sent(self, batch_ids: frozenset[int]) -> None:
+        if self.plan.pauses_purge_of(batch_ids):
+            pause_at(self.plan, CrashPoint.MID_SETTLE)
