@@ -183,7 +183,8 @@ def measure_syphon(scenario: Scenario, args, *, per_trigger: int | None = None, 
         if recording is not None:
             recording.parent.mkdir(parents=True, exist_ok=True)
         spec = {"overrides": syphon_overrides(Path(tmp), **settings), "timeout_seconds": timeout,
-                "time_commits": scenario.time_commits, "master": scenario.master,
+                # an older checkout's lib (``--before``) may lack the table modules the commit timing uses
+                "time_commits": scenario.time_commits and not suffix, "master": scenario.master,
                 "jfr": str(recording) if recording else None}
         with OwnCpu() as own, child_process("syphon", spec, emu, Path(tmp), library, scenario.transport) as child, \
                 CpuSampler(child.pid) as cpu, sampled(child.pid, spied) as follower:
