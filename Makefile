@@ -121,6 +121,7 @@ lint: setup ## Byte-compile everything and look for unused names and other obvio
 	$(PY) -m pyflakes lib jobs tests bench emulator/src emulator/tests tools
 
 dist: setup ## Build the wheel (Databricks) and a zip of lib/ (spark-submit --py-files) into dist/
+	rm -rf build  # setuptools reuses it: an earlier build's modules, since removed, would ship again
 	$(PY) -m pip wheel --quiet --no-deps --wheel-dir dist .
 	cd lib && $(CURDIR)/$(PY) -c "import pathlib, zipfile; \
 	  z = zipfile.ZipFile('../dist/backlog_syphon_libs.zip', 'w', zipfile.ZIP_DEFLATED); \
