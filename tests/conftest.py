@@ -36,10 +36,10 @@ def spark():
 MEASURED_SECONDS = {
     "test_a_continuous_run_keeps_the_audits_files_bounded_and_records_every_message_once": 60,
     "test_the_audits_files_stay_bounded_and_a_replayed_append_adds_nothing_across_compactions": 15,
-    "test_the_job_over_spark_connect_records_what_a_classic_run_records": 192,
-    "test_status_runs_table_and_alerts_through_a_backlogs_life": 180,
-    "test_timeout_during_a_send_stops_at_the_batch_boundary_and_a_missing_queue_is_skipped_with_one_warning": 164,
-    "test_lease_under_starvation_never_lets_two_runs_deliver_at_once": 150,
+    "test_the_job_over_spark_connect_records_what_a_classic_run_records": 213,
+    "test_status_runs_table_and_alerts_through_a_backlogs_life": 244,
+    "test_timeout_during_a_send_stops_at_the_batch_boundary_and_a_missing_queue_is_skipped_with_one_warning": 123,
+    "test_lease_under_starvation_never_lets_two_runs_deliver_at_once": 119,
     "test_dead_letters_are_redriven_with_every_property_filtered_and_never_twice": 143,
     "test_documented_walkthrough_from_setup_to_dry_run_and_replay": 138,
     "test_documented_spark_submit_line_drains_the_backlog": 135,
@@ -51,7 +51,7 @@ MEASURED_SECONDS = {
     "test_two_runs_at_once_one_delivers_and_sigterm_ends_it_after_its_batch": 120,
     "test_a_redrive_killed_after_recording_is_finished_by_the_next_without_sending_anything_twice": 100,
     # Measured alone on the 2-core machine (one worker, other helpers' tests beside it): 67-167 s.
-    "test_status_says_when_the_backlog_is_safe_to_remove_and_decommission_removes_only_drained_queues": 150,
+    "test_status_says_when_the_backlog_is_safe_to_remove_and_decommission_removes_only_drained_queues": 104,
     "test_recreated_backlog_queues_are_drained_from_their_start": 82,
     "test_websockets_through_a_proxy_with_azure_ad_drain_sessions_partitions_and_poison_then_redrive": 105,
     "test_tls_with_keys_drains_a_backlog_with_sessions_on_the_tls_port_only": 25,
