@@ -37,7 +37,8 @@ MEASURED_SECONDS = {
     "test_a_continuous_run_keeps_the_audits_files_bounded_and_records_every_message_once": 60,
     "test_the_audits_files_stay_bounded_and_a_replayed_append_adds_nothing_across_compactions": 15,
     "test_the_job_over_spark_connect_records_what_a_classic_run_records": 213,
-    "test_status_runs_table_and_alerts_through_a_backlogs_life": 244,
+    "test_status_runs_table_and_alerts_through_a_backlogs_life": 130,  # with the next, one test of 244 s
+    "test_status_runs_table_alerts_and_dashboard_after_a_failed_run_and_a_poison_message": 120,
     "test_timeout_during_a_send_stops_at_the_batch_boundary_and_a_missing_queue_is_skipped_with_one_warning": 123,
     "test_lease_under_starvation_never_lets_two_runs_deliver_at_once": 119,
     "test_dead_letters_are_redriven_with_every_property_filtered_and_never_twice": 143,
